@@ -1,0 +1,214 @@
+//! The error-code registry: every code any crate emits is listed here, with a title and a long
+//! explanation (`miles explain CODE`). docs/errors.md is generated from this table and a test
+//! keeps them equal. Ranges: E00xx syntax, E01xx modules and names, E02xx types, units and
+//! evaluation, E03xx checks and the stage graph, E04xx planning, E05xx running and data.
+
+pub struct Code {
+    pub code: &'static str,
+    pub title: &'static str,
+    pub explanation: &'static str,
+}
+
+pub fn lookup(code: &str) -> Option<&'static Code> {
+    let wanted = code.trim().to_ascii_uppercase();
+    CODES.iter().find(|c| c.code == wanted)
+}
+
+pub const CODES: &[Code] = &[
+    // ---- E00xx: syntax -------------------------------------------------------------------
+    Code {
+        code: "E0001",
+        title: "syntax error",
+        explanation: "The parser could not read this part of the file. It skips to the next line, \
+field or item and carries on, so every other mistake in the file is still reported.\n\n\
+The message says what was expected at the first character that could not be read.",
+    },
+    Code {
+        code: "E0002",
+        title: "unclosed delimiter",
+        explanation: "A `{`, `(` or `[` has no matching closing delimiter before the next item \
+starts (or the file ends). The parser closes it there and goes on.",
+    },
+    Code {
+        code: "E0003",
+        title: "nesting too deep",
+        explanation: "Brackets nest deeper than the parser allows (256 levels). Real recipes \
+never come near this; the limit keeps the parser from exhausting its stack on hostile input.",
+    },
+    Code {
+        code: "E0004",
+        title: "file is not valid UTF-8",
+        explanation: "`.miles` files must be UTF-8. Invalid bytes are replaced by U+FFFD so the \
+rest of the file can still be checked.",
+    },
+    Code {
+        code: "E0005",
+        title: "invalid number literal",
+        explanation: "A number could not be read, or it does not fit: integers and the exact \
+rationals that hold every number are 128-bit. Example: `99999999999999999999999999999999999999999`.",
+    },
+    Code {
+        code: "E0006",
+        title: "file too large",
+        explanation: "Source files are limited to 8 MiB. Split a generated library into modules.",
+    },
+    // ---- E01xx: modules and names -------------------------------------------------------------
+    Code {
+        code: "E0101",
+        title: "module not found",
+        explanation: "An `import` names a module that does not exist. `std/...` paths name the \
+embedded standard library; `./x` and `../x` are relative to the importing file (the `.miles` \
+extension is implied).",
+    },
+    Code {
+        code: "E0102",
+        title: "import cycle",
+        explanation: "Modules import each other in a cycle. The message lists the cycle's path. \
+Move the shared declarations into a module both can import.",
+    },
+    Code {
+        code: "E0103",
+        title: "unknown name",
+        explanation: "A name is used that no declaration, import or binding in scope defines. \
+When a similar name exists, the help line suggests it.",
+    },
+    Code {
+        code: "E0104",
+        title: "duplicate definition",
+        explanation: "Two declarations in one module, two fields in one block or two bindings in \
+one recipe have the same name. The second is reported; the first is kept.",
+    },
+    Code {
+        code: "E0105",
+        title: "unknown field",
+        explanation: "A block sets a field that its schema or stage kind does not declare. The \
+help line lists the closest declared field.",
+    },
+    Code {
+        code: "E0106",
+        title: "missing required field",
+        explanation: "A schema or stage field without a default (and not optional) is not set.",
+    },
+    Code {
+        code: "E0107",
+        title: "not a module member",
+        explanation: "`module.name` names something the module does not declare.",
+    },
+    Code {
+        code: "E0108",
+        title: "unknown recipe to extend",
+        explanation: "`recipe x extends y` names no recipe `y` in scope.",
+    },
+    Code {
+        code: "E0109",
+        title: "unknown enum member",
+        explanation: "A value is given for an enum-typed field that is not one of the enum's \
+members. The help line lists them.",
+    },
+    // ---- E02xx: types, units and evaluation ---------------------------------------------------
+    Code {
+        code: "E0201",
+        title: "type mismatch",
+        explanation: "A value of one type is given where another is expected, for example a \
+String for an Int field or a record of the wrong schema.",
+    },
+    Code {
+        code: "E0202",
+        title: "unit mismatch",
+        explanation: "Quantities of different dimensions are combined or assigned: bytes where a \
+duration is expected, `1.GB + 2.s`, or a plain number where a quantity is required. Write the \
+unit: `512.MB`, `30.s`, `200.steps`, `8k.tokens`, `900.GB/s`.",
+    },
+    Code {
+        code: "E0203",
+        title: "unknown unit",
+        explanation: "A quantity literal uses a unit miles does not know. Units: B KB MB GB TB \
+KiB MiB GiB TiB; ms s min h; steps; tokens; B/s KB/s MB/s GB/s TB/s GiB/s; FLOP/s GFLOP/s \
+TFLOP/s PFLOP/s.",
+    },
+    Code {
+        code: "E0204",
+        title: "value out of range",
+        explanation: "A value is outside the range its field declares, e.g. `temperature: Float \
+in 0..=2`.",
+    },
+    Code {
+        code: "E0205",
+        title: "arithmetic error",
+        explanation: "Compile-time arithmetic overflowed 128 bits, divided by zero, or applied an \
+operator to values that do not support it.",
+    },
+    Code {
+        code: "E0206",
+        title: "recursive definition",
+        explanation: "A constant or binding refers to itself, directly or through others. \
+Evaluation always terminates, so such cycles are rejected with their path.",
+    },
+    Code {
+        code: "E0207",
+        title: "wrong number of arguments",
+        explanation: "A stage kind or builtin function is called with more or fewer arguments \
+than it declares.",
+    },
+    Code {
+        code: "E0208",
+        title: "not callable",
+        explanation: "Only stage kinds and builtin functions can be called with `(...)`.",
+    },
+    Code {
+        code: "E0209",
+        title: "invalid override",
+        explanation: "`--set key=value` or an amended field in `extends` names a path that does \
+not exist in the recipe, or the value does not parse.",
+    },
+    // ---- E03xx: checks and the stage graph ---------------------------------------------------
+    Code {
+        code: "E0301",
+        title: "check failed",
+        explanation: "A `check` rule evaluated to false. Checks live in the standard library and \
+in your own modules; the diagnostic names the rule and where it is defined, and shows the \
+values of the fields it relates.",
+    },
+    Code {
+        code: "E0302",
+        title: "check is not a boolean",
+        explanation: "A `check` expression must evaluate to true or false.",
+    },
+    Code {
+        code: "E0303",
+        title: "stage graph cycle",
+        explanation: "Stages consume each other's outputs in a cycle. Only weight-sync edges \
+(`weights(train -> rollout)`) may point backwards. The message lists the cycle's path.",
+    },
+    Code {
+        code: "E0304",
+        title: "trained rollout without weight sync",
+        explanation: "A train stage updates the policy a rollout generates with, but no \
+`weights(train -> rollout)` stage sends the new weights back, so the rollout would keep \
+sampling from the initial policy. Add `sync = weights(train -> rollout)`.",
+    },
+    Code {
+        code: "E0305",
+        title: "unused stage",
+        explanation: "A stage's output is consumed by no other stage. This is a warning: it \
+still runs, but probably a reference is missing.",
+    },
+    Code {
+        code: "E0306",
+        title: "wrong port type",
+        explanation: "A stage's input port receives a value of the wrong channel type: e.g. a \
+reward stage where trajectories are expected. Ports: Prompts, Trajectories, Scores, Policy, \
+Metrics.",
+    },
+    Code {
+        code: "E0307",
+        title: "recipe has no stages",
+        explanation: "A recipe must instantiate at least one stage.",
+    },
+    Code {
+        code: "E0308",
+        title: "no recipe",
+        explanation: "The command needs a recipe but the file declares none, or several without \
+`--recipe NAME` to pick one.",
+    },
+];
