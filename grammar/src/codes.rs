@@ -211,4 +211,73 @@ Metrics.",
         explanation: "The command needs a recipe but the file declares none, or several without \
 `--recipe NAME` to pick one.",
     },
+    // ---- E05xx: running and data ----------------------------------------------------------
+    Code {
+        code: "E0501",
+        title: "task data file not found",
+        explanation: "A task reads prompts from a JSONL file that does not exist or cannot be \
+read. Paths are relative to the directory the run was started from. Check the `path` (and \
+`test_path`) of the task.",
+    },
+    Code {
+        code: "E0502",
+        title: "malformed data line",
+        explanation: "A line of a JSONL prompt file is not a JSON object, or its prompt or label \
+field is missing or not a string. The message gives file:line. With `on_error: skip` the line is \
+skipped with a warning; with `on_error: stop` the run stops before training.",
+    },
+    Code {
+        code: "E0503",
+        title: "vocabulary does not cover the tokenizer",
+        explanation: "The model's `vocab_size` is smaller than the task tokenizer's vocabulary, \
+so some token ids would have no embedding row. Raise `vocab_size` to at least the number the \
+message gives. This is checked before any training starts.",
+    },
+    Code {
+        code: "E0504",
+        title: "invalid run spec",
+        explanation: "A field of the run spec is out of range or inconsistent with another: e.g. \
+`rollout_batch * samples_per_prompt` not a multiple of `global_batch`, or `d_model` not a \
+multiple of `n_heads`. The message names the field.",
+    },
+    Code {
+        code: "E0505",
+        title: "loss is not finite",
+        explanation: "A loss or gradient norm became NaN or infinite, so the run stopped rather \
+than write broken weights. The last good checkpoint is kept; lower the learning rate, enable \
+`grad_clip`, or set a TIS cap, then resume or restart.",
+    },
+    Code {
+        code: "E0506",
+        title: "checkpoint error",
+        explanation: "A checkpoint could not be written or read, or `--resume` found no complete \
+checkpoint in the output directory. Checkpoints are written to a temporary directory and renamed, \
+so a crash never leaves a half-written one that looks complete.",
+    },
+    Code {
+        code: "E0507",
+        title: "output directory cannot be used",
+        explanation: "The output directory already holds a run (and `--resume` was not given), \
+belongs to a run with a different spec, or cannot be created or written.",
+    },
+    Code {
+        code: "E0508",
+        title: "backend error",
+        explanation: "The compute backend (libtorch for the embedded backend) reported an error: \
+a shape mismatch, an allocation failure, or a missing library. The message carries the backend's \
+own text.",
+    },
+    Code {
+        code: "E0509",
+        title: "timed out",
+        explanation: "A bounded wait expired: the run's wall-time limit, or a wait on a worker, \
+transfer or file lock. Every wait in a run has a limit so a stuck component stops the run with \
+this error instead of hanging.",
+    },
+    Code {
+        code: "E0510",
+        title: "sequence longer than the model allows",
+        explanation: "A prompt plus `max_new_tokens` (or a prompt plus its gold answer, for the \
+SFT warm-up) is longer than the model's `max_len`. Raise `max_len` or shorten the prompts.",
+    },
 ];

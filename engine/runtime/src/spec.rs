@@ -1,0 +1,574 @@
+//! `RunSpec`: everything the synchronous executor needs, as plain serde data.
+//!
+//! The compiler maps a recipe onto this struct; `examples/run_spec.rs` in miles-tch reads it from
+//! JSON. Field list (units: steps are RL steps; `lr` is per optimizer step; counts are samples):
+//!
+//! ```text
+//! RunSpec
+//!   seed: u64                      master seed: init, data order, sampling (all derived from it)
+//!   steps: u64                     RL steps (one step = generate, reward, train, sync)
+//!   model: ModelConfig
+//!     vocab_size, d_model, n_layers, n_heads, n_kv_heads, d_ff, max_len: usize
+//!     rope_theta: f64 = 10000, norm_eps: f64 = 1e-5, init_std: f64 = 0.02
+//!   task: TaskSpec
+//!     kind: {type: addition|multiplication, digits}            operands of 1..=digits digits
+//!         | {type: reverse|sort, min_len, max_len, alphabet = "abcdefghij"}
+//!         | {type: jsonl, path, prompt_field, label_field, test_path?, on_error: skip|stop}
+//!     split: {test_size = 200, seed = 1234}                     held-out prompts, disjoint
+//!     partial_credit: bool = false                              per-position credit in [0,1]
+//!   sft: Option<SftSpec>           warm-up before RL: {steps, lr, batch, warmup_steps = 0}
+//!   rollout: RolloutSpec
+//!     rollout_batch (prompts/step), samples_per_prompt, max_new_tokens,
+//!     temperature = 1.0, top_p = 1.0, top_k = 0 (0 = off)
+//!   train: TrainSpec (GRPO/PPO)
+//!     lr, weight_decay = 0.0, beta1 = 0.9, beta2 = 0.999, eps = 1e-8,
+//!     warmup_steps = 0, decay: none|linear|cosine = none, min_lr_ratio = 0.0,
+//!     clip_low = 0.2, clip_high = 0.28, kl_coef = 0.0 (0 = no reference model),
+//!     tis_cap: Option<f64> (None = no TIS), entropy_coef = 0.0, std_norm = true,
+//!     aggregation: token|sequence = token, grad_clip = 1.0 (0 = off),
+//!     micro_batch, global_batch  (rollout_batch*samples_per_prompt must be a multiple of
+//!                                 global_batch, and global_batch of micro_batch)
+//!   eval: {every = 10 (0 = only at start and end), prompts = 200}
+//!   checkpoint: {every = 0 (0 = only at the end), keep = 2}
+//! ```
+//!
+//! Entry point: `miles_runtime::run_with(&spec, &RunOptions, &dyn Backend)`; the embedded
+//! backend wraps it as `miles_tch::run(&spec, &RunOptions)`.
+
+use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
+
+/// The whole run. Stable: the compiler targets it; add fields only with `#[serde(default)]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RunSpec {
+    /// Master seed. Model init, data order, sampling and dropout-free training all derive from
+    /// it, so one seed gives one bit-exact run on one machine and thread count.
+    pub seed: u64,
+    /// Number of RL steps (generate a batch, reward it, train on it, sync weights).
+    pub steps: u64,
+    pub model: ModelConfig,
+    pub task: TaskSpec,
+    /// Optional supervised warm-up on the train split before RL (random policies rarely earn a
+    /// reward, and GRPO learns nothing from groups whose rewards are all equal).
+    #[serde(default)]
+    pub sft: Option<SftSpec>,
+    pub rollout: RolloutSpec,
+    pub train: TrainSpec,
+    #[serde(default)]
+    pub eval: EvalSpec,
+    #[serde(default)]
+    pub checkpoint: CheckpointSpec,
+}
+
+/// Decoder-only transformer (Llama-style: RMSNorm, rotary positions, grouped KV heads, SwiGLU).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelConfig {
+    /// Output/embedding rows. Must be >= the task tokenizer's vocabulary (checked before training).
+    pub vocab_size: usize,
+    pub d_model: usize,
+    pub n_layers: usize,
+    /// Query heads; d_model must be a multiple of n_heads and head_dim even (rotary pairs).
+    pub n_heads: usize,
+    /// Key/value heads; n_heads must be a multiple of n_kv_heads.
+    pub n_kv_heads: usize,
+    /// Hidden width of the SwiGLU MLP.
+    pub d_ff: usize,
+    /// Longest sequence (prompt + response) the model accepts.
+    pub max_len: usize,
+    #[serde(default = "default_rope_theta")]
+    pub rope_theta: f64,
+    #[serde(default = "default_norm_eps")]
+    pub norm_eps: f64,
+    /// Std of the normal init of every matrix (residual output projections are further scaled by
+    /// 1/sqrt(2 * n_layers) to keep the residual stream's variance flat with depth).
+    #[serde(default = "default_init_std")]
+    pub init_std: f64,
+}
+
+fn default_rope_theta() -> f64 {
+    10000.0
+}
+fn default_norm_eps() -> f64 {
+    1e-5
+}
+fn default_init_std() -> f64 {
+    0.02
+}
+
+/// Which task, its held-out split and how it is rewarded.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TaskSpec {
+    pub kind: TaskKind,
+    #[serde(default)]
+    pub split: SplitSpec,
+    /// Exact match gives 1/0. With partial credit the reward is the fraction of answer positions
+    /// that match (still 1 only for an exact match).
+    #[serde(default)]
+    pub partial_credit: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
+pub enum TaskKind {
+    /// "a+b=" -> "c", operands with 1..=digits digits.
+    Addition { digits: u32 },
+    /// "a*b=" -> "c", operands with 1..=digits digits.
+    Multiplication { digits: u32 },
+    /// "abc>" -> "cba", strings over `alphabet` of length min_len..=max_len.
+    Reverse {
+        min_len: usize,
+        max_len: usize,
+        #[serde(default = "default_alphabet")]
+        alphabet: String,
+    },
+    /// "cab>" -> "abc" (characters sorted), same parameters as reverse.
+    Sort {
+        min_len: usize,
+        max_len: usize,
+        #[serde(default = "default_alphabet")]
+        alphabet: String,
+    },
+    /// Prompts from a JSONL file: each line an object whose `prompt_field` and `label_field` are
+    /// strings. Without `test_path`, `split.test_size` lines (chosen by `split.seed`) are held out.
+    Jsonl {
+        path: PathBuf,
+        prompt_field: String,
+        label_field: String,
+        #[serde(default)]
+        test_path: Option<PathBuf>,
+        #[serde(default)]
+        on_error: OnError,
+    },
+}
+
+fn default_alphabet() -> String {
+    "abcdefghij".to_string()
+}
+
+/// What a malformed JSONL line does: reported with file:line either way.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnError {
+    /// Warn and skip the line.
+    #[default]
+    Skip,
+    /// Stop the run with an error.
+    Stop,
+}
+
+/// The held-out split. Train prompts never equal a test prompt.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SplitSpec {
+    /// Number of held-out prompts (capped at half of a small task's whole problem space).
+    #[serde(default = "default_test_size")]
+    pub test_size: usize,
+    /// Seed of the split alone, so runs with different master seeds share one test set.
+    #[serde(default = "default_split_seed")]
+    pub seed: u64,
+}
+
+fn default_test_size() -> usize {
+    200
+}
+fn default_split_seed() -> u64 {
+    1234
+}
+
+impl Default for SplitSpec {
+    fn default() -> Self {
+        SplitSpec {
+            test_size: default_test_size(),
+            seed: default_split_seed(),
+        }
+    }
+}
+
+/// Supervised warm-up: masked cross-entropy on (prompt, gold answer + EOS) of the train split.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SftSpec {
+    /// Optimizer steps.
+    pub steps: u64,
+    pub lr: f64,
+    /// Examples per optimizer step.
+    pub batch: usize,
+    #[serde(default)]
+    pub warmup_steps: u64,
+}
+
+/// Generation settings for the training rollouts (evaluation is always greedy).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RolloutSpec {
+    /// Prompts per RL step.
+    pub rollout_batch: usize,
+    /// Samples per prompt (one GRPO group).
+    pub samples_per_prompt: usize,
+    pub max_new_tokens: usize,
+    #[serde(default = "one")]
+    pub temperature: f64,
+    #[serde(default = "one")]
+    pub top_p: f64,
+    /// 0 = no top-k filter.
+    #[serde(default)]
+    pub top_k: usize,
+}
+
+fn one() -> f64 {
+    1.0
+}
+
+/// LR schedule after warm-up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Decay {
+    #[default]
+    None,
+    Linear,
+    Cosine,
+}
+
+/// How per-token losses become one number.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Aggregation {
+    /// Mean over all unmasked tokens of the global batch (long answers weigh more).
+    #[default]
+    Token,
+    /// Mean over each sequence's unmasked tokens, then mean over sequences.
+    Sequence,
+}
+
+/// GRPO with the PPO clipped objective, AdamW and the LR schedule.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TrainSpec {
+    pub lr: f64,
+    #[serde(default)]
+    pub weight_decay: f64,
+    #[serde(default = "default_beta1")]
+    pub beta1: f64,
+    #[serde(default = "default_beta2")]
+    pub beta2: f64,
+    #[serde(default = "default_adam_eps")]
+    pub eps: f64,
+    /// Linear warm-up, in optimizer steps.
+    #[serde(default)]
+    pub warmup_steps: u64,
+    #[serde(default)]
+    pub decay: Decay,
+    /// Floor of the decayed LR as a fraction of `lr`.
+    #[serde(default)]
+    pub min_lr_ratio: f64,
+    /// Ratio clip below 1: r >= 1 - clip_low.
+    #[serde(default = "default_clip_low")]
+    pub clip_low: f64,
+    /// Ratio clip above 1: r <= 1 + clip_high (asymmetric "clip-higher").
+    #[serde(default = "default_clip_high")]
+    pub clip_high: f64,
+    /// KL penalty to the frozen initial (post-SFT) policy, k3 estimator. 0 = no reference model.
+    #[serde(default)]
+    pub kl_coef: f64,
+    /// Truncated importance sampling: weight min(exp(logp_old_train - logp_rollout), cap).
+    #[serde(default)]
+    pub tis_cap: Option<f64>,
+    #[serde(default)]
+    pub entropy_coef: f64,
+    /// Divide group-centred rewards by the group's std (+1e-6).
+    #[serde(default = "yes")]
+    pub std_norm: bool,
+    #[serde(default)]
+    pub aggregation: Aggregation,
+    /// Max global grad norm; 0 = no clipping.
+    #[serde(default = "one")]
+    pub grad_clip: f64,
+    /// Samples per forward/backward pass (memory bound).
+    pub micro_batch: usize,
+    /// Samples per optimizer step; rollout_batch * samples_per_prompt / global_batch optimizer
+    /// steps are taken per RL step.
+    pub global_batch: usize,
+}
+
+fn default_beta1() -> f64 {
+    0.9
+}
+fn default_beta2() -> f64 {
+    0.999
+}
+fn default_adam_eps() -> f64 {
+    1e-8
+}
+fn default_clip_low() -> f64 {
+    0.2
+}
+fn default_clip_high() -> f64 {
+    0.28
+}
+fn yes() -> bool {
+    true
+}
+
+/// Greedy exact-match accuracy on the held-out split.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EvalSpec {
+    /// Evaluate at step 0, every `every` steps and after the last step; 0 = start and end only.
+    #[serde(default = "default_eval_every")]
+    pub every: u64,
+    /// Number of held-out prompts (at most the split's test_size).
+    #[serde(default = "default_eval_prompts")]
+    pub prompts: usize,
+}
+
+fn default_eval_every() -> u64 {
+    10
+}
+fn default_eval_prompts() -> usize {
+    200
+}
+
+impl Default for EvalSpec {
+    fn default() -> Self {
+        EvalSpec {
+            every: default_eval_every(),
+            prompts: default_eval_prompts(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CheckpointSpec {
+    /// Save every `every` steps and after the last; 0 = only after the last step.
+    #[serde(default)]
+    pub every: u64,
+    /// Keep the newest `keep` checkpoints (>= 1).
+    #[serde(default = "default_keep")]
+    pub keep: usize,
+}
+
+fn default_keep() -> usize {
+    2
+}
+
+impl Default for CheckpointSpec {
+    fn default() -> Self {
+        CheckpointSpec {
+            every: 0,
+            keep: default_keep(),
+        }
+    }
+}
+
+/// How progress is shown on stderr.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ProgressMode {
+    /// A bar when stderr is a terminal, plain lines otherwise.
+    #[default]
+    Auto,
+    Plain,
+    Off,
+}
+
+/// Per-invocation options (not part of the recipe).
+#[derive(Debug, Clone)]
+pub struct RunOptions {
+    /// Receives metrics.jsonl, spec.json, checkpoints/ and the final model.
+    pub out_dir: PathBuf,
+    /// Continue from the newest checkpoint in out_dir (same data order and RNG state).
+    pub resume: bool,
+    pub progress: ProgressMode,
+    /// Stop cleanly after this many RL steps in this invocation (tests of resume).
+    pub stop_after: Option<u64>,
+    /// Intra-op threads of the backend; None = backend default. Results are bit-exact only for
+    /// the same thread count.
+    pub threads: Option<usize>,
+    /// Upper bound on the whole run's wall time; exceeded -> E0509 after the current step.
+    pub max_wall: Option<std::time::Duration>,
+}
+
+impl RunOptions {
+    pub fn new(out_dir: impl Into<PathBuf>) -> Self {
+        RunOptions {
+            out_dir: out_dir.into(),
+            resume: false,
+            progress: ProgressMode::Auto,
+            stop_after: None,
+            threads: None,
+            max_wall: None,
+        }
+    }
+}
+
+/// What a finished (or cleanly stopped) run reports.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Summary {
+    /// RL steps completed in total (including those before a resume).
+    pub steps_done: u64,
+    /// Held-out accuracy after SFT, before the first RL step.
+    pub eval_start: Option<f64>,
+    /// Last held-out accuracy measured.
+    pub eval_end: Option<f64>,
+    /// Mean reward of the last step's rollouts.
+    pub last_reward: Option<f64>,
+    /// Newest checkpoint directory, if any was written.
+    pub checkpoint: Option<PathBuf>,
+    pub metrics_path: PathBuf,
+    pub wall_seconds: f64,
+    /// True when `stop_after` ended the run before `steps`.
+    pub stopped_early: bool,
+}
+
+impl RunSpec {
+    pub fn from_json(text: &str) -> Result<RunSpec, crate::RunError> {
+        serde_json::from_str(text).map_err(|e| {
+            crate::RunError::new(crate::E_SPEC, format!("run spec is not valid: {e}"))
+        })
+    }
+
+    /// Optimizer steps per RL step.
+    pub fn optimizer_steps_per_rl_step(&self) -> usize {
+        (self.rollout.rollout_batch * self.rollout.samples_per_prompt) / self.train.global_batch
+    }
+
+    /// Checks the constraints serde cannot express. Errors are E0504 with the field path.
+    pub fn validate(&self) -> Result<(), crate::RunError> {
+        let bad = |field: &str, why: &str| {
+            Err(crate::RunError::new(
+                crate::E_SPEC,
+                format!("run spec field `{field}`: {why}"),
+            ))
+        };
+        let m = &self.model;
+        for (name, v) in [
+            ("model.vocab_size", m.vocab_size),
+            ("model.d_model", m.d_model),
+            ("model.n_layers", m.n_layers),
+            ("model.n_heads", m.n_heads),
+            ("model.n_kv_heads", m.n_kv_heads),
+            ("model.d_ff", m.d_ff),
+            ("model.max_len", m.max_len),
+        ] {
+            if v == 0 {
+                return bad(name, "must be at least 1");
+            }
+        }
+        if m.d_model % m.n_heads != 0 {
+            return bad("model.n_heads", "d_model must be a multiple of n_heads");
+        }
+        if (m.d_model / m.n_heads) % 2 != 0 {
+            return bad(
+                "model.n_heads",
+                "head size d_model/n_heads must be even (rotary positions rotate pairs)",
+            );
+        }
+        if m.n_heads % m.n_kv_heads != 0 {
+            return bad("model.n_kv_heads", "n_heads must be a multiple of n_kv_heads");
+        }
+        if !(m.init_std > 0.0 && m.init_std.is_finite()) {
+            return bad("model.init_std", "must be a positive number");
+        }
+        let r = &self.rollout;
+        if r.rollout_batch == 0 {
+            return bad("rollout.rollout_batch", "must be at least 1");
+        }
+        if r.samples_per_prompt == 0 {
+            return bad("rollout.samples_per_prompt", "must be at least 1");
+        }
+        if r.max_new_tokens == 0 {
+            return bad("rollout.max_new_tokens", "must be at least 1");
+        }
+        if !(r.temperature > 0.0 && r.temperature.is_finite()) {
+            return bad(
+                "rollout.temperature",
+                "must be > 0 (evaluation is greedy already)",
+            );
+        }
+        if !(r.top_p > 0.0 && r.top_p <= 1.0) {
+            return bad("rollout.top_p", "must be in (0, 1]");
+        }
+        let t = &self.train;
+        if !(t.lr >= 0.0 && t.lr.is_finite()) {
+            return bad("train.lr", "must be a finite number >= 0");
+        }
+        if t.micro_batch == 0 || t.global_batch == 0 {
+            return bad("train.micro_batch", "micro_batch and global_batch must be >= 1");
+        }
+        if t.global_batch % t.micro_batch != 0 {
+            return bad("train.global_batch", "must be a multiple of train.micro_batch");
+        }
+        let total = r.rollout_batch * r.samples_per_prompt;
+        if total % t.global_batch != 0 {
+            return bad(
+                "train.global_batch",
+                &format!(
+                    "rollout_batch * samples_per_prompt = {total} must be a multiple of \
+                     global_batch = {}",
+                    t.global_batch
+                ),
+            );
+        }
+        if !(0.0..1.0).contains(&t.clip_low) {
+            return bad("train.clip_low", "must be in [0, 1)");
+        }
+        if t.clip_high < 0.0 {
+            return bad("train.clip_high", "must be >= 0");
+        }
+        if let Some(cap) = t.tis_cap {
+            if !(cap > 0.0) {
+                return bad("train.tis_cap", "must be > 0");
+            }
+        }
+        if t.kl_coef < 0.0 {
+            return bad("train.kl_coef", "must be >= 0");
+        }
+        if !(0.0..1.0).contains(&t.beta1) || !(0.0..1.0).contains(&t.beta2) {
+            return bad("train.beta1", "beta1 and beta2 must be in [0, 1)");
+        }
+        if t.grad_clip < 0.0 {
+            return bad("train.grad_clip", "must be >= 0 (0 = off)");
+        }
+        if let Some(s) = &self.sft {
+            if s.batch == 0 {
+                return bad("sft.batch", "must be at least 1");
+            }
+        }
+        if self.checkpoint.keep == 0 {
+            return bad("checkpoint.keep", "must be at least 1");
+        }
+        match &self.task.kind {
+            TaskKind::Addition { digits } | TaskKind::Multiplication { digits } => {
+                if *digits == 0 || *digits > 9 {
+                    return bad("task.kind.digits", "must be in 1..=9");
+                }
+            }
+            TaskKind::Reverse {
+                min_len,
+                max_len,
+                alphabet,
+            }
+            | TaskKind::Sort {
+                min_len,
+                max_len,
+                alphabet,
+            } => {
+                if *min_len == 0 || min_len > max_len {
+                    return bad("task.kind.min_len", "need 1 <= min_len <= max_len");
+                }
+                if alphabet.is_empty() {
+                    return bad("task.kind.alphabet", "must not be empty");
+                }
+            }
+            TaskKind::Jsonl { .. } => {}
+        }
+        if self.task.split.test_size == 0 {
+            return bad("task.split.test_size", "must be at least 1");
+        }
+        Ok(())
+    }
+}
