@@ -426,9 +426,8 @@ pub struct Summary {
 
 impl RunSpec {
     pub fn from_json(text: &str) -> Result<RunSpec, crate::RunError> {
-        serde_json::from_str(text).map_err(|e| {
-            crate::RunError::new(crate::E_SPEC, format!("run spec is not valid: {e}"))
-        })
+        serde_json::from_str(text)
+            .map_err(|e| crate::RunError::new(crate::E_SPEC, format!("run spec is not valid: {e}")))
     }
 
     /// Optimizer steps per RL step.
@@ -468,7 +467,10 @@ impl RunSpec {
             );
         }
         if m.n_heads % m.n_kv_heads != 0 {
-            return bad("model.n_kv_heads", "n_heads must be a multiple of n_kv_heads");
+            return bad(
+                "model.n_kv_heads",
+                "n_heads must be a multiple of n_kv_heads",
+            );
         }
         if !(m.init_std > 0.0 && m.init_std.is_finite()) {
             return bad("model.init_std", "must be a positive number");
@@ -497,10 +499,16 @@ impl RunSpec {
             return bad("train.lr", "must be a finite number >= 0");
         }
         if t.micro_batch == 0 || t.global_batch == 0 {
-            return bad("train.micro_batch", "micro_batch and global_batch must be >= 1");
+            return bad(
+                "train.micro_batch",
+                "micro_batch and global_batch must be >= 1",
+            );
         }
         if t.global_batch % t.micro_batch != 0 {
-            return bad("train.global_batch", "must be a multiple of train.micro_batch");
+            return bad(
+                "train.global_batch",
+                "must be a multiple of train.micro_batch",
+            );
         }
         let total = r.rollout_batch * r.samples_per_prompt;
         if total % t.global_batch != 0 {

@@ -1,1 +1,185 @@
-//! placeholder
+//! The embedded libtorch backend of miles (CPU, fp32): a Llama-style policy, batched sampling with
+//! a KV cache, and GRPO/PPO and SFT training. Implements the traits of `miles-runtime`.
+//!
+//! Entry point for the CLI: [`run`] (a `RunSpec` plus `RunOptions`), or [`TchBackend`] with
+//! `miles_runtime::run_with`.
+
+pub mod cli;
+pub mod generate;
+pub mod model;
+pub mod train;
+
+use miles_runtime::tasks::TokenId;
+use miles_runtime::{
+    Backend, RolloutEngine, RunError, RunOptions, RunSpec, Sample, SamplingParams, SftStats,
+    Summary, TrainStats, Trainer, Trajectory, WeightSnapshot, E_BACKEND,
+};
+use model::Policy;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::path::Path;
+
+/// Runs a spec on the embedded backend.
+pub fn run(spec: &RunSpec, opts: &RunOptions) -> Result<Summary, RunError> {
+    miles_runtime::run_with(spec, opts, &TchBackend)
+}
+
+/// tch's non-`f_` tensor ops panic on libtorch errors. Shapes are validated up front, so a panic
+/// here is a bug, but it must surface as an error (E0508), not abort the user's process.
+fn guard<T>(what: &str, f: impl FnOnce() -> Result<T, RunError>) -> Result<T, RunError> {
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(r) => r,
+        Err(p) => {
+            let msg = p
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_else(|| "unknown panic".into());
+            Err(RunError::new(
+                E_BACKEND,
+                format!("libtorch failed during {what}: {msg}"),
+            ))
+        }
+    }
+}
+
+pub struct TchBackend;
+
+impl Backend for TchBackend {
+    fn name(&self) -> &'static str {
+        "tch"
+    }
+
+    fn set_threads(&self, threads: Option<usize>) {
+        if let Some(n) = threads {
+            tch::set_num_threads(n.max(1) as i32);
+        }
+    }
+
+    fn create(
+        &self,
+        spec: &RunSpec,
+    ) -> Result<(Box<dyn RolloutEngine>, Box<dyn Trainer>), RunError> {
+        guard("model init", || {
+            let policy = Policy::init(&spec.model, spec.seed);
+            let engine = TchEngine {
+                policy: policy.deep_copy(),
+                version: 0,
+                use_cache: true,
+            };
+            let trainer = train::TchTrainer::new(policy, spec.train.clone());
+            Ok((
+                Box::new(engine) as Box<dyn RolloutEngine>,
+                Box::new(trainer) as Box<dyn Trainer>,
+            ))
+        })
+    }
+}
+
+/// The rollout side: its own copy of the weights, replaced on each sync.
+pub struct TchEngine {
+    pub policy: Policy,
+    pub version: u64,
+    /// Off only to measure what the cache saves.
+    pub use_cache: bool,
+}
+
+impl TchEngine {
+    pub fn new(policy: Policy) -> TchEngine {
+        TchEngine {
+            policy,
+            version: 0,
+            use_cache: true,
+        }
+    }
+}
+
+impl RolloutEngine for TchEngine {
+    fn generate(
+        &mut self,
+        prompts: &[Vec<TokenId>],
+        n: usize,
+        params: &SamplingParams,
+    ) -> Result<Vec<Sample>, RunError> {
+        guard("generation", || {
+            generate::generate(
+                &self.policy,
+                prompts,
+                n,
+                params,
+                self.version,
+                self.use_cache,
+            )
+        })
+    }
+
+    fn weight_version(&self) -> u64 {
+        self.version
+    }
+
+    fn load_weights(&mut self, weights: &WeightSnapshot) -> Result<(), RunError> {
+        guard("weight load", || self.policy.load_snapshot(weights))?;
+        self.version = weights.version;
+        Ok(())
+    }
+}
+
+impl Trainer for train::TchTrainer {
+    fn train_rl(
+        &mut self,
+        batch: &[Trajectory],
+        lrs: &[f64],
+        temperature: f64,
+    ) -> Result<TrainStats, RunError> {
+        guard("training", || self.train_rl_impl(batch, lrs, temperature))
+    }
+
+    fn train_sft(
+        &mut self,
+        batch: &[(Vec<TokenId>, Vec<TokenId>)],
+        lr: f64,
+    ) -> Result<SftStats, RunError> {
+        guard("SFT", || self.train_sft_impl(batch, lr))
+    }
+
+    fn reset_optimizer(&mut self) {
+        train::TchTrainer::reset_optimizer(self)
+    }
+
+    fn freeze_reference(&mut self) -> Result<(), RunError> {
+        guard("reference copy", || {
+            train::TchTrainer::freeze_reference(self);
+            Ok(())
+        })
+    }
+
+    fn logprobs(
+        &mut self,
+        prompts: &[Vec<TokenId>],
+        responses: &[Vec<TokenId>],
+        temperature: f64,
+    ) -> Result<Vec<Vec<f32>>, RunError> {
+        guard("log-prob recomputation", || {
+            self.logprobs_impl(prompts, responses, temperature)
+        })
+    }
+
+    fn version(&self) -> u64 {
+        train::TchTrainer::version(self)
+    }
+
+    fn export_weights(&self) -> Result<WeightSnapshot, RunError> {
+        guard("weight export", || self.policy.snapshot(self.version()))
+    }
+
+    fn save(&self, dir: &Path) -> Result<(), RunError> {
+        guard("checkpoint save", || train::TchTrainer::save(self, dir))
+    }
+
+    fn load(&mut self, dir: &Path) -> Result<(), RunError> {
+        guard("checkpoint load", || train::TchTrainer::load(self, dir))
+    }
+
+    fn save_model(&self, dir: &Path) -> Result<(), RunError> {
+        guard("model save", || self.policy.save(dir))
+    }
+}

@@ -1,0 +1,302 @@
+//! The traits a compute backend implements. The synchronous executor drives them; the asynchronous
+//! and distributed runtimes plug in behind the same traits (an engine may be remote, a transport
+//! may broadcast or write deltas to disk).
+
+use crate::spec::{RunSpec, TrainSpec};
+use crate::tasks::TokenId;
+use crate::RunError;
+use serde::{Deserialize, Serialize};
+use std::path::Path;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FinishReason {
+    /// A stop token was sampled (it is the last token of the response).
+    Stop,
+    /// `max_new_tokens` (or the model's max_len) was reached.
+    Length,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct SamplingParams {
+    pub max_new_tokens: usize,
+    pub temperature: f64,
+    /// Nucleus filter; 1.0 = off.
+    pub top_p: f64,
+    /// 0 = off.
+    pub top_k: usize,
+    pub stop_tokens: Vec<TokenId>,
+    /// Argmax decoding (evaluation); the other filters are then ignored.
+    pub greedy: bool,
+    /// Seed of this call's sampling stream: same seed, prompts and weights -> same samples.
+    pub seed: u64,
+}
+
+/// One generated response.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Sample {
+    /// Index into the `prompts` slice given to `generate` (the GRPO group).
+    pub prompt_index: usize,
+    pub response: Vec<TokenId>,
+    /// log p(token) under the engine's policy with logits divided by the temperature, before any
+    /// top-k/top-p truncation (what the trainer recomputes). Greedy decoding reports temperature 1.
+    pub logprobs: Vec<f32>,
+    pub finish: FinishReason,
+    /// Version of the weights that generated it.
+    pub weight_version: u64,
+}
+
+pub trait RolloutEngine {
+    /// `n` samples for each prompt, grouped: samples of prompt i are contiguous, in order. A
+    /// group's prompt is processed once and shared by its n samples.
+    fn generate(
+        &mut self,
+        prompts: &[Vec<TokenId>],
+        n: usize,
+        params: &SamplingParams,
+    ) -> Result<Vec<Sample>, RunError>;
+    fn weight_version(&self) -> u64;
+    /// Replaces the engine's weights (the receiving end of a weight transport).
+    fn load_weights(&mut self, weights: &WeightSnapshot) -> Result<(), RunError>;
+}
+
+/// A scored sample as the trainer consumes it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Trajectory {
+    pub prompt: Vec<TokenId>,
+    pub response: Vec<TokenId>,
+    /// Sampling log-probs from the engine, one per response token.
+    pub rollout_logprobs: Vec<f32>,
+    /// 1 for tokens the policy is trained on, 0 for context (one per response token).
+    pub loss_mask: Vec<f32>,
+    pub reward: f32,
+    pub advantage: f32,
+    pub group: usize,
+    pub weight_version: u64,
+}
+
+/// What one RL train call reports (means over the call's tokens unless said otherwise).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct TrainStats {
+    pub loss: f64,
+    /// Global grad norm before clipping (mean over optimizer steps).
+    pub grad_norm: f64,
+    pub entropy: f64,
+    /// Fraction of tokens whose clipped term was active.
+    pub clip_frac: f64,
+    /// k3 estimate of KL(policy || reference); 0 without a reference.
+    pub kl: f64,
+    /// Mean |logp_train - logp_rollout| of the sampled tokens before the update: the
+    /// train-rollout mismatch.
+    pub logp_diff: f64,
+    /// Mean TIS weight (1 without TIS).
+    pub tis_weight: f64,
+    pub optimizer_steps: u64,
+    /// Tokens the loss covered (loss-mask sum).
+    pub tokens: u64,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct SftStats {
+    pub loss: f64,
+    pub grad_norm: f64,
+    pub tokens: u64,
+}
+
+/// Named fp32 tensors with Hugging Face (Llama) names: the backend-neutral unit of weight sync.
+#[derive(Debug, Clone, PartialEq)]
+pub struct WeightSnapshot {
+    pub version: u64,
+    pub tensors: Vec<NamedTensor>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct NamedTensor {
+    pub name: String,
+    pub shape: Vec<usize>,
+    pub data: Vec<f32>,
+}
+
+impl WeightSnapshot {
+    pub fn bytes(&self) -> usize {
+        self.tensors.iter().map(|t| t.data.len() * 4).sum()
+    }
+}
+
+pub trait Trainer {
+    /// One RL step's batch: recomputes log-probs (the "old" policy), then takes
+    /// `lrs.len()` optimizer steps over equal slices of `batch` (PPO/GRPO loss, micro-batches
+    /// with gradient accumulation). `temperature` is the rollout's, applied to the logits.
+    fn train_rl(
+        &mut self,
+        batch: &[Trajectory],
+        lrs: &[f64],
+        temperature: f64,
+    ) -> Result<TrainStats, RunError>;
+    /// One supervised optimizer step: masked cross-entropy of `answer` given `prompt`.
+    fn train_sft(
+        &mut self,
+        batch: &[(Vec<TokenId>, Vec<TokenId>)],
+        lr: f64,
+    ) -> Result<SftStats, RunError>;
+    /// Fresh optimizer state (between SFT and RL).
+    fn reset_optimizer(&mut self);
+    /// Freezes a copy of the current policy as the KL reference.
+    fn freeze_reference(&mut self) -> Result<(), RunError>;
+    /// Log-probs of `response` under the current policy (temperature applied), one per token.
+    fn logprobs(
+        &mut self,
+        prompts: &[Vec<TokenId>],
+        responses: &[Vec<TokenId>],
+        temperature: f64,
+    ) -> Result<Vec<Vec<f32>>, RunError>;
+    /// Number of optimizer steps taken so far: the weight version.
+    fn version(&self) -> u64;
+    fn export_weights(&self) -> Result<WeightSnapshot, RunError>;
+    /// Writes weights, optimizer state and reference into `dir` (exists, empty).
+    fn save(&self, dir: &Path) -> Result<(), RunError>;
+    fn load(&mut self, dir: &Path) -> Result<(), RunError>;
+    /// Writes only the model (safetensors + config.json) into `dir`.
+    fn save_model(&self, dir: &Path) -> Result<(), RunError>;
+}
+
+/// Moves weights from the trainer to the engines. Colocated runs hand them over locally.
+pub trait WeightTransport {
+    fn name(&self) -> &'static str;
+    fn transfer(&mut self, weights: WeightSnapshot) -> Result<WeightSnapshot, RunError>;
+}
+
+/// Same process, same memory: hand the snapshot over as it is.
+pub struct LocalHandoff;
+
+impl WeightTransport for LocalHandoff {
+    fn name(&self) -> &'static str {
+        "local"
+    }
+    fn transfer(&mut self, weights: WeightSnapshot) -> Result<WeightSnapshot, RunError> {
+        Ok(weights)
+    }
+}
+
+/// Turns a finished response into a scalar reward.
+pub trait Reward {
+    fn score(&self, item: &crate::tasks::TaskItem, response: &str, finish: FinishReason) -> f32;
+}
+
+impl Reward for crate::tasks::TaskSet {
+    fn score(&self, item: &crate::tasks::TaskItem, response: &str, finish: FinishReason) -> f32 {
+        self.reward(item, response, finish)
+    }
+}
+
+/// A compute backend: builds the engine and trainer of a run.
+pub trait Backend {
+    fn name(&self) -> &'static str;
+    /// Sets intra-op threads (None = backend default).
+    fn set_threads(&self, threads: Option<usize>);
+    fn create(
+        &self,
+        spec: &RunSpec,
+    ) -> Result<(Box<dyn RolloutEngine>, Box<dyn Trainer>), RunError>;
+}
+
+/// GRPO group-relative advantages: per group, reward minus the group mean, divided by the group's
+/// (unbiased) std + 1e-6 when `std_norm`. `group_of[i]` is sample i's group. A group of one gets 0.
+pub fn grpo_advantages(rewards: &[f32], group_of: &[usize], std_norm: bool) -> Vec<f32> {
+    let groups = group_of.iter().copied().max().map_or(0, |m| m + 1);
+    let mut sum = vec![0f64; groups];
+    let mut cnt = vec![0usize; groups];
+    for (r, &g) in rewards.iter().zip(group_of) {
+        sum[g] += *r as f64;
+        cnt[g] += 1;
+    }
+    let mean: Vec<f64> = sum
+        .iter()
+        .zip(&cnt)
+        .map(|(s, &c)| if c > 0 { s / c as f64 } else { 0.0 })
+        .collect();
+    let mut var = vec![0f64; groups];
+    for (r, &g) in rewards.iter().zip(group_of) {
+        var[g] += (*r as f64 - mean[g]).powi(2);
+    }
+    rewards
+        .iter()
+        .zip(group_of)
+        .map(|(r, &g)| {
+            if cnt[g] < 2 {
+                return 0.0;
+            }
+            let centred = *r as f64 - mean[g];
+            if std_norm {
+                let std = (var[g] / (cnt[g] - 1) as f64).sqrt();
+                (centred / (std + 1e-6)) as f32
+            } else {
+                centred as f32
+            }
+        })
+        .collect()
+}
+
+/// Learning rate at optimizer step `k` (0-based) of `total`: linear warm-up over `warmup` steps
+/// from lr/warmup to lr, then none/linear/cosine decay to `min_lr_ratio * lr`.
+pub fn lr_at(t: &TrainSpec, k: u64, total: u64) -> f64 {
+    schedule(t.lr, t.warmup_steps, t.decay, t.min_lr_ratio, k, total)
+}
+
+pub fn schedule(
+    lr: f64,
+    warmup: u64,
+    decay: crate::spec::Decay,
+    min_ratio: f64,
+    k: u64,
+    total: u64,
+) -> f64 {
+    if warmup > 0 && k < warmup {
+        return lr * (k + 1) as f64 / warmup as f64;
+    }
+    let span = total.saturating_sub(warmup).max(1) as f64;
+    let progress = ((k - warmup.min(k)) as f64 / span).clamp(0.0, 1.0);
+    let min_lr = lr * min_ratio;
+    match decay {
+        crate::spec::Decay::None => lr,
+        crate::spec::Decay::Linear => min_lr + (lr - min_lr) * (1.0 - progress),
+        crate::spec::Decay::Cosine => {
+            min_lr + (lr - min_lr) * 0.5 * (1.0 + (std::f64::consts::PI * progress).cos())
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::spec::Decay;
+
+    #[test]
+    fn grpo_advantages_by_hand() {
+        // Group 0: rewards 1,0,0,1 -> mean 0.5, unbiased std sqrt(1/3) = 0.57735.
+        // Group 1: all equal -> 0 advantage. Group 2: single sample -> 0.
+        let r = [1.0, 0.0, 0.0, 1.0, 0.5, 0.5, 1.0];
+        let g = [0, 0, 0, 0, 1, 1, 2];
+        let a = grpo_advantages(&r, &g, false);
+        assert_eq!(a, vec![0.5, -0.5, -0.5, 0.5, 0.0, 0.0, 0.0]);
+        let a = grpo_advantages(&r, &g, true);
+        let want = 0.5 / (0.577_350_27 + 1e-6);
+        assert!((a[0] - want as f32).abs() < 1e-5, "{a:?}");
+        assert!((a[1] + want as f32).abs() < 1e-5);
+        assert_eq!(a[4], 0.0);
+        assert_eq!(a[6], 0.0);
+        // 3 samples 0, 0, 1: mean 1/3, std = sqrt(((1/3)^2*2 + (2/3)^2)/2) = sqrt(1/3).
+        let a = grpo_advantages(&[0.0, 0.0, 1.0], &[0, 0, 0], true);
+        assert!((a[2] - (2.0 / 3.0) / 0.577_350_3).abs() < 1e-4);
+    }
+
+    #[test]
+    fn lr_schedules() {
+        assert_eq!(schedule(1.0, 4, Decay::None, 0.0, 0, 10), 0.25);
+        assert_eq!(schedule(1.0, 4, Decay::None, 0.0, 3, 10), 1.0);
+        assert_eq!(schedule(1.0, 0, Decay::Linear, 0.0, 5, 10), 0.5);
+        assert_eq!(schedule(1.0, 0, Decay::Linear, 0.1, 10, 10), 0.1);
+        assert!((schedule(1.0, 0, Decay::Cosine, 0.0, 5, 10) - 0.5).abs() < 1e-12);
+        assert!((schedule(1.0, 2, Decay::Cosine, 0.0, 2, 12) - 1.0).abs() < 1e-12);
+    }
+}

@@ -1,0 +1,658 @@
+//! The synchronous executor: optional SFT warm-up, then per step generate -> reward -> train ->
+//! sync weights, with evaluation, atomic checkpoints, exact resume and metrics.jsonl.
+
+use crate::backend::*;
+use crate::progress::Progress;
+use crate::rng::derive_seed;
+use crate::spec::{RunOptions, RunSpec, Summary};
+use crate::tasks::{TaskItem, TaskSet, EOS};
+use crate::*;
+use serde_json::{json, Map, Value};
+use std::fs;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+const STATE_FILE: &str = "state.json";
+
+/// What a checkpoint records besides the backend's own files.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+struct CkptState {
+    step: u64,
+    /// Spec this checkpoint belongs to: resume refuses a different spec.
+    spec: RunSpec,
+    eval_start: Option<f64>,
+    eval_last: Option<f64>,
+}
+
+/// Runs `spec` on `backend`. Errors carry E05xx codes; nothing panics on bad input.
+pub fn run_with(
+    spec: &RunSpec,
+    opts: &RunOptions,
+    backend: &dyn Backend,
+) -> Result<Summary, RunError> {
+    let started = Instant::now();
+    spec.validate()?;
+    let task = TaskSet::build(&spec.task)?;
+    for w in &task.warnings {
+        eprintln!("warning: {w}");
+    }
+    let vocab = task.tokenizer.vocab_size();
+    if spec.model.vocab_size < vocab {
+        return Err(RunError::new(
+            E_VOCAB,
+            format!(
+                "model vocab_size {} does not cover the task tokenizer's {} tokens",
+                spec.model.vocab_size, vocab
+            ),
+        )
+        .with_help(format!("set model.vocab_size to at least {vocab}")));
+    }
+    let (max_prompt, max_answer) = task.max_token_lens();
+    let need = max_prompt + spec.rollout.max_new_tokens.max(max_answer);
+    if need > spec.model.max_len {
+        return Err(RunError::new(
+            E_TOO_LONG,
+            format!(
+                "longest prompt ({max_prompt} tokens) plus max_new_tokens/answer ({}) is {need}, \
+                 over model.max_len {}",
+                spec.rollout.max_new_tokens.max(max_answer),
+                spec.model.max_len
+            ),
+        ));
+    }
+    if spec.rollout.max_new_tokens < max_answer {
+        eprintln!(
+            "warning: rollout.max_new_tokens {} is shorter than the longest answer ({max_answer} \
+             tokens with EOS): some problems cannot be solved",
+            spec.rollout.max_new_tokens
+        );
+    }
+
+    let out = &opts.out_dir;
+    let ckpt_root = out.join("checkpoints");
+    let metrics_path = out.join("metrics.jsonl");
+    prepare_out_dir(spec, opts)?;
+
+    backend.set_threads(opts.threads);
+    let (mut engine, mut trainer) = backend.create(spec)?;
+    let mut transport: Box<dyn WeightTransport> = Box::new(LocalHandoff);
+
+    let resume_from = if opts.resume {
+        latest_checkpoint(&ckpt_root)?
+    } else {
+        None
+    };
+    let mut metrics = Metrics::open(&metrics_path, resume_from.as_ref().map(|c| c.1.step))?;
+    let mut progress = Progress::new(opts.progress, spec.steps);
+
+    let (mut step, eval_start, mut eval_last);
+    let mut last_ckpt: Option<PathBuf> = None;
+    if let Some((dir, st)) = resume_from {
+        if st.spec != *spec {
+            return Err(RunError::new(
+                E_OUT_DIR,
+                format!(
+                    "{} holds a checkpoint of a different run spec; resume needs the same spec",
+                    dir.display()
+                ),
+            ));
+        }
+        trainer.load(&dir)?;
+        let w = transport.transfer(trainer.export_weights()?)?;
+        engine.load_weights(&w)?;
+        step = st.step;
+        eval_start = st.eval_start;
+        eval_last = st.eval_last;
+        progress.note(&format!("resumed from {} (step {step})", dir.display()));
+        last_ckpt = Some(dir);
+    } else {
+        step = 0;
+        if let Some(sft) = &spec.sft {
+            run_sft(
+                spec,
+                sft,
+                &task,
+                trainer.as_mut(),
+                &mut metrics,
+                &mut progress,
+            )?;
+        }
+        trainer.reset_optimizer();
+        if spec.train.kl_coef > 0.0 {
+            trainer.freeze_reference()?;
+        }
+        let w = transport.transfer(trainer.export_weights()?)?;
+        engine.load_weights(&w)?;
+        let t0 = Instant::now();
+        let acc = evaluate(spec, &task, engine.as_mut())?;
+        let mut row = Map::new();
+        row.insert("step".into(), json!(0));
+        row.insert("eval/accuracy".into(), json!(acc.0));
+        row.insert("eval/response_len".into(), json!(acc.1));
+        row.insert("perf/eval_s".into(), json!(t0.elapsed().as_secs_f64()));
+        metrics.write(&row)?;
+        eval_start = Some(acc.0);
+        eval_last = Some(acc.0);
+        progress.eval(0, acc.0);
+        if spec.checkpoint.every > 0 {
+            last_ckpt = Some(save_checkpoint(
+                &ckpt_root,
+                spec,
+                0,
+                eval_start,
+                eval_last,
+                trainer.as_ref(),
+            )?);
+        }
+    }
+
+    let opt_per_step = spec.optimizer_steps_per_rl_step() as u64;
+    let total_opt = opt_per_step * spec.steps;
+    let mut last_reward = None;
+    let mut steps_this_run = 0u64;
+    let mut stopped_early = false;
+    while step < spec.steps {
+        if let Some(n) = opts.stop_after {
+            if steps_this_run >= n {
+                stopped_early = true;
+                break;
+            }
+        }
+        if let Some(limit) = opts.max_wall {
+            if started.elapsed() > limit {
+                return Err(RunError::new(
+                    E_TIMEOUT,
+                    format!(
+                        "the run's wall-time limit ({:.0} s) expired after step {step}",
+                        limit.as_secs_f64()
+                    ),
+                )
+                .with_help("resume with --resume to continue from the last checkpoint"));
+            }
+        }
+        step += 1;
+        steps_this_run += 1;
+        let t_step = Instant::now();
+        let r = &spec.rollout;
+        let items = task.train_batch(spec.seed, "rollout", step, r.rollout_batch);
+        let prompts = items
+            .iter()
+            .map(|it| task.tokenizer.encode_prompt(&it.prompt))
+            .collect::<Result<Vec<_>, _>>()?;
+        let params = SamplingParams {
+            max_new_tokens: r.max_new_tokens,
+            temperature: r.temperature,
+            top_p: r.top_p,
+            top_k: r.top_k,
+            stop_tokens: vec![EOS],
+            greedy: false,
+            seed: derive_seed(spec.seed, "sampling", step),
+        };
+        let t_gen = Instant::now();
+        let samples = engine.generate(&prompts, r.samples_per_prompt, &params)?;
+        let gen_s = t_gen.elapsed().as_secs_f64();
+        let gen_tokens: usize = samples.iter().map(|s| s.response.len()).sum();
+
+        let rewards: Vec<f32> = samples
+            .iter()
+            .map(|s| {
+                let it: &TaskItem = &items[s.prompt_index];
+                task.score(it, &task.tokenizer.decode(&s.response), s.finish)
+            })
+            .collect();
+        let groups: Vec<usize> = samples.iter().map(|s| s.prompt_index).collect();
+        let adv = grpo_advantages(&rewards, &groups, spec.train.std_norm);
+        let batch: Vec<Trajectory> = samples
+            .iter()
+            .zip(rewards.iter().zip(&adv))
+            .map(|(s, (&reward, &advantage))| Trajectory {
+                prompt: prompts[s.prompt_index].clone(),
+                response: s.response.clone(),
+                rollout_logprobs: s.logprobs.clone(),
+                loss_mask: vec![1.0; s.response.len()],
+                reward,
+                advantage,
+                group: s.prompt_index,
+                weight_version: s.weight_version,
+            })
+            .collect();
+        let lrs: Vec<f64> = (0..opt_per_step)
+            .map(|j| lr_at(&spec.train, (step - 1) * opt_per_step + j, total_opt))
+            .collect();
+        let t_train = Instant::now();
+        let ts = trainer.train_rl(&batch, &lrs, r.temperature)?;
+        let train_s = t_train.elapsed().as_secs_f64();
+        if !ts.loss.is_finite() || !ts.grad_norm.is_finite() {
+            return Err(non_finite(step, &last_ckpt));
+        }
+        let t_sync = Instant::now();
+        let w = transport.transfer(trainer.export_weights()?)?;
+        engine.load_weights(&w)?;
+        let sync_s = t_sync.elapsed().as_secs_f64();
+
+        let n = rewards.len().max(1) as f64;
+        let reward_mean = rewards.iter().map(|&x| x as f64).sum::<f64>() / n;
+        let flat_groups = count_flat_groups(&rewards, &groups);
+        let mut row = Map::new();
+        row.insert("step".into(), json!(step));
+        row.insert("weight_version".into(), json!(engine.weight_version()));
+        row.insert("rollout/reward_mean".into(), json!(reward_mean));
+        row.insert(
+            "rollout/solved_frac".into(),
+            json!(rewards.iter().filter(|&&x| x >= 1.0).count() as f64 / n),
+        );
+        row.insert(
+            "rollout/response_len".into(),
+            json!(gen_tokens as f64 / samples.len().max(1) as f64),
+        );
+        row.insert(
+            "rollout/stop_frac".into(),
+            json!(
+                samples
+                    .iter()
+                    .filter(|s| s.finish == FinishReason::Stop)
+                    .count() as f64
+                    / n
+            ),
+        );
+        row.insert(
+            "rollout/flat_group_frac".into(),
+            json!(flat_groups as f64 / r.rollout_batch as f64),
+        );
+        row.insert("train/loss".into(), json!(ts.loss));
+        row.insert("train/grad_norm".into(), json!(ts.grad_norm));
+        row.insert("train/entropy".into(), json!(ts.entropy));
+        row.insert("train/clip_frac".into(), json!(ts.clip_frac));
+        row.insert("train/kl".into(), json!(ts.kl));
+        row.insert("train/logp_diff".into(), json!(ts.logp_diff));
+        row.insert("train/tis_weight".into(), json!(ts.tis_weight));
+        row.insert("train/lr".into(), json!(lrs.last().copied().unwrap_or(0.0)));
+        row.insert("train/tokens".into(), json!(ts.tokens));
+        let do_eval = step == spec.steps || (spec.eval.every > 0 && step % spec.eval.every == 0);
+        if do_eval {
+            let t0 = Instant::now();
+            let acc = evaluate(spec, &task, engine.as_mut())?;
+            row.insert("eval/accuracy".into(), json!(acc.0));
+            row.insert("eval/response_len".into(), json!(acc.1));
+            row.insert("perf/eval_s".into(), json!(t0.elapsed().as_secs_f64()));
+            eval_last = Some(acc.0);
+            progress.eval(step, acc.0);
+        }
+        row.insert(
+            "perf/gen_tokens_per_s".into(),
+            json!(gen_tokens as f64 / gen_s.max(1e-9)),
+        );
+        let trained: usize = batch
+            .iter()
+            .map(|t| t.prompt.len() + t.response.len())
+            .sum();
+        row.insert(
+            "perf/train_tokens_per_s".into(),
+            json!(trained as f64 / train_s.max(1e-9)),
+        );
+        row.insert("perf/sync_s".into(), json!(sync_s));
+        row.insert("perf/sync_bytes".into(), json!(w.bytes()));
+        row.insert("perf/step_s".into(), json!(t_step.elapsed().as_secs_f64()));
+        metrics.write(&row)?;
+        last_reward = Some(reward_mean);
+        progress.step(
+            step,
+            reward_mean,
+            gen_tokens as f64 / gen_s.max(1e-9),
+            trained as f64 / train_s.max(1e-9),
+        );
+
+        let ck = spec.checkpoint.every;
+        if (ck > 0 && step % ck == 0) || step == spec.steps {
+            last_ckpt = Some(save_checkpoint(
+                &ckpt_root,
+                spec,
+                step,
+                eval_start,
+                eval_last,
+                trainer.as_ref(),
+            )?);
+        }
+    }
+    if !stopped_early {
+        // The final model, Hugging Face style (model.safetensors + config.json + tokenizer).
+        let final_dir = out.join("model");
+        write_dir_atomically(&final_dir, |tmp| {
+            trainer.save_model(tmp)?;
+            write_json(&tmp.join("tokenizer.json"), &task.tokenizer)
+        })?;
+    }
+    progress.finish(eval_start, eval_last);
+    Ok(Summary {
+        steps_done: step,
+        eval_start,
+        eval_end: eval_last,
+        last_reward,
+        checkpoint: last_ckpt,
+        metrics_path,
+        wall_seconds: started.elapsed().as_secs_f64(),
+        stopped_early,
+    })
+}
+
+fn non_finite(step: u64, last: &Option<PathBuf>) -> RunError {
+    let kept = match last {
+        Some(d) => format!("the last good checkpoint is {}", d.display()),
+        None => "no checkpoint was written before it".to_string(),
+    };
+    RunError::new(
+        E_NONFINITE,
+        format!("loss or gradient became NaN/infinite at step {step}; the run stopped ({kept})"),
+    )
+    .with_help("lower train.lr, set train.grad_clip, or set train.tis_cap")
+}
+
+fn count_flat_groups(rewards: &[f32], groups: &[usize]) -> usize {
+    let mut first: std::collections::BTreeMap<usize, (f32, bool)> = Default::default();
+    for (&r, &g) in rewards.iter().zip(groups) {
+        let e = first.entry(g).or_insert((r, true));
+        if e.0 != r {
+            e.1 = false;
+        }
+    }
+    first.values().filter(|v| v.1).count()
+}
+
+fn run_sft(
+    spec: &RunSpec,
+    sft: &crate::spec::SftSpec,
+    task: &TaskSet,
+    trainer: &mut dyn Trainer,
+    metrics: &mut Metrics,
+    progress: &mut Progress,
+) -> Result<(), RunError> {
+    progress.note(&format!("SFT warm-up: {} steps", sft.steps));
+    for k in 0..sft.steps {
+        let items = task.train_batch(spec.seed, "sft", k, sft.batch);
+        let batch = items
+            .iter()
+            .map(|it| {
+                Ok((
+                    task.tokenizer.encode_prompt(&it.prompt)?,
+                    task.tokenizer.encode_answer(&it.label)?,
+                ))
+            })
+            .collect::<Result<Vec<_>, RunError>>()?;
+        let lr = schedule(
+            sft.lr,
+            sft.warmup_steps,
+            crate::spec::Decay::None,
+            0.0,
+            k,
+            sft.steps,
+        );
+        let st = trainer.train_sft(&batch, lr)?;
+        if !st.loss.is_finite() {
+            return Err(RunError::new(
+                E_NONFINITE,
+                format!("SFT loss became NaN/infinite at SFT step {}", k + 1),
+            )
+            .with_help("lower sft.lr"));
+        }
+        if (k + 1) % 10 == 0 || k + 1 == sft.steps {
+            let mut row = Map::new();
+            row.insert("step".into(), json!(0));
+            row.insert("sft/step".into(), json!(k + 1));
+            row.insert("sft/loss".into(), json!(st.loss));
+            row.insert("sft/grad_norm".into(), json!(st.grad_norm));
+            metrics.write(&row)?;
+            progress.sft(k + 1, sft.steps, st.loss);
+        }
+    }
+    Ok(())
+}
+
+/// Greedy exact-match accuracy and mean response length on the first `eval.prompts` test items.
+fn evaluate(
+    spec: &RunSpec,
+    task: &TaskSet,
+    engine: &mut dyn RolloutEngine,
+) -> Result<(f64, f64), RunError> {
+    let items: Vec<&TaskItem> = task.test.iter().take(spec.eval.prompts.max(1)).collect();
+    let prompts = items
+        .iter()
+        .map(|it| task.tokenizer.encode_prompt(&it.prompt))
+        .collect::<Result<Vec<_>, _>>()?;
+    let params = SamplingParams {
+        max_new_tokens: spec.rollout.max_new_tokens,
+        temperature: 1.0,
+        top_p: 1.0,
+        top_k: 0,
+        stop_tokens: vec![EOS],
+        greedy: true,
+        seed: 0,
+    };
+    let samples = engine.generate(&prompts, 1, &params)?;
+    let mut correct = 0usize;
+    let mut len = 0usize;
+    for s in &samples {
+        let text = task.tokenizer.decode(&s.response);
+        if crate::tasks::verify(&items[s.prompt_index].label, &text, s.finish, false) >= 1.0 {
+            correct += 1;
+        }
+        len += s.response.len();
+    }
+    let n = samples.len().max(1) as f64;
+    Ok((correct as f64 / n, len as f64 / n))
+}
+
+fn prepare_out_dir(spec: &RunSpec, opts: &RunOptions) -> Result<(), RunError> {
+    let out = &opts.out_dir;
+    let spec_path = out.join("spec.json");
+    if out.exists() {
+        let has_run = spec_path.exists() || out.join("metrics.jsonl").exists();
+        if has_run && !opts.resume {
+            return Err(
+                RunError::new(E_OUT_DIR, format!("{} already holds a run", out.display()))
+                    .with_help("pass --resume to continue it, or choose another output directory"),
+            );
+        }
+        if has_run && spec_path.exists() {
+            let old = fs::read_to_string(&spec_path)
+                .map_err(|e| RunError::io(E_OUT_DIR, "cannot read", &spec_path, e))?;
+            let same = serde_json::from_str::<RunSpec>(&old)
+                .map(|s| s == *spec)
+                .unwrap_or(false);
+            if !same {
+                return Err(RunError::new(
+                    E_OUT_DIR,
+                    format!(
+                        "{} holds a run of a different spec; resume needs the same spec",
+                        out.display()
+                    ),
+                ));
+            }
+        }
+    }
+    fs::create_dir_all(out).map_err(|e| RunError::io(E_OUT_DIR, "cannot create", out, e))?;
+    write_json(&spec_path, spec)
+}
+
+/// Writes JSON atomically (temp file, fsync, rename).
+pub fn write_json<T: serde::Serialize>(path: &Path, v: &T) -> Result<(), RunError> {
+    let text = serde_json::to_string_pretty(v)
+        .map_err(|e| RunError::new(E_CHECKPOINT, format!("cannot serialise: {e}")))?;
+    write_atomically(path, text.as_bytes())
+}
+
+pub fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), RunError> {
+    let tmp = path.with_extension(format!("tmp-{}", std::process::id()));
+    let res = (|| {
+        let mut f = fs::File::create(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+        fs::rename(&tmp, path)
+    })();
+    res.map_err(|e| {
+        let _ = fs::remove_file(&tmp);
+        RunError::io(E_CHECKPOINT, "cannot write", path, e)
+    })
+}
+
+/// Fills a fresh temp directory with `fill`, then renames it over `dir` (replacing an older one).
+fn write_dir_atomically(
+    dir: &Path,
+    fill: impl FnOnce(&Path) -> Result<(), RunError>,
+) -> Result<(), RunError> {
+    let name = dir
+        .file_name()
+        .map(|n| n.to_string_lossy().to_string())
+        .unwrap_or_else(|| "dir".into());
+    let parent = dir.parent().unwrap_or(Path::new("."));
+    fs::create_dir_all(parent)
+        .map_err(|e| RunError::io(E_CHECKPOINT, "cannot create", parent, e))?;
+    let tmp = parent.join(format!(".{name}.tmp-{}", std::process::id()));
+    let _ = fs::remove_dir_all(&tmp);
+    fs::create_dir_all(&tmp).map_err(|e| RunError::io(E_CHECKPOINT, "cannot create", &tmp, e))?;
+    if let Err(e) = fill(&tmp) {
+        let _ = fs::remove_dir_all(&tmp);
+        return Err(e);
+    }
+    // Directory renames cannot replace a non-empty directory: move the old one aside first.
+    let old = parent.join(format!(".{name}.old-{}", std::process::id()));
+    if dir.exists() {
+        fs::rename(dir, &old).map_err(|e| RunError::io(E_CHECKPOINT, "cannot replace", dir, e))?;
+    }
+    fs::rename(&tmp, dir).map_err(|e| RunError::io(E_CHECKPOINT, "cannot rename into", dir, e))?;
+    let _ = fs::remove_dir_all(&old);
+    if let Ok(d) = fs::File::open(parent) {
+        let _ = d.sync_all();
+    }
+    Ok(())
+}
+
+fn ckpt_name(step: u64) -> String {
+    format!("step-{step:08}")
+}
+
+fn save_checkpoint(
+    root: &Path,
+    spec: &RunSpec,
+    step: u64,
+    eval_start: Option<f64>,
+    eval_last: Option<f64>,
+    trainer: &dyn Trainer,
+) -> Result<PathBuf, RunError> {
+    let dir = root.join(ckpt_name(step));
+    write_dir_atomically(&dir, |tmp| {
+        trainer.save(tmp)?;
+        // Written last: a directory with state.json is complete (the rename makes it so anyway).
+        write_json(
+            &tmp.join(STATE_FILE),
+            &CkptState {
+                step,
+                spec: spec.clone(),
+                eval_start,
+                eval_last,
+            },
+        )
+    })?;
+    // Keep the newest `keep`.
+    let mut all = list_checkpoints(root)?;
+    all.sort();
+    let keep = spec.checkpoint.keep.max(1);
+    if all.len() > keep {
+        for (_, d) in &all[..all.len() - keep] {
+            let _ = fs::remove_dir_all(d);
+        }
+    }
+    Ok(dir)
+}
+
+fn list_checkpoints(root: &Path) -> Result<Vec<(u64, PathBuf)>, RunError> {
+    let mut v = Vec::new();
+    let rd = match fs::read_dir(root) {
+        Ok(rd) => rd,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(v),
+        Err(e) => return Err(RunError::io(E_CHECKPOINT, "cannot list", root, e)),
+    };
+    for e in rd.flatten() {
+        let name = e.file_name().to_string_lossy().to_string();
+        if let Some(n) = name
+            .strip_prefix("step-")
+            .and_then(|s| s.parse::<u64>().ok())
+        {
+            if e.path().join(STATE_FILE).exists() {
+                v.push((n, e.path()));
+            }
+        } else if name.starts_with('.') && name.contains(".tmp-") {
+            // Left by a killed run: never complete, never used.
+            let _ = fs::remove_dir_all(e.path());
+        }
+    }
+    Ok(v)
+}
+
+fn latest_checkpoint(root: &Path) -> Result<Option<(PathBuf, CkptState)>, RunError> {
+    let mut all = list_checkpoints(root)?;
+    all.sort();
+    while let Some((_, dir)) = all.pop() {
+        let p = dir.join(STATE_FILE);
+        let parsed = fs::read_to_string(&p)
+            .ok()
+            .and_then(|t| serde_json::from_str::<CkptState>(&t).ok());
+        match parsed {
+            Some(st) => return Ok(Some((dir, st))),
+            None => eprintln!("warning: ignoring unreadable checkpoint {}", dir.display()),
+        }
+    }
+    Ok(None)
+}
+
+/// metrics.jsonl: one JSON object per line, appended and flushed per step. On resume, lines of
+/// steps after the checkpoint (and a torn last line from a kill) are dropped first.
+struct Metrics {
+    file: fs::File,
+    path: PathBuf,
+}
+
+impl Metrics {
+    fn open(path: &Path, resume_step: Option<u64>) -> Result<Metrics, RunError> {
+        let keep_upto = resume_step;
+        let mut kept = String::new();
+        if path.exists() {
+            if let Some(upto) = keep_upto {
+                let text = fs::read_to_string(path)
+                    .map_err(|e| RunError::io(E_OUT_DIR, "cannot read", path, e))?;
+                for line in text.lines() {
+                    let Ok(v) = serde_json::from_str::<Value>(line) else {
+                        continue;
+                    };
+                    if v.get("step")
+                        .and_then(Value::as_u64)
+                        .is_some_and(|s| s <= upto)
+                    {
+                        kept.push_str(line);
+                        kept.push('\n');
+                    }
+                }
+            }
+        }
+        write_atomically(path, kept.as_bytes())?;
+        let file = fs::OpenOptions::new()
+            .append(true)
+            .open(path)
+            .map_err(|e| RunError::io(E_OUT_DIR, "cannot open", path, e))?;
+        Ok(Metrics {
+            file,
+            path: path.to_path_buf(),
+        })
+    }
+
+    fn write(&mut self, row: &Map<String, Value>) -> Result<(), RunError> {
+        let mut line = serde_json::to_string(row)
+            .map_err(|e| RunError::new(E_OUT_DIR, format!("cannot serialise metrics: {e}")))?;
+        line.push('\n');
+        // One write per line so a kill leaves at most one torn line, which resume drops.
+        self.file
+            .write_all(line.as_bytes())
+            .and_then(|_| self.file.flush())
+            .map_err(|e| RunError::io(E_OUT_DIR, "cannot append to", &self.path, e))
+    }
+}

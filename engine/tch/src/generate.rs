@@ -1,0 +1,195 @@
+//! Batched sampling with a KV cache. Each group's prompt is prefilled once; the cache rows are
+//! then repeated for its n samples. Sampling itself happens in Rust on the logits of each step
+//! (vocabularies here are small), driven by our seeded RNG: same seed, same samples.
+
+use crate::model::{backend_err, left_pad, KvCache, Policy};
+use miles_runtime::rng::Rng;
+use miles_runtime::tasks::{TokenId, PAD};
+use miles_runtime::{FinishReason, RunError, Sample, SamplingParams, E_TOO_LONG};
+use tch::{Device, Kind, Tensor};
+
+/// Generates `n` samples per prompt. `use_cache = false` recomputes the whole prefix at every
+/// token (only for benchmarks and tests: same result, quadratic cost).
+pub fn generate(
+    policy: &Policy,
+    prompts: &[Vec<TokenId>],
+    n: usize,
+    params: &SamplingParams,
+    version: u64,
+    use_cache: bool,
+) -> Result<Vec<Sample>, RunError> {
+    if prompts.is_empty() || n == 0 {
+        return Ok(Vec::new());
+    }
+    let _g = tch::no_grad_guard();
+    let max_len = policy.cfg.max_len;
+    let longest = prompts.iter().map(|p| p.len()).max().unwrap_or(0);
+    if longest == 0 || longest >= max_len {
+        return Err(RunError::new(
+            E_TOO_LONG,
+            format!(
+                "prompt of {longest} tokens does not fit model max_len {max_len} (or is empty)"
+            ),
+        ));
+    }
+    let vocab = policy.cfg.vocab_size;
+    let seqs: Vec<Vec<i64>> = prompts
+        .iter()
+        .map(|p| p.iter().map(|&t| t as i64).collect())
+        .collect();
+    let (tokens, valid, positions, lp) = left_pad(&seqs);
+    // The left-padded prompt block ends at column lp; new tokens follow. Positions never exceed
+    // max_len - 1: a row reaching that length stops with `length`.
+    let max_new = params.max_new_tokens.min(max_len - longest);
+    let cap = lp + max_new as i64;
+    let p = prompts.len() as i64;
+    let bsz = p * n as i64;
+    let rows: Vec<i64> = (0..p).flat_map(|i| std::iter::repeat_n(i, n)).collect();
+    let rows_t = Tensor::from_slice(&rows);
+    let prompt_len: Vec<i64> = rows
+        .iter()
+        .map(|&i| seqs[i as usize].len() as i64)
+        .collect();
+
+    let key_valid = Tensor::zeros([bsz, cap], (Kind::Bool, Device::Cpu));
+    key_valid
+        .narrow(1, 0, lp)
+        .copy_(&valid.index_select(0, &rows_t));
+    let all_tokens = Tensor::zeros([bsz, cap], (Kind::Int64, Device::Cpu));
+    all_tokens
+        .narrow(1, 0, lp)
+        .copy_(&tokens.index_select(0, &rows_t));
+    let all_pos = Tensor::zeros([bsz, cap], (Kind::Int64, Device::Cpu));
+    all_pos
+        .narrow(1, 0, lp)
+        .copy_(&positions.index_select(0, &rows_t));
+
+    let mut cache = None;
+    let mut last = if use_cache {
+        let mut c = KvCache::new(&policy.cfg, p, cap);
+        let logits = policy.forward(&tokens, &positions, &valid, Some(&mut c));
+        c.select_rows(&rows_t);
+        cache = Some(c);
+        logits.select(1, lp - 1).index_select(0, &rows_t)
+    } else {
+        let logits = policy.forward(&tokens, &positions, &valid, None);
+        logits.select(1, lp - 1).index_select(0, &rows_t)
+    };
+
+    let mut rng = Rng::new(params.seed);
+    let b = bsz as usize;
+    let mut out: Vec<Sample> = (0..b)
+        .map(|i| Sample {
+            prompt_index: i / n,
+            response: Vec::new(),
+            logprobs: Vec::new(),
+            finish: FinishReason::Length,
+            weight_version: version,
+        })
+        .collect();
+    let mut done = vec![false; b];
+    let mut next = vec![PAD as i64; b];
+    let mut scratch = Vec::with_capacity(vocab);
+    for t in 0..max_new {
+        let logits: Vec<f32> =
+            Vec::<f32>::try_from(last.contiguous().view([-1])).map_err(backend_err)?;
+        for i in 0..b {
+            if done[i] {
+                next[i] = PAD as i64;
+                continue;
+            }
+            let row = &logits[i * vocab..(i + 1) * vocab];
+            let (tok, lp) = sample_token(row, params, &mut rng, &mut scratch);
+            out[i].response.push(tok);
+            out[i].logprobs.push(lp);
+            next[i] = tok as i64;
+            if params.stop_tokens.contains(&tok) {
+                out[i].finish = FinishReason::Stop;
+                done[i] = true;
+            }
+        }
+        if done.iter().all(|&d| d) || t + 1 == max_new {
+            break;
+        }
+        let col = lp + t as i64;
+        let next_t = Tensor::from_slice(&next).view([bsz, 1]);
+        let pos: Vec<i64> = prompt_len.iter().map(|&l| l + t as i64).collect();
+        let pos_t = Tensor::from_slice(&pos).view([bsz, 1]);
+        let _ = key_valid.narrow(1, col, 1).fill_(1);
+        all_tokens.narrow(1, col, 1).copy_(&next_t);
+        all_pos.narrow(1, col, 1).copy_(&pos_t);
+        last = match cache.as_mut() {
+            Some(c) => policy
+                .forward(&next_t, &pos_t, &key_valid.narrow(1, 0, col + 1), Some(c))
+                .select(1, 0),
+            None => policy
+                .forward(
+                    &all_tokens.narrow(1, 0, col + 1),
+                    &all_pos.narrow(1, 0, col + 1),
+                    &key_valid.narrow(1, 0, col + 1),
+                    None,
+                )
+                .select(1, col),
+        };
+    }
+    Ok(out)
+}
+
+/// Picks a token from one row of logits. The reported log-prob is that of the temperature-scaled
+/// full distribution (top-k/top-p only restrict the choice): the quantity the trainer recomputes.
+pub fn sample_token(
+    logits: &[f32],
+    params: &SamplingParams,
+    rng: &mut Rng,
+    scratch: &mut Vec<(f64, usize)>,
+) -> (TokenId, f32) {
+    let temp = if params.greedy {
+        1.0
+    } else {
+        params.temperature
+    };
+    let z: Vec<f64> = logits.iter().map(|&x| x as f64 / temp).collect();
+    let m = z.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+    let lse = m + z.iter().map(|&x| (x - m).exp()).sum::<f64>().ln();
+    let logp = |i: usize| (z[i] - lse) as f32;
+    if params.greedy {
+        // First maximum: ties break toward the lower id, deterministically.
+        let mut best = 0;
+        for i in 1..z.len() {
+            if z[i] > z[best] {
+                best = i;
+            }
+        }
+        return (best as TokenId, logp(best));
+    }
+    scratch.clear();
+    scratch.extend(z.iter().enumerate().map(|(i, &x)| ((x - lse).exp(), i)));
+    // Descending probability, ties by id, so the order is deterministic.
+    scratch.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+    let mut keep = scratch.len();
+    if params.top_k > 0 {
+        keep = keep.min(params.top_k);
+    }
+    if params.top_p < 1.0 {
+        let mut acc = 0.0;
+        for (j, (pr, _)) in scratch.iter().take(keep).enumerate() {
+            acc += pr;
+            if acc >= params.top_p {
+                keep = j + 1;
+                break;
+            }
+        }
+    }
+    let kept = &scratch[..keep.max(1)];
+    let total: f64 = kept.iter().map(|x| x.0).sum();
+    let mut u = rng.next_f64() * total;
+    let mut chosen = kept[kept.len() - 1].1;
+    for &(pr, i) in kept {
+        if u < pr {
+            chosen = i;
+            break;
+        }
+        u -= pr;
+    }
+    (chosen as TokenId, logp(chosen))
+}

@@ -1,0 +1,496 @@
+//! The policy: a Llama-style decoder-only transformer (RMSNorm, rotary positions, grouped-query
+//! attention, SwiGLU MLP), fp32 on CPU, with Hugging Face parameter names.
+//!
+//! Padding convention: batches are LEFT-padded. A row's positions count only its real tokens, and
+//! no real token attends to a pad, so a sequence gives the same logits whatever it is batched
+//! with (up to float reduction order) — sampling and training see the same numbers.
+
+use miles_runtime::rng::Rng;
+use miles_runtime::{ModelConfig, NamedTensor, RunError, WeightSnapshot, E_BACKEND, E_CHECKPOINT};
+use serde_json::json;
+use std::path::Path;
+use tch::{Device, Kind, Tensor};
+
+pub(crate) fn backend_err(e: impl std::fmt::Display) -> RunError {
+    RunError::new(E_BACKEND, format!("libtorch: {e}"))
+}
+
+struct Layer {
+    ln1: Tensor,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    o: Tensor,
+    ln2: Tensor,
+    gate: Tensor,
+    up: Tensor,
+    down: Tensor,
+}
+
+pub struct Policy {
+    pub cfg: ModelConfig,
+    /// Every parameter, in a fixed order, with its Hugging Face name. The fields below are
+    /// shallow clones (same storage).
+    params: Vec<(String, Tensor)>,
+    embed: Tensor,
+    layers: Vec<Layer>,
+    norm: Tensor,
+    lm_head: Tensor,
+    cos: Tensor,
+    sin: Tensor,
+}
+
+/// Per-layer key/value buffers of a batch, preallocated to the longest sequence so a decode step
+/// writes in place instead of concatenating.
+pub struct KvCache {
+    k: Vec<Tensor>,
+    v: Vec<Tensor>,
+    /// Filled slots.
+    pub len: i64,
+}
+
+impl KvCache {
+    pub fn new(cfg: &ModelConfig, batch: i64, capacity: i64) -> KvCache {
+        let hd = (cfg.d_model / cfg.n_heads) as i64;
+        let shape = [batch, cfg.n_kv_heads as i64, capacity, hd];
+        let mk = || Tensor::zeros(shape, (Kind::Float, Device::Cpu));
+        KvCache {
+            k: (0..cfg.n_layers).map(|_| mk()).collect(),
+            v: (0..cfg.n_layers).map(|_| mk()).collect(),
+            len: 0,
+        }
+    }
+
+    /// Rows `index` of the batch (e.g. each prompt's row repeated n times after a shared prefill).
+    pub fn select_rows(&mut self, index: &Tensor) {
+        for t in self.k.iter_mut().chain(self.v.iter_mut()) {
+            *t = t.index_select(0, index);
+        }
+    }
+}
+
+fn shape_of(cfg: &ModelConfig, name: &str) -> Vec<i64> {
+    let d = cfg.d_model as i64;
+    let hd = (cfg.d_model / cfg.n_heads) as i64;
+    let q = cfg.n_heads as i64 * hd;
+    let kv = cfg.n_kv_heads as i64 * hd;
+    let ff = cfg.d_ff as i64;
+    let v = cfg.vocab_size as i64;
+    let leaf = name.rsplit('.').nth(1).unwrap_or("");
+    match leaf {
+        "embed_tokens" | "lm_head" => vec![v, d],
+        "input_layernorm" | "post_attention_layernorm" | "norm" => vec![d],
+        "q_proj" => vec![q, d],
+        "k_proj" | "v_proj" => vec![kv, d],
+        "o_proj" => vec![d, q],
+        "gate_proj" | "up_proj" => vec![ff, d],
+        "down_proj" => vec![d, ff],
+        _ => vec![],
+    }
+}
+
+/// Parameter names in the order they are created, saved and synced.
+pub fn param_names(cfg: &ModelConfig) -> Vec<String> {
+    let mut v = vec!["model.embed_tokens.weight".to_string()];
+    for i in 0..cfg.n_layers {
+        for s in [
+            "input_layernorm",
+            "self_attn.q_proj",
+            "self_attn.k_proj",
+            "self_attn.v_proj",
+            "self_attn.o_proj",
+            "post_attention_layernorm",
+            "mlp.gate_proj",
+            "mlp.up_proj",
+            "mlp.down_proj",
+        ] {
+            v.push(format!("model.layers.{i}.{s}.weight"));
+        }
+    }
+    v.push("model.norm.weight".into());
+    v.push("lm_head.weight".into());
+    v
+}
+
+impl Policy {
+    /// Deterministic init from `seed`: normals drawn by our own RNG (not torch's), so the init
+    /// does not depend on libtorch's generator or thread count.
+    pub fn init(cfg: &ModelConfig, seed: u64) -> Policy {
+        let out_scale = 1.0 / (2.0 * cfg.n_layers as f64).sqrt();
+        let params = param_names(cfg)
+            .into_iter()
+            .enumerate()
+            .map(|(i, name)| {
+                let shape = shape_of(cfg, &name);
+                let t = if shape.len() == 1 {
+                    Tensor::ones(&shape[..], (Kind::Float, Device::Cpu))
+                } else {
+                    let n: i64 = shape.iter().product();
+                    let std =
+                        if name.ends_with("o_proj.weight") || name.ends_with("down_proj.weight") {
+                            cfg.init_std * out_scale
+                        } else {
+                            cfg.init_std
+                        };
+                    let mut rng = Rng::derived(seed, "init", i as u64);
+                    let data: Vec<f32> = (0..n).map(|_| (rng.normal() * std) as f32).collect();
+                    Tensor::from_slice(&data).view(&shape[..])
+                };
+                (name, t)
+            })
+            .collect();
+        Policy::from_params(cfg.clone(), params)
+    }
+
+    fn from_params(cfg: ModelConfig, params: Vec<(String, Tensor)>) -> Policy {
+        let get = |name: &str| -> Tensor {
+            params
+                .iter()
+                .find(|(n, _)| n == name)
+                .map(|(_, t)| t.shallow_clone())
+                .unwrap_or_else(|| Tensor::zeros([0], (Kind::Float, Device::Cpu)))
+        };
+        let layers = (0..cfg.n_layers)
+            .map(|i| {
+                let p = |s: &str| get(&format!("model.layers.{i}.{s}.weight"));
+                Layer {
+                    ln1: p("input_layernorm"),
+                    q: p("self_attn.q_proj"),
+                    k: p("self_attn.k_proj"),
+                    v: p("self_attn.v_proj"),
+                    o: p("self_attn.o_proj"),
+                    ln2: p("post_attention_layernorm"),
+                    gate: p("mlp.gate_proj"),
+                    up: p("mlp.up_proj"),
+                    down: p("mlp.down_proj"),
+                }
+            })
+            .collect();
+        // Rotary tables, Hugging Face convention (rotate_half over the two halves of a head).
+        let hd = (cfg.d_model / cfg.n_heads) as i64;
+        let inv: Vec<f32> = (0..hd / 2)
+            .map(|i| (1.0 / cfg.rope_theta.powf(2.0 * i as f64 / hd as f64)) as f32)
+            .collect();
+        let inv = Tensor::from_slice(&inv);
+        let pos = Tensor::arange(cfg.max_len as i64, (Kind::Float, Device::Cpu));
+        let freqs = pos.unsqueeze(1) * inv.unsqueeze(0);
+        let emb = Tensor::cat(&[&freqs, &freqs], 1);
+        Policy {
+            embed: get("model.embed_tokens.weight"),
+            norm: get("model.norm.weight"),
+            lm_head: get("lm_head.weight"),
+            layers,
+            cos: emb.cos(),
+            sin: emb.sin(),
+            cfg,
+            params,
+        }
+    }
+
+    pub fn params(&self) -> &[(String, Tensor)] {
+        &self.params
+    }
+
+    pub fn num_params(&self) -> i64 {
+        self.params.iter().map(|(_, t)| t.numel() as i64).sum()
+    }
+
+    pub fn set_requires_grad(&self, on: bool) {
+        for (_, t) in &self.params {
+            let _ = t.set_requires_grad(on);
+        }
+    }
+
+    /// A detached deep copy (e.g. the frozen KL reference, or the engine's own weights).
+    pub fn deep_copy(&self) -> Policy {
+        let params = self
+            .params
+            .iter()
+            .map(|(n, t)| (n.clone(), t.detach().copy()))
+            .collect();
+        Policy::from_params(self.cfg.clone(), params)
+    }
+
+    /// Logits [B, T, V] for `tokens` [B, T] at `positions` [B, T]. `key_valid` [B, S] marks real
+    /// tokens among all S = cache.len + T keys. With a cache, the new keys/values are stored and
+    /// `cache.len` advances by T.
+    pub fn forward(
+        &self,
+        tokens: &Tensor,
+        positions: &Tensor,
+        key_valid: &Tensor,
+        mut cache: Option<&mut KvCache>,
+    ) -> Tensor {
+        let (b, t) = tokens.size2().unwrap_or((0, 0));
+        let cfg = &self.cfg;
+        let h = cfg.n_heads as i64;
+        let kvh = cfg.n_kv_heads as i64;
+        let hd = (cfg.d_model / cfg.n_heads) as i64;
+        let past = cache.as_ref().map_or(0, |c| c.len);
+        let s = past + t;
+
+        // Query i (slot past+i) may see key j when j is a real token and j <= past+i; it always
+        // sees itself, so pad rows stay finite (their outputs are never used).
+        let qi = Tensor::arange_start(past, s, (Kind::Int64, Device::Cpu)).unsqueeze(1);
+        let kj = Tensor::arange(s, (Kind::Int64, Device::Cpu)).unsqueeze(0);
+        let causal = kj.le_tensor(&qi); // [T, S]
+        let diag = kj.eq_tensor(&qi);
+        let allowed = causal
+            .unsqueeze(0)
+            .logical_and(&key_valid.unsqueeze(1))
+            .logical_or(&diag.unsqueeze(0)); // [B, T, S]
+        let mask = Tensor::zeros([b, 1, t, s], (Kind::Float, Device::Cpu))
+            .masked_fill(&allowed.logical_not().unsqueeze(1), f64::NEG_INFINITY);
+
+        let flat_pos = positions.reshape([-1]);
+        let cos = self.cos.index_select(0, &flat_pos).view([b, 1, t, hd]);
+        let sin = self.sin.index_select(0, &flat_pos).view([b, 1, t, hd]);
+        let rope = |x: &Tensor| -> Tensor {
+            let x1 = x.narrow(-1, 0, hd / 2);
+            let x2 = x.narrow(-1, hd / 2, hd / 2);
+            let rot = Tensor::cat(&[&x2.neg(), &x1], -1);
+            x * &cos + rot * &sin
+        };
+
+        let mut x = self
+            .embed
+            .index_select(0, &tokens.reshape([-1]))
+            .view([b, t, -1]);
+        for (li, layer) in self.layers.iter().enumerate() {
+            let xn = rms_norm(&x, &layer.ln1, cfg.norm_eps);
+            let q = xn
+                .linear::<Tensor>(&layer.q, None)
+                .view([b, t, h, hd])
+                .transpose(1, 2);
+            let k = xn
+                .linear::<Tensor>(&layer.k, None)
+                .view([b, t, kvh, hd])
+                .transpose(1, 2);
+            let v = xn
+                .linear::<Tensor>(&layer.v, None)
+                .view([b, t, kvh, hd])
+                .transpose(1, 2);
+            let q = rope(&q);
+            let k = rope(&k);
+            let (k_all, v_all) = match cache.as_deref_mut() {
+                Some(c) => {
+                    c.k[li].narrow(2, past, t).copy_(&k);
+                    c.v[li].narrow(2, past, t).copy_(&v);
+                    (c.k[li].narrow(2, 0, s), c.v[li].narrow(2, 0, s))
+                }
+                None => (k, v),
+            };
+            let (k_all, v_all) = if kvh != h {
+                let g = h / kvh;
+                let rep = |x: &Tensor| {
+                    x.unsqueeze(2)
+                        .expand([b, kvh, g, s, hd], false)
+                        .reshape([b, h, s, hd])
+                };
+                (rep(&k_all), rep(&v_all))
+            } else {
+                (k_all, v_all)
+            };
+            let scores = q.matmul(&k_all.transpose(-2, -1)) * (1.0 / (hd as f64).sqrt()) + &mask;
+            let att = scores.softmax(-1, Kind::Float).matmul(&v_all);
+            let att = att.transpose(1, 2).contiguous().view([b, t, h * hd]);
+            x = x + att.linear::<Tensor>(&layer.o, None);
+            let xn = rms_norm(&x, &layer.ln2, cfg.norm_eps);
+            let mlp = (xn.linear::<Tensor>(&layer.gate, None).silu()
+                * xn.linear::<Tensor>(&layer.up, None))
+            .linear::<Tensor>(&layer.down, None);
+            x = x + mlp;
+        }
+        if let Some(c) = cache {
+            c.len = s;
+        }
+        rms_norm(&x, &self.norm, cfg.norm_eps).linear::<Tensor>(&self.lm_head, None)
+    }
+
+    pub fn snapshot(&self, version: u64) -> Result<WeightSnapshot, RunError> {
+        let tensors = self
+            .params
+            .iter()
+            .map(|(n, t)| {
+                let data = Vec::<f32>::try_from(t.detach().reshape([-1])).map_err(backend_err)?;
+                Ok(NamedTensor {
+                    name: n.clone(),
+                    shape: t.size().iter().map(|&d| d as usize).collect(),
+                    data,
+                })
+            })
+            .collect::<Result<Vec<_>, RunError>>()?;
+        Ok(WeightSnapshot { version, tensors })
+    }
+
+    /// Copies a snapshot into this policy's tensors (names and shapes must match).
+    pub fn load_snapshot(&mut self, w: &WeightSnapshot) -> Result<(), RunError> {
+        if w.tensors.len() != self.params.len() {
+            return Err(RunError::new(
+                E_BACKEND,
+                format!(
+                    "weight snapshot has {} tensors, the policy {}",
+                    w.tensors.len(),
+                    self.params.len()
+                ),
+            ));
+        }
+        let _g = tch::no_grad_guard();
+        for (nt, (name, p)) in w.tensors.iter().zip(self.params.iter_mut()) {
+            let shape: Vec<i64> = nt.shape.iter().map(|&d| d as i64).collect();
+            if nt.name != *name || shape != p.size() {
+                return Err(RunError::new(
+                    E_BACKEND,
+                    format!(
+                        "weight snapshot tensor {} {:?} does not match {} {:?}",
+                        nt.name,
+                        shape,
+                        name,
+                        p.size()
+                    ),
+                ));
+            }
+            p.f_copy_(&Tensor::from_slice(&nt.data).view(&shape[..]))
+                .map_err(backend_err)?;
+        }
+        Ok(())
+    }
+
+    /// model.safetensors + config.json (Hugging Face Llama layout).
+    pub fn save(&self, dir: &Path) -> Result<(), RunError> {
+        let named: Vec<(&str, Tensor)> = self
+            .params
+            .iter()
+            .map(|(n, t)| (n.as_str(), t.detach()))
+            .collect();
+        let path = dir.join("model.safetensors");
+        Tensor::write_safetensors(&named, &path).map_err(|e| {
+            RunError::new(
+                E_CHECKPOINT,
+                format!("cannot write {}: {e}", path.display()),
+            )
+        })?;
+        let cfg = &self.cfg;
+        let config = json!({
+            "architectures": ["LlamaForCausalLM"],
+            "model_type": "llama",
+            "vocab_size": cfg.vocab_size,
+            "hidden_size": cfg.d_model,
+            "intermediate_size": cfg.d_ff,
+            "num_hidden_layers": cfg.n_layers,
+            "num_attention_heads": cfg.n_heads,
+            "num_key_value_heads": cfg.n_kv_heads,
+            "max_position_embeddings": cfg.max_len,
+            "rms_norm_eps": cfg.norm_eps,
+            "rope_theta": cfg.rope_theta,
+            "hidden_act": "silu",
+            "tie_word_embeddings": false,
+            "attention_bias": false,
+            "torch_dtype": "float32",
+            "pad_token_id": 0,
+            "bos_token_id": 1,
+            "eos_token_id": 2,
+            "initializer_range": cfg.init_std,
+        });
+        miles_runtime::exec::write_json(&dir.join("config.json"), &config)
+    }
+
+    /// Reads a directory written by `save`.
+    pub fn load(dir: &Path) -> Result<Policy, RunError> {
+        let cpath = dir.join("config.json");
+        let text = std::fs::read_to_string(&cpath)
+            .map_err(|e| RunError::io(E_CHECKPOINT, "cannot read", &cpath, e))?;
+        let c: serde_json::Value = serde_json::from_str(&text)
+            .map_err(|e| RunError::new(E_CHECKPOINT, format!("{}: {e}", cpath.display())))?;
+        let u = |k: &str| c.get(k).and_then(|v| v.as_u64()).map(|v| v as usize);
+        let f = |k: &str| c.get(k).and_then(|v| v.as_f64());
+        let missing =
+            |k: &str| RunError::new(E_CHECKPOINT, format!("{}: missing `{k}`", cpath.display()));
+        let cfg = ModelConfig {
+            vocab_size: u("vocab_size").ok_or_else(|| missing("vocab_size"))?,
+            d_model: u("hidden_size").ok_or_else(|| missing("hidden_size"))?,
+            n_layers: u("num_hidden_layers").ok_or_else(|| missing("num_hidden_layers"))?,
+            n_heads: u("num_attention_heads").ok_or_else(|| missing("num_attention_heads"))?,
+            n_kv_heads: u("num_key_value_heads").ok_or_else(|| missing("num_key_value_heads"))?,
+            d_ff: u("intermediate_size").ok_or_else(|| missing("intermediate_size"))?,
+            max_len: u("max_position_embeddings")
+                .ok_or_else(|| missing("max_position_embeddings"))?,
+            rope_theta: f("rope_theta").unwrap_or(10000.0),
+            norm_eps: f("rms_norm_eps").unwrap_or(1e-5),
+            init_std: f("initializer_range").unwrap_or(0.02),
+        };
+        let mut p = Policy::init(&cfg, 0);
+        p.load_tensors(&dir.join("model.safetensors"))?;
+        Ok(p)
+    }
+
+    /// Overwrites parameters from a safetensors file holding exactly this model's tensors.
+    pub fn load_tensors(&mut self, path: &Path) -> Result<(), RunError> {
+        let read = Tensor::read_safetensors(path).map_err(|e| {
+            RunError::new(E_CHECKPOINT, format!("cannot read {}: {e}", path.display()))
+        })?;
+        load_named(&mut self.params, read, path)
+    }
+}
+
+/// Copies `read` into `dst` by name; every name must be present with the same shape.
+pub(crate) fn load_named(
+    dst: &mut [(String, Tensor)],
+    read: Vec<(String, Tensor)>,
+    path: &Path,
+) -> Result<(), RunError> {
+    let map: std::collections::HashMap<String, Tensor> = read.into_iter().collect();
+    let _g = tch::no_grad_guard();
+    for (name, p) in dst.iter_mut() {
+        let src = map.get(name).ok_or_else(|| {
+            RunError::new(
+                E_CHECKPOINT,
+                format!("{}: missing tensor {name}", path.display()),
+            )
+        })?;
+        if src.size() != p.size() || src.kind() != Kind::Float {
+            return Err(RunError::new(
+                E_CHECKPOINT,
+                format!(
+                    "{}: tensor {name} is {:?} {:?}, expected {:?} f32",
+                    path.display(),
+                    src.size(),
+                    src.kind(),
+                    p.size()
+                ),
+            ));
+        }
+        p.f_copy_(src).map_err(backend_err)?;
+    }
+    Ok(())
+}
+
+fn rms_norm(x: &Tensor, w: &Tensor, eps: f64) -> Tensor {
+    let var = x.square().mean_dim(-1, true, Kind::Float);
+    x * (var + eps).rsqrt() * w
+}
+
+/// Left-pads `seqs` with PAD. Returns tokens [B, L], key_valid [B, L] (bool) and positions [B, L]
+/// (index among the row's real tokens; 0 on pads).
+pub fn left_pad(seqs: &[Vec<i64>]) -> (Tensor, Tensor, Tensor, i64) {
+    let l = seqs.iter().map(|s| s.len()).max().unwrap_or(0).max(1);
+    let b = seqs.len();
+    let mut tok = vec![0i64; b * l];
+    let mut valid = vec![false; b * l];
+    let mut pos = vec![0i64; b * l];
+    for (i, s) in seqs.iter().enumerate() {
+        let off = l - s.len();
+        for (j, &t) in s.iter().enumerate() {
+            tok[i * l + off + j] = t;
+            valid[i * l + off + j] = true;
+            pos[i * l + off + j] = j as i64;
+        }
+    }
+    let shape = [b as i64, l as i64];
+    (
+        Tensor::from_slice(&tok).view(shape),
+        Tensor::from_slice(&valid).view(shape),
+        Tensor::from_slice(&pos).view(shape),
+        l as i64,
+    )
+}

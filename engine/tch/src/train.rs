@@ -1,0 +1,547 @@
+//! Training: log-prob recomputation, the GRPO/PPO loss (asymmetric clip, TIS, k3 KL, entropy
+//! bonus, token/sequence aggregation), masked cross-entropy SFT, gradient accumulation over
+//! micro-batches, global-norm clipping and AdamW with our own (checkpointable) state.
+
+use crate::model::{backend_err, left_pad, load_named, Policy};
+use miles_runtime::tasks::TokenId;
+use miles_runtime::{
+    Aggregation, RunError, SftStats, TrainSpec, TrainStats, Trajectory, E_CHECKPOINT, E_NONFINITE,
+};
+use std::path::Path;
+use tch::{Kind, Tensor};
+
+/// One padded micro-batch, aligned for next-token prediction: column c of the [B, L-1] tensors
+/// is the prediction of token c+1 from tokens 0..=c.
+pub struct Packed {
+    tokens: Tensor,
+    valid: Tensor,
+    positions: Tensor,
+    /// Next tokens [B, L-1].
+    targets: Tensor,
+    /// Loss mask over predicted tokens [B, L-1] (response tokens only, times the trajectory mask).
+    mask: Tensor,
+    /// Response token j of row b sits at column off_b + j.
+    offsets: Vec<i64>,
+    lens: Vec<usize>,
+    width: i64,
+}
+
+pub fn pack(prompts: &[&[TokenId]], responses: &[&[TokenId]], masks: Option<&[&[f32]]>) -> Packed {
+    let seqs: Vec<Vec<i64>> = prompts
+        .iter()
+        .zip(responses)
+        .map(|(p, r)| p.iter().chain(r.iter()).map(|&t| t as i64).collect())
+        .collect();
+    let (tokens, valid, positions, l) = left_pad(&seqs);
+    let w = l - 1;
+    let b = seqs.len();
+    let mut mask = vec![0f32; b * w.max(0) as usize];
+    let mut offsets = Vec::with_capacity(b);
+    for (i, (p, r)) in prompts.iter().zip(responses).enumerate() {
+        // Sequence starts at column l - len; response token j is token index p.len()+j, predicted
+        // at column (l - len) + p.len() + j - 1.
+        let off = l - (p.len() + r.len()) as i64 + p.len() as i64 - 1;
+        offsets.push(off);
+        for j in 0..r.len() {
+            let m = masks.map_or(1.0, |ms| ms[i].get(j).copied().unwrap_or(0.0));
+            mask[i * w as usize + (off as usize + j)] = m;
+        }
+    }
+    let targets = tokens.narrow(1, 1, w);
+    Packed {
+        mask: Tensor::from_slice(&mask).view([b as i64, w]),
+        targets,
+        tokens,
+        valid,
+        positions,
+        offsets,
+        lens: responses.iter().map(|r| r.len()).collect(),
+        width: w,
+    }
+}
+
+impl Packed {
+    /// Scatters per-response-token values into a [B, L-1] tensor aligned with `targets`.
+    fn align(&self, values: &[&[f32]]) -> Tensor {
+        let b = self.lens.len();
+        let w = self.width as usize;
+        let mut out = vec![0f32; b * w];
+        for i in 0..b {
+            for j in 0..self.lens[i] {
+                out[i * w + self.offsets[i] as usize + j] =
+                    values[i].get(j).copied().unwrap_or(0.0);
+            }
+        }
+        Tensor::from_slice(&out).view([b as i64, w as i64])
+    }
+
+    fn extract(&self, t: &Tensor) -> Result<Vec<Vec<f32>>, RunError> {
+        let flat = Vec::<f32>::try_from(t.detach().contiguous().view([-1])).map_err(backend_err)?;
+        let w = self.width as usize;
+        Ok((0..self.lens.len())
+            .map(|i| {
+                (0..self.lens[i])
+                    .map(|j| flat[i * w + self.offsets[i] as usize + j])
+                    .collect()
+            })
+            .collect())
+    }
+}
+
+/// Log-probs of the targets [B, L-1] and the full log-softmax [B, L-1, V] at `temperature`.
+fn token_logprobs(policy: &Policy, pk: &Packed, temperature: f64) -> (Tensor, Tensor) {
+    let logits = policy.forward(&pk.tokens, &pk.positions, &pk.valid, None);
+    let logits = logits.narrow(1, 0, pk.width);
+    let logits = if temperature != 1.0 {
+        logits / temperature
+    } else {
+        logits
+    };
+    let logp_all = logits.log_softmax(-1, Kind::Float);
+    let lp = logp_all
+        .gather(-1, &pk.targets.unsqueeze(-1), false)
+        .squeeze_dim(-1);
+    (lp, logp_all)
+}
+
+/// Per-token PPO/GRPO loss terms (exposed for the hand-computed tests).
+pub struct PgTerms {
+    /// Clipped policy-gradient loss per token, times the TIS weight.
+    pub pg: Tensor,
+    /// 1 where the clipped branch was taken.
+    pub clipped: Tensor,
+    pub tis: Tensor,
+}
+
+/// max(-A r, -A clip(r, 1-lo, 1+hi)) * tis, with r = exp(logp - old) and
+/// tis = min(exp(old - rollout), cap) (detached; 1 without a cap).
+pub fn pg_terms(
+    logp: &Tensor,
+    old: &Tensor,
+    rollout: &Tensor,
+    adv: &Tensor,
+    clip_low: f64,
+    clip_high: f64,
+    tis_cap: Option<f64>,
+) -> PgTerms {
+    let ratio = (logp - old).exp();
+    let l1 = -adv * &ratio;
+    let l2 = -adv * ratio.clamp(1.0 - clip_low, 1.0 + clip_high);
+    let clipped = l2.gt_tensor(&l1).to_kind(Kind::Float);
+    let pg = l1.maximum(&l2);
+    let tis = match tis_cap {
+        Some(cap) => (old - rollout).exp().clamp_max(cap).detach(),
+        None => Tensor::ones_like(logp),
+    };
+    PgTerms {
+        pg: pg * &tis,
+        clipped,
+        tis,
+    }
+}
+
+/// k3 estimator of KL(policy || ref) per token: exp(ref - logp) - (ref - logp) - 1 (>= 0, unbiased).
+pub fn kl_k3(logp: &Tensor, ref_logp: &Tensor) -> Tensor {
+    let d = ref_logp - logp;
+    d.exp() - &d - 1.0
+}
+
+struct AdamState {
+    m: Vec<Tensor>,
+    v: Vec<Tensor>,
+    t: u64,
+}
+
+pub struct TchTrainer {
+    pub policy: Policy,
+    reference: Option<Policy>,
+    spec: TrainSpec,
+    adam: AdamState,
+    version: u64,
+}
+
+impl TchTrainer {
+    pub fn new(policy: Policy, spec: TrainSpec) -> TchTrainer {
+        policy.set_requires_grad(true);
+        let adam = AdamState::zeros(&policy);
+        TchTrainer {
+            policy,
+            reference: None,
+            spec,
+            adam,
+            version: 0,
+        }
+    }
+
+    fn zero_grad(&mut self) {
+        for (_, p) in self.policy.params() {
+            let mut g = p.grad();
+            if g.defined() {
+                let _ = g.zero_();
+            }
+        }
+    }
+
+    /// Global-norm clip then one AdamW step. Returns the pre-clip norm; a non-finite norm leaves
+    /// the weights untouched and is an error.
+    fn optimizer_step(&mut self, lr: f64) -> Result<f64, RunError> {
+        let _g = tch::no_grad_guard();
+        let params = self.policy.params();
+        let grads: Vec<Tensor> = params
+            .iter()
+            .map(|(_, p)| {
+                let g = p.grad();
+                if g.defined() {
+                    g
+                } else {
+                    p.zeros_like()
+                }
+            })
+            .collect();
+        let sq: f64 = grads
+            .iter()
+            .map(|g| g.square().sum(Kind::Double).double_value(&[]))
+            .sum();
+        let norm = sq.sqrt();
+        if !norm.is_finite() {
+            return Err(RunError::new(
+                E_NONFINITE,
+                "gradient norm is NaN/infinite; weights were not updated",
+            ));
+        }
+        let clip = self.spec.grad_clip;
+        let scale = if clip > 0.0 && norm > clip {
+            clip / (norm + 1e-6)
+        } else {
+            1.0
+        };
+        let (b1, b2, eps, wd) = (
+            self.spec.beta1,
+            self.spec.beta2,
+            self.spec.eps,
+            self.spec.weight_decay,
+        );
+        self.adam.t += 1;
+        let t = self.adam.t as i32;
+        let bc1 = 1.0 - b1.powi(t);
+        let bc2 = 1.0 - b2.powi(t);
+        for (i, ((_, p), g)) in params.iter().zip(grads.iter()).enumerate() {
+            let g = if scale != 1.0 {
+                g * scale
+            } else {
+                g.shallow_clone()
+            };
+            let m = &mut self.adam.m[i];
+            let _ = m.g_mul_scalar_(b1);
+            let _ = m.g_add_(&(&g * (1.0 - b1)));
+            let v = &mut self.adam.v[i];
+            let _ = v.g_mul_scalar_(b2);
+            let _ = v.g_add_(&(g.square() * (1.0 - b2)));
+            let mut p = p.shallow_clone();
+            // Decoupled weight decay, on matrices only (norm gains stay at their scale).
+            if wd > 0.0 && p.dim() >= 2 {
+                let _ = p.g_mul_scalar_(1.0 - lr * wd);
+            }
+            let denom = (&*v / bc2).sqrt() + eps;
+            let upd = &*m / denom * (lr / bc1);
+            let _ = p.g_sub_(&upd);
+        }
+        self.version += 1;
+        Ok(norm)
+    }
+
+    /// Log-probs (no grad) of packed rows under `policy`, in micro-batches.
+    fn logprobs_of(
+        policy: &Policy,
+        batch: &[Trajectory],
+        micro: usize,
+        temperature: f64,
+    ) -> Result<Vec<Vec<f32>>, RunError> {
+        let _g = tch::no_grad_guard();
+        let mut out = Vec::with_capacity(batch.len());
+        for chunk in batch.chunks(micro.max(1)) {
+            let pr: Vec<&[TokenId]> = chunk.iter().map(|t| t.prompt.as_slice()).collect();
+            let rs: Vec<&[TokenId]> = chunk.iter().map(|t| t.response.as_slice()).collect();
+            let pk = pack(&pr, &rs, None);
+            let (lp, _) = token_logprobs(policy, &pk, temperature);
+            out.extend(pk.extract(&lp)?);
+        }
+        Ok(out)
+    }
+
+    pub fn train_rl_impl(
+        &mut self,
+        batch: &[Trajectory],
+        lrs: &[f64],
+        temperature: f64,
+    ) -> Result<TrainStats, RunError> {
+        let micro = self.spec.micro_batch.max(1);
+        // "Old" policy log-probs: the trainer's view of the weights that generated the batch.
+        let old = Self::logprobs_of(&self.policy, batch, micro, temperature)?;
+        let reference = match (&self.reference, self.spec.kl_coef > 0.0) {
+            (Some(r), true) => Some(Self::logprobs_of(r, batch, micro, temperature)?),
+            _ => None,
+        };
+        let mut st = TrainStats::default();
+        let (mut diff_sum, mut tok_total) = (0f64, 0f64);
+        for (t, o) in batch.iter().zip(&old) {
+            for ((a, b), m) in o.iter().zip(&t.rollout_logprobs).zip(&t.loss_mask) {
+                diff_sum += ((a - b).abs() * m) as f64;
+                tok_total += *m as f64;
+            }
+        }
+        st.logp_diff = diff_sum / tok_total.max(1.0);
+        let n_opt = lrs.len().max(1);
+        let per_opt = batch.len().div_ceil(n_opt);
+        let (mut ent_sum, mut clip_sum, mut kl_sum, mut tis_sum) = (0f64, 0f64, 0f64, 0f64);
+        for (k, lr) in lrs.iter().enumerate() {
+            let lo = k * per_opt;
+            let hi = ((k + 1) * per_opt).min(batch.len());
+            if lo >= hi {
+                continue;
+            }
+            let slice = &batch[lo..hi];
+            // Global denominators so accumulated micro-batch gradients equal the full batch's.
+            let g_tokens: f64 = slice
+                .iter()
+                .map(|t| t.loss_mask.iter().map(|&m| m as f64).sum::<f64>())
+                .sum::<f64>()
+                .max(1.0);
+            let g_seqs = slice.len() as f64;
+            self.zero_grad();
+            let mut loss_acc = 0f64;
+            for (ci, chunk) in slice.chunks(micro).enumerate() {
+                let base = lo + ci * micro;
+                let pr: Vec<&[TokenId]> = chunk.iter().map(|t| t.prompt.as_slice()).collect();
+                let rs: Vec<&[TokenId]> = chunk.iter().map(|t| t.response.as_slice()).collect();
+                let ms: Vec<&[f32]> = chunk.iter().map(|t| t.loss_mask.as_slice()).collect();
+                let pk = pack(&pr, &rs, Some(&ms));
+                let oldv: Vec<&[f32]> =
+                    (0..chunk.len()).map(|i| old[base + i].as_slice()).collect();
+                let rollv: Vec<&[f32]> = chunk
+                    .iter()
+                    .map(|t| t.rollout_logprobs.as_slice())
+                    .collect();
+                let old_t = pk.align(&oldv);
+                let roll_t = pk.align(&rollv);
+                let adv: Vec<f32> = chunk.iter().map(|t| t.advantage).collect();
+                let adv_t = Tensor::from_slice(&adv).view([chunk.len() as i64, 1]);
+                let (lp, logp_all) = token_logprobs(&self.policy, &pk, temperature);
+                let terms = pg_terms(
+                    &lp,
+                    &old_t,
+                    &roll_t,
+                    &adv_t,
+                    self.spec.clip_low,
+                    self.spec.clip_high,
+                    self.spec.tis_cap,
+                );
+                let entropy = -(logp_all.exp() * &logp_all).sum_dim_intlist(-1, false, Kind::Float);
+                let mut tok_loss = terms.pg.shallow_clone();
+                if let Some(refs) = &reference {
+                    let rv: Vec<&[f32]> = (0..chunk.len())
+                        .map(|i| refs[base + i].as_slice())
+                        .collect();
+                    let kl = kl_k3(&lp, &pk.align(&rv));
+                    kl_sum += (&kl * &pk.mask).sum(Kind::Double).double_value(&[]);
+                    tok_loss = tok_loss + kl * self.spec.kl_coef;
+                }
+                if self.spec.entropy_coef != 0.0 {
+                    tok_loss = tok_loss - &entropy * self.spec.entropy_coef;
+                }
+                let masked = tok_loss * &pk.mask;
+                let loss = match self.spec.aggregation {
+                    Aggregation::Token => masked.sum(Kind::Float) / g_tokens,
+                    Aggregation::Sequence => {
+                        let per = masked.sum_dim_intlist(-1, false, Kind::Float)
+                            / pk.mask
+                                .sum_dim_intlist(-1, false, Kind::Float)
+                                .clamp_min(1.0);
+                        per.sum(Kind::Float) / g_seqs
+                    }
+                };
+                let lv = loss.double_value(&[]);
+                if !lv.is_finite() {
+                    self.zero_grad();
+                    return Err(RunError::new(
+                        E_NONFINITE,
+                        "loss is NaN/infinite; weights were not updated",
+                    ));
+                }
+                loss_acc += lv;
+                loss.backward();
+                let _g = tch::no_grad_guard();
+                ent_sum += (&entropy * &pk.mask).sum(Kind::Double).double_value(&[]);
+                clip_sum += (&terms.clipped * &pk.mask)
+                    .sum(Kind::Double)
+                    .double_value(&[]);
+                tis_sum += (&terms.tis * &pk.mask).sum(Kind::Double).double_value(&[]);
+            }
+            let norm = self.optimizer_step(*lr)?;
+            st.loss += loss_acc;
+            st.grad_norm += norm;
+            st.optimizer_steps += 1;
+        }
+        let k = st.optimizer_steps.max(1) as f64;
+        st.loss /= k;
+        st.grad_norm /= k;
+        let n = tok_total.max(1.0);
+        st.entropy = ent_sum / n;
+        st.clip_frac = clip_sum / n;
+        st.kl = kl_sum / n;
+        st.tis_weight = tis_sum / n;
+        st.tokens = tok_total as u64;
+        Ok(st)
+    }
+
+    pub fn train_sft_impl(
+        &mut self,
+        batch: &[(Vec<TokenId>, Vec<TokenId>)],
+        lr: f64,
+    ) -> Result<SftStats, RunError> {
+        let micro = self.spec.micro_batch.max(1);
+        let total: f64 = batch
+            .iter()
+            .map(|(_, a)| a.len() as f64)
+            .sum::<f64>()
+            .max(1.0);
+        self.zero_grad();
+        let mut loss_acc = 0f64;
+        for chunk in batch.chunks(micro) {
+            let pr: Vec<&[TokenId]> = chunk.iter().map(|(p, _)| p.as_slice()).collect();
+            let rs: Vec<&[TokenId]> = chunk.iter().map(|(_, a)| a.as_slice()).collect();
+            let pk = pack(&pr, &rs, None);
+            let (lp, _) = token_logprobs(&self.policy, &pk, 1.0);
+            let loss = -(lp * &pk.mask).sum(Kind::Float) / total;
+            let lv = loss.double_value(&[]);
+            if !lv.is_finite() {
+                self.zero_grad();
+                return Err(RunError::new(E_NONFINITE, "SFT loss is NaN/infinite"));
+            }
+            loss_acc += lv;
+            loss.backward();
+        }
+        let norm = self.optimizer_step(lr)?;
+        Ok(SftStats {
+            loss: loss_acc,
+            grad_norm: norm,
+            tokens: total as u64,
+        })
+    }
+
+    pub fn logprobs_impl(
+        &self,
+        prompts: &[Vec<TokenId>],
+        responses: &[Vec<TokenId>],
+        temperature: f64,
+    ) -> Result<Vec<Vec<f32>>, RunError> {
+        let batch: Vec<Trajectory> = prompts
+            .iter()
+            .zip(responses)
+            .map(|(p, r)| Trajectory {
+                prompt: p.clone(),
+                response: r.clone(),
+                rollout_logprobs: vec![0.0; r.len()],
+                loss_mask: vec![1.0; r.len()],
+                reward: 0.0,
+                advantage: 0.0,
+                group: 0,
+                weight_version: 0,
+            })
+            .collect();
+        Self::logprobs_of(
+            &self.policy,
+            &batch,
+            self.spec.micro_batch.max(1),
+            temperature,
+        )
+    }
+
+    pub fn reset_optimizer(&mut self) {
+        self.adam = AdamState::zeros(&self.policy);
+    }
+
+    pub fn freeze_reference(&mut self) {
+        let r = self.policy.deep_copy();
+        r.set_requires_grad(false);
+        self.reference = Some(r);
+    }
+
+    pub fn version(&self) -> u64 {
+        self.version
+    }
+
+    pub fn save(&self, dir: &Path) -> Result<(), RunError> {
+        self.policy.save(dir)?;
+        let mut named: Vec<(String, Tensor)> = Vec::new();
+        for (i, (n, _)) in self.policy.params().iter().enumerate() {
+            named.push((format!("exp_avg.{n}"), self.adam.m[i].shallow_clone()));
+            named.push((format!("exp_avg_sq.{n}"), self.adam.v[i].shallow_clone()));
+        }
+        let p = dir.join("optimizer.safetensors");
+        Tensor::write_safetensors(&named, &p).map_err(|e| {
+            RunError::new(E_CHECKPOINT, format!("cannot write {}: {e}", p.display()))
+        })?;
+        if let Some(r) = &self.reference {
+            let named: Vec<(String, Tensor)> = r
+                .params()
+                .iter()
+                .map(|(n, t)| (n.clone(), t.shallow_clone()))
+                .collect();
+            let p = dir.join("reference.safetensors");
+            Tensor::write_safetensors(&named, &p).map_err(|e| {
+                RunError::new(E_CHECKPOINT, format!("cannot write {}: {e}", p.display()))
+            })?;
+        }
+        miles_runtime::exec::write_json(
+            &dir.join("trainer.json"),
+            &serde_json::json!({"version": self.version, "adam_t": self.adam.t}),
+        )
+    }
+
+    pub fn load(&mut self, dir: &Path) -> Result<(), RunError> {
+        self.policy.load_tensors(&dir.join("model.safetensors"))?;
+        let p = dir.join("optimizer.safetensors");
+        let read = Tensor::read_safetensors(&p).map_err(|e| {
+            RunError::new(E_CHECKPOINT, format!("cannot read {}: {e}", p.display()))
+        })?;
+        let mut named: Vec<(String, Tensor)> = Vec::new();
+        for (i, (n, _)) in self.policy.params().iter().enumerate() {
+            named.push((format!("exp_avg.{n}"), self.adam.m[i].shallow_clone()));
+            named.push((format!("exp_avg_sq.{n}"), self.adam.v[i].shallow_clone()));
+        }
+        load_named(&mut named, read, &p)?;
+        let rp = dir.join("reference.safetensors");
+        if rp.exists() {
+            let mut r = self.policy.deep_copy();
+            r.load_tensors(&rp)?;
+            r.set_requires_grad(false);
+            self.reference = Some(r);
+        }
+        let tp = dir.join("trainer.json");
+        let text = std::fs::read_to_string(&tp)
+            .map_err(|e| RunError::io(E_CHECKPOINT, "cannot read", &tp, e))?;
+        let v: serde_json::Value = serde_json::from_str(&text)
+            .map_err(|e| RunError::new(E_CHECKPOINT, format!("{}: {e}", tp.display())))?;
+        self.version = v["version"].as_u64().unwrap_or(0);
+        self.adam.t = v["adam_t"].as_u64().unwrap_or(0);
+        Ok(())
+    }
+}
+
+impl AdamState {
+    fn zeros(policy: &Policy) -> AdamState {
+        let z = || -> Vec<Tensor> {
+            policy
+                .params()
+                .iter()
+                .map(|(_, p)| p.detach().zeros_like())
+                .collect()
+        };
+        AdamState {
+            m: z(),
+            v: z(),
+            t: 0,
+        }
+    }
+}
