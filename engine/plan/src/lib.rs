@@ -1,1 +1,20 @@
-//! placeholder
+//! `miles plan`: where each stage of a recipe runs, whether it fits in memory, what weight sync
+//! and a step will cost, and which settings contradict each other, before any GPU is allocated.
+//!
+//! Pure: no IO, no clock, no threads. The compiler turns a checked recipe into a [`PlanInput`];
+//! [`plan`] turns that into a [`Plan`]; `render_text`, `render_json` and `render_html` print it.
+//! Every formula is in docs/plan.md.
+
+mod html;
+pub mod input;
+mod model;
+pub mod output;
+mod plan;
+mod render;
+pub mod time;
+
+pub use html::render_html;
+pub use input::*;
+pub use output::*;
+pub use plan::plan;
+pub use render::{render_json, render_text};

@@ -1,0 +1,588 @@
+//! The planner's input: plain data that the compiler fills from a checked recipe and the
+//! hardware/model catalogs (`stdlib/std/hardware.miles`, `stdlib/std/models.miles`).
+//!
+//! Units are SI base units throughout: bytes, bytes per second, FLOP per second, seconds,
+//! tokens. Field names of [`GpuSpec`], [`HostSpec`] and [`ModelSpec`] are the field names of the
+//! `schema gpu`, `schema host` and `schema llm` declarations in those catalogs, so the compiler can
+//! map a record field by field.
+
+use miles_grammar::diag::{FileId, Span};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+/// A user-settable figure and where the recipe set it, so a plan error can point at the line.
+///
+/// In JSON a value without a span is written bare (`8`), one with a span as
+/// `{"value": 8, "span": {"file": 0, "start": 10, "end": 11}}`; both forms are read back.
+#[derive(Clone, Copy, Debug, PartialEq, Default)]
+pub struct Spanned<T> {
+    pub value: T,
+    pub span: Option<Span>,
+}
+
+impl<T> Spanned<T> {
+    pub fn new(value: T) -> Spanned<T> {
+        Spanned { value, span: None }
+    }
+    pub fn at(value: T, span: Span) -> Spanned<T> {
+        Spanned { value, span: Some(span) }
+    }
+}
+
+impl<T> From<T> for Spanned<T> {
+    fn from(value: T) -> Spanned<T> {
+        Spanned::new(value)
+    }
+}
+
+// `Span` lives in miles-grammar and only derives `Serialize`; this mirror lets plan inputs be
+// read back from JSON fixtures without widening the grammar crate's API.
+#[derive(Serialize, Deserialize)]
+struct SpanRepr {
+    file: u32,
+    start: u32,
+    end: u32,
+}
+
+#[derive(Serialize, Deserialize)]
+struct SpannedRepr<T> {
+    value: T,
+    span: SpanRepr,
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum SpannedIn<T> {
+    WithSpan(SpannedRepr<T>),
+    Bare(T),
+}
+
+impl<T: Serialize> Serialize for Spanned<T> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self.span {
+            None => self.value.serialize(s),
+            Some(sp) => SpannedRepr {
+                value: &self.value,
+                span: SpanRepr { file: sp.file.0, start: sp.start, end: sp.end },
+            }
+            .serialize(s),
+        }
+    }
+}
+
+impl<'de, T: Deserialize<'de>> Deserialize<'de> for Spanned<T> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        Ok(match SpannedIn::deserialize(d)? {
+            SpannedIn::Bare(value) => Spanned::new(value),
+            SpannedIn::WithSpan(r) => Spanned {
+                value: r.value,
+                span: Some(Span { file: FileId(r.span.file), start: r.span.start, end: r.span.end }),
+            },
+        })
+    }
+}
+
+fn opt_span<S: Serializer>(span: &Option<Span>, s: S) -> Result<S::Ok, S::Error> {
+    span.map(|sp| SpanRepr { file: sp.file.0, start: sp.start, end: sp.end }).serialize(s)
+}
+
+fn de_opt_span<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Span>, D::Error> {
+    Ok(Option::<SpanRepr>::deserialize(d)?
+        .map(|r| Span { file: FileId(r.file), start: r.start, end: r.end }))
+}
+
+/// Everything `miles plan` needs to know about one recipe.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct PlanInput {
+    /// The recipe's name, for the header line.
+    pub recipe: String,
+    pub cluster: Cluster,
+    /// The recipe's stages in source order (weight-sync stages go in `syncs`).
+    pub stages: Vec<Stage>,
+    /// The stage graph, for drawing only: the compiler's nodes and edges, weight-sync edges included.
+    #[serde(default)]
+    pub graph: Graph,
+    #[serde(default)]
+    pub placement: Placement,
+    #[serde(default)]
+    pub syncs: Vec<WeightSync>,
+    #[serde(default)]
+    pub schedule: Schedule,
+    #[serde(default)]
+    pub batch: Batch,
+    /// R3 rollout routing replay: the engine returns every token's routed experts.
+    #[serde(default)]
+    pub r3: Spanned<bool>,
+    /// Modelling constants; every estimate lists the ones it used.
+    #[serde(default)]
+    pub assumptions: Assumptions,
+}
+
+/// The machines a recipe runs on: node pools of one GPU kind each (several pools make a mixed
+/// cluster; GPU ids are numbered pool by pool), or a CPU-only host when `pools` is empty.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Cluster {
+    pub name: String,
+    #[serde(default)]
+    pub pools: Vec<NodePool>,
+    /// The CPU-only machine of a `local` cluster (and the host side of GPU nodes, when known).
+    #[serde(default)]
+    pub host: Option<HostSpec>,
+    #[serde(default, serialize_with = "opt_span", deserialize_with = "de_opt_span")]
+    pub span: Option<Span>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct NodePool {
+    pub gpu: GpuSpec,
+    pub nodes: Spanned<u64>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Arch {
+    Ampere,
+    Hopper,
+    Blackwell,
+    Cdna3,
+    Cdna4,
+    Cpu,
+}
+
+/// `schema gpu` in stdlib/std/hardware.miles.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct GpuSpec {
+    pub name: String,
+    pub arch: Arch,
+    /// HBM capacity, bytes.
+    pub hbm: u64,
+    /// HBM bandwidth, bytes/s.
+    pub hbm_bandwidth: f64,
+    /// Dense BF16 tensor throughput, FLOP/s.
+    pub bf16: f64,
+    /// Dense FP8 tensor throughput, FLOP/s; `None` where the GPU has no FP8 arithmetic.
+    #[serde(default)]
+    pub fp8: Option<f64>,
+    /// Dense FP4 tensor throughput, FLOP/s.
+    #[serde(default)]
+    pub fp4: Option<f64>,
+    /// GPUs in one NVLink / xGMI domain.
+    pub scaleup_domain: u64,
+    /// NVLink / xGMI bandwidth per GPU, one direction, bytes/s.
+    pub scaleup_bandwidth: f64,
+    /// Scale-out (InfiniBand / RoCE) bandwidth per GPU, one direction, bytes/s.
+    pub network_bandwidth: f64,
+    pub gpus_per_node: u64,
+    /// GPU <-> host memory bandwidth per GPU (PCIe or NVLink-C2C), one direction, bytes/s.
+    pub host_link_bandwidth: f64,
+    /// Host (CPU) memory per node, bytes.
+    #[serde(default)]
+    pub host_memory: Option<u64>,
+    /// Local NVMe read bandwidth per node, bytes/s.
+    #[serde(default)]
+    pub disk_bandwidth: Option<f64>,
+}
+
+/// `schema host` in stdlib/std/hardware.miles: a CPU-only machine.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct HostSpec {
+    pub name: String,
+    pub cpus: u64,
+    /// Bytes.
+    pub memory: u64,
+    /// Bytes/s.
+    pub memory_bandwidth: f64,
+    /// FP32 throughput of all cores, FLOP/s.
+    #[serde(default)]
+    pub fp32: Option<f64>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Attention {
+    Mha,
+    Gqa,
+    Mla,
+}
+
+/// `schema llm` in stdlib/std/models.miles.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ModelSpec {
+    pub name: String,
+    /// Total parameters.
+    pub params: u64,
+    /// Parameters used per token (equal to `params` for dense models).
+    pub active_params: u64,
+    pub layers: u64,
+    /// Leading layers with a dense MLP in an MoE model.
+    #[serde(default)]
+    pub dense_layers: u64,
+    pub hidden_size: u64,
+    pub heads: u64,
+    pub kv_heads: u64,
+    pub head_dim: u64,
+    pub vocab: u64,
+    /// Routed experts per MoE layer; 0 for a dense model.
+    #[serde(default)]
+    pub experts: u64,
+    /// Routed experts per token.
+    #[serde(default)]
+    pub top_k: u64,
+    /// Tokens.
+    pub max_context: u64,
+    pub attention: Attention,
+    /// MLA: width of the compressed KV latent that the KV cache stores.
+    #[serde(default)]
+    pub kv_lora_rank: Option<u64>,
+    /// MLA: width of the decoupled rotary key, also cached.
+    #[serde(default)]
+    pub qk_rope_head_dim: Option<u64>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    Rollout,
+    Train,
+    Reward,
+    Eval,
+    Sft,
+    Other,
+}
+
+impl Role {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Rollout => "rollout",
+            Role::Train => "train",
+            Role::Reward => "reward",
+            Role::Eval => "eval",
+            Role::Sft => "sft",
+            Role::Other => "other",
+        }
+    }
+    /// Roles that run a trainer (and so hold gradients and optimizer state).
+    pub fn trains(self) -> bool {
+        matches!(self, Role::Train | Role::Sft)
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Stage {
+    /// The binding name in the recipe (`rollout`, `train`...).
+    pub name: String,
+    /// The stage kind (`generate`, `grpo`, `sft`, `terminal_bench`...).
+    pub kind: String,
+    pub role: Role,
+    #[serde(default)]
+    pub model: Option<ModelSpec>,
+    /// GPUs asked for; `None` lets the planner decide (see docs/plan.md, "Placement").
+    #[serde(default)]
+    pub gpus: Option<Spanned<GpuRequest>>,
+    /// For rollout and eval stages that run an inference engine.
+    #[serde(default)]
+    pub engine: Option<Engine>,
+    /// For train and sft stages.
+    #[serde(default)]
+    pub trainer: Option<Trainer>,
+    #[serde(default, serialize_with = "opt_span", deserialize_with = "de_opt_span")]
+    pub span: Option<Span>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum GpuRequest {
+    /// This many GPUs, taken in order from the free ones.
+    Count(u64),
+    /// GPU ids `first..=last` (ids number pools in order, nodes in order within a pool).
+    Range { first: u64, last: u64 },
+    /// Let the planner size it.
+    #[default]
+    Auto,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Precision {
+    Fp32,
+    Bf16,
+    Fp16,
+    Fp8Blockwise,
+    Mxfp8,
+    Nvfp4,
+}
+
+impl Precision {
+    /// Bytes per stored weight (block scales of the 8- and 4-bit formats included).
+    pub fn bytes(self) -> f64 {
+        match self {
+            Precision::Fp32 => 4.0,
+            Precision::Bf16 | Precision::Fp16 => 2.0,
+            // One FP32 scale per 128x128 block: 4 / 16384 bytes per weight.
+            Precision::Fp8Blockwise => 1.0 + 4.0 / 16384.0,
+            // One E8M0 scale per 32 weights.
+            Precision::Mxfp8 => 1.0 + 1.0 / 32.0,
+            // One E4M3 scale per 16 weights (the per-tensor FP32 scale is negligible).
+            Precision::Nvfp4 => 0.5 + 1.0 / 16.0,
+        }
+    }
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Precision::Fp32 => "fp32",
+            Precision::Bf16 => "bf16",
+            Precision::Fp16 => "fp16",
+            Precision::Fp8Blockwise => "fp8_blockwise",
+            Precision::Mxfp8 => "mxfp8",
+            Precision::Nvfp4 => "nvfp4",
+        }
+    }
+}
+
+/// An inference engine fleet (SGLang semantics: an engine spans `tp` GPUs; data-parallel
+/// attention and expert parallelism partition those GPUs, they do not add to them).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Engine {
+    /// Number of engines; `None`: as many as fit in the stage's GPUs.
+    #[serde(default)]
+    pub engines: Option<Spanned<u64>>,
+    pub tp: Spanned<u64>,
+    #[serde(default = "one")]
+    pub dp: Spanned<u64>,
+    #[serde(default = "one")]
+    pub ep: Spanned<u64>,
+    pub precision: Spanned<Precision>,
+    /// KV-cache element type; `None`: bf16.
+    #[serde(default)]
+    pub kv_precision: Option<Spanned<Precision>>,
+    /// Share of HBM the engine may use for weights plus KV cache (SGLang `mem_fraction_static`).
+    #[serde(default = "default_mem_fraction")]
+    pub mem_fraction: Spanned<f64>,
+    /// Concurrent requests per engine the recipe asks for.
+    #[serde(default)]
+    pub max_concurrent: Option<Spanned<u64>>,
+    /// Tokens.
+    pub prompt_len: Spanned<u64>,
+    /// Tokens.
+    pub response_len: Spanned<u64>,
+}
+
+fn one() -> Spanned<u64> {
+    Spanned::new(1)
+}
+fn default_mem_fraction() -> Spanned<f64> {
+    Spanned::new(0.85)
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Backend {
+    Megatron,
+    Fsdp,
+    /// The in-process libtorch trainer (one process, no sharding).
+    Embedded,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Recompute {
+    Full,
+    Selective,
+    None,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OptimizerOffload {
+    None,
+    Cpu,
+    StreamFromDisk,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Trainer {
+    pub backend: Spanned<Backend>,
+    #[serde(default = "one")]
+    pub tp: Spanned<u64>,
+    #[serde(default = "one")]
+    pub pp: Spanned<u64>,
+    #[serde(default = "one")]
+    pub cp: Spanned<u64>,
+    #[serde(default = "one")]
+    pub ep: Spanned<u64>,
+    /// `None`: the stage's GPUs divided by tp x pp x cp.
+    #[serde(default)]
+    pub dp: Option<Spanned<u64>>,
+    pub precision: Spanned<Precision>,
+    #[serde(default = "one")]
+    pub micro_batch: Spanned<u64>,
+    /// Tokens per sample (prompt + response).
+    pub seq_len: Spanned<u64>,
+    pub recompute: Spanned<Recompute>,
+    pub optimizer_offload: Spanned<OptimizerOffload>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum PlacementMode {
+    /// Rollout and training alternate on the same GPUs.
+    Colocated,
+    /// Separate GPU pools.
+    #[default]
+    Disaggregated,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, Default)]
+pub struct Placement {
+    pub mode: Spanned<PlacementMode>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Transport {
+    Broadcast,
+    P2p,
+    DiskDelta,
+    Local,
+}
+
+impl Transport {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Transport::Broadcast => "broadcast",
+            Transport::P2p => "p2p",
+            Transport::DiskDelta => "disk_delta",
+            Transport::Local => "local",
+        }
+    }
+}
+
+/// `weights(from -> to) { transport = ..., bucket = ... }`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct WeightSync {
+    pub name: String,
+    /// The train stage's name.
+    pub from: String,
+    /// The rollout stage's name.
+    pub to: String,
+    pub transport: Spanned<Transport>,
+    /// Bytes per bucket.
+    pub bucket: Spanned<u64>,
+    #[serde(default, serialize_with = "opt_span", deserialize_with = "de_opt_span")]
+    pub span: Option<Span>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum ScheduleMode {
+    #[default]
+    Sync,
+    OneStepOff,
+    FullyAsync,
+}
+
+impl ScheduleMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ScheduleMode::Sync => "sync",
+            ScheduleMode::OneStepOff => "one_step_off",
+            ScheduleMode::FullyAsync => "fully_async",
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, Default)]
+pub struct Schedule {
+    pub mode: Spanned<ScheduleMode>,
+    #[serde(default)]
+    pub max_staleness: Option<Spanned<u64>>,
+    /// Groups the buffer may hold.
+    #[serde(default)]
+    pub buffer_capacity: Option<Spanned<u64>>,
+}
+
+/// The four batch figures; the planner derives a missing one from the other three.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, Default)]
+pub struct Batch {
+    /// Prompts per rollout step.
+    #[serde(default)]
+    pub rollout_batch: Option<Spanned<u64>>,
+    #[serde(default)]
+    pub samples_per_prompt: Option<Spanned<u64>>,
+    /// Samples per optimizer step.
+    #[serde(default)]
+    pub global_batch: Option<Spanned<u64>>,
+    #[serde(default)]
+    pub steps_per_rollout: Option<Spanned<u64>>,
+}
+
+/// Modelling constants. Defaults are documented in docs/plan.md with their source.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Assumptions {
+    /// Share of HBM a trainer may fill (CUDA context, NCCL buffers, allocator fragmentation).
+    pub usable_hbm: f64,
+    /// Model FLOP utilisation of the trainer.
+    pub train_mfu: f64,
+    /// Share of peak HBM bandwidth a decode step reaches.
+    pub decode_bandwidth_efficiency: f64,
+    /// Share of peak FLOP/s a decode step reaches when compute-bound.
+    pub decode_mfu: f64,
+    /// Share of link bandwidth a bulk transfer reaches.
+    pub link_efficiency: f64,
+    /// Weight sync: fixed cost per layer of a broadcast update, s (fitted to Table 8).
+    pub broadcast_layer_s: f64,
+    /// Weight sync: fixed cost per layer of a P2P, disk-delta or local update, s (fitted).
+    pub p2p_layer_s: f64,
+    /// Local NVMe bandwidth per node when the GPU spec gives none, bytes/s.
+    pub disk_bandwidth: f64,
+    /// Seconds of on-GPU requantisation after each weight update (Kimi K2's FP8 checkpoint
+    /// needs ~0.884 s on H100); 0 for most models.
+    pub requantize_s: f64,
+    /// Bytes the buffer keeps per token of a trajectory besides R3 data: token id (4),
+    /// sampling log-prob (4), loss mask (1).
+    pub buffer_bytes_per_token: f64,
+}
+
+impl Default for Assumptions {
+    fn default() -> Assumptions {
+        Assumptions {
+            usable_hbm: 0.92,
+            train_mfu: 0.30,
+            decode_bandwidth_efficiency: 0.70,
+            decode_mfu: 0.40,
+            link_efficiency: 0.80,
+            broadcast_layer_s: crate::time::BROADCAST_LAYER_S,
+            p2p_layer_s: crate::time::P2P_LAYER_S,
+            disk_bandwidth: 25e9,
+            requantize_s: 0.0,
+            buffer_bytes_per_token: 9.0,
+        }
+    }
+}
+
+/// The stage graph as the compiler sees it, passed through for drawing.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, Default)]
+pub struct Graph {
+    pub nodes: Vec<GraphNode>,
+    pub edges: Vec<GraphEdge>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct GraphNode {
+    /// The stage name (matches `Stage::name` or `WeightSync::name`).
+    pub id: String,
+    /// What to print in the box (`grpo`, `generate`...).
+    pub label: String,
+    pub role: Role,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct GraphEdge {
+    pub from: String,
+    pub to: String,
+    /// The port or channel (`Trajectories`, `weights`).
+    #[serde(default)]
+    pub label: String,
+    /// A weight-sync edge (drawn dashed, may point backwards).
+    #[serde(default)]
+    pub weights: bool,
+}

@@ -1,0 +1,248 @@
+//! The plan: plain data, serialised as the JSON form of `miles plan --json`.
+
+use crate::input::{Graph, PlacementMode, Role, ScheduleMode, Transport};
+use miles_grammar::diag::Diagnostic;
+use serde::Serialize;
+
+/// Bumped whenever a field of [`Plan`] changes meaning or disappears (adding fields does not).
+pub const FORMAT_VERSION: u32 = 1;
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Plan {
+    pub format_version: u32,
+    pub recipe: String,
+    pub cluster: ClusterSummary,
+    pub placement: PlacementMode,
+    pub stages: Vec<StagePlan>,
+    /// Contiguous GPU id ranges with the same occupants, in id order; idle GPUs included.
+    pub gpu_map: Vec<GpuSlice>,
+    pub memory: Vec<MemoryReport>,
+    pub rollouts: Vec<RolloutReport>,
+    pub syncs: Vec<SyncReport>,
+    pub step: Option<StepReport>,
+    pub batch: Option<BatchReport>,
+    pub buffer: Option<BufferReport>,
+    pub graph: Graph,
+    pub diagnostics: Vec<Diagnostic>,
+    pub summary: Summary,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ClusterSummary {
+    pub name: String,
+    pub gpus: u64,
+    pub nodes: u64,
+    pub pools: Vec<PoolSummary>,
+    /// The host's name on a CPU-only cluster.
+    pub host: Option<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct PoolSummary {
+    pub gpu: String,
+    pub nodes: u64,
+    pub gpus_per_node: u64,
+    pub first_gpu: u64,
+    pub first_node: u64,
+    /// Bytes.
+    pub hbm: u64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct GpuRange {
+    pub first: u64,
+    pub last: u64,
+}
+
+impl GpuRange {
+    pub fn len(self) -> u64 {
+        self.last - self.first + 1
+    }
+    pub fn is_empty(self) -> bool {
+        false
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Where {
+    /// GPUs of its own.
+    Own,
+    /// The GPUs of another stage (colocated, or eval on the rollout engines).
+    Shared,
+    /// No GPU: the host CPU.
+    Host,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct StagePlan {
+    pub name: String,
+    pub kind: String,
+    pub role: Role,
+    /// `+` own GPUs, `~` shares GPUs, `=` on the host, `!` has an error.
+    pub symbol: String,
+    pub placed: Where,
+    pub gpus: u64,
+    pub ranges: Vec<GpuRange>,
+    pub shares_with: Vec<String>,
+    pub model: Option<String>,
+    pub precision: Option<String>,
+    /// Layout in words: `4 engines x TP8`, `TP2 PP4 CP4 EP8 DP1`.
+    pub layout: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct GpuSlice {
+    pub first: u64,
+    pub last: u64,
+    pub first_node: u64,
+    pub last_node: u64,
+    /// Stage names hosted there; empty: idle.
+    pub stages: Vec<String>,
+    /// The role that colours the slice in the GPU map (train wins over rollout when colocated).
+    pub role: Option<Role>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct MemItem {
+    /// weights, gradients, optimizer, activations, stream_buffer, kv_cache...
+    pub name: String,
+    /// Bytes on each GPU (0 when moved off the GPU, see `note`).
+    pub bytes: u64,
+    pub note: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct MemoryReport {
+    pub stage: String,
+    pub role: Role,
+    pub device: String,
+    /// Bytes of the device (HBM, or host memory on a CPU-only cluster).
+    pub capacity: u64,
+    /// Bytes the stage may use.
+    pub usable: u64,
+    pub items: Vec<MemItem>,
+    pub total: u64,
+    pub fits: bool,
+    pub offload: Option<OffloadReport>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct OffloadReport {
+    pub mode: String,
+    /// Optimizer bytes per GPU kept off the GPU.
+    pub bytes_per_gpu: u64,
+    /// Host memory per node that CPU offload needs (0 when streamed from disk).
+    pub host_bytes_per_node: u64,
+    pub per_step: Estimate,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Estimate {
+    pub seconds: f64,
+    pub assumptions: Vec<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct RolloutReport {
+    pub stage: String,
+    pub engines: u64,
+    pub gpus_per_engine: u64,
+    pub weights_per_gpu: u64,
+    pub kv_bytes_per_gpu: u64,
+    /// KV bytes one token takes on one GPU.
+    pub kv_bytes_per_token: u64,
+    /// Tokens the KV cache of one engine holds.
+    pub kv_tokens_per_engine: u64,
+    /// Sequences of prompt_len + response_len that fit at once per engine.
+    pub sequences_per_engine: u64,
+    pub requested_concurrent: Option<u64>,
+    /// Concurrent sequences per engine assumed for throughput.
+    pub decode_batch: u64,
+    /// Generated tokens per second, whole fleet.
+    pub tokens_per_s: Estimate,
+    /// Wall time to generate one rollout batch.
+    pub rollout_time: Option<Estimate>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct TransportEstimate {
+    pub transport: Transport,
+    pub seconds: f64,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct SyncReport {
+    pub name: String,
+    pub from: String,
+    pub to: String,
+    pub transport: Transport,
+    pub bucket: u64,
+    /// Bytes of converted weights every rollout engine receives.
+    pub bytes: u64,
+    pub estimate: Estimate,
+    /// The same update by the other transports the placement allows.
+    pub alternatives: Vec<TransportEstimate>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct StepReport {
+    pub mode: ScheduleMode,
+    pub rollout_s: f64,
+    /// Training time per rollout step (all of its optimizer steps).
+    pub train_s: f64,
+    pub train_step: Estimate,
+    pub sync_s: f64,
+    pub offload_s: f64,
+    /// rollout + train + sync (+ offload): one step when nothing overlaps.
+    pub sync_step_s: f64,
+    /// max(rollout, train + offload) + sync: one step when generation and training overlap.
+    pub async_step_s: f64,
+    /// The figure for the recipe's schedule.
+    pub step: Estimate,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct BatchReport {
+    pub rollout_batch: u64,
+    pub samples_per_prompt: u64,
+    pub global_batch: u64,
+    pub steps_per_rollout: u64,
+    /// Which of the four the planner derived, if any.
+    pub derived: Option<String>,
+    /// rollout_batch x samples_per_prompt.
+    pub samples_per_rollout: u64,
+    /// global_batch / (dp x micro_batch) of the first train stage.
+    pub micro_batches_per_step: Option<u64>,
+    /// Tokens per optimizer step (global_batch x seq_len).
+    pub tokens_per_step: Option<u64>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct BufferReport {
+    pub max_staleness: Option<u64>,
+    pub capacity_groups: u64,
+    pub trajectories: u64,
+    pub tokens_per_trajectory: u64,
+    pub bytes_per_trajectory: u64,
+    /// tokens x MoE layers x top_k x 4 bytes, when R3 is on.
+    pub r3_bytes_per_trajectory: Option<u64>,
+    /// Host memory the full buffer takes.
+    pub bytes: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct RoleGpus {
+    pub role: Role,
+    pub gpus: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Summary {
+    pub stages: usize,
+    pub gpus: u64,
+    pub by_role: Vec<RoleGpus>,
+    pub idle_gpus: u64,
+    pub errors: usize,
+    pub warnings: usize,
+}
