@@ -211,6 +211,71 @@ Metrics.",
         explanation: "The command needs a recipe but the file declares none, or several without \
 `--recipe NAME` to pick one.",
     },
+    // ---- E04xx: planning ------------------------------------------------------------------
+    Code {
+        code: "E0401",
+        title: "does not fit in GPU memory",
+        explanation: "`miles plan` adds up what one training rank holds (weights, FP32 gradients, \
+optimizer state at 12 bytes per parameter as the layout shards it, activations) and it exceeds \
+the usable share of the GPU's HBM. The message says by how much; the help line lists fixes with \
+the memory each leaves: `optimizer_offload = stream_from_disk` or `cpu` (with its cost per \
+step), more data-parallel GPUs, full recomputation, or another pipeline split. docs/plan.md \
+gives every formula.",
+    },
+    Code {
+        code: "E0402",
+        title: "rollout engine does not fit",
+        explanation: "An inference engine's weights leave no room for the KV cache within \
+`mem_fraction` of HBM, or the KV cache cannot hold one sequence of prompt + response tokens. \
+Use more GPUs per engine (larger TP), a smaller weight or KV precision, or shorter sequences.",
+    },
+    Code {
+        code: "E0403",
+        title: "not enough GPUs",
+        explanation: "The stages ask for more GPUs than the cluster has, for GPU ids outside it, \
+for ranges that overlap in a disaggregated placement, or for GPUs on a CPU-only cluster. The \
+message says how many are left.",
+    },
+    Code {
+        code: "E0404",
+        title: "invalid parallel layout",
+        explanation: "A parallel size is 0, an engine's DP or EP does not divide its TP, EP does \
+not divide the expert count or TP x CP x DP, or TP x PP x CP x DP differs from the stage's GPU \
+count. The planner reports the layout instead of guessing one.",
+    },
+    Code {
+        code: "E0405",
+        title: "batch figures do not add up",
+        explanation: "`rollout_batch x samples_per_prompt` must equal `global_batch x \
+steps_per_rollout`: every sample generated in a rollout step is trained on exactly once. The \
+planner derives a missing figure from the other three when it divides evenly.",
+    },
+    Code {
+        code: "E0406",
+        title: "tensor parallelism spans NVLink domains",
+        explanation: "A warning: a TP group is larger than (or does not divide) the GPU's \
+NVLink / xGMI domain, so its all-reduces cross the slower scale-out network. Keep TP within a \
+domain and use PP, EP or more engines for the rest.",
+    },
+    Code {
+        code: "E0407",
+        title: "KV cache holds fewer sequences than requested",
+        explanation: "A warning: an engine is asked for more concurrent requests than its KV \
+cache can hold at the recipe's prompt + response length; the rest wait or are retracted. The \
+plan's throughput uses the number that fits.",
+    },
+    Code {
+        code: "E0408",
+        title: "host memory too small",
+        explanation: "A warning: optimizer state offloaded to the CPU needs more host memory per \
+node than the node has. Stream it from disk instead, or shard it over more GPUs.",
+    },
+    Code {
+        code: "E0409",
+        title: "stage cannot be planned",
+        explanation: "A stage that runs an engine or a trainer has no model, so its memory and \
+time cannot be planned. Give it a model from `std/models` or an `llm { ... }` record.",
+    },
     // ---- E05xx: running and data ----------------------------------------------------------
     Code {
         code: "E0501",
