@@ -60,11 +60,10 @@ impl<T: Serialize> Serialize for Spanned<T> {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         match self.span {
             None => self.value.serialize(s),
-            Some(sp) => SpannedRepr {
-                value: &self.value,
-                span: SpanRepr { file: sp.file.0, start: sp.start, end: sp.end },
+            Some(sp) => {
+                SpannedRepr { value: &self.value, span: SpanRepr { file: sp.file.0, start: sp.start, end: sp.end } }
+                    .serialize(s)
             }
-            .serialize(s),
         }
     }
 }
@@ -86,8 +85,7 @@ fn opt_span<S: Serializer>(span: &Option<Span>, s: S) -> Result<S::Ok, S::Error>
 }
 
 fn de_opt_span<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Span>, D::Error> {
-    Ok(Option::<SpanRepr>::deserialize(d)?
-        .map(|r| Span { file: FileId(r.file), start: r.start, end: r.end }))
+    Ok(Option::<SpanRepr>::deserialize(d)?.map(|r| Span { file: FileId(r.file), start: r.start, end: r.end }))
 }
 
 /// Everything `miles plan` needs to know about one recipe.

@@ -233,7 +233,8 @@ pub struct BufferReport {
 
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct RoleGpus {
-    pub role: Role,
+    /// The roles sharing these GPUs (several when colocated).
+    pub roles: Vec<Role>,
     pub gpus: u64,
 }
 

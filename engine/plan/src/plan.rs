@@ -196,7 +196,7 @@ pub fn plan(input: &PlanInput) -> Plan {
         if let Some(e) = &st.engine {
             let gpus = range_count(&pl.ranges);
             let engines = e.engines.map(|n| n.value).unwrap_or_else(|| gpus / e.tp.value.max(1));
-            layout = format!("{} engines x TP{}", engines, e.tp.value);
+            layout = format!("{} engine{} x TP{}", engines, if engines == 1 { "" } else { "s" }, e.tp.value);
             if e.dp.value > 1 {
                 layout.push_str(&format!(" DP{}", e.dp.value));
             }
@@ -244,14 +244,21 @@ pub fn plan(input: &PlanInput) -> Plan {
     let buffer = plan_buffer(&cx, batch.as_ref());
     let gpu_map = gpu_map(&cx, &placed);
 
+    // GPUs per set of roles, from the map, so colocated GPUs are counted once.
     let mut by_role: Vec<RoleGpus> = Vec::new();
-    for s in &stages {
-        if s.placed != Where::Own {
-            continue;
+    for sl in gpu_map.iter().filter(|s| !s.stages.is_empty()) {
+        let mut roles: Vec<Role> = Vec::new();
+        for name in &sl.stages {
+            if let Some(st) = input.stages.iter().find(|s| &s.name == name) {
+                if !roles.contains(&st.role) {
+                    roles.push(st.role);
+                }
+            }
         }
-        match by_role.iter_mut().find(|r| r.role == s.role) {
-            Some(r) => r.gpus += s.gpus,
-            None => by_role.push(RoleGpus { role: s.role, gpus: s.gpus }),
+        let n = sl.last - sl.first + 1;
+        match by_role.iter_mut().find(|r| r.roles == roles) {
+            Some(r) => r.gpus += n,
+            None => by_role.push(RoleGpus { roles, gpus: n }),
         }
     }
     let idle_gpus = gpu_map.iter().filter(|s| s.stages.is_empty()).map(|s| s.last - s.first + 1).sum();
@@ -316,7 +323,8 @@ fn backend_name(b: Backend) -> &'static str {
 fn resolve_batch(cx: &mut Ctx) -> Option<BatchReport> {
     let b = &cx.input.batch;
     let v = |x: &Option<Spanned<u64>>| x.map(|s| s.value);
-    let (rb, spp, gb_, spr) = (v(&b.rollout_batch), v(&b.samples_per_prompt), v(&b.global_batch), v(&b.steps_per_rollout));
+    let (rb, spp, gb_, spr) =
+        (v(&b.rollout_batch), v(&b.samples_per_prompt), v(&b.global_batch), v(&b.steps_per_rollout));
     for (name, f) in [
         ("rollout_batch", &b.rollout_batch),
         ("samples_per_prompt", &b.samples_per_prompt),
@@ -362,8 +370,12 @@ fn resolve_batch(cx: &mut Ctx) -> Option<BatchReport> {
             (a, b2, prod / d, d, Some("global_batch"))
         }
         (Some(a), Some(b2), None, None) => (a, b2, a.saturating_mul(b2), 1, Some("global_batch")),
-        (None, Some(b2), Some(c), Some(d)) if c.saturating_mul(d) % b2 == 0 => (c.saturating_mul(d) / b2, b2, c, d, Some("rollout_batch")),
-        (Some(a), None, Some(c), Some(d)) if c.saturating_mul(d) % a == 0 => (a, c.saturating_mul(d) / a, c, d, Some("samples_per_prompt")),
+        (None, Some(b2), Some(c), Some(d)) if c.saturating_mul(d) % b2 == 0 => {
+            (c.saturating_mul(d) / b2, b2, c, d, Some("rollout_batch"))
+        }
+        (Some(a), None, Some(c), Some(d)) if c.saturating_mul(d) % a == 0 => {
+            (a, c.saturating_mul(d) / a, c, d, Some("samples_per_prompt"))
+        }
         _ => return None,
     };
     if rb.saturating_mul(spp) != gb_.saturating_mul(spr) {
@@ -399,9 +411,22 @@ fn validate_layouts(cx: &mut Ctx) {
     let input = cx.input;
     for st in &input.stages {
         if let Some(t) = &st.trainer {
-            for (name, f) in [("tp", &t.tp), ("pp", &t.pp), ("cp", &t.cp), ("ep", &t.ep), ("micro_batch", &t.micro_batch), ("seq_len", &t.seq_len)] {
+            for (name, f) in [
+                ("tp", &t.tp),
+                ("pp", &t.pp),
+                ("cp", &t.cp),
+                ("ep", &t.ep),
+                ("micro_batch", &t.micro_batch),
+                ("seq_len", &t.seq_len),
+            ] {
                 if f.value == 0 {
-                    cx.error("E0404", format!("{}: {name} is 0", st.name), f.span.or(st.span), "must be at least 1", None);
+                    cx.error(
+                        "E0404",
+                        format!("{}: {name} is 0", st.name),
+                        f.span.or(st.span),
+                        "must be at least 1",
+                        None,
+                    );
                 }
             }
             if let Some(dp) = t.dp {
@@ -410,59 +435,90 @@ fn validate_layouts(cx: &mut Ctx) {
                 }
             }
             if let Some(m) = &st.model {
-                if t.pp.value > 0 && m.layers % t.pp.value != 0 {
-                    // Megatron allows uneven stages; the plan sizes the largest one.
-                    cx.warning(
+                // Layers that do not split evenly over PP are fine (Megatron sizes the first
+                // and last stages separately); the plan sizes the largest stage.
+                if t.ep.value > 1 && m.experts % t.ep.value != 0 {
+                    cx.error(
                         "E0404",
-                        format!("{}: {} layers do not split evenly over PP{}", st.name, m.layers, t.pp.value),
-                        t.pp.span.or(st.span),
-                        "the largest stage is planned",
+                        format!("{}: {} experts do not split over EP{}", st.name, m.experts, t.ep.value),
+                        t.ep.span.or(st.span),
+                        "EP must divide the expert count",
                         None,
                     );
-                }
-                if t.ep.value > 1 && m.experts % t.ep.value != 0 {
-                    cx.error("E0404", format!("{}: {} experts do not split over EP{}", st.name, m.experts, t.ep.value), t.ep.span.or(st.span), "EP must divide the expert count", None);
                 }
             }
         }
         if let Some(e) = &st.engine {
             for (name, f) in [("tp", &e.tp), ("dp", &e.dp), ("ep", &e.ep)] {
                 if f.value == 0 {
-                    cx.error("E0404", format!("{}: {name} is 0", st.name), f.span.or(st.span), "must be at least 1", None);
+                    cx.error(
+                        "E0404",
+                        format!("{}: {name} is 0", st.name),
+                        f.span.or(st.span),
+                        "must be at least 1",
+                        None,
+                    );
                 }
             }
             if e.tp.value > 0 && (e.tp.value % e.dp.value.max(1) != 0 || e.tp.value % e.ep.value.max(1) != 0) {
                 cx.error(
                     "E0404",
-                    format!("{}: engine DP{} and EP{} must divide its TP{}", st.name, e.dp.value, e.ep.value, e.tp.value),
+                    format!(
+                        "{}: engine DP{} and EP{} must divide its TP{}",
+                        st.name, e.dp.value, e.ep.value, e.tp.value
+                    ),
                     e.dp.span.or(e.ep.span).or(st.span),
                     "an engine spans tp GPUs; dp and ep partition them",
                     None,
                 );
             }
             if e.engines.is_some_and(|n| n.value == 0) {
-                cx.error("E0404", format!("{}: 0 engines", st.name), e.engines.and_then(|n| n.span).or(st.span), "must be at least 1", None);
+                cx.error(
+                    "E0404",
+                    format!("{}: 0 engines", st.name),
+                    e.engines.and_then(|n| n.span).or(st.span),
+                    "must be at least 1",
+                    None,
+                );
             }
             if !(e.mem_fraction.value > 0.0 && e.mem_fraction.value <= 1.0) {
-                cx.error("E0404", format!("{}: mem_fraction {} is not in (0, 1]", st.name, e.mem_fraction.value), e.mem_fraction.span.or(st.span), "share of HBM", None);
+                cx.error(
+                    "E0404",
+                    format!("{}: mem_fraction {} is not in (0, 1]", st.name, e.mem_fraction.value),
+                    e.mem_fraction.span.or(st.span),
+                    "share of HBM",
+                    None,
+                );
             }
         }
         if (st.trainer.is_some() || st.engine.is_some()) && st.model.is_none() {
-            cx.error("E0409", format!("{}: no model to plan with", st.name), st.span, "this stage's model is unknown", Some("give the stage a model from std/models or a `llm { ... }` record".into()));
+            cx.error(
+                "E0409",
+                format!("{}: no model to plan with", st.name),
+                st.span,
+                "this stage's model is unknown",
+                Some("give the stage a model from std/models or a `llm { ... }` record".into()),
+            );
         }
     }
 }
 
 fn layout_ok(t: &Trainer) -> bool {
-    t.tp.value > 0 && t.pp.value > 0 && t.cp.value > 0 && t.ep.value > 0 && t.micro_batch.value > 0 && t.seq_len.value > 0 && t.dp.is_none_or(|d| d.value > 0)
+    t.tp.value > 0
+        && t.pp.value > 0
+        && t.cp.value > 0
+        && t.ep.value > 0
+        && t.micro_batch.value > 0
+        && t.seq_len.value > 0
+        && t.dp.is_none_or(|d| d.value > 0)
 }
 
 fn engine_ok(e: &Engine) -> bool {
     e.tp.value > 0
         && e.dp.value > 0
         && e.ep.value > 0
-        && e.tp.value % e.dp.value == 0
-        && e.tp.value % e.ep.value == 0
+        && e.tp.value.is_multiple_of(e.dp.value)
+        && e.tp.value.is_multiple_of(e.ep.value)
         && e.engines.is_none_or(|n| n.value > 0)
         && e.mem_fraction.value > 0.0
         && e.mem_fraction.value <= 1.0
@@ -473,19 +529,36 @@ fn engine_ok(e: &Engine) -> bool {
 fn place(cx: &mut Ctx) -> Vec<Placed> {
     let input = cx.input;
     let n = input.stages.len();
-    let mut out: Vec<Placed> = vec![Placed { placed: Where::Host, ranges: Vec::new(), shares_with: Vec::new(), error: false }; n];
+    let mut out: Vec<Placed> =
+        vec![Placed { placed: Where::Host, ranges: Vec::new(), shares_with: Vec::new(), error: false }; n];
     for (i, st) in input.stages.iter().enumerate() {
-        out[i].error = st.trainer.as_ref().is_some_and(|t| !layout_ok(t)) || st.engine.as_ref().is_some_and(|e| !engine_ok(e)) || ((st.trainer.is_some() || st.engine.is_some()) && st.model.is_none());
+        out[i].error = st.trainer.as_ref().is_some_and(|t| !layout_ok(t))
+            || st.engine.as_ref().is_some_and(|e| !engine_ok(e))
+            || ((st.trainer.is_some() || st.engine.is_some()) && st.model.is_none());
     }
-    let uses_gpu = |st: &Stage| st.trainer.is_some() || st.engine.is_some() || st.gpus.is_some_and(|g| g.value != GpuRequest::Auto);
+    let uses_gpu = |st: &Stage| {
+        st.trainer.is_some() || st.engine.is_some() || st.gpus.is_some_and(|g| g.value != GpuRequest::Auto)
+    };
     if cx.total_gpus == 0 {
         for (i, st) in input.stages.iter().enumerate() {
             if st.gpus.is_some_and(|g| g.value != GpuRequest::Auto) {
                 let span = st.gpus.and_then(|g| g.span).or(st.span);
-                cx.error("E0403", format!("{} asks for GPUs but cluster {} has none", st.name, input.cluster.name), span, "no GPU to give", None);
+                cx.error(
+                    "E0403",
+                    format!("{} asks for GPUs but cluster {} has none", st.name, input.cluster.name),
+                    span,
+                    "no GPU to give",
+                    None,
+                );
                 out[i].error = true;
             } else if uses_gpu(st) && input.cluster.host.is_none() {
-                cx.error("E0403", format!("{}: cluster {} has neither GPUs nor a host", st.name, input.cluster.name), input.cluster.span.or(st.span), "nothing to run on", None);
+                cx.error(
+                    "E0403",
+                    format!("{}: cluster {} has neither GPUs nor a host", st.name, input.cluster.name),
+                    input.cluster.span.or(st.span),
+                    "nothing to run on",
+                    None,
+                );
                 out[i].error = true;
             }
         }
@@ -493,12 +566,17 @@ fn place(cx: &mut Ctx) -> Vec<Placed> {
     }
     let mut free = Free(vec![(0, cx.total_gpus)]);
     let colocated = input.placement.mode.value == PlacementMode::Colocated;
-    let co = |st: &Stage| colocated && matches!(st.role, Role::Rollout | Role::Train | Role::Sft) && (st.trainer.is_some() || st.engine.is_some());
+    let co = |st: &Stage| {
+        colocated
+            && matches!(st.role, Role::Rollout | Role::Train | Role::Sft)
+            && (st.trainer.is_some() || st.engine.is_some())
+    };
 
     // Colocated group: one shared range, the first explicit request among them or every GPU.
     let group: Vec<usize> = (0..n).filter(|&i| co(&input.stages[i])).collect();
     if !group.is_empty() {
-        let req = group.iter().find_map(|&i| input.stages[i].gpus.filter(|g| g.value != GpuRequest::Auto).map(|g| (i, g)));
+        let req =
+            group.iter().find_map(|&i| input.stages[i].gpus.filter(|g| g.value != GpuRequest::Auto).map(|g| (i, g)));
         let ranges = match req {
             Some((i, g)) => take(cx, &mut free, &input.stages[i], g),
             None => free.take_count(cx.total_gpus),
@@ -548,7 +626,16 @@ fn place(cx: &mut Ctx) -> Vec<Placed> {
                         Some(r) => (out[i].ranges, out[i].placed) = (r, Where::Own),
                         None => {
                             let left = free.total();
-                            cx.error("E0403", format!("{} needs {k} GPUs, {left} are left", st.name), st.span, "not enough GPUs", Some(format!("cluster {} has {} GPUs; give fewer to other stages or add nodes", input.cluster.name, cx.total_gpus)));
+                            cx.error(
+                                "E0403",
+                                format!("{} needs {k} GPUs, {left} are left", st.name),
+                                st.span,
+                                "not enough GPUs",
+                                Some(format!(
+                                    "cluster {} has {} GPUs; give fewer to other stages or add nodes",
+                                    input.cluster.name, cx.total_gpus
+                                )),
+                            );
                             out[i].error = true;
                         }
                     },
@@ -571,7 +658,13 @@ fn place(cx: &mut Ctx) -> Vec<Placed> {
         match free.take_count(share) {
             Some(r) if share > 0 => (out[i].ranges, out[i].placed) = (r, Where::Own),
             _ => {
-                cx.error("E0403", format!("no GPUs left for {} (needs multiples of {unit})", st.name), st.span, "placed automatically", Some("give the stages explicit `gpus = N` or add nodes".into()));
+                cx.error(
+                    "E0403",
+                    format!("no GPUs left for {} (needs multiples of {unit})", st.name),
+                    st.span,
+                    "placed automatically",
+                    Some("give the stages explicit `gpus = N` or add nodes".into()),
+                );
                 out[i].error = true;
             }
         }
@@ -606,13 +699,30 @@ fn take(cx: &mut Ctx, free: &mut Free, st: &Stage, g: Spanned<GpuRequest>) -> Op
     match g.value {
         GpuRequest::Range { first, last } => {
             if first > last || last >= cx.total_gpus {
-                cx.error("E0403", format!("{}: GPUs {first}-{last} are not in cluster {} (GPUs 0-{})", st.name, cx.input.cluster.name, cx.total_gpus.saturating_sub(1)), span, "out of range", None);
+                cx.error(
+                    "E0403",
+                    format!(
+                        "{}: GPUs {first}-{last} are not in cluster {} (GPUs 0-{})",
+                        st.name,
+                        cx.input.cluster.name,
+                        cx.total_gpus.saturating_sub(1)
+                    ),
+                    span,
+                    "out of range",
+                    None,
+                );
                 return None;
             }
             if free.take_range(first, last) {
                 Some(vec![GpuRange { first, last }])
             } else {
-                cx.error("E0403", format!("{}: GPUs {first}-{last} overlap another stage's", st.name), span, "already taken", Some("disaggregated stages need disjoint GPUs; use `placement = colocated` to share".into()));
+                cx.error(
+                    "E0403",
+                    format!("{}: GPUs {first}-{last} overlap another stage's", st.name),
+                    span,
+                    "already taken",
+                    Some("disaggregated stages need disjoint GPUs; use `placement = colocated` to share".into()),
+                );
                 None
             }
         }
@@ -620,7 +730,13 @@ fn take(cx: &mut Ctx, free: &mut Free, st: &Stage, g: Spanned<GpuRequest>) -> Op
             Some(r) => Some(r),
             None => {
                 let left = free.total();
-                cx.error("E0403", format!("{} asks for {k} GPUs, {left} are left", st.name), span, "not enough GPUs", Some(format!("cluster {} has {} GPUs in all", cx.input.cluster.name, cx.total_gpus)));
+                cx.error(
+                    "E0403",
+                    format!("{} asks for {k} GPUs, {left} are left", st.name),
+                    span,
+                    "not enough GPUs",
+                    Some(format!("cluster {} has {} GPUs in all", cx.input.cluster.name, cx.total_gpus)),
+                );
                 None
             }
         },
@@ -675,10 +791,24 @@ fn train_mem(m: &ModelSpec, l: &Layout, t: &Trainer, global_batch: Option<u64>, 
     let micro = global_batch.map(|g| g / (l.dp * t.micro_batch.value).max(1));
     let act = model::activation_bytes(m, l, t.seq_len.value, t.micro_batch.value, micro, recompute);
     let layers_per_stage = m.layers.div_ceil(l.pp.max(1)).max(1) as f64;
-    TrainMem { weights: s.weights, gradients: s.gradients, optimizer: s.optimizer, activations: act, stream_buffer: 2.0 * s.optimizer / layers_per_stage }
+    TrainMem {
+        weights: s.weights,
+        gradients: s.gradients,
+        optimizer: s.optimizer,
+        activations: act,
+        stream_buffer: 2.0 * s.optimizer / layers_per_stage,
+    }
 }
 
-fn plan_trainer(cx: &mut Ctx, st: &Stage, t: &Trainer, pl: &Placed, dp: u64, batch: Option<&BatchReport>, memory: &mut Vec<MemoryReport>) -> Option<TrainFacts> {
+fn plan_trainer(
+    cx: &mut Ctx,
+    st: &Stage,
+    t: &Trainer,
+    pl: &Placed,
+    dp: u64,
+    batch: Option<&BatchReport>,
+    memory: &mut Vec<MemoryReport>,
+) -> Option<TrainFacts> {
     let m = st.model.as_ref()?;
     let a = &cx.input.assumptions;
     let on_host = pl.placed == Where::Host;
@@ -686,16 +816,38 @@ fn plan_trainer(cx: &mut Ctx, st: &Stage, t: &Trainer, pl: &Placed, dp: u64, bat
     if dp == 0 || trainer_unit(t).saturating_mul(dp) != gpus {
         cx.error(
             "E0404",
-            format!("{}: TP{} x PP{} x CP{} x DP{} = {} but the stage has {gpus} GPUs", st.name, t.tp.value, t.pp.value, t.cp.value, dp, trainer_unit(t).saturating_mul(dp)),
+            format!(
+                "{}: TP{} x PP{} x CP{} x DP{} = {} but the stage has {gpus} GPUs",
+                st.name,
+                t.tp.value,
+                t.pp.value,
+                t.cp.value,
+                dp,
+                trainer_unit(t).saturating_mul(dp)
+            ),
             t.dp.and_then(|d| d.span).or(st.gpus.and_then(|g| g.span)).or(st.span),
             "layout does not match the GPUs",
             Some(format!("the GPU count must be a multiple of tp x pp x cp = {}", trainer_unit(t))),
         );
         return None;
     }
-    let l = Layout { backend: t.backend.value, tp: t.tp.value, pp: t.pp.value, cp: t.cp.value, ep: t.ep.value, dp, precision: t.precision.value };
-    if l.backend == Backend::Megatron && (l.tp * l.cp * l.dp) % (l.etp() * l.ep) != 0 {
-        cx.error("E0404", format!("{}: EP{} does not divide TP x CP x DP = {}", st.name, l.ep, l.tp * l.cp * l.dp), t.ep.span.or(st.span), "experts cannot be placed", None);
+    let l = Layout {
+        backend: t.backend.value,
+        tp: t.tp.value,
+        pp: t.pp.value,
+        cp: t.cp.value,
+        ep: t.ep.value,
+        dp,
+        precision: t.precision.value,
+    };
+    if l.backend == Backend::Megatron && !(l.tp * l.cp * l.dp).is_multiple_of(l.etp() * l.ep) {
+        cx.error(
+            "E0404",
+            format!("{}: EP{} does not divide TP x CP x DP = {}", st.name, l.ep, l.tp * l.cp * l.dp),
+            t.ep.span.or(st.span),
+            "experts cannot be placed",
+            None,
+        );
         return None;
     }
     let device = cx.device(&pl.ranges);
@@ -725,7 +877,12 @@ fn plan_trainer(cx: &mut Ctx, st: &Stage, t: &Trainer, pl: &Placed, dp: u64, bat
             seconds: disk.max(link),
             assumptions: vec![
                 format!("read + write {} of optimizer state per GPU each step, {} GPUs per node", gb(opt), gpn),
-                format!("node disk {:.0} GB/s; GPU-host link {:.0} GB/s x {:.0}%", disk_bw / 1e9, host_link / 1e9, eff * 100.0),
+                format!(
+                    "node disk {:.0} GB/s; GPU-host link {:.0} GB/s x {:.0}%",
+                    disk_bw / 1e9,
+                    host_link / 1e9,
+                    eff * 100.0
+                ),
                 "transfers not overlapped with compute (upper bound)".into(),
             ],
         }
@@ -743,42 +900,97 @@ fn plan_trainer(cx: &mut Ctx, st: &Stage, t: &Trainer, pl: &Placed, dp: u64, bat
     };
     let offload_report = match offload {
         OptimizerOffload::None => None,
-        OptimizerOffload::StreamFromDisk => Some(OffloadReport { mode: "stream_from_disk".into(), bytes_per_gpu: mem.optimizer as u64, host_bytes_per_node: 0, per_step: stream_cost(mem.optimizer) }),
+        OptimizerOffload::StreamFromDisk => Some(OffloadReport {
+            mode: "stream_from_disk".into(),
+            bytes_per_gpu: mem.optimizer as u64,
+            host_bytes_per_node: 0,
+            per_step: stream_cost(mem.optimizer),
+        }),
         OptimizerOffload::Cpu => {
             let host = mem.optimizer * gpn as f64;
             if let Some(hm) = device.and_then(|g| g.host_memory) {
                 if host > hm as f64 {
-                    cx.warning("E0408", format!("{}: CPU-offloaded optimizer state needs {} of host memory per node, nodes have {}", st.name, gb(host), gb(hm as f64)), t.optimizer_offload.span.or(st.span), "offloaded here", Some("use `optimizer_offload = stream_from_disk`, or more GPUs to shard the state further".into()));
+                    cx.warning(
+                        "E0408",
+                        format!(
+                            "{}: CPU-offloaded optimizer state needs {} of host memory per node, nodes have {}",
+                            st.name,
+                            gb(host),
+                            gb(hm as f64)
+                        ),
+                        t.optimizer_offload.span.or(st.span),
+                        "offloaded here",
+                        Some(
+                            "use `optimizer_offload = stream_from_disk`, or more GPUs to shard the state further"
+                                .into(),
+                        ),
+                    );
                 }
             }
-            Some(OffloadReport { mode: "cpu".into(), bytes_per_gpu: mem.optimizer as u64, host_bytes_per_node: host as u64, per_step: cpu_cost(mem.optimizer) })
+            Some(OffloadReport {
+                mode: "cpu".into(),
+                bytes_per_gpu: mem.optimizer as u64,
+                host_bytes_per_node: host as u64,
+                per_step: cpu_cost(mem.optimizer),
+            })
         }
     };
 
     let opt_note = match offload {
-        OptimizerOffload::None => format!("FP32 master + 2 Adam moments, {} B/param, sharded over {} ranks", model::optimizer_bytes_per_param(l.precision), optimizer_shards(&l)),
+        OptimizerOffload::None => format!(
+            "FP32 master + 2 Adam moments, {} B/param, sharded over {} ranks",
+            model::optimizer_bytes_per_param(l.precision),
+            optimizer_shards(&l)
+        ),
         OptimizerOffload::Cpu => format!("{} kept in host memory", gb(mem.optimizer)),
         OptimizerOffload::StreamFromDisk => format!("{} streamed from disk", gb(mem.optimizer)),
     };
     let mut items = vec![
-        MemItem { name: "weights".into(), bytes: mem.weights as u64, note: format!("{} x {} B", l.precision.as_str(), l.precision.bytes()) },
+        MemItem {
+            name: "weights".into(),
+            bytes: mem.weights as u64,
+            note: format!("{} x {} B", l.precision.as_str(), l.precision.bytes()),
+        },
         MemItem { name: "gradients".into(), bytes: mem.gradients as u64, note: "FP32 accumulation buffer".into() },
-        MemItem { name: "optimizer".into(), bytes: if offload == OptimizerOffload::None { mem.optimizer as u64 } else { 0 }, note: opt_note },
+        MemItem {
+            name: "optimizer".into(),
+            bytes: if offload == OptimizerOffload::None { mem.optimizer as u64 } else { 0 },
+            note: opt_note,
+        },
         MemItem {
             name: "activations".into(),
             bytes: mem.activations as u64,
-            note: format!("seq {} / CP{}, micro-batch {}, recompute {}", t.seq_len.value, l.cp, t.micro_batch.value, recompute_name(recompute)),
+            note: format!(
+                "seq {} / CP{}, micro-batch {}, recompute {}",
+                t.seq_len.value,
+                l.cp,
+                t.micro_batch.value,
+                recompute_name(recompute)
+            ),
         },
     ];
     if offload == OptimizerOffload::StreamFromDisk {
-        items.push(MemItem { name: "stream_buffer".into(), bytes: mem.stream_buffer as u64, note: "two layers of optimizer state in flight".into() });
+        items.push(MemItem {
+            name: "stream_buffer".into(),
+            bytes: mem.stream_buffer as u64,
+            note: "two layers of optimizer state in flight".into(),
+        });
     }
     if !fits {
         let over = total - usable;
         let fixes = train_fixes(cx, m, &l, t, global, &mem, usable, gpus, &stream_cost, &cpu_cost);
         let mut d = Diagnostic::error(
             "E0401",
-            format!("{} does not fit in GPU memory: {} per GPU, {} has {} usable ({} x {:.0}%); over by {}", st.name, gb(total), dev_name, gb(usable), gb(capacity as f64), usable_share * 100.0, gb(over)),
+            format!(
+                "{} does not fit in GPU memory: {} per GPU, {} has {} usable ({} x {:.0}%); over by {}",
+                st.name,
+                gb(total),
+                dev_name,
+                gb(usable),
+                gb(capacity as f64),
+                usable_share * 100.0,
+                gb(over)
+            ),
         )
         .with_help(format!("fixes: {}", fixes.join("; ")));
         if let Some(sp) = st.span {
@@ -808,7 +1020,13 @@ fn plan_trainer(cx: &mut Ctx, st: &Stage, t: &Trainer, pl: &Placed, dp: u64, bat
 
     // Step time from FLOPs and MFU.
     let seq = t.seq_len.value as f64;
-    let flops_tok = time::train_flops_per_token(m.active_params as f64, m.layers as f64, seq, (m.heads * m.head_dim) as f64, recompute == Recompute::Full);
+    let flops_tok = time::train_flops_per_token(
+        m.active_params as f64,
+        m.layers as f64,
+        seq,
+        (m.heads * m.head_dim) as f64,
+        recompute == Recompute::Full,
+    );
     let peak = match device {
         Some(g) if !on_host => peak_flops(g, l.precision),
         _ => cx.input.cluster.host.as_ref().and_then(|h| h.fp32).unwrap_or(0.0),
@@ -819,8 +1037,18 @@ fn plan_trainer(cx: &mut Ctx, st: &Stage, t: &Trainer, pl: &Placed, dp: u64, bat
         seconds: step_s,
         assumptions: vec![
             format!("{:.3e} tokens per optimizer step (global batch x seq {})", tokens, t.seq_len.value),
-            format!("{:.3e} FLOPs per token: 6 x active + 2 x active (old log-probs){} + attention", flops_tok, if recompute == Recompute::Full { " + 2 x active (recompute)" } else { "" }),
-            format!("{} GPUs x {:.0} TFLOP/s {} x MFU {:.0}%", gpus, peak / 1e12, l.precision.as_str(), a.train_mfu * 100.0),
+            format!(
+                "{:.3e} FLOPs per token: 6 x active + 2 x active (old log-probs){} + attention",
+                flops_tok,
+                if recompute == Recompute::Full { " + 2 x active (recompute)" } else { "" }
+            ),
+            format!(
+                "{} GPUs x {:.0} TFLOP/s {} x MFU {:.0}%",
+                gpus,
+                peak / 1e12,
+                l.precision.as_str(),
+                a.train_mfu * 100.0
+            ),
         ],
     };
     Some(TrainFacts {
@@ -869,18 +1097,35 @@ fn train_fixes(
 ) -> Vec<String> {
     let mut fixes = Vec::new();
     let offload = t.optimizer_offload.value;
-    let verdict = |x: f64| if x <= usable { "fits".to_string() } else { format!("still {} over", gb(x - usable)) };
+    let verdict = |x: f64| {
+        if x <= usable {
+            "fits".to_string()
+        } else {
+            format!("still {} over", gb(x - usable))
+        }
+    };
     if offload != OptimizerOffload::StreamFromDisk {
         let x = mem.on_gpu(OptimizerOffload::StreamFromDisk);
-        fixes.push(format!("`optimizer_offload = stream_from_disk`: {} per GPU ({}), est. +{:.1} s per step", gb(x), verdict(x), stream_cost(mem.optimizer).seconds));
+        fixes.push(format!(
+            "`optimizer_offload = stream_from_disk`: {} per GPU ({}), est. +{:.1} s per step",
+            gb(x),
+            verdict(x),
+            stream_cost(mem.optimizer).seconds
+        ));
     }
     if offload != OptimizerOffload::Cpu {
         let x = mem.on_gpu(OptimizerOffload::Cpu);
-        fixes.push(format!("`optimizer_offload = cpu`: {} per GPU ({}), needs {} host memory per GPU, est. +{:.1} s per step", gb(x), verdict(x), gb(mem.optimizer), cpu_cost(mem.optimizer).seconds));
+        fixes.push(format!(
+            "`optimizer_offload = cpu`: {} per GPU ({}), needs {} host memory per GPU, est. +{:.1} s per step",
+            gb(x),
+            verdict(x),
+            gb(mem.optimizer),
+            cpu_cost(mem.optimizer).seconds
+        ));
     }
-    if l.backend != Backend::Embedded {
+    if l.backend != Backend::Embedded && (offload == OptimizerOffload::None || l.backend == Backend::Fsdp) {
         // More data-parallel replicas shard the optimizer state (and, under FSDP, everything).
-        for k in [2u64, 4, 8, 16, 32, 64] {
+        for k in [2u64, 4, 8, 16] {
             let l2 = Layout { dp: l.dp * k, ..*l };
             let x = train_mem(m, &l2, t, global, t.recompute.value).on_gpu(offload);
             if x <= usable {
@@ -893,7 +1138,7 @@ fn train_fixes(
         let x = train_mem(m, l, t, global, Recompute::Full).on_gpu(offload);
         fixes.push(format!("`recompute = full`: {} per GPU ({})", gb(x), verdict(x)));
     }
-    if l.backend == Backend::Megatron && m.layers >= 2 * l.pp && l.dp % 2 == 0 {
+    if l.backend == Backend::Megatron && m.layers >= 2 * l.pp && l.dp.is_multiple_of(2) {
         let l2 = Layout { pp: l.pp * 2, dp: l.dp / 2, ..*l };
         let x = train_mem(m, &l2, t, global, t.recompute.value).on_gpu(offload);
         fixes.push(format!("PP{} DP{} on the same GPUs: {} per GPU ({})", l2.pp, l2.dp, gb(x), verdict(x)));
@@ -904,7 +1149,7 @@ fn train_fixes(
 
 fn tp_domain_warning(cx: &mut Ctx, st: &Stage, what: &str, tp: u64, span: Option<Span>, g: &GpuSpec) {
     let domain = g.scaleup_domain.max(1);
-    if tp > domain || domain % tp.max(1) != 0 {
+    if tp > domain || !domain.is_multiple_of(tp.max(1)) {
         cx.warning(
             "E0406",
             format!("{}: {what} TP{tp} spans NVLink domains of {domain} {} GPUs", st.name, g.name),
@@ -917,7 +1162,15 @@ fn tp_domain_warning(cx: &mut Ctx, st: &Stage, what: &str, tp: u64, span: Option
 
 // ---- rollout -----------------------------------------------------------------------------------
 
-fn plan_engine(cx: &mut Ctx, st: &Stage, e: &Engine, pl: &Placed, engines: u64, batch: Option<&BatchReport>, memory: &mut Vec<MemoryReport>) -> Option<RolloutReport> {
+fn plan_engine(
+    cx: &mut Ctx,
+    st: &Stage,
+    e: &Engine,
+    pl: &Placed,
+    engines: u64,
+    batch: Option<&BatchReport>,
+    memory: &mut Vec<MemoryReport>,
+) -> Option<RolloutReport> {
     let m = st.model.as_ref()?;
     let a = cx.input.assumptions.clone();
     let gpus = range_count(&pl.ranges);
@@ -926,7 +1179,17 @@ fn plan_engine(cx: &mut Ctx, st: &Stage, e: &Engine, pl: &Placed, engines: u64, 
         return None;
     }
     if engines.saturating_mul(tp) > gpus || engines == 0 {
-        cx.error("E0404", format!("{}: {engines} engines x TP{tp} need {} GPUs, the stage has {gpus}", st.name, engines.saturating_mul(tp)), e.engines.and_then(|n| n.span).or(st.span), "engines do not fit the GPUs", None);
+        cx.error(
+            "E0404",
+            format!(
+                "{}: {engines} engines x TP{tp} need {} GPUs, the stage has {gpus}",
+                st.name,
+                engines.saturating_mul(tp)
+            ),
+            e.engines.and_then(|n| n.span).or(st.span),
+            "engines do not fit the GPUs",
+            None,
+        );
         return None;
     }
     let g = cx.device(&pl.ranges)?;
@@ -953,14 +1216,24 @@ fn plan_engine(cx: &mut Ctx, st: &Stage, e: &Engine, pl: &Placed, engines: u64, 
             t2 *= 2;
         }
         if p.bytes() > 1.1 && g.fp8.is_some() {
-            fixes.push(format!("`precision = fp8_blockwise` ({} per GPU)", gb(model::rollout_weight_bytes(m, tp, dp, Precision::Fp8Blockwise))));
+            fixes.push(format!(
+                "`precision = fp8_blockwise` ({} per GPU)",
+                gb(model::rollout_weight_bytes(m, tp, dp, Precision::Fp8Blockwise))
+            ));
         }
         if e.mem_fraction.value < 0.9 {
             fixes.push("a larger `mem_fraction`".into());
         }
         cx.error(
             "E0402",
-            format!("{}: weights take {} per GPU, more than the engine's {} ({} x mem_fraction {})", st.name, gb(weights), gb(budget), gb(g.hbm as f64), e.mem_fraction.value),
+            format!(
+                "{}: weights take {} per GPU, more than the engine's {} ({} x mem_fraction {})",
+                st.name,
+                gb(weights),
+                gb(budget),
+                gb(g.hbm as f64),
+                e.mem_fraction.value
+            ),
             e.tp.span.or(st.span),
             "no room left for the KV cache",
             Some(format!("fixes: {}", if fixes.is_empty() { "more GPUs per engine".into() } else { fixes.join("; ") })),
@@ -968,7 +1241,10 @@ fn plan_engine(cx: &mut Ctx, st: &Stage, e: &Engine, pl: &Placed, engines: u64, 
     } else if sequences == 0 {
         cx.error(
             "E0402",
-            format!("{}: the KV cache holds {} tokens per engine, one sequence of {} + {} tokens does not fit", st.name, kv_tokens, e.prompt_len.value, e.response_len.value),
+            format!(
+                "{}: the KV cache holds {} tokens per engine, one sequence of {} + {} tokens does not fit",
+                st.name, kv_tokens, e.prompt_len.value, e.response_len.value
+            ),
             e.response_len.span.or(st.span),
             "sequence too long for the KV cache",
             Some("fixes: larger TP, `kv_precision = fp8_blockwise`, shorter responses".into()),
@@ -978,7 +1254,10 @@ fn plan_engine(cx: &mut Ctx, st: &Stage, e: &Engine, pl: &Placed, engines: u64, 
         if fits && mc.value > sequences {
             cx.warning(
                 "E0407",
-                format!("{}: {} concurrent requests per engine asked, the KV cache holds {} sequences of {} tokens", st.name, mc.value, sequences, seq),
+                format!(
+                    "{}: {} concurrent requests per engine asked, the KV cache holds {} sequences of {} tokens",
+                    st.name, mc.value, sequences, seq
+                ),
                 mc.span.or(st.span),
                 "requests beyond this wait or are retracted",
                 Some("larger TP or fewer concurrent requests; shorter prompts with prefix caching help too".into()),
@@ -992,8 +1271,24 @@ fn plan_engine(cx: &mut Ctx, st: &Stage, e: &Engine, pl: &Placed, engines: u64, 
         capacity: g.hbm,
         usable: budget as u64,
         items: vec![
-            MemItem { name: "weights".into(), bytes: weights as u64, note: format!("{} on TP{tp}{}", p.as_str(), if dp > 1 { format!(" (DP-attention {dp})") } else { String::new() }) },
-            MemItem { name: "kv_cache".into(), bytes: kv.max(0.0) as u64, note: format!("{} tokens per engine at {} B/token/GPU", kv_tokens, per_token) },
+            MemItem {
+                name: "weights".into(),
+                bytes: weights as u64,
+                note: format!(
+                    "{} on TP{tp}{}",
+                    p.as_str(),
+                    if dp > 1 { format!(" (DP-attention {dp})") } else { String::new() }
+                ),
+            },
+            MemItem {
+                name: "kv_cache".into(),
+                bytes: kv.max(0.0) as u64,
+                note: format!(
+                    "{} tokens per engine at {} B/token/GPU",
+                    crate::render::count(kv_tokens as u64),
+                    per_token
+                ),
+            },
         ],
         total: (weights + kv.max(0.0)) as u64,
         fits,
@@ -1022,23 +1317,46 @@ fn plan_engine(cx: &mut Ctx, st: &Stage, e: &Engine, pl: &Placed, engines: u64, 
         seconds: fleet_tps,
         assumptions: vec![
             format!("{} sequences per engine decode together, average context {:.0} tokens", decode_batch, ctx_avg),
-            format!("a step reads {} of weights ({:.0}% of experts touched) + {} of KV per GPU", gb(d.dense_weight_bytes + d.expert_weight_bytes * d.experts_touched), d.experts_touched * 100.0, gb(d.kv_read_bytes)),
-            format!("{} HBM {:.1} TB/s x {:.0}%; {}", g.name, g.hbm_bandwidth / 1e12, a.decode_bandwidth_efficiency * 100.0, if compute_bound { "compute-bound" } else { "bandwidth-bound" }),
+            format!(
+                "a step reads {} of weights ({:.0}% of experts touched) + {} of KV per GPU",
+                gb(d.dense_weight_bytes + d.expert_weight_bytes * d.experts_touched),
+                d.experts_touched * 100.0,
+                gb(d.kv_read_bytes)
+            ),
+            format!(
+                "{} HBM {:.1} TB/s x {:.0}%; {}",
+                g.name,
+                g.hbm_bandwidth / 1e12,
+                a.decode_bandwidth_efficiency * 100.0,
+                if compute_bound { "compute-bound" } else { "bandwidth-bound" }
+            ),
             format!("{:.1} ms per step, {:.0} tokens/s per engine x {} engines", step_s * 1e3, engine_tps, engines),
         ],
     };
     let rollout_time = batch.filter(|_| decode_batch > 0).map(|b| {
         let samples = b.samples_per_rollout as f64;
         let gen = samples * e.response_len.value as f64;
-        let prefill = div(samples * e.prompt_len.value as f64 * 2.0 * m.active_params as f64, gpus as f64 * peak_flops(g, p) * a.train_mfu);
+        let prefill = div(
+            samples * e.prompt_len.value as f64 * 2.0 * m.active_params as f64,
+            gpus as f64 * peak_flops(g, p) * a.train_mfu,
+        );
         let waves = div(samples, (decode_batch * engines) as f64).ceil().max(1.0);
         let latency = waves * e.response_len.value as f64 * step_s;
         Estimate {
             seconds: div(gen, fleet_tps).max(latency) + prefill,
             assumptions: vec![
                 format!("{} samples x {} response tokens", b.samples_per_rollout, e.response_len.value),
-                format!("at least {} wave(s) of {} decode steps of {:.1} ms", waves, e.response_len.value, step_s * 1e3),
-                format!("prefill {:.1} s at MFU {:.0}%; every response assumed full length", prefill, a.train_mfu * 100.0),
+                format!(
+                    "at least {} wave(s) of {} decode steps of {:.1} ms",
+                    waves,
+                    e.response_len.value,
+                    step_s * 1e3
+                ),
+                format!(
+                    "prefill {:.1} s at MFU {:.0}%; every response assumed full length",
+                    prefill,
+                    a.train_mfu * 100.0
+                ),
             ],
         }
     });
@@ -1065,12 +1383,15 @@ fn plan_syncs(cx: &mut Ctx, placed: &[Placed], trains: &[TrainFacts], rollouts: 
     let a = &input.assumptions;
     let mut out = Vec::new();
     for s in &input.syncs {
-        let (Some(t), Some(r)) = (trains.iter().find(|t| t.stage == s.from), rollouts.iter().find(|r| r.stage == s.to)) else {
+        let (Some(t), Some(r)) = (trains.iter().find(|t| t.stage == s.from), rollouts.iter().find(|r| r.stage == s.to))
+        else {
             continue; // the stage graph checks name the missing end; nothing to estimate
         };
         let ri = input.stages.iter().position(|x| x.name == s.to);
         let hbm_bw = ri.and_then(|i| cx.device(&placed[i].ranges)).map_or(0.0, |g| g.hbm_bandwidth);
-        let network_bw = ri.and_then(|i| cx.device(&placed[i].ranges)).map_or(t.network_bw, |g| g.network_bandwidth.min(t.network_bw));
+        let network_bw = ri
+            .and_then(|i| cx.device(&placed[i].ranges))
+            .map_or(t.network_bw, |g| g.network_bandwidth.min(t.network_bw));
         let shape = SyncShape {
             bytes: t.params * t.precision.bytes(),
             layers: t.layers,
@@ -1096,7 +1417,8 @@ fn plan_syncs(cx: &mut Ctx, placed: &[Placed], trains: &[TrainFacts], rollouts: 
             Transport::Local => time::local(&shape),
         };
         let chosen = if colocated { Transport::Local } else { s.transport.value };
-        let others: &[Transport] = if colocated { &[] } else { &[Transport::Broadcast, Transport::P2p, Transport::DiskDelta] };
+        let others: &[Transport] =
+            if colocated { &[] } else { &[Transport::Broadcast, Transport::P2p, Transport::DiskDelta] };
         out.push(SyncReport {
             name: s.name.clone(),
             from: s.from.clone(),
@@ -1105,13 +1427,23 @@ fn plan_syncs(cx: &mut Ctx, placed: &[Placed], trains: &[TrainFacts], rollouts: 
             bucket: s.bucket.value,
             bytes: shape.bytes as u64,
             estimate: est(chosen),
-            alternatives: others.iter().filter(|&&x| x != chosen).map(|&x| TransportEstimate { transport: x, seconds: est(x).seconds }).collect(),
+            alternatives: others
+                .iter()
+                .filter(|&&x| x != chosen)
+                .map(|&x| TransportEstimate { transport: x, seconds: est(x).seconds })
+                .collect(),
         });
     }
     out
 }
 
-fn plan_step(cx: &Ctx, batch: Option<&BatchReport>, trains: &[TrainFacts], rollouts: &[RolloutReport], syncs: &[SyncReport]) -> Option<StepReport> {
+fn plan_step(
+    cx: &Ctx,
+    batch: Option<&BatchReport>,
+    trains: &[TrainFacts],
+    rollouts: &[RolloutReport],
+    syncs: &[SyncReport],
+) -> Option<StepReport> {
     let b = batch?;
     let t = trains.first()?;
     let r = rollouts.first()?;
@@ -1212,10 +1544,15 @@ fn gpu_map(cx: &Ctx, placed: &[Placed]) -> Vec<GpuSlice> {
                 }
             }
         }
-        let slice = GpuSlice { first: a, last: b - 1, first_node: cx.node_of(a), last_node: cx.node_of(b - 1), stages, role };
+        let slice =
+            GpuSlice { first: a, last: b - 1, first_node: cx.node_of(a), last_node: cx.node_of(b - 1), stages, role };
         // Merge with the previous slice when the occupants are the same (pool cuts only).
         if let Some(prev) = out.last_mut() {
-            if prev.stages == slice.stages && prev.last + 1 == slice.first && cx.pool_of(prev.first).map(|p| p.gpu.name.as_str()) == cx.pool_of(slice.first).map(|p| p.gpu.name.as_str()) {
+            if prev.stages == slice.stages
+                && prev.last + 1 == slice.first
+                && cx.pool_of(prev.first).map(|p| p.gpu.name.as_str())
+                    == cx.pool_of(slice.first).map(|p| p.gpu.name.as_str())
+            {
                 prev.last = slice.last;
                 prev.last_node = slice.last_node;
                 continue;

@@ -1,3 +1,346 @@
-use crate::output::Plan;
-pub fn render_text(_p: &Plan) -> String { String::new() }
-pub fn render_json(p: &Plan) -> String { serde_json::to_string_pretty(p).unwrap_or_default() }
+//! Text and JSON forms of a plan. The text reads like `terraform plan`: one line per stage with a
+//! symbol, then memory, the GPU map, weight sync, time, batch arithmetic, diagnostics and a
+//! summary line.
+
+use crate::input::{PlacementMode, Role, ScheduleMode};
+use crate::output::*;
+use miles_grammar::diag::Severity;
+use std::fmt::Write;
+
+pub(crate) fn gb(bytes: u64) -> String {
+    let x = bytes as f64 / 1e9;
+    if bytes > 0 && x < 0.1 {
+        format!("{:.1} MB", bytes as f64 / 1e6)
+    } else if x >= 100.0 {
+        format!("{x:.0} GB")
+    } else {
+        format!("{x:.1} GB")
+    }
+}
+
+pub(crate) fn count(n: u64) -> String {
+    let x = n as f64;
+    if n >= 10_000_000 {
+        format!("{:.0}M", x / 1e6)
+    } else if n >= 1_000_000 {
+        format!("{:.1}M", x / 1e6)
+    } else if n >= 10_000 {
+        format!("{:.0}k", x / 1e3)
+    } else {
+        n.to_string()
+    }
+}
+
+pub(crate) fn secs(s: f64) -> String {
+    if !s.is_finite() || s == 0.0 {
+        "-".into()
+    } else if s >= 100.0 {
+        format!("{s:.0} s")
+    } else if s >= 1.0 {
+        format!("{s:.1} s")
+    } else {
+        format!("{:.0} ms", s * 1e3)
+    }
+}
+
+pub(crate) fn ranges(rs: &[GpuRange]) -> String {
+    rs.iter()
+        .map(|r| if r.first == r.last { r.first.to_string() } else { format!("{}-{}", r.first, r.last) })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+pub(crate) fn role_counts(p: &Plan) -> String {
+    let mut parts: Vec<String> = p
+        .summary
+        .by_role
+        .iter()
+        .map(|r| format!("{} {}", r.gpus, r.roles.iter().map(|x| x.as_str()).collect::<Vec<_>>().join("+")))
+        .collect();
+    if p.summary.idle_gpus > 0 {
+        parts.push(format!("{} idle", p.summary.idle_gpus));
+    }
+    if parts.is_empty() {
+        "host only".into()
+    } else {
+        parts.join(", ")
+    }
+}
+
+pub(crate) fn cluster_line(p: &Plan) -> String {
+    let c = &p.cluster;
+    if c.pools.is_empty() {
+        return format!("{} (CPU only{})", c.name, c.host.as_ref().map(|h| format!(", {h}")).unwrap_or_default());
+    }
+    let pools: Vec<String> =
+        c.pools.iter().map(|q| format!("{} x {}, {} HBM each", q.nodes * q.gpus_per_node, q.gpu, gb(q.hbm))).collect();
+    format!("{} ({}; {} node{})", c.name, pools.join(" + "), c.nodes, if c.nodes == 1 { "" } else { "s" })
+}
+
+pub(crate) fn summary_line(p: &Plan) -> String {
+    let s = &p.summary;
+    format!(
+        "Plan: {} stages on {} GPUs ({}); {} error{}, {} warning{}.",
+        s.stages,
+        s.gpus,
+        role_counts(p),
+        s.errors,
+        if s.errors == 1 { "" } else { "s" },
+        s.warnings,
+        if s.warnings == 1 { "" } else { "s" }
+    )
+}
+
+/// Where a stage runs, in words.
+fn place_words(p: &Plan, s: &StagePlan) -> String {
+    match s.placed {
+        Where::Host => "host".into(),
+        _ if s.ranges.is_empty() => "-".into(),
+        _ => {
+            let first = s.ranges.first().map_or(0, |r| r.first);
+            let last = s.ranges.last().map_or(0, |r| r.last);
+            let node = |g: u64| {
+                p.gpu_map
+                    .iter()
+                    .find(|sl| sl.first <= g && g <= sl.last)
+                    .map(|sl| {
+                        sl.first_node + (g - sl.first) * (sl.last_node - sl.first_node + 1) / (sl.last - sl.first + 1)
+                    })
+                    .unwrap_or(0)
+            };
+            let (n0, n1) = (node(first), node(last));
+            let nodes = if n0 == n1 { format!("node {n0}") } else { format!("nodes {n0}-{n1}") };
+            format!("GPUs {} ({})", ranges(&s.ranges), nodes)
+        }
+    }
+}
+
+pub fn render_text(p: &Plan) -> String {
+    let mut o = String::new();
+    let _ = writeln!(o, "miles plan: {} on {}", p.recipe, cluster_line(p));
+    let _ = writeln!(
+        o,
+        "placement: {}",
+        if p.placement == PlacementMode::Colocated { "colocated" } else { "disaggregated" }
+    );
+    let _ = writeln!(o);
+
+    let w_name =
+        p.stages.iter().map(|s| s.name.len()).chain(p.syncs.iter().map(|s| s.name.len())).max().unwrap_or(4).max(8);
+    for s in &p.stages {
+        let what = [Some(s.kind.as_str()), s.model.as_deref(), s.precision.as_deref()]
+            .into_iter()
+            .flatten()
+            .collect::<Vec<_>>()
+            .join(" ");
+        let mut line = format!("  {} {:w_name$}  {:34}  {:26}", s.symbol, s.name, what, place_words(p, s));
+        if !s.layout.is_empty() {
+            line.push_str("  ");
+            line.push_str(&s.layout);
+        }
+        if !s.shares_with.is_empty() {
+            let _ = write!(line, "  (shares with {})", s.shares_with.join(", "));
+        }
+        let _ = writeln!(o, "{}", line.trim_end());
+    }
+    for s in &p.syncs {
+        let alts: Vec<String> =
+            s.alternatives.iter().map(|a| format!("{} {}", a.transport.as_str(), secs(a.seconds))).collect();
+        let _ = writeln!(
+            o,
+            "  ~ {:w_name$}  weights {} -> {}, {}, {} buckets  est. {} per update{}",
+            s.name,
+            s.from,
+            s.to,
+            s.transport.as_str(),
+            gb(s.bucket),
+            secs(s.estimate.seconds),
+            if alts.is_empty() { String::new() } else { format!(" ({})", alts.join(", ")) }
+        );
+    }
+    if let Some(st) = &p.step {
+        let _ = writeln!(
+            o,
+            "  = {:w_name$}  {}{}",
+            "schedule",
+            st.mode.as_str(),
+            p.buffer.as_ref().and_then(|b| b.max_staleness).map(|s| format!(", max staleness {s}")).unwrap_or_default()
+        );
+    }
+
+    if !p.memory.is_empty() {
+        let _ = writeln!(o, "\nMemory per rank (one GPU, or the host on a CPU-only cluster)");
+        for m in &p.memory {
+            let _ = writeln!(o, "  {} ({}: {} capacity, {} usable)", m.stage, m.device, gb(m.capacity), gb(m.usable));
+            for it in &m.items {
+                let _ = writeln!(o, "    {:16} {:>9}  {}", it.name, gb(it.bytes), it.note);
+            }
+            let verdict = if m.fits {
+                format!("fits, {} free", gb(m.usable.saturating_sub(m.total)))
+            } else if m.total > m.usable {
+                format!("DOES NOT FIT: over by {}", gb(m.total - m.usable))
+            } else {
+                "DOES NOT FIT".into()
+            };
+            let _ = writeln!(o, "    {:16} {:>9}  {}", "total", gb(m.total), verdict);
+            if let Some(off) = &m.offload {
+                let _ = writeln!(
+                    o,
+                    "    {:16} {:>9}  est. {} per optimizer step",
+                    off.mode,
+                    gb(off.bytes_per_gpu),
+                    secs(off.per_step.seconds)
+                );
+            }
+        }
+    }
+
+    if !p.rollouts.is_empty() {
+        let _ = writeln!(o, "\nRollout");
+        for r in &p.rollouts {
+            let _ = writeln!(
+                o,
+                "  {}: {} engine(s) x {} GPUs; KV cache {} tokens per engine = {} sequences{}",
+                r.stage,
+                r.engines,
+                r.gpus_per_engine,
+                count(r.kv_tokens_per_engine),
+                r.sequences_per_engine,
+                r.requested_concurrent.map(|c| format!(" (asked {c})")).unwrap_or_default()
+            );
+            let _ = writeln!(
+                o,
+                "    est. {} tokens/s at {} concurrent per engine",
+                count(r.tokens_per_s.seconds as u64),
+                r.decode_batch
+            );
+            if let Some(t) = &r.rollout_time {
+                let _ = writeln!(o, "    est. {} per rollout batch", secs(t.seconds));
+            }
+        }
+    }
+
+    if !p.gpu_map.is_empty() {
+        let _ = writeln!(o, "\nGPU map");
+        for s in &p.gpu_map {
+            let gpus =
+                if s.first == s.last { format!("GPU {}", s.first) } else { format!("GPUs {}-{}", s.first, s.last) };
+            let nodes = if s.first_node == s.last_node {
+                format!("node {}", s.first_node)
+            } else {
+                format!("nodes {}-{}", s.first_node, s.last_node)
+            };
+            let who = if s.stages.is_empty() { "(idle)".to_string() } else { s.stages.join(" + ") };
+            let _ = writeln!(o, "  {:16} {:14} {}", gpus, nodes, who);
+        }
+    }
+
+    if !p.syncs.is_empty() {
+        let _ = writeln!(o, "\nWeight sync");
+        for s in &p.syncs {
+            let _ = writeln!(
+                o,
+                "  {}: {} of weights {} -> {} by {}: est. {}",
+                s.name,
+                gb(s.bytes),
+                s.from,
+                s.to,
+                s.transport.as_str(),
+                secs(s.estimate.seconds)
+            );
+            for a in &s.estimate.assumptions {
+                let _ = writeln!(o, "    - {a}");
+            }
+        }
+    }
+
+    if let Some(st) = &p.step {
+        let _ = writeln!(o, "\nTime per step (estimates)");
+        let _ = writeln!(o, "  rollout   {:>8}", secs(st.rollout_s));
+        let _ =
+            writeln!(o, "  train     {:>8}  ({} per optimizer step)", secs(st.train_s), secs(st.train_step.seconds));
+        if st.offload_s > 0.0 {
+            let _ = writeln!(o, "  offload   {:>8}", secs(st.offload_s));
+        }
+        let _ = writeln!(o, "  sync      {:>8}", secs(st.sync_s));
+        let _ = writeln!(
+            o,
+            "  step      {:>8}  {}{}",
+            secs(st.step.seconds),
+            st.mode.as_str(),
+            if st.mode == ScheduleMode::Sync {
+                format!(" (overlapped: {})", secs(st.async_step_s))
+            } else {
+                format!(" (synchronous: {})", secs(st.sync_step_s))
+            }
+        );
+    }
+
+    if let Some(b) = &p.batch {
+        let _ = writeln!(o, "\nBatch");
+        let _ = writeln!(
+            o,
+            "  {} prompts x {} samples = {} samples = global batch {} x {} step{} per rollout{}",
+            b.rollout_batch,
+            b.samples_per_prompt,
+            b.samples_per_rollout,
+            b.global_batch,
+            b.steps_per_rollout,
+            if b.steps_per_rollout == 1 { "" } else { "s" },
+            b.derived.as_ref().map(|d| format!(" ({d} derived)")).unwrap_or_default()
+        );
+        if let Some(t) = b.tokens_per_step {
+            let _ = writeln!(o, "  {} tokens per optimizer step", count(t));
+        }
+    }
+    if let Some(b) = &p.buffer {
+        let _ = writeln!(
+            o,
+            "  buffer: up to {} groups = {} trajectories x {} tokens = {} host memory{}",
+            b.capacity_groups,
+            b.trajectories,
+            count(b.tokens_per_trajectory),
+            gb(b.bytes),
+            match b.r3_bytes_per_trajectory {
+                Some(r) => format!(" (R3 {} per trajectory)", gb(r)),
+                None => " (R3 off)".into(),
+            }
+        );
+    }
+
+    if !p.diagnostics.is_empty() {
+        let _ = writeln!(o);
+        for d in &p.diagnostics {
+            let sev = match d.severity {
+                Severity::Error => "error",
+                Severity::Warning => "warning",
+                Severity::Note => "note",
+            };
+            let _ = writeln!(o, "{sev}[{}]: {}", d.code, d.message);
+            if let Some(h) = &d.help {
+                let _ = writeln!(o, "  = help: {h}");
+            }
+        }
+    }
+    let _ = writeln!(o, "\n{}", summary_line(p));
+    o
+}
+
+/// The plan as JSON (`format_version` first).
+pub fn render_json(p: &Plan) -> String {
+    // Serialising plain structs of numbers and strings cannot fail; keep the signature total.
+    serde_json::to_string_pretty(p)
+        .unwrap_or_else(|e| format!("{{\"format_version\": {FORMAT_VERSION}, \"error\": \"{e}\"}}"))
+}
+
+pub(crate) fn role_colour(r: Option<Role>) -> &'static str {
+    match r {
+        Some(Role::Rollout) => "#3b82f6",
+        Some(Role::Train) => "#f97316",
+        Some(Role::Sft) => "#eab308",
+        Some(Role::Reward) => "#22c55e",
+        Some(Role::Eval) => "#a855f7",
+        Some(Role::Other) => "#64748b",
+        None => "#e5e7eb",
+    }
+}

@@ -53,7 +53,13 @@ pub(crate) fn broadcast(s: &SyncShape) -> Estimate {
         seconds,
         assumptions: vec![
             format!("{} of weights, {} broadcast sources (one per pipeline stage)", gb(s.bytes), s.train_pp.max(1)),
-            format!("each source sends {} at {} ({} network x {:.0}% efficiency)", gb(per_source), gbs(bw), gbs(s.network_bw), s.link_efficiency * 100.0),
+            format!(
+                "each source sends {} at {} ({} network x {:.0}% efficiency)",
+                gb(per_source),
+                gbs(bw),
+                gbs(s.network_bw),
+                s.link_efficiency * 100.0
+            ),
             format!("{:.3} s fixed per layer ({} layers; fitted to Miles Tab. 8)", s.broadcast_layer_s, s.layers),
             format!("{} buckets of {} per source", div(per_source, s.bucket).ceil(), gb(s.bucket)),
         ],
@@ -190,7 +196,11 @@ mod tests {
         ];
         for (name, got, want) in cases {
             let err = (got - want) / want;
-            assert!(err.abs() <= TABLE8_TOLERANCE, "{name}: model {got:.2} s, measured {want} s ({:+.1}%)", err * 100.0);
+            assert!(
+                err.abs() <= TABLE8_TOLERANCE,
+                "{name}: model {got:.2} s, measured {want} s ({:+.1}%)",
+                err * 100.0
+            );
         }
         // The direction the paper reports: P2P cuts the update by more than 80% on both.
         assert!(p2p(&kimi).seconds < 0.2 * broadcast(&kimi).seconds);
@@ -200,7 +210,14 @@ mod tests {
     #[test]
     fn p2p_busiest_link() {
         // 2 trainer GPUs feeding 4 engines: senders carry 2x the model; receivers 1/8.
-        let s = SyncShape { train_gpus: 2, engines: 4, gpus_per_engine: 8, p2p_layer_s: 0.0, requantize_s: 0.0, ..shape(1e9, 10, 0.0) };
+        let s = SyncShape {
+            train_gpus: 2,
+            engines: 4,
+            gpus_per_engine: 8,
+            p2p_layer_s: 0.0,
+            requantize_s: 0.0,
+            ..shape(1e9, 10, 0.0)
+        };
         // 2e9 bytes x 4 / 2 = 4e9 bytes at 40 GB/s = 0.1 s.
         assert!((p2p(&s).seconds - 0.1).abs() < 1e-12);
     }

@@ -1,0 +1,173 @@
+//! Planning time against cluster size: `cargo bench -p miles-plan --bench plan`.
+//!
+//! The worst case for the planner is a cluster listed node by node (one pool per node, as a
+//! heterogeneous inventory would be), so that is what this measures: 1k, 10k and 100k GPUs of
+//! GB300 (4 per node), GLM-5.2 rollout on half, training on the other half, p2p sync. Rendering
+//! text and JSON is timed too; HTML draws at most 4096 cells, so it is bounded separately.
+
+use miles_plan::*;
+use std::hint::black_box;
+use std::time::Instant;
+
+fn gb300() -> GpuSpec {
+    GpuSpec {
+        name: "GB300".into(),
+        arch: Arch::Blackwell,
+        hbm: 288_000_000_000,
+        hbm_bandwidth: 8e12,
+        bf16: 2.5e15,
+        fp8: Some(5e15),
+        fp4: Some(15e15),
+        scaleup_domain: 72,
+        scaleup_bandwidth: 900e9,
+        network_bandwidth: 100e9,
+        gpus_per_node: 4,
+        host_link_bandwidth: 450e9,
+        host_memory: Some(960_000_000_000),
+        disk_bandwidth: None,
+    }
+}
+
+fn glm() -> ModelSpec {
+    ModelSpec {
+        name: "GLM-5.2".into(),
+        params: 744_000_000_000,
+        active_params: 40_000_000_000,
+        layers: 78,
+        dense_layers: 3,
+        hidden_size: 6144,
+        heads: 64,
+        kv_heads: 64,
+        head_dim: 256,
+        vocab: 154_880,
+        experts: 256,
+        top_k: 8,
+        max_context: 202_752,
+        attention: Attention::Mla,
+        kv_lora_rank: Some(512),
+        qk_rope_head_dim: Some(64),
+    }
+}
+
+fn input(gpus: u64) -> PlanInput {
+    let nodes = gpus / 4;
+    let half = gpus / 2;
+    PlanInput {
+        recipe: "bench".into(),
+        cluster: Cluster {
+            name: "fleet".into(),
+            pools: (0..nodes).map(|_| NodePool { gpu: gb300(), nodes: Spanned::new(1) }).collect(),
+            host: None,
+            span: None,
+        },
+        stages: vec![
+            Stage {
+                name: "rollout".into(),
+                kind: "generate".into(),
+                role: Role::Rollout,
+                model: Some(glm()),
+                gpus: Some(Spanned::new(GpuRequest::Count(half))),
+                engine: Some(Engine {
+                    engines: None,
+                    tp: Spanned::new(8),
+                    dp: Spanned::new(1),
+                    ep: Spanned::new(1),
+                    precision: Spanned::new(Precision::Fp8Blockwise),
+                    kv_precision: None,
+                    mem_fraction: Spanned::new(0.85),
+                    max_concurrent: None,
+                    prompt_len: Spanned::new(8192),
+                    response_len: Spanned::new(24576),
+                }),
+                trainer: None,
+                span: None,
+            },
+            Stage {
+                name: "train".into(),
+                kind: "grpo".into(),
+                role: Role::Train,
+                model: Some(glm()),
+                gpus: None,
+                engine: None,
+                trainer: Some(Trainer {
+                    backend: Spanned::new(Backend::Megatron),
+                    tp: Spanned::new(2),
+                    pp: Spanned::new(4),
+                    cp: Spanned::new(4),
+                    ep: Spanned::new(8),
+                    dp: None,
+                    precision: Spanned::new(Precision::Bf16),
+                    micro_batch: Spanned::new(1),
+                    seq_len: Spanned::new(32768),
+                    recompute: Spanned::new(Recompute::Full),
+                    optimizer_offload: Spanned::new(OptimizerOffload::StreamFromDisk),
+                }),
+                span: None,
+            },
+        ],
+        graph: Graph::default(),
+        placement: Placement::default(),
+        syncs: vec![WeightSync {
+            name: "sync".into(),
+            from: "train".into(),
+            to: "rollout".into(),
+            transport: Spanned::new(Transport::P2p),
+            bucket: Spanned::new(1_000_000_000),
+            span: None,
+        }],
+        schedule: Schedule {
+            mode: Spanned::new(ScheduleMode::FullyAsync),
+            max_staleness: Some(Spanned::new(4)),
+            buffer_capacity: None,
+        },
+        batch: Batch {
+            rollout_batch: Some(Spanned::new(half / 8)),
+            samples_per_prompt: Some(Spanned::new(8)),
+            global_batch: Some(Spanned::new(half)),
+            steps_per_rollout: None,
+        },
+        r3: Spanned::new(false),
+        assumptions: Assumptions::default(),
+    }
+}
+
+/// Median of `runs` timings, in seconds.
+fn median(runs: usize, mut f: impl FnMut()) -> f64 {
+    let mut t: Vec<f64> = (0..runs)
+        .map(|_| {
+            let s = Instant::now();
+            f();
+            s.elapsed().as_secs_f64()
+        })
+        .collect();
+    t.sort_by(f64::total_cmp);
+    t[t.len() / 2]
+}
+
+fn main() {
+    println!("{:>8} {:>7} {:>12} {:>12} {:>12}", "GPUs", "pools", "plan", "text+json", "html");
+    for gpus in [1_000u64, 10_000, 100_000] {
+        let inp = input(gpus);
+        let p = plan(&inp);
+        assert_eq!(p.summary.errors, 0, "{}", render_text(&p));
+        let runs = if gpus >= 100_000 { 11 } else { 31 };
+        let tp = median(runs, || {
+            black_box(plan(black_box(&inp)));
+        });
+        let tr = median(runs, || {
+            black_box(render_text(&p));
+            black_box(render_json(&p));
+        });
+        let th = median(runs, || {
+            black_box(render_html(&p));
+        });
+        println!(
+            "{:>8} {:>7} {:>9.3} ms {:>9.3} ms {:>9.3} ms",
+            gpus,
+            inp.cluster.pools.len(),
+            tp * 1e3,
+            tr * 1e3,
+            th * 1e3
+        );
+    }
+}

@@ -1,0 +1,76 @@
+//! Data-driven plan tests: every `fixtures/*.json` is a `PlanInput`; its text and JSON plans are
+//! snapshots. Targeted assertions below pin the figures the snapshots would only show.
+
+use miles_plan::{plan, render_html, render_json, render_text, OptimizerOffload, Plan, PlanInput};
+use std::path::Path;
+
+fn load(name: &str) -> PlanInput {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(format!("{name}.json"));
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+#[test]
+fn fixtures_snapshot() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
+    let mut names: Vec<String> = std::fs::read_dir(&dir)
+        .expect("fixtures dir")
+        .filter_map(|e| e.ok()?.path().file_stem()?.to_str().map(String::from))
+        .collect();
+    names.sort();
+    assert!(names.len() >= 5, "{names:?}");
+    for name in names {
+        let p = plan(&load(&name));
+        insta::assert_snapshot!(format!("{name}.txt"), render_text(&p));
+        insta::assert_snapshot!(format!("{name}.json"), render_json(&p));
+        // Every plan renders to a page, whatever its errors.
+        assert!(render_html(&p).starts_with("<!DOCTYPE html>"));
+    }
+}
+
+fn mem(p: &Plan, stage: &str, item: &str) -> u64 {
+    let m = p.memory.iter().find(|m| m.stage == stage).expect("memory report");
+    m.items.iter().find(|i| i.name == item).map_or(0, |i| i.bytes)
+}
+
+#[test]
+fn glm5_reference_needs_optimizer_streaming() {
+    // domain.md §9: optimizer state ~279 GB per rank, beyond 288 GB HBM with weights and grads.
+    let p = plan(&load("glm5_reference_no_offload"));
+    let opt = mem(&p, "train", "optimizer");
+    assert!((278_000_000_000..=280_000_000_000).contains(&opt), "{opt}");
+    let e = p.diagnostics.iter().find(|d| d.code == "E0401").expect("E0401");
+    assert!(e.is_error());
+    assert!(e.message.contains("over by"), "{}", e.message);
+    let help = e.help.as_deref().unwrap_or("");
+    assert!(help.contains("stream_from_disk") && help.contains("GPUs for this stage"), "{help}");
+    assert!(e.primary.is_some() && !e.secondary.is_empty());
+    assert_eq!(p.summary.errors, 1);
+
+    let mut input = load("glm5_reference_no_offload");
+    input.stages[2].trainer.as_mut().expect("trainer").optimizer_offload.value = OptimizerOffload::StreamFromDisk;
+    let p = plan(&input);
+    assert_eq!(p.summary.errors, 0, "{}", render_text(&p));
+    let m = p.memory.iter().find(|m| m.stage == "train").expect("train memory");
+    assert!(m.fits && m.offload.as_ref().is_some_and(|o| o.per_step.seconds > 0.0));
+    assert_eq!(p, plan(&load("glm5_reference")));
+    assert!(render_text(&p).contains("Plan: 4 stages on 64 GPUs (32 rollout, 32 train); 0 errors, 0 warnings."));
+}
+
+#[test]
+fn invalid_layouts_report_instead_of_panicking() {
+    let p = plan(&load("invalid_layouts"));
+    let codes: Vec<&str> = p.diagnostics.iter().map(|d| d.code).collect();
+    for c in ["E0403", "E0404", "E0405"] {
+        assert!(codes.contains(&c), "{c} missing from {codes:?}");
+    }
+}
+
+#[test]
+fn json_round_trips_inputs_with_spans() {
+    let input = load("glm5_reference");
+    let back: PlanInput = serde_json::from_str(&serde_json::to_string(&input).expect("ser")).expect("de");
+    assert_eq!(input, back);
+    assert!(input.stages[0].gpus.and_then(|g| g.span).is_some());
+    assert!(render_json(&plan(&input)).contains("\"format_version\": 1"));
+}
