@@ -200,11 +200,7 @@ still runs, but probably a reference is missing.",
 reward stage where trajectories are expected. Ports: Prompts, Trajectories, Scores, Policy, \
 Metrics.",
     },
-    Code {
-        code: "E0307",
-        title: "recipe has no stages",
-        explanation: "A recipe must instantiate at least one stage.",
-    },
+    Code { code: "E0307", title: "recipe has no stages", explanation: "A recipe must instantiate at least one stage." },
     Code {
         code: "E0308",
         title: "no recipe",

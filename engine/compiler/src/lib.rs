@@ -1,0 +1,169 @@
+//! The `.miles` compiler: modules, names, types, units, constant evaluation, checks, and
+//! lowering to the `StageGraph`. Pure: it reads files only through a `FileSystem` and returns
+//! values and diagnostics.
+
+pub mod eval;
+pub mod fs;
+pub mod graph;
+pub mod num;
+pub mod program;
+pub mod recipe;
+pub mod suggest;
+pub mod types;
+pub mod value;
+
+pub use miles_grammar::diag::{Diagnostic, FileId, Severity, Span};
+pub use program::{Program, Sources};
+pub use recipe::{CompiledRecipe, Override};
+
+use eval::Eval;
+use miles_grammar::ast::{Ident, ItemKind};
+use value::ItemRef;
+
+#[derive(Clone, Debug, Default)]
+pub struct Options {
+    /// `--set key=value`, applied to every recipe compiled.
+    pub overrides: Vec<(String, String)>,
+    /// Compile only this recipe (by name) instead of every recipe in the entry files.
+    pub recipe: Option<String>,
+}
+
+pub struct Compilation {
+    pub program: Program,
+    pub diagnostics: Vec<Diagnostic>,
+    pub recipes: Vec<CompiledRecipe>,
+    /// Every resolved reference: (use span, definition span), for go-to-definition.
+    pub references: Vec<(Span, Span)>,
+}
+
+impl Compilation {
+    pub fn has_errors(&self) -> bool {
+        self.diagnostics.iter().any(|d| d.is_error())
+    }
+    pub fn recipe(&self, name: &str) -> Option<&CompiledRecipe> {
+        self.recipes.iter().find(|r| r.name == name)
+    }
+}
+
+/// Compiles the entry files and everything they import.
+pub fn compile(fs: &dyn fs::FileSystem, entries: &[String], opts: &Options) -> Compilation {
+    let mut diags = Vec::new();
+    let mut program = program::load(fs, entries, &mut diags);
+    let overrides = parse_overrides(&mut program, &opts.overrides, &mut diags);
+    let (recipes, references) = {
+        let mut ev = Eval::new(&program);
+        let mut recipes = Vec::new();
+        // Every item of the user's modules is checked; the standard library is checked where used.
+        let user_modules: Vec<u32> = (0..program.modules.len() as u32).filter(|m| !program.module(*m).is_std).collect();
+        for &m in &user_modules {
+            for (index, item) in program.module(m).ast.items.iter().enumerate() {
+                let r = ItemRef { module: m, index: index as u32 };
+                match &item.kind {
+                    ItemKind::Const(_) | ItemKind::Model(_) | ItemKind::Cluster(_) => {
+                        ev.item_value(r);
+                    }
+                    ItemKind::Schema(_) | ItemKind::Stage(_) => {
+                        for f in ev.decl_fields(r) {
+                            ev.resolve_type(m, &f.ty);
+                        }
+                        if let ItemKind::Stage(s) = &item.kind {
+                            for p in &s.ports {
+                                ev.resolve_type(m, &p.ty);
+                            }
+                        }
+                        if let ItemKind::Schema(s) = &item.kind {
+                            if let Some(i) = &s.interface {
+                                if eval::Eval::is_port_name(&i.name) {
+                                    continue;
+                                }
+                                let path = miles_grammar::ast::Path { segments: vec![i.clone()], span: i.span };
+                                let t = miles_grammar::ast::TypeExpr {
+                                    kind: miles_grammar::ast::TypeExprKind::Named(path),
+                                    span: i.span,
+                                };
+                                ev.resolve_type(m, &t);
+                            }
+                        }
+                    }
+                    _ => {}
+                }
+            }
+        }
+        let mut found = false;
+        for &m in &program.entries {
+            for (index, item) in program.module(m).ast.items.iter().enumerate() {
+                let ItemKind::Recipe(r) = &item.kind else { continue };
+                if opts.recipe.as_ref().is_some_and(|want| *want != r.name.name) {
+                    continue;
+                }
+                found = true;
+                if let Some(c) = recipe::compile_recipe(&mut ev, ItemRef { module: m, index: index as u32 }, &overrides)
+                {
+                    recipes.push(c);
+                }
+            }
+        }
+        if let (Some(want), false) = (&opts.recipe, found) {
+            let names: Vec<String> = program
+                .entries
+                .iter()
+                .flat_map(|m| program.module(*m).ast.items.iter())
+                .filter_map(|i| match &i.kind {
+                    ItemKind::Recipe(r) => Some(r.name.name.clone()),
+                    _ => None,
+                })
+                .collect();
+            let mut d = Diagnostic::error("E0308", format!("no recipe `{want}` in the given files"));
+            d = match suggest::did_you_mean(want, names.iter().map(|s| s.as_str())) {
+                Some(s) => d.with_help(format!("did you mean `{s}`?")),
+                None => {
+                    d.with_help(format!("recipes: {}", if names.is_empty() { "none".into() } else { names.join(", ") }))
+                }
+            };
+            ev.report(d);
+        }
+        diags.extend(ev.diags);
+        (recipes, ev.references)
+    };
+    sort_diagnostics(&mut diags);
+    Compilation { program, diagnostics: diags, recipes, references }
+}
+
+/// Source order, so reports read top to bottom; duplicates (same code and span) dropped.
+fn sort_diagnostics(diags: &mut Vec<Diagnostic>) {
+    diags.sort_by_key(|d| {
+        let s = d.primary.as_ref().map(|l| l.span).unwrap_or_default();
+        (s.file, s.start, s.end, d.code)
+    });
+    diags.dedup_by(|a, b| a.code == b.code && a.primary == b.primary && a.message == b.message);
+}
+
+fn parse_overrides(program: &mut Program, raw: &[(String, String)], diags: &mut Vec<Diagnostic>) -> Vec<Override> {
+    let mut out = Vec::new();
+    for (key, value) in raw {
+        // The value becomes a source file of its own, named after the key, so diagnostics
+        // about it render like any other.
+        let file = program.sources.add(format!("--set {key}"), value.clone());
+        let whole = Span::new(file, 0, value.len());
+        let (expr, ds) = miles_grammar::parse_expr(file, value);
+        diags.extend(ds);
+        let Some(expr) = expr else { continue };
+        let segments: Vec<&str> = key.split('.').collect();
+        let valid = segments.iter().all(|seg| {
+            !seg.is_empty()
+                && seg.chars().next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+                && seg.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+        });
+        if !valid {
+            diags.push(
+                Diagnostic::error("E0209", format!("`{key}` is not a field path"))
+                    .with_primary(whole, "expected `stage.field` or `setting`")
+                    .with_help("example: --set train.lr=1e-4"),
+            );
+            continue;
+        }
+        let path = segments.iter().map(|s| Ident { name: s.to_string(), span: whole }).collect();
+        out.push(Override { path, value: expr, span: whole });
+    }
+    out
+}

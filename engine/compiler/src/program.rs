@@ -1,0 +1,333 @@
+//! Loading modules: reading files through the `FileSystem`, parsing, resolving imports (cycles
+//! reported with their path) and building each module's scope.
+
+use crate::fs::{join, parent_dir, FileSystem};
+use crate::suggest::did_you_mean;
+use crate::value::ItemRef;
+use miles_grammar::ast::{ItemKind, SourceFile};
+use miles_grammar::diag::{Diagnostic, FileId, Span};
+use std::collections::HashMap;
+
+include!(concat!(env!("OUT_DIR"), "/stdlib.rs"));
+
+/// Modules every module sees without importing them, in lookup order.
+pub const PRELUDE: &[&str] = &["std/prelude", "std/stages"];
+
+#[derive(Clone, Debug)]
+pub struct SourceInfo {
+    /// The path as given (or `std/...` for the embedded standard library).
+    pub path: String,
+    pub text: String,
+}
+
+/// Every source file read while compiling, indexed by `FileId`: for rendering diagnostics.
+#[derive(Clone, Debug, Default)]
+pub struct Sources {
+    pub files: Vec<SourceInfo>,
+}
+
+impl Sources {
+    pub fn add(&mut self, path: String, text: String) -> FileId {
+        self.files.push(SourceInfo { path, text });
+        FileId(self.files.len() as u32 - 1)
+    }
+    pub fn get(&self, id: FileId) -> Option<&SourceInfo> {
+        self.files.get(id.0 as usize)
+    }
+    /// 1-based line and column of a byte offset.
+    pub fn line_col(&self, span: Span) -> (usize, usize) {
+        let Some(f) = self.get(span.file) else { return (0, 0) };
+        let at = (span.start as usize).min(f.text.len());
+        let before = &f.text[..at];
+        let line = before.matches('\n').count() + 1;
+        let col = before.rfind('\n').map(|i| at - i).unwrap_or(at + 1);
+        (line, col)
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ScopeEntry {
+    Item(ItemRef),
+    Module(u32),
+}
+
+#[derive(Debug)]
+pub struct Module {
+    /// `std/prelude` for the standard library, otherwise the normalised file path.
+    pub key: String,
+    pub file: FileId,
+    pub ast: SourceFile,
+    pub is_std: bool,
+    /// Names declared here or imported, to what they refer.
+    pub scope: HashMap<String, ScopeEntry>,
+    /// Names this module declares itself (what `import m { x }` and `m.x` can reach).
+    pub own: HashMap<String, ItemRef>,
+    pub fallbacks: Vec<u32>,
+}
+
+#[derive(Debug, Default)]
+pub struct Program {
+    pub sources: Sources,
+    pub modules: Vec<Module>,
+    /// The modules named on the command line (or opened in the editor).
+    pub entries: Vec<u32>,
+}
+
+impl Program {
+    pub fn module(&self, id: u32) -> &Module {
+        &self.modules[id as usize]
+    }
+    pub fn item(&self, r: ItemRef) -> &miles_grammar::ast::Item {
+        &self.modules[r.module as usize].ast.items[r.index as usize]
+    }
+    /// Resolves a name in a module: its own scope, then the prelude.
+    pub fn lookup(&self, module: u32, name: &str) -> Option<ScopeEntry> {
+        let m = self.module(module);
+        if let Some(e) = m.scope.get(name) {
+            return Some(*e);
+        }
+        for &f in &m.fallbacks {
+            if let Some(r) = self.module(f).own.get(name) {
+                return Some(ScopeEntry::Item(*r));
+            }
+        }
+        None
+    }
+    /// Every name visible in a module (for suggestions and completion).
+    pub fn visible_names(&self, module: u32) -> Vec<String> {
+        let m = self.module(module);
+        let mut names: Vec<String> = m.scope.keys().cloned().collect();
+        for &f in &m.fallbacks {
+            names.extend(self.module(f).own.keys().cloned());
+        }
+        names.sort();
+        names.dedup();
+        names
+    }
+    pub fn module_by_key(&self, key: &str) -> Option<u32> {
+        self.modules.iter().position(|m| m.key == key).map(|i| i as u32)
+    }
+}
+
+/// Reads, parses and links the entry files and everything they import.
+pub fn load(fs: &dyn FileSystem, entries: &[String], diags: &mut Vec<Diagnostic>) -> Program {
+    let mut loader = Loader { fs, program: Program::default(), by_key: HashMap::new(), stack: Vec::new(), diags };
+    for p in PRELUDE {
+        loader.load(p, None);
+    }
+    for e in entries {
+        let key = crate::fs::normalize(e);
+        if let Some(id) = loader.load(&key, None) {
+            loader.program.entries.push(id);
+        }
+    }
+    loader.program
+}
+
+struct Loader<'a> {
+    fs: &'a dyn FileSystem,
+    program: Program,
+    by_key: HashMap<String, u32>,
+    stack: Vec<(String, Option<Span>)>,
+    diags: &'a mut Vec<Diagnostic>,
+}
+
+pub fn stdlib_source(key: &str) -> Option<&'static str> {
+    STDLIB.iter().find(|(k, _)| *k == key).map(|(_, s)| *s)
+}
+
+/// Decodes UTF-8, replacing invalid bytes and reporting where the first one was.
+pub fn decode(bytes: Vec<u8>) -> (String, Option<usize>) {
+    match String::from_utf8(bytes) {
+        Ok(s) => (s, None),
+        Err(e) => {
+            let at = e.utf8_error().valid_up_to();
+            (String::from_utf8_lossy(e.as_bytes()).into_owned(), Some(at))
+        }
+    }
+}
+
+impl Loader<'_> {
+    fn load(&mut self, key: &str, from: Option<Span>) -> Option<u32> {
+        if let Some(pos) = self.stack.iter().position(|(k, _)| k == key) {
+            let mut path: Vec<&str> = self.stack[pos..].iter().map(|(k, _)| k.as_str()).collect();
+            path.push(key);
+            let mut d = Diagnostic::error("E0102", format!("import cycle: {}", path.join(" -> ")))
+                .with_help("move what both modules need into a third module that both import");
+            if let Some(sp) = from {
+                d = d.with_primary(sp, "this import closes the cycle");
+            }
+            for (_, sp) in self.stack[pos + 1..].iter() {
+                if let Some(sp) = sp {
+                    d = d.with_secondary(*sp, "imported here");
+                }
+            }
+            self.diags.push(d);
+            return None;
+        }
+        if let Some(&id) = self.by_key.get(key) {
+            return Some(id);
+        }
+        let is_std = key.starts_with("std/");
+        let text = if is_std {
+            match stdlib_source(key) {
+                Some(t) => t.to_string(),
+                None => {
+                    let known: Vec<&str> = STDLIB.iter().map(|(k, _)| *k).collect();
+                    let mut d = Diagnostic::error("E0101", format!("no module `{key}` in the standard library"));
+                    if let Some(sp) = from {
+                        d = d.with_primary(sp, "not found");
+                    }
+                    if let Some(s) = did_you_mean(key, known.iter().copied()) {
+                        d = d.with_help(format!("did you mean `{s}`?"));
+                        if let Some(sp) = from {
+                            d = d.with_fix(format!("replace with `{s}`"), sp, s);
+                        }
+                    } else {
+                        d = d.with_help(format!("standard modules: {}", known.join(", ")));
+                    }
+                    self.diags.push(d);
+                    return None;
+                }
+            }
+        } else {
+            match self.fs.read(key) {
+                Ok(bytes) => {
+                    let (text, bad) = decode(bytes);
+                    if let Some(at) = bad {
+                        let file = FileId(self.program.sources.files.len() as u32);
+                        self.diags.push(
+                            Diagnostic::error("E0004", "file is not valid UTF-8")
+                                .with_primary(Span::new(file, at, at), "first invalid byte here")
+                                .with_help("save the file as UTF-8"),
+                        );
+                    }
+                    text
+                }
+                Err(why) => {
+                    let mut d = Diagnostic::error("E0101", format!("cannot read module `{key}`: {why}"));
+                    if let Some(sp) = from {
+                        d = d.with_primary(sp, "imported here");
+                    }
+                    self.diags.push(
+                        d.with_help("paths are relative to the importing file; the `.miles` extension is implied"),
+                    );
+                    return None;
+                }
+            }
+        };
+        let file = self.program.sources.add(key.to_string(), text);
+        let (ast, parse_diags) = {
+            let text = &self.program.sources.files[file.0 as usize].text;
+            miles_grammar::parse(file, text)
+        };
+        self.diags.extend(parse_diags);
+        let id = self.program.modules.len() as u32;
+        let fallbacks = if is_std {
+            PRELUDE.iter().take_while(|p| **p != key).filter_map(|p| self.by_key.get(*p).copied()).collect()
+        } else {
+            PRELUDE.iter().filter_map(|p| self.by_key.get(*p).copied()).collect()
+        };
+        // Own declarations first.
+        let mut own = HashMap::new();
+        let mut scope = HashMap::new();
+        for (index, item) in ast.items.iter().enumerate() {
+            if let Some(name) = item.name() {
+                let r = ItemRef { module: id, index: index as u32 };
+                if let Some(prev) = own.get(&name.name) {
+                    let prev: &ItemRef = prev;
+                    let prev_span = ast.items[prev.index as usize].name().map(|n| n.span).unwrap_or(name.span);
+                    self.diags.push(
+                        Diagnostic::error("E0104", format!("`{}` is defined twice", name.name))
+                            .with_primary(name.span, "second definition")
+                            .with_secondary(prev_span, "first defined here")
+                            .with_help("rename one of them"),
+                    );
+                    continue;
+                }
+                own.insert(name.name.clone(), r);
+                scope.insert(name.name.clone(), ScopeEntry::Item(r));
+            }
+        }
+        self.program.modules.push(Module {
+            key: key.to_string(),
+            file,
+            ast: SourceFile::default(),
+            is_std,
+            scope,
+            own,
+            fallbacks,
+        });
+        self.by_key.insert(key.to_string(), id);
+        self.stack.push((key.to_string(), from));
+        // Imports.
+        let mut bound: Vec<(String, ScopeEntry, Span)> = Vec::new();
+        for item in &ast.items {
+            let ItemKind::Import(imp) = &item.kind else { continue };
+            let target_key = resolve_import(key, &imp.path);
+            let Some(target) = self.load(&target_key, Some(imp.path_span)) else { continue };
+            match &imp.names {
+                Some(names) => {
+                    for n in names {
+                        match self.program.modules[target as usize].own.get(&n.name) {
+                            Some(r) => bound.push((n.name.clone(), ScopeEntry::Item(*r), n.span)),
+                            None => {
+                                let own_names: Vec<String> =
+                                    self.program.modules[target as usize].own.keys().cloned().collect();
+                                let mut d =
+                                    Diagnostic::error("E0107", format!("module `{target_key}` has no `{}`", n.name))
+                                        .with_primary(n.span, "not declared there");
+                                if let Some(s) = did_you_mean(&n.name, own_names.iter().map(|s| s.as_str())) {
+                                    d = d.with_help(format!("did you mean `{s}`?")).with_fix(
+                                        format!("replace with `{s}`"),
+                                        n.span,
+                                        s,
+                                    );
+                                }
+                                self.diags.push(d);
+                            }
+                        }
+                    }
+                }
+                None => {
+                    let name = match &imp.alias {
+                        Some(a) => a.name.clone(),
+                        None => imp.path.trim_end_matches(".miles").rsplit('/').next().unwrap_or("").to_string(),
+                    };
+                    let span = imp.alias.as_ref().map(|a| a.span).unwrap_or(imp.path_span);
+                    bound.push((name, ScopeEntry::Module(target), span));
+                }
+            }
+        }
+        self.stack.pop();
+        let module = &mut self.program.modules[id as usize];
+        for (name, entry, span) in bound {
+            if let Some(existing) = module.scope.get(&name) {
+                if *existing != entry {
+                    self.diags.push(
+                        Diagnostic::error("E0104", format!("`{name}` is already defined in this module"))
+                            .with_primary(span, "imported again here")
+                            .with_help("import it under another name with `as`"),
+                    );
+                }
+                continue;
+            }
+            module.scope.insert(name, entry);
+        }
+        module.ast = ast;
+        Some(id)
+    }
+}
+
+/// The module key an import names, relative to the importing module.
+pub fn resolve_import(from_key: &str, path: &str) -> String {
+    let path = path.trim_end_matches(".miles");
+    if path.starts_with("std/") {
+        return path.to_string();
+    }
+    if from_key.starts_with("std/") {
+        // Inside the standard library every import is relative to std/.
+        return crate::fs::normalize(&join(&parent_dir(from_key), path));
+    }
+    format!("{}.miles", join(&parent_dir(from_key), path))
+}

@@ -1,0 +1,329 @@
+//! The syntax tree: plain data with a span on every node. Broken input still gives a tree:
+//! what could not be read is left out (and reported), and expressions that could not be read
+//! become `ExprKind::Error`.
+
+use crate::diag::Span;
+use serde::Serialize;
+
+#[derive(Clone, Debug, PartialEq, Serialize, Default)]
+pub struct SourceFile {
+    pub items: Vec<Item>,
+    /// Every `//` and `///` comment, in order, for the formatter and the language server.
+    pub comments: Vec<Comment>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Comment {
+    pub span: Span,
+    /// The text after `//` (or `///`).
+    pub text: String,
+    pub doc: bool,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize)]
+pub struct Ident {
+    pub name: String,
+    pub span: Span,
+}
+
+/// A doc comment: consecutive `///` lines joined with newlines.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Doc {
+    pub text: String,
+    pub span: Span,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Item {
+    pub doc: Option<Doc>,
+    pub kind: ItemKind,
+    pub span: Span,
+}
+
+impl Item {
+    /// The name the item declares (imports declare none of their own).
+    pub fn name(&self) -> Option<&Ident> {
+        match &self.kind {
+            ItemKind::Import(_) => None,
+            ItemKind::Const(c) => Some(&c.name),
+            ItemKind::Enum(e) => Some(&e.name),
+            ItemKind::Interface(i) => Some(i),
+            ItemKind::Schema(s) => Some(&s.name),
+            ItemKind::Stage(s) => Some(&s.name),
+            ItemKind::Model(b) | ItemKind::Cluster(b) => Some(&b.name),
+            ItemKind::Recipe(r) => Some(&r.name),
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub enum ItemKind {
+    Import(Import),
+    Const(Const),
+    Enum(Enum),
+    Interface(Ident),
+    Schema(Schema),
+    Stage(StageDecl),
+    Model(NamedValue),
+    Cluster(NamedValue),
+    Recipe(Recipe),
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Import {
+    /// As written, without quotes: `std/tasks/arith`, `./lib/common`.
+    pub path: String,
+    pub path_span: Span,
+    pub alias: Option<Ident>,
+    /// `import m { a, b }` binds `a` and `b` instead of `m`.
+    pub names: Option<Vec<Ident>>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Const {
+    pub name: Ident,
+    pub ty: Option<TypeExpr>,
+    pub value: Expr,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct NamedValue {
+    pub name: Ident,
+    pub value: Expr,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Enum {
+    pub name: Ident,
+    pub members: Vec<EnumMember>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct EnumMember {
+    pub doc: Option<Doc>,
+    pub name: Ident,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Schema {
+    pub name: Ident,
+    /// `schema gpu is Hardware`: the interface the schema belongs to.
+    pub interface: Option<Ident>,
+    pub fields: Vec<FieldDecl>,
+    pub checks: Vec<Check>,
+    pub body_span: Span,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct StageDecl {
+    pub name: Ident,
+    pub ports: Vec<Port>,
+    pub output: Option<TypeExpr>,
+    pub fields: Vec<FieldDecl>,
+    pub checks: Vec<Check>,
+    pub body_span: Span,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Port {
+    pub name: Ident,
+    pub ty: TypeExpr,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct FieldDecl {
+    pub doc: Option<Doc>,
+    pub name: Ident,
+    pub ty: TypeExpr,
+    /// `in 0..=2`: a range (or list) the value must lie in.
+    pub constraint: Option<Expr>,
+    pub default: Option<Expr>,
+    pub span: Span,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Check {
+    pub doc: Option<Doc>,
+    pub expr: Expr,
+    pub message: Option<StrLit>,
+    pub help: Option<StrLit>,
+    pub span: Span,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct StrLit {
+    pub value: String,
+    pub span: Span,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Recipe {
+    pub name: Ident,
+    pub extends: Option<Path>,
+    pub on: Option<Path>,
+    pub bindings: Vec<Binding>,
+    pub checks: Vec<Check>,
+    pub body_span: Span,
+}
+
+/// `name = value` in a recipe or record body; the left side may be a path (`train.lr = 1e-4`)
+/// to amend one field of an inherited binding.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Binding {
+    pub doc: Option<Doc>,
+    pub path: Path,
+    pub value: Expr,
+    pub span: Span,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Path {
+    pub segments: Vec<Ident>,
+    pub span: Span,
+}
+
+impl Path {
+    pub fn dotted(&self) -> String {
+        self.segments.iter().map(|s| s.name.as_str()).collect::<Vec<_>>().join(".")
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct TypeExpr {
+    pub kind: TypeExprKind,
+    pub span: Span,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub enum TypeExprKind {
+    /// `Int`, `Bytes`, `hardware.Arch`.
+    Named(Path),
+    /// `List[Int]`, `Map[String, Float]`.
+    Generic(Ident, Vec<TypeExpr>),
+    /// `T?`: the value may be `none`.
+    Optional(Box<TypeExpr>),
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Expr {
+    pub kind: ExprKind,
+    pub span: Span,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub enum BinOp {
+    Or,
+    And,
+    Eq,
+    Ne,
+    Lt,
+    Le,
+    Gt,
+    Ge,
+    In,
+    Is,
+    Add,
+    Sub,
+    Mul,
+    Div,
+    Rem,
+}
+
+impl BinOp {
+    pub fn symbol(self) -> &'static str {
+        match self {
+            BinOp::Or => "or",
+            BinOp::And => "and",
+            BinOp::Eq => "==",
+            BinOp::Ne => "!=",
+            BinOp::Lt => "<",
+            BinOp::Le => "<=",
+            BinOp::Gt => ">",
+            BinOp::Ge => ">=",
+            BinOp::In => "in",
+            BinOp::Is => "is",
+            BinOp::Add => "+",
+            BinOp::Sub => "-",
+            BinOp::Mul => "*",
+            BinOp::Div => "/",
+            BinOp::Rem => "%",
+        }
+    }
+    /// Binding power: higher binds tighter.
+    pub fn precedence(self) -> u8 {
+        match self {
+            BinOp::Or => 1,
+            BinOp::And => 2,
+            BinOp::Eq | BinOp::Ne | BinOp::Lt | BinOp::Le | BinOp::Gt | BinOp::Ge | BinOp::In | BinOp::Is => 3,
+            BinOp::Add | BinOp::Sub => 4,
+            BinOp::Mul | BinOp::Div | BinOp::Rem => 5,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub enum UnOp {
+    Neg,
+    Not,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub enum ExprKind {
+    /// A number as written (`32`, `1_000`, `4.02e9`, `8k`); the compiler reads it exactly.
+    Number(String),
+    /// `512.MB`: the number as written and the unit.
+    Quantity {
+        number: String,
+        unit: String,
+        unit_span: Span,
+    },
+    Str(String),
+    Bool(bool),
+    None,
+    List(Vec<Expr>),
+    Map(Vec<(StrLit, Expr)>),
+    Name(Ident),
+    Field(Box<Expr>, Ident),
+    Call {
+        callee: Box<Expr>,
+        args: Vec<Arg>,
+        args_span: Span,
+    },
+    /// `callee { field = value, ... }`: a record of a schema, or a stage instance's settings.
+    Record {
+        base: Box<Expr>,
+        fields: Vec<Binding>,
+        body_span: Span,
+    },
+    Binary {
+        op: BinOp,
+        op_span: Span,
+        lhs: Box<Expr>,
+        rhs: Box<Expr>,
+    },
+    Unary {
+        op: UnOp,
+        expr: Box<Expr>,
+    },
+    If {
+        cond: Box<Expr>,
+        then: Box<Expr>,
+        otherwise: Box<Expr>,
+    },
+    Range {
+        start: Option<Box<Expr>>,
+        end: Option<Box<Expr>>,
+        inclusive: bool,
+    },
+    Paren(Box<Expr>),
+    /// Something that could not be read; already reported.
+    Error,
+}
+
+/// A call argument; `train -> rollout` (weight sync) is an argument with an arrow target.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Arg {
+    pub value: Expr,
+    pub arrow_to: Option<Expr>,
+    pub span: Span,
+}

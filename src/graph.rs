@@ -1,0 +1,68 @@
+//! `miles graph FILE --format mermaid|dot|json`: the lowered stage graph of a recipe.
+
+use crate::diagnostics::{emit, summary};
+use crate::files::DiskFs;
+use crate::DiagFormat;
+use miles_compiler::{compile, Options};
+
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+pub enum GraphFormat {
+    Mermaid,
+    Dot,
+    Json,
+}
+
+#[derive(clap::Args)]
+pub struct Args {
+    pub file: String,
+    /// Which recipe, when the file has several.
+    #[arg(long)]
+    pub recipe: Option<String>,
+    #[arg(long, value_enum, default_value = "mermaid")]
+    pub format: GraphFormat,
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    pub set: Vec<String>,
+}
+
+pub fn run(args: Args) -> u8 {
+    let overrides = match crate::check::parse_sets(&args.set) {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return 2;
+        }
+    };
+    let c = compile(&DiskFs, std::slice::from_ref(&args.file), &Options { overrides, recipe: args.recipe.clone() });
+    let (errors, _) = summary(&c.diagnostics);
+    if errors > 0 {
+        emit(&c.program.sources, &c.diagnostics, DiagFormat::Auto);
+        return 1;
+    }
+    let recipe = match c.recipes.as_slice() {
+        [one] => one,
+        [] => {
+            eprintln!("error[E0308]: {} declares no recipe", args.file);
+            return 1;
+        }
+        many => {
+            let names: Vec<&str> = many.iter().map(|r| r.name.as_str()).collect();
+            eprintln!(
+                "error[E0308]: {} declares several recipes ({}); pick one with --recipe NAME",
+                args.file,
+                names.join(", ")
+            );
+            return 1;
+        }
+    };
+    match args.format {
+        GraphFormat::Mermaid => print!("{}", recipe.graph.to_mermaid()),
+        GraphFormat::Dot => print!("{}", recipe.graph.to_dot()),
+        GraphFormat::Json => {
+            let mut j = recipe.graph.to_json();
+            j["format_version"] = serde_json::json!(1);
+            j["recipe"] = serde_json::json!(recipe.name);
+            println!("{}", serde_json::to_string_pretty(&j).unwrap_or_default())
+        }
+    }
+    0
+}

@@ -1,0 +1,50 @@
+//! `miles`: check, graph, plan and run `.miles` recipes. One module per verb.
+
+mod check;
+mod diagnostics;
+mod explain;
+mod files;
+mod graph;
+
+use clap::{Parser, Subcommand};
+use std::process::ExitCode;
+
+#[derive(Parser)]
+#[command(
+    name = "miles",
+    version,
+    about = "Typed recipes for reinforcement-learning post-training: check, plan and run"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum DiagFormat {
+    /// Graphical on a terminal, plain text otherwise.
+    Auto,
+    Graphical,
+    Plain,
+    Json,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Check recipes and modules: every mistake that can be known before a GPU is allocated.
+    Check(check::Args),
+    /// Print a recipe's stage graph as Mermaid, DOT or JSON.
+    Graph(graph::Args),
+    /// Explain an error code (`miles explain E0301`); with no code, list them all.
+    Explain(explain::Args),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let code = match cli.command {
+        Command::Check(a) => check::run(a),
+        Command::Graph(a) => graph::run(a),
+        Command::Explain(a) => explain::run(a),
+    };
+    ExitCode::from(code)
+}
