@@ -121,9 +121,9 @@ fn input(gpus: u64) -> PlanInput {
             buffer_capacity: None,
         },
         batch: Batch {
-            rollout_batch: Some(Spanned::new(half / 8)),
+            rollout_batch: Some(Spanned::new(64)),
             samples_per_prompt: Some(Spanned::new(8)),
-            global_batch: Some(Spanned::new(half)),
+            global_batch: Some(Spanned::new(512)),
             steps_per_rollout: None,
         },
         r3: Spanned::new(false),

@@ -384,13 +384,17 @@ pub enum Backend {
 pub enum Recompute {
     Full,
     Selective,
-    None,
+    /// `off` in std/prelude's `Recompute`.
+    #[serde(alias = "none")]
+    Off,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum OptimizerOffload {
-    None,
+    /// `on_gpu` in std/prelude's `OptimizerOffload`.
+    #[serde(alias = "none")]
+    OnGpu,
     Cpu,
     StreamFromDisk,
 }

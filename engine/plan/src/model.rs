@@ -148,7 +148,7 @@ pub(crate) fn state_bytes(m: &ModelSpec, l: &Layout) -> StateBytes {
 /// also makes `selective` (the paper's recomputation of exactly that term) equal to `none`.
 pub(crate) fn layer_activation_bytes(s: f64, b: f64, h: f64, tp: f64, recompute: Recompute) -> f64 {
     match recompute {
-        Recompute::None | Recompute::Selective => div(34.0 * s * b * h, tp),
+        Recompute::Off | Recompute::Selective => div(34.0 * s * b * h, tp),
         // Only the layer's input is kept (2 bytes per element, split by sequence parallelism).
         Recompute::Full => div(2.0 * s * b * h, tp),
     }
@@ -172,7 +172,7 @@ pub(crate) fn activation_bytes(
     let per_layer = layer_activation_bytes(s, b, h, tp, recompute);
     let mut total = per_layer * layers_per_stage * in_flight;
     if recompute == Recompute::Full {
-        total += layer_activation_bytes(s, b, h, tp, Recompute::None);
+        total += layer_activation_bytes(s, b, h, tp, Recompute::Off);
     }
     let logits = div(s * b * m.vocab as f64 * 4.0, tp);
     total + logits
@@ -321,7 +321,7 @@ mod tests {
     #[test]
     fn activations_by_recompute() {
         // s = 8192 / 2 (CP2), b = 1, h = 4096, t = 2: 34 s b h / t = 34 x 4096 x 4096 / 2.
-        assert_eq!(layer_activation_bytes(4096.0, 1.0, 4096.0, 2.0, Recompute::None), 285_212_672.0);
+        assert_eq!(layer_activation_bytes(4096.0, 1.0, 4096.0, 2.0, Recompute::Off), 285_212_672.0);
         assert_eq!(layer_activation_bytes(4096.0, 1.0, 4096.0, 2.0, Recompute::Full), 16_777_216.0);
         let m = llama8b();
         let l = layout(Backend::Megatron, 2, 4, 2, 1, 1);

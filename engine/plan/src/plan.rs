@@ -50,8 +50,9 @@ impl<'a> Ctx<'a> {
     }
 
     fn pool_of(&self, gpu: u64) -> Option<&Pool<'a>> {
-        // Pools are few; a linear scan keeps this simple.
-        self.pools.iter().find(|p| gpu >= p.first_gpu && gpu < p.first_gpu + p.gpus)
+        // Pools are sorted by first GPU; binary search keeps node-by-node clusters linear overall.
+        let i = self.pools.partition_point(|p| p.first_gpu + p.gpus <= gpu);
+        self.pools.get(i).filter(|p| gpu >= p.first_gpu && gpu < p.first_gpu + p.gpus)
     }
 
     fn node_of(&self, gpu: u64) -> u64 {
@@ -780,7 +781,7 @@ struct TrainMem {
 
 impl TrainMem {
     fn on_gpu(&self, offload: OptimizerOffload) -> f64 {
-        let opt = if offload == OptimizerOffload::None { self.optimizer } else { 0.0 };
+        let opt = if offload == OptimizerOffload::OnGpu { self.optimizer } else { 0.0 };
         let buf = if offload == OptimizerOffload::StreamFromDisk { self.stream_buffer } else { 0.0 };
         self.weights + self.gradients + opt + self.activations + buf
     }
@@ -899,7 +900,7 @@ fn plan_trainer(
         }
     };
     let offload_report = match offload {
-        OptimizerOffload::None => None,
+        OptimizerOffload::OnGpu => None,
         OptimizerOffload::StreamFromDisk => Some(OffloadReport {
             mode: "stream_from_disk".into(),
             bytes_per_gpu: mem.optimizer as u64,
@@ -937,7 +938,7 @@ fn plan_trainer(
     };
 
     let opt_note = match offload {
-        OptimizerOffload::None => format!(
+        OptimizerOffload::OnGpu => format!(
             "FP32 master + 2 Adam moments, {} B/param, sharded over {} ranks",
             model::optimizer_bytes_per_param(l.precision),
             optimizer_shards(&l)
@@ -954,7 +955,7 @@ fn plan_trainer(
         MemItem { name: "gradients".into(), bytes: mem.gradients as u64, note: "FP32 accumulation buffer".into() },
         MemItem {
             name: "optimizer".into(),
-            bytes: if offload == OptimizerOffload::None { mem.optimizer as u64 } else { 0 },
+            bytes: if offload == OptimizerOffload::OnGpu { mem.optimizer as u64 } else { 0 },
             note: opt_note,
         },
         MemItem {
@@ -996,7 +997,7 @@ fn plan_trainer(
         if let Some(sp) = st.span {
             d = d.with_primary(sp, format!("needs {} per GPU", gb(total)));
         }
-        if offload == OptimizerOffload::None {
+        if offload == OptimizerOffload::OnGpu {
             if let Some(sp) = t.optimizer_offload.span {
                 d = d.with_secondary(sp, format!("optimizer state ({}) stays in HBM", gb(mem.optimizer)));
             }
@@ -1078,7 +1079,7 @@ fn recompute_name(r: Recompute) -> &'static str {
     match r {
         Recompute::Full => "full",
         Recompute::Selective => "selective",
-        Recompute::None => "none",
+        Recompute::Off => "off",
     }
 }
 
@@ -1123,7 +1124,7 @@ fn train_fixes(
             cpu_cost(mem.optimizer).seconds
         ));
     }
-    if l.backend != Backend::Embedded && (offload == OptimizerOffload::None || l.backend == Backend::Fsdp) {
+    if l.backend != Backend::Embedded && (offload == OptimizerOffload::OnGpu || l.backend == Backend::Fsdp) {
         // More data-parallel replicas shard the optimizer state (and, under FSDP, everything).
         for k in [2u64, 4, 8, 16] {
             let l2 = Layout { dp: l.dp * k, ..*l };

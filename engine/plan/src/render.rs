@@ -72,8 +72,15 @@ pub(crate) fn cluster_line(p: &Plan) -> String {
     if c.pools.is_empty() {
         return format!("{} (CPU only{})", c.name, c.host.as_ref().map(|h| format!(", {h}")).unwrap_or_default());
     }
-    let pools: Vec<String> =
-        c.pools.iter().map(|q| format!("{} x {}, {} HBM each", q.nodes * q.gpus_per_node, q.gpu, gb(q.hbm))).collect();
+    // Pools of the same GPU kind print once (a cluster listed node by node stays one line).
+    let mut kinds: Vec<(&str, u64, u64)> = Vec::new();
+    for q in &c.pools {
+        match kinds.iter_mut().find(|k| k.0 == q.gpu) {
+            Some(k) => k.1 += q.nodes * q.gpus_per_node,
+            None => kinds.push((q.gpu.as_str(), q.nodes * q.gpus_per_node, q.hbm)),
+        }
+    }
+    let pools: Vec<String> = kinds.iter().map(|(g, n, hbm)| format!("{n} x {g}, {} HBM each", gb(*hbm))).collect();
     format!("{} ({}; {} node{})", c.name, pools.join(" + "), c.nodes, if c.nodes == 1 { "" } else { "s" })
 }
 
