@@ -144,6 +144,8 @@ pub struct FieldDecl {
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Check {
     pub doc: Option<Doc>,
+    /// `warn` instead of `check`: a failure is a warning, not an error.
+    pub warn: bool,
     pub expr: Expr,
     pub message: Option<StrLit>,
     pub help: Option<StrLit>,

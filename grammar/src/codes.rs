@@ -170,6 +170,13 @@ in your own modules; the diagnostic names the rule and where it is defined, and 
 values of the fields it relates.",
     },
     Code {
+        code: "E0309",
+        title: "rule warning",
+        explanation: "A `warn` rule evaluated to false. Like a `check`, but the recipe is still \
+valid: the rule points at something likely to cost time or memory (uneven pipeline stages, a \
+TP group spanning NVLink domains). `--deny-warnings` turns it into a failure.",
+    },
+    Code {
         code: "E0302",
         title: "check is not a boolean",
         explanation: "A `check` expression must evaluate to true or false.",

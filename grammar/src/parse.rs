@@ -453,8 +453,10 @@ impl<'s> Builder<'s> {
         let mut message = None;
         let mut help = None;
         let mut last = Rule::kw_check;
+        let mut warn = false;
         for r in rest {
             match r.as_rule() {
+                Rule::kw_warn => warn = true,
                 Rule::kw_else | Rule::kw_help => last = r.as_rule(),
                 Rule::expr => expr = self.expr(r),
                 Rule::string => {
@@ -468,7 +470,7 @@ impl<'s> Builder<'s> {
                 _ => {}
             }
         }
-        Check { doc, expr, message, help, span }
+        Check { doc, warn, expr, message, help, span }
     }
 
     fn path(&self, p: Pair<'_, Rule>) -> Path {

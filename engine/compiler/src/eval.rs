@@ -807,7 +807,11 @@ impl<'p> Eval<'p> {
                 let message =
                     check.message.as_ref().map(|m| m.value.clone()).unwrap_or_else(|| "check failed".to_string());
                 let shown = self.explain_values(&check.expr, env);
-                let mut d = Diagnostic::error("E0301", message).with_primary(primary, "this check fails here");
+                let mut d = if check.warn {
+                    Diagnostic::warning("E0309", message).with_primary(primary, "this rule warns here")
+                } else {
+                    Diagnostic::error("E0301", message).with_primary(primary, "this check fails here")
+                };
                 for (sp, msg) in labels {
                     d = d.with_secondary(*sp, msg.clone());
                 }
@@ -1682,6 +1686,10 @@ impl<'p> Eval<'p> {
                 if args.len() != 1 {
                     return arity_err(self, "one argument");
                 }
+                if !self.inputs_complete(&args[0].0, 0) {
+                    // An input upstream failed to resolve and was reported already.
+                    return None;
+                }
                 self.model_of(args[0].0.clone(), 0).or_else(|| {
                     self.report(
                         Diagnostic::error("E0201", "cannot tell which model this stage runs")
@@ -1693,6 +1701,17 @@ impl<'p> Eval<'p> {
             }
             _ => None,
         }
+    }
+
+    /// Whether every stage upstream of `v` got all its inputs (none failed to resolve).
+    fn inputs_complete(&self, v: &Value, depth: u32) -> bool {
+        let Value::Stage(n) = v else { return true };
+        let Some(r) = &self.recipe else { return true };
+        let Some(&i) = r.by_name.get(n) else { return true };
+        if depth > 64 || r.instances[i].args.len() < self.port_names(r.instances[i].kind).len() {
+            return depth > 64;
+        }
+        r.instances[i].args.iter().all(|(_, a, _)| self.inputs_complete(a, depth + 1))
     }
 
     /// The model a stage ultimately runs: follows Policy / Trajectories inputs upstream.
@@ -1830,6 +1849,11 @@ fn is_path(e: &Expr) -> bool {
     match &e.kind {
         ExprKind::Name(_) => true,
         ExprKind::Field(b, _) => is_path(b),
+        // `model_of(rollout).layers`: a builtin applied to paths reads like a path.
+        ExprKind::Call { callee, args, .. } => {
+            matches!(&callee.kind, ExprKind::Name(_))
+                && args.iter().all(|a| is_path(&a.value) || matches!(a.value.kind, ExprKind::Str(_)))
+        }
         _ => false,
     }
 }
@@ -1838,6 +1862,11 @@ pub fn expr_text(e: &Expr) -> String {
     match &e.kind {
         ExprKind::Name(id) => id.name.clone(),
         ExprKind::Field(b, f) => format!("{}.{}", expr_text(b), f.name),
+        ExprKind::Call { callee, args, .. } => {
+            let args: Vec<String> = args.iter().map(|a| expr_text(&a.value)).collect();
+            format!("{}({})", expr_text(callee), args.join(", "))
+        }
+        ExprKind::Str(s) => format!("{s:?}"),
         _ => "…".into(),
     }
 }

@@ -1,0 +1,19 @@
+# The two commands of the README. Each does its own set-up on a fresh machine.
+#   make run   - train the laptop GRPO recipe end to end (the main job)
+#   make test  - the whole test suite (what .ci/run calls)
+
+CARGO ?= cargo
+
+.PHONY: run test setup setup-test
+
+setup:
+	bash scripts/setup-libtorch.sh
+
+setup-test: setup
+	bash scripts/setup-test-deps.sh
+
+run: setup
+	$(CARGO) run --release --locked -- run recipes/grpo-arith.miles --out runs/grpo-arith
+
+test: setup-test
+	$(CARGO) test --workspace --locked
