@@ -38,21 +38,9 @@ pub fn run(args: Args) -> u8 {
         emit(&c.program.sources, &c.diagnostics, DiagFormat::Auto);
         return 1;
     }
-    let recipe = match c.recipes.as_slice() {
-        [one] => one,
-        [] => {
-            eprintln!("error[E0308]: {} declares no recipe", args.file);
-            return 1;
-        }
-        many => {
-            let names: Vec<&str> = many.iter().map(|r| r.name.as_str()).collect();
-            eprintln!(
-                "error[E0308]: {} declares several recipes ({}); pick one with --recipe NAME",
-                args.file,
-                names.join(", ")
-            );
-            return 1;
-        }
+    let recipe = match pick_recipe(&c, &args.file) {
+        Ok(r) => r,
+        Err(code) => return code,
     };
     match args.format {
         GraphFormat::Mermaid => print!("{}", recipe.graph.to_mermaid()),
@@ -65,4 +53,26 @@ pub fn run(args: Args) -> u8 {
         }
     }
     0
+}
+
+/// The one recipe a command works on: the only one compiled, or an error naming the choices.
+pub fn pick_recipe<'c>(
+    c: &'c miles_compiler::Compilation,
+    file: &str,
+) -> Result<&'c miles_compiler::CompiledRecipe, u8> {
+    match c.recipes.as_slice() {
+        [one] => Ok(one),
+        [] => {
+            eprintln!("error[E0308]: {file} declares no recipe");
+            Err(1)
+        }
+        many => {
+            let names: Vec<&str> = many.iter().map(|r| r.name.as_str()).collect();
+            eprintln!(
+                "error[E0308]: {file} declares several recipes ({}); pick one with --recipe NAME",
+                names.join(", ")
+            );
+            Err(1)
+        }
+    }
 }

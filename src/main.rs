@@ -5,6 +5,8 @@ mod diagnostics;
 mod explain;
 mod files;
 mod graph;
+mod plan;
+mod planfile;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
@@ -35,6 +37,8 @@ enum Command {
     Check(check::Args),
     /// Print a recipe's stage graph as Mermaid, DOT or JSON.
     Graph(graph::Args),
+    /// A dry run: placement, memory per rank, weight-sync and step time, every infeasibility.
+    Plan(plan::Args),
     /// Explain an error code (`miles explain E0301`); with no code, list them all.
     Explain(explain::Args),
 }
@@ -45,6 +49,7 @@ fn main() -> ExitCode {
         Command::Check(a) => check::run(a),
         Command::Graph(a) => graph::run(a),
         Command::Explain(a) => explain::run(a),
+        Command::Plan(a) => plan::run(a),
     };
     ExitCode::from(code)
 }

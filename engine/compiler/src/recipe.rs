@@ -19,6 +19,8 @@ pub struct CompiledRecipe {
     pub item: ItemRef,
     /// The `recipe_settings` record: schedule, placement, stop, seed, cluster, ...
     pub settings: Value,
+    /// The cluster's name as the recipe gives it (`on fleet`); `local` when absent.
+    pub cluster_name: String,
     pub graph: StageGraph,
 }
 
@@ -434,7 +436,8 @@ pub fn compile_recipe(ev: &mut Eval, r: ItemRef, overrides: &[Override]) -> Opti
     graph_checks(ev, &graph);
     let settings = settings?;
     ev.recipe = None;
-    Some(CompiledRecipe { name: recipe_name.name, span: recipe_span, item: r, settings, graph })
+    let cluster_name = g.on.as_ref().map(|(p, _)| p.dotted()).unwrap_or_else(|| "local".to_string());
+    Some(CompiledRecipe { name: recipe_name.name, span: recipe_span, item: r, settings, cluster_name, graph })
 }
 
 fn dotted(path: &[Ident]) -> String {

@@ -5,6 +5,7 @@
 //! [`plan`] turns that into a [`Plan`]; `render_text`, `render_json` and `render_html` print it.
 //! Every formula is in docs/plan.md.
 
+pub mod from_recipe;
 mod html;
 pub mod input;
 mod model;
@@ -13,8 +14,9 @@ mod plan;
 mod render;
 pub mod time;
 
+pub use from_recipe::plan_input;
 pub use html::render_html;
 pub use input::*;
 pub use output::*;
 pub use plan::plan;
-pub use render::{render_json, render_text};
+pub use render::{render_diagnostics, render_json, render_sections, render_text, summary_line};

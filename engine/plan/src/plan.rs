@@ -179,15 +179,19 @@ pub fn plan(input: &PlanInput) -> Plan {
         if let Some(t) = &st.trainer {
             let gpus = if pl.placed == Where::Host { 1 } else { range_count(&pl.ranges) };
             let dp = t.dp.map(|d| d.value).unwrap_or_else(|| gpus / trainer_unit(t).max(1));
-            layout = format!(
-                "{} TP{} PP{} CP{} EP{} DP{}",
-                backend_name(t.backend.value),
-                t.tp.value,
-                t.pp.value,
-                t.cp.value,
-                t.ep.value,
-                dp
-            );
+            layout = if t.backend.value == Backend::Embedded {
+                "embedded trainer".to_string()
+            } else {
+                format!(
+                    "{} TP{} PP{} CP{} EP{} DP{}",
+                    backend_name(t.backend.value),
+                    t.tp.value,
+                    t.pp.value,
+                    t.cp.value,
+                    t.ep.value,
+                    dp
+                )
+            };
             if !pl.error {
                 if let Some(f) = plan_trainer(&mut cx, st, t, pl, dp, batch.as_ref(), &mut memory) {
                     train_facts.push(f);
@@ -197,7 +201,12 @@ pub fn plan(input: &PlanInput) -> Plan {
         if let Some(e) = &st.engine {
             let gpus = range_count(&pl.ranges);
             let engines = e.engines.map(|n| n.value).unwrap_or_else(|| gpus / e.tp.value.max(1));
-            layout = format!("{} engine{} x TP{}", engines, if engines == 1 { "" } else { "s" }, e.tp.value);
+            layout = if pl.placed == Where::Host {
+                // On a CPU-only host the embedded engine runs in the trainer's process.
+                "embedded engine".to_string()
+            } else {
+                format!("{} engine{} x TP{}", engines, if engines == 1 { "" } else { "s" }, e.tp.value)
+            };
             if e.dp.value > 1 {
                 layout.push_str(&format!(" DP{}", e.dp.value));
             }
@@ -922,7 +931,7 @@ fn plan_trainer(
                         t.optimizer_offload.span.or(st.span),
                         "offloaded here",
                         Some(
-                            "use `optimizer_offload = stream_from_disk`, or more GPUs to shard the state further"
+                            "use `optimizer = adam { state = stream_from_disk }`, or more GPUs to shard the state further"
                                 .into(),
                         ),
                     );
@@ -1108,7 +1117,7 @@ fn train_fixes(
     if offload != OptimizerOffload::StreamFromDisk {
         let x = mem.on_gpu(OptimizerOffload::StreamFromDisk);
         fixes.push(format!(
-            "`optimizer_offload = stream_from_disk`: {} per GPU ({}), est. +{:.1} s per step",
+            "`optimizer = adam {{ state = stream_from_disk }}`: {} per GPU ({}), est. +{:.1} s per step",
             gb(x),
             verdict(x),
             stream_cost(mem.optimizer).seconds
@@ -1117,7 +1126,7 @@ fn train_fixes(
     if offload != OptimizerOffload::Cpu {
         let x = mem.on_gpu(OptimizerOffload::Cpu);
         fixes.push(format!(
-            "`optimizer_offload = cpu`: {} per GPU ({}), needs {} host memory per GPU, est. +{:.1} s per step",
+            "`optimizer = adam {{ state = cpu }}`: {} per GPU ({}), needs {} host memory per GPU, est. +{:.1} s per step",
             gb(x),
             verdict(x),
             gb(mem.optimizer),

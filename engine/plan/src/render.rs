@@ -84,7 +84,7 @@ pub(crate) fn cluster_line(p: &Plan) -> String {
     format!("{} ({}; {} node{})", c.name, pools.join(" + "), c.nodes, if c.nodes == 1 { "" } else { "s" })
 }
 
-pub(crate) fn summary_line(p: &Plan) -> String {
+pub fn summary_line(p: &Plan) -> String {
     let s = &p.summary;
     format!(
         "Plan: {} stages on {} GPUs ({}); {} error{}, {} warning{}.",
@@ -122,7 +122,17 @@ fn place_words(p: &Plan, s: &StagePlan) -> String {
     }
 }
 
+/// The whole plan as text: [`render_sections`], the findings, and the summary line.
 pub fn render_text(p: &Plan) -> String {
+    let mut o = render_sections(p);
+    o.push_str(&render_diagnostics(p));
+    let _ = writeln!(o, "\n{}", summary_line(p));
+    o
+}
+
+/// Everything but the findings and the summary line (a caller with the sources at hand renders
+/// the findings with their source lines).
+pub fn render_sections(p: &Plan) -> String {
     let mut o = String::new();
     let _ = writeln!(o, "miles plan: {} on {}", p.recipe, cluster_line(p));
     let _ = writeln!(
@@ -315,6 +325,12 @@ pub fn render_text(p: &Plan) -> String {
         );
     }
 
+    o
+}
+
+/// The plan's findings as brief text lines (`error[E0401]: ...` and help).
+pub fn render_diagnostics(p: &Plan) -> String {
+    let mut o = String::new();
     if !p.diagnostics.is_empty() {
         let _ = writeln!(o);
         for d in &p.diagnostics {
@@ -329,7 +345,6 @@ pub fn render_text(p: &Plan) -> String {
             }
         }
     }
-    let _ = writeln!(o, "\n{}", summary_line(p));
     o
 }
 

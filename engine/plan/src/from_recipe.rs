@@ -1,0 +1,469 @@
+//! From a compiled recipe to the planner's input: reads the resolved stage graph and the
+//! catalog records (`schema gpu`, `schema llm`, `schema transformer`, ...) field by field.
+//!
+//! The recipe has already passed the compiler's checks, so a missing or mistyped field here is
+//! a bug in this mapping, not in the recipe; such a field falls back to `None`/a default and the
+//! planner reports what it cannot plan.
+
+use crate::input::*;
+use miles_compiler::graph::{ChannelKind, StageGraph, StageNode};
+use miles_compiler::num::Q;
+use miles_compiler::value::{Record, Value};
+use miles_compiler::CompiledRecipe;
+use miles_grammar::diag::Span;
+use std::collections::HashMap;
+
+/// Builds the planner's input for one compiled recipe.
+pub fn plan_input(recipe: &CompiledRecipe) -> PlanInput {
+    let settings = recipe.settings.as_record();
+    let g = &recipe.graph;
+    let cluster = settings.and_then(|s| s.get("cluster")).and_then(Value::as_record);
+    let cluster = cluster_of(&recipe.cluster_name, cluster);
+    let mut stages = Vec::new();
+    let mut syncs = Vec::new();
+    let mut batch = Batch::default();
+    let mut r3 = Spanned::new(false);
+    for node in g.nodes() {
+        if node.kind == "weights" {
+            syncs.push(sync_of(node));
+            continue;
+        }
+        let role = role_of(node);
+        let model = model_of(g, node, 0).and_then(|m| model_spec(&m));
+        let mut stage = Stage {
+            name: node.name.clone(),
+            kind: node.kind.clone(),
+            role,
+            model,
+            gpus: None,
+            engine: None,
+            trainer: None,
+            span: Some(node.name_span),
+        };
+        if role == Role::Rollout || role == Role::Eval {
+            if let Some(engine) = rec(node, "engine") {
+                if engine.schema_name == "sglang" {
+                    stage.gpus = int_of(engine, "gpus").map(|(v, s)| spanned(GpuRequest::Count(v), s));
+                }
+                let (prompt, response) = lengths(g, node);
+                stage.engine = Some(engine_of(engine, prompt, response));
+            }
+            if let Some((v, s)) = param_bool(node, "routing_replay") {
+                if v {
+                    r3 = spanned(true, s);
+                }
+            }
+        }
+        if role.trains() {
+            let (prompt, response) =
+                upstream_rollout(g, node).map(|r| lengths(g, r)).unwrap_or((Spanned::new(0), Spanned::new(0)));
+            let seq_len = Spanned::new(prompt.value + response.value);
+            if let Some(backend) = rec(node, "backend") {
+                if matches!(backend.schema_name.as_str(), "megatron" | "fsdp") {
+                    stage.gpus = int_of(backend, "gpus").map(|(v, s)| spanned(GpuRequest::Count(v), s));
+                }
+                let offload = rec(node, "optimizer").and_then(|o| enum_of(o, "state"));
+                stage.trainer = Some(trainer_of(node, backend, seq_len, offload));
+            }
+            if role == Role::Train && batch.rollout_batch.is_none() {
+                batch.rollout_batch = param_int(node, "rollout_batch");
+                batch.global_batch = param_int(node, "global_batch");
+                batch.steps_per_rollout = param_int(node, "steps_per_rollout");
+                batch.samples_per_prompt = upstream_rollout(g, node).and_then(|r| param_int(r, "samples_per_prompt"));
+            }
+        }
+        stages.push(stage);
+    }
+    let placement = match settings.and_then(|s| s.fields.get("placement")) {
+        Some(f) => Placement {
+            mode: spanned(
+                if f.value.as_enum() == Some("colocated") {
+                    PlacementMode::Colocated
+                } else {
+                    PlacementMode::Disaggregated
+                },
+                (!f.defaulted).then_some(f.span),
+            ),
+        },
+        None => Placement::default(),
+    };
+    let schedule = settings
+        .and_then(|s| s.fields.get("schedule"))
+        .map(|f| schedule_of(&f.value, f.span, f.defaulted))
+        .unwrap_or_default();
+    PlanInput {
+        recipe: recipe.name.clone(),
+        cluster,
+        stages,
+        graph: graph_of(g),
+        placement,
+        syncs,
+        schedule,
+        batch,
+        r3,
+        assumptions: Assumptions::default(),
+    }
+}
+
+fn spanned<T>(value: T, span: Option<Span>) -> Spanned<T> {
+    Spanned { value, span }
+}
+
+fn role_of(node: &StageNode) -> Role {
+    use miles_compiler::value::PortKind;
+    match (node.kind.as_str(), node.output) {
+        ("sft", _) => Role::Sft,
+        ("generate", _) => Role::Rollout,
+        ("evaluate", _) => Role::Eval,
+        (_, Some(PortKind::Trajectories)) => Role::Rollout,
+        (_, Some(PortKind::Scores)) => Role::Reward,
+        (_, Some(PortKind::Policy)) => Role::Train,
+        _ => Role::Other,
+    }
+}
+
+/// A parameter that is a record (`engine`, `backend`, `optimizer`).
+fn rec<'a>(node: &'a StageNode, name: &str) -> Option<&'a Record> {
+    node.param(name).and_then(Value::as_record)
+}
+
+fn param_span(node: &StageNode, name: &str) -> Option<Span> {
+    node.params.get(name).filter(|p| !p.defaulted).map(|p| p.span)
+}
+
+fn param_int(node: &StageNode, name: &str) -> Option<Spanned<u64>> {
+    let v = node.param(name)?.as_i64()?;
+    Some(spanned(u64::try_from(v).ok()?, param_span(node, name)))
+}
+
+fn param_bool(node: &StageNode, name: &str) -> Option<(bool, Option<Span>)> {
+    Some((node.param(name)?.as_bool()?, param_span(node, name)))
+}
+
+fn field_span(r: &Record, name: &str) -> Option<Span> {
+    r.fields.get(name).filter(|f| !f.defaulted && f.span != Span::default()).map(|f| f.span)
+}
+
+fn int_of(r: &Record, name: &str) -> Option<(u64, Option<Span>)> {
+    let v = r.get(name)?.as_i64()?;
+    Some((u64::try_from(v).ok()?, field_span(r, name)))
+}
+
+fn u64_of(r: &Record, name: &str) -> Option<u64> {
+    r.get(name).and_then(Value::as_q).and_then(q_to_u64)
+}
+
+fn q_to_u64(q: Q) -> Option<u64> {
+    let f = q.to_f64();
+    (f.is_finite() && f >= 0.0).then(|| f.round() as u64)
+}
+
+fn f64_of(r: &Record, name: &str) -> Option<f64> {
+    r.get(name).and_then(Value::as_f64)
+}
+
+fn enum_of<'a>(r: &'a Record, name: &str) -> Option<(&'a str, Option<Span>)> {
+    Some((r.get(name)?.as_enum()?, field_span(r, name)))
+}
+
+fn str_of(r: &Record, name: &str) -> Option<String> {
+    r.get(name).and_then(|v| v.as_str()).map(str::to_string)
+}
+
+fn cluster_of(name: &str, r: Option<&Record>) -> Cluster {
+    let Some(r) = r else { return Cluster { name: name.to_string(), pools: Vec::new(), host: None, span: None } };
+    match r.schema_name.as_str() {
+        "gpu_cluster" => {
+            let gpu = r.get("gpu").and_then(Value::as_record).and_then(gpu_spec);
+            let gpus = u64_of(r, "gpus").unwrap_or(0);
+            let per_node = u64_of(r, "gpus_per_node").unwrap_or(1).max(1);
+            let pools = gpu
+                .map(|g| vec![NodePool { gpu: g, nodes: spanned(gpus.div_ceil(per_node), field_span(r, "gpus")) }])
+                .unwrap_or_default();
+            Cluster { name: name.to_string(), pools, host: None, span: Some(r.span) }
+        }
+        _ => Cluster {
+            name: name.to_string(),
+            pools: Vec::new(),
+            host: Some(HostSpec {
+                name: name.to_string(),
+                cpus: u64_of(r, "cpus").unwrap_or(1),
+                memory: u64_of(r, "memory").unwrap_or(0),
+                memory_bandwidth: f64_of(r, "memory_bandwidth").unwrap_or(0.0),
+                fp32: f64_of(r, "fp32"),
+            }),
+            span: Some(r.span),
+        },
+    }
+}
+
+fn arch_of(s: &str) -> Arch {
+    match s {
+        "ampere" => Arch::Ampere,
+        "hopper" => Arch::Hopper,
+        "blackwell" => Arch::Blackwell,
+        "cdna3" => Arch::Cdna3,
+        "cdna4" => Arch::Cdna4,
+        _ => Arch::Cpu,
+    }
+}
+
+fn gpu_spec(r: &Record) -> Option<GpuSpec> {
+    Some(GpuSpec {
+        name: str_of(r, "name")?,
+        arch: arch_of(r.get("arch")?.as_enum()?),
+        hbm: u64_of(r, "hbm")?,
+        hbm_bandwidth: f64_of(r, "hbm_bandwidth")?,
+        bf16: f64_of(r, "bf16")?,
+        fp8: f64_of(r, "fp8"),
+        fp4: f64_of(r, "fp4"),
+        scaleup_domain: u64_of(r, "scaleup_domain")?,
+        scaleup_bandwidth: f64_of(r, "scaleup_bandwidth")?,
+        network_bandwidth: f64_of(r, "network_bandwidth")?,
+        gpus_per_node: u64_of(r, "gpus_per_node")?,
+        host_link_bandwidth: f64_of(r, "host_link_bandwidth")?,
+        host_memory: u64_of(r, "host_memory"),
+        disk_bandwidth: f64_of(r, "disk_bandwidth"),
+    })
+}
+
+/// The model a stage runs: its Policy input, else the model behind its Trajectories input.
+fn model_of(g: &StageGraph, node: &StageNode, depth: u32) -> Option<Record> {
+    if depth > 64 {
+        return None;
+    }
+    for v in node.inputs.values() {
+        if let Value::Record(r) = v {
+            if r.fields.contains_key("layers") {
+                return Some((**r).clone());
+            }
+        }
+    }
+    for v in node.inputs.values() {
+        if let Value::Stage(n) = v {
+            if let Some(up) = g.node(n) {
+                let carries_model = matches!(
+                    up.output,
+                    Some(miles_compiler::value::PortKind::Policy) | Some(miles_compiler::value::PortKind::Trajectories)
+                );
+                if carries_model {
+                    if let Some(m) = model_of(g, up, depth + 1) {
+                        return Some(m);
+                    }
+                }
+            }
+        }
+    }
+    None
+}
+
+fn model_spec(r: &Record) -> Option<ModelSpec> {
+    match r.schema_name.as_str() {
+        "llm" => Some(ModelSpec {
+            name: str_of(r, "name")?,
+            params: u64_of(r, "params")?,
+            active_params: u64_of(r, "active_params")?,
+            layers: u64_of(r, "layers")?,
+            dense_layers: u64_of(r, "dense_layers").unwrap_or(0),
+            hidden_size: u64_of(r, "hidden_size")?,
+            heads: u64_of(r, "heads")?,
+            kv_heads: u64_of(r, "kv_heads")?,
+            head_dim: u64_of(r, "head_dim")?,
+            vocab: u64_of(r, "vocab")?,
+            experts: u64_of(r, "experts").unwrap_or(0),
+            top_k: u64_of(r, "top_k").unwrap_or(0),
+            max_context: u64_of(r, "max_context")?,
+            attention: match r.get("attention")?.as_enum()? {
+                "mha" => Attention::Mha,
+                "mla" => Attention::Mla,
+                _ => Attention::Gqa,
+            },
+            kv_lora_rank: u64_of(r, "kv_lora_rank"),
+            qk_rope_head_dim: u64_of(r, "qk_rope_head_dim"),
+        }),
+        // The embedded backend's decoder: parameters counted from its shape (docs/plan.md).
+        "transformer" => {
+            let d = u64_of(r, "d_model")?;
+            let layers = u64_of(r, "layers")?;
+            let heads = u64_of(r, "heads")?.max(1);
+            let kv = u64_of(r, "kv_heads")?;
+            let ff = u64_of(r, "d_ff")?;
+            let vocab = u64_of(r, "vocab")?;
+            let hd = d / heads;
+            let attn = d * heads * hd + 2 * d * kv * hd + heads * hd * d;
+            let mlp = 3 * d * ff;
+            let params = 2 * vocab * d + layers * (attn + mlp + 2 * d) + d;
+            Some(ModelSpec {
+                name: format!("transformer {layers}x{d}"),
+                params,
+                active_params: params,
+                layers,
+                dense_layers: 0,
+                hidden_size: d,
+                heads,
+                kv_heads: kv,
+                head_dim: hd,
+                vocab,
+                experts: 0,
+                top_k: 0,
+                max_context: u64_of(r, "max_len")?,
+                attention: if kv == heads { Attention::Mha } else { Attention::Gqa },
+                kv_lora_rank: None,
+                qk_rope_head_dim: None,
+            })
+        }
+        _ => None,
+    }
+}
+
+fn precision_of(s: &str) -> Precision {
+    match s {
+        "fp32" => Precision::Fp32,
+        "fp16" => Precision::Fp16,
+        "fp8_blockwise" => Precision::Fp8Blockwise,
+        "mxfp8" => Precision::Mxfp8,
+        "nvfp4" => Precision::Nvfp4,
+        _ => Precision::Bf16,
+    }
+}
+
+/// Prompt and response lengths of a rollout (tokens).
+fn lengths(g: &StageGraph, node: &StageNode) -> (Spanned<u64>, Spanned<u64>) {
+    let node = if node.param("max_new_tokens").is_some() { node } else { upstream_rollout(g, node).unwrap_or(node) };
+    let get = |name: &str| {
+        node.param(name)
+            .and_then(Value::as_q)
+            .and_then(q_to_u64)
+            .map(|v| spanned(v, param_span(node, name)))
+            .unwrap_or(Spanned::new(0))
+    };
+    (get("max_prompt_tokens"), get("max_new_tokens"))
+}
+
+fn upstream_rollout<'g>(g: &'g StageGraph, node: &StageNode) -> Option<&'g StageNode> {
+    node.inputs.values().find_map(|v| match v {
+        Value::Stage(n) => g.node(n).filter(|up| up.output == Some(miles_compiler::value::PortKind::Trajectories)),
+        _ => None,
+    })
+}
+
+fn engine_of(r: &Record, prompt_len: Spanned<u64>, response_len: Spanned<u64>) -> Engine {
+    let int = |name: &str, default: u64| int_of(r, name).map(|(v, s)| spanned(v, s)).unwrap_or(Spanned::new(default));
+    let precision =
+        enum_of(r, "precision").map(|(p, s)| spanned(precision_of(p), s)).unwrap_or(Spanned::new(Precision::Fp32));
+    Engine {
+        engines: None,
+        tp: int("tp", 1),
+        dp: Spanned::new(1),
+        ep: int("ep", 1),
+        precision,
+        kv_precision: None,
+        mem_fraction: f64_of(r, "mem_fraction")
+            .map(|v| spanned(v, field_span(r, "mem_fraction")))
+            .unwrap_or(Spanned::new(0.85)),
+        max_concurrent: int_of(r, "max_concurrent").map(|(v, s)| spanned(v, s)),
+        prompt_len,
+        response_len,
+    }
+}
+
+fn trainer_of(node: &StageNode, b: &Record, seq_len: Spanned<u64>, offload: Option<(&str, Option<Span>)>) -> Trainer {
+    let int = |name: &str| int_of(b, name).map(|(v, s)| spanned(v, s)).unwrap_or(Spanned::new(1));
+    let backend = match b.schema_name.as_str() {
+        "megatron" => Backend::Megatron,
+        "fsdp" => Backend::Fsdp,
+        _ => Backend::Embedded,
+    };
+    let precision =
+        enum_of(b, "precision").map(|(p, s)| spanned(precision_of(p), s)).unwrap_or(Spanned::new(Precision::Fp32));
+    let recompute = match enum_of(b, "recompute") {
+        Some(("full", s)) => spanned(Recompute::Full, s),
+        Some(("selective", s)) => spanned(Recompute::Selective, s),
+        Some((_, s)) => spanned(Recompute::Off, s),
+        None => Spanned::new(Recompute::Off),
+    };
+    let optimizer_offload = match offload {
+        Some(("cpu", s)) => spanned(OptimizerOffload::Cpu, s),
+        Some(("stream_from_disk", s)) => spanned(OptimizerOffload::StreamFromDisk, s),
+        Some((_, s)) => spanned(OptimizerOffload::OnGpu, s),
+        None => Spanned::new(OptimizerOffload::OnGpu),
+    };
+    // The embedded trainer has no micro-batch of its own: the stage's `micro_batch` (or the
+    // SFT `batch`) is what it holds in memory at once.
+    let micro_batch = if backend == Backend::Embedded {
+        param_int(node, "micro_batch").or_else(|| param_int(node, "batch")).unwrap_or(Spanned::new(1))
+    } else {
+        int("micro_batch")
+    };
+    Trainer {
+        backend: Spanned::new(backend),
+        tp: int("tp"),
+        pp: int("pp"),
+        cp: int("cp"),
+        ep: int("ep"),
+        dp: int_of(b, "dp").map(|(v, s)| spanned(v, s)),
+        precision,
+        micro_batch,
+        seq_len,
+        recompute,
+        optimizer_offload,
+    }
+}
+
+fn sync_of(node: &StageNode) -> WeightSync {
+    let name_of = |port: &str| match node.inputs.get(port) {
+        Some(Value::Stage(n)) => n.clone(),
+        _ => String::new(),
+    };
+    let transport = match node.param("transport").and_then(Value::as_enum) {
+        Some("p2p") => Transport::P2p,
+        Some("disk_delta") => Transport::DiskDelta,
+        Some("local") => Transport::Local,
+        _ => Transport::Broadcast,
+    };
+    let bucket = node.param("bucket").and_then(Value::as_q).and_then(q_to_u64).unwrap_or(512_000_000);
+    WeightSync {
+        name: node.name.clone(),
+        from: name_of("train"),
+        to: name_of("rollout"),
+        transport: spanned(transport, param_span(node, "transport")),
+        bucket: spanned(bucket, param_span(node, "bucket")),
+        span: Some(node.name_span),
+    }
+}
+
+fn schedule_of(v: &Value, span: Span, defaulted: bool) -> Schedule {
+    let Some(r) = v.as_record() else { return Schedule::default() };
+    let mode = match r.schema_name.as_str() {
+        "fully_async" => ScheduleMode::FullyAsync,
+        "one_step_off" => ScheduleMode::OneStepOff,
+        _ => ScheduleMode::Sync,
+    };
+    let int = |name: &str| int_of(r, name).map(|(v, s)| spanned(v, s));
+    Schedule {
+        mode: spanned(mode, (!defaulted).then_some(span)),
+        max_staleness: int("max_staleness"),
+        buffer_capacity: int("buffer_capacity"),
+    }
+}
+
+fn graph_of(g: &StageGraph) -> Graph {
+    let roles: HashMap<&str, Role> =
+        g.nodes().map(|n| (n.name.as_str(), if n.kind == "weights" { Role::Other } else { role_of(n) })).collect();
+    Graph {
+        nodes: g
+            .nodes()
+            .map(|n| GraphNode { id: n.name.clone(), label: n.kind.clone(), role: roles[n.name.as_str()] })
+            .collect(),
+        edges: g
+            .edges()
+            .into_iter()
+            .map(|(a, b, c)| GraphEdge {
+                from: a.to_string(),
+                to: b.to_string(),
+                label: format!("{:?}", c.kind),
+                weights: c.kind == ChannelKind::Weights,
+            })
+            .collect(),
+    }
+}

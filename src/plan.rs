@@ -1,0 +1,134 @@
+//! `miles plan FILE`: a dry run. Where each stage runs, memory per rank item by item, weight-sync
+//! and step time, batch arithmetic, and every infeasibility, before a GPU is allocated.
+
+use crate::diagnostics::{emit, summary};
+use crate::files::{write_atomic, DiskFs};
+use crate::DiagFormat;
+use miles_compiler::{compile, Options};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum PlanFormat {
+    Text,
+    Json,
+}
+
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+pub enum GraphFormat {
+    Mermaid,
+    Dot,
+}
+
+#[derive(clap::Args)]
+pub struct Args {
+    pub file: String,
+    /// Which recipe, when the file has several.
+    #[arg(long)]
+    pub recipe: Option<String>,
+    /// Override a field with full type checking: `--set train.backend.tp=4` (repeatable).
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    pub set: Vec<String>,
+    #[arg(long, value_enum, default_value = "text")]
+    pub format: PlanFormat,
+    /// Write the plan (with the resolved recipe) to a file that `miles run --plan` executes exactly.
+    #[arg(long, value_name = "PATH")]
+    pub out: Option<String>,
+    /// Also print the stage graph.
+    #[arg(long, value_enum)]
+    pub graph: Option<GraphFormat>,
+    /// Write a self-contained HTML page drawing the GPU map and the stage graph.
+    #[arg(long, value_name = "PATH")]
+    pub html: Option<String>,
+    /// Exit 0 when the plan is clean, 1 on errors, 2 when it only has warnings.
+    #[arg(long)]
+    pub detailed_exitcode: bool,
+}
+
+pub fn run(args: Args) -> u8 {
+    let overrides = match crate::check::parse_sets(&args.set) {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return 2;
+        }
+    };
+    let c = compile(&DiskFs, std::slice::from_ref(&args.file), &Options { overrides, recipe: args.recipe.clone() });
+    let (errors, _) = summary(&c.diagnostics);
+    if errors > 0 {
+        emit(&c.program.sources, &c.diagnostics, DiagFormat::Auto);
+        eprintln!("Plan: not made: the recipe has {errors} error(s).");
+        return 1;
+    }
+    let recipe = match crate::graph::pick_recipe(&c, &args.file) {
+        Ok(r) => r,
+        Err(code) => return code,
+    };
+    let input = miles_plan::plan_input(recipe);
+    let plan = miles_plan::plan(&input);
+    // Compiler warnings first, then the plan's own findings, all in one renderer.
+    let mut diags = c.diagnostics.clone();
+    diags.extend(plan.diagnostics.iter().cloned());
+    match args.format {
+        PlanFormat::Text => {
+            // Terraform-style: the plan, then every finding with its source lines, then one
+            // summary line, all on stdout.
+            let mut out = miles_plan::render_sections(&plan);
+            let color = crate::diagnostics::resolve_format(DiagFormat::Auto) == DiagFormat::Graphical
+                && std::io::IsTerminal::is_terminal(&std::io::stdout());
+            if !diags.is_empty() {
+                out.push('\n');
+            }
+            for d in &diags {
+                out.push_str(&crate::diagnostics::render(&c.program.sources, d, color));
+            }
+            let (e, w) = summary(&diags);
+            let line = miles_plan::summary_line(&plan);
+            // The planner counts its own findings; the compiler's warnings are added here.
+            let compiler_warnings =
+                w - plan.diagnostics.iter().filter(|d| d.severity == miles_compiler::Severity::Warning).count();
+            if compiler_warnings > 0 {
+                out.push_str(&format!(
+                    "{line} (+{compiler_warnings} recipe warning(s); {e} error(s), {w} warning(s) in all)\n"
+                ));
+            } else {
+                out.push_str(&format!("{line}\n"));
+            }
+            print!("{out}");
+        }
+        PlanFormat::Json => println!("{}", miles_plan::render_json(&plan)),
+    }
+    if let Some(g) = args.graph {
+        match g {
+            GraphFormat::Mermaid => print!("{}", recipe.graph.to_mermaid()),
+            GraphFormat::Dot => print!("{}", recipe.graph.to_dot()),
+        }
+    }
+    if let Some(path) = &args.html {
+        if let Err(e) = write_atomic(path, miles_plan::render_html(&plan).as_bytes()) {
+            eprintln!("error: cannot write {path}: {e}");
+            return 1;
+        }
+    }
+    if let Some(path) = &args.out {
+        let file = crate::planfile::PlanFile::new(&c, recipe, &plan);
+        match serde_json::to_vec_pretty(&file) {
+            Ok(bytes) => {
+                if let Err(e) = write_atomic(path, &bytes) {
+                    eprintln!("error: cannot write {path}: {e}");
+                    return 1;
+                }
+            }
+            Err(e) => {
+                eprintln!("error: cannot encode the plan: {e}");
+                return 1;
+            }
+        }
+    }
+    let (errors, warnings) = summary(&diags);
+    if errors > 0 {
+        1
+    } else if args.detailed_exitcode && warnings > 0 {
+        2
+    } else {
+        0
+    }
+}
