@@ -7,6 +7,8 @@ mod files;
 mod graph;
 mod plan;
 mod planfile;
+mod run;
+mod runspec;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
@@ -39,17 +41,27 @@ enum Command {
     Graph(graph::Args),
     /// A dry run: placement, memory per rank, weight-sync and step time, every infeasibility.
     Plan(plan::Args),
+    /// Train a recipe on the embedded backend (libtorch, CPU): metrics, checkpoints, --resume.
+    Run(run::Args),
     /// Explain an error code (`miles explain E0301`); with no code, list them all.
     Explain(explain::Args),
 }
 
 fn main() -> ExitCode {
+    // Like other Unix tools, die quietly when the reader of our output goes away
+    // (`miles graph x | head`) instead of panicking on a failed print.
+    #[cfg(unix)]
+    // SAFETY: restoring the default disposition of one signal before any thread starts.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
     let cli = Cli::parse();
     let code = match cli.command {
         Command::Check(a) => check::run(a),
         Command::Graph(a) => graph::run(a),
         Command::Explain(a) => explain::run(a),
         Command::Plan(a) => plan::run(a),
+        Command::Run(a) => run::run(a),
     };
     ExitCode::from(code)
 }

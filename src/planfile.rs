@@ -16,6 +16,10 @@ pub struct PlanFile {
     pub graph: serde_json::Value,
     /// The plan (as `miles plan --format json` prints it).
     pub plan: serde_json::Value,
+    /// What `miles run --plan` executes on the embedded backend; absent for a recipe that only a
+    /// cluster can run.
+    #[serde(default)]
+    pub run_spec: Option<miles_runtime::spec::RunSpec>,
 }
 
 #[derive(Serialize, Deserialize, PartialEq, Debug)]
@@ -54,6 +58,42 @@ impl PlanFile {
             sources,
             graph: recipe.graph.to_json(),
             plan: serde_json::from_str(&miles_plan::render_json(plan)).unwrap_or(serde_json::Value::Null),
+            run_spec: crate::runspec::run_spec(recipe).ok(),
         }
+    }
+}
+
+/// Reads a saved plan for `miles run --plan`: refuses it when a source changed since planning.
+pub fn load_for_run(path: &std::path::Path) -> Result<(miles_runtime::spec::RunSpec, String), u8> {
+    let refuse = |msg: String| {
+        eprintln!("error[E0512]: {msg}\n  help: plan again: miles plan RECIPE --out {}", path.display());
+        1u8
+    };
+    let text = std::fs::read_to_string(path).map_err(|e| refuse(format!("cannot read {}: {e}", path.display())))?;
+    let file: PlanFile =
+        serde_json::from_str(&text).map_err(|e| refuse(format!("{} is not a miles plan: {e}", path.display())))?;
+    if file.format_version != PLAN_FILE_VERSION {
+        return Err(refuse(format!(
+            "{} has plan format {}, this miles reads {PLAN_FILE_VERSION}",
+            path.display(),
+            file.format_version
+        )));
+    }
+    for s in &file.sources {
+        let now = if s.path.starts_with("std/") {
+            miles_compiler::program::stdlib_source(&s.path).map(|t| fnv1a64(t.as_bytes()))
+        } else {
+            std::fs::read(&s.path).ok().map(|b| fnv1a64(&b))
+        };
+        if now.as_deref() != Some(s.fnv1a64.as_str()) {
+            return Err(refuse(format!("{} changed since the plan was made", s.path)));
+        }
+    }
+    match file.run_spec {
+        Some(spec) => Ok((spec, file.recipe)),
+        None => Err(refuse(format!(
+            "recipe `{}` was planned for a cluster; the embedded backend cannot run it",
+            file.recipe
+        ))),
     }
 }

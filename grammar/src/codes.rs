@@ -348,4 +348,20 @@ this error instead of hanging.",
         explanation: "A prompt plus `max_new_tokens` (or a prompt plus its gold answer, for the \
 SFT warm-up) is longer than the model's `max_len`. Raise `max_len` or shorten the prompts.",
     },
+    Code {
+        code: "E0511",
+        title: "not supported by the embedded backend",
+        explanation: "`miles run` executes a recipe on the embedded libtorch backend (CPU). The \
+recipe asks for something that backend does not do: a GPU engine or trainer (sglang, megatron, \
+fsdp), a critic (ppo), LoRA, an environment reward, or a model that is not a `transformer`. \
+`miles plan` still plans such recipes for a cluster; running them needs the distributed \
+runtime.",
+    },
+    Code {
+        code: "E0512",
+        title: "saved plan does not match the recipe",
+        explanation: "`miles run --plan plan.json` executes exactly what was planned. A source file \
+of the recipe changed after `miles plan --out` wrote the plan (its hash differs), or the plan \
+file is from another version of miles. Plan again.",
+    },
 ];

@@ -1,0 +1,317 @@
+//! From a compiled recipe to the embedded backend's `RunSpec`. What the embedded backend cannot
+//! do is reported as E0511 at the line that asks for it, all at once.
+
+use miles_compiler::graph::{StageGraph, StageNode};
+use miles_compiler::value::{PortKind, Record, Value};
+use miles_compiler::{CompiledRecipe, Diagnostic, Span};
+use miles_runtime::spec::*;
+
+struct Mapper<'r> {
+    g: &'r StageGraph,
+    diags: Vec<Diagnostic>,
+}
+
+fn param_span(node: &StageNode, name: &str) -> Span {
+    node.params.get(name).map(|p| p.span).unwrap_or(node.name_span)
+}
+
+impl<'r> Mapper<'r> {
+    fn unsupported(&mut self, span: Span, what: String, help: &str) {
+        self.diags.push(
+            Diagnostic::error("E0511", format!("the embedded backend cannot run {what}"))
+                .with_primary(span, "not supported by `miles run` on this machine")
+                .with_help(help.to_string()),
+        );
+    }
+
+    fn u64(&self, node: &StageNode, name: &str) -> u64 {
+        node.param(name).and_then(Value::as_q).map(|q| q.to_f64().max(0.0).round() as u64).unwrap_or(0)
+    }
+    fn f64(&self, node: &StageNode, name: &str) -> f64 {
+        node.param(name).and_then(Value::as_f64).unwrap_or(0.0)
+    }
+    fn bool(&self, node: &StageNode, name: &str) -> bool {
+        node.param(name).and_then(Value::as_bool).unwrap_or(false)
+    }
+    fn record<'n>(&self, node: &'n StageNode, name: &str) -> Option<&'n Record> {
+        node.param(name).and_then(Value::as_record)
+    }
+    fn stage_by_kind(&self, pred: impl Fn(&StageNode) -> bool) -> Vec<&'r StageNode> {
+        self.g.nodes().filter(|n| pred(n)).collect()
+    }
+    fn upstream(&self, node: &StageNode, port: PortKind) -> Option<&'r StageNode> {
+        node.inputs.values().find_map(|v| match v {
+            Value::Stage(n) => self.g.node(n).filter(|up| up.output == Some(port)),
+            _ => None,
+        })
+    }
+    /// The model record behind a stage (following Policy inputs, then the stage feeding it).
+    fn model_of(&self, node: &StageNode, depth: u32) -> Option<Record> {
+        if depth > 64 {
+            return None;
+        }
+        for v in node.inputs.values() {
+            match v {
+                Value::Record(r) if r.fields.contains_key("layers") => return Some((**r).clone()),
+                Value::Stage(n) => {
+                    if let Some(up) = self.g.node(n) {
+                        if matches!(up.output, Some(PortKind::Policy) | Some(PortKind::Trajectories)) {
+                            if let Some(m) = self.model_of(up, depth + 1) {
+                                return Some(m);
+                            }
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+        None
+    }
+}
+
+fn rec_u64(r: &Record, name: &str) -> u64 {
+    r.get(name).and_then(Value::as_q).map(|q| q.to_f64().max(0.0).round() as u64).unwrap_or(0)
+}
+fn rec_str(r: &Record, name: &str) -> String {
+    r.get(name).and_then(|v| v.as_str()).unwrap_or_default().to_string()
+}
+
+pub fn run_spec(recipe: &CompiledRecipe) -> Result<RunSpec, Vec<Diagnostic>> {
+    let mut m = Mapper { g: &recipe.graph, diags: Vec::new() };
+    let settings = recipe.settings.as_record();
+    let seed = settings.and_then(|s| s.get("seed")).and_then(Value::as_i64).unwrap_or(0).max(0) as u64;
+    let steps =
+        settings.and_then(|s| s.get("stop")).and_then(Value::as_q).map(|q| q.to_f64().round() as u64).unwrap_or(0);
+    if let Some(s) = settings.and_then(|s| s.fields.get("schedule")) {
+        if s.value.as_record().is_some_and(|r| r.schema_name != "sync") {
+            let name = s.value.as_record().map(|r| r.schema_name.clone()).unwrap_or_default();
+            m.unsupported(
+                s.span,
+                format!("the `{name}` schedule yet"),
+                "use schedule = sync (the default) for the embedded backend",
+            );
+        }
+    }
+
+    // Exactly one rollout and one trainer.
+    let rollouts = m.stage_by_kind(|n| n.kind == "generate");
+    let trainers = m.stage_by_kind(|n| n.output == Some(PortKind::Policy) && n.kind != "sft");
+    let (Some(rollout), Some(train)) = (rollouts.first().copied(), trainers.first().copied()) else {
+        let d = Diagnostic::error(
+            "E0511",
+            "the embedded backend runs a recipe with a `generate` rollout and a `grpo` trainer",
+        )
+        .with_primary(
+            recipe.graph.nodes().next().map(|n| n.name_span).unwrap_or(recipe.span),
+            "this recipe has no rollout and trainer pair",
+        )
+        .with_help("add `rollout = generate(...)`, a reward and `train = grpo(rollout, reward)`");
+        return Err(vec![d]);
+    };
+    for extra in rollouts.iter().skip(1).chain(trainers.iter().skip(1)) {
+        m.unsupported(
+            extra.name_span,
+            format!("a second `{}` stage", extra.kind),
+            "the embedded backend runs one rollout and one trainer",
+        );
+    }
+    if train.kind != "grpo" {
+        m.unsupported(train.name_span, format!("`{}` (a critic)", train.kind), "use grpo on the embedded backend");
+    }
+    for node in recipe.graph.nodes() {
+        match node.kind.as_str() {
+            "generate" | "grpo" | "ppo" | "sft" | "weights" | "evaluate" | "checkpoint" | "exact_match" => {}
+            other => m.unsupported(
+                node.name_span,
+                format!("a `{other}` stage"),
+                "the embedded backend runs sft, generate, exact_match, grpo, weights, evaluate and checkpoint",
+            ),
+        }
+    }
+    if let Some(e) = m.record(rollout, "engine") {
+        if e.schema_name != "embedded_engine" {
+            let span = param_span(rollout, "engine");
+            m.unsupported(
+                span,
+                format!("a `{}` engine", e.schema_name),
+                "remove `engine` (the embedded engine is the default) to run here",
+            );
+        }
+    }
+    if let Some(b) = m.record(train, "backend") {
+        if b.schema_name != "embedded_trainer" {
+            let span = param_span(train, "backend");
+            m.unsupported(
+                span,
+                format!("a `{}` trainer", b.schema_name),
+                "remove `backend` (the embedded trainer is the default) to run here",
+            );
+        }
+    }
+    if train.param("lora").is_some_and(|v| *v != Value::None) {
+        m.unsupported(param_span(train, "lora"), "LoRA".into(), "remove `lora` to run here");
+    }
+
+    // The model.
+    let model = match m.model_of(rollout, 0) {
+        Some(r) if r.schema_name == "transformer" => ModelConfig {
+            vocab_size: rec_u64(&r, "vocab") as usize,
+            d_model: rec_u64(&r, "d_model") as usize,
+            n_layers: rec_u64(&r, "layers") as usize,
+            n_heads: rec_u64(&r, "heads") as usize,
+            n_kv_heads: rec_u64(&r, "kv_heads") as usize,
+            d_ff: rec_u64(&r, "d_ff") as usize,
+            max_len: rec_u64(&r, "max_len") as usize,
+            rope_theta: 10000.0,
+            norm_eps: 1e-5,
+            init_std: 0.02,
+        },
+        other => {
+            let span = other.as_ref().map(|r| r.span).unwrap_or(rollout.name_span);
+            m.unsupported(
+                span,
+                format!("a `{}` model", other.map(|r| r.schema_name).unwrap_or_else(|| "unknown".into())),
+                "the embedded backend trains a `transformer { ... }` from a seed",
+            );
+            return Err(m.diags);
+        }
+    };
+
+    // The task, from the rollout's prompts.
+    let prompts = m.record(rollout, "prompts").cloned();
+    let task_kind = match prompts.as_ref().map(|p| p.schema_name.as_str()) {
+        Some("addition") => {
+            TaskKind::Addition { digits: rec_u64(prompts.as_ref().unwrap_or_else(|| unreachable!()), "digits") as u32 }
+        }
+        Some("multiplication") => {
+            TaskKind::Multiplication { digits: prompts.as_ref().map(|p| rec_u64(p, "digits")).unwrap_or(1) as u32 }
+        }
+        Some(kind @ ("reverse" | "sort")) => {
+            let p = prompts.as_ref().map(|p| (rec_u64(p, "min_len"), rec_u64(p, "max_len"), rec_str(p, "alphabet")));
+            let (min_len, max_len, alphabet) = p.unwrap_or((1, 1, String::new()));
+            if kind == "reverse" {
+                TaskKind::Reverse { min_len: min_len as usize, max_len: max_len as usize, alphabet }
+            } else {
+                TaskKind::Sort { min_len: min_len as usize, max_len: max_len as usize, alphabet }
+            }
+        }
+        Some("jsonl") => {
+            let p = prompts.as_ref().map(|p| {
+                (
+                    rec_str(p, "path"),
+                    rec_str(p, "prompt_field"),
+                    rec_str(p, "label_field"),
+                    p.get("on_error").and_then(Value::as_enum) == Some("stop"),
+                )
+            });
+            let (path, prompt_field, label_field, stop) = p.unwrap_or_default();
+            TaskKind::Jsonl {
+                path: path.into(),
+                prompt_field,
+                label_field,
+                test_path: None,
+                on_error: if stop { OnError::Stop } else { OnError::Skip },
+            }
+        }
+        other => {
+            m.unsupported(
+                param_span(rollout, "prompts"),
+                format!("prompts from `{}`", other.unwrap_or("?")),
+                "use a built-in task (std/tasks/arith, std/tasks/strings) or `jsonl { ... }`",
+            );
+            return Err(m.diags);
+        }
+    };
+    let test_size =
+        prompts.as_ref().and_then(|p| p.get("test_size")).and_then(Value::as_i64).unwrap_or(200).max(1) as usize;
+    let partial_credit = m.upstream_reward(train);
+    let task = TaskSpec { kind: task_kind, split: SplitSpec { test_size, seed: 1234 }, partial_credit };
+
+    // SFT warm-up: an sft stage feeding the rollout's policy.
+    let sft = m.stage_by_kind(|n| n.kind == "sft").first().map(|s| {
+        let (steps, lr, batch, warmup) = (
+            rec_steps(s, "steps"),
+            s.param("lr").and_then(Value::as_f64).unwrap_or(1e-3),
+            s.param("batch").and_then(Value::as_i64).unwrap_or(32).max(1) as usize,
+            rec_steps(s, "warmup"),
+        );
+        SftSpec { steps, lr, batch, warmup_steps: warmup }
+    });
+
+    let rollout_batch = m.u64(train, "rollout_batch") as usize;
+    let rollout_spec = RolloutSpec {
+        rollout_batch,
+        samples_per_prompt: m.u64(rollout, "samples_per_prompt") as usize,
+        max_new_tokens: m.u64(rollout, "max_new_tokens") as usize,
+        temperature: m.f64(rollout, "temperature"),
+        top_p: m.f64(rollout, "top_p"),
+        top_k: m.u64(rollout, "top_k") as usize,
+    };
+    let opt = m.record(train, "optimizer").cloned();
+    let o =
+        |name: &str, default: f64| opt.as_ref().and_then(|r| r.get(name)).and_then(Value::as_f64).unwrap_or(default);
+    let decay = match opt.as_ref().and_then(|r| r.get("decay")).and_then(Value::as_enum) {
+        Some("linear") => Decay::Linear,
+        Some("cosine") => Decay::Cosine,
+        _ => Decay::None,
+    };
+    let warmup_steps = opt.as_ref().map(|r| rec_u64(r, "warmup")).unwrap_or(0);
+    let train_spec = TrainSpec {
+        lr: m.f64(train, "lr"),
+        weight_decay: o("weight_decay", 0.0),
+        beta1: o("beta1", 0.9),
+        beta2: o("beta2", 0.999),
+        eps: o("eps", 1e-8),
+        warmup_steps,
+        decay,
+        min_lr_ratio: 0.0,
+        clip_low: m.f64(train, "clip_low"),
+        clip_high: m.f64(train, "clip_high"),
+        kl_coef: m.f64(train, "kl_coef"),
+        tis_cap: train.param("tis").and_then(Value::as_f64),
+        entropy_coef: m.f64(train, "entropy_coef"),
+        std_norm: m.bool(train, "std_norm"),
+        aggregation: if train.param("aggregation").and_then(Value::as_enum) == Some("sequence") {
+            Aggregation::Sequence
+        } else {
+            Aggregation::Token
+        },
+        grad_clip: m.f64(train, "grad_clip"),
+        micro_batch: m.u64(train, "micro_batch") as usize,
+        global_batch: m.u64(train, "global_batch") as usize,
+    };
+    let eval = m
+        .stage_by_kind(|n| n.kind == "evaluate")
+        .first()
+        .map(|e| EvalSpec {
+            every: rec_steps(e, "every"),
+            prompts: e.param("limit").and_then(Value::as_i64).unwrap_or(200).max(1) as usize,
+        })
+        .unwrap_or_default();
+    let checkpoint = m
+        .stage_by_kind(|n| n.kind == "checkpoint")
+        .first()
+        .map(|c| CheckpointSpec {
+            every: rec_steps(c, "every"),
+            keep: c.param("keep").and_then(Value::as_i64).unwrap_or(2).max(1) as usize,
+        })
+        .unwrap_or_default();
+    if !m.diags.is_empty() {
+        return Err(m.diags);
+    }
+    Ok(RunSpec { seed, steps, model, task, sft, rollout: rollout_spec, train: train_spec, eval, checkpoint })
+}
+
+fn rec_steps(node: &StageNode, name: &str) -> u64 {
+    node.param(name).and_then(Value::as_q).map(|q| q.to_f64().max(0.0).round() as u64).unwrap_or(0)
+}
+
+impl Mapper<'_> {
+    /// Partial credit, from the reward stage feeding the trainer.
+    fn upstream_reward(&self, train: &StageNode) -> bool {
+        self.upstream(train, PortKind::Scores)
+            .and_then(|r| r.param("partial_credit"))
+            .and_then(Value::as_bool)
+            .unwrap_or(false)
+    }
+}
