@@ -15,6 +15,13 @@ struct MilesParser;
 pub const MAX_FILE_BYTES: usize = 8 << 20;
 /// Bracket nesting above this depth is refused (E0003): the PEG parser recurses per level.
 pub const MAX_DEPTH: usize = 256;
+/// Expression trees deeper than this (a chain of thousands of `+`, thousands of `-` or `.x`)
+/// are refused (E0003): every later stage walks expressions recursively.
+pub const MAX_EXPR_DEPTH: usize = 1000;
+/// Stack the parser makes sure it has before parsing (pest recurses per nesting level; in a
+/// debug build a level of brackets takes a few kilobytes): callers on small thread stacks (test
+/// threads, the language server) get a temporary larger one instead of an overflow.
+const PARSE_STACK: usize = 16 << 20;
 
 pub fn parse(file: FileId, src: &str) -> (SourceFile, Vec<Diagnostic>) {
     let mut b = Builder { file, src, diags: Vec::new() };
@@ -35,25 +42,37 @@ pub fn parse(file: FileId, src: &str) -> (SourceFile, Vec<Diagnostic>) {
         );
         return (SourceFile { items: Vec::new(), comments }, b.diags);
     }
-    let items = match MilesParser::parse(Rule::file, src) {
+    let items = stacker::maybe_grow(PARSE_STACK, PARSE_STACK, || parse_items(&mut b));
+    (SourceFile { items, comments }, b.diags)
+}
+
+/// Parses a whole file with the grammar and builds its items.
+fn parse_items(b: &mut Builder<'_>) -> Vec<Item> {
+    match MilesParser::parse(Rule::file, b.src) {
         Ok(mut pairs) => match pairs.next() {
             Some(file_pair) => b.file(file_pair),
             None => Vec::new(),
         },
-        // The grammar has a catch-all at every level, so this is a bug; report it, don't panic.
+        // The grammar has a catch-all at every level, so this is a bug (or pest's own stack
+        // guard); report it, don't panic.
         Err(e) => {
             let at = match e.location {
                 pest::error::InputLocation::Pos(p) => p,
                 pest::error::InputLocation::Span((s, _)) => s,
             };
-            b.diags.push(
-                Diagnostic::error("E0001", format!("could not parse this file: {}", e.variant.message()))
-                    .with_primary(Span::new(file, at, at), "here"),
-            );
+            let message = e.variant.message();
+            let d = if message.contains("stack limit") {
+                Diagnostic::error("E0003", "this file nests too deeply to parse")
+                    .with_primary(Span::new(b.file, at, at), "the parser ran out of stack here")
+                    .with_help("flatten the nesting (`if` inside `if`, ...) into named constants")
+            } else {
+                Diagnostic::error("E0001", format!("could not parse this file: {message}"))
+                    .with_primary(Span::new(b.file, at, at), "here")
+            };
+            b.diags.push(d);
             Vec::new()
         }
-    };
-    (SourceFile { items, comments }, b.diags)
+    }
 }
 
 /// Parses one expression (used for `--set key=value` and by tools).
@@ -65,9 +84,13 @@ pub fn parse_expr(file: FileId, src: &str) -> (Option<Expr>, Vec<Diagnostic>) {
         );
         return (None, b.diags);
     }
-    match MilesParser::parse(Rule::probe_expr, src) {
+    match stacker::maybe_grow(PARSE_STACK, PARSE_STACK, || MilesParser::parse(Rule::probe_expr, src)) {
         Ok(mut pairs) => {
-            let expr = pairs.next().and_then(|p| p.into_inner().find(|p| p.as_rule() == Rule::expr)).map(|p| b.expr(p));
+            let mut expr =
+                pairs.next().and_then(|p| p.into_inner().find(|p| p.as_rule() == Rule::expr)).map(|p| b.expr(p));
+            if let Some(e) = &mut expr {
+                b.limit_depth(e);
+            }
             (expr, b.diags)
         }
         Err(e) => {
@@ -82,6 +105,45 @@ pub fn parse_expr(file: FileId, src: &str) -> (Option<Expr>, Vec<Diagnostic>) {
             (None, b.diags)
         }
     }
+}
+
+/// The end of `src[start..end]` without the whitespace and `//` comments pest lets a
+/// non-atomic rule swallow after its last token (`path` in `extends base {`, a range at the end
+/// of a line), so a span underlines only what was written.
+fn trim_trivia(src: &str, start: usize, mut end: usize) -> usize {
+    loop {
+        let Some(text) = src.get(start..end) else { return end };
+        let kept = text.trim_end_matches([' ', '\t', '\r', '\n', '\u{FEFF}']).len();
+        end = start + kept;
+        let line = text[..kept].rfind('\n').map(|i| i + 1).unwrap_or(0);
+        match line_comment(&text[line..kept]) {
+            Some(c) if line + c > 0 => end = start + line + c,
+            _ => return end,
+        }
+    }
+}
+
+/// Where a `//` comment (not a `///` doc comment) starts in one line, outside strings.
+fn line_comment(line: &str) -> Option<usize> {
+    let b = line.as_bytes();
+    let mut i = 0;
+    while i < b.len() {
+        match b[i] {
+            b'"' => {
+                i += 1;
+                while i < b.len() && b[i] != b'"' {
+                    i += if b[i] == b'\\' { 2 } else { 1 };
+                }
+            }
+            b'/' if b.get(i + 1) == Some(&b'/') => {
+                let doc = b.get(i + 2) == Some(&b'/') && b.get(i + 3) != Some(&b'/');
+                return (!doc).then_some(i);
+            }
+            _ => {}
+        }
+        i += 1;
+    }
+    None
 }
 
 fn next_char_boundary(src: &str, at: usize) -> usize {
@@ -167,7 +229,7 @@ enum ListKind {
 impl<'s> Builder<'s> {
     fn span(&self, p: &Pair<'_, Rule>) -> Span {
         let s = p.as_span();
-        Span::new(self.file, s.start(), s.end())
+        Span::new(self.file, s.start(), trim_trivia(self.src, s.start(), s.end()))
     }
 
     fn ident(&self, p: Pair<'_, Rule>) -> Ident {
@@ -179,7 +241,8 @@ impl<'s> Builder<'s> {
         for child in p.into_inner() {
             match child.as_rule() {
                 Rule::item => {
-                    if let Some(item) = self.item(child) {
+                    if let Some(mut item) = self.item(child) {
+                        self.limit_item_depth(&mut item);
                         items.push(item);
                     }
                 }
@@ -513,13 +576,56 @@ impl<'s> Builder<'s> {
         }
     }
 
+    /// Refuses (E0003) every expression of `item` deeper than `MAX_EXPR_DEPTH`.
+    fn limit_item_depth(&mut self, item: &mut Item) {
+        let mut slots: Vec<&mut Expr> = Vec::new();
+        match &mut item.kind {
+            ItemKind::Const(c) => slots.push(&mut c.value),
+            ItemKind::Model(nv) | ItemKind::Cluster(nv) => slots.push(&mut nv.value),
+            ItemKind::Schema(Schema { fields, checks, .. }) | ItemKind::Stage(StageDecl { fields, checks, .. }) => {
+                for f in fields {
+                    slots.extend(f.constraint.as_mut());
+                    slots.extend(f.default.as_mut());
+                }
+                slots.extend(checks.iter_mut().map(|c| &mut c.expr));
+            }
+            ItemKind::Recipe(r) => {
+                slots.extend(r.bindings.iter_mut().map(|b| &mut b.value));
+                slots.extend(r.checks.iter_mut().map(|c| &mut c.expr));
+            }
+            ItemKind::Import(_) | ItemKind::Enum(_) | ItemKind::Interface(_) => {}
+        }
+        for e in slots {
+            self.limit_depth(e);
+        }
+    }
+
+    fn limit_depth(&mut self, e: &mut Expr) {
+        if !too_deep_expr(e) {
+            return;
+        }
+        let span = e.span;
+        self.diags.push(
+            Diagnostic::error("E0003", format!("this expression nests more than {MAX_EXPR_DEPTH} levels deep"))
+                .with_primary(Span { end: span.start, ..span }, "this expression is too deep")
+                .with_help("split it into named constants; no recipe needs this much nesting"),
+        );
+        dispose(std::mem::replace(e, Expr { kind: ExprKind::Error, span }));
+    }
+
     fn expr(&mut self, p: Pair<'_, Rule>) -> Expr {
+        // Brackets nest at most MAX_DEPTH deep, but a debug build's frames are large: grow the
+        // stack rather than overflow it.
+        stacker::maybe_grow(64 << 10, 1 << 20, || self.expr_inner(p))
+    }
+
+    fn expr_inner(&mut self, p: Pair<'_, Rule>) -> Expr {
         match p.as_rule() {
             Rule::expr => match p.into_inner().next() {
                 Some(inner) => self.expr(inner),
                 None => Expr { kind: ExprKind::Error, span: Span::default() },
             },
-            Rule::range_expr => {
+            Rule::range_expr | Rule::in_range => {
                 let span = self.span(&p);
                 let children: Vec<_> = p.into_inner().collect();
                 if children.len() == 1 {
@@ -746,7 +852,7 @@ impl<'s> Builder<'s> {
                     ExprKind::Error
                 }
             }
-            Rule::expr | Rule::range_expr | Rule::bin_expr | Rule::unary => return self.expr(p),
+            Rule::expr | Rule::range_expr | Rule::in_range | Rule::bin_expr | Rule::unary => return self.expr(p),
             _ => ExprKind::Error,
         };
         Expr { kind, span }
@@ -821,6 +927,72 @@ impl<'s> Builder<'s> {
                 .with_secondary(span, "this line was skipped")
                 .with_help(format!("the parser expected {what} here")),
         );
+    }
+}
+
+/// The direct sub-expressions of `e`.
+fn children(e: &Expr) -> Vec<&Expr> {
+    match &e.kind {
+        ExprKind::List(items) => items.iter().collect(),
+        ExprKind::Map(entries) => entries.iter().map(|(_, v)| v).collect(),
+        ExprKind::Field(b, _) | ExprKind::Paren(b) | ExprKind::Unary { expr: b, .. } => vec![b],
+        ExprKind::Call { callee, args, .. } => std::iter::once(&**callee)
+            .chain(args.iter().flat_map(|a| std::iter::once(&a.value).chain(&a.arrow_to)))
+            .collect(),
+        ExprKind::Record { base, fields, .. } => {
+            std::iter::once(&**base).chain(fields.iter().map(|b| &b.value)).collect()
+        }
+        ExprKind::Binary { lhs, rhs, .. } => vec![lhs, rhs],
+        ExprKind::If { cond, then, otherwise } => vec![cond, then, otherwise],
+        ExprKind::Range { start, end, .. } => start.iter().chain(end.iter()).map(|b| &**b).collect(),
+        ExprKind::Number(_)
+        | ExprKind::Quantity { .. }
+        | ExprKind::Str(_)
+        | ExprKind::Bool(_)
+        | ExprKind::None
+        | ExprKind::Name(_)
+        | ExprKind::Error => Vec::new(),
+    }
+}
+
+/// Whether the tree is deeper than `MAX_EXPR_DEPTH`, found without recursion.
+fn too_deep_expr(e: &Expr) -> bool {
+    let mut stack = vec![(e, 1usize)];
+    while let Some((e, depth)) = stack.pop() {
+        if depth > MAX_EXPR_DEPTH {
+            return true;
+        }
+        stack.extend(children(e).into_iter().map(|c| (c, depth + 1)));
+    }
+    false
+}
+
+/// Drops a tree of any depth without recursion.
+fn dispose(e: Expr) {
+    let mut stack = vec![e];
+    while let Some(mut e) = stack.pop() {
+        let take =
+            |b: &mut Box<Expr>| std::mem::replace(&mut **b, Expr { kind: ExprKind::Error, span: Span::default() });
+        match &mut e.kind {
+            ExprKind::List(items) => stack.append(items),
+            ExprKind::Map(entries) => stack.extend(entries.drain(..).map(|(_, v)| v)),
+            ExprKind::Field(b, _) | ExprKind::Paren(b) | ExprKind::Unary { expr: b, .. } => stack.push(take(b)),
+            ExprKind::Call { callee, args, .. } => {
+                stack.push(take(callee));
+                for a in args.drain(..) {
+                    stack.push(a.value);
+                    stack.extend(a.arrow_to);
+                }
+            }
+            ExprKind::Record { base, fields, .. } => {
+                stack.push(take(base));
+                stack.extend(fields.drain(..).map(|b| b.value));
+            }
+            ExprKind::Binary { lhs, rhs, .. } => stack.extend([take(lhs), take(rhs)]),
+            ExprKind::If { cond, then, otherwise } => stack.extend([take(cond), take(then), take(otherwise)]),
+            ExprKind::Range { start, end, .. } => stack.extend(start.take().into_iter().chain(end.take()).map(|b| *b)),
+            _ => {}
+        }
     }
 }
 

@@ -356,7 +356,8 @@ impl<'p> Eval<'p> {
                     if let Some((v, _)) = self.recipe.as_ref()?.instances[i].arrow_to.clone() {
                         return Some(v);
                     }
-                    return Some(Value::None);
+                    // Its argument did not evaluate (already reported): stay silent.
+                    return None;
                 }
                 if id.name == "recipe" {
                     return self.recipe_settings();
@@ -364,7 +365,12 @@ impl<'p> Eval<'p> {
                 self.lookup_name(id, Env::Module(module), expected)
             }
             Env::Recipe(m) => {
-                if let Some(r) = &self.recipe {
+                // A stage binding can only be what a port (or nothing in particular) expects:
+                // `schedule = sync` names the schema even when a stage is called `sync`.
+                let stage_fits = expected.is_none_or(|t| {
+                    matches!(t.strip_optional(), Type::Any | Type::Port(_) | Type::Interface(Iface::Port(_)))
+                });
+                if let Some(r) = self.recipe.as_ref().filter(|_| stage_fits) {
                     if let Some(&i) = r.by_name.get(&id.name) {
                         let def = r.instances[i].name_span;
                         self.references.push((id.span, def));
@@ -1090,6 +1096,12 @@ impl<'p> Eval<'p> {
     // ---- expressions ---------------------------------------------------------------------
 
     pub fn eval(&mut self, e: &Expr, env: Env, expected: Option<&Type>) -> R<Value> {
+        // Expressions nest up to miles_grammar::MAX_EXPR_DEPTH deep and a debug build's frames
+        // here are large: grow the stack rather than overflow it.
+        stacker::maybe_grow(64 << 10, 1 << 20, || self.eval_inner(e, env, expected))
+    }
+
+    fn eval_inner(&mut self, e: &Expr, env: Env, expected: Option<&Type>) -> R<Value> {
         match &e.kind {
             ExprKind::Error => None,
             ExprKind::Number(text) => match Q::parse_literal(text) {

@@ -11,13 +11,14 @@ pub struct Q {
     den: i128,
 }
 
-fn gcd(mut a: i128, mut b: i128) -> i128 {
-    a = a.abs();
-    b = b.abs();
+fn gcd(a: i128, b: i128) -> i128 {
+    // On magnitudes: `i128::MIN.abs()` overflows. Only gcd(MIN, 0) or gcd(MIN, MIN) exceeds
+    // i128::MAX, and `Q::new` rejects MIN before it gets here.
+    let (mut a, mut b) = (a.unsigned_abs(), b.unsigned_abs());
     while b != 0 {
         (a, b) = (b, a % b);
     }
-    a
+    i128::try_from(a).unwrap_or(1)
 }
 
 impl Q {
@@ -27,7 +28,8 @@ impl Q {
         Q { num: n, den: 1 }
     }
     pub fn new(num: i128, den: i128) -> Option<Q> {
-        if den == 0 {
+        // i128::MIN has no negation: keeping it out makes every `Q` negatable.
+        if den == 0 || num == i128::MIN || den == i128::MIN {
             return None;
         }
         let g = gcd(num, den).max(1);
@@ -403,5 +405,10 @@ mod tests {
         assert!(big.checked_mul(Q::int(4)).is_none());
         assert!(Q::ONE.checked_div(Q::ZERO).is_none());
         assert_eq!(Q::int(7).checked_rem(Q::int(3)), Some(Q::int(1)));
+        // -i128::MAX - 1 is i128::MIN, which has no negation: an overflow, not a panic.
+        let min_plus_one = Q::int(-i128::MAX);
+        assert_eq!(min_plus_one.checked_sub(Q::ONE), None);
+        assert_eq!(Q::new(i128::MIN, 1), None);
+        assert_eq!(Q::new(1, i128::MIN), None);
     }
 }
