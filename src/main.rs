@@ -4,11 +4,14 @@ mod check;
 mod diagnostics;
 mod explain;
 mod files;
+mod fmt;
 mod graph;
 mod plan;
 mod planfile;
+mod report;
 mod run;
 mod runspec;
+mod watch;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
@@ -43,8 +46,14 @@ enum Command {
     Plan(plan::Args),
     /// Train a recipe on the embedded backend (libtorch, CPU): metrics, checkpoints, --resume.
     Run(run::Args),
+    /// Draw a run's curves (reward, accuracy, loss, divergence, length) as SVG and summarise it.
+    Report(report::Args),
     /// Explain an error code (`miles explain E0301`); with no code, list them all.
     Explain(explain::Args),
+    /// Rewrite `.miles` files in the canonical layout (`--check`: only report).
+    Fmt(fmt::Args),
+    /// The language server, over stdio (editor set-ups: docs/editors.md).
+    Lsp,
 }
 
 fn main() -> ExitCode {
@@ -60,8 +69,17 @@ fn main() -> ExitCode {
         Command::Check(a) => check::run(a),
         Command::Graph(a) => graph::run(a),
         Command::Explain(a) => explain::run(a),
+        Command::Fmt(a) => fmt::run(a),
+        Command::Lsp => match miles_lsp::run_stdio() {
+            Ok(()) => 0,
+            Err(e) => {
+                eprintln!("miles lsp: {e}");
+                1
+            }
+        },
         Command::Plan(a) => plan::run(a),
         Command::Run(a) => run::run(a),
+        Command::Report(a) => report::run(a),
     };
     ExitCode::from(code)
 }

@@ -1,0 +1,279 @@
+//! `miles report DIR...`: the curves of one or more runs (reward, held-out accuracy, loss,
+//! train-rollout divergence, response length) as SVG files, and a summary table.
+
+use crate::files::write_atomic;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Run directories (each holds a metrics.jsonl); several runs are overlaid.
+    #[arg(required = true)]
+    pub dirs: Vec<PathBuf>,
+    /// Where the SVG files go. Default: DIR/report for one run, ./report for several.
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+}
+
+/// The curves drawn, by metric name, with their titles.
+pub const CHARTS: &[(&str, &str)] = &[
+    ("rollout/reward_mean", "reward (mean over rollouts)"),
+    ("eval/accuracy", "held-out exact-match accuracy"),
+    ("train/loss", "train loss"),
+    ("train/logp_diff", "train-rollout log-prob divergence"),
+    ("rollout/response_len", "response length (tokens)"),
+];
+
+/// One run's metrics: name -> (step, value) points in file order.
+pub struct Run {
+    pub label: String,
+    pub series: BTreeMap<String, Vec<(f64, f64)>>,
+    /// `file:line: why` for every line that was skipped.
+    pub skipped: Vec<String>,
+}
+
+pub fn load(dir: &Path) -> Result<Run, String> {
+    let path = dir.join("metrics.jsonl");
+    let text = std::fs::read_to_string(&path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let mut series: BTreeMap<String, Vec<(f64, f64)>> = BTreeMap::new();
+    let mut skipped = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let v: serde_json::Value = match serde_json::from_str(line) {
+            Ok(v) => v,
+            Err(e) => {
+                // A run killed mid-write leaves a torn last line; report it and go on.
+                skipped.push(format!("{}:{}: {e}", path.display(), i + 1));
+                continue;
+            }
+        };
+        let Some(obj) = v.as_object() else {
+            skipped.push(format!("{}:{}: not a JSON object", path.display(), i + 1));
+            continue;
+        };
+        let Some(step) = obj.get("step").and_then(|s| s.as_f64()) else {
+            skipped.push(format!("{}:{}: no `step`", path.display(), i + 1));
+            continue;
+        };
+        for (k, val) in obj {
+            if let Some(x) = val.as_f64().filter(|x| x.is_finite()) {
+                if k != "step" {
+                    series.entry(k.clone()).or_default().push((step, x));
+                }
+            }
+        }
+    }
+    Ok(Run { label: dir.display().to_string(), series, skipped })
+}
+
+pub fn run(args: Args) -> u8 {
+    let mut runs = Vec::new();
+    for d in &args.dirs {
+        match load(d) {
+            Ok(r) => runs.push(r),
+            Err(e) => {
+                eprintln!("error[E0501]: {e}");
+                return 1;
+            }
+        }
+    }
+    for r in &runs {
+        for s in &r.skipped {
+            eprintln!("warning: skipped {s}");
+        }
+    }
+    let out = args.out.clone().unwrap_or_else(|| {
+        if runs.len() == 1 {
+            args.dirs[0].join("report")
+        } else {
+            PathBuf::from("report")
+        }
+    });
+    if let Err(e) = std::fs::create_dir_all(&out) {
+        eprintln!("error: cannot create {}: {e}", out.display());
+        return 1;
+    }
+    let mut written = Vec::new();
+    for (metric, title) in CHARTS {
+        let lines: Vec<(&str, &[(f64, f64)])> =
+            runs.iter().filter_map(|r| r.series.get(*metric).map(|s| (r.label.as_str(), s.as_slice()))).collect();
+        if lines.is_empty() {
+            continue;
+        }
+        let file = out.join(format!("{}.svg", metric.replace('/', "_")));
+        if let Err(e) = write_atomic(&file.to_string_lossy(), svg_chart(title, &lines).as_bytes()) {
+            eprintln!("error: cannot write {}: {e}", file.display());
+            return 1;
+        }
+        written.push(file);
+    }
+    print!("{}", summary_table(&runs));
+    for f in &written {
+        println!("wrote {}", f.display());
+    }
+    0
+}
+
+fn median(mut xs: Vec<f64>) -> Option<f64> {
+    if xs.is_empty() {
+        return None;
+    }
+    xs.sort_by(|a, b| a.total_cmp(b));
+    let n = xs.len();
+    Some(if n % 2 == 1 { xs[n / 2] } else { (xs[n / 2 - 1] + xs[n / 2]) / 2.0 })
+}
+
+/// A Markdown table: per run, steps, first/last held-out accuracy, best, last reward and the
+/// median throughputs.
+pub fn summary_table(runs: &[Run]) -> String {
+    let mut s = String::from(
+        "| run | steps | eval first | eval last | eval best | reward last | gen tok/s (median) | train tok/s (median) |\n|---|---|---|---|---|---|---|---|\n",
+    );
+    let pct = |x: Option<f64>| x.map(|v| format!("{:.1}%", 100.0 * v)).unwrap_or_else(|| "-".into());
+    let num = |x: Option<f64>| x.map(|v| format!("{v:.0}")).unwrap_or_else(|| "-".into());
+    for r in runs {
+        let get = |k: &str| r.series.get(k).cloned().unwrap_or_default();
+        let eval = get("eval/accuracy");
+        let steps = r.series.values().flat_map(|s| s.iter().map(|p| p.0)).fold(0.0f64, f64::max);
+        let best = eval.iter().map(|p| p.1).fold(None, |m: Option<f64>, v| Some(m.map_or(v, |m| m.max(v))));
+        s.push_str(&format!(
+            "| {} | {} | {} | {} | {} | {} | {} | {} |\n",
+            r.label,
+            steps,
+            pct(eval.first().map(|p| p.1)),
+            pct(eval.last().map(|p| p.1)),
+            pct(best),
+            get("rollout/reward_mean").last().map(|p| format!("{:.3}", p.1)).unwrap_or_else(|| "-".into()),
+            num(median(get("perf/gen_tokens_per_s").iter().map(|p| p.1).collect())),
+            num(median(get("perf/train_tokens_per_s").iter().map(|p| p.1).collect())),
+        ));
+    }
+    s
+}
+
+const COLORS: &[&str] = &["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf"];
+
+fn esc(s: &str) -> String {
+    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;")
+}
+
+/// A self-contained SVG line chart with axes, ticks and a legend.
+pub fn svg_chart(title: &str, lines: &[(&str, &[(f64, f64)])]) -> String {
+    let (w, h, left, right, top, bottom) = (720.0, 360.0, 64.0, 16.0, 36.0, 44.0);
+    let pts = lines.iter().flat_map(|(_, p)| p.iter());
+    let (mut x0, mut x1, mut y0, mut y1) = (f64::MAX, f64::MIN, f64::MAX, f64::MIN);
+    for &(x, y) in pts {
+        x0 = x0.min(x);
+        x1 = x1.max(x);
+        y0 = y0.min(y);
+        y1 = y1.max(y);
+    }
+    if x1 <= x0 {
+        x1 = x0 + 1.0;
+    }
+    if y1 <= y0 {
+        y1 = y0 + 1.0;
+        y0 -= 1.0;
+    }
+    let pad = (y1 - y0) * 0.05;
+    let (y0, y1) = (y0 - pad, y1 + pad);
+    let sx = |x: f64| left + (x - x0) / (x1 - x0) * (w - left - right);
+    let sy = |y: f64| top + (1.0 - (y - y0) / (y1 - y0)) * (h - top - bottom);
+    let mut s = format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" viewBox=\"0 0 {w} {h}\" font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n<text x=\"{}\" y=\"22\" font-size=\"15\" font-weight=\"bold\">{}</text>\n",
+        left,
+        esc(title)
+    );
+    for i in 0..=4 {
+        let fy = y0 + (y1 - y0) * f64::from(i) / 4.0;
+        let fx = x0 + (x1 - x0) * f64::from(i) / 4.0;
+        s.push_str(&format!(
+            "<line x1=\"{left}\" x2=\"{}\" y1=\"{:.1}\" y2=\"{:.1}\" stroke=\"#ddd\"/><text x=\"{}\" y=\"{:.1}\" text-anchor=\"end\">{}</text>\n",
+            w - right,
+            sy(fy),
+            sy(fy),
+            left - 6.0,
+            sy(fy) + 4.0,
+            tick(fy)
+        ));
+        s.push_str(&format!(
+            "<text x=\"{:.1}\" y=\"{}\" text-anchor=\"middle\">{}</text>\n",
+            sx(fx),
+            h - bottom + 18.0,
+            tick(fx)
+        ));
+    }
+    s.push_str(&format!(
+        "<text x=\"{:.1}\" y=\"{}\" text-anchor=\"middle\">step</text>\n",
+        (left + w - right) / 2.0,
+        h - 8.0
+    ));
+    for (i, (label, p)) in lines.iter().enumerate() {
+        let color = COLORS[i % COLORS.len()];
+        let path: Vec<String> = p.iter().map(|&(x, y)| format!("{:.1},{:.1}", sx(x), sy(y))).collect();
+        s.push_str(&format!(
+            "<polyline fill=\"none\" stroke=\"{color}\" stroke-width=\"1.6\" points=\"{}\"/>\n",
+            path.join(" ")
+        ));
+        if p.len() <= 40 {
+            for &(x, y) in p.iter() {
+                s.push_str(&format!("<circle cx=\"{:.1}\" cy=\"{:.1}\" r=\"2.5\" fill=\"{color}\"/>\n", sx(x), sy(y)));
+            }
+        }
+        let ly = top + 14.0 * i as f64 + 6.0;
+        s.push_str(&format!(
+            "<line x1=\"{}\" x2=\"{}\" y1=\"{ly:.1}\" y2=\"{ly:.1}\" stroke=\"{color}\" stroke-width=\"3\"/><text x=\"{}\" y=\"{:.1}\" text-anchor=\"end\">{}</text>\n",
+            w - right - 130.0,
+            w - right - 110.0,
+            w - right - 136.0,
+            ly + 4.0,
+            esc(label)
+        ));
+    }
+    s.push_str("</svg>\n");
+    s
+}
+
+fn tick(v: f64) -> String {
+    let a = v.abs();
+    if a != 0.0 && !(1e-3..1e5).contains(&a) {
+        format!("{v:.1e}")
+    } else if a >= 100.0 {
+        format!("{v:.0}")
+    } else {
+        let t = format!("{v:.3}");
+        t.trim_end_matches('0').trim_end_matches('.').to_string()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn torn_lines_are_reported_with_file_and_line() {
+        let dir = std::env::temp_dir().join(format!("miles-report-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("metrics.jsonl"), "{\"step\":1,\"eval/accuracy\":0.5}\n{\"step\":2,\"eval/acc")
+            .unwrap();
+        let r = load(&dir).unwrap();
+        assert_eq!(r.series["eval/accuracy"], vec![(1.0, 0.5)]);
+        assert_eq!(r.skipped.len(), 1);
+        assert!(r.skipped[0].contains("metrics.jsonl:2:"), "{:?}", r.skipped);
+        std::fs::remove_dir_all(&dir).ok();
+    }
+
+    #[test]
+    fn summary_and_chart() {
+        let mut series = BTreeMap::new();
+        series.insert("eval/accuracy".to_string(), vec![(0.0, 0.2), (10.0, 0.6), (20.0, 0.5)]);
+        series.insert("rollout/reward_mean".to_string(), vec![(1.0, 0.1), (20.0, 0.7)]);
+        let runs = vec![Run { label: "a".into(), series, skipped: vec![] }];
+        let t = summary_table(&runs);
+        assert!(t.contains("| a | 20 | 20.0% | 50.0% | 60.0% | 0.700 | - | - |"), "{t}");
+        let svg = svg_chart("t", &[("a", &[(0.0, 0.0), (1.0, 1.0)])]);
+        assert!(svg.starts_with("<svg") && svg.contains("<polyline"));
+    }
+}
