@@ -1,0 +1,261 @@
+//! End-to-end tests of the built `miles` binary: real processes, real files, exit codes and
+//! output formats. Bad input must never panic, hang or overflow the stack: it exits 1 with
+//! diagnostics.
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+const MILES: &str = env!("CARGO_BIN_EXE_miles");
+
+struct Run {
+    code: Option<i32>,
+    stdout: String,
+    stderr: String,
+}
+
+/// Runs `miles args...` from the repository root, killed after 60 s.
+fn miles(args: &[&str]) -> Run {
+    let mut child = Command::new(MILES)
+        .args(args)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .env("NO_COLOR", "1")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn miles");
+    let mut out = child.stdout.take().unwrap();
+    let mut err = child.stderr.take().unwrap();
+    let t_out = std::thread::spawn(move || {
+        let mut s = Vec::new();
+        let _ = out.read_to_end(&mut s);
+        s
+    });
+    let t_err = std::thread::spawn(move || {
+        let mut s = Vec::new();
+        let _ = err.read_to_end(&mut s);
+        s
+    });
+    let start = Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if start.elapsed() > Duration::from_secs(60) {
+            let _ = child.kill();
+            panic!("miles {args:?} hung for 60 s");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let stdout = String::from_utf8_lossy(&t_out.join().unwrap()).into_owned();
+    let stderr = String::from_utf8_lossy(&t_err.join().unwrap()).into_owned();
+    Run { code: status.code(), stdout, stderr }
+}
+
+/// A scratch file under cargo's per-test temporary directory.
+fn scratch(name: &str, bytes: &[u8]) -> PathBuf {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("cli");
+    std::fs::create_dir_all(&dir).unwrap();
+    let p = dir.join(name);
+    std::fs::write(&p, bytes).unwrap();
+    p
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+/// Exit 1 with at least one diagnostic, and no sign of a crash.
+fn assert_clean_failure(r: &Run, what: &str) {
+    assert_eq!(r.code, Some(1), "{what}: exit code\nstderr:\n{}", r.stderr);
+    assert!(
+        !r.stderr.contains("panicked") && !r.stderr.contains("overflowed its stack"),
+        "{what}: crashed:\n{}",
+        r.stderr
+    );
+    assert!(r.stderr.contains("error[E") || r.stderr.contains("E0"), "{what}: no diagnostic:\n{}", r.stderr);
+}
+
+fn json_check(path: &str) -> (Option<i32>, serde_json::Value) {
+    let r = miles(&["check", "--format", "json", path]);
+    let v: serde_json::Value = serde_json::from_str(&r.stdout).unwrap_or_else(|e| panic!("{e}: {}", r.stdout));
+    (r.code, v)
+}
+
+#[test]
+fn shipped_recipes_check_cleanly() {
+    let mut n = 0;
+    for e in std::fs::read_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join("recipes")).unwrap() {
+        let p = e.unwrap().path();
+        if p.extension().is_some_and(|x| x == "miles") {
+            let (code, v) = json_check(s(&p));
+            assert_eq!(code, Some(0), "{}: {v:#}", p.display());
+            assert_eq!(v["errors"], 0, "{}", p.display());
+            n += 1;
+        }
+    }
+    assert!(n >= 2, "recipes/ holds the shipped recipes");
+}
+
+#[test]
+fn check_exit_codes() {
+    assert_eq!(miles(&["check", "recipes/grpo-arith.miles"]).code, Some(0));
+    let r = miles(&["check", "tests/cases/e0202_unit_mismatch.miles"]);
+    assert_eq!(r.code, Some(1));
+    assert!(r.stderr.contains("E0202") && r.stderr.contains("failed:"), "{}", r.stderr);
+    // Warnings alone pass, unless denied.
+    let warn = "tests/cases/e0305_unused_stage.miles";
+    let r = miles(&["check", warn]);
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+    assert!(r.stderr.contains("E0305"), "{}", r.stderr);
+    assert_eq!(miles(&["check", "--deny-warnings", warn]).code, Some(1));
+    // --set with full type checking; a malformed --set is a usage error.
+    assert_eq!(miles(&["check", "recipes/grpo-arith.miles", "--set", "train.lr=1e-4"]).code, Some(0));
+    let r = miles(&["check", "recipes/grpo-arith.miles", "--set", "train.lr=fast"]);
+    assert_eq!(r.code, Some(1), "{}", r.stderr);
+    assert_eq!(miles(&["check", "recipes/grpo-arith.miles", "--set", "novalue"]).code, Some(2));
+}
+
+#[test]
+fn check_json_output() {
+    let (code, v) = json_check("tests/cases/multi_five_mistakes.miles");
+    assert_eq!(code, Some(1));
+    assert_eq!(v["format_version"], 1);
+    let diags = v["diagnostics"].as_array().unwrap();
+    assert_eq!(v["errors"].as_u64().unwrap() as usize, diags.len());
+    // Five mistakes, all reported at once, each at its line (the batch rule fails twice).
+    let got: Vec<(String, u64)> = diags
+        .iter()
+        .map(|d| (d["code"].as_str().unwrap().to_string(), d["primary"]["location"]["line"].as_u64().unwrap()))
+        .collect();
+    let want = [("E0202", 15), ("E0105", 16), ("E0301", 19), ("E0301", 19), ("E0109", 23), ("E0203", 26)];
+    let want: Vec<(String, u64)> = want.iter().map(|(c, l)| (c.to_string(), *l)).collect();
+    assert_eq!(got, want);
+    for d in diags {
+        assert_eq!(d["severity"], "error");
+        assert!(d["message"].as_str().is_some_and(|m| !m.is_empty()));
+        let loc = &d["primary"]["location"];
+        assert!(loc["file"].as_str().unwrap().ends_with("multi_five_mistakes.miles"));
+        assert!(loc["column"].as_u64().unwrap() >= 1);
+        assert!(loc["start"].as_u64().unwrap() <= loc["end"].as_u64().unwrap());
+    }
+    let rule = diags.iter().find_map(|d| d["rule"]["name"].as_str()).unwrap();
+    assert_eq!(rule, "std/stages.grpo");
+}
+
+#[test]
+fn graph_formats() {
+    let f = "recipes/grpo-arith.miles";
+    let r = miles(&["graph", f, "--format", "mermaid"]);
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+    assert!(r.stdout.starts_with("flowchart LR"));
+    assert!(r.stdout.contains("train -- Policy --> sync") && r.stdout.contains("-. Weights .->"), "{}", r.stdout);
+    let r = miles(&["graph", f, "--format", "dot"]);
+    assert_eq!(r.code, Some(0));
+    assert!(r.stdout.starts_with("digraph") && r.stdout.contains("style=dashed"), "{}", r.stdout);
+    let r = miles(&["graph", f, "--format", "json"]);
+    assert_eq!(r.code, Some(0));
+    let v: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
+    assert_eq!(v["recipe"], "grpo_arith");
+    let names: Vec<&str> = v["nodes"].as_array().unwrap().iter().map(|n| n["name"].as_str().unwrap()).collect();
+    for want in ["warmup", "rollout", "reward", "train", "sync", "eval"] {
+        assert!(names.contains(&want), "{names:?}");
+    }
+    let back: Vec<_> = v["edges"].as_array().unwrap().iter().filter(|e| e["back"] == true).collect();
+    assert_eq!(back.len(), 1);
+    assert_eq!((back[0]["from"].as_str(), back[0]["to"].as_str()), (Some("sync"), Some("rollout")));
+    // A file with errors prints diagnostics, no graph.
+    let r = miles(&["graph", "tests/cases/e0304_no_weight_sync.miles"]);
+    assert_eq!(r.code, Some(1));
+    assert!(r.stdout.is_empty() && r.stderr.contains("E0304"));
+}
+
+#[test]
+fn explain() {
+    let r = miles(&["explain", "E0301"]);
+    assert_eq!(r.code, Some(0));
+    assert!(r.stdout.starts_with("E0301: check failed"), "{}", r.stdout);
+    assert_eq!(miles(&["explain", "e0202"]).code, Some(0), "codes are case-insensitive");
+    let r = miles(&["explain", "E9999"]);
+    assert_eq!(r.code, Some(1));
+    assert!(r.stderr.contains("no error code `E9999`"));
+    let r = miles(&["explain"]);
+    assert_eq!(r.code, Some(0));
+    for c in miles_grammar::codes::CODES {
+        assert!(r.stdout.contains(c.code), "`miles explain` lists {}", c.code);
+    }
+}
+
+#[test]
+fn help_and_version() {
+    let r = miles(&["--version"]);
+    assert_eq!(r.code, Some(0));
+    assert_eq!(r.stdout.trim(), format!("miles {}", env!("CARGO_PKG_VERSION")));
+    let r = miles(&["--help"]);
+    assert_eq!(r.code, Some(0));
+    let verbs: Vec<String> = r
+        .stdout
+        .lines()
+        .skip_while(|l| !l.starts_with("Commands:"))
+        .skip(1)
+        .take_while(|l| l.starts_with("  "))
+        .filter_map(|l| l.split_whitespace().next().map(str::to_string))
+        .filter(|v| v != "help")
+        .collect();
+    for want in ["check", "graph", "explain"] {
+        assert!(verbs.iter().any(|v| v == want), "{verbs:?}");
+    }
+    for v in &verbs {
+        let h = miles(&[v, "--help"]);
+        assert_eq!(h.code, Some(0), "miles {v} --help");
+        assert!(h.stdout.contains("Usage: miles"), "miles {v} --help:\n{}", h.stdout);
+    }
+    assert_eq!(miles(&["no-such-verb"]).code, Some(2));
+}
+
+#[test]
+fn bad_input_fails_cleanly() {
+    // Random bytes (a fixed xorshift stream), invalid UTF-8, deep nesting, a large file.
+    let mut x: u64 = 0x9e3779b97f4a7c15;
+    let random: Vec<u8> = (0..64 * 1024)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect();
+    let cases: Vec<(&str, Vec<u8>)> = vec![
+        ("random.miles", random),
+        ("invalid_utf8.miles", b"const a = \"\xff\xfe\"\nconst b: Int = \"x\"\n".to_vec()),
+        ("deep_parens.miles", format!("const x = {}1{}\n", "(".repeat(10_000), ")".repeat(10_000)).into_bytes()),
+        ("deep_braces.miles", format!("recipe r {}\n", "{ a = b ".repeat(10_000)).into_bytes()),
+        ("deep_ifs.miles", format!("const x = {}1{}\n", "if true then ".repeat(10_000), " else 2".repeat(10_000)).into_bytes()),
+        ("long_sum.miles", format!("const x = 1{}\n", " + 1".repeat(20_000)).into_bytes()),
+        ("ten_mb.miles", "const x = 1\n".repeat(10 * 1024 * 1024 / 12 + 1).into_bytes()),
+        ("unknown_unit.miles", b"const d = 3.parsecs\n".to_vec()),
+        ("overflow.miles", b"const n = 999999999999999999999999999999999999999999\nconst m = 170141183460469231731687303715884105727 + 1\n".to_vec()),
+    ];
+    for (name, bytes) in &cases {
+        let p = scratch(name, bytes);
+        let start = Instant::now();
+        let r = miles(&["check", s(&p)]);
+        assert_clean_failure(&r, name);
+        assert!(start.elapsed() < Duration::from_secs(30), "{name} took {:?}", start.elapsed());
+        if name.starts_with("random") || name.starts_with("deep_parens") {
+            let (code, v) = json_check(s(&p));
+            assert_eq!(code, Some(1), "{name}");
+            assert!(v["errors"].as_u64().unwrap() >= 1, "{name}");
+        }
+    }
+    // Import cycles, missing files, a directory given as a file.
+    assert_clean_failure(&miles(&["check", "tests/cases/e0102_import_cycle/main.miles"]), "import cycle");
+    let r = miles(&["check", "no/such/file.miles"]);
+    assert_clean_failure(&r, "missing file");
+    assert!(r.stderr.contains("E0101"), "{}", r.stderr);
+    let r = miles(&["check", "recipes"]);
+    assert_clean_failure(&r, "directory");
+    assert!(r.stderr.contains("directory"), "{}", r.stderr);
+}
