@@ -32,8 +32,10 @@ starts (or the file ends). The parser closes it there and goes on.",
     Code {
         code: "E0003",
         title: "nesting too deep",
-        explanation: "Brackets nest deeper than the parser allows (256 levels). Real recipes \
-never come near this; the limit keeps the parser from exhausting its stack on hostile input.",
+        explanation: "Brackets nest deeper than the parser allows (256 levels), or one expression \
+is deeper than 1000 levels (a chain of a thousand `+`, `-` or `.field`). Real recipes never come \
+near this; the limits keep the checker from exhausting its stack on hostile input. Split the \
+expression into named constants.",
     },
     Code {
         code: "E0004",
