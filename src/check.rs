@@ -18,6 +18,9 @@ pub struct Args {
     pub set: Vec<String>,
     #[arg(long, value_enum, default_value = "auto")]
     pub format: DiagFormat,
+    /// Check again whenever a checked file or a module it imports changes; Ctrl-C stops.
+    #[arg(long)]
+    pub watch: bool,
 }
 
 pub fn parse_sets(sets: &[String]) -> Result<Vec<(String, String)>, String> {
@@ -37,7 +40,17 @@ pub fn run(args: Args) -> u8 {
             return 2;
         }
     };
+    if args.watch {
+        return crate::watch::watch(|| check_once(&args, overrides.clone()).1);
+    }
+    check_once(&args, overrides).0
+}
+
+/// One check: the exit code, and the user files it read (for `--watch`).
+fn check_once(args: &Args, overrides: Vec<(String, String)>) -> (u8, Vec<std::path::PathBuf>) {
     let c = compile(&DiskFs, &args.files, &Options { overrides, recipe: None });
+    let mut read: Vec<std::path::PathBuf> = args.files.iter().map(std::path::PathBuf::from).collect();
+    read.extend(c.program.modules.iter().filter(|m| !m.is_std).map(|m| std::path::PathBuf::from(&m.key)));
     emit(&c.program.sources, &c.diagnostics, args.format);
     let (errors, warnings) = summary(&c.diagnostics);
     if resolve_format(args.format) != DiagFormat::Json {
@@ -49,5 +62,5 @@ pub fn run(args: Args) -> u8 {
             args.files.len()
         );
     }
-    u8::from(errors > 0 || (args.deny_warnings && warnings > 0))
+    (u8::from(errors > 0 || (args.deny_warnings && warnings > 0)), read)
 }

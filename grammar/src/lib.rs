@@ -7,6 +7,7 @@
 pub mod ast;
 pub mod codes;
 pub mod diag;
+pub mod fmt;
 mod parse;
 
 pub use parse::{collect_comments, parse, parse_expr, unescape, MAX_DEPTH, MAX_FILE_BYTES};

@@ -5,6 +5,7 @@
 pub mod eval;
 pub mod fs;
 pub mod graph;
+pub mod ide;
 pub mod num;
 pub mod program;
 pub mod recipe;

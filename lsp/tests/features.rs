@@ -1,0 +1,417 @@
+//! Every feature of the server, driven in-process over JSON-RPC: multi-file fixtures with a
+//! `$0` cursor, answers rendered as short text and snapshotted (lsp/tests/snapshots/).
+
+mod support;
+
+use insta::assert_snapshot;
+use serde_json::{json, Value};
+use support::*;
+
+/// A recipe that imports a library module and the stdlib task; `$0` goes where each test asks.
+fn recipe(body_marker: &str) -> String {
+    format!(
+        r#"//- main.miles
+import std/tasks/arith
+import ./lib/common
+
+/// The policy.
+model policy = transformer {{ layers = 2, d_model = 64, heads = 4, vocab = arith.vocab }}
+
+recipe tiny {{
+    rollout = generate(policy) {{
+        prompts        = arith.addition {{ digits = 2 }}
+        max_new_tokens = common.answer_tokens
+    }}
+    reward = exact_match(rollout)
+    train  = grpo(rollout, reward) {{
+        rollout_batch = 16
+        global_batch  = 128
+        lr            = common.peak_lr
+        {body_marker}
+    }}
+    sync = weights(train -> rollout)
+    stop = 100.steps
+}}
+//- lib/common.miles
+/// Peak learning rate of every recipe of the team.
+const peak_lr = 3e-4
+/// Answer length in tokens.
+const answer_tokens = 2.tokens * 2
+"#
+    )
+}
+
+fn hover_text(c: &mut Client) -> String {
+    let h = c.at_cursor("textDocument/hover", json!({}));
+    if h.is_null() {
+        return "(no hover)".into();
+    }
+    let range = c.loc(&c.main_uri(), &h["range"]);
+    format!("{range}\n{}", h["contents"]["value"].as_str().unwrap_or(""))
+}
+
+fn completion_text(c: &mut Client) -> String {
+    let v = c.at_cursor("textDocument/completion", json!({}));
+    render_completions(&v)
+}
+
+#[test]
+fn diagnostics_on_open_and_change() {
+    let mut c = Client::start(&recipe("lrr = 1e-4"));
+    let uri = c.main_uri();
+    let d = c.diagnostics(&uri);
+    assert_snapshot!("diagnostics_open", render_diagnostics(&d));
+    // Fix the typo: the next publication is clean.
+    let text = c.fx.text("main.miles").replace("lrr = 1e-4", "");
+    c.change(2, json!([{ "text": text }]));
+    let d = c.diagnostics(&uri);
+    assert_eq!(render_diagnostics(&d), "");
+    assert_eq!(d["version"], 2);
+    c.shutdown();
+}
+
+#[test]
+fn diagnostics_keep_going_past_a_syntax_error() {
+    let mut c = Client::start(
+        r#"const broken = (1 +
+const fine: Bytes = 4
+recipe r {
+    x = = 2
+}
+"#,
+    );
+    let uri = c.main_uri();
+    let d = c.diagnostics(&uri);
+    assert_snapshot!(render_diagnostics(&d));
+    c.shutdown();
+}
+
+#[test]
+fn hover_on_a_stage_kind() {
+    let mut c = Client::start(&recipe("").replace("train  = grpo(", "train  = gr$0po("));
+    assert_snapshot!(hover_text(&mut c));
+    c.shutdown();
+}
+
+#[test]
+fn hover_on_a_field_shows_declaration_and_value() {
+    let mut c = Client::start(&recipe("").replace("rollout_batch = 16", "rollout_b$0atch = 16"));
+    assert_snapshot!(hover_text(&mut c));
+    c.shutdown();
+}
+
+#[test]
+fn hover_on_an_imported_constant_shows_its_value() {
+    let mut c = Client::start(&recipe("").replace("common.answer_tokens", "common.answer_to$0kens"));
+    assert_snapshot!(hover_text(&mut c));
+    c.shutdown();
+}
+
+#[test]
+fn hover_on_a_stage_instance_lists_parameters() {
+    let mut c = Client::start(&recipe("").replace("exact_match(rollout)", "exact_match(roll$0out)"));
+    assert_snapshot!(hover_text(&mut c));
+    c.shutdown();
+}
+
+#[test]
+fn hover_on_a_quantity_and_a_setting() {
+    let mut c = Client::start("const x = 1.G$0iB / 4\n");
+    assert_snapshot!("hover_quantity", hover_text(&mut c));
+    c.shutdown();
+    let mut c = Client::start(&recipe("").replace("stop = 100.steps", "st$0op = 100.steps"));
+    assert_snapshot!("hover_setting", hover_text(&mut c));
+    c.shutdown();
+}
+
+#[test]
+fn hover_on_an_import_path() {
+    let mut c = Client::start(&recipe("").replace("import std/tasks/arith", "import std/tasks/ar$0ith"));
+    assert_snapshot!(hover_text(&mut c));
+    c.shutdown();
+}
+
+#[test]
+fn completion_of_stage_parameters() {
+    let mut c = Client::start(&recipe("$0"));
+    assert_snapshot!(completion_text(&mut c));
+    c.shutdown();
+}
+
+#[test]
+fn completion_of_enum_members_for_a_field() {
+    let mut c = Client::start(&recipe("aggregation = $0"));
+    let text = completion_text(&mut c);
+    let head: String = text.lines().take(3).map(|l| format!("{l}\n")).collect();
+    assert_snapshot!(head);
+    c.shutdown();
+}
+
+#[test]
+fn completion_of_import_paths_and_module_members() {
+    let mut c = Client::start("import std/$0\n");
+    assert_snapshot!("completion_import_paths", completion_text(&mut c));
+    c.shutdown();
+    let mut c = Client::start(&recipe("").replace("vocab = arith.vocab", "vocab = arith.$0"));
+    assert_snapshot!("completion_module_members", completion_text(&mut c));
+    c.shutdown();
+}
+
+#[test]
+fn completion_in_a_recipe_body() {
+    let mut c = Client::start(&recipe("").replace("    stop = 100.steps\n", "    $0\n"));
+    assert_snapshot!("completion_recipe_settings", completion_text(&mut c));
+    c.shutdown();
+    let mut c = Client::start(&recipe("").replace("    stop = 100.steps\n", "    eval = ev$0\n"));
+    let text = completion_text(&mut c);
+    assert!(text.lines().any(|l| l.starts_with("evaluate (3)")), "stage kinds offered:\n{text}");
+    c.shutdown();
+}
+
+#[test]
+fn completion_and_hover_survive_a_syntax_error_elsewhere() {
+    let fixture = r#"const broken = [1, 2
+schema lr_schedule {
+    /// Peak learning rate.
+    peak: Float in 0..1 = 1e-4
+    warmup: Steps = 100.steps
+}
+const s = lr_schedule { $0 }
+"#;
+    let mut c = Client::start(fixture);
+    assert_snapshot!("broken_completion", completion_text(&mut c));
+    c.shutdown();
+    let mut c = Client::start(&fixture.replace("$0", "").replace("const s = lr_sch", "const s = lr_s$0ch"));
+    assert_snapshot!("broken_hover", hover_text(&mut c));
+    c.shutdown();
+}
+
+fn definition_text(c: &mut Client) -> String {
+    let d = c.at_cursor("textDocument/definition", json!({}));
+    if d.is_null() {
+        return "(none)".into();
+    }
+    let uri = d["uri"].as_str().unwrap_or("").to_string();
+    format!("{} `{}`", c.loc(&uri, &d["range"]), c.range_text(&uri, &d["range"]))
+}
+
+#[test]
+fn go_to_definition_across_modules_and_into_the_stdlib() {
+    let cases = [
+        ("stdlib stage kind", recipe("").replace("train  = grpo(", "train  = gr$0po(")),
+        ("stdlib field in a stage block", recipe("").replace("global_batch  = 128", "global_b$0atch  = 128")),
+        ("imported constant", recipe("").replace("common.peak_lr", "common.pea$0k_lr")),
+        ("import path", recipe("").replace("import ./lib/common", "import ./lib/com$0mon")),
+        ("stage instance", recipe("").replace("weights(train -> rollout)", "weights(train -> roll$0out)")),
+        ("model", recipe("").replace("generate(policy)", "generate(pol$0icy)")),
+        ("recipe setting", recipe("").replace("stop = 100.steps", "st$0op = 100.steps")),
+    ];
+    let mut out = String::new();
+    for (name, fx) in cases {
+        let mut c = Client::start(&fx);
+        out.push_str(&format!("{name}: {}\n", definition_text(&mut c)));
+        c.shutdown();
+    }
+    assert_snapshot!(out);
+}
+
+#[test]
+fn stdlib_files_are_read_only_and_analysed_as_stdlib() {
+    let mut c = Client::start(&recipe("").replace("train  = grpo(", "train  = gr$0po("));
+    let d = c.at_cursor("textDocument/definition", json!({}));
+    let uri = d["uri"].as_str().unwrap_or("").to_string();
+    let path = lsp_types::Url::parse(&uri).ok().and_then(|u| u.to_file_path().ok()).unwrap_or_default();
+    assert!(std::fs::metadata(&path).map(|m| m.permissions().readonly()).unwrap_or(false));
+    // Opening it: hover works there, and it has no diagnostics of its own.
+    let text = std::fs::read_to_string(&path).unwrap_or_default();
+    c.notify("textDocument/didOpen", json!({ "textDocument": { "uri": uri, "languageId": "miles", "version": 1, "text": text } }));
+    let diags = c.diagnostics(&uri);
+    assert_eq!(render_diagnostics(&diags), "");
+    let at = text.find("stage grpo").unwrap_or(0) + "stage g".len();
+    let line = text[..at].matches('\n').count();
+    let col = at - text[..at].rfind('\n').map(|i| i + 1).unwrap_or(0);
+    let h = c.request("textDocument/hover", json!({ "textDocument": { "uri": uri }, "position": { "line": line, "character": col } }));
+    assert!(h["contents"]["value"].as_str().unwrap_or("").contains("stage grpo(rollout: Trajectories, reward: Scores) -> Policy"));
+    let r = c.request(
+        "textDocument/rename",
+        json!({ "textDocument": { "uri": uri }, "position": { "line": line, "character": col }, "newName": "x" }),
+    );
+    assert_snapshot!(r["error"].as_str().unwrap_or("renamed?!"), @"`grpo` is declared in the standard library, which is read-only");
+    c.shutdown();
+}
+
+#[test]
+fn find_references_across_open_documents() {
+    let mut c = Client::start(&recipe("").replace("/// Peak learning rate of every recipe of the team.\nconst peak_lr", "/// Peak learning rate of every recipe of the team.\nconst pea$0k_lr"));
+    // The cursor is in lib/common.miles; the recipe that uses it is open too.
+    c.open("main.miles");
+    let refs = c.at_cursor("textDocument/references", json!({ "context": { "includeDeclaration": true } }));
+    let mut out = String::new();
+    for r in refs.as_array().cloned().unwrap_or_default() {
+        let uri = r["uri"].as_str().unwrap_or("").to_string();
+        out.push_str(&format!("{} `{}`\n", c.loc(&uri, &r["range"]), c.range_text(&uri, &r["range"])));
+    }
+    assert_snapshot!(out);
+    c.shutdown();
+}
+
+#[test]
+fn rename_a_constant_and_a_stage_instance() {
+    let mut out = String::new();
+    for fx in [
+        "const ba$0se = 2\nconst twice = base * 2\nconst list = [base, twice]\n".to_string(),
+        recipe("").replace("reward = exact_match(rollout)", "reward = exact_match(roll$0out)"),
+    ] {
+        let mut c = Client::start(&fx);
+        let r = c.at_cursor("textDocument/rename", json!({ "newName": "renamed" }));
+        let mut edits: Vec<String> = Vec::new();
+        for (uri, list) in r["changes"].as_object().cloned().unwrap_or_default() {
+            for e in list.as_array().cloned().unwrap_or_default() {
+                edits.push(format!("{} `{}` -> {}", c.loc(&uri, &e["range"]), c.range_text(&uri, &e["range"]), e["newText"]));
+            }
+        }
+        edits.sort();
+        out.push_str(&edits.join("\n"));
+        out.push_str("\n--\n");
+        let bad = c.at_cursor("textDocument/rename", json!({ "newName": "check" }));
+        out.push_str(&format!("{}\n==\n", bad["error"]));
+        c.shutdown();
+    }
+    assert_snapshot!(out);
+}
+
+fn render_symbols(v: &Value, depth: usize, out: &mut String) {
+    for s in v.as_array().cloned().unwrap_or_default() {
+        let r = &s["range"]["start"];
+        out.push_str(&format!(
+            "{}{} (kind {}) {} @{}\n",
+            "  ".repeat(depth),
+            s["name"].as_str().unwrap_or(""),
+            s["kind"],
+            s["detail"].as_str().unwrap_or(""),
+            r["line"].as_u64().unwrap_or(0) + 1
+        ));
+        render_symbols(&s["children"], depth + 1, out);
+    }
+}
+
+#[test]
+fn document_symbols() {
+    let mut c = Client::start(&recipe(""));
+    let u = c.main_uri();
+    let v = c.request("textDocument/documentSymbol", json!({ "textDocument": { "uri": u } }));
+    let mut out = String::new();
+    render_symbols(&v, 0, &mut out);
+    assert_snapshot!(out);
+    c.shutdown();
+}
+
+const TOKEN_TYPES: &[&str] = &[
+    "keyword", "comment", "string", "number", "namespace", "type", "enum", "enumMember", "interface", "function",
+    "property", "parameter", "variable", "operator",
+];
+
+#[test]
+fn semantic_tokens() {
+    let src = r#"import std/tasks/arith
+/// Doc.
+enum Mode { fast, slow }
+schema opts { mode: Mode = fast, size: Bytes = 1.GB }
+const o = opts { mode = Mode.slow }   // a comment
+recipe r {
+    rollout = generate(arith.addition {}) { prompts = arith.addition {} }
+}
+"#;
+    let mut c = Client::start(src);
+    let u = c.main_uri();
+    let v = c.request("textDocument/semanticTokens/full", json!({ "textDocument": { "uri": u } }));
+    let data: Vec<u64> = v["data"].as_array().cloned().unwrap_or_default().iter().filter_map(|x| x.as_u64()).collect();
+    let lines: Vec<&str> = src.split('\n').collect();
+    let (mut line, mut col) = (0usize, 0usize);
+    let mut out = String::new();
+    for t in data.chunks(5) {
+        if t[0] > 0 {
+            line += t[0] as usize;
+            col = t[1] as usize;
+        } else {
+            col += t[1] as usize;
+        }
+        let text = lines.get(line).and_then(|l| l.get(col..col + t[2] as usize)).unwrap_or("?");
+        let mods: Vec<&str> =
+            ["declaration", "defaultLibrary", "documentation"].iter().enumerate().filter(|(i, _)| t[4] & (1 << i) != 0).map(|(_, m)| *m).collect();
+        out.push_str(&format!("{}:{} {text:?} {} {}\n", line + 1, col + 1, TOKEN_TYPES[t[3] as usize], mods.join(",")));
+    }
+    assert_snapshot!(out);
+    c.shutdown();
+}
+
+#[test]
+fn inlay_hints_show_defaulted_parameters() {
+    let mut c = Client::start(&recipe(""));
+    let u = c.main_uri();
+    let v = c.request(
+        "textDocument/inlayHint",
+        json!({ "textDocument": { "uri": u }, "range": { "start": { "line": 0, "character": 0 }, "end": { "line": 100, "character": 0 } } }),
+    );
+    let mut out = String::new();
+    for h in v.as_array().cloned().unwrap_or_default() {
+        out.push_str(&format!(
+            "{}:{} {}\n",
+            h["position"]["line"].as_u64().unwrap_or(0) + 1,
+            h["position"]["character"].as_u64().unwrap_or(0) + 1,
+            h["label"].as_str().unwrap_or("")
+        ));
+    }
+    assert_snapshot!(out);
+    c.shutdown();
+}
+
+#[test]
+fn code_actions_apply_the_compilers_fixes() {
+    let mut c = Client::start(&recipe("").replace("global_batch  = 128", "global_bach  = 128").replace("stop = 100.steps", "stop = 100"));
+    let u = c.main_uri();
+    let _ = c.diagnostics(&u);
+    let v = c.request(
+        "textDocument/codeAction",
+        json!({ "textDocument": { "uri": u }, "range": { "start": { "line": 0, "character": 0 }, "end": { "line": 100, "character": 0 } }, "context": { "diagnostics": [] } }),
+    );
+    let mut out = String::new();
+    for a in v.as_array().cloned().unwrap_or_default() {
+        for (uri, edits) in a["edit"]["changes"].as_object().cloned().unwrap_or_default() {
+            for e in edits.as_array().cloned().unwrap_or_default() {
+                out.push_str(&format!("{}: {} {}\n", a["title"].as_str().unwrap_or(""), c.loc(&uri, &e["range"]), e["newText"]));
+            }
+        }
+    }
+    assert_snapshot!(out);
+    c.shutdown();
+}
+
+#[test]
+fn formatting_a_document() {
+    let mut c = Client::start("recipe   r   {\n  stop=100.steps   // how long\n\n\n  seed = 1\n}\n");
+    let u = c.main_uri();
+    let v = c.request("textDocument/formatting", json!({ "textDocument": { "uri": u }, "options": { "tabSize": 4, "insertSpaces": true } }));
+    assert_snapshot!(v[0]["newText"].as_str().unwrap_or("(no edit)"));
+    c.shutdown();
+    // A file with a syntax error is left alone.
+    let mut c = Client::start("const x = (1 +\n");
+    let u = c.main_uri();
+    let v = c.request("textDocument/formatting", json!({ "textDocument": { "uri": u }, "options": { "tabSize": 4, "insertSpaces": true } }));
+    assert_eq!(v, Value::Null);
+    c.shutdown();
+}
+
+#[test]
+fn imported_file_changed_on_disk_is_rechecked() {
+    let mut c = Client::start_with(&recipe(""), true);
+    let u = c.main_uri();
+    let d = c.diagnostics(&u);
+    assert_eq!(render_diagnostics(&d), "");
+    // Outside the editor, the library's constant loses its unit.
+    let lib = c.fx.path("lib/common.miles");
+    std::fs::write(&lib, "const peak_lr = 3e-4\nconst answer_tokens = 4\n").expect("write");
+    let d = c.diagnostics(&u);
+    assert!(render_diagnostics(&d).contains("E0202"), "{}", render_diagnostics(&d));
+    c.shutdown();
+}
