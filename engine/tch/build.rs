@@ -4,7 +4,11 @@
 fn main() {
     println!("cargo:rerun-if-env-changed=DEP_TCH_LIBTORCH_LIB");
     if let Ok(dir) = std::env::var("DEP_TCH_LIBTORCH_LIB") {
+        // Applies to this package's own tests, examples, benches and bins only.
         println!("cargo:rustc-link-arg=-Wl,-rpath,{dir}");
+        // rustc-link-arg does not propagate to dependents; export the directory so a dependent's
+        // build script (the `miles` CLI) can emit the same rpath from DEP_MILES_TCH_LIBTORCH_LIB.
+        println!("cargo:libtorch_lib={dir}");
     } else {
         println!(
             "cargo:warning=DEP_TCH_LIBTORCH_LIB is not set: binaries will need LD_LIBRARY_PATH \

@@ -94,6 +94,17 @@ pub struct TrainStats {
     pub optimizer_steps: u64,
     /// Tokens the loss covered (loss-mask sum).
     pub tokens: u64,
+    /// Wall seconds of this call's phases, for profiling (`perf/*` in metrics.jsonl): the "old"
+    /// (and reference) log-prob recomputation, the forward passes with the loss, the backward
+    /// passes, and the clip + AdamW steps. Zero where a backend does not measure them.
+    #[serde(default)]
+    pub logprob_s: f64,
+    #[serde(default)]
+    pub forward_s: f64,
+    #[serde(default)]
+    pub backward_s: f64,
+    #[serde(default)]
+    pub optimizer_s: f64,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -127,18 +138,9 @@ pub trait Trainer {
     /// One RL step's batch: recomputes log-probs (the "old" policy), then takes
     /// `lrs.len()` optimizer steps over equal slices of `batch` (PPO/GRPO loss, micro-batches
     /// with gradient accumulation). `temperature` is the rollout's, applied to the logits.
-    fn train_rl(
-        &mut self,
-        batch: &[Trajectory],
-        lrs: &[f64],
-        temperature: f64,
-    ) -> Result<TrainStats, RunError>;
+    fn train_rl(&mut self, batch: &[Trajectory], lrs: &[f64], temperature: f64) -> Result<TrainStats, RunError>;
     /// One supervised optimizer step: masked cross-entropy of `answer` given `prompt`.
-    fn train_sft(
-        &mut self,
-        batch: &[(Vec<TokenId>, Vec<TokenId>)],
-        lr: f64,
-    ) -> Result<SftStats, RunError>;
+    fn train_sft(&mut self, batch: &[(Vec<TokenId>, Vec<TokenId>)], lr: f64) -> Result<SftStats, RunError>;
     /// Fresh optimizer state (between SFT and RL).
     fn reset_optimizer(&mut self);
     /// Freezes a copy of the current policy as the KL reference.
@@ -189,15 +191,15 @@ impl Reward for crate::tasks::TaskSet {
     }
 }
 
+/// What `Backend::create` returns: the rollout engine and the trainer of one run.
+pub type EngineAndTrainer = (Box<dyn RolloutEngine>, Box<dyn Trainer>);
+
 /// A compute backend: builds the engine and trainer of a run.
 pub trait Backend {
     fn name(&self) -> &'static str;
     /// Sets intra-op threads (None = backend default).
     fn set_threads(&self, threads: Option<usize>);
-    fn create(
-        &self,
-        spec: &RunSpec,
-    ) -> Result<(Box<dyn RolloutEngine>, Box<dyn Trainer>), RunError>;
+    fn create(&self, spec: &RunSpec) -> Result<EngineAndTrainer, RunError>;
 }
 
 /// GRPO group-relative advantages: per group, reward minus the group mean, divided by the group's
@@ -210,11 +212,7 @@ pub fn grpo_advantages(rewards: &[f32], group_of: &[usize], std_norm: bool) -> V
         sum[g] += *r as f64;
         cnt[g] += 1;
     }
-    let mean: Vec<f64> = sum
-        .iter()
-        .zip(&cnt)
-        .map(|(s, &c)| if c > 0 { s / c as f64 } else { 0.0 })
-        .collect();
+    let mean: Vec<f64> = sum.iter().zip(&cnt).map(|(s, &c)| if c > 0 { s / c as f64 } else { 0.0 }).collect();
     let mut var = vec![0f64; groups];
     for (r, &g) in rewards.iter().zip(group_of) {
         var[g] += (*r as f64 - mean[g]).powi(2);
@@ -243,14 +241,7 @@ pub fn lr_at(t: &TrainSpec, k: u64, total: u64) -> f64 {
     schedule(t.lr, t.warmup_steps, t.decay, t.min_lr_ratio, k, total)
 }
 
-pub fn schedule(
-    lr: f64,
-    warmup: u64,
-    decay: crate::spec::Decay,
-    min_ratio: f64,
-    k: u64,
-    total: u64,
-) -> f64 {
+pub fn schedule(lr: f64, warmup: u64, decay: crate::spec::Decay, min_ratio: f64, k: u64, total: u64) -> f64 {
     if warmup > 0 && k < warmup {
         return lr * (k + 1) as f64 / warmup as f64;
     }
@@ -260,9 +251,7 @@ pub fn schedule(
     match decay {
         crate::spec::Decay::None => lr,
         crate::spec::Decay::Linear => min_lr + (lr - min_lr) * (1.0 - progress),
-        crate::spec::Decay::Cosine => {
-            min_lr + (lr - min_lr) * 0.5 * (1.0 + (std::f64::consts::PI * progress).cos())
-        }
+        crate::spec::Decay::Cosine => min_lr + (lr - min_lr) * 0.5 * (1.0 + (std::f64::consts::PI * progress).cos()),
     }
 }
 

@@ -33,11 +33,7 @@ pub struct RunError {
 
 impl RunError {
     pub fn new(code: &'static str, message: impl Into<String>) -> Self {
-        RunError {
-            code,
-            message: message.into(),
-            help: None,
-        }
+        RunError { code, message: message.into(), help: None }
     }
 
     pub fn with_help(mut self, help: impl Into<String>) -> Self {

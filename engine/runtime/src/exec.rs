@@ -26,11 +26,7 @@ struct CkptState {
 }
 
 /// Runs `spec` on `backend`. Errors carry E05xx codes; nothing panics on bad input.
-pub fn run_with(
-    spec: &RunSpec,
-    opts: &RunOptions,
-    backend: &dyn Backend,
-) -> Result<Summary, RunError> {
+pub fn run_with(spec: &RunSpec, opts: &RunOptions, backend: &dyn Backend) -> Result<Summary, RunError> {
     let started = Instant::now();
     spec.validate()?;
     let task = TaskSet::build(&spec.task)?;
@@ -41,10 +37,7 @@ pub fn run_with(
     if spec.model.vocab_size < vocab {
         return Err(RunError::new(
             E_VOCAB,
-            format!(
-                "model vocab_size {} does not cover the task tokenizer's {} tokens",
-                spec.model.vocab_size, vocab
-            ),
+            format!("model vocab_size {} does not cover the task tokenizer's {} tokens", spec.model.vocab_size, vocab),
         )
         .with_help(format!("set model.vocab_size to at least {vocab}")));
     }
@@ -78,11 +71,7 @@ pub fn run_with(
     let (mut engine, mut trainer) = backend.create(spec)?;
     let mut transport: Box<dyn WeightTransport> = Box::new(LocalHandoff);
 
-    let resume_from = if opts.resume {
-        latest_checkpoint(&ckpt_root)?
-    } else {
-        None
-    };
+    let resume_from = if opts.resume { latest_checkpoint(&ckpt_root)? } else { None };
     let mut metrics = Metrics::open(&metrics_path, resume_from.as_ref().map(|c| c.1.step))?;
     let mut progress = Progress::new(opts.progress, spec.steps);
 
@@ -92,10 +81,7 @@ pub fn run_with(
         if st.spec != *spec {
             return Err(RunError::new(
                 E_OUT_DIR,
-                format!(
-                    "{} holds a checkpoint of a different run spec; resume needs the same spec",
-                    dir.display()
-                ),
+                format!("{} holds a checkpoint of a different run spec; resume needs the same spec", dir.display()),
             ));
         }
         trainer.load(&dir)?;
@@ -109,14 +95,7 @@ pub fn run_with(
     } else {
         step = 0;
         if let Some(sft) = &spec.sft {
-            run_sft(
-                spec,
-                sft,
-                &task,
-                trainer.as_mut(),
-                &mut metrics,
-                &mut progress,
-            )?;
+            run_sft(spec, sft, &task, trainer.as_mut(), &mut metrics, &mut progress)?;
         }
         trainer.reset_optimizer();
         if spec.train.kl_coef > 0.0 {
@@ -136,14 +115,7 @@ pub fn run_with(
         eval_last = Some(acc.0);
         progress.eval(0, acc.0);
         if spec.checkpoint.every > 0 {
-            last_ckpt = Some(save_checkpoint(
-                &ckpt_root,
-                spec,
-                0,
-                eval_start,
-                eval_last,
-                trainer.as_ref(),
-            )?);
+            last_ckpt = Some(save_checkpoint(&ckpt_root, spec, 0, eval_start, eval_last, trainer.as_ref())?);
         }
     }
 
@@ -163,10 +135,7 @@ pub fn run_with(
             if started.elapsed() > limit {
                 return Err(RunError::new(
                     E_TIMEOUT,
-                    format!(
-                        "the run's wall-time limit ({:.0} s) expired after step {step}",
-                        limit.as_secs_f64()
-                    ),
+                    format!("the run's wall-time limit ({:.0} s) expired after step {step}", limit.as_secs_f64()),
                 )
                 .with_help("resume with --resume to continue from the last checkpoint"));
             }
@@ -176,10 +145,7 @@ pub fn run_with(
         let t_step = Instant::now();
         let r = &spec.rollout;
         let items = task.train_batch(spec.seed, "rollout", step, r.rollout_batch);
-        let prompts = items
-            .iter()
-            .map(|it| task.tokenizer.encode_prompt(&it.prompt))
-            .collect::<Result<Vec<_>, _>>()?;
+        let prompts = items.iter().map(|it| task.tokenizer.encode_prompt(&it.prompt)).collect::<Result<Vec<_>, _>>()?;
         let params = SamplingParams {
             max_new_tokens: r.max_new_tokens,
             temperature: r.temperature,
@@ -194,6 +160,7 @@ pub fn run_with(
         let gen_s = t_gen.elapsed().as_secs_f64();
         let gen_tokens: usize = samples.iter().map(|s| s.response.len()).sum();
 
+        let t_reward = Instant::now();
         let rewards: Vec<f32> = samples
             .iter()
             .map(|s| {
@@ -217,11 +184,17 @@ pub fn run_with(
                 weight_version: s.weight_version,
             })
             .collect();
-        let lrs: Vec<f64> = (0..opt_per_step)
-            .map(|j| lr_at(&spec.train, (step - 1) * opt_per_step + j, total_opt))
-            .collect();
+        let lrs: Vec<f64> =
+            (0..opt_per_step).map(|j| lr_at(&spec.train, (step - 1) * opt_per_step + j, total_opt)).collect();
+        let reward_s = t_reward.elapsed().as_secs_f64();
         let t_train = Instant::now();
-        let ts = trainer.train_rl(&batch, &lrs, r.temperature)?;
+        let ts = trainer.train_rl(&batch, &lrs, r.temperature).map_err(|e| {
+            if e.code == E_NONFINITE {
+                non_finite(step, &last_ckpt)
+            } else {
+                e
+            }
+        })?;
         let train_s = t_train.elapsed().as_secs_f64();
         if !ts.loss.is_finite() || !ts.grad_norm.is_finite() {
             return Err(non_finite(step, &last_ckpt));
@@ -238,28 +211,13 @@ pub fn run_with(
         row.insert("step".into(), json!(step));
         row.insert("weight_version".into(), json!(engine.weight_version()));
         row.insert("rollout/reward_mean".into(), json!(reward_mean));
-        row.insert(
-            "rollout/solved_frac".into(),
-            json!(rewards.iter().filter(|&&x| x >= 1.0).count() as f64 / n),
-        );
-        row.insert(
-            "rollout/response_len".into(),
-            json!(gen_tokens as f64 / samples.len().max(1) as f64),
-        );
+        row.insert("rollout/solved_frac".into(), json!(rewards.iter().filter(|&&x| x >= 1.0).count() as f64 / n));
+        row.insert("rollout/response_len".into(), json!(gen_tokens as f64 / samples.len().max(1) as f64));
         row.insert(
             "rollout/stop_frac".into(),
-            json!(
-                samples
-                    .iter()
-                    .filter(|s| s.finish == FinishReason::Stop)
-                    .count() as f64
-                    / n
-            ),
+            json!(samples.iter().filter(|s| s.finish == FinishReason::Stop).count() as f64 / n),
         );
-        row.insert(
-            "rollout/flat_group_frac".into(),
-            json!(flat_groups as f64 / r.rollout_batch as f64),
-        );
+        row.insert("rollout/flat_group_frac".into(), json!(flat_groups as f64 / r.rollout_batch as f64));
         row.insert("train/loss".into(), json!(ts.loss));
         row.insert("train/grad_norm".into(), json!(ts.grad_norm));
         row.insert("train/entropy".into(), json!(ts.entropy));
@@ -279,40 +237,31 @@ pub fn run_with(
             eval_last = Some(acc.0);
             progress.eval(step, acc.0);
         }
-        row.insert(
-            "perf/gen_tokens_per_s".into(),
-            json!(gen_tokens as f64 / gen_s.max(1e-9)),
-        );
-        let trained: usize = batch
-            .iter()
-            .map(|t| t.prompt.len() + t.response.len())
-            .sum();
-        row.insert(
-            "perf/train_tokens_per_s".into(),
-            json!(trained as f64 / train_s.max(1e-9)),
-        );
+        row.insert("perf/gen_tokens_per_s".into(), json!(gen_tokens as f64 / gen_s.max(1e-9)));
+        let trained: usize = batch.iter().map(|t| t.prompt.len() + t.response.len()).sum();
+        row.insert("perf/train_tokens_per_s".into(), json!(trained as f64 / train_s.max(1e-9)));
         row.insert("perf/sync_s".into(), json!(sync_s));
+        // Where the step's time goes (bench/peers profiles it): generation, scoring and advantages,
+        // training (split by the backend into log-prob recompute, forward, backward, optimizer),
+        // and the token counts behind the rates. step_s minus these is orchestration (and eval).
+        row.insert("perf/gen_s".into(), json!(gen_s));
+        row.insert("perf/reward_s".into(), json!(reward_s));
+        row.insert("perf/train_s".into(), json!(train_s));
+        row.insert("perf/logprob_s".into(), json!(ts.logprob_s));
+        row.insert("perf/forward_s".into(), json!(ts.forward_s));
+        row.insert("perf/backward_s".into(), json!(ts.backward_s));
+        row.insert("perf/optimizer_s".into(), json!(ts.optimizer_s));
+        row.insert("perf/gen_tokens".into(), json!(gen_tokens));
+        row.insert("perf/trained_tokens".into(), json!(trained));
         row.insert("perf/sync_bytes".into(), json!(w.bytes()));
         row.insert("perf/step_s".into(), json!(t_step.elapsed().as_secs_f64()));
         metrics.write(&row)?;
         last_reward = Some(reward_mean);
-        progress.step(
-            step,
-            reward_mean,
-            gen_tokens as f64 / gen_s.max(1e-9),
-            trained as f64 / train_s.max(1e-9),
-        );
+        progress.step(step, reward_mean, gen_tokens as f64 / gen_s.max(1e-9), trained as f64 / train_s.max(1e-9));
 
         let ck = spec.checkpoint.every;
         if (ck > 0 && step % ck == 0) || step == spec.steps {
-            last_ckpt = Some(save_checkpoint(
-                &ckpt_root,
-                spec,
-                step,
-                eval_start,
-                eval_last,
-                trainer.as_ref(),
-            )?);
+            last_ckpt = Some(save_checkpoint(&ckpt_root, spec, step, eval_start, eval_last, trainer.as_ref())?);
         }
     }
     if !stopped_early {
@@ -341,11 +290,8 @@ fn non_finite(step: u64, last: &Option<PathBuf>) -> RunError {
         Some(d) => format!("the last good checkpoint is {}", d.display()),
         None => "no checkpoint was written before it".to_string(),
     };
-    RunError::new(
-        E_NONFINITE,
-        format!("loss or gradient became NaN/infinite at step {step}; the run stopped ({kept})"),
-    )
-    .with_help("lower train.lr, set train.grad_clip, or set train.tis_cap")
+    RunError::new(E_NONFINITE, format!("loss or gradient became NaN/infinite at step {step}; the run stopped ({kept})"))
+        .with_help("lower train.lr, set train.grad_clip, or set train.tis_cap")
 }
 
 fn count_flat_groups(rewards: &[f32], groups: &[usize]) -> usize {
@@ -372,28 +318,13 @@ fn run_sft(
         let items = task.train_batch(spec.seed, "sft", k, sft.batch);
         let batch = items
             .iter()
-            .map(|it| {
-                Ok((
-                    task.tokenizer.encode_prompt(&it.prompt)?,
-                    task.tokenizer.encode_answer(&it.label)?,
-                ))
-            })
+            .map(|it| Ok((task.tokenizer.encode_prompt(&it.prompt)?, task.tokenizer.encode_answer(&it.label)?)))
             .collect::<Result<Vec<_>, RunError>>()?;
-        let lr = schedule(
-            sft.lr,
-            sft.warmup_steps,
-            crate::spec::Decay::None,
-            0.0,
-            k,
-            sft.steps,
-        );
+        let lr = schedule(sft.lr, sft.warmup_steps, crate::spec::Decay::None, 0.0, k, sft.steps);
         let st = trainer.train_sft(&batch, lr)?;
         if !st.loss.is_finite() {
-            return Err(RunError::new(
-                E_NONFINITE,
-                format!("SFT loss became NaN/infinite at SFT step {}", k + 1),
-            )
-            .with_help("lower sft.lr"));
+            return Err(RunError::new(E_NONFINITE, format!("SFT loss became NaN/infinite at SFT step {}", k + 1))
+                .with_help("lower sft.lr"));
         }
         if (k + 1) % 10 == 0 || k + 1 == sft.steps {
             let mut row = Map::new();
@@ -409,16 +340,9 @@ fn run_sft(
 }
 
 /// Greedy exact-match accuracy and mean response length on the first `eval.prompts` test items.
-fn evaluate(
-    spec: &RunSpec,
-    task: &TaskSet,
-    engine: &mut dyn RolloutEngine,
-) -> Result<(f64, f64), RunError> {
+fn evaluate(spec: &RunSpec, task: &TaskSet, engine: &mut dyn RolloutEngine) -> Result<(f64, f64), RunError> {
     let items: Vec<&TaskItem> = task.test.iter().take(spec.eval.prompts.max(1)).collect();
-    let prompts = items
-        .iter()
-        .map(|it| task.tokenizer.encode_prompt(&it.prompt))
-        .collect::<Result<Vec<_>, _>>()?;
+    let prompts = items.iter().map(|it| task.tokenizer.encode_prompt(&it.prompt)).collect::<Result<Vec<_>, _>>()?;
     let params = SamplingParams {
         max_new_tokens: spec.rollout.max_new_tokens,
         temperature: 1.0,
@@ -448,24 +372,17 @@ fn prepare_out_dir(spec: &RunSpec, opts: &RunOptions) -> Result<(), RunError> {
     if out.exists() {
         let has_run = spec_path.exists() || out.join("metrics.jsonl").exists();
         if has_run && !opts.resume {
-            return Err(
-                RunError::new(E_OUT_DIR, format!("{} already holds a run", out.display()))
-                    .with_help("pass --resume to continue it, or choose another output directory"),
-            );
+            return Err(RunError::new(E_OUT_DIR, format!("{} already holds a run", out.display()))
+                .with_help("pass --resume to continue it, or choose another output directory"));
         }
         if has_run && spec_path.exists() {
-            let old = fs::read_to_string(&spec_path)
-                .map_err(|e| RunError::io(E_OUT_DIR, "cannot read", &spec_path, e))?;
-            let same = serde_json::from_str::<RunSpec>(&old)
-                .map(|s| s == *spec)
-                .unwrap_or(false);
+            let old =
+                fs::read_to_string(&spec_path).map_err(|e| RunError::io(E_OUT_DIR, "cannot read", &spec_path, e))?;
+            let same = serde_json::from_str::<RunSpec>(&old).map(|s| s == *spec).unwrap_or(false);
             if !same {
                 return Err(RunError::new(
                     E_OUT_DIR,
-                    format!(
-                        "{} holds a run of a different spec; resume needs the same spec",
-                        out.display()
-                    ),
+                    format!("{} holds a run of a different spec; resume needs the same spec", out.display()),
                 ));
             }
         }
@@ -476,8 +393,8 @@ fn prepare_out_dir(spec: &RunSpec, opts: &RunOptions) -> Result<(), RunError> {
 
 /// Writes JSON atomically (temp file, fsync, rename).
 pub fn write_json<T: serde::Serialize>(path: &Path, v: &T) -> Result<(), RunError> {
-    let text = serde_json::to_string_pretty(v)
-        .map_err(|e| RunError::new(E_CHECKPOINT, format!("cannot serialise: {e}")))?;
+    let text =
+        serde_json::to_string_pretty(v).map_err(|e| RunError::new(E_CHECKPOINT, format!("cannot serialise: {e}")))?;
     write_atomically(path, text.as_bytes())
 }
 
@@ -496,17 +413,10 @@ pub fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), RunError> {
 }
 
 /// Fills a fresh temp directory with `fill`, then renames it over `dir` (replacing an older one).
-fn write_dir_atomically(
-    dir: &Path,
-    fill: impl FnOnce(&Path) -> Result<(), RunError>,
-) -> Result<(), RunError> {
-    let name = dir
-        .file_name()
-        .map(|n| n.to_string_lossy().to_string())
-        .unwrap_or_else(|| "dir".into());
+fn write_dir_atomically(dir: &Path, fill: impl FnOnce(&Path) -> Result<(), RunError>) -> Result<(), RunError> {
+    let name = dir.file_name().map(|n| n.to_string_lossy().to_string()).unwrap_or_else(|| "dir".into());
     let parent = dir.parent().unwrap_or(Path::new("."));
-    fs::create_dir_all(parent)
-        .map_err(|e| RunError::io(E_CHECKPOINT, "cannot create", parent, e))?;
+    fs::create_dir_all(parent).map_err(|e| RunError::io(E_CHECKPOINT, "cannot create", parent, e))?;
     let tmp = parent.join(format!(".{name}.tmp-{}", std::process::id()));
     let _ = fs::remove_dir_all(&tmp);
     fs::create_dir_all(&tmp).map_err(|e| RunError::io(E_CHECKPOINT, "cannot create", &tmp, e))?;
@@ -543,15 +453,7 @@ fn save_checkpoint(
     write_dir_atomically(&dir, |tmp| {
         trainer.save(tmp)?;
         // Written last: a directory with state.json is complete (the rename makes it so anyway).
-        write_json(
-            &tmp.join(STATE_FILE),
-            &CkptState {
-                step,
-                spec: spec.clone(),
-                eval_start,
-                eval_last,
-            },
-        )
+        write_json(&tmp.join(STATE_FILE), &CkptState { step, spec: spec.clone(), eval_start, eval_last })
     })?;
     // Keep the newest `keep`.
     let mut all = list_checkpoints(root)?;
@@ -574,10 +476,7 @@ fn list_checkpoints(root: &Path) -> Result<Vec<(u64, PathBuf)>, RunError> {
     };
     for e in rd.flatten() {
         let name = e.file_name().to_string_lossy().to_string();
-        if let Some(n) = name
-            .strip_prefix("step-")
-            .and_then(|s| s.parse::<u64>().ok())
-        {
+        if let Some(n) = name.strip_prefix("step-").and_then(|s| s.parse::<u64>().ok()) {
             if e.path().join(STATE_FILE).exists() {
                 v.push((n, e.path()));
             }
@@ -594,9 +493,7 @@ fn latest_checkpoint(root: &Path) -> Result<Option<(PathBuf, CkptState)>, RunErr
     all.sort();
     while let Some((_, dir)) = all.pop() {
         let p = dir.join(STATE_FILE);
-        let parsed = fs::read_to_string(&p)
-            .ok()
-            .and_then(|t| serde_json::from_str::<CkptState>(&t).ok());
+        let parsed = fs::read_to_string(&p).ok().and_then(|t| serde_json::from_str::<CkptState>(&t).ok());
         match parsed {
             Some(st) => return Ok(Some((dir, st))),
             None => eprintln!("warning: ignoring unreadable checkpoint {}", dir.display()),
@@ -618,16 +515,12 @@ impl Metrics {
         let mut kept = String::new();
         if path.exists() {
             if let Some(upto) = keep_upto {
-                let text = fs::read_to_string(path)
-                    .map_err(|e| RunError::io(E_OUT_DIR, "cannot read", path, e))?;
+                let text = fs::read_to_string(path).map_err(|e| RunError::io(E_OUT_DIR, "cannot read", path, e))?;
                 for line in text.lines() {
                     let Ok(v) = serde_json::from_str::<Value>(line) else {
                         continue;
                     };
-                    if v.get("step")
-                        .and_then(Value::as_u64)
-                        .is_some_and(|s| s <= upto)
-                    {
+                    if v.get("step").and_then(Value::as_u64).is_some_and(|s| s <= upto) {
                         kept.push_str(line);
                         kept.push('\n');
                     }
@@ -639,10 +532,7 @@ impl Metrics {
             .append(true)
             .open(path)
             .map_err(|e| RunError::io(E_OUT_DIR, "cannot open", path, e))?;
-        Ok(Metrics {
-            file,
-            path: path.to_path_buf(),
-        })
+        Ok(Metrics { file, path: path.to_path_buf() })
     }
 
     fn write(&mut self, row: &Map<String, Value>) -> Result<(), RunError> {

@@ -3,6 +3,7 @@
 //! synchronous executor (`run_with`).
 
 pub mod backend;
+pub mod distspec;
 pub mod error;
 pub mod exec;
 pub mod progress;

@@ -22,22 +22,14 @@ impl Progress {
             ProgressMode::Auto if !tty => (None, true),
             ProgressMode::Auto => {
                 let b = ProgressBar::new(total);
-                let style = ProgressStyle::with_template(
-                    "{spinner} step {pos}/{len} [{bar:30}] {msg} eta {eta}",
-                )
-                .unwrap_or_else(|_| ProgressStyle::default_bar())
-                .progress_chars("=> ");
+                let style = ProgressStyle::with_template("{spinner} step {pos}/{len} [{bar:30}] {msg} eta {eta}")
+                    .unwrap_or_else(|_| ProgressStyle::default_bar())
+                    .progress_chars("=> ");
                 b.set_style(style);
                 (Some(b), false)
             }
         };
-        Progress {
-            bar,
-            plain,
-            total,
-            started: Instant::now(),
-            eval: None,
-        }
+        Progress { bar, plain, total, started: Instant::now(), eval: None }
     }
 
     pub fn note(&self, msg: &str) {
@@ -62,13 +54,8 @@ impl Progress {
     }
 
     pub fn step(&mut self, step: u64, reward: f64, gen_tps: f64, train_tps: f64) {
-        let eval = self
-            .eval
-            .map(|a| format!("{:.1}%", a * 100.0))
-            .unwrap_or_else(|| "-".into());
-        let msg = format!(
-            "reward {reward:.3} eval {eval} gen {gen_tps:.0} tok/s train {train_tps:.0} tok/s"
-        );
+        let eval = self.eval.map(|a| format!("{:.1}%", a * 100.0)).unwrap_or_else(|| "-".into());
+        let msg = format!("reward {reward:.3} eval {eval} gen {gen_tps:.0} tok/s train {train_tps:.0} tok/s");
         if let Some(b) = &self.bar {
             b.set_position(step);
             b.set_message(msg);
@@ -84,11 +71,7 @@ impl Progress {
             b.finish_and_clear();
         }
         if let (Some(s), Some(e)) = (start, end) {
-            self.note(&format!(
-                "done: eval accuracy {:.1}% -> {:.1}%",
-                s * 100.0,
-                e * 100.0
-            ));
+            self.note(&format!("done: eval accuracy {:.1}% -> {:.1}%", s * 100.0, e * 100.0));
         }
     }
 }

@@ -36,12 +36,7 @@ pub fn derive_seed(seed: u64, purpose: &str, index: u64) -> u64 {
 impl Rng {
     pub fn new(seed: u64) -> Rng {
         let mut x = seed;
-        let s = [
-            splitmix(&mut x),
-            splitmix(&mut x),
-            splitmix(&mut x),
-            splitmix(&mut x),
-        ];
+        let s = [splitmix(&mut x), splitmix(&mut x), splitmix(&mut x), splitmix(&mut x)];
         Rng { s }
     }
 
@@ -104,14 +99,8 @@ mod tests {
     fn streams_are_reproducible_and_distinct() {
         let a: Vec<u64> = (0..4).map(|_| Rng::derived(7, "x", 3).next_u64()).collect();
         assert!(a.iter().all(|v| *v == a[0]));
-        assert_ne!(
-            Rng::derived(7, "x", 3).next_u64(),
-            Rng::derived(7, "x", 4).next_u64()
-        );
-        assert_ne!(
-            Rng::derived(7, "x", 3).next_u64(),
-            Rng::derived(7, "y", 3).next_u64()
-        );
+        assert_ne!(Rng::derived(7, "x", 3).next_u64(), Rng::derived(7, "x", 4).next_u64());
+        assert_ne!(Rng::derived(7, "x", 3).next_u64(), Rng::derived(7, "y", 3).next_u64());
         let mut r = Rng::new(1);
         let m: f64 = (0..20000).map(|_| r.normal()).sum::<f64>() / 20000.0;
         assert!(m.abs() < 0.05);

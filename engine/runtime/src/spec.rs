@@ -59,6 +59,9 @@ pub struct RunSpec {
     pub eval: EvalSpec,
     #[serde(default)]
     pub checkpoint: CheckpointSpec,
+    /// Stages as separate processes (engine/dist); None = in-process.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub distributed: Option<crate::distspec::DistSpec>,
 }
 
 /// Decoder-only transformer (Llama-style: RMSNorm, rotary positions, grouped KV heads, SwiGLU).
@@ -180,10 +183,7 @@ fn default_split_seed() -> u64 {
 
 impl Default for SplitSpec {
     fn default() -> Self {
-        SplitSpec {
-            test_size: default_test_size(),
-            seed: default_split_seed(),
-        }
+        SplitSpec { test_size: default_test_size(), seed: default_split_seed() }
     }
 }
 
@@ -333,10 +333,7 @@ fn default_eval_prompts() -> usize {
 
 impl Default for EvalSpec {
     fn default() -> Self {
-        EvalSpec {
-            every: default_eval_every(),
-            prompts: default_eval_prompts(),
-        }
+        EvalSpec { every: default_eval_every(), prompts: default_eval_prompts() }
     }
 }
 
@@ -357,10 +354,7 @@ fn default_keep() -> usize {
 
 impl Default for CheckpointSpec {
     fn default() -> Self {
-        CheckpointSpec {
-            every: 0,
-            keep: default_keep(),
-        }
+        CheckpointSpec { every: 0, keep: default_keep() }
     }
 }
 
@@ -438,10 +432,7 @@ impl RunSpec {
     /// Checks the constraints serde cannot express. Errors are E0504 with the field path.
     pub fn validate(&self) -> Result<(), crate::RunError> {
         let bad = |field: &str, why: &str| {
-            Err(crate::RunError::new(
-                crate::E_SPEC,
-                format!("run spec field `{field}`: {why}"),
-            ))
+            Err(crate::RunError::new(crate::E_SPEC, format!("run spec field `{field}`: {why}")))
         };
         let m = &self.model;
         for (name, v) in [
@@ -461,16 +452,10 @@ impl RunSpec {
             return bad("model.n_heads", "d_model must be a multiple of n_heads");
         }
         if (m.d_model / m.n_heads) % 2 != 0 {
-            return bad(
-                "model.n_heads",
-                "head size d_model/n_heads must be even (rotary positions rotate pairs)",
-            );
+            return bad("model.n_heads", "head size d_model/n_heads must be even (rotary positions rotate pairs)");
         }
         if m.n_heads % m.n_kv_heads != 0 {
-            return bad(
-                "model.n_kv_heads",
-                "n_heads must be a multiple of n_kv_heads",
-            );
+            return bad("model.n_kv_heads", "n_heads must be a multiple of n_kv_heads");
         }
         if !(m.init_std > 0.0 && m.init_std.is_finite()) {
             return bad("model.init_std", "must be a positive number");
@@ -486,10 +471,7 @@ impl RunSpec {
             return bad("rollout.max_new_tokens", "must be at least 1");
         }
         if !(r.temperature > 0.0 && r.temperature.is_finite()) {
-            return bad(
-                "rollout.temperature",
-                "must be > 0 (evaluation is greedy already)",
-            );
+            return bad("rollout.temperature", "must be > 0 (evaluation is greedy already)");
         }
         if !(r.top_p > 0.0 && r.top_p <= 1.0) {
             return bad("rollout.top_p", "must be in (0, 1]");
@@ -499,16 +481,10 @@ impl RunSpec {
             return bad("train.lr", "must be a finite number >= 0");
         }
         if t.micro_batch == 0 || t.global_batch == 0 {
-            return bad(
-                "train.micro_batch",
-                "micro_batch and global_batch must be >= 1",
-            );
+            return bad("train.micro_batch", "micro_batch and global_batch must be >= 1");
         }
         if t.global_batch % t.micro_batch != 0 {
-            return bad(
-                "train.global_batch",
-                "must be a multiple of train.micro_batch",
-            );
+            return bad("train.global_batch", "must be a multiple of train.micro_batch");
         }
         let total = r.rollout_batch * r.samples_per_prompt;
         if total % t.global_batch != 0 {
@@ -528,7 +504,7 @@ impl RunSpec {
             return bad("train.clip_high", "must be >= 0");
         }
         if let Some(cap) = t.tis_cap {
-            if !(cap > 0.0) {
+            if cap.is_nan() || cap <= 0.0 {
                 return bad("train.tis_cap", "must be > 0");
             }
         }
@@ -555,16 +531,7 @@ impl RunSpec {
                     return bad("task.kind.digits", "must be in 1..=9");
                 }
             }
-            TaskKind::Reverse {
-                min_len,
-                max_len,
-                alphabet,
-            }
-            | TaskKind::Sort {
-                min_len,
-                max_len,
-                alphabet,
-            } => {
+            TaskKind::Reverse { min_len, max_len, alphabet } | TaskKind::Sort { min_len, max_len, alphabet } => {
                 if *min_len == 0 || min_len > max_len {
                     return bad("task.kind.min_len", "need 1 <= min_len <= max_len");
                 }

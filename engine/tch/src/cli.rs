@@ -28,8 +28,7 @@ fn run_args(args: &[String]) -> Result<(), String> {
     let mut steps = None;
     let mut it = args.iter();
     let num = |v: Option<&String>, flag: &str| -> Result<u64, String> {
-        v.and_then(|s| s.parse().ok())
-            .ok_or_else(|| format!("{flag} needs a number\n{USAGE}"))
+        v.and_then(|s| s.parse().ok()).ok_or_else(|| format!("{flag} needs a number\n{USAGE}"))
     };
     while let Some(a) = it.next() {
         match a.as_str() {
@@ -62,9 +61,6 @@ fn run_args(args: &[String]) -> Result<(), String> {
     opts.threads = threads;
     opts.progress = progress;
     let summary = crate::run(&spec, &opts).map_err(|e| e.to_string())?;
-    println!(
-        "{}",
-        serde_json::to_string(&summary).unwrap_or_else(|_| "{}".into())
-    );
+    println!("{}", serde_json::to_string(&summary).unwrap_or_else(|_| "{}".into()));
     Ok(())
 }

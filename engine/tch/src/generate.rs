@@ -27,16 +27,11 @@ pub fn generate(
     if longest == 0 || longest >= max_len {
         return Err(RunError::new(
             E_TOO_LONG,
-            format!(
-                "prompt of {longest} tokens does not fit model max_len {max_len} (or is empty)"
-            ),
+            format!("prompt of {longest} tokens does not fit model max_len {max_len} (or is empty)"),
         ));
     }
     let vocab = policy.cfg.vocab_size;
-    let seqs: Vec<Vec<i64>> = prompts
-        .iter()
-        .map(|p| p.iter().map(|&t| t as i64).collect())
-        .collect();
+    let seqs: Vec<Vec<i64>> = prompts.iter().map(|p| p.iter().map(|&t| t as i64).collect()).collect();
     let (tokens, valid, positions, lp) = left_pad(&seqs);
     // The left-padded prompt block ends at column lp; new tokens follow. Positions never exceed
     // max_len - 1: a row reaching that length stops with `length`.
@@ -46,23 +41,14 @@ pub fn generate(
     let bsz = p * n as i64;
     let rows: Vec<i64> = (0..p).flat_map(|i| std::iter::repeat_n(i, n)).collect();
     let rows_t = Tensor::from_slice(&rows);
-    let prompt_len: Vec<i64> = rows
-        .iter()
-        .map(|&i| seqs[i as usize].len() as i64)
-        .collect();
+    let prompt_len: Vec<i64> = rows.iter().map(|&i| seqs[i as usize].len() as i64).collect();
 
     let key_valid = Tensor::zeros([bsz, cap], (Kind::Bool, Device::Cpu));
-    key_valid
-        .narrow(1, 0, lp)
-        .copy_(&valid.index_select(0, &rows_t));
+    key_valid.narrow(1, 0, lp).copy_(&valid.index_select(0, &rows_t));
     let all_tokens = Tensor::zeros([bsz, cap], (Kind::Int64, Device::Cpu));
-    all_tokens
-        .narrow(1, 0, lp)
-        .copy_(&tokens.index_select(0, &rows_t));
+    all_tokens.narrow(1, 0, lp).copy_(&tokens.index_select(0, &rows_t));
     let all_pos = Tensor::zeros([bsz, cap], (Kind::Int64, Device::Cpu));
-    all_pos
-        .narrow(1, 0, lp)
-        .copy_(&positions.index_select(0, &rows_t));
+    all_pos.narrow(1, 0, lp).copy_(&positions.index_select(0, &rows_t));
 
     let mut cache = None;
     let mut last = if use_cache {
@@ -91,8 +77,7 @@ pub fn generate(
     let mut next = vec![PAD as i64; b];
     let mut scratch = Vec::with_capacity(vocab);
     for t in 0..max_new {
-        let logits: Vec<f32> =
-            Vec::<f32>::try_from(last.contiguous().view([-1])).map_err(backend_err)?;
+        let logits: Vec<f32> = Vec::<f32>::try_from(last.contiguous().view([-1])).map_err(backend_err)?;
         for i in 0..b {
             if done[i] {
                 next[i] = PAD as i64;
@@ -119,9 +104,7 @@ pub fn generate(
         all_tokens.narrow(1, col, 1).copy_(&next_t);
         all_pos.narrow(1, col, 1).copy_(&pos_t);
         last = match cache.as_mut() {
-            Some(c) => policy
-                .forward(&next_t, &pos_t, &key_valid.narrow(1, 0, col + 1), Some(c))
-                .select(1, 0),
+            Some(c) => policy.forward(&next_t, &pos_t, &key_valid.narrow(1, 0, col + 1), Some(c)).select(1, 0),
             None => policy
                 .forward(
                     &all_tokens.narrow(1, 0, col + 1),
@@ -143,11 +126,7 @@ pub fn sample_token(
     rng: &mut Rng,
     scratch: &mut Vec<(f64, usize)>,
 ) -> (TokenId, f32) {
-    let temp = if params.greedy {
-        1.0
-    } else {
-        params.temperature
-    };
+    let temp = if params.greedy { 1.0 } else { params.temperature };
     let z: Vec<f64> = logits.iter().map(|&x| x as f64 / temp).collect();
     let m = z.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
     let lse = m + z.iter().map(|&x| (x - m).exp()).sum::<f64>().ln();

@@ -11,8 +11,8 @@ pub mod train;
 
 use miles_runtime::tasks::TokenId;
 use miles_runtime::{
-    Backend, RolloutEngine, RunError, RunOptions, RunSpec, Sample, SamplingParams, SftStats,
-    Summary, TrainStats, Trainer, Trajectory, WeightSnapshot, E_BACKEND,
+    Backend, RolloutEngine, RunError, RunOptions, RunSpec, Sample, SamplingParams, SftStats, Summary, TrainStats,
+    Trainer, Trajectory, WeightSnapshot, E_BACKEND,
 };
 use model::Policy;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -34,10 +34,7 @@ fn guard<T>(what: &str, f: impl FnOnce() -> Result<T, RunError>) -> Result<T, Ru
                 .cloned()
                 .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
                 .unwrap_or_else(|| "unknown panic".into());
-            Err(RunError::new(
-                E_BACKEND,
-                format!("libtorch failed during {what}: {msg}"),
-            ))
+            Err(RunError::new(E_BACKEND, format!("libtorch failed during {what}: {msg}")))
         }
     }
 }
@@ -55,22 +52,12 @@ impl Backend for TchBackend {
         }
     }
 
-    fn create(
-        &self,
-        spec: &RunSpec,
-    ) -> Result<(Box<dyn RolloutEngine>, Box<dyn Trainer>), RunError> {
+    fn create(&self, spec: &RunSpec) -> Result<miles_runtime::EngineAndTrainer, RunError> {
         guard("model init", || {
             let policy = Policy::init(&spec.model, spec.seed);
-            let engine = TchEngine {
-                policy: policy.deep_copy(),
-                version: 0,
-                use_cache: true,
-            };
+            let engine = TchEngine { policy: policy.deep_copy(), version: 0, use_cache: true };
             let trainer = train::TchTrainer::new(policy, spec.train.clone());
-            Ok((
-                Box::new(engine) as Box<dyn RolloutEngine>,
-                Box::new(trainer) as Box<dyn Trainer>,
-            ))
+            Ok((Box::new(engine) as Box<dyn RolloutEngine>, Box::new(trainer) as Box<dyn Trainer>))
         })
     }
 }
@@ -85,11 +72,7 @@ pub struct TchEngine {
 
 impl TchEngine {
     pub fn new(policy: Policy) -> TchEngine {
-        TchEngine {
-            policy,
-            version: 0,
-            use_cache: true,
-        }
+        TchEngine { policy, version: 0, use_cache: true }
     }
 }
 
@@ -100,16 +83,7 @@ impl RolloutEngine for TchEngine {
         n: usize,
         params: &SamplingParams,
     ) -> Result<Vec<Sample>, RunError> {
-        guard("generation", || {
-            generate::generate(
-                &self.policy,
-                prompts,
-                n,
-                params,
-                self.version,
-                self.use_cache,
-            )
-        })
+        guard("generation", || generate::generate(&self.policy, prompts, n, params, self.version, self.use_cache))
     }
 
     fn weight_version(&self) -> u64 {
@@ -124,20 +98,11 @@ impl RolloutEngine for TchEngine {
 }
 
 impl Trainer for train::TchTrainer {
-    fn train_rl(
-        &mut self,
-        batch: &[Trajectory],
-        lrs: &[f64],
-        temperature: f64,
-    ) -> Result<TrainStats, RunError> {
+    fn train_rl(&mut self, batch: &[Trajectory], lrs: &[f64], temperature: f64) -> Result<TrainStats, RunError> {
         guard("training", || self.train_rl_impl(batch, lrs, temperature))
     }
 
-    fn train_sft(
-        &mut self,
-        batch: &[(Vec<TokenId>, Vec<TokenId>)],
-        lr: f64,
-    ) -> Result<SftStats, RunError> {
+    fn train_sft(&mut self, batch: &[(Vec<TokenId>, Vec<TokenId>)], lr: f64) -> Result<SftStats, RunError> {
         guard("SFT", || self.train_sft_impl(batch, lr))
     }
 
@@ -158,9 +123,7 @@ impl Trainer for train::TchTrainer {
         responses: &[Vec<TokenId>],
         temperature: f64,
     ) -> Result<Vec<Vec<f32>>, RunError> {
-        guard("log-prob recomputation", || {
-            self.logprobs_impl(prompts, responses, temperature)
-        })
+        guard("log-prob recomputation", || self.logprobs_impl(prompts, responses, temperature))
     }
 
     fn version(&self) -> u64 {

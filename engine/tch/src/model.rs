@@ -54,11 +54,7 @@ impl KvCache {
         let hd = (cfg.d_model / cfg.n_heads) as i64;
         let shape = [batch, cfg.n_kv_heads as i64, capacity, hd];
         let mk = || Tensor::zeros(shape, (Kind::Float, Device::Cpu));
-        KvCache {
-            k: (0..cfg.n_layers).map(|_| mk()).collect(),
-            v: (0..cfg.n_layers).map(|_| mk()).collect(),
-            len: 0,
-        }
+        KvCache { k: (0..cfg.n_layers).map(|_| mk()).collect(), v: (0..cfg.n_layers).map(|_| mk()).collect(), len: 0 }
     }
 
     /// Rows `index` of the batch (e.g. each prompt's row repeated n times after a shared prefill).
@@ -126,12 +122,11 @@ impl Policy {
                     Tensor::ones(&shape[..], (Kind::Float, Device::Cpu))
                 } else {
                     let n: i64 = shape.iter().product();
-                    let std =
-                        if name.ends_with("o_proj.weight") || name.ends_with("down_proj.weight") {
-                            cfg.init_std * out_scale
-                        } else {
-                            cfg.init_std
-                        };
+                    let std = if name.ends_with("o_proj.weight") || name.ends_with("down_proj.weight") {
+                        cfg.init_std * out_scale
+                    } else {
+                        cfg.init_std
+                    };
                     let mut rng = Rng::derived(seed, "init", i as u64);
                     let data: Vec<f32> = (0..n).map(|_| (rng.normal() * std) as f32).collect();
                     Tensor::from_slice(&data).view(&shape[..])
@@ -168,9 +163,8 @@ impl Policy {
             .collect();
         // Rotary tables, Hugging Face convention (rotate_half over the two halves of a head).
         let hd = (cfg.d_model / cfg.n_heads) as i64;
-        let inv: Vec<f32> = (0..hd / 2)
-            .map(|i| (1.0 / cfg.rope_theta.powf(2.0 * i as f64 / hd as f64)) as f32)
-            .collect();
+        let inv: Vec<f32> =
+            (0..hd / 2).map(|i| (1.0 / cfg.rope_theta.powf(2.0 * i as f64 / hd as f64)) as f32).collect();
         let inv = Tensor::from_slice(&inv);
         let pos = Tensor::arange(cfg.max_len as i64, (Kind::Float, Device::Cpu));
         let freqs = pos.unsqueeze(1) * inv.unsqueeze(0);
@@ -203,14 +197,13 @@ impl Policy {
 
     /// A detached deep copy (e.g. the frozen KL reference, or the engine's own weights).
     pub fn deep_copy(&self) -> Policy {
-        let params = self
-            .params
-            .iter()
-            .map(|(n, t)| (n.clone(), t.detach().copy()))
-            .collect();
+        let params = self.params.iter().map(|(n, t)| (n.clone(), t.detach().copy())).collect();
         Policy::from_params(self.cfg.clone(), params)
     }
 
+    // `x = x + y` on purpose: tch's `+=` is in-place (add_), which would overwrite activations
+    // autograd still needs.
+    #[allow(clippy::assign_op_pattern)]
     /// Logits [B, T, V] for `tokens` [B, T] at `positions` [B, T]. `key_valid` [B, S] marks real
     /// tokens among all S = cache.len + T keys. With a cache, the new keys/values are stored and
     /// `cache.len` advances by T.
@@ -235,10 +228,7 @@ impl Policy {
         let kj = Tensor::arange(s, (Kind::Int64, Device::Cpu)).unsqueeze(0);
         let causal = kj.le_tensor(&qi); // [T, S]
         let diag = kj.eq_tensor(&qi);
-        let allowed = causal
-            .unsqueeze(0)
-            .logical_and(&key_valid.unsqueeze(1))
-            .logical_or(&diag.unsqueeze(0)); // [B, T, S]
+        let allowed = causal.unsqueeze(0).logical_and(&key_valid.unsqueeze(1)).logical_or(&diag.unsqueeze(0)); // [B, T, S]
         let mask = Tensor::zeros([b, 1, t, s], (Kind::Float, Device::Cpu))
             .masked_fill(&allowed.logical_not().unsqueeze(1), f64::NEG_INFINITY);
 
@@ -252,24 +242,12 @@ impl Policy {
             x * &cos + rot * &sin
         };
 
-        let mut x = self
-            .embed
-            .index_select(0, &tokens.reshape([-1]))
-            .view([b, t, -1]);
+        let mut x = self.embed.index_select(0, &tokens.reshape([-1])).view([b, t, -1]);
         for (li, layer) in self.layers.iter().enumerate() {
             let xn = rms_norm(&x, &layer.ln1, cfg.norm_eps);
-            let q = xn
-                .linear::<Tensor>(&layer.q, None)
-                .view([b, t, h, hd])
-                .transpose(1, 2);
-            let k = xn
-                .linear::<Tensor>(&layer.k, None)
-                .view([b, t, kvh, hd])
-                .transpose(1, 2);
-            let v = xn
-                .linear::<Tensor>(&layer.v, None)
-                .view([b, t, kvh, hd])
-                .transpose(1, 2);
+            let q = xn.linear::<Tensor>(&layer.q, None).view([b, t, h, hd]).transpose(1, 2);
+            let k = xn.linear::<Tensor>(&layer.k, None).view([b, t, kvh, hd]).transpose(1, 2);
+            let v = xn.linear::<Tensor>(&layer.v, None).view([b, t, kvh, hd]).transpose(1, 2);
             let q = rope(&q);
             let k = rope(&k);
             let (k_all, v_all) = match cache.as_deref_mut() {
@@ -282,11 +260,7 @@ impl Policy {
             };
             let (k_all, v_all) = if kvh != h {
                 let g = h / kvh;
-                let rep = |x: &Tensor| {
-                    x.unsqueeze(2)
-                        .expand([b, kvh, g, s, hd], false)
-                        .reshape([b, h, s, hd])
-                };
+                let rep = |x: &Tensor| x.unsqueeze(2).expand([b, kvh, g, s, hd], false).reshape([b, h, s, hd]);
                 (rep(&k_all), rep(&v_all))
             } else {
                 (k_all, v_all)
@@ -296,9 +270,8 @@ impl Policy {
             let att = att.transpose(1, 2).contiguous().view([b, t, h * hd]);
             x = x + att.linear::<Tensor>(&layer.o, None);
             let xn = rms_norm(&x, &layer.ln2, cfg.norm_eps);
-            let mlp = (xn.linear::<Tensor>(&layer.gate, None).silu()
-                * xn.linear::<Tensor>(&layer.up, None))
-            .linear::<Tensor>(&layer.down, None);
+            let mlp = (xn.linear::<Tensor>(&layer.gate, None).silu() * xn.linear::<Tensor>(&layer.up, None))
+                .linear::<Tensor>(&layer.down, None);
             x = x + mlp;
         }
         if let Some(c) = cache {
@@ -313,11 +286,7 @@ impl Policy {
             .iter()
             .map(|(n, t)| {
                 let data = Vec::<f32>::try_from(t.detach().reshape([-1])).map_err(backend_err)?;
-                Ok(NamedTensor {
-                    name: n.clone(),
-                    shape: t.size().iter().map(|&d| d as usize).collect(),
-                    data,
-                })
+                Ok(NamedTensor { name: n.clone(), shape: t.size().iter().map(|&d| d as usize).collect(), data })
             })
             .collect::<Result<Vec<_>, RunError>>()?;
         Ok(WeightSnapshot { version, tensors })
@@ -328,11 +297,7 @@ impl Policy {
         if w.tensors.len() != self.params.len() {
             return Err(RunError::new(
                 E_BACKEND,
-                format!(
-                    "weight snapshot has {} tensors, the policy {}",
-                    w.tensors.len(),
-                    self.params.len()
-                ),
+                format!("weight snapshot has {} tensors, the policy {}", w.tensors.len(), self.params.len()),
             ));
         }
         let _g = tch::no_grad_guard();
@@ -341,35 +306,20 @@ impl Policy {
             if nt.name != *name || shape != p.size() {
                 return Err(RunError::new(
                     E_BACKEND,
-                    format!(
-                        "weight snapshot tensor {} {:?} does not match {} {:?}",
-                        nt.name,
-                        shape,
-                        name,
-                        p.size()
-                    ),
+                    format!("weight snapshot tensor {} {:?} does not match {} {:?}", nt.name, shape, name, p.size()),
                 ));
             }
-            p.f_copy_(&Tensor::from_slice(&nt.data).view(&shape[..]))
-                .map_err(backend_err)?;
+            p.f_copy_(&Tensor::from_slice(&nt.data).view(&shape[..])).map_err(backend_err)?;
         }
         Ok(())
     }
 
     /// model.safetensors + config.json (Hugging Face Llama layout).
     pub fn save(&self, dir: &Path) -> Result<(), RunError> {
-        let named: Vec<(&str, Tensor)> = self
-            .params
-            .iter()
-            .map(|(n, t)| (n.as_str(), t.detach()))
-            .collect();
+        let named: Vec<(&str, Tensor)> = self.params.iter().map(|(n, t)| (n.as_str(), t.detach())).collect();
         let path = dir.join("model.safetensors");
-        Tensor::write_safetensors(&named, &path).map_err(|e| {
-            RunError::new(
-                E_CHECKPOINT,
-                format!("cannot write {}: {e}", path.display()),
-            )
-        })?;
+        Tensor::write_safetensors(&named, &path)
+            .map_err(|e| RunError::new(E_CHECKPOINT, format!("cannot write {}: {e}", path.display())))?;
         let cfg = &self.cfg;
         let config = json!({
             "architectures": ["LlamaForCausalLM"],
@@ -398,14 +348,12 @@ impl Policy {
     /// Reads a directory written by `save`.
     pub fn load(dir: &Path) -> Result<Policy, RunError> {
         let cpath = dir.join("config.json");
-        let text = std::fs::read_to_string(&cpath)
-            .map_err(|e| RunError::io(E_CHECKPOINT, "cannot read", &cpath, e))?;
+        let text = std::fs::read_to_string(&cpath).map_err(|e| RunError::io(E_CHECKPOINT, "cannot read", &cpath, e))?;
         let c: serde_json::Value = serde_json::from_str(&text)
             .map_err(|e| RunError::new(E_CHECKPOINT, format!("{}: {e}", cpath.display())))?;
         let u = |k: &str| c.get(k).and_then(|v| v.as_u64()).map(|v| v as usize);
         let f = |k: &str| c.get(k).and_then(|v| v.as_f64());
-        let missing =
-            |k: &str| RunError::new(E_CHECKPOINT, format!("{}: missing `{k}`", cpath.display()));
+        let missing = |k: &str| RunError::new(E_CHECKPOINT, format!("{}: missing `{k}`", cpath.display()));
         let cfg = ModelConfig {
             vocab_size: u("vocab_size").ok_or_else(|| missing("vocab_size"))?,
             d_model: u("hidden_size").ok_or_else(|| missing("hidden_size"))?,
@@ -413,8 +361,7 @@ impl Policy {
             n_heads: u("num_attention_heads").ok_or_else(|| missing("num_attention_heads"))?,
             n_kv_heads: u("num_key_value_heads").ok_or_else(|| missing("num_key_value_heads"))?,
             d_ff: u("intermediate_size").ok_or_else(|| missing("intermediate_size"))?,
-            max_len: u("max_position_embeddings")
-                .ok_or_else(|| missing("max_position_embeddings"))?,
+            max_len: u("max_position_embeddings").ok_or_else(|| missing("max_position_embeddings"))?,
             rope_theta: f("rope_theta").unwrap_or(10000.0),
             norm_eps: f("rms_norm_eps").unwrap_or(1e-5),
             init_std: f("initializer_range").unwrap_or(0.02),
@@ -426,9 +373,8 @@ impl Policy {
 
     /// Overwrites parameters from a safetensors file holding exactly this model's tensors.
     pub fn load_tensors(&mut self, path: &Path) -> Result<(), RunError> {
-        let read = Tensor::read_safetensors(path).map_err(|e| {
-            RunError::new(E_CHECKPOINT, format!("cannot read {}: {e}", path.display()))
-        })?;
+        let read = Tensor::read_safetensors(path)
+            .map_err(|e| RunError::new(E_CHECKPOINT, format!("cannot read {}: {e}", path.display())))?;
         load_named(&mut self.params, read, path)
     }
 }
@@ -442,12 +388,9 @@ pub(crate) fn load_named(
     let map: std::collections::HashMap<String, Tensor> = read.into_iter().collect();
     let _g = tch::no_grad_guard();
     for (name, p) in dst.iter_mut() {
-        let src = map.get(name).ok_or_else(|| {
-            RunError::new(
-                E_CHECKPOINT,
-                format!("{}: missing tensor {name}", path.display()),
-            )
-        })?;
+        let src = map
+            .get(name)
+            .ok_or_else(|| RunError::new(E_CHECKPOINT, format!("{}: missing tensor {name}", path.display())))?;
         if src.size() != p.size() || src.kind() != Kind::Float {
             return Err(RunError::new(
                 E_CHECKPOINT,

@@ -4,10 +4,9 @@
 
 use crate::model::{backend_err, left_pad, load_named, Policy};
 use miles_runtime::tasks::TokenId;
-use miles_runtime::{
-    Aggregation, RunError, SftStats, TrainSpec, TrainStats, Trajectory, E_CHECKPOINT, E_NONFINITE,
-};
+use miles_runtime::{Aggregation, RunError, SftStats, TrainSpec, TrainStats, Trajectory, E_CHECKPOINT, E_NONFINITE};
 use std::path::Path;
+use std::time::Instant;
 use tch::{Kind, Tensor};
 
 /// One padded micro-batch, aligned for next-token prediction: column c of the [B, L-1] tensors
@@ -27,11 +26,8 @@ pub struct Packed {
 }
 
 pub fn pack(prompts: &[&[TokenId]], responses: &[&[TokenId]], masks: Option<&[&[f32]]>) -> Packed {
-    let seqs: Vec<Vec<i64>> = prompts
-        .iter()
-        .zip(responses)
-        .map(|(p, r)| p.iter().chain(r.iter()).map(|&t| t as i64).collect())
-        .collect();
+    let seqs: Vec<Vec<i64>> =
+        prompts.iter().zip(responses).map(|(p, r)| p.iter().chain(r.iter()).map(|&t| t as i64).collect()).collect();
     let (tokens, valid, positions, l) = left_pad(&seqs);
     let w = l - 1;
     let b = seqs.len();
@@ -68,8 +64,7 @@ impl Packed {
         let mut out = vec![0f32; b * w];
         for i in 0..b {
             for j in 0..self.lens[i] {
-                out[i * w + self.offsets[i] as usize + j] =
-                    values[i].get(j).copied().unwrap_or(0.0);
+                out[i * w + self.offsets[i] as usize + j] = values[i].get(j).copied().unwrap_or(0.0);
             }
         }
         Tensor::from_slice(&out).view([b as i64, w as i64])
@@ -79,11 +74,7 @@ impl Packed {
         let flat = Vec::<f32>::try_from(t.detach().contiguous().view([-1])).map_err(backend_err)?;
         let w = self.width as usize;
         Ok((0..self.lens.len())
-            .map(|i| {
-                (0..self.lens[i])
-                    .map(|j| flat[i * w + self.offsets[i] as usize + j])
-                    .collect()
-            })
+            .map(|i| (0..self.lens[i]).map(|j| flat[i * w + self.offsets[i] as usize + j]).collect())
             .collect())
     }
 }
@@ -92,15 +83,9 @@ impl Packed {
 fn token_logprobs(policy: &Policy, pk: &Packed, temperature: f64) -> (Tensor, Tensor) {
     let logits = policy.forward(&pk.tokens, &pk.positions, &pk.valid, None);
     let logits = logits.narrow(1, 0, pk.width);
-    let logits = if temperature != 1.0 {
-        logits / temperature
-    } else {
-        logits
-    };
+    let logits = if temperature != 1.0 { logits / temperature } else { logits };
     let logp_all = logits.log_softmax(-1, Kind::Float);
-    let lp = logp_all
-        .gather(-1, &pk.targets.unsqueeze(-1), false)
-        .squeeze_dim(-1);
+    let lp = logp_all.gather(-1, &pk.targets.unsqueeze(-1), false).squeeze_dim(-1);
     (lp, logp_all)
 }
 
@@ -133,11 +118,7 @@ pub fn pg_terms(
         Some(cap) => (old - rollout).exp().clamp_max(cap).detach(),
         None => Tensor::ones_like(logp),
     };
-    PgTerms {
-        pg: pg * &tis,
-        clipped,
-        tis,
-    }
+    PgTerms { pg: pg * &tis, clipped, tis }
 }
 
 /// k3 estimator of KL(policy || ref) per token: exp(ref - logp) - (ref - logp) - 1 (>= 0, unbiased).
@@ -164,13 +145,7 @@ impl TchTrainer {
     pub fn new(policy: Policy, spec: TrainSpec) -> TchTrainer {
         policy.set_requires_grad(true);
         let adam = AdamState::zeros(&policy);
-        TchTrainer {
-            policy,
-            reference: None,
-            spec,
-            adam,
-            version: 0,
-        }
+        TchTrainer { policy, reference: None, spec, adam, version: 0 }
     }
 
     fn zero_grad(&mut self) {
@@ -198,39 +173,20 @@ impl TchTrainer {
                 }
             })
             .collect();
-        let sq: f64 = grads
-            .iter()
-            .map(|g| g.square().sum(Kind::Double).double_value(&[]))
-            .sum();
+        let sq: f64 = grads.iter().map(|g| g.square().sum(Kind::Double).double_value(&[])).sum();
         let norm = sq.sqrt();
         if !norm.is_finite() {
-            return Err(RunError::new(
-                E_NONFINITE,
-                "gradient norm is NaN/infinite; weights were not updated",
-            ));
+            return Err(RunError::new(E_NONFINITE, "gradient norm is NaN/infinite; weights were not updated"));
         }
         let clip = self.spec.grad_clip;
-        let scale = if clip > 0.0 && norm > clip {
-            clip / (norm + 1e-6)
-        } else {
-            1.0
-        };
-        let (b1, b2, eps, wd) = (
-            self.spec.beta1,
-            self.spec.beta2,
-            self.spec.eps,
-            self.spec.weight_decay,
-        );
+        let scale = if clip > 0.0 && norm > clip { clip / (norm + 1e-6) } else { 1.0 };
+        let (b1, b2, eps, wd) = (self.spec.beta1, self.spec.beta2, self.spec.eps, self.spec.weight_decay);
         self.adam.t += 1;
         let t = self.adam.t as i32;
         let bc1 = 1.0 - b1.powi(t);
         let bc2 = 1.0 - b2.powi(t);
         for (i, ((_, p), g)) in params.iter().zip(grads.iter()).enumerate() {
-            let g = if scale != 1.0 {
-                g * scale
-            } else {
-                g.shallow_clone()
-            };
+            let g = if scale != 1.0 { g * scale } else { g.shallow_clone() };
             let m = &mut self.adam.m[i];
             let _ = m.g_mul_scalar_(b1);
             let _ = m.g_add_(&(&g * (1.0 - b1)));
@@ -269,6 +225,8 @@ impl TchTrainer {
         Ok(out)
     }
 
+    // `a = a + b` on purpose: tch's `+=` is in-place and would corrupt the autograd graph.
+    #[allow(clippy::assign_op_pattern)]
     pub fn train_rl_impl(
         &mut self,
         batch: &[Trajectory],
@@ -276,13 +234,15 @@ impl TchTrainer {
         temperature: f64,
     ) -> Result<TrainStats, RunError> {
         let micro = self.spec.micro_batch.max(1);
+        // Phase timings for the profile (CPU ops are synchronous, so wall time is the op's time).
+        let t_lp = Instant::now();
         // "Old" policy log-probs: the trainer's view of the weights that generated the batch.
         let old = Self::logprobs_of(&self.policy, batch, micro, temperature)?;
         let reference = match (&self.reference, self.spec.kl_coef > 0.0) {
             (Some(r), true) => Some(Self::logprobs_of(r, batch, micro, temperature)?),
             _ => None,
         };
-        let mut st = TrainStats::default();
+        let mut st = TrainStats { logprob_s: t_lp.elapsed().as_secs_f64(), ..TrainStats::default() };
         let (mut diff_sum, mut tok_total) = (0f64, 0f64);
         for (t, o) in batch.iter().zip(&old) {
             for ((a, b), m) in o.iter().zip(&t.rollout_logprobs).zip(&t.loss_mask) {
@@ -302,46 +262,31 @@ impl TchTrainer {
             }
             let slice = &batch[lo..hi];
             // Global denominators so accumulated micro-batch gradients equal the full batch's.
-            let g_tokens: f64 = slice
-                .iter()
-                .map(|t| t.loss_mask.iter().map(|&m| m as f64).sum::<f64>())
-                .sum::<f64>()
-                .max(1.0);
+            let g_tokens: f64 =
+                slice.iter().map(|t| t.loss_mask.iter().map(|&m| m as f64).sum::<f64>()).sum::<f64>().max(1.0);
             let g_seqs = slice.len() as f64;
             self.zero_grad();
             let mut loss_acc = 0f64;
             for (ci, chunk) in slice.chunks(micro).enumerate() {
                 let base = lo + ci * micro;
+                let t_fwd = Instant::now();
                 let pr: Vec<&[TokenId]> = chunk.iter().map(|t| t.prompt.as_slice()).collect();
                 let rs: Vec<&[TokenId]> = chunk.iter().map(|t| t.response.as_slice()).collect();
                 let ms: Vec<&[f32]> = chunk.iter().map(|t| t.loss_mask.as_slice()).collect();
                 let pk = pack(&pr, &rs, Some(&ms));
-                let oldv: Vec<&[f32]> =
-                    (0..chunk.len()).map(|i| old[base + i].as_slice()).collect();
-                let rollv: Vec<&[f32]> = chunk
-                    .iter()
-                    .map(|t| t.rollout_logprobs.as_slice())
-                    .collect();
+                let oldv: Vec<&[f32]> = (0..chunk.len()).map(|i| old[base + i].as_slice()).collect();
+                let rollv: Vec<&[f32]> = chunk.iter().map(|t| t.rollout_logprobs.as_slice()).collect();
                 let old_t = pk.align(&oldv);
                 let roll_t = pk.align(&rollv);
                 let adv: Vec<f32> = chunk.iter().map(|t| t.advantage).collect();
                 let adv_t = Tensor::from_slice(&adv).view([chunk.len() as i64, 1]);
                 let (lp, logp_all) = token_logprobs(&self.policy, &pk, temperature);
-                let terms = pg_terms(
-                    &lp,
-                    &old_t,
-                    &roll_t,
-                    &adv_t,
-                    self.spec.clip_low,
-                    self.spec.clip_high,
-                    self.spec.tis_cap,
-                );
+                let terms =
+                    pg_terms(&lp, &old_t, &roll_t, &adv_t, self.spec.clip_low, self.spec.clip_high, self.spec.tis_cap);
                 let entropy = -(logp_all.exp() * &logp_all).sum_dim_intlist(-1, false, Kind::Float);
                 let mut tok_loss = terms.pg.shallow_clone();
                 if let Some(refs) = &reference {
-                    let rv: Vec<&[f32]> = (0..chunk.len())
-                        .map(|i| refs[base + i].as_slice())
-                        .collect();
+                    let rv: Vec<&[f32]> = (0..chunk.len()).map(|i| refs[base + i].as_slice()).collect();
                     let kl = kl_k3(&lp, &pk.align(&rv));
                     kl_sum += (&kl * &pk.mask).sum(Kind::Double).double_value(&[]);
                     tok_loss = tok_loss + kl * self.spec.kl_coef;
@@ -354,30 +299,31 @@ impl TchTrainer {
                     Aggregation::Token => masked.sum(Kind::Float) / g_tokens,
                     Aggregation::Sequence => {
                         let per = masked.sum_dim_intlist(-1, false, Kind::Float)
-                            / pk.mask
-                                .sum_dim_intlist(-1, false, Kind::Float)
-                                .clamp_min(1.0);
+                            / pk.mask.sum_dim_intlist(-1, false, Kind::Float).clamp_min(1.0);
                         per.sum(Kind::Float) / g_seqs
                     }
                 };
                 let lv = loss.double_value(&[]);
                 if !lv.is_finite() {
                     self.zero_grad();
-                    return Err(RunError::new(
-                        E_NONFINITE,
-                        "loss is NaN/infinite; weights were not updated",
-                    ));
+                    return Err(RunError::new(E_NONFINITE, "loss is NaN/infinite; weights were not updated"));
                 }
                 loss_acc += lv;
+                st.forward_s += t_fwd.elapsed().as_secs_f64();
+                let t_bwd = Instant::now();
                 loss.backward();
+                st.backward_s += t_bwd.elapsed().as_secs_f64();
+                let t_stats = Instant::now();
                 let _g = tch::no_grad_guard();
                 ent_sum += (&entropy * &pk.mask).sum(Kind::Double).double_value(&[]);
-                clip_sum += (&terms.clipped * &pk.mask)
-                    .sum(Kind::Double)
-                    .double_value(&[]);
+                clip_sum += (&terms.clipped * &pk.mask).sum(Kind::Double).double_value(&[]);
                 tis_sum += (&terms.tis * &pk.mask).sum(Kind::Double).double_value(&[]);
+                // The statistics are forward-side work (reductions of forward tensors).
+                st.forward_s += t_stats.elapsed().as_secs_f64();
             }
+            let t_opt = Instant::now();
             let norm = self.optimizer_step(*lr)?;
+            st.optimizer_s += t_opt.elapsed().as_secs_f64();
             st.loss += loss_acc;
             st.grad_norm += norm;
             st.optimizer_steps += 1;
@@ -394,17 +340,9 @@ impl TchTrainer {
         Ok(st)
     }
 
-    pub fn train_sft_impl(
-        &mut self,
-        batch: &[(Vec<TokenId>, Vec<TokenId>)],
-        lr: f64,
-    ) -> Result<SftStats, RunError> {
+    pub fn train_sft_impl(&mut self, batch: &[(Vec<TokenId>, Vec<TokenId>)], lr: f64) -> Result<SftStats, RunError> {
         let micro = self.spec.micro_batch.max(1);
-        let total: f64 = batch
-            .iter()
-            .map(|(_, a)| a.len() as f64)
-            .sum::<f64>()
-            .max(1.0);
+        let total: f64 = batch.iter().map(|(_, a)| a.len() as f64).sum::<f64>().max(1.0);
         self.zero_grad();
         let mut loss_acc = 0f64;
         for chunk in batch.chunks(micro) {
@@ -422,11 +360,7 @@ impl TchTrainer {
             loss.backward();
         }
         let norm = self.optimizer_step(lr)?;
-        Ok(SftStats {
-            loss: loss_acc,
-            grad_norm: norm,
-            tokens: total as u64,
-        })
+        Ok(SftStats { loss: loss_acc, grad_norm: norm, tokens: total as u64 })
     }
 
     pub fn logprobs_impl(
@@ -449,12 +383,7 @@ impl TchTrainer {
                 weight_version: 0,
             })
             .collect();
-        Self::logprobs_of(
-            &self.policy,
-            &batch,
-            self.spec.micro_batch.max(1),
-            temperature,
-        )
+        Self::logprobs_of(&self.policy, &batch, self.spec.micro_batch.max(1), temperature)
     }
 
     pub fn reset_optimizer(&mut self) {
@@ -479,19 +408,13 @@ impl TchTrainer {
             named.push((format!("exp_avg_sq.{n}"), self.adam.v[i].shallow_clone()));
         }
         let p = dir.join("optimizer.safetensors");
-        Tensor::write_safetensors(&named, &p).map_err(|e| {
-            RunError::new(E_CHECKPOINT, format!("cannot write {}: {e}", p.display()))
-        })?;
+        Tensor::write_safetensors(&named, &p)
+            .map_err(|e| RunError::new(E_CHECKPOINT, format!("cannot write {}: {e}", p.display())))?;
         if let Some(r) = &self.reference {
-            let named: Vec<(String, Tensor)> = r
-                .params()
-                .iter()
-                .map(|(n, t)| (n.clone(), t.shallow_clone()))
-                .collect();
+            let named: Vec<(String, Tensor)> = r.params().iter().map(|(n, t)| (n.clone(), t.shallow_clone())).collect();
             let p = dir.join("reference.safetensors");
-            Tensor::write_safetensors(&named, &p).map_err(|e| {
-                RunError::new(E_CHECKPOINT, format!("cannot write {}: {e}", p.display()))
-            })?;
+            Tensor::write_safetensors(&named, &p)
+                .map_err(|e| RunError::new(E_CHECKPOINT, format!("cannot write {}: {e}", p.display())))?;
         }
         miles_runtime::exec::write_json(
             &dir.join("trainer.json"),
@@ -502,9 +425,8 @@ impl TchTrainer {
     pub fn load(&mut self, dir: &Path) -> Result<(), RunError> {
         self.policy.load_tensors(&dir.join("model.safetensors"))?;
         let p = dir.join("optimizer.safetensors");
-        let read = Tensor::read_safetensors(&p).map_err(|e| {
-            RunError::new(E_CHECKPOINT, format!("cannot read {}: {e}", p.display()))
-        })?;
+        let read = Tensor::read_safetensors(&p)
+            .map_err(|e| RunError::new(E_CHECKPOINT, format!("cannot read {}: {e}", p.display())))?;
         let mut named: Vec<(String, Tensor)> = Vec::new();
         for (i, (n, _)) in self.policy.params().iter().enumerate() {
             named.push((format!("exp_avg.{n}"), self.adam.m[i].shallow_clone()));
@@ -519,10 +441,9 @@ impl TchTrainer {
             self.reference = Some(r);
         }
         let tp = dir.join("trainer.json");
-        let text = std::fs::read_to_string(&tp)
-            .map_err(|e| RunError::io(E_CHECKPOINT, "cannot read", &tp, e))?;
-        let v: serde_json::Value = serde_json::from_str(&text)
-            .map_err(|e| RunError::new(E_CHECKPOINT, format!("{}: {e}", tp.display())))?;
+        let text = std::fs::read_to_string(&tp).map_err(|e| RunError::io(E_CHECKPOINT, "cannot read", &tp, e))?;
+        let v: serde_json::Value =
+            serde_json::from_str(&text).map_err(|e| RunError::new(E_CHECKPOINT, format!("{}: {e}", tp.display())))?;
         self.version = v["version"].as_u64().unwrap_or(0);
         self.adam.t = v["adam_t"].as_u64().unwrap_or(0);
         Ok(())
@@ -531,17 +452,7 @@ impl TchTrainer {
 
 impl AdamState {
     fn zeros(policy: &Policy) -> AdamState {
-        let z = || -> Vec<Tensor> {
-            policy
-                .params()
-                .iter()
-                .map(|(_, p)| p.detach().zeros_like())
-                .collect()
-        };
-        AdamState {
-            m: z(),
-            v: z(),
-            t: 0,
-        }
+        let z = || -> Vec<Tensor> { policy.params().iter().map(|(_, p)| p.detach().zeros_like()).collect() };
+        AdamState { m: z(), v: z(), t: 0 }
     }
 }

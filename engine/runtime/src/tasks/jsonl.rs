@@ -33,9 +33,8 @@ pub fn read(
                 let msg = format!("{}:{}: {why}", path.display(), i + 1);
                 match on_error {
                     OnError::Stop => {
-                        return Err(RunError::new(E_DATA_LINE, msg).with_help(
-                            "fix the line, or set `on_error: skip` to skip malformed lines",
-                        ))
+                        return Err(RunError::new(E_DATA_LINE, msg)
+                            .with_help("fix the line, or set `on_error: skip` to skip malformed lines"))
                     }
                     OnError::Skip => warnings.push(format!("skipped {msg}")),
                 }
@@ -46,11 +45,8 @@ pub fn read(
 }
 
 fn parse_line(line: &str, prompt_field: &str, label_field: &str) -> Result<TaskItem, String> {
-    let v: serde_json::Value =
-        serde_json::from_str(line).map_err(|e| format!("not valid JSON: {e}"))?;
-    let obj = v
-        .as_object()
-        .ok_or_else(|| "not a JSON object".to_string())?;
+    let v: serde_json::Value = serde_json::from_str(line).map_err(|e| format!("not valid JSON: {e}"))?;
+    let obj = v.as_object().ok_or_else(|| "not a JSON object".to_string())?;
     let field = |name: &str| -> Result<String, String> {
         match obj.get(name) {
             None => Err(format!("missing field `{name}`")),
@@ -82,31 +78,18 @@ mod tests {
 
     #[test]
     fn skip_stop_and_missing() {
-        let p = tmp(
-            "a",
-            "{\"q\":\"1+1=\",\"a\":\"2\"}\n\nnot json\n{\"q\":\"2+2=\"}\n{\"q\":\"3+3=\",\"a\":6}\n",
-        );
+        let p = tmp("a", "{\"q\":\"1+1=\",\"a\":\"2\"}\n\nnot json\n{\"q\":\"2+2=\"}\n{\"q\":\"3+3=\",\"a\":6}\n");
         let mut w = Vec::new();
         let items = read(&p, "q", "a", OnError::Skip, &mut w).unwrap();
         assert_eq!(items.len(), 2);
         assert_eq!(items[1].label, "6");
         assert_eq!(w.len(), 2);
         assert!(w[0].contains("d.jsonl:3"), "{w:?}");
-        assert!(
-            w[1].contains(":4") && w[1].contains("missing field `a`"),
-            "{w:?}"
-        );
+        assert!(w[1].contains(":4") && w[1].contains("missing field `a`"), "{w:?}");
         let e = read(&p, "q", "a", OnError::Stop, &mut Vec::new()).unwrap_err();
         assert_eq!(e.code, E_DATA_LINE);
         assert!(e.message.contains("d.jsonl:3"));
-        let e = read(
-            Path::new("/nonexistent/x.jsonl"),
-            "q",
-            "a",
-            OnError::Skip,
-            &mut w,
-        )
-        .unwrap_err();
+        let e = read(Path::new("/nonexistent/x.jsonl"), "q", "a", OnError::Skip, &mut w).unwrap_err();
         assert_eq!(e.code, E_DATA_FILE);
         assert!(e.message.contains("not found"));
     }

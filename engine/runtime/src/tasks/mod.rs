@@ -22,16 +22,8 @@ pub struct TaskItem {
 /// distinct problems (saturating), used to cap the test split.
 #[derive(Debug, Clone)]
 enum Generator {
-    Arith {
-        digits: u32,
-        op: char,
-    },
-    Str {
-        min_len: usize,
-        max_len: usize,
-        alphabet: Vec<char>,
-        sort: bool,
-    },
+    Arith { digits: u32, op: char },
+    Str { min_len: usize, max_len: usize, alphabet: Vec<char>, sort: bool },
 }
 
 impl Generator {
@@ -42,31 +34,18 @@ impl Generator {
                 let a = rng.below(m);
                 let b = rng.below(m);
                 let c = if *op == '+' { a + b } else { a * b };
-                TaskItem {
-                    prompt: format!("{a}{op}{b}="),
-                    label: c.to_string(),
-                }
+                TaskItem { prompt: format!("{a}{op}{b}="), label: c.to_string() }
             }
-            Generator::Str {
-                min_len,
-                max_len,
-                alphabet,
-                sort,
-            } => {
+            Generator::Str { min_len, max_len, alphabet, sort } => {
                 let len = *min_len + rng.below((*max_len - *min_len + 1) as u64) as usize;
-                let s: Vec<char> = (0..len)
-                    .map(|_| alphabet[rng.below(alphabet.len() as u64) as usize])
-                    .collect();
+                let s: Vec<char> = (0..len).map(|_| alphabet[rng.below(alphabet.len() as u64) as usize]).collect();
                 let mut t = s.clone();
                 if *sort {
                     t.sort_unstable();
                 } else {
                     t.reverse();
                 }
-                TaskItem {
-                    prompt: format!("{}>", s.iter().collect::<String>()),
-                    label: t.into_iter().collect(),
-                }
+                TaskItem { prompt: format!("{}>", s.iter().collect::<String>()), label: t.into_iter().collect() }
             }
         }
     }
@@ -74,16 +53,9 @@ impl Generator {
     fn space(&self) -> u64 {
         match self {
             Generator::Arith { digits, .. } => 10u64.pow(*digits).saturating_pow(2),
-            Generator::Str {
-                min_len,
-                max_len,
-                alphabet,
-                ..
-            } => {
+            Generator::Str { min_len, max_len, alphabet, .. } => {
                 let k = alphabet.len() as u64;
-                (*min_len..=*max_len).fold(0u64, |acc, l| {
-                    acc.saturating_add(k.saturating_pow(l.min(64) as u32))
-                })
+                (*min_len..=*max_len).fold(0u64, |acc, l| acc.saturating_add(k.saturating_pow(l.min(64) as u32)))
             }
         }
     }
@@ -108,10 +80,7 @@ impl Generator {
 }
 
 enum TrainSource {
-    Generated {
-        generator: Generator,
-        test_prompts: HashSet<String>,
-    },
+    Generated { generator: Generator, test_prompts: HashSet<String> },
     List(Vec<TaskItem>),
 }
 
@@ -130,24 +99,9 @@ pub struct TaskSet {
 impl TaskSet {
     pub fn build(spec: &TaskSpec) -> Result<TaskSet, RunError> {
         let generator = match &spec.kind {
-            TaskKind::Addition { digits } => Generator::Arith {
-                digits: *digits,
-                op: '+',
-            },
-            TaskKind::Multiplication { digits } => Generator::Arith {
-                digits: *digits,
-                op: '*',
-            },
-            TaskKind::Reverse {
-                min_len,
-                max_len,
-                alphabet,
-            }
-            | TaskKind::Sort {
-                min_len,
-                max_len,
-                alphabet,
-            } => {
+            TaskKind::Addition { digits } => Generator::Arith { digits: *digits, op: '+' },
+            TaskKind::Multiplication { digits } => Generator::Arith { digits: *digits, op: '*' },
+            TaskKind::Reverse { min_len, max_len, alphabet } | TaskKind::Sort { min_len, max_len, alphabet } => {
                 let alphabet: Vec<char> = alphabet.chars().collect();
                 if alphabet.contains(&'>') {
                     return Err(RunError::new(
@@ -162,27 +116,12 @@ impl TaskSet {
                     sort: matches!(spec.kind, TaskKind::Sort { .. }),
                 }
             }
-            TaskKind::Jsonl {
-                path,
-                prompt_field,
-                label_field,
-                test_path,
-                on_error,
-            } => {
-                return Self::from_jsonl(
-                    spec,
-                    path,
-                    prompt_field,
-                    label_field,
-                    test_path.as_deref(),
-                    *on_error,
-                )
+            TaskKind::Jsonl { path, prompt_field, label_field, test_path, on_error } => {
+                return Self::from_jsonl(spec, path, prompt_field, label_field, test_path.as_deref(), *on_error)
             }
         };
         // Never hold out more than half of a small problem space: training needs the rest.
-        let want = (spec.split.test_size as u64)
-            .min(generator.space() / 2)
-            .max(1) as usize;
+        let want = (spec.split.test_size as u64).min(generator.space() / 2).max(1) as usize;
         let mut rng = Rng::derived(spec.split.seed, "test-split", 0);
         let mut test = Vec::with_capacity(want);
         let mut seen = HashSet::new();
@@ -199,10 +138,7 @@ impl TaskSet {
         Ok(TaskSet {
             tokenizer: CharTokenizer::new(generator.chars()),
             test,
-            train: TrainSource::Generated {
-                generator,
-                test_prompts: seen,
-            },
+            train: TrainSource::Generated { generator, test_prompts: seen },
             partial_credit: spec.partial_credit,
             max_prompt_chars,
             max_answer_chars,
@@ -234,10 +170,7 @@ impl TaskSet {
         let before = items.len();
         items.retain(|t| !test_prompts.contains(t.prompt.as_str()));
         if items.len() < before {
-            warnings.push(format!(
-                "{} train prompt(s) also in the test split were dropped",
-                before - items.len()
-            ));
+            warnings.push(format!("{} train prompt(s) also in the test split were dropped", before - items.len()));
         }
         if items.is_empty() || test.is_empty() {
             return Err(RunError::new(
@@ -251,24 +184,10 @@ impl TaskSet {
             ));
         }
         // Train items stay in file order; `train_batch` shuffles per epoch from the seed.
-        let tokenizer = CharTokenizer::new(
-            items
-                .iter()
-                .chain(test.iter())
-                .flat_map(|t| t.prompt.chars().chain(t.label.chars())),
-        );
-        let max_prompt_chars = items
-            .iter()
-            .chain(test.iter())
-            .map(|t| t.prompt.chars().count())
-            .max()
-            .unwrap_or(0);
-        let max_answer_chars = items
-            .iter()
-            .chain(test.iter())
-            .map(|t| t.label.chars().count())
-            .max()
-            .unwrap_or(0);
+        let tokenizer =
+            CharTokenizer::new(items.iter().chain(test.iter()).flat_map(|t| t.prompt.chars().chain(t.label.chars())));
+        let max_prompt_chars = items.iter().chain(test.iter()).map(|t| t.prompt.chars().count()).max().unwrap_or(0);
+        let max_answer_chars = items.iter().chain(test.iter()).map(|t| t.label.chars().count()).max().unwrap_or(0);
         Ok(TaskSet {
             tokenizer,
             test,
@@ -289,10 +208,7 @@ impl TaskSet {
     /// of (seed, purpose, index), so a resumed run draws exactly what an uninterrupted one would.
     pub fn train_batch(&self, seed: u64, purpose: &str, index: u64, n: usize) -> Vec<TaskItem> {
         match &self.train {
-            TrainSource::Generated {
-                generator,
-                test_prompts,
-            } => {
+            TrainSource::Generated { generator, test_prompts } => {
                 let mut rng = Rng::derived(seed, purpose, index);
                 let mut out = Vec::with_capacity(n);
                 let mut attempts = 0;
@@ -362,14 +278,7 @@ mod tests {
     use crate::spec::SplitSpec;
 
     fn spec(kind: TaskKind) -> TaskSpec {
-        TaskSpec {
-            kind,
-            split: SplitSpec {
-                test_size: 50,
-                seed: 3,
-            },
-            partial_credit: false,
-        }
+        TaskSpec { kind, split: SplitSpec { test_size: 50, seed: 3 }, partial_credit: false }
     }
 
     #[test]
@@ -385,44 +294,25 @@ mod tests {
                 assert_eq!(item.label, s.to_string());
             }
         }
-        assert_eq!(
-            t.train_batch(9, "rollout", 4, 8),
-            t.train_batch(9, "rollout", 4, 8)
-        );
-        assert_ne!(
-            t.train_batch(9, "rollout", 4, 8),
-            t.train_batch(9, "rollout", 5, 8)
-        );
+        assert_eq!(t.train_batch(9, "rollout", 4, 8), t.train_batch(9, "rollout", 4, 8));
+        assert_ne!(t.train_batch(9, "rollout", 4, 8), t.train_batch(9, "rollout", 5, 8));
         let m = TaskSet::build(&spec(TaskKind::Multiplication { digits: 1 })).unwrap();
         // 100 problems: at most half are held out.
         assert_eq!(m.test.len(), 50);
         for item in m.train_batch(1, "r", 0, 30) {
             let (a, b) = item.prompt.trim_end_matches('=').split_once('*').unwrap();
-            assert_eq!(
-                item.label,
-                (a.parse::<u64>().unwrap() * b.parse::<u64>().unwrap()).to_string()
-            );
+            assert_eq!(item.label, (a.parse::<u64>().unwrap() * b.parse::<u64>().unwrap()).to_string());
         }
     }
 
     #[test]
     fn string_tasks() {
-        let r = TaskSet::build(&spec(TaskKind::Reverse {
-            min_len: 2,
-            max_len: 4,
-            alphabet: "abc".into(),
-        }))
-        .unwrap();
+        let r = TaskSet::build(&spec(TaskKind::Reverse { min_len: 2, max_len: 4, alphabet: "abc".into() })).unwrap();
         for item in r.train_batch(1, "r", 0, 10) {
             let p: String = item.prompt.trim_end_matches('>').chars().rev().collect();
             assert_eq!(p, item.label);
         }
-        let s = TaskSet::build(&spec(TaskKind::Sort {
-            min_len: 3,
-            max_len: 3,
-            alphabet: "cab".into(),
-        }))
-        .unwrap();
+        let s = TaskSet::build(&spec(TaskKind::Sort { min_len: 3, max_len: 3, alphabet: "cab".into() })).unwrap();
         // 27 problems: 13 held out.
         assert_eq!(s.test.len(), 13);
         let item = &s.test[0];
@@ -438,10 +328,7 @@ mod tests {
         assert_eq!(verify("12", "12", FinishReason::Length, false), 0.0);
         assert_eq!(verify("12", "13", FinishReason::Stop, false), 0.0);
         assert_eq!(verify("12", "13", FinishReason::Stop, true), 0.5);
-        assert_eq!(
-            verify("12", "123", FinishReason::Stop, true),
-            0.9f32.min(2.0 / 3.0)
-        );
+        assert_eq!(verify("12", "123", FinishReason::Stop, true), 0.9f32.min(2.0 / 3.0));
         assert_eq!(verify("12", "", FinishReason::Stop, true), 0.0);
     }
 }

@@ -22,9 +22,7 @@ impl CharTokenizer {
     /// the order the data listed them in).
     pub fn new(chars: impl IntoIterator<Item = char>) -> CharTokenizer {
         let set: BTreeSet<char> = chars.into_iter().collect();
-        CharTokenizer {
-            chars: set.into_iter().collect(),
-        }
+        CharTokenizer { chars: set.into_iter().collect() }
     }
 
     pub fn vocab_size(&self) -> usize {
@@ -32,10 +30,7 @@ impl CharTokenizer {
     }
 
     pub fn id(&self, c: char) -> Option<TokenId> {
-        self.chars
-            .binary_search(&c)
-            .ok()
-            .map(|i| (i + N_SPECIAL) as TokenId)
+        self.chars.binary_search(&c).ok().map(|i| (i + N_SPECIAL) as TokenId)
     }
 
     /// Ids of `text`, without BOS/EOS. Errors on a character outside the vocabulary.
@@ -43,10 +38,7 @@ impl CharTokenizer {
         text.chars()
             .map(|c| {
                 self.id(c).ok_or_else(|| {
-                    RunError::new(
-                        E_DATA_LINE,
-                        format!("character {c:?} is not in the task tokenizer's vocabulary"),
-                    )
+                    RunError::new(E_DATA_LINE, format!("character {c:?} is not in the task tokenizer's vocabulary"))
                 })
             })
             .collect()
