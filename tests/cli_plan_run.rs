@@ -1,0 +1,142 @@
+//! End to end through the built binary: `miles plan` (text, JSON, --out, --html,
+//! --detailed-exitcode, --set), `miles run` (a tiny recipe, --plan, refusals) and `miles report`.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn miles(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_miles")).args(args).env("NO_COLOR", "1").output().expect("run miles")
+}
+
+fn text(o: &Output) -> String {
+    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+}
+
+fn temp_dir(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("miles-e2e-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).expect("temp dir");
+    d
+}
+
+/// A laptop recipe small enough to train for two steps in a second.
+const TINY: &str = r#"
+import std/tasks/arith
+model policy = transformer { layers = 1, d_model = 32, heads = 2, vocab = arith.vocab, max_len = 16 }
+recipe tiny {
+    warmup  = sft(policy) { data = arith.addition { digits = 1 }, steps = 5.steps, batch = 8 }
+    rollout = generate(warmup) {
+        prompts = arith.addition { digits = 1 }
+        samples_per_prompt = 4
+        max_prompt_tokens = 8.tokens
+        max_new_tokens = 3.tokens
+    }
+    reward = exact_match(rollout)
+    train  = grpo(rollout, reward) { rollout_batch = 4, global_batch = 16, micro_batch = 16, lr = 1e-3 }
+    sync   = weights(train -> rollout) { transport = local }
+    eval   = evaluate(rollout) { prompts = arith.addition { digits = 1, split = test, test_size = 20 }, every = 1.steps, limit = 20 }
+    stop   = 2.steps
+}
+"#;
+
+#[test]
+fn plan_writes_json_html_and_a_plan_file() {
+    let d = temp_dir("plan");
+    let (out, html) = (d.join("plan.json"), d.join("plan.html"));
+    let o = miles(&[
+        "plan",
+        "recipes/glm5-agentic.miles",
+        "--detailed-exitcode",
+        "--out",
+        out.to_str().unwrap(),
+        "--html",
+        html.to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert!(text(&o).contains("Plan: 4 stages on 64 GPUs"), "{}", text(&o));
+    let file: serde_json::Value = serde_json::from_slice(&std::fs::read(&out).unwrap()).unwrap();
+    assert_eq!(file["format_version"], 1);
+    assert_eq!(file["recipe"], "glm5_agentic");
+    assert!(file["run_spec"].is_null(), "a cluster recipe has no embedded run spec");
+    let page = std::fs::read_to_string(&html).unwrap();
+    assert!(page.contains("<svg") && page.contains("glm5_agentic"));
+
+    let json = miles(&["plan", "recipes/glm5-agentic.miles", "--format", "json"]);
+    let v: serde_json::Value = serde_json::from_slice(&json.stdout).expect("plan JSON");
+    assert_eq!(v["format_version"], 1);
+}
+
+#[test]
+fn plan_exit_codes_follow_the_findings() {
+    // Optimizer state in HBM does not fit: an error, exit 1, with the fix named.
+    let o = miles(&["plan", "recipes/glm5-agentic.miles", "--set", "train.optimizer.state=on_gpu", "--detailed-exitcode"]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(text(&o).contains("E0401") && text(&o).contains("stream_from_disk"), "{}", text(&o));
+    // Too many concurrent requests for the KV cache: a warning, exit 2 with --detailed-exitcode.
+    let o = miles(&["plan", "recipes/glm5-agentic.miles", "--set", "rollout.engine.max_concurrent=500", "--detailed-exitcode"]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    let o = miles(&["plan", "recipes/glm5-agentic.miles", "--set", "rollout.engine.max_concurrent=500"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    // A recipe error stops before planning.
+    let o = miles(&["plan", "recipes/glm5-agentic.miles", "--set", "train.backend.tp=3"]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(text(&o).contains("E0301"), "{}", text(&o));
+}
+
+#[test]
+fn run_trains_and_a_saved_plan_runs_exactly() {
+    let d = temp_dir("run");
+    let recipe = d.join("tiny.miles");
+    std::fs::write(&recipe, TINY).unwrap();
+    let r = recipe.to_str().unwrap();
+
+    let run_dir = d.join("run");
+    let o = miles(&["run", r, "--out", run_dir.to_str().unwrap(), "--progress", "plain", "--threads", "1"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let metrics = std::fs::read_to_string(run_dir.join("metrics.jsonl")).unwrap();
+    assert!(metrics.lines().any(|l| l.contains("\"step\":2") && l.contains("train/loss")), "{metrics}");
+
+    // The plan file carries the run spec; running it gives the same metrics as the recipe.
+    let plan = d.join("plan.json");
+    let o = miles(&["plan", r, "--out", plan.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let planned_dir = d.join("planned");
+    let o = miles(&["run", "--plan", plan.to_str().unwrap(), "--out", planned_dir.to_str().unwrap(), "--progress", "off", "--threads", "1"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let strip = |s: &str| -> Vec<String> {
+        // Timing figures differ between runs; everything else must not.
+        s.lines()
+            .map(|l| {
+                let v: serde_json::Value = serde_json::from_str(l).unwrap();
+                let m: serde_json::Map<String, serde_json::Value> =
+                    v.as_object().unwrap().iter().filter(|(k, _)| !k.starts_with("perf/")).map(|(k, v)| (k.clone(), v.clone())).collect();
+                serde_json::Value::Object(m).to_string()
+            })
+            .collect()
+    };
+    let planned = std::fs::read_to_string(planned_dir.join("metrics.jsonl")).unwrap();
+    assert_eq!(strip(&metrics), strip(&planned));
+
+    // Change the recipe after planning: the plan is refused.
+    std::fs::write(&recipe, TINY.replace("lr = 1e-3", "lr = 2e-3")).unwrap();
+    let o = miles(&["run", "--plan", plan.to_str().unwrap(), "--out", d.join("stale").to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(text(&o).contains("E0512"), "{}", text(&o));
+
+    // The report draws the curves of the first run.
+    let o = miles(&["report", run_dir.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert!(Path::new(&run_dir.join("report/eval_accuracy.svg")).exists(), "{}", text(&o));
+    std::fs::remove_dir_all(&d).ok();
+}
+
+#[test]
+fn run_refuses_what_the_embedded_backend_cannot_do_all_at_once() {
+    let o = miles(&["run", "recipes/glm5-agentic.miles"]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    let t = text(&o);
+    for what in ["fully_async", "sglang", "megatron", "env_reward"] {
+        assert!(t.contains(what), "missing {what}: {t}");
+    }
+    assert!(t.contains("E0511"));
+}
