@@ -296,10 +296,25 @@ pub fn run_spec(recipe: &CompiledRecipe) -> Result<RunSpec, Vec<Diagnostic>> {
             keep: c.param("keep").and_then(Value::as_i64).unwrap_or(2).max(1) as usize,
         })
         .unwrap_or_default();
+    let distributed = settings.and_then(|s| s.get("launcher")).and_then(Value::as_record).and_then(|l| {
+        let sync = m.stage_by_kind(|n| n.kind == "weights").first().copied();
+        distributed_spec(l, sync)
+    });
     if !m.diags.is_empty() {
         return Err(m.diags);
     }
-    Ok(RunSpec { seed, steps, model, task, sft, rollout: rollout_spec, train: train_spec, eval, checkpoint })
+    Ok(RunSpec {
+        seed,
+        steps,
+        model,
+        task,
+        sft,
+        rollout: rollout_spec,
+        train: train_spec,
+        eval,
+        checkpoint,
+        distributed,
+    })
 }
 
 fn rec_steps(node: &StageNode, name: &str) -> u64 {
@@ -314,4 +329,52 @@ impl Mapper<'_> {
             .and_then(Value::as_bool)
             .unwrap_or(false)
     }
+}
+
+/// The recipe's `launcher` setting and `weights` stage as the distributed part of the run spec
+/// (None for `in_process`).
+fn distributed_spec(l: &Record, sync: Option<&StageNode>) -> Option<miles_runtime::distspec::DistSpec> {
+    use miles_runtime::distspec::{DistSpec, LauncherSpec, WorkerFailure};
+    let int = |name: &str, default: i64| l.get(name).and_then(Value::as_i64).unwrap_or(default).max(0);
+    let opt_str = |name: &str| l.get(name).and_then(|v| v.as_str()).map(str::to_string);
+    let launcher = match l.schema_name.as_str() {
+        "local_processes" => LauncherSpec::LocalProcesses { cpus_per_worker: int("cpus_per_worker", 0) as usize },
+        "slurm" => LauncherSpec::Slurm {
+            partition: opt_str("partition"),
+            time_limit: opt_str("time_limit"),
+            gpus_per_engine: int("gpus_per_engine", 0) as u32,
+            gpus_per_trainer: int("gpus_per_trainer", 0) as u32,
+            cpus_per_worker: int("cpus_per_worker", 1) as usize,
+        },
+        "ray" => LauncherSpec::Ray {
+            address: opt_str("address").unwrap_or_default(),
+            gpus_per_engine: int("gpus_per_engine", 0) as u32,
+            gpus_per_trainer: int("gpus_per_trainer", 0) as u32,
+        },
+        _ => return None,
+    };
+    let transport = sync.and_then(|n| n.param("transport")).and_then(Value::as_enum).unwrap_or("broadcast").to_string();
+    let bucket_bytes = sync
+        .and_then(|n| n.param("bucket"))
+        .and_then(Value::as_q)
+        .map(|q| q.to_f64().max(65536.0) as u64)
+        .unwrap_or(512 << 20);
+    let verify_full = sync.and_then(|n| n.param("verify_full")).and_then(Value::as_bool).unwrap_or(false);
+    Some(DistSpec {
+        launcher,
+        rollout_workers: int("engines", 1).max(1) as usize,
+        transport,
+        bucket_bytes,
+        verify_full,
+        on_worker_failure: if l.get("on_failure").and_then(Value::as_enum) == Some("drop_engine") {
+            WorkerFailure::Continue
+        } else {
+            WorkerFailure::Stop
+        },
+        call_timeout_s: int("call_timeout", 600) as f64,
+        start_timeout_s: int("start_timeout", 120) as f64,
+        heartbeat_timeout_s: 15.0,
+        bind_host: opt_str("bind").unwrap_or_else(|| "127.0.0.1".into()),
+        threads: 0,
+    })
 }
