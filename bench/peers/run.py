@@ -1,0 +1,374 @@
+#!/usr/bin/env python3
+"""Runs the GRPO comparison (miles vs TRL) and writes bench/peers/RESULTS-table.md.
+
+Both sides run recipes/compare-trl.miles: miles with `miles run`, TRL with trl/grpo_trl.py on the
+run spec miles prints and the prompts miles draws (tools/export-prompts). They alternate, seed by
+seed (the first side alternates too), so slow spells of this shared machine hit both. Peak memory
+is each process's max RSS (wait4). The machine's matmul peak (tools/peak-flops) is measured at the
+start and the end of the same run; the profile of our step comes from the per-phase timings in
+miles' metrics.jsonl and a FLOP count of the model (below).
+
+Called by bench/peers/run.sh (which builds and installs what this needs); standard library only.
+"""
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+
+
+def sh(cmd, **kw):
+    return subprocess.run(cmd, check=True, capture_output=True, text=True, **kw).stdout
+
+
+def timed(cmd, log):
+    """Runs cmd; returns (wall seconds, max RSS in MiB, exit code). RSS from wait4 (Linux: KiB)."""
+    t = time.perf_counter()
+    with open(log, "w") as f:
+        p = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=ROOT)
+        _, status, ru = os.wait4(p.pid, 0)
+    return time.perf_counter() - t, ru.ru_maxrss / 1024.0, os.waitstatus_to_exitcode(status)
+
+
+def read_steps(path):
+    rows = [json.loads(line) for line in open(path) if line.strip()]
+    return [r for r in rows if r.get("step", 0) >= 1 and "rollout/reward_mean" in r]
+
+
+def smooth(xs, w):
+    return [statistics.fmean(xs[max(0, i - w + 1) : i + 1]) for i in range(len(xs))]
+
+
+def summarise(rows, threshold, window):
+    step_s = [r["perf/step_s"] for r in rows]
+    rew = [r["rollout/reward_mean"] for r in rows]
+    sm = smooth(rew, window)
+    cum = 0.0
+    t_hit, s_hit = None, None
+    for r, s, x in zip(rows, step_s, sm):
+        cum += s
+        if x >= threshold and len(rows[: rows.index(r) + 1]) >= window:
+            t_hit, s_hit = cum, r["step"]
+            break
+    tot = lambda k: sum(r.get(k, 0.0) for r in rows)  # noqa: E731
+    return {
+        "steps": len(rows),
+        "step_s": statistics.median(step_s),
+        "gen_tok_s": tot("perf/gen_tokens") / tot("perf/gen_s"),
+        "train_tok_s": tot("perf/trained_tokens") / tot("perf/train_s"),
+        "e2e_tok_s": tot("perf/trained_tokens") / tot("perf/step_s"),
+        "reward_start": statistics.fmean(rew[:window]),
+        "reward_end": statistics.fmean(rew[-window:]),
+        "time_to_threshold_s": t_hit,
+        "steps_to_threshold": s_hit,
+        "grpo_s": sum(step_s),
+    }
+
+
+# ---- FLOPs of one step (matmul FLOPs of real tokens; pads and elementwise work not counted) ----
+
+
+def fwd_flops_per_token(m, kind, ctx):
+    """2 x (matmul weights touched per token) + attention scores and mixing over `ctx` keys."""
+    d, L, V = m["d_model"], m["n_layers"], m["vocab_size"]
+    if kind == "miles":
+        kv = d // m["n_heads"] * m["n_kv_heads"]
+        per_layer = d * d * 2 + d * kv * 2 + 3 * d * m["d_ff"]  # q, o, k, v, gate/up/down
+    else:  # GPT-2: c_attn (3d), c_proj, 4x MLP
+        per_layer = 4 * d * d + 8 * d * d
+    return 2 * (L * per_layer + V * d) + L * 4 * d * ctx
+
+
+def step_flops(m, kind, prompt_lens, resp_lens, group):
+    """(generation, one forward over the trained tokens) FLOPs of a step's batch."""
+    gen = 0.0
+    for i, (p, r) in enumerate(zip(prompt_lens, resp_lens)):
+        if i % group == 0:  # the group's prompt is prefilled once
+            gen += sum(fwd_flops_per_token(m, kind, j + 1) for j in range(p))
+        gen += sum(fwd_flops_per_token(m, kind, p + j + 1) for j in range(r))
+    fwd = sum(fwd_flops_per_token(m, kind, j + 1) for p, r in zip(prompt_lens, resp_lens) for j in range(p + r))
+    return gen, fwd
+
+
+def miles_profile(rows, spec, peak_gflops):
+    """Mean seconds per step by phase and achieved GFLOP/s. Prompt/response lengths are not in the
+    metrics per sample, so the FLOP count uses the step's token totals at mean lengths."""
+    m = spec["model"]
+    ro = spec["rollout"]
+    n = ro["rollout_batch"] * ro["samples_per_prompt"]
+    ph = {k: statistics.fmean(r.get(f"perf/{k}", 0.0) for r in rows) for k in
+          ["step_s", "gen_s", "reward_s", "train_s", "logprob_s", "forward_s", "backward_s", "optimizer_s", "sync_s"]}
+    ph["eval_s"] = sum(r.get("perf/eval_s", 0.0) for r in rows) / len(rows)
+    gen_tok = statistics.fmean(r["perf/gen_tokens"] for r in rows)
+    trained = statistics.fmean(r["perf/trained_tokens"] for r in rows)
+    resp = gen_tok / n
+    prompt = (trained - gen_tok) / n
+    pl = [round(prompt)] * n
+    rl = [round(resp)] * n
+    gen_f, fwd_f = step_flops(m, "miles", pl, rl, ro["samples_per_prompt"])
+    flops = {
+        "gen_s": gen_f,
+        "logprob_s": fwd_f,
+        "forward_s": fwd_f,
+        "backward_s": 2 * fwd_f,
+    }
+    total = gen_f + fwd_f * 4
+    out = {"phases": ph, "flops": flops, "step_flops": total, "prompt_len": prompt, "resp_len": resp}
+    out["achieved_gflops"] = total / ph["step_s"] / 1e9
+    out["mfu"] = out["achieved_gflops"] / peak_gflops
+    out["phase_gflops"] = {k: flops[k] / ph[k] / 1e9 for k in flops if ph.get(k, 0) > 0}
+    return out
+
+
+def mean_std(xs):
+    xs = [x for x in xs if x is not None]
+    if not xs:
+        return None, None, 0
+    return statistics.fmean(xs), (statistics.stdev(xs) if len(xs) > 1 else 0.0), len(xs)
+
+
+def fmt(xs, digits=3, unit=""):
+    mu, sd, k = mean_std(xs)
+    if mu is None:
+        return "not reached"
+    s = f"{mu:.{digits}f} ± {sd:.{digits}f}{unit}"
+    if k < len(xs):
+        s += f" ({k}/{len(xs)} seeds reached it)"
+    return s
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--miles", required=True, help="release miles binary")
+    ap.add_argument("--tools", required=True, help="directory of export-prompts and peak-flops")
+    ap.add_argument("--python", default=os.path.join(ROOT, "bench/out/trl-venv/bin/python"))
+    ap.add_argument("--recipe", default="recipes/compare-trl.miles")
+    ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--steps", type=int, default=None, help="default: the recipe's stop")
+    ap.add_argument("--threshold", type=float, default=0.4, help="mean reward (over --window steps) to reach")
+    ap.add_argument("--window", type=int, default=10)
+    ap.add_argument("--out", default=os.path.join(ROOT, "bench/out/peers"))
+    ap.add_argument("--table", default=os.path.join(ROOT, "bench/peers/RESULTS-table.md"))
+    ap.add_argument("--label", default=None, help="what miles was built from (default: git rev of this tree)")
+    a = ap.parse_args()
+
+    os.makedirs(a.out, exist_ok=True)
+    peak_cmd = [os.path.join(a.tools, "peak-flops"), "--threads", str(a.threads), "--json"]
+    peaks = [json.loads(sh(peak_cmd))]
+    print(f"peak before: {peaks[0]['peak_gflops']:.1f} GFLOP/s", file=sys.stderr)
+
+    runs = []
+    for seed in range(a.seeds):
+        sets = ["--set", f"seed={seed}"]
+        steps = ["--steps", str(a.steps)] if a.steps else []
+        spec_text = sh([a.miles, "run", a.recipe, *sets, *steps, "--print-spec"], cwd=ROOT)
+        spec = json.loads(spec_text)
+        spec_path = os.path.join(a.out, f"spec-s{seed}.json")
+        open(spec_path, "w").write(spec_text)
+        prompts_path = os.path.join(a.out, f"prompts-s{seed}.json")
+        sh([os.path.join(a.tools, "export-prompts"), spec_path, prompts_path])
+        order = ["miles", "trl"] if seed % 2 == 0 else ["trl", "miles"]
+        for side in order:
+            out = os.path.join(a.out, f"{side}-s{seed}")
+            shutil.rmtree(out, ignore_errors=True)
+            if side == "miles":
+                cmd = [a.miles, "run", a.recipe, *sets, *steps, "--out", out, "--threads", str(a.threads),
+                       "--progress", "plain"]
+            else:
+                cmd = [a.python, os.path.join(ROOT, "bench/peers/trl/grpo_trl.py"), "--spec", spec_path,
+                       "--prompts", prompts_path, "--out", out, "--seed", str(seed), "--threads", str(a.threads)]
+            wall, rss, rc = timed(cmd, out + ".log")
+            if rc != 0:
+                sys.exit(f"{side} seed {seed} failed (exit {rc}); see {out}.log")
+            rows = read_steps(os.path.join(out, "metrics.jsonl"))
+            s = summarise(rows, a.threshold, a.window)
+            s.update(side=side, seed=seed, wall_s=wall, rss_mib=rss)
+            if side == "trl":
+                summ = json.load(open(os.path.join(out, "summary.json")))
+                s.update(params=summ["params"], sft_s=summ["sft_s"], import_s=summ["import_s"],
+                         versions=summ["versions"])
+                want = [[it["prompt"] for it in step] for step in json.load(open(prompts_path))["rollout"][:2]]
+                s["same_prompts"] = summ["first_prompts"] == want
+            else:
+                s["profile"] = None  # filled below with the peak
+                s["rows"] = rows
+                s["spec"] = spec
+            runs.append(s)
+            print(f"{side} seed {seed}: {s['step_s']*1e3:.0f} ms/step, reward {s['reward_start']:.2f} -> "
+                  f"{s['reward_end']:.2f}, {wall:.0f} s, {rss:.0f} MiB", file=sys.stderr)
+    peaks.append(json.loads(sh(peak_cmd)))
+    # The best of the two: contention only ever lowers a measurement, so the higher is the closer
+    # to what this machine can do.
+    peak = max(p["peak_gflops"] for p in peaks)
+
+    # Parameter counts: miles' from its model config (Policy::num_params' formula), TRL's printed.
+    spec = runs[0]["spec"] if runs[0]["side"] == "miles" else runs[1]["spec"]
+    m = spec["model"]
+    d, L, V, ff = m["d_model"], m["n_layers"], m["vocab_size"], m["d_ff"]
+    kv = d // m["n_heads"] * m["n_kv_heads"]
+    miles_params = 2 * V * d + d + L * (2 * d + 2 * d * d + 2 * d * kv + 3 * d * ff)
+    trl_params = next(r["params"] for r in runs if r["side"] == "trl")
+    param_gap = abs(miles_params - trl_params) / trl_params
+    print(f"parameters: miles {miles_params}, TRL {trl_params} ({100*param_gap:.2f}% apart)", file=sys.stderr)
+    if param_gap > 0.05:
+        sys.exit("the two models are more than 5% apart in parameters; fix recipes/compare-trl.miles")
+
+    for r in runs:
+        if r["side"] == "miles":
+            r["profile"] = miles_profile(r["rows"], r["spec"], peak)
+    # TRL's achieved FLOP/s, same FLOP model (GPT-2 matmuls), for context.
+    for r in runs:
+        if r["side"] == "trl":
+            rows = read_steps(os.path.join(a.out, f"trl-s{r['seed']}", "metrics.jsonl"))
+            ro = spec["rollout"]
+            n = ro["rollout_batch"] * ro["samples_per_prompt"]
+            gen_tok = statistics.fmean(x["perf/gen_tokens"] for x in rows)
+            trained = statistics.fmean(x["perf/trained_tokens"] for x in rows)
+            pl = [round((trained - gen_tok) / n)] * n
+            rl = [round(gen_tok / n)] * n
+            gen_f, fwd_f = step_flops(m, "gpt2", pl, rl, ro["samples_per_prompt"])
+            # TRL does no separate old-log-prob pass when generation and optimisation are aligned.
+            r["achieved_gflops"] = (gen_f + 3 * fwd_f) / statistics.fmean(x["perf/step_s"] for x in rows) / 1e9
+
+    by = {side: [r for r in runs if r["side"] == side] for side in ("miles", "trl")}
+    col = lambda side, k: [r[k] for r in by[side]]  # noqa: E731
+
+    def ratio(k, inverse=False):
+        a_, b_ = mean_std(col("miles", k))[0], mean_std(col("trl", k))[0]
+        if a_ is None or b_ is None:
+            return "-"
+        return f"{(b_ / a_ if inverse else a_ / b_):.1f}x"
+
+    first = runs[0]
+    date = datetime.date.today().isoformat()
+    cpu = "unknown CPU"
+    try:
+        cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    load = os.getloadavg()
+    trl_v = next(r["versions"] for r in runs if r["side"] == "trl")
+    steps_n = first["steps"]
+    lines = []
+    w = lines.append
+    w("## GRPO side by side: miles and TRL on the same run\n")
+    w(f"Command: `bash bench/peers/run.sh` (seeds {a.seeds}, threads {a.threads}). Date: {date}. "
+      f"Machine: {os.cpu_count()} vCPUs ({cpu}), shared: other engineers were compiling "
+      f"(load average {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} at the end); the sides alternate seed by seed "
+      f"so a slow spell hits both. Versions: miles at `{a.label or git_rev()}` (libtorch 2.13, release build); "
+      f"TRL {trl_v['trl']}, transformers {trl_v['transformers']}, torch {trl_v['torch']} (CPU).\n")
+    w(f"Run: `{a.recipe}`: two-digit addition, {spec['sft']['steps'] if spec.get('sft') else 0} SFT warm-up steps, "
+      f"then {steps_n} GRPO steps of {spec['rollout']['rollout_batch']} prompts x {spec['rollout']['samples_per_prompt']} "
+      f"samples, up to {spec['rollout']['max_new_tokens']} new tokens, lr {spec['train']['lr']}, one optimizer step per "
+      f"RL step, {a.threads} thread(s). Same prompts in the same order on both sides "
+      f"({'checked' if all(r.get('same_prompts') for r in by['trl']) else 'NOT the same: check the export'}). "
+      f"Models: miles {miles_params:,} parameters (Llama-style), TRL {trl_params:,} (GPT-2), "
+      f"{100*param_gap:.1f}% apart.\n")
+    w(f"| | miles | TRL | miles / TRL |")
+    w(f"|---|---:|---:|---:|")
+    w(f"| seconds per GRPO step (median) | {fmt(col('miles','step_s'), 4)} | {fmt(col('trl','step_s'), 4)} | "
+      f"{ratio('step_s', inverse=True)} faster |")
+    w(f"| generated tokens/s (generation phase) | {fmt(col('miles','gen_tok_s'), 0)} | {fmt(col('trl','gen_tok_s'), 0)} | "
+      f"{ratio('gen_tok_s')} |")
+    w(f"| trained tokens/s (training phase) | {fmt(col('miles','train_tok_s'), 0)} | {fmt(col('trl','train_tok_s'), 0)} | "
+      f"{ratio('train_tok_s')} |")
+    w(f"| trained tokens/s (whole step) | {fmt(col('miles','e2e_tok_s'), 0)} | {fmt(col('trl','e2e_tok_s'), 0)} | "
+      f"{ratio('e2e_tok_s')} |")
+    w(f"| peak memory (max RSS, MiB) | {fmt(col('miles','rss_mib'), 0)} | {fmt(col('trl','rss_mib'), 0)} | "
+      f"{ratio('rss_mib', inverse=True)} less |")
+    w(f"| mean reward, first {a.window} steps | {fmt(col('miles','reward_start'), 3)} | {fmt(col('trl','reward_start'), 3)} | |")
+    w(f"| mean reward, last {a.window} steps (after {steps_n}) | {fmt(col('miles','reward_end'), 3)} | "
+      f"{fmt(col('trl','reward_end'), 3)} | |")
+    w(f"| GRPO wall time to a {a.window}-step mean reward >= {a.threshold} (s) | {fmt(col('miles','time_to_threshold_s'), 1)} | "
+      f"{fmt(col('trl','time_to_threshold_s'), 1)} | "
+      f"{ratio('time_to_threshold_s', inverse=True) if all(x is not None for x in col('trl','time_to_threshold_s')) else '-'} |")
+    w(f"| ... in steps | {fmt(col('miles','steps_to_threshold'), 0)} | {fmt(col('trl','steps_to_threshold'), 0)} | |")
+    w(f"| GRPO wall time, all {steps_n} steps (s) | {fmt(col('miles','grpo_s'), 1)} | {fmt(col('trl','grpo_s'), 1)} | "
+      f"{ratio('grpo_s', inverse=True)} less |")
+    w(f"| process wall time incl. start-up and SFT (s) | {fmt(col('miles','wall_s'), 1)} | {fmt(col('trl','wall_s'), 1)} | "
+      f"{ratio('wall_s', inverse=True)} less |")
+    w("")
+    w(f"Mean ± std over {a.seeds} seeds (0..{a.seeds-1}). Definitions, identical for both sides: a step is one "
+      "generate-score-train-sync iteration, timed end to end (miles: `perf/step_s`; TRL: from one `on_step_end` to the "
+      "next). Generated tokens/s: response tokens (EOS included) / time in generation (miles: the engine's `generate`; "
+      "TRL: `_generate_single_turn`, i.e. HF `generate`). Trained tokens: prompt + response tokens of the step's 128 "
+      "samples; training phase: miles' `train_rl` (log-prob recompute, forward, backward, AdamW); TRL: the step minus "
+      "its rollout phase (`_generate_and_score_completions`), i.e. loss forward, backward, optimizer and the Trainer "
+      "loop. Time to threshold: GRPO step time summed until the mean reward of the last "
+      f"{a.window} steps first reaches {a.threshold}; SFT and start-up are excluded there and included in the last row. "
+      f"TRL's start-up includes ~{statistics.fmean(col('trl','import_s')):.0f} s of Python imports.\n")
+
+    # ---- the profile ----
+    prof = [r["profile"] for r in by["miles"]]
+    ph = {k: statistics.fmean(p["phases"][k] for p in prof) for k in prof[0]["phases"]}
+    tr_other = ph["train_s"] - ph["logprob_s"] - ph["forward_s"] - ph["backward_s"] - ph["optimizer_s"]
+    orch = ph["step_s"] - ph["gen_s"] - ph["reward_s"] - ph["train_s"] - ph["sync_s"] - ph["eval_s"]
+    pg = {k: statistics.fmean(p["phase_gflops"].get(k, 0.0) for p in prof) for k in prof[0]["phase_gflops"]}
+    mfu = statistics.fmean(p["mfu"] for p in prof)
+    ach = statistics.fmean(p["achieved_gflops"] for p in prof)
+    sq = {k: statistics.fmean(p["square"][k] for p in peaks) for k in peaks[0]["square"]}
+    shapes = {k: statistics.fmean(p["model_shapes"][k] for p in peaks) for k in peaks[0]["model_shapes"]}
+    w("### Profile of a miles GRPO step\n")
+    w(f"Mean over all steps and seeds of the per-phase timings miles writes to metrics.jsonl (`perf/*`). "
+      f"FLOPs: matmul FLOPs of real tokens (2 x weights per token, plus attention over the causal context; "
+      f"backward = 2 x forward; pads, norms, softmax and AdamW not counted). Peak: libtorch fp32 matmul on "
+      f"{a.threads} thread(s), best of n = 256..2048, measured before and after the runs "
+      f"({', '.join(format(p['peak_gflops'], '.0f') for p in peaks)} GFLOP/s; the higher is the peak: "
+      f"contention only lowers it).\n")
+    w("| phase | ms per step | share | GFLOP/s achieved |")
+    w("|---|---:|---:|---:|")
+    tot = ph["step_s"]
+    for name, key, gk in [
+        ("sampling (prefill + decode with KV cache, sampling in Rust)", "gen_s", "gen_s"),
+        ("reward and advantages", "reward_s", None),
+        ("log-prob recompute (no grad)", "logprob_s", "logprob_s"),
+        ("forward with loss", "forward_s", "forward_s"),
+        ("backward", "backward_s", "backward_s"),
+        ("optimizer (grad norm, clip, AdamW)", "optimizer_s", None),
+        ("other training work (packing, stats)", None, None),
+        ("weight sync (trainer -> engine copy)", "sync_s", None),
+        ("evaluation (start and end only; per step)", "eval_s", None),
+        ("orchestration (executor, metrics, rest)", None, None),
+    ]:
+        v = ph[key] if key else (tr_other if name.startswith("other") else orch)
+        g = f"{pg[gk]:.2f}" if gk and gk in pg else ""
+        w(f"| {name} | {v*1e3:.2f} | {100*v/tot:.0f}% | {g} |")
+    w(f"| **whole step** | **{tot*1e3:.2f}** | 100% | **{ach:.2f}** |")
+    w("")
+    w(f"MFU on this CPU: **{100*mfu:.2f}%** of the {peak:.0f} GFLOP/s peak ({ach:.2f} GFLOP/s over the whole step; "
+      f"{prof[0]['step_flops']/1e6:.1f} MFLOP per step at {prof[0]['prompt_len']:.1f} prompt + "
+      f"{prof[0]['resp_len']:.1f} response tokens per sample). TRL, same FLOP model with its GPT-2: "
+      f"{statistics.fmean(r['achieved_gflops'] for r in by['trl']):.2f} GFLOP/s. "
+      f"libtorch matmul at this run's shapes: "
+      + ", ".join(f"{k}: {v:.1f}" for k, v in shapes.items())
+      + f" GFLOP/s; square: " + ", ".join(f"n={k}: {v:.0f}" for k, v in sq.items()) + " GFLOP/s.\n")
+
+    text = "\n".join(lines) + "\n"
+    os.makedirs(os.path.dirname(a.table), exist_ok=True)
+    open(a.table, "w").write(text)
+    raw = [{k: v for k, v in r.items() if k not in ("rows", "spec")} for r in runs]
+    json.dump({"runs": raw, "peaks": peaks, "params": {"miles": miles_params, "trl": trl_params}},
+              open(os.path.join(a.out, "results.json"), "w"), indent=1)
+    print(text)
+
+
+def git_rev():
+    try:
+        rev = sh(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT).strip()
+        dirty = sh(["git", "status", "--porcelain", "--untracked-files=no", "engine", "src"], cwd=ROOT).strip()
+        return rev + ("+uncommitted engine changes" if dirty else "")
+    except (subprocess.CalledProcessError, OSError):
+        return "unknown"
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# The GRPO comparison in one command: miles and TRL on recipes/compare-trl.miles, alternately over
+# seeds, then the table (bench/peers/RESULTS-table.md) with the profile of our step.
+#
+#   bash bench/peers/run.sh [--seeds N] [--threads N] [--steps N] [--threshold R]
+#
+# Installs what it needs first: libtorch (scripts/setup-libtorch.sh), the release `miles`, the
+# helpers in bench/peers/tools (own workspace), TRL in bench/out/trl-venv (~6 GB, git-ignored).
+# Not part of `make test`. Takes ~15 min for 3 seeds on 2 shared cores, mostly TRL.
+set -euo pipefail
+root="$(cd "$(dirname "$0")/../.." && pwd)"
+cd "$root"
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$root/target}"
+[[ -f .libtorch/torch/lib/libtorch_cpu.so ]] || bash scripts/setup-libtorch.sh
+cargo build --release --quiet --bin miles
+cargo build --release --quiet --manifest-path bench/peers/tools/Cargo.toml
+bash bench/peers/trl/setup.sh
+python3 bench/peers/run.py --miles "$CARGO_TARGET_DIR/release/miles" --tools "$CARGO_TARGET_DIR/release" "$@"
