@@ -71,7 +71,8 @@ pub fn run(args: Args) -> u8 {
 
 fn collect(p: &Path, out: &mut Vec<PathBuf>) {
     if p.is_dir() {
-        let mut entries: Vec<PathBuf> = std::fs::read_dir(p).into_iter().flatten().flatten().map(|e| e.path()).collect();
+        let mut entries: Vec<PathBuf> =
+            std::fs::read_dir(p).into_iter().flatten().flatten().map(|e| e.path()).collect();
         entries.sort();
         for e in entries {
             if e.is_dir() || e.extension().is_some_and(|x| x == "miles") {

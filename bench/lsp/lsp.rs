@@ -107,7 +107,10 @@ fn main() {
     let uri = lsp_types::Url::from_file_path(dir.join("main.miles")).map(|u| u.to_string()).unwrap_or_default();
     let _ = c.request("initialize", json!({ "capabilities": {} }));
     c.notify("initialized", json!({}));
-    c.notify("textDocument/didOpen", json!({ "textDocument": { "uri": uri, "languageId": "miles", "version": 1, "text": text } }));
+    c.notify(
+        "textDocument/didOpen",
+        json!({ "textDocument": { "uri": uri, "languageId": "miles", "version": 1, "text": text } }),
+    );
     let d = c.diagnostics_for_version(1);
     let n = d["diagnostics"].as_array().map(|a| a.len()).unwrap_or(0);
     println!("initial diagnostics: {n}");
@@ -147,7 +150,10 @@ fn main() {
         );
         to_completion.push(t0.elapsed());
         if i == 0 {
-            let labels: Vec<&str> = r.as_array().map(|a| a.iter().filter_map(|x| x["label"].as_str()).take(4).collect()).unwrap_or_default();
+            let labels: Vec<&str> = r
+                .as_array()
+                .map(|a| a.iter().filter_map(|x| x["label"].as_str()).take(4).collect())
+                .unwrap_or_default();
             println!("completion offers e.g. {labels:?}");
         }
         // Drain the diagnostics the edit produced so they do not queue up.

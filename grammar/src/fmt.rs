@@ -318,7 +318,10 @@ impl<'s> Printer<'s> {
     fn enum_item(&mut self, e: &Enum, item: &Item) {
         self.out.push_str("enum ");
         self.out.push_str(&e.name.name);
-        let open = self.src[item.span.range()].find('{').map(|o| item.span.start as usize + o).unwrap_or(item.span.start as usize);
+        let open = self.src[item.span.range()]
+            .find('{')
+            .map(|o| item.span.start as usize + o)
+            .unwrap_or(item.span.start as usize);
         let end = self.tight_end(item.span.start as usize, item.span.end as usize);
         let names: Vec<&str> = e.members.iter().map(|m| m.name.name.as_str()).collect();
         let one_line = format!(" {{ {} }}", names.join(", "));
@@ -462,9 +465,9 @@ impl<'s> Printer<'s> {
                 let pad = names.iter().copied().max().unwrap_or(0);
                 // Trailing comments line up after the longest line of the run that has one.
                 let mut col: Option<usize> = None;
-                for k in i..j {
-                    if let Member::Binding(b) = &members[k] {
-                        if self.has_trailing_comment(members[k].start(), members[k].end()) {
+                for m in &members[i..j] {
+                    if let Member::Binding(b) = m {
+                        if self.has_trailing_comment(m.start(), m.end()) {
                             let len = self.indent * INDENT.len() + pad + 3 + inline(self.src, &b.value).len();
                             col = Some(col.map_or(len, |c: usize| c.max(len)));
                         }
@@ -587,7 +590,10 @@ impl<'s> Printer<'s> {
                 self.out.push('{');
                 self.elements(
                     e,
-                    entries.iter().map(|(k, v)| (k.span.start as usize, v.span.end as usize, Some(quote(&k.value)), v)).collect(),
+                    entries
+                        .iter()
+                        .map(|(k, v)| (k.span.start as usize, v.span.end as usize, Some(quote(&k.value)), v))
+                        .collect(),
                 );
                 self.out.push('}');
             }
@@ -666,7 +672,11 @@ fn inline(src: &str, e: &Expr) -> String {
         ExprKind::List(items) => format!("[{}]", items.iter().map(|x| inline(src, x)).collect::<Vec<_>>().join(", ")),
         ExprKind::Map(entries) => format!(
             "{{{}}}",
-            entries.iter().map(|(k, v)| format!("{}: {}", quote(&k.value), inline(src, v))).collect::<Vec<_>>().join(", ")
+            entries
+                .iter()
+                .map(|(k, v)| format!("{}: {}", quote(&k.value), inline(src, v)))
+                .collect::<Vec<_>>()
+                .join(", ")
         ),
         ExprKind::Name(id) => id.name.clone(),
         ExprKind::Field(b, f) => format!("{}.{}", inline(src, b), f.name),

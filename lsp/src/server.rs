@@ -80,11 +80,8 @@ const TOKEN_TYPES: &[SemanticTokenType] = &[
     SemanticTokenType::VARIABLE,
     SemanticTokenType::OPERATOR,
 ];
-const TOKEN_MODIFIERS: &[SemanticTokenModifier] = &[
-    SemanticTokenModifier::DECLARATION,
-    SemanticTokenModifier::DEFAULT_LIBRARY,
-    SemanticTokenModifier::DOCUMENTATION,
-];
+const TOKEN_MODIFIERS: &[SemanticTokenModifier] =
+    &[SemanticTokenModifier::DECLARATION, SemanticTokenModifier::DEFAULT_LIBRARY, SemanticTokenModifier::DOCUMENTATION];
 
 fn capabilities() -> ServerCapabilities {
     ServerCapabilities {
@@ -101,17 +98,25 @@ fn capabilities() -> ServerCapabilities {
         }),
         definition_provider: Some(OneOf::Left(true)),
         references_provider: Some(OneOf::Left(true)),
-        rename_provider: Some(OneOf::Right(RenameOptions { prepare_provider: Some(true), work_done_progress_options: Default::default() })),
+        rename_provider: Some(OneOf::Right(RenameOptions {
+            prepare_provider: Some(true),
+            work_done_progress_options: Default::default(),
+        })),
         document_symbol_provider: Some(OneOf::Left(true)),
         document_formatting_provider: Some(OneOf::Left(true)),
         code_action_provider: Some(CodeActionProviderCapability::Simple(true)),
         inlay_hint_provider: Some(OneOf::Left(true)),
-        semantic_tokens_provider: Some(SemanticTokensServerCapabilities::SemanticTokensOptions(SemanticTokensOptions {
-            legend: SemanticTokensLegend { token_types: TOKEN_TYPES.to_vec(), token_modifiers: TOKEN_MODIFIERS.to_vec() },
-            full: Some(SemanticTokensFullOptions::Bool(true)),
-            range: None,
-            work_done_progress_options: Default::default(),
-        })),
+        semantic_tokens_provider: Some(SemanticTokensServerCapabilities::SemanticTokensOptions(
+            SemanticTokensOptions {
+                legend: SemanticTokensLegend {
+                    token_types: TOKEN_TYPES.to_vec(),
+                    token_modifiers: TOKEN_MODIFIERS.to_vec(),
+                },
+                full: Some(SemanticTokensFullOptions::Bool(true)),
+                range: None,
+                work_done_progress_options: Default::default(),
+            },
+        )),
         ..Default::default()
     }
 }
@@ -123,14 +128,14 @@ pub fn serve(connection: Connection, config: Config) -> Result<(), String> {
         "capabilities": caps,
         "serverInfo": { "name": "miles", "version": env!("CARGO_PKG_VERSION") },
     });
-    connection.initialize_finish_with(init, &connection)?;
+    let (id, _params) = connection.initialize_start().map_err(|e| e.to_string())?;
+    connection.initialize_finish(id, init).map_err(|e| e.to_string())?;
     let std_dir = config.std_dir.clone().unwrap_or_else(stdfiles::default_dir);
     if let Err(e) = stdfiles::materialize(&std_dir) {
         log(&connection, &format!("could not write the stdlib for go-to-definition: {e}"));
     }
     let (watch_tx, watch_rx) = crossbeam_channel::unbounded::<notify::Result<notify::Event>>();
     let watcher = if config.watch {
-        use notify::Watcher as _;
         let w = notify::recommended_watcher(move |ev| {
             let _ = watch_tx.send(ev);
         });
@@ -160,23 +165,10 @@ pub fn serve(connection: Connection, config: Config) -> Result<(), String> {
     Ok(())
 }
 
-trait InitFinish {
-    fn initialize_finish_with(&self, result: serde_json::Value, c: &Connection) -> Result<(), String>;
-}
-
-impl InitFinish for Connection {
-    fn initialize_finish_with(&self, result: serde_json::Value, c: &Connection) -> Result<(), String> {
-        let (id, _params) = c.initialize_start().map_err(|e| e.to_string())?;
-        c.initialize_finish(id, result).map_err(|e| e.to_string())
-    }
-}
-
 fn log(c: &Connection, msg: &str) {
     let params = LogMessageParams { typ: MessageType::WARNING, message: msg.to_string() };
-    let _ = c.sender.send(Message::Notification(Notification::new(
-        notification::LogMessage::METHOD.to_string(),
-        params,
-    )));
+    let _ =
+        c.sender.send(Message::Notification(Notification::new(notification::LogMessage::METHOD.to_string(), params)));
 }
 
 fn main_loop(c: &Connection, st: &mut State, watch_rx: &Receiver<notify::Result<notify::Event>>) {
@@ -347,7 +339,7 @@ fn publish_all(c: &Connection, st: &mut State) {
 }
 
 /// The LSP diagnostics of one document: what the compiler reports in that file.
-pub(crate) fn diagnostics_for(st: &mut State, uri: &Url) -> Vec<Diagnostic> {
+fn diagnostics_for(st: &mut State, uri: &Url) -> Vec<Diagnostic> {
     let key = key_of(st, uri);
     if analysis(st, uri).is_none() {
         return Vec::new();
@@ -373,7 +365,10 @@ pub(crate) fn diagnostics_for(st: &mut State, uri: &Url) -> Vec<Diagnostic> {
             message.push_str(&format!("\nrule `{}` ({path}:{line})", rule.name));
         }
         let mut related = vec![DiagnosticRelatedInformation {
-            location: Location { uri: uri.clone(), range: idx.range(primary.span.start as usize, primary.span.end as usize) },
+            location: Location {
+                uri: uri.clone(),
+                range: idx.range(primary.span.start as usize, primary.span.end as usize),
+            },
             message: primary.message.clone(),
         }];
         for l in &d.secondary {
@@ -465,7 +460,8 @@ fn dispatch(st: &mut State, req: Request) -> Res {
             let _ = analysis(st, &uri);
             let st: &State = st;
             let Some((a, file, offset)) = at(st, &uri, tp.position) else { return json(()) };
-            let mut items: Vec<CompletionItem> = ide::completions(a, file, offset).into_iter().map(completion_item).collect();
+            let mut items: Vec<CompletionItem> =
+                ide::completions(a, file, offset).into_iter().map(completion_item).collect();
             items.extend(local_import_completions(a, file, offset, &uri));
             json(CompletionResponse::Array(items))
         }
@@ -495,7 +491,10 @@ fn dispatch(st: &mut State, req: Request) -> Res {
                 return Err((ErrorCode::RequestFailed as i32, "no name to rename here".into()));
             };
             if a.program().module(def.module).is_std {
-                return Err((ErrorCode::RequestFailed as i32, format!("`{}` is declared in the standard library, which is read-only", def.name)));
+                return Err((
+                    ErrorCode::RequestFailed as i32,
+                    format!("`{}` is declared in the standard library, which is read-only", def.name),
+                ));
             }
             let idx = LineIndex::new(a.text(file));
             json(PrepareRenameResponse::Range(idx.range(span.start as usize, span.end as usize)))
@@ -523,7 +522,8 @@ fn dispatch(st: &mut State, req: Request) -> Res {
             let Some(a) = analysis(st, &uri) else { return json(()) };
             let Some(file) = a.file_id(&key) else { return json(()) };
             let idx = LineIndex::new(a.text(file));
-            let syms: Vec<DocumentSymbol> = ide::document_symbols(a, file).into_iter().map(|s| symbol(&idx, s)).collect();
+            let syms: Vec<DocumentSymbol> =
+                ide::document_symbols(a, file).into_iter().map(|s| symbol(&idx, s)).collect();
             json(DocumentSymbolResponse::Nested(syms))
         }
         request::SemanticTokensFullRequest::METHOD => {
@@ -639,7 +639,10 @@ fn code_actions(st: &mut State, p: &CodeActionParams) -> Vec<CodeActionOrCommand
             if fix.span.file != file {
                 continue;
             }
-            let edit = TextEdit { range: idx.range(fix.span.start as usize, fix.span.end as usize), new_text: fix.replacement.clone() };
+            let edit = TextEdit {
+                range: idx.range(fix.span.start as usize, fix.span.end as usize),
+                new_text: fix.replacement.clone(),
+            };
             let mut changes = HashMap::new();
             changes.insert(uri.clone(), vec![edit]);
             out.push(CodeActionOrCommand::CodeAction(CodeAction {
@@ -698,7 +701,9 @@ fn completion_item(c: ide::Completion) -> CompletionItem {
         label: c.label,
         kind: Some(kind),
         detail: c.detail,
-        documentation: c.documentation.map(|d| Documentation::MarkupContent(MarkupContent { kind: MarkupKind::Markdown, value: d })),
+        documentation: c
+            .documentation
+            .map(|d| Documentation::MarkupContent(MarkupContent { kind: MarkupKind::Markdown, value: d })),
         insert_text: c.insert_text,
         ..Default::default()
     }
@@ -790,4 +795,3 @@ fn encode_tokens(a: &Analysis, file: FileId) -> Vec<SemanticToken> {
     }
     out
 }
-

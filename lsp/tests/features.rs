@@ -224,14 +224,23 @@ fn stdlib_files_are_read_only_and_analysed_as_stdlib() {
     assert!(std::fs::metadata(&path).map(|m| m.permissions().readonly()).unwrap_or(false));
     // Opening it: hover works there, and it has no diagnostics of its own.
     let text = std::fs::read_to_string(&path).unwrap_or_default();
-    c.notify("textDocument/didOpen", json!({ "textDocument": { "uri": uri, "languageId": "miles", "version": 1, "text": text } }));
+    c.notify(
+        "textDocument/didOpen",
+        json!({ "textDocument": { "uri": uri, "languageId": "miles", "version": 1, "text": text } }),
+    );
     let diags = c.diagnostics(&uri);
     assert_eq!(render_diagnostics(&diags), "");
     let at = text.find("stage grpo").unwrap_or(0) + "stage g".len();
     let line = text[..at].matches('\n').count();
     let col = at - text[..at].rfind('\n').map(|i| i + 1).unwrap_or(0);
-    let h = c.request("textDocument/hover", json!({ "textDocument": { "uri": uri }, "position": { "line": line, "character": col } }));
-    assert!(h["contents"]["value"].as_str().unwrap_or("").contains("stage grpo(rollout: Trajectories, reward: Scores) -> Policy"));
+    let h = c.request(
+        "textDocument/hover",
+        json!({ "textDocument": { "uri": uri }, "position": { "line": line, "character": col } }),
+    );
+    assert!(h["contents"]["value"]
+        .as_str()
+        .unwrap_or("")
+        .contains("stage grpo(rollout: Trajectories, reward: Scores) -> Policy"));
     let r = c.request(
         "textDocument/rename",
         json!({ "textDocument": { "uri": uri }, "position": { "line": line, "character": col }, "newName": "x" }),
@@ -242,7 +251,10 @@ fn stdlib_files_are_read_only_and_analysed_as_stdlib() {
 
 #[test]
 fn find_references_across_open_documents() {
-    let mut c = Client::start(&recipe("").replace("/// Peak learning rate of every recipe of the team.\nconst peak_lr", "/// Peak learning rate of every recipe of the team.\nconst pea$0k_lr"));
+    let mut c = Client::start(&recipe("").replace(
+        "/// Peak learning rate of every recipe of the team.\nconst peak_lr",
+        "/// Peak learning rate of every recipe of the team.\nconst pea$0k_lr",
+    ));
     // The cursor is in lib/common.miles; the recipe that uses it is open too.
     c.open("main.miles");
     let refs = c.at_cursor("textDocument/references", json!({ "context": { "includeDeclaration": true } }));
@@ -267,7 +279,12 @@ fn rename_a_constant_and_a_stage_instance() {
         let mut edits: Vec<String> = Vec::new();
         for (uri, list) in r["changes"].as_object().cloned().unwrap_or_default() {
             for e in list.as_array().cloned().unwrap_or_default() {
-                edits.push(format!("{} `{}` -> {}", c.loc(&uri, &e["range"]), c.range_text(&uri, &e["range"]), e["newText"]));
+                edits.push(format!(
+                    "{} `{}` -> {}",
+                    c.loc(&uri, &e["range"]),
+                    c.range_text(&uri, &e["range"]),
+                    e["newText"]
+                ));
             }
         }
         edits.sort();
@@ -307,8 +324,20 @@ fn document_symbols() {
 }
 
 const TOKEN_TYPES: &[&str] = &[
-    "keyword", "comment", "string", "number", "namespace", "type", "enum", "enumMember", "interface", "function",
-    "property", "parameter", "variable", "operator",
+    "keyword",
+    "comment",
+    "string",
+    "number",
+    "namespace",
+    "type",
+    "enum",
+    "enumMember",
+    "interface",
+    "function",
+    "property",
+    "parameter",
+    "variable",
+    "operator",
 ];
 
 #[test]
@@ -337,8 +366,12 @@ recipe r {
             col += t[1] as usize;
         }
         let text = lines.get(line).and_then(|l| l.get(col..col + t[2] as usize)).unwrap_or("?");
-        let mods: Vec<&str> =
-            ["declaration", "defaultLibrary", "documentation"].iter().enumerate().filter(|(i, _)| t[4] & (1 << i) != 0).map(|(_, m)| *m).collect();
+        let mods: Vec<&str> = ["declaration", "defaultLibrary", "documentation"]
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| t[4] & (1 << i) != 0)
+            .map(|(_, m)| *m)
+            .collect();
         out.push_str(&format!("{}:{} {text:?} {} {}\n", line + 1, col + 1, TOKEN_TYPES[t[3] as usize], mods.join(",")));
     }
     assert_snapshot!(out);
@@ -368,7 +401,9 @@ fn inlay_hints_show_defaulted_parameters() {
 
 #[test]
 fn code_actions_apply_the_compilers_fixes() {
-    let mut c = Client::start(&recipe("").replace("global_batch  = 128", "global_bach  = 128").replace("stop = 100.steps", "stop = 100"));
+    let mut c = Client::start(
+        &recipe("").replace("global_batch  = 128", "global_bach  = 128").replace("stop = 100.steps", "stop = 100"),
+    );
     let u = c.main_uri();
     let _ = c.diagnostics(&u);
     let v = c.request(
@@ -379,7 +414,12 @@ fn code_actions_apply_the_compilers_fixes() {
     for a in v.as_array().cloned().unwrap_or_default() {
         for (uri, edits) in a["edit"]["changes"].as_object().cloned().unwrap_or_default() {
             for e in edits.as_array().cloned().unwrap_or_default() {
-                out.push_str(&format!("{}: {} {}\n", a["title"].as_str().unwrap_or(""), c.loc(&uri, &e["range"]), e["newText"]));
+                out.push_str(&format!(
+                    "{}: {} {}\n",
+                    a["title"].as_str().unwrap_or(""),
+                    c.loc(&uri, &e["range"]),
+                    e["newText"]
+                ));
             }
         }
     }
@@ -391,13 +431,19 @@ fn code_actions_apply_the_compilers_fixes() {
 fn formatting_a_document() {
     let mut c = Client::start("recipe   r   {\n  stop=100.steps   // how long\n\n\n  seed = 1\n}\n");
     let u = c.main_uri();
-    let v = c.request("textDocument/formatting", json!({ "textDocument": { "uri": u }, "options": { "tabSize": 4, "insertSpaces": true } }));
+    let v = c.request(
+        "textDocument/formatting",
+        json!({ "textDocument": { "uri": u }, "options": { "tabSize": 4, "insertSpaces": true } }),
+    );
     assert_snapshot!(v[0]["newText"].as_str().unwrap_or("(no edit)"));
     c.shutdown();
     // A file with a syntax error is left alone.
     let mut c = Client::start("const x = (1 +\n");
     let u = c.main_uri();
-    let v = c.request("textDocument/formatting", json!({ "textDocument": { "uri": u }, "options": { "tabSize": 4, "insertSpaces": true } }));
+    let v = c.request(
+        "textDocument/formatting",
+        json!({ "textDocument": { "uri": u }, "options": { "tabSize": 4, "insertSpaces": true } }),
+    );
     assert_eq!(v, Value::Null);
     c.shutdown();
 }

@@ -85,9 +85,13 @@ fn doc_text(d: &Option<ast::Doc>) -> Option<String> {
 }
 
 fn collect_item_defs(item: &Item, r: ItemRef, m: u32, out: &mut HashMap<Span, Def>) {
-    let mut add = |kind, id: &Ident, full: Span, doc: Option<String>, container: Option<ItemRef>, item: Option<ItemRef>| {
-        out.insert(id.span, Def { kind, name: id.name.clone(), span: id.span, full_span: full, doc, container, item, module: m });
-    };
+    let mut add =
+        |kind, id: &Ident, full: Span, doc: Option<String>, container: Option<ItemRef>, item: Option<ItemRef>| {
+            out.insert(
+                id.span,
+                Def { kind, name: id.name.clone(), span: id.span, full_span: full, doc, container, item, module: m },
+            );
+        };
     let doc = doc_text(&item.doc);
     match &item.kind {
         ItemKind::Import(imp) => {
@@ -95,7 +99,10 @@ fn collect_item_defs(item: &Item, r: ItemRef, m: u32, out: &mut HashMap<Span, De
             if imp.names.is_none() {
                 let (name, span) = match &imp.alias {
                     Some(al) => (al.name.clone(), al.span),
-                    None => (imp.path.trim_end_matches(".miles").rsplit('/').next().unwrap_or("").to_string(), imp.path_span),
+                    None => (
+                        imp.path.trim_end_matches(".miles").rsplit('/').next().unwrap_or("").to_string(),
+                        imp.path_span,
+                    ),
                 };
                 add(DefKind::Module, &Ident { name, span }, item.span, None, None, None);
             }
@@ -249,7 +256,8 @@ fn extra_references(c: &Compilation, defs: &Defs, out: &mut Vec<(Span, Span)>) {
                         continue;
                     }
                     let head = &b.path.segments[0];
-                    let target = r.bindings.iter().find(|x| x.path.segments.len() == 1 && x.path.segments[0].name == head.name);
+                    let target =
+                        r.bindings.iter().find(|x| x.path.segments.len() == 1 && x.path.segments[0].name == head.name);
                     if let Some(t) = target {
                         out.push((head.span, t.path.segments[0].span));
                     }
@@ -303,7 +311,13 @@ fn import_binding(program: &Program, m: u32, name: &str) -> Option<Span> {
 }
 
 /// The stage kind a callee names (via the compiler's references, else a scope lookup).
-fn stage_kind_of(program: &Program, defs: &Defs, known: &HashMap<Span, Span>, m: u32, callee: &Expr) -> Option<ItemRef> {
+fn stage_kind_of(
+    program: &Program,
+    defs: &Defs,
+    known: &HashMap<Span, Span>,
+    m: u32,
+    callee: &Expr,
+) -> Option<ItemRef> {
     let id = match &callee.kind {
         ExprKind::Name(id) => id,
         ExprKind::Field(_, id) => id,
@@ -510,8 +524,24 @@ pub fn rename(a: &Analysis, file: FileId, offset: usize, new_name: &str) -> Resu
 }
 
 pub const KEYWORDS: &[&str] = &[
-    "import", "const", "enum", "interface", "schema", "stage", "check", "else", "true", "false", "none", "and", "or",
-    "not", "in", "is", "if", "then",
+    "import",
+    "const",
+    "enum",
+    "interface",
+    "schema",
+    "stage",
+    "check",
+    "else",
+    "true",
+    "false",
+    "none",
+    "and",
+    "or",
+    "not",
+    "in",
+    "is",
+    "if",
+    "then",
 ];
 
 pub fn is_identifier(s: &str) -> bool {
@@ -601,7 +631,10 @@ fn hover_literal(a: &Analysis, file: FileId, offset: usize) -> Option<Hover> {
     let mut ev = Eval::new(a.program());
     let v = ev.eval(e, Env::Module(m), None)?;
     let ty = value_type_name(&v);
-    Some(Hover { span: e.span, markdown: format!("```miles\n{}\n```\n---\n{ty} = `{v}`", span_text(a.program(), e.span)) })
+    Some(Hover {
+        span: e.span,
+        markdown: format!("```miles\n{}\n```\n---\n{ty} = `{v}`", span_text(a.program(), e.span)),
+    })
 }
 
 fn value_type_name(v: &Value) -> String {
@@ -651,7 +684,10 @@ fn describe_def(a: &Analysis, def: &Def, at: Option<(FileId, usize)>) -> String 
             if let Some(r) = def.item {
                 let impls = implementors(p, r);
                 if !impls.is_empty() {
-                    extra.push(format!("schemas: {}", impls.iter().map(|n| format!("`{n}`")).collect::<Vec<_>>().join(", ")));
+                    extra.push(format!(
+                        "schemas: {}",
+                        impls.iter().map(|n| format!("`{n}`")).collect::<Vec<_>>().join(", ")
+                    ));
                 }
             }
         }
@@ -686,7 +722,8 @@ fn describe_def(a: &Analysis, def: &Def, at: Option<(FileId, usize)>) -> String 
             extra.push(format!("field of `{owner}`"));
             if let Some(f) = decl {
                 let mut ev = Eval::new(p);
-                if let Some(Type::Quantity(d)) = ev.resolve_type(def.module, &f.ty).as_ref().map(|t| t.strip_optional()) {
+                if let Some(Type::Quantity(d)) = ev.resolve_type(def.module, &f.ty).as_ref().map(|t| t.strip_optional())
+                {
                     extra.push(format!("unit: {} (e.g. `1.{}`)", d.name(), crate::types::suggested_unit(*d)));
                 }
             }
@@ -905,10 +942,28 @@ impl Completion {
     }
 }
 
-const ITEM_KEYWORDS: &[&str] = &["import", "const", "enum", "interface", "schema", "stage", "model", "cluster", "recipe"];
+const ITEM_KEYWORDS: &[&str] =
+    &["import", "const", "enum", "interface", "schema", "stage", "model", "cluster", "recipe"];
 const BUILTIN_TYPES: &[&str] = &[
-    "Int", "Float", "Bool", "String", "Bytes", "Duration", "Steps", "Tokens", "Bandwidth", "Compute", "Range", "List",
-    "Map", "Prompts", "Trajectories", "Scores", "Policy", "Metrics", "Any",
+    "Int",
+    "Float",
+    "Bool",
+    "String",
+    "Bytes",
+    "Duration",
+    "Steps",
+    "Tokens",
+    "Bandwidth",
+    "Compute",
+    "Range",
+    "List",
+    "Map",
+    "Prompts",
+    "Trajectories",
+    "Scores",
+    "Policy",
+    "Metrics",
+    "Any",
 ];
 
 /// Completions at a cursor. `file` must be a module of the analysis.
@@ -948,7 +1003,8 @@ pub fn completions(a: &Analysis, file: FileId, offset: usize) -> Vec<Completion>
     if before.ends_with('.') && !before.ends_with("..") {
         let path_text: String = {
             let b = &before[..before.len() - 1];
-            let start = b.len() - b.chars().rev().take_while(|c| c.is_ascii_alphanumeric() || *c == '_' || *c == '.').count();
+            let start =
+                b.len() - b.chars().rev().take_while(|c| c.is_ascii_alphanumeric() || *c == '_' || *c == '.').count();
             b[start..].to_string()
         };
         return member_completions(a, m, file, offset, &path_text);
@@ -1126,7 +1182,11 @@ fn member_completions(a: &Analysis, m: u32, file: FileId, offset: usize, path_te
             if let Some((_, kind)) = instances.iter().find(|(n, _)| n == first) {
                 if let Some(ScopeEntry::Item(r)) = p.lookup(m, kind) {
                     for f in decl_fields(p, r) {
-                        out.push(Completion::new(f.name.name.clone(), CompletionKind::Field).detail(field_signature(p, f)).doc(doc_text(&f.doc)));
+                        out.push(
+                            Completion::new(f.name.name.clone(), CompletionKind::Field)
+                                .detail(field_signature(p, f))
+                                .doc(doc_text(&f.doc)),
+                        );
                     }
                     return out;
                 }
@@ -1135,16 +1195,26 @@ fn member_completions(a: &Analysis, m: u32, file: FileId, offset: usize, path_te
         if *first == "recipe" {
             if let Some(s) = settings_schema(p) {
                 for f in decl_fields(p, s) {
-                    out.push(Completion::new(f.name.name.clone(), CompletionKind::Setting).detail(field_signature(p, f)).doc(doc_text(&f.doc)));
+                    out.push(
+                        Completion::new(f.name.name.clone(), CompletionKind::Setting)
+                            .detail(field_signature(p, f))
+                            .doc(doc_text(&f.doc)),
+                    );
                 }
                 return out;
             }
         }
     }
     // Anything else: evaluate the path at module level.
-    let mut e = Expr { kind: ExprKind::Name(Ident { name: first.to_string(), span: Span::new(file, 0, 0) }), span: Span::new(file, 0, 0) };
+    let mut e = Expr {
+        kind: ExprKind::Name(Ident { name: first.to_string(), span: Span::new(file, 0, 0) }),
+        span: Span::new(file, 0, 0),
+    };
     for s in &segs[1..] {
-        e = Expr { kind: ExprKind::Field(Box::new(e), Ident { name: s.to_string(), span: Span::new(file, 0, 0) }), span: Span::new(file, 0, 0) };
+        e = Expr {
+            kind: ExprKind::Field(Box::new(e), Ident { name: s.to_string(), span: Span::new(file, 0, 0) }),
+            span: Span::new(file, 0, 0),
+        };
     }
     let mut ev = Eval::new(p);
     match ev.eval(&e, Env::Module(m), None) {
@@ -1156,19 +1226,29 @@ fn member_completions(a: &Analysis, m: u32, file: FileId, offset: usize, path_te
         Some(Value::Decl(r)) => match &p.item(r).kind {
             ItemKind::Enum(en) => {
                 for mem in &en.members {
-                    out.push(Completion::new(mem.name.name.clone(), CompletionKind::EnumMember).detail(format!("{}.{}", en.name.name, mem.name.name)).doc(doc_text(&mem.doc)));
+                    out.push(
+                        Completion::new(mem.name.name.clone(), CompletionKind::EnumMember)
+                            .detail(format!("{}.{}", en.name.name, mem.name.name))
+                            .doc(doc_text(&mem.doc)),
+                    );
                 }
             }
             ItemKind::Schema(_) | ItemKind::Stage(_) => {
                 for f in decl_fields(p, r) {
-                    out.push(Completion::new(f.name.name.clone(), CompletionKind::Field).detail(field_signature(p, f)).doc(doc_text(&f.doc)));
+                    out.push(
+                        Completion::new(f.name.name.clone(), CompletionKind::Field)
+                            .detail(field_signature(p, f))
+                            .doc(doc_text(&f.doc)),
+                    );
                 }
             }
             _ => {}
         },
         Some(Value::Record(rec)) => {
             for f in decl_fields(p, rec.schema) {
-                let mut c = Completion::new(f.name.name.clone(), CompletionKind::Field).detail(field_signature(p, f)).doc(doc_text(&f.doc));
+                let mut c = Completion::new(f.name.name.clone(), CompletionKind::Field)
+                    .detail(field_signature(p, f))
+                    .doc(doc_text(&f.doc));
                 if let Some(v) = rec.get(&f.name.name) {
                     c.detail = Some(format!("{} = {v}", f.name.name));
                 }
@@ -1187,23 +1267,31 @@ enum Ctx {
     /// Inside a schema or stage kind's declaration block.
     DeclBody,
     /// Inside a recipe body, outside any binding's record; `set` = names bound already.
-    RecipeBody { set: Vec<String> },
+    RecipeBody {
+        set: Vec<String>,
+    },
     /// Inside a record or stage block of `decl` (a schema or stage kind); `set` = fields set.
-    Record { decl: ItemRef, set: Vec<String> },
+    Record {
+        decl: ItemRef,
+        set: Vec<String>,
+    },
 }
 
 fn context_at(a: &Analysis, m: u32, file: FileId, offset: usize) -> Ctx {
     let p = a.program();
     let inside = |s: Span| s.file == file && (s.start as usize) < offset && offset <= s.end as usize;
     for item in &p.module(m).ast.items {
-        if !inside(item.span) && !(item.span.end as usize == offset) {
+        if !inside(item.span) && item.span.end as usize != offset {
             continue;
         }
         // The innermost record literal around the cursor.
         let mut best: Option<&Expr> = None;
         walk_item_exprs(item, &mut |e: &Expr| {
             if let ExprKind::Record { body_span, .. } = &e.kind {
-                if inside(*body_span) && after_open(a.text(file), *body_span, offset) && best.is_none_or(|b| b.span.start <= e.span.start) {
+                if inside(*body_span)
+                    && after_open(a.text(file), *body_span, offset)
+                    && best.is_none_or(|b| b.span.start <= e.span.start)
+                {
                     best = Some(e);
                 }
             }
@@ -1227,9 +1315,9 @@ fn context_at(a: &Analysis, m: u32, file: FileId, offset: usize) -> Ctx {
             }
         }
         return match &item.kind {
-            ItemKind::Recipe(r) if inside(r.body_span) => {
-                Ctx::RecipeBody { set: r.bindings.iter().filter_map(|b| b.path.segments.first()).map(|s| s.name.clone()).collect() }
-            }
+            ItemKind::Recipe(r) if inside(r.body_span) => Ctx::RecipeBody {
+                set: r.bindings.iter().filter_map(|b| b.path.segments.first()).map(|s| s.name.clone()).collect(),
+            },
             ItemKind::Schema(s) if inside(s.body_span) => Ctx::DeclBody,
             ItemKind::Stage(s) if inside(s.body_span) => Ctx::DeclBody,
             _ => Ctx::TopLevel,
@@ -1328,13 +1416,12 @@ fn values_of_type(a: &Analysis, t: &Type) -> Vec<Completion> {
         }
         Type::Schema(_, name) => out.push(Completion::new(name.clone(), CompletionKind::Schema).sort(0)),
         Type::Interface(Iface::Decl(r, _)) => {
-            for module in &p.modules {
+            for (mi, module) in p.modules.iter().enumerate() {
                 for (index, item) in module.ast.items.iter().enumerate() {
                     if let ItemKind::Schema(s) = &item.kind {
-                        let sr = ItemRef { module: r.module, index: 0 };
-                        let _ = sr;
                         if s.interface.as_ref().is_some_and(|i| i.name == item_name(p, *r)) {
-                            let mut c = item_completion(p, &s.name.name, ItemRef { module: p.module_by_key(&module.key).unwrap_or(0), index: index as u32 });
+                            let mut c =
+                                item_completion(p, &s.name.name, ItemRef { module: mi as u32, index: index as u32 });
                             c.sort = 0;
                             out.push(c);
                         }
@@ -1376,7 +1463,14 @@ pub fn document_symbols(a: &Analysis, file: FileId) -> Vec<Symbol> {
         let mut children = Vec::new();
         let mut child = |id: &Ident, detail: Option<String>| {
             if let Some(d) = a.defs.at(id.span) {
-                children.push(Symbol { name: d.name.clone(), kind: d.kind, detail, span: d.full_span, selection: d.span, children: Vec::new() });
+                children.push(Symbol {
+                    name: d.name.clone(),
+                    kind: d.kind,
+                    detail,
+                    span: d.full_span,
+                    selection: d.span,
+                    children: Vec::new(),
+                });
             }
         };
         let detail = match &item.kind {
@@ -1405,7 +1499,14 @@ pub fn document_symbols(a: &Analysis, file: FileId) -> Vec<Symbol> {
             ItemKind::Const(c) => c.ty.as_ref().map(|t| type_text(p, t)),
             _ => None,
         };
-        out.push(Symbol { name: def.name.clone(), kind: def.kind, detail, span: item.span, selection: name.span, children });
+        out.push(Symbol {
+            name: def.name.clone(),
+            kind: def.kind,
+            detail,
+            span: item.span,
+            selection: name.span,
+            children,
+        });
     }
     out
 }
@@ -1495,7 +1596,11 @@ pub fn semantic_tokens(a: &Analysis, file: FileId) -> Vec<Token> {
             i = end;
         } else if c.is_ascii_digit() {
             let start = i;
-            while i < bytes.len() && (bytes[i].is_ascii_alphanumeric() || bytes[i] == b'_' || (bytes[i] == b'.' && bytes.get(i + 1).is_some_and(|b| b.is_ascii_digit()))) {
+            while i < bytes.len()
+                && (bytes[i].is_ascii_alphanumeric()
+                    || bytes[i] == b'_'
+                    || (bytes[i] == b'.' && bytes.get(i + 1).is_some_and(|b| b.is_ascii_digit())))
+            {
                 // An exponent sign: `1e-6`.
                 if (bytes[i] == b'e' || bytes[i] == b'E') && matches!(bytes.get(i + 1), Some(b'-') | Some(b'+')) {
                     i += 1;
@@ -1507,7 +1612,10 @@ pub fn semantic_tokens(a: &Analysis, file: FileId) -> Vec<Token> {
             if bytes.get(i) == Some(&b'.') && bytes.get(i + 1).is_some_and(|b| b.is_ascii_alphabetic()) {
                 let ustart = i + 1;
                 i = ustart;
-                while i < bytes.len() && (bytes[i].is_ascii_alphabetic() || (bytes[i] == b'/' && bytes.get(i + 1).is_some_and(|b| b.is_ascii_alphabetic()))) {
+                while i < bytes.len()
+                    && (bytes[i].is_ascii_alphabetic()
+                        || (bytes[i] == b'/' && bytes.get(i + 1).is_some_and(|b| b.is_ascii_alphabetic())))
+                {
                     i += 1;
                 }
                 push(ustart, i, TokenKind::Unit, false, false);

@@ -197,7 +197,9 @@ impl Client {
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
             match self.conn.receiver.recv_timeout(left) {
-                Ok(Message::Notification(n)) if n.method == "textDocument/publishDiagnostics" && n.params["uri"] == uri => {
+                Ok(Message::Notification(n))
+                    if n.method == "textDocument/publishDiagnostics" && n.params["uri"] == uri =>
+                {
                     return n.params
                 }
                 Ok(Message::Notification(n)) => self.notifications.push(n),
@@ -210,7 +212,10 @@ impl Client {
     /// Replaces the main document's text (full sync), bumping its version.
     pub fn change(&mut self, version: i32, changes: Value) {
         let u = self.main_uri();
-        self.notify("textDocument/didChange", json!({ "textDocument": { "uri": u, "version": version }, "contentChanges": changes }));
+        self.notify(
+            "textDocument/didChange",
+            json!({ "textDocument": { "uri": u, "version": version }, "contentChanges": changes }),
+        );
     }
 
     pub fn shutdown(mut self) {
@@ -232,11 +237,8 @@ impl Client {
         if let Ok(r) = path.strip_prefix(&self.std_dir) {
             return r.to_string_lossy().to_string();
         }
-        let shown = if let Ok(r) = path.strip_prefix(&self.fx.dir) {
-            r.to_string_lossy().to_string()
-        } else {
-            uri.to_string()
-        };
+        let shown =
+            if let Ok(r) = path.strip_prefix(&self.fx.dir) { r.to_string_lossy().to_string() } else { uri.to_string() };
         let l = range["start"]["line"].as_u64().unwrap_or(0) + 1;
         let c = range["start"]["character"].as_u64().unwrap_or(0) + 1;
         let el = range["end"]["line"].as_u64().unwrap_or(0) + 1;
@@ -249,8 +251,14 @@ impl Client {
         let path = lsp_types::Url::parse(uri).ok().and_then(|u| u.to_file_path().ok()).unwrap_or_default();
         let text = std::fs::read_to_string(&path).unwrap_or_default();
         let lines: Vec<&str> = text.split('\n').collect();
-        let (l, c) = (range["start"]["line"].as_u64().unwrap_or(0) as usize, range["start"]["character"].as_u64().unwrap_or(0) as usize);
-        let (el, ec) = (range["end"]["line"].as_u64().unwrap_or(0) as usize, range["end"]["character"].as_u64().unwrap_or(0) as usize);
+        let (l, c) = (
+            range["start"]["line"].as_u64().unwrap_or(0) as usize,
+            range["start"]["character"].as_u64().unwrap_or(0) as usize,
+        );
+        let (el, ec) = (
+            range["end"]["line"].as_u64().unwrap_or(0) as usize,
+            range["end"]["character"].as_u64().unwrap_or(0) as usize,
+        );
         if l == el {
             lines.get(l).and_then(|s| s.get(c..ec)).unwrap_or("").to_string()
         } else {
@@ -262,7 +270,10 @@ impl Client {
 impl Drop for Client {
     fn drop(&mut self) {
         if let Some(t) = self.thread.take() {
-            let _ = self.conn.sender.send(Message::Notification(Notification { method: "exit".into(), params: Value::Null }));
+            let _ = self
+                .conn
+                .sender
+                .send(Message::Notification(Notification { method: "exit".into(), params: Value::Null }));
             let _ = t.join();
         }
     }
@@ -278,7 +289,11 @@ pub fn render_diagnostics(d: &Value) -> String {
             Some(2) => "warning",
             _ => "info",
         };
-        out.push_str(&format!("{l}:{c} {sev}[{}] {}\n", x["code"].as_str().unwrap_or(""), x["message"].as_str().unwrap_or("")));
+        out.push_str(&format!(
+            "{l}:{c} {sev}[{}] {}\n",
+            x["code"].as_str().unwrap_or(""),
+            x["message"].as_str().unwrap_or("")
+        ));
     }
     out
 }
