@@ -20,7 +20,7 @@ use crate::ast::*;
 use crate::diag::{Diagnostic, FileId};
 
 /// The line width the layout aims for.
-pub const WIDTH: usize = 100;
+pub const WIDTH: usize = 120;
 const INDENT: &str = "    ";
 
 /// Formats a whole file, or returns its syntax errors.
@@ -199,6 +199,16 @@ impl<'s> Printer<'s> {
         self.src.get(open..first).is_some_and(|t| t.contains('\n'))
     }
 
+    /// Comments between a doc comment and what it documents stay there, on their own lines.
+    fn after_doc(&mut self, d: &Option<Doc>, head: usize) {
+        if let Some(d) = d {
+            self.last = self.last.max(d.span.end as usize);
+            self.fresh = true;
+            self.comments_before(head);
+            self.fresh = false;
+        }
+    }
+
     fn doc(&mut self, d: &Option<Doc>) {
         if let Some(d) = d {
             for line in d.text.split('\n') {
@@ -219,6 +229,9 @@ impl<'s> Printer<'s> {
         for item in items {
             self.before_member(item.span.start as usize);
             self.doc(&item.doc);
+            if let Some(at) = item_head(item) {
+                self.after_doc(&item.doc, at);
+            }
             self.start_line();
             let end = self.tight_end(item.span.start as usize, item.span.end as usize);
             self.item(item);
@@ -387,6 +400,7 @@ impl<'s> Printer<'s> {
             match m {
                 Member::Field(f) => {
                     self.doc(&f.doc);
+                    self.after_doc(&f.doc, f.name.span.start as usize);
                     self.start_line();
                     self.out.push_str(&f.name.name);
                     self.out.push_str(": ");
@@ -402,11 +416,17 @@ impl<'s> Printer<'s> {
                 }
                 Member::Check(c) => {
                     self.doc(&c.doc);
+                    let expr_at = c.expr.span.start as usize;
+                    let from = c.doc.as_ref().map(|d| d.span.end as usize).unwrap_or(expr_at).min(expr_at);
+                    let between = &self.src[from..expr_at];
+                    let kw = between.rfind("check").or_else(|| between.rfind("warn")).map(|i| from + i);
+                    self.after_doc(&c.doc, kw.unwrap_or(expr_at));
                     self.start_line();
                     self.check(c);
                 }
                 Member::Binding(b) => {
                     self.doc(&b.doc);
+                    self.after_doc(&b.doc, b.path.span.start as usize);
                     self.start_line();
                     let name = b.path.dotted();
                     self.out.push_str(&name);
@@ -627,6 +647,24 @@ impl<'s> Printer<'s> {
     }
 }
 
+/// Where an item's own text starts, after its doc comment: its keyword's line.
+fn item_head(item: &Item) -> Option<usize> {
+    let at = match &item.kind {
+        ItemKind::Import(i) => i.path_span.start,
+        other => match other {
+            ItemKind::Const(c) => c.name.span.start,
+            ItemKind::Enum(e) => e.name.span.start,
+            ItemKind::Interface(i) => i.span.start,
+            ItemKind::Schema(s) => s.name.span.start,
+            ItemKind::Stage(s) => s.name.span.start,
+            ItemKind::Model(n) | ItemKind::Cluster(n) => n.name.span.start,
+            ItemKind::Recipe(r) => r.name.span.start,
+            ItemKind::Import(_) => return None,
+        },
+    };
+    Some(at as usize)
+}
+
 fn decl_members<'a>(fields: &'a [FieldDecl], checks: &'a [Check]) -> Vec<Member<'a>> {
     let mut members: Vec<Member> = fields.iter().map(Member::Field).collect();
     members.extend(checks.iter().map(Member::Check));
@@ -771,8 +809,8 @@ recipe r on laptop {
     #[test]
     fn long_checks_break_before_else() {
         check(
-            "stage s(policy: Policy) -> Trajectories {\n    /// Doc.\n    temperature: Float in 0..=2 = 1.0\n    n: Int in 1.. = 8\n    check temperature <= 1.2 else \"team policy: temperature above 1.2 is not allowed here, ever\" help \"lower it\"\n}\n",
-            "stage s(policy: Policy) -> Trajectories {\n    /// Doc.\n    temperature: Float in 0..=2 = 1.0\n    n: Int in 1.. = 8\n    check temperature <= 1.2\n        else \"team policy: temperature above 1.2 is not allowed here, ever\"\n        help \"lower it\"\n}\n",
+            "stage s(policy: Policy) -> Trajectories {\n    /// Doc.\n    temperature: Float in 0..=2 = 1.0\n    n: Int in 1.. = 8\n    check temperature <= 1.2 else \"team policy: temperature above 1.2 is not allowed here, ever, on any cluster\" help \"lower it\"\n}\n",
+            "stage s(policy: Policy) -> Trajectories {\n    /// Doc.\n    temperature: Float in 0..=2 = 1.0\n    n: Int in 1.. = 8\n    check temperature <= 1.2\n        else \"team policy: temperature above 1.2 is not allowed here, ever, on any cluster\"\n        help \"lower it\"\n}\n",
         );
     }
 
@@ -781,6 +819,14 @@ recipe r on laptop {
         check(
             "const xs = [\n  1, // one\n  2\n]\nconst s = \"a\\\"b\\\\c\"\nconst m = {\"a\": 1}\nschema e {}\n",
             "const xs = [\n    1,  // one\n    2,\n]\nconst s = \"a\\\"b\\\\c\"\nconst m = {\"a\": 1}\nschema e {}\n",
+        );
+    }
+
+    #[test]
+    fn comments_between_a_doc_and_its_item_stay_there() {
+        check(
+            "/// The A100.\n// Source: a datasheet.\nconst a = gpu {\n    name = \"A100\"\n    /// Doc.\n    // note\n    hbm = 80.GB\n}\n",
+            "/// The A100.\n// Source: a datasheet.\nconst a = gpu {\n    name = \"A100\"\n    /// Doc.\n    // note\n    hbm = 80.GB\n}\n",
         );
     }
 
