@@ -44,10 +44,10 @@ struct State {
     std_dir: PathBuf,
     /// Diagnostics need republishing (text or files on disk changed).
     dirty: bool,
-    /// Files published to with diagnostics last time, to clear those that became clean.
-    watched: HashSet<PathBuf>,
     watcher: Option<notify::RecommendedWatcher>,
     watched_dirs: HashSet<PathBuf>,
+    /// Documents closed since the last publication: their diagnostics are cleared.
+    closed: Vec<Url>,
     shutdown: bool,
 }
 
@@ -156,9 +156,9 @@ pub fn serve(connection: Connection, config: Config) -> Result<(), String> {
         analyses: HashMap::new(),
         std_dir,
         dirty: false,
-        watched: HashSet::new(),
         watcher,
         watched_dirs: HashSet::new(),
+        closed: Vec::new(),
         shutdown: false,
     };
     main_loop(&connection, &mut st, &watch_rx);
@@ -310,6 +310,7 @@ fn handle_notification(st: &mut State, n: Notification) {
                 let key = key_of(st, &p.text_document.uri);
                 st.overlay.remove(&key);
                 st.docs.remove(&p.text_document.uri);
+                st.closed.push(p.text_document.uri);
                 st.analyses.clear();
                 st.dirty = true;
             }
@@ -325,6 +326,13 @@ fn handle_notification(st: &mut State, n: Notification) {
 // ---- diagnostics -------------------------------------------------------------------------
 
 fn publish_all(c: &Connection, st: &mut State) {
+    for uri in std::mem::take(&mut st.closed) {
+        let params = PublishDiagnosticsParams { uri, diagnostics: Vec::new(), version: None };
+        let _ = c.sender.send(Message::Notification(Notification::new(
+            notification::PublishDiagnostics::METHOD.to_string(),
+            params,
+        )));
+    }
     let uris: Vec<Url> = st.docs.keys().cloned().collect();
     for uri in uris {
         let version = st.docs.get(&uri).map(|d| d.version);
@@ -335,7 +343,6 @@ fn publish_all(c: &Connection, st: &mut State) {
             params,
         )));
     }
-    st.watched.clear();
 }
 
 /// The LSP diagnostics of one document: what the compiler reports in that file.

@@ -67,6 +67,10 @@ fn diagnostics_on_open_and_change() {
     let d = c.diagnostics(&uri);
     assert_eq!(render_diagnostics(&d), "");
     assert_eq!(d["version"], 2);
+    // Closing clears whatever the editor showed.
+    c.notify("textDocument/didClose", json!({ "textDocument": { "uri": uri } }));
+    let d = c.diagnostics(&uri);
+    assert_eq!(d["diagnostics"], json!([]));
     c.shutdown();
 }
 
