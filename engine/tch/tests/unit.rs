@@ -211,3 +211,47 @@ fn sft_lowers_the_loss_and_init_is_deterministic() {
     }
     assert!(last < first * 0.5, "{first} -> {last}");
 }
+
+#[test]
+fn micro_batches_accumulate_to_the_full_batch_gradient() {
+    one_thread();
+    let traj = |p: Vec<u32>, r: Vec<u32>, adv: f32| miles_runtime::Trajectory {
+        rollout_logprobs: vec![-2.0; r.len()],
+        loss_mask: vec![1.0; r.len()],
+        prompt: p,
+        response: r,
+        reward: 0.0,
+        advantage: adv,
+        group: 0,
+        weight_version: 0,
+    };
+    let batch = vec![
+        traj(vec![1, 4], vec![5, 6, EOS], 1.0),
+        traj(vec![1, 4, 7, 8], vec![5, EOS], -0.5),
+        traj(vec![1], vec![9, 9, 9, 9, EOS], 0.3),
+        traj(vec![1, 3], vec![EOS], -1.0),
+        traj(vec![1, 10, 11], vec![6, 7, EOS], 0.8),
+        traj(vec![1, 2], vec![4, 4, EOS], -0.2),
+    ];
+    for agg in ["token", "sequence"] {
+        let spec = |micro: usize| -> TrainSpec {
+            serde_json::from_str(&format!(
+                r#"{{"lr": 0.01, "micro_batch": {micro}, "global_batch": 6, "aggregation": "{agg}",
+                   "tis_cap": 2.0, "entropy_coef": 0.01}}"#
+            ))
+            .unwrap()
+        };
+        let mut full = TchTrainer::new(Policy::init(&cfg(), 8), spec(6));
+        let mut micro = TchTrainer::new(Policy::init(&cfg(), 8), spec(2));
+        let a = full.train_rl(&batch, &[0.01], 1.0).unwrap();
+        let b = micro.train_rl(&batch, &[0.01], 1.0).unwrap();
+        assert!((a.loss - b.loss).abs() < 1e-6, "{agg}: {} vs {}", a.loss, b.loss);
+        assert!((a.grad_norm - b.grad_norm).abs() < 1e-5 * a.grad_norm.max(1.0));
+        assert!(a.tis_weight > 0.0 && a.tis_weight <= 2.0);
+        assert!((a.tis_weight - b.tis_weight).abs() < 1e-6);
+        let (wa, wb) = (full.export_weights().unwrap(), micro.export_weights().unwrap());
+        for (x, y) in wa.tensors.iter().zip(&wb.tensors) {
+            close(&x.data, &y.data, 1e-5);
+        }
+    }
+}
