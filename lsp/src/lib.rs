@@ -10,6 +10,7 @@
 //! a document opened from there is analysed as the stdlib module it is, not as a user file.
 
 pub mod convert;
+mod plan_hints;
 mod server;
 pub mod stdfiles;
 

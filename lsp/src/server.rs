@@ -561,7 +561,10 @@ fn dispatch(st: &mut State, req: Request) -> Res {
             let Some(a) = analysis(st, &uri) else { return json(()) };
             let Some(file) = a.file_id(&key) else { return json(()) };
             let idx = LineIndex::new(a.text(file));
-            let hints: Vec<InlayHint> = ide::inlay_hints(a, file)
+            let mut plain = crate::plan_hints::memory_hints(a, file);
+            plain.extend(ide::inlay_hints(a, file));
+            plain.sort_by_key(|h| h.offset);
+            let hints: Vec<InlayHint> = plain
                 .into_iter()
                 .map(|h| InlayHint {
                     position: idx.position(h.offset as usize),

@@ -1700,14 +1700,7 @@ pub fn inlay_hints(a: &Analysis, file: FileId) -> Vec<InlayHint> {
             if defaults.is_empty() {
                 continue;
             }
-            let start = node.span.start as usize;
-            let end = text[start..].find('\n').map(|i| start + i).unwrap_or(text.len()).min(node.span.end as usize);
-            // After a trailing comment the hint would read as part of it; put it before.
-            let line = &text[start..end];
-            let at = match line.find("//") {
-                Some(c) => start + line[..c].trim_end().len(),
-                None => start + line.trim_end().len(),
-            };
+            let at = hint_offset(text, node.span);
             if out.iter().any(|h| h.offset == at as u32) {
                 continue;
             }
@@ -1722,6 +1715,17 @@ pub fn inlay_hints(a: &Analysis, file: FileId) -> Vec<InlayHint> {
     }
     out.sort_by_key(|h| h.offset);
     out
+}
+
+/// Where a hint about a binding goes: the end of its first line, before any trailing comment.
+pub fn hint_offset(text: &str, span: Span) -> usize {
+    let start = (span.start as usize).min(text.len());
+    let end = text[start..].find('\n').map(|i| start + i).unwrap_or(text.len()).min(span.end as usize).max(start);
+    let line = &text[start..end];
+    match line.find("//") {
+        Some(c) => start + line[..c].trim_end().len(),
+        None => start + line.trim_end().len(),
+    }
 }
 
 #[cfg(test)]
