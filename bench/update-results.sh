@@ -16,11 +16,14 @@ results=bench/RESULTS.md
 
 list() {
     cat <<'LIST'
-section                                   command (run from the repository root)
-miles plan: planning time                 cargo bench -p miles-plan --bench plan        (bench/plan/plan.rs)
-embedded backend throughput               cargo bench -p miles-tch --bench throughput   (bench/tch/throughput.rs)
-GRPO side by side: miles and TRL          bash bench/peers/run.sh                       (this script splices it)
-  + profile of a miles GRPO step, MFU     (same run: per-phase perf/* metrics, tools/peak-flops)
+section (bench/RESULTS.md)               command (from the repository root)                 source
+miles plan: planning time                cargo bench -p miles-plan --bench plan             bench/plan/plan.rs
+embedded backend throughput              cargo bench -p miles-tch --bench throughput        bench/tch/throughput.rs
+language server latency                  cargo bench -p miles-lsp --bench lsp               bench/lsp/lsp.rs
+weight-update transports                 cargo bench -p miles-dist --bench transport        bench/transport/transport.rs
+GRPO side by side: miles and TRL         bash bench/peers/run.sh  (spliced by this script)  bench/peers/
+  + profile of a miles GRPO step, MFU    same run: perf/* metrics + tools/peak-flops        bench/peers/
+Each author pastes their figures into their own section with the command, date and machine.
 LIST
 }
 
