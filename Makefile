@@ -12,8 +12,11 @@ setup:
 setup-test: setup
 	bash scripts/setup-test-deps.sh
 
+# Each `make run` is a fresh run in runs/grpo-laptop (the previous one is replaced).
 run: setup
-	$(CARGO) run --release --locked -- run recipes/grpo-arith.miles --out runs/grpo-arith
+	rm -rf runs/grpo-laptop
+	$(CARGO) run --release --locked -- run recipes/grpo-laptop.miles --out runs/grpo-laptop
+	$(CARGO) run --release --locked -- report runs/grpo-laptop
 
 test: setup-test
 	$(CARGO) test --workspace --locked

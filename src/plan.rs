@@ -41,6 +41,9 @@ pub struct Args {
     /// Exit 0 when the plan is clean, 1 on errors, 2 when it only has warnings.
     #[arg(long)]
     pub detailed_exitcode: bool,
+    /// Plan again whenever the recipe or a module it imports changes (Ctrl-C to stop).
+    #[arg(long)]
+    pub watch: bool,
 }
 
 pub fn run(args: Args) -> u8 {
@@ -51,14 +54,28 @@ pub fn run(args: Args) -> u8 {
             return 2;
         }
     };
+    if args.watch {
+        return crate::watch::watch(|| plan_once(&args, overrides.clone()).1);
+    }
+    plan_once(&args, overrides).0
+}
+
+/// One plan: the exit code, and the user files it read (for `--watch`).
+fn plan_once(args: &Args, overrides: Vec<(String, String)>) -> (u8, Vec<std::path::PathBuf>) {
     let c = compile(&DiskFs, std::slice::from_ref(&args.file), &Options { overrides, recipe: args.recipe.clone() });
+    let mut read = vec![std::path::PathBuf::from(&args.file)];
+    read.extend(c.program.modules.iter().filter(|m| !m.is_std).map(|m| std::path::PathBuf::from(&m.key)));
+    (plan_compiled(args, &c), read)
+}
+
+fn plan_compiled(args: &Args, c: &miles_compiler::Compilation) -> u8 {
     let (errors, _) = summary(&c.diagnostics);
     if errors > 0 {
         emit(&c.program.sources, &c.diagnostics, DiagFormat::Auto);
         eprintln!("Plan: not made: the recipe has {errors} error(s).");
         return 1;
     }
-    let recipe = match crate::graph::pick_recipe(&c, &args.file) {
+    let recipe = match crate::graph::pick_recipe(c, &args.file) {
         Ok(r) => r,
         Err(code) => return code,
     };
@@ -109,7 +126,7 @@ pub fn run(args: Args) -> u8 {
         }
     }
     if let Some(path) = &args.out {
-        let file = crate::planfile::PlanFile::new(&c, recipe, &plan);
+        let file = crate::planfile::PlanFile::new(c, recipe, &plan);
         match serde_json::to_vec_pretty(&file) {
             Ok(bytes) => {
                 if let Err(e) = write_atomic(path, &bytes) {
