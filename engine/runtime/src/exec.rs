@@ -507,6 +507,9 @@ fn latest_checkpoint(root: &Path) -> Result<Option<(PathBuf, CkptState)>, RunErr
 struct Metrics {
     file: fs::File,
     path: PathBuf,
+    /// The same scalars as TensorBoard events in OUT/tensorboard/ (best effort: a failure to
+    /// write them is reported once and the run goes on with metrics.jsonl alone).
+    tb: Option<crate::tensorboard::EventWriter>,
 }
 
 impl Metrics {
@@ -532,7 +535,16 @@ impl Metrics {
             .append(true)
             .open(path)
             .map_err(|e| RunError::io(E_OUT_DIR, "cannot open", path, e))?;
-        Ok(Metrics { file, path: path.to_path_buf() })
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0);
+        let tb_dir = path.parent().unwrap_or(Path::new(".")).join("tensorboard");
+        let tb = match crate::tensorboard::EventWriter::create(&tb_dir, now) {
+            Ok(w) => Some(w),
+            Err(e) => {
+                eprintln!("warning: no TensorBoard events ({}: {e}); metrics.jsonl is complete", tb_dir.display());
+                None
+            }
+        };
+        Ok(Metrics { file, path: path.to_path_buf(), tb })
     }
 
     fn write(&mut self, row: &Map<String, Value>) -> Result<(), RunError> {
@@ -543,6 +555,20 @@ impl Metrics {
         self.file
             .write_all(line.as_bytes())
             .and_then(|_| self.file.flush())
-            .map_err(|e| RunError::io(E_OUT_DIR, "cannot append to", &self.path, e))
+            .map_err(|e| RunError::io(E_OUT_DIR, "cannot append to", &self.path, e))?;
+        if let Some(tb) = &mut self.tb {
+            let step = row.get("step").and_then(Value::as_i64).unwrap_or(0);
+            let scalars: Vec<(&str, f32)> = row
+                .iter()
+                .filter(|(k, _)| k.as_str() != "step")
+                .filter_map(|(k, v)| v.as_f64().map(|x| (k.as_str(), x as f32)))
+                .collect();
+            let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0);
+            if let Err(e) = tb.scalars(step, now, &scalars) {
+                eprintln!("warning: TensorBoard events stop here ({}: {e}); metrics.jsonl is complete", tb.path.display());
+                self.tb = None;
+            }
+        }
+        Ok(())
     }
 }

@@ -10,6 +10,7 @@ pub mod progress;
 pub mod rng;
 pub mod spec;
 pub mod tasks;
+pub mod tensorboard;
 
 pub use backend::*;
 pub use error::*;
