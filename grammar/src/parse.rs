@@ -62,8 +62,10 @@ fn parse_items(b: &mut Builder<'_>) -> Vec<Item> {
             };
             let message = e.variant.message();
             let d = if message.contains("stack limit") {
+                // Where the stack ran out depends on frame sizes: point at the line instead.
+                let line = b.src[..at.min(b.src.len())].rfind('\n').map(|i| i + 1).unwrap_or(0);
                 Diagnostic::error("E0003", "this file nests too deeply to parse")
-                    .with_primary(Span::new(b.file, at, at), "the parser ran out of stack here")
+                    .with_primary(Span::new(b.file, line, line), "the parser ran out of stack on this line")
                     .with_help("flatten the nesting (`if` inside `if`, ...) into named constants")
             } else {
                 Diagnostic::error("E0001", format!("could not parse this file: {message}"))
@@ -116,6 +118,9 @@ fn trim_trivia(src: &str, start: usize, mut end: usize) -> usize {
         let kept = text.trim_end_matches([' ', '\t', '\r', '\n', '\u{FEFF}']).len();
         end = start + kept;
         let line = text[..kept].rfind('\n').map(|i| i + 1).unwrap_or(0);
+        if !text[line..kept].contains("//") {
+            return end;
+        }
         match line_comment(&text[line..kept]) {
             Some(c) if line + c > 0 => end = start + line + c,
             _ => return end,
@@ -906,7 +911,17 @@ impl<'s> Builder<'s> {
                     (None, pest::error::InputLocation::Span((s, _))) => s,
                 };
                 let mut expected: Vec<String> = attempts
-                    .map(|a| a.expected_tokens().into_iter().map(|t| describe_token(&t.to_string())).collect())
+                    .map(|a| {
+                        a.expected_tokens()
+                            .into_iter()
+                            .map(|t| t.to_string())
+                            // Whitespace and comments may come anywhere: naming them says nothing.
+                            .filter(|t| {
+                                !(t.trim().is_empty() || t.starts_with("//") || t.starts_with('\t') || t == "\u{FEFF}")
+                            })
+                            .map(|t| describe_token(&t))
+                            .collect()
+                    })
                     .unwrap_or_default();
                 expected.sort();
                 expected.dedup();
