@@ -1,0 +1,165 @@
+//! `DistBackend`: a `miles_runtime::Backend` whose rollout engines and trainer are worker
+//! processes. The synchronous executor runs unchanged on top of it: `create` starts the
+//! controller, launches the workers, waits for them to register and initialises them.
+
+use crate::auth::new_token;
+use crate::launcher::{LaunchEnv, Launcher, LocalLauncher, RayLauncher, SlurmLauncher, WorkerLaunch};
+use crate::remote::{Controller, Deadlines, Fleet, OnFailure, RemoteEngine, RemoteTrainer, SharedFleet};
+use crate::{E_LAUNCH, E_WORKER};
+use miles_runtime::distspec::{DistSpec, LauncherSpec, WorkerFailure};
+use miles_runtime::{Backend, EngineAndTrainer, RolloutEngine, RunError, RunSpec, Trainer};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+pub struct DistBackend {
+    /// The `miles` binary the workers run.
+    pub exe: PathBuf,
+    pub out_dir: PathBuf,
+    threads: Mutex<Option<usize>>,
+    /// The fleet of the last `create`, for reports after the run.
+    pub fleet: Mutex<Option<SharedFleet>>,
+}
+
+impl DistBackend {
+    pub fn new(exe: PathBuf, out_dir: PathBuf) -> Self {
+        DistBackend { exe, out_dir, threads: Mutex::new(None), fleet: Mutex::new(None) }
+    }
+}
+
+/// The worker processes of a run: trainer-0, then rollout-0..n.
+pub fn plan_workers(d: &DistSpec, threads: usize) -> Vec<WorkerLaunch> {
+    let (cpus_per, gpus_engine, gpus_trainer) = match &d.launcher {
+        LauncherSpec::LocalProcesses { cpus_per_worker } => (*cpus_per_worker, 0, 0),
+        LauncherSpec::Slurm { cpus_per_worker, gpus_per_engine, gpus_per_trainer, .. } => {
+            (*cpus_per_worker, *gpus_per_engine, *gpus_per_trainer)
+        }
+        LauncherSpec::Ray { gpus_per_engine, gpus_per_trainer, .. } => (0, *gpus_per_engine, *gpus_per_trainer),
+    };
+    let ncpu = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    let mut next = 0usize;
+    let mut cpus = |n: usize| -> Vec<usize> {
+        // Round-robin over this machine's CPUs: with more workers than CPUs they share.
+        (0..n)
+            .map(|_| {
+                let c = next % ncpu;
+                next += 1;
+                c
+            })
+            .collect()
+    };
+    let mut v = vec![WorkerLaunch {
+        worker_id: "trainer-0".into(),
+        role: "trainer".into(),
+        stage: "train".into(),
+        cpus: cpus(cpus_per),
+        gpus: gpus_trainer,
+        threads: threads as u32,
+    }];
+    for i in 0..d.rollout_workers.max(1) {
+        v.push(WorkerLaunch {
+            worker_id: format!("rollout-{i}"),
+            role: "rollout".into(),
+            stage: "rollout".into(),
+            cpus: cpus(cpus_per),
+            gpus: gpus_engine,
+            threads: threads as u32,
+        });
+    }
+    v
+}
+
+impl Backend for DistBackend {
+    fn name(&self) -> &'static str {
+        "dist"
+    }
+
+    fn set_threads(&self, threads: Option<usize>) {
+        *self.threads.lock().unwrap_or_else(|p| p.into_inner()) = threads;
+    }
+
+    fn create(&self, spec: &RunSpec) -> Result<EngineAndTrainer, RunError> {
+        let d = spec
+            .distributed
+            .clone()
+            .ok_or_else(|| RunError::new(E_LAUNCH, "the distributed backend needs `distributed` in the run spec"))?;
+        let threads = match d.threads {
+            0 => self.threads.lock().unwrap_or_else(|p| p.into_inner()).unwrap_or(0),
+            n => n,
+        };
+        let token = new_token().map_err(|e| RunError::new(E_LAUNCH, format!("cannot make a run token: {e}")))?;
+        let controller = Controller::start(&format!("{}:0", d.bind_host), &token, None)?;
+        let mut launcher: Box<dyn Launcher> = match &d.launcher {
+            LauncherSpec::LocalProcesses { .. } => Box::new(LocalLauncher::default()),
+            LauncherSpec::Slurm { partition, time_limit, .. } => {
+                let mut l = SlurmLauncher::new(partition.clone());
+                l.time_limit = time_limit.clone();
+                Box::new(l)
+            }
+            LauncherSpec::Ray { address, .. } => Box::new(RayLauncher::new(address)),
+        };
+        let workers = plan_workers(&d, threads);
+        let env = LaunchEnv {
+            exe: self.exe.clone(),
+            controller: controller.addr.clone(),
+            token,
+            out_dir: self.out_dir.clone(),
+            bind_host: d.bind_host.clone(),
+        };
+        launcher.launch(&env, &workers)?;
+        let ids: Vec<String> = workers.iter().map(|w| w.worker_id.clone()).collect();
+        let regs = match controller.wait_for(&ids, Duration::from_secs_f64(d.start_timeout_s), || launcher.dead()) {
+            Ok(r) => r,
+            Err(e) => {
+                launcher.stop();
+                return Err(e);
+            }
+        };
+        eprintln!(
+            "miles run: {} workers up ({}): {}",
+            regs.len(),
+            launcher.name(),
+            regs.iter().map(|r| format!("{}@{}", r.worker_id, r.host)).collect::<Vec<_>>().join(", ")
+        );
+        let deadlines = Deadlines {
+            call: Duration::from_secs_f64(d.call_timeout_s.max(1.0)),
+            short: Duration::from_secs(30),
+            heartbeat: Duration::from_secs_f64(d.heartbeat_timeout_s.max(1.0)),
+        };
+        let mut remotes = Vec::new();
+        for r in regs {
+            remotes.push(Fleet::connect(&controller, r, &deadlines)?);
+        }
+        let trainer = remotes.remove(0);
+        let launcher = Arc::new(Mutex::new(launcher));
+        let l2 = launcher.clone();
+        let mut fleet = Fleet {
+            controller,
+            trainer,
+            engines: remotes,
+            on_failure: match d.on_worker_failure {
+                WorkerFailure::Stop => OnFailure::Stop,
+                WorkerFailure::Continue => OnFailure::Continue,
+            },
+            deadlines,
+            transport: d.transport.clone(),
+            bucket_bytes: d.bucket_bytes,
+            verify_full: d.verify_full,
+            delta_dir: self.out_dir.join("weights"),
+            last_report: None,
+            sync_log: Some(self.out_dir.join("sync.jsonl")),
+            events: Vec::new(),
+            on_drop: Some(Box::new(move || l2.lock().unwrap_or_else(|p| p.into_inner()).stop())),
+        };
+        if fleet.trainer.reg.role != "trainer" {
+            return Err(RunError::new(E_WORKER, "trainer-0 registered with another role"));
+        }
+        fleet.init_all(spec, threads as u32)?;
+        let fleet = Arc::new(Mutex::new(fleet));
+        *self.fleet.lock().unwrap_or_else(|p| p.into_inner()) = Some(fleet.clone());
+        Ok((
+            Box::new(RemoteEngine::new(fleet.clone())) as Box<dyn RolloutEngine>,
+            Box::new(RemoteTrainer::new(fleet)) as Box<dyn Trainer>,
+        ))
+    }
+}

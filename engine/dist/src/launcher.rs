@@ -1,0 +1,449 @@
+//! Launchers realise a placement: they start the `miles worker` processes of a run and tell the
+//! controller when one of them is gone.
+//!
+//! - [`LocalLauncher`]: child processes on this machine, each pinned to its own CPUs.
+//! - [`SlurmLauncher`]: writes an sbatch script with one `srun` step per worker (GPUs through
+//!   `--gres`), submits it, watches the job with `scontrol`, cancels it at the end.
+//! - [`RayLauncher`]: one Ray job per worker through the Jobs REST API.
+
+use crate::auth::TOKEN_ENV;
+use crate::{E_LAUNCH, E_WORKER};
+use miles_runtime::RunError;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+/// One worker process to start.
+#[derive(Debug, Clone)]
+pub struct WorkerLaunch {
+    pub worker_id: String,
+    pub role: String,
+    pub stage: String,
+    /// CPUs to pin to (local launcher), or how many (Slurm `--cpus-per-task`).
+    pub cpus: Vec<usize>,
+    pub gpus: u32,
+    pub threads: u32,
+}
+
+/// Where workers find the controller, and where they write.
+#[derive(Debug, Clone)]
+pub struct LaunchEnv {
+    /// The `miles` binary (workers run `miles worker ...`).
+    pub exe: PathBuf,
+    pub controller: String,
+    pub token: String,
+    /// The run's output directory: workers/<id>.log, workers/<id>/ (local weight copies).
+    pub out_dir: PathBuf,
+    /// Address workers listen on (loopback unless configured otherwise).
+    pub bind_host: String,
+}
+
+impl LaunchEnv {
+    fn args(&self, w: &WorkerLaunch) -> Vec<String> {
+        let mut a = vec![
+            "worker".to_string(),
+            "--id".into(),
+            w.worker_id.clone(),
+            "--role".into(),
+            w.role.clone(),
+            "--stage".into(),
+            w.stage.clone(),
+            "--controller".into(),
+            self.controller.clone(),
+            "--bind".into(),
+            format!("{}:0", self.bind_host),
+            "--local-dir".into(),
+            self.out_dir.join("workers").join(&w.worker_id).to_string_lossy().into_owned(),
+        ];
+        if !w.cpus.is_empty() {
+            a.push("--cpus".into());
+            a.push(w.cpus.iter().map(|c| c.to_string()).collect::<Vec<_>>().join(","));
+        }
+        a
+    }
+}
+
+pub trait Launcher: Send {
+    fn name(&self) -> &'static str;
+    fn launch(&mut self, env: &LaunchEnv, workers: &[WorkerLaunch]) -> Result<(), RunError>;
+    /// Workers known to be gone, with why (a process exited, the job failed).
+    fn dead(&mut self) -> Vec<(String, String)>;
+    /// Stops whatever is still running (called at the end of the run, also after a failure).
+    fn stop(&mut self);
+}
+
+/// Child processes on this machine.
+#[derive(Default)]
+pub struct LocalLauncher {
+    children: Vec<(String, Child)>,
+}
+
+impl Launcher for LocalLauncher {
+    fn name(&self) -> &'static str {
+        "local_processes"
+    }
+
+    fn launch(&mut self, env: &LaunchEnv, workers: &[WorkerLaunch]) -> Result<(), RunError> {
+        let logs = env.out_dir.join("workers");
+        std::fs::create_dir_all(&logs).map_err(|e| RunError::io(E_LAUNCH, "cannot create", &logs, e))?;
+        for w in workers {
+            let log_path = logs.join(format!("{}.log", w.worker_id));
+            let log =
+                std::fs::File::create(&log_path).map_err(|e| RunError::io(E_LAUNCH, "cannot create", &log_path, e))?;
+            let err = log.try_clone().map_err(|e| RunError::io(E_LAUNCH, "cannot open", &log_path, e))?;
+            let child = Command::new(&env.exe)
+                .args(env.args(w))
+                .env(TOKEN_ENV, &env.token)
+                .stdin(Stdio::null())
+                .stdout(log)
+                .stderr(err)
+                .spawn()
+                .map_err(|e| RunError::new(E_LAUNCH, format!("cannot start {}: {e}", env.exe.display())))?;
+            self.children.push((w.worker_id.clone(), child));
+        }
+        Ok(())
+    }
+
+    fn dead(&mut self) -> Vec<(String, String)> {
+        let mut out = Vec::new();
+        for (id, c) in &mut self.children {
+            if let Ok(Some(st)) = c.try_wait() {
+                out.push((id.clone(), format!("process exited with {st}")));
+            }
+        }
+        out
+    }
+
+    fn stop(&mut self) {
+        // Workers exit on Shutdown or at their next heartbeat; give them a moment, then kill.
+        let deadline = std::time::Instant::now() + Duration::from_secs(3);
+        for (_, c) in &mut self.children {
+            while std::time::Instant::now() < deadline {
+                if matches!(c.try_wait(), Ok(Some(_))) {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            if matches!(c.try_wait(), Ok(None)) {
+                let _ = c.kill();
+            }
+            let _ = c.wait();
+        }
+        self.children.clear();
+    }
+}
+
+impl Drop for LocalLauncher {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// Slurm: one batch job, one step per worker.
+pub struct SlurmLauncher {
+    pub partition: Option<String>,
+    pub time_limit: Option<String>,
+    /// Extra `#SBATCH` lines (account, constraint, ...).
+    pub extra: Vec<String>,
+    pub job_id: Option<String>,
+    pub script: Option<PathBuf>,
+}
+
+impl SlurmLauncher {
+    pub fn new(partition: Option<String>) -> Self {
+        SlurmLauncher { partition, time_limit: None, extra: Vec::new(), job_id: None, script: None }
+    }
+
+    /// The sbatch script (a pure function: tested without Slurm).
+    pub fn script(&self, env: &LaunchEnv, workers: &[WorkerLaunch]) -> String {
+        let logs = env.out_dir.join("workers");
+        let mut s = String::from("#!/bin/bash\n");
+        s.push_str(&format!(
+            "#SBATCH --job-name=miles-{}\n",
+            env.out_dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "run".into())
+        ));
+        s.push_str(&format!("#SBATCH --ntasks={}\n", workers.len()));
+        let cpus = workers.iter().map(|w| w.cpus.len().max(1)).max().unwrap_or(1);
+        s.push_str(&format!("#SBATCH --cpus-per-task={cpus}\n"));
+        let gpus: u32 = workers.iter().map(|w| w.gpus).sum();
+        if gpus > 0 {
+            s.push_str(&format!("#SBATCH --gres=gpu:{gpus}\n"));
+        }
+        if let Some(p) = &self.partition {
+            s.push_str(&format!("#SBATCH --partition={p}\n"));
+        }
+        if let Some(t) = &self.time_limit {
+            s.push_str(&format!("#SBATCH --time={t}\n"));
+        }
+        for e in &self.extra {
+            s.push_str(&format!("#SBATCH {e}\n"));
+        }
+        s.push_str(&format!("#SBATCH --output={}\n", sh(&logs.join("slurm-%j.out").to_string_lossy())));
+        s.push_str("set -u\n");
+        // The token travels in the environment (this file is written 0600), not on a command line.
+        s.push_str(&format!("export {TOKEN_ENV}={}\n", sh(&env.token)));
+        for w in workers {
+            let mut step = format!(
+                "srun --exact --ntasks=1 --cpus-per-task={} --job-name={} --output={}",
+                w.cpus.len().max(1),
+                sh(&w.worker_id),
+                sh(&logs.join(format!("{}.log", w.worker_id)).to_string_lossy())
+            );
+            if w.gpus > 0 {
+                step.push_str(&format!(" --gres=gpu:{}", w.gpus));
+            }
+            let mut launch = w.clone();
+            launch.cpus.clear(); // Slurm places the step on its CPUs.
+            step.push(' ');
+            step.push_str(&sh(&env.exe.to_string_lossy()));
+            for a in env.args(&launch) {
+                step.push(' ');
+                step.push_str(&sh(&a));
+            }
+            s.push_str(&step);
+            s.push_str(" &\n");
+        }
+        s.push_str("wait\n");
+        s
+    }
+}
+
+/// Single-quotes for the shell.
+fn sh(s: &str) -> String {
+    if !s.is_empty() && s.chars().all(|c| c.is_ascii_alphanumeric() || "-_./:=,%".contains(c)) {
+        s.to_string()
+    } else {
+        format!("'{}'", s.replace('\'', "'\\''"))
+    }
+}
+
+fn run_cmd(cmd: &mut Command, what: &str, timeout: Duration) -> Result<String, RunError> {
+    let mut child = cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().map_err(|e| {
+        RunError::new(E_LAUNCH, format!("cannot run {what}: {e}")).with_help("is Slurm installed and on PATH?")
+    })?;
+    let deadline = std::time::Instant::now() + timeout;
+    loop {
+        match child.try_wait() {
+            Ok(Some(_)) => break,
+            Ok(None) if std::time::Instant::now() < deadline => std::thread::sleep(Duration::from_millis(20)),
+            _ => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(RunError::new(
+                    E_LAUNCH,
+                    format!("{what} did not finish within {:.0} s", timeout.as_secs_f64()),
+                ));
+            }
+        }
+    }
+    let out = child.wait_with_output().map_err(|e| RunError::new(E_LAUNCH, format!("{what}: {e}")))?;
+    if !out.status.success() {
+        return Err(RunError::new(
+            E_LAUNCH,
+            format!("{what} failed ({}): {}", out.status, String::from_utf8_lossy(&out.stderr).trim()),
+        ));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// `JobState=...` of a job from `scontrol show job -o` (no accounting needed).
+pub fn slurm_job_state(job: &str) -> Result<String, RunError> {
+    let out = run_cmd(
+        Command::new("scontrol").args(["show", "job", "-o", job]),
+        "scontrol show job",
+        Duration::from_secs(10),
+    )?;
+    Ok(out.split_whitespace().find_map(|kv| kv.strip_prefix("JobState=")).unwrap_or("UNKNOWN").to_string())
+}
+
+impl Launcher for SlurmLauncher {
+    fn name(&self) -> &'static str {
+        "slurm"
+    }
+
+    fn launch(&mut self, env: &LaunchEnv, workers: &[WorkerLaunch]) -> Result<(), RunError> {
+        let dir = env.out_dir.join("workers");
+        std::fs::create_dir_all(&dir).map_err(|e| RunError::io(E_LAUNCH, "cannot create", &dir, e))?;
+        let path = env.out_dir.join("job.sbatch");
+        let text = self.script(env, workers);
+        write_private(&path, &text)?;
+        let out = run_cmd(Command::new("sbatch").arg("--parsable").arg(&path), "sbatch", Duration::from_secs(30))?;
+        let id = out.trim().split(';').next().unwrap_or("").to_string();
+        if id.is_empty() {
+            return Err(RunError::new(E_LAUNCH, format!("sbatch printed no job id: {out:?}")));
+        }
+        eprintln!("miles run: submitted Slurm job {id} ({})", path.display());
+        self.job_id = Some(id);
+        self.script = Some(path);
+        Ok(())
+    }
+
+    fn dead(&mut self) -> Vec<(String, String)> {
+        let Some(id) = &self.job_id else { return Vec::new() };
+        match slurm_job_state(id) {
+            Ok(s) if matches!(s.as_str(), "PENDING" | "RUNNING" | "CONFIGURING" | "COMPLETING") => Vec::new(),
+            Ok(s) => vec![("*".into(), format!("Slurm job {id} is {s}"))],
+            Err(_) => Vec::new(),
+        }
+    }
+
+    fn stop(&mut self) {
+        if let Some(id) = self.job_id.take() {
+            let _ = run_cmd(Command::new("scancel").arg(&id), "scancel", Duration::from_secs(10));
+        }
+    }
+}
+
+impl Drop for SlurmLauncher {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+fn write_private(path: &Path, text: &str) -> Result<(), RunError> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let tmp = path.with_extension("tmp");
+    let res = (|| {
+        let mut f = std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(&tmp)?;
+        f.write_all(text.as_bytes())?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, path)
+    })();
+    res.map_err(|e| RunError::io(E_LAUNCH, "cannot write", path, e))
+}
+
+/// Ray: each worker is a job submitted through the Jobs REST API of the head at `address`
+/// (`http://host:8265`).
+pub struct RayLauncher {
+    pub address: String,
+    pub jobs: Vec<(String, String)>,
+}
+
+impl RayLauncher {
+    pub fn new(address: &str) -> Self {
+        RayLauncher { address: address.trim_end_matches('/').to_string(), jobs: Vec::new() }
+    }
+
+    /// The request body of one worker's job (a pure function: tested without Ray).
+    pub fn job_body(&self, env: &LaunchEnv, w: &WorkerLaunch) -> serde_json::Value {
+        let mut parts = vec![sh(&env.exe.to_string_lossy())];
+        let mut launch = w.clone();
+        launch.cpus.clear();
+        parts.extend(env.args(&launch).iter().map(|a| sh(a)));
+        serde_json::json!({
+            "entrypoint": parts.join(" "),
+            "submission_id": format!("miles-{}-{}", w.worker_id, &env.token[..8.min(env.token.len())]),
+            "entrypoint_num_cpus": w.cpus.len().max(1),
+            "entrypoint_num_gpus": w.gpus,
+            "runtime_env": { "env_vars": { TOKEN_ENV: env.token } },
+        })
+    }
+}
+
+impl Launcher for RayLauncher {
+    fn name(&self) -> &'static str {
+        "ray"
+    }
+
+    fn launch(&mut self, env: &LaunchEnv, workers: &[WorkerLaunch]) -> Result<(), RunError> {
+        for w in workers {
+            let body = self.job_body(env, w);
+            let url = format!("{}/api/jobs/", self.address);
+            let r = crate::http::post_json(&url, &body, Duration::from_secs(30))
+                .map_err(|e| RunError::new(E_LAUNCH, format!("Ray job submission to {url}: {e}")))?;
+            let id = r.get("submission_id").and_then(|v| v.as_str()).unwrap_or_default().to_string();
+            self.jobs.push((w.worker_id.clone(), id));
+        }
+        Ok(())
+    }
+
+    fn dead(&mut self) -> Vec<(String, String)> {
+        let mut out = Vec::new();
+        for (w, id) in &self.jobs {
+            let url = format!("{}/api/jobs/{id}", self.address);
+            if let Ok(v) = crate::http::get_json(&url, Duration::from_secs(5)) {
+                let st = v.get("status").and_then(|s| s.as_str()).unwrap_or("");
+                if matches!(st, "FAILED" | "STOPPED" | "SUCCEEDED") {
+                    out.push((w.clone(), format!("Ray job {id} is {st}")));
+                }
+            }
+        }
+        out
+    }
+
+    fn stop(&mut self) {
+        for (_, id) in self.jobs.drain(..) {
+            let url = format!("{}/api/jobs/{id}/stop", self.address);
+            let _ = crate::http::post_json(&url, &serde_json::json!({}), Duration::from_secs(5));
+        }
+    }
+}
+
+/// A worker gone according to the launcher, as a run error.
+pub fn launcher_fault(id: &str, why: &str) -> RunError {
+    RunError::new(E_WORKER, format!("worker {id}: {why}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env() -> LaunchEnv {
+        LaunchEnv {
+            exe: "/opt/miles/bin/miles".into(),
+            controller: "10.0.0.1:4000".into(),
+            token: "abcdef0123456789".into(),
+            out_dir: "/scratch/runs/grpo arith".into(),
+            bind_host: "0.0.0.0".into(),
+        }
+    }
+
+    fn workers() -> Vec<WorkerLaunch> {
+        vec![
+            WorkerLaunch {
+                worker_id: "trainer-0".into(),
+                role: "trainer".into(),
+                stage: "train".into(),
+                cpus: vec![0, 1],
+                gpus: 4,
+                threads: 2,
+            },
+            WorkerLaunch {
+                worker_id: "rollout-0".into(),
+                role: "rollout".into(),
+                stage: "rollout".into(),
+                cpus: vec![2],
+                gpus: 2,
+                threads: 1,
+            },
+        ]
+    }
+
+    #[test]
+    fn sbatch_script_has_one_step_per_worker_with_gres() {
+        let mut l = SlurmLauncher::new(Some("debug".into()));
+        l.time_limit = Some("01:00:00".into());
+        let s = l.script(&env(), &workers());
+        assert!(s.contains("#SBATCH --ntasks=2\n"), "{s}");
+        assert!(s.contains("#SBATCH --gres=gpu:6\n"));
+        assert!(s.contains("#SBATCH --partition=debug\n"));
+        assert!(s.contains("export MILES_RUN_TOKEN=abcdef0123456789\n"));
+        assert_eq!(s.matches("srun ").count(), 2);
+        assert!(s.contains("srun --exact --ntasks=1 --cpus-per-task=2 --job-name=trainer-0"));
+        assert!(s.contains("--gres=gpu:2 /opt/miles/bin/miles worker --id rollout-0 --role rollout"));
+        assert!(s.contains("'/scratch/runs/grpo arith/workers/rollout-0'"), "paths with spaces are quoted");
+        assert!(!s.contains("--cpus "), "Slurm places steps itself");
+        assert!(s.ends_with("wait\n"));
+    }
+
+    #[test]
+    fn ray_job_body() {
+        let l = RayLauncher::new("http://127.0.0.1:8265/");
+        let b = l.job_body(&env(), &workers()[1]);
+        assert_eq!(b["entrypoint_num_gpus"], 2);
+        assert_eq!(b["runtime_env"]["env_vars"]["MILES_RUN_TOKEN"], "abcdef0123456789");
+        assert!(b["entrypoint"].as_str().unwrap().starts_with("/opt/miles/bin/miles worker --id rollout-0"));
+        assert!(!b["entrypoint"].as_str().unwrap().contains("abcdef"), "the token is not on the command line");
+    }
+}

@@ -1,0 +1,708 @@
+//! The controller's side: the registry workers announce themselves to, and clients that implement
+//! `RolloutEngine` and `Trainer` over the worker protocol, so the executor drives remote stages
+//! exactly as local ones. Every call has a deadline; a failed or silent worker is reported with its
+//! stage, id, host and pid, and the run stops or goes on without it as the recipe says.
+
+use crate::auth::{AddToken, CheckToken};
+use crate::convert::*;
+use crate::pb::{self, controller_server, worker_client::WorkerClient};
+use crate::transport::TransferReport;
+use crate::{E_TRANSFER, E_WORKER};
+use miles_runtime::tasks::TokenId;
+use miles_runtime::{
+    RolloutEngine, RunError, RunSpec, Sample, SamplingParams, SftStats, TrainStats, Trainer, Trajectory, WeightSnapshot,
+};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::Channel;
+use tonic::{Request, Response, Status};
+
+type Client = WorkerClient<InterceptedService<Channel, AddToken>>;
+
+/// What a worker told the controller about itself.
+#[derive(Debug, Clone)]
+pub struct Registration {
+    pub worker_id: String,
+    pub role: String,
+    pub stage: String,
+    pub host: String,
+    pub rpc_addr: String,
+    pub data_addr: String,
+    pub pid: u32,
+    pub last_beat: Instant,
+}
+
+impl Registration {
+    /// "stage `rollout` (worker rollout-1 on host h, pid 123)": the name every fault carries.
+    pub fn who(&self) -> String {
+        format!("stage `{}` (worker {} on host {}, pid {})", self.stage, self.worker_id, self.host, self.pid)
+    }
+}
+
+#[derive(Default)]
+struct Registry {
+    workers: HashMap<String, Registration>,
+    stop: bool,
+}
+
+/// The Controller service: registrations and heartbeats.
+#[derive(Clone)]
+pub struct ControllerState {
+    inner: Arc<(Mutex<Registry>, std::sync::Condvar)>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+#[tonic::async_trait]
+impl controller_server::Controller for ControllerState {
+    async fn register(&self, req: Request<pb::RegisterRequest>) -> Result<Response<pb::RegisterReply>, Status> {
+        let r = req.into_inner();
+        let mut g = lock(&self.inner.0);
+        g.workers.insert(
+            r.worker_id.clone(),
+            Registration {
+                worker_id: r.worker_id,
+                role: r.role,
+                stage: r.stage,
+                host: r.host,
+                rpc_addr: r.rpc_addr,
+                data_addr: r.data_addr,
+                pid: r.pid,
+                last_beat: Instant::now(),
+            },
+        );
+        self.inner.1.notify_all();
+        Ok(Response::new(pb::RegisterReply { run_id: String::new() }))
+    }
+
+    async fn heartbeat(&self, req: Request<pb::HeartbeatRequest>) -> Result<Response<pb::HeartbeatReply>, Status> {
+        let r = req.into_inner();
+        let mut g = lock(&self.inner.0);
+        let stop = g.stop;
+        match g.workers.get_mut(&r.worker_id) {
+            Some(w) => w.last_beat = Instant::now(),
+            None => return Err(Status::not_found(format!("{} is not registered", r.worker_id))),
+        }
+        Ok(Response::new(pb::HeartbeatReply { stop }))
+    }
+}
+
+/// The controller: its gRPC server on its own runtime, plus the registry.
+pub struct Controller {
+    pub rt: Arc<tokio::runtime::Runtime>,
+    pub addr: String,
+    pub token: String,
+    state: ControllerState,
+}
+
+impl Controller {
+    /// Listens on `bind` ("127.0.0.1:0" by default: loopback, a free port).
+    pub fn start(bind: &str, token: &str, advertise_host: Option<&str>) -> Result<Controller, RunError> {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .map_err(|e| RunError::new(E_WORKER, format!("cannot start the controller runtime: {e}")))?;
+        let listener = rt
+            .block_on(tokio::net::TcpListener::bind(bind))
+            .map_err(|e| RunError::new(E_WORKER, format!("controller cannot listen on {bind}: {e}")))?;
+        let local = listener.local_addr().map_err(|e| RunError::new(E_WORKER, e.to_string()))?;
+        let host = advertise_host.map(str::to_string).unwrap_or_else(|| local.ip().to_string());
+        let state = ControllerState { inner: Arc::new((Mutex::new(Registry::default()), std::sync::Condvar::new())) };
+        let svc =
+            controller_server::ControllerServer::with_interceptor(state.clone(), CheckToken(Arc::new(token.into())));
+        rt.spawn(async move {
+            let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+            let _ = tonic::transport::Server::builder().add_service(svc).serve_with_incoming(incoming).await;
+        });
+        Ok(Controller { rt: Arc::new(rt), addr: format!("{host}:{}", local.port()), token: token.into(), state })
+    }
+
+    /// Waits until every id in `ids` registered, or `timeout`; `dead` reports launcher-observed
+    /// failures meanwhile (a process that exited, a job that failed).
+    pub fn wait_for(
+        &self,
+        ids: &[String],
+        timeout: Duration,
+        mut dead: impl FnMut() -> Vec<(String, String)>,
+    ) -> Result<Vec<Registration>, RunError> {
+        let deadline = Instant::now() + timeout;
+        let mut g = lock(&self.state.inner.0);
+        loop {
+            let missing: Vec<&String> = ids.iter().filter(|i| !g.workers.contains_key(*i)).collect();
+            if missing.is_empty() {
+                return Ok(ids.iter().filter_map(|i| g.workers.get(i).cloned()).collect());
+            }
+            let gone = dead();
+            if let Some((id, why)) = gone.into_iter().find(|(id, _)| missing.contains(&id)) {
+                return Err(RunError::new(E_WORKER, format!("worker {id} exited before it registered: {why}")));
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                let m: Vec<&str> = missing.iter().map(|s| s.as_str()).collect();
+                return Err(RunError::new(
+                    E_WORKER,
+                    format!("workers {} did not register within {:.0} s", m.join(", "), timeout.as_secs_f64()),
+                )
+                .with_help(
+                    "see their logs in OUT/workers/; on Slurm the job may still be queued (raise start_timeout)",
+                ));
+            }
+            let wait = (deadline - now).min(Duration::from_millis(200));
+            g = self.state.inner.1.wait_timeout(g, wait).unwrap_or_else(|p| p.into_inner()).0;
+        }
+    }
+
+    /// Seconds since a worker's last heartbeat.
+    pub fn silent_for(&self, id: &str) -> Option<Duration> {
+        lock(&self.state.inner.0).workers.get(id).map(|w| w.last_beat.elapsed())
+    }
+
+    /// Tells every worker to exit at its next heartbeat.
+    pub fn stop_all(&self) {
+        lock(&self.state.inner.0).stop = true;
+    }
+}
+
+/// What to do when a worker dies or stops answering.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnFailure {
+    Stop,
+    /// Go on with the remaining rollout engines (a trainer's loss always stops the run).
+    Continue,
+}
+
+/// Timeouts of the worker protocol.
+#[derive(Debug, Clone, Copy)]
+pub struct Deadlines {
+    /// Generation, training, checkpoints.
+    pub call: Duration,
+    /// Health checks, activation, small calls.
+    pub short: Duration,
+    /// A worker whose heartbeats stopped this long ago is treated as dead.
+    pub heartbeat: Duration,
+}
+
+impl Default for Deadlines {
+    fn default() -> Self {
+        Deadlines { call: Duration::from_secs(600), short: Duration::from_secs(30), heartbeat: Duration::from_secs(15) }
+    }
+}
+
+/// A connected worker.
+pub struct Remote {
+    pub reg: Registration,
+    client: Client,
+    pub alive: bool,
+}
+
+/// Everything the remote engine and trainer share.
+pub struct Fleet {
+    pub controller: Controller,
+    pub trainer: Remote,
+    pub engines: Vec<Remote>,
+    pub on_failure: OnFailure,
+    pub deadlines: Deadlines,
+    pub transport: String,
+    pub bucket_bytes: u64,
+    pub verify_full: bool,
+    pub delta_dir: PathBuf,
+    /// The last transfer's report, and one row per update appended to `sync_log`.
+    pub last_report: Option<TransferReport>,
+    pub sync_log: Option<PathBuf>,
+    /// Faults seen (worker died, continued without it), for the run's log.
+    pub events: Vec<String>,
+    /// Called when the run ends: stops processes the launcher started.
+    pub on_drop: Option<Box<dyn FnOnce() + Send>>,
+}
+
+impl Drop for Fleet {
+    fn drop(&mut self) {
+        self.controller.stop_all();
+        let short = self.deadlines.short.min(Duration::from_secs(3));
+        let rt = self.controller.rt.clone();
+        for r in std::iter::once(&mut self.trainer).chain(self.engines.iter_mut()).filter(|r| r.alive) {
+            let mut c = r.client.clone();
+            let _ = rt.block_on(async { tokio::time::timeout(short, c.shutdown(pb::ShutdownRequest {})).await });
+        }
+        if let Some(f) = self.on_drop.take() {
+            f();
+        }
+    }
+}
+
+impl Fleet {
+    /// Connects to registered workers (lazily: the first call opens the channel).
+    pub fn connect(controller: &Controller, reg: Registration, deadlines: &Deadlines) -> Result<Remote, RunError> {
+        let url = format!("http://{}", reg.rpc_addr);
+        let ep = tonic::transport::Endpoint::from_shared(url)
+            .map_err(|e| RunError::new(E_WORKER, format!("{}: bad address {}: {e}", reg.who(), reg.rpc_addr)))?
+            .connect_timeout(deadlines.short)
+            .tcp_nodelay(true);
+        let _guard = controller.rt.enter();
+        let ch = ep.connect_lazy();
+        let add = AddToken::new(&controller.token).map_err(|m| RunError::new(E_WORKER, m))?;
+        let client = WorkerClient::with_interceptor(ch, add)
+            .max_decoding_message_size(512 << 20)
+            .max_encoding_message_size(512 << 20);
+        Ok(Remote { reg, client, alive: true })
+    }
+
+    /// Runs one call against a worker with a deadline, turning every failure into a run error that
+    /// names the worker. A worker that is gone (not a stage error) is marked dead.
+    fn call<T, F, Fut>(&mut self, which: Which, timeout: Duration, f: F) -> Result<T, RunError>
+    where
+        F: FnOnce(Client) -> Fut,
+        Fut: std::future::Future<Output = Result<Response<T>, Status>>,
+    {
+        let heartbeat = self.deadlines.heartbeat;
+        let rt = self.controller.rt.clone();
+        let silent = {
+            let r = self.remote(which);
+            self.controller.silent_for(&r.reg.worker_id)
+        };
+        let r = self.remote_mut(which);
+        if !r.alive {
+            return Err(RunError::new(E_WORKER, format!("{} is dead", r.reg.who())));
+        }
+        if let Some(s) = silent.filter(|s| *s > heartbeat) {
+            r.alive = false;
+            return Err(RunError::new(
+                E_WORKER,
+                format!("{} sent no heartbeat for {:.0} s: treated as dead", r.reg.who(), s.as_secs_f64()),
+            ));
+        }
+        let client = r.client.clone();
+        let res = rt.block_on(async { tokio::time::timeout(timeout, f(client)).await });
+        match res {
+            Ok(Ok(resp)) => Ok(resp.into_inner()),
+            Ok(Err(st)) if st.code() == tonic::Code::Internal => {
+                // A stage error (libtorch, bad data): the worker is alive; keep its code.
+                let (code, msg, help) = code_of(st.message());
+                let mut e = RunError::new(code, format!("{}: {msg}", r.reg.who()));
+                e.help = help;
+                Err(e)
+            }
+            Ok(Err(st)) if st.code() == tonic::Code::Unauthenticated => {
+                Err(RunError::new(crate::E_AUTH, format!("{} refused the call: {}", r.reg.who(), st.message())))
+            }
+            Ok(Err(st)) => {
+                r.alive = false;
+                Err(RunError::new(E_WORKER, format!("{} failed: {} ({:?})", r.reg.who(), st.message(), st.code()))
+                    .with_help("its log is in OUT/workers/<id>.log; `--resume` continues from the last checkpoint"))
+            }
+            Err(_) => {
+                r.alive = false;
+                Err(RunError::new(
+                    crate::E_WORKER,
+                    format!("{} did not answer within its deadline of {:.0} s", r.reg.who(), timeout.as_secs_f64()),
+                )
+                .with_help("the worker is hung or overloaded; raise call_timeout in the launcher if it is only slow"))
+            }
+        }
+    }
+
+    fn remote(&self, w: Which) -> &Remote {
+        match w {
+            Which::Trainer => &self.trainer,
+            Which::Engine(i) => &self.engines[i],
+        }
+    }
+    fn remote_mut(&mut self, w: Which) -> &mut Remote {
+        match w {
+            Which::Trainer => &mut self.trainer,
+            Which::Engine(i) => &mut self.engines[i],
+        }
+    }
+
+    /// A rollout engine failed: note it, and decide whether the run goes on.
+    fn engine_lost(&mut self, i: usize, e: RunError) -> Result<(), RunError> {
+        let alive = self.engines.iter().filter(|r| r.alive).count();
+        if self.on_failure == OnFailure::Stop || alive == 0 || self.engines[i].alive {
+            return Err(e);
+        }
+        let msg = format!("{}; continuing with {alive} rollout engine(s) (on_worker_failure = continue)", e.message);
+        eprintln!("warning: {msg}");
+        self.events.push(msg);
+        Ok(())
+    }
+
+    pub fn init_all(&mut self, spec: &RunSpec, threads: u32) -> Result<(), RunError> {
+        let json = serde_json::to_string(spec).map_err(|e| RunError::new(E_WORKER, e.to_string()))?;
+        let call = self.deadlines.call;
+        for w in std::iter::once(Which::Trainer).chain((0..self.engines.len()).map(Which::Engine)) {
+            let req = pb::InitRequest { spec_json: json.clone(), threads };
+            self.call(w, call, |mut c| async move { c.init(req).await })?;
+        }
+        Ok(())
+    }
+}
+
+#[derive(Clone, Copy)]
+enum Which {
+    Trainer,
+    Engine(usize),
+}
+
+pub type SharedFleet = Arc<Mutex<Fleet>>;
+
+/// The trainer, remote.
+pub struct RemoteTrainer {
+    pub fleet: SharedFleet,
+    version: u64,
+    /// A failure in a call that cannot return one (reset_optimizer), reported by the next call.
+    pending: Option<RunError>,
+}
+
+impl RemoteTrainer {
+    pub fn new(fleet: SharedFleet) -> Self {
+        RemoteTrainer { fleet, version: 0, pending: None }
+    }
+    fn fleet(&self) -> std::sync::MutexGuard<'_, Fleet> {
+        lock(&self.fleet)
+    }
+    fn control(&mut self, op: &str, dir: &Path) -> Result<u64, RunError> {
+        if let Some(e) = self.pending.take() {
+            return Err(e);
+        }
+        let req = pb::ControlRequest { op: op.into(), dir: dir.to_string_lossy().into_owned() };
+        let mut f = self.fleet();
+        let t = f.deadlines.call;
+        let r = f.call(Which::Trainer, t, |mut c| async move { c.control(req).await })?;
+        Ok(r.version)
+    }
+}
+
+impl Trainer for RemoteTrainer {
+    fn train_rl(&mut self, batch: &[Trajectory], lrs: &[f64], temperature: f64) -> Result<TrainStats, RunError> {
+        if let Some(e) = self.pending.take() {
+            return Err(e);
+        }
+        let req = pb::TrainRlRequest { batch: batch.iter().map(traj_to_pb).collect(), lrs: lrs.to_vec(), temperature };
+        let r = {
+            let mut f = self.fleet();
+            let t = f.deadlines.call;
+            f.call(Which::Trainer, t, |mut c| async move { c.train_rl(req).await })?
+        };
+        self.version = r.version;
+        Ok(stats_from_pb(r.stats.unwrap_or_default()))
+    }
+
+    fn train_sft(&mut self, batch: &[(Vec<TokenId>, Vec<TokenId>)], lr: f64) -> Result<SftStats, RunError> {
+        let req = pb::TrainSftRequest {
+            batch: batch.iter().map(|(p, a)| pb::SftPair { prompt: p.clone(), answer: a.clone() }).collect(),
+            lr,
+        };
+        let mut f = self.fleet();
+        let t = f.deadlines.call;
+        let r = f.call(Which::Trainer, t, |mut c| async move { c.train_sft(req).await })?;
+        Ok(SftStats { loss: r.loss, grad_norm: r.grad_norm, tokens: r.tokens })
+    }
+
+    fn reset_optimizer(&mut self) {
+        if let Err(e) = self.control("reset_optimizer", Path::new("")) {
+            self.pending = Some(e);
+        }
+    }
+
+    fn freeze_reference(&mut self) -> Result<(), RunError> {
+        self.control("freeze_reference", Path::new("")).map(|_| ())
+    }
+
+    fn logprobs(
+        &mut self,
+        prompts: &[Vec<TokenId>],
+        responses: &[Vec<TokenId>],
+        temperature: f64,
+    ) -> Result<Vec<Vec<f32>>, RunError> {
+        let req = pb::LogprobsRequest {
+            prompts: prompts.iter().map(|p| pb::TokenSeq { ids: p.clone() }).collect(),
+            responses: responses.iter().map(|p| pb::TokenSeq { ids: p.clone() }).collect(),
+            temperature,
+        };
+        let mut f = self.fleet();
+        let t = f.deadlines.call;
+        let r = f.call(Which::Trainer, t, |mut c| async move { c.logprobs(req).await })?;
+        Ok(r.logprobs.into_iter().map(|s| s.values).collect())
+    }
+
+    fn version(&self) -> u64 {
+        self.version
+    }
+
+    /// Moves the weights trainer -> engines with the recipe's transport. The snapshot returned is
+    /// a receipt (its version, no tensors): the bytes went straight from the trainer process to the
+    /// engines, and `RemoteEngine::load_weights` activates that version on each.
+    fn export_weights(&self) -> Result<WeightSnapshot, RunError> {
+        let mut f = self.fleet();
+        loop {
+            let targets: Vec<pb::Target> = f
+                .engines
+                .iter()
+                .filter(|e| e.alive)
+                .map(|e| pb::Target { worker_id: e.reg.worker_id.clone(), data_addr: e.reg.data_addr.clone() })
+                .collect();
+            let req = pb::PublishRequest {
+                transport: f.transport.clone(),
+                bucket_bytes: f.bucket_bytes,
+                targets,
+                verify_full: f.verify_full,
+                delta_dir: f.delta_dir.to_string_lossy().into_owned(),
+                shards: 0,
+                timeout_ms: (f.deadlines.call.as_millis() as u64 * 3 / 4).max(1),
+            };
+            let t = f.deadlines.call;
+            match f.call(Which::Trainer, t, |mut c| async move { c.publish_weights(req).await }) {
+                Ok(r) => {
+                    let rep = r.report.unwrap_or_default();
+                    let report = TransferReport {
+                        transport: rep.transport,
+                        version: rep.version,
+                        bytes: rep.bytes,
+                        seconds: rep.seconds,
+                        gb_per_s: rep.gb_per_s,
+                        targets: rep.targets,
+                        buckets: rep.buckets,
+                    };
+                    if let Some(p) = &f.sync_log {
+                        if let Ok(line) = serde_json::to_string(&report) {
+                            use std::io::Write;
+                            if let Ok(mut file) = std::fs::OpenOptions::new().create(true).append(true).open(p) {
+                                let _ = file.write_all(format!("{line}\n").as_bytes());
+                            }
+                        }
+                    }
+                    let version = report.version;
+                    f.last_report = Some(report);
+                    return Ok(WeightSnapshot { version, tensors: Vec::new() });
+                }
+                Err(e) if e.code == E_TRANSFER => {
+                    // Which engine failed to receive? If it is dead, go on without it (as the
+                    // recipe says); a corrupted transfer to a live engine stops the run.
+                    let failed = f
+                        .engines
+                        .iter()
+                        .position(|r| r.alive && e.message.contains(&format!("{} failed", r.reg.worker_id)));
+                    let Some(i) = failed else { return Err(e) };
+                    let short = f.deadlines.short.min(f.deadlines.call);
+                    let probe =
+                        f.call(Which::Engine(i), short, |mut c| async move { c.health(pb::HealthRequest {}).await });
+                    match probe {
+                        Ok(_) => return Err(e),
+                        Err(pe) => f.engine_lost(i, pe)?,
+                    }
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    fn save(&self, dir: &Path) -> Result<(), RunError> {
+        let req = pb::ControlRequest { op: "save".into(), dir: dir.to_string_lossy().into_owned() };
+        let mut f = self.fleet();
+        let t = f.deadlines.call;
+        f.call(Which::Trainer, t, |mut c| async move { c.control(req).await }).map(|_| ())
+    }
+
+    fn load(&mut self, dir: &Path) -> Result<(), RunError> {
+        self.version = self.control("load", dir)?;
+        Ok(())
+    }
+
+    fn save_model(&self, dir: &Path) -> Result<(), RunError> {
+        let req = pb::ControlRequest { op: "save_model".into(), dir: dir.to_string_lossy().into_owned() };
+        let mut f = self.fleet();
+        let t = f.deadlines.call;
+        f.call(Which::Trainer, t, |mut c| async move { c.control(req).await }).map(|_| ())
+    }
+}
+
+/// The rollout engines, remote: groups are routed by prompt affinity, a lost engine's groups are
+/// regenerated on the survivors when the recipe says to continue.
+pub struct RemoteEngine {
+    pub fleet: SharedFleet,
+    version: u64,
+}
+
+impl RemoteEngine {
+    pub fn new(fleet: SharedFleet) -> Self {
+        RemoteEngine { fleet, version: 0 }
+    }
+}
+
+/// Affinity: the same prompt always goes to the same engine (its prefix cache stays warm), and a
+/// group's n samples are never split.
+pub fn route(prompt: &[TokenId], engines: usize) -> usize {
+    let mut h: u64 = 0xcbf29ce484222325;
+    for &t in prompt {
+        h = (h ^ t as u64).wrapping_mul(0x100000001b3);
+    }
+    (h % engines.max(1) as u64) as usize
+}
+
+impl RolloutEngine for RemoteEngine {
+    fn generate(
+        &mut self,
+        prompts: &[Vec<TokenId>],
+        n: usize,
+        params: &SamplingParams,
+    ) -> Result<Vec<Sample>, RunError> {
+        let mut f = lock(&self.fleet);
+        let mut pending: Vec<usize> = (0..prompts.len()).collect();
+        let mut out: Vec<Sample> = Vec::with_capacity(prompts.len() * n);
+        while !pending.is_empty() {
+            let alive: Vec<usize> = (0..f.engines.len()).filter(|&i| f.engines[i].alive).collect();
+            if alive.is_empty() {
+                return Err(RunError::new(E_WORKER, "no rollout engine is left"));
+            }
+            let mut by_engine: Vec<Vec<usize>> = vec![Vec::new(); alive.len()];
+            for &p in &pending {
+                by_engine[route(&prompts[p], alive.len())].push(p);
+            }
+            pending.clear();
+            // One request per engine, all in flight at once.
+            let deadline = f.deadlines.call;
+            let rt = f.controller.rt.clone();
+            let calls: Vec<_> = by_engine
+                .iter()
+                .enumerate()
+                .filter(|(_, ps)| !ps.is_empty())
+                .map(|(k, ps)| {
+                    let i = alive[k];
+                    let req = pb::GenerateRequest {
+                        prompts: ps.iter().map(|&p| pb::TokenSeq { ids: prompts[p].clone() }).collect(),
+                        n: n as u32,
+                        // A lone engine keeps the caller's seed: the run is then bit-identical to
+                        // the in-process one. Several engines each get their own stream.
+                        params: Some(params_to_pb(&SamplingParams {
+                            seed: if alive.len() == 1 {
+                                params.seed
+                            } else {
+                                params.seed ^ (k as u64 + 1).wrapping_mul(0x9e3779b97f4a7c15)
+                            },
+                            ..params.clone()
+                        })),
+                    };
+                    (i, ps.clone(), req)
+                })
+                .collect();
+            let results: Vec<(usize, Vec<usize>, Result<pb::GenerateReply, RunError>)> = {
+                let fleet_ref = &mut *f;
+                let mut futs = Vec::new();
+                for (i, ps, req) in calls {
+                    let mut c = fleet_ref.engines[i].client.clone();
+                    futs.push(async move {
+                        let r = tokio::time::timeout(deadline, c.generate(req)).await;
+                        (i, ps, r)
+                    });
+                }
+                let joined = rt.block_on(async { futures_join_all(futs).await });
+                joined
+                    .into_iter()
+                    .map(|(i, ps, r)| {
+                        let who = fleet_ref.engines[i].reg.who();
+                        let res = match r {
+                            Ok(Ok(resp)) => Ok(resp.into_inner()),
+                            Ok(Err(st)) if st.code() == tonic::Code::Internal => {
+                                let (code, msg, help) = code_of(st.message());
+                                let mut e = RunError::new(code, format!("{who}: {msg}"));
+                                e.help = help;
+                                Err(e)
+                            }
+                            Ok(Err(st)) => {
+                                fleet_ref.engines[i].alive = false;
+                                Err(RunError::new(
+                                    E_WORKER,
+                                    format!("{who} failed: {} ({:?})", st.message(), st.code()),
+                                ))
+                            }
+                            Err(_) => {
+                                fleet_ref.engines[i].alive = false;
+                                Err(RunError::new(
+                                    E_WORKER,
+                                    format!(
+                                        "{who} did not answer within its deadline of {:.0} s",
+                                        deadline.as_secs_f64()
+                                    ),
+                                ))
+                            }
+                        };
+                        (i, ps, res)
+                    })
+                    .collect()
+            };
+            for (i, ps, res) in results {
+                match res {
+                    Ok(reply) => {
+                        for s in reply.samples {
+                            let mut s = sample_from_pb(s);
+                            // Map the engine's local index back to the caller's prompt index.
+                            s.prompt_index = *ps.get(s.prompt_index).ok_or_else(|| {
+                                RunError::new(E_WORKER, "an engine answered for a prompt it was not sent")
+                            })?;
+                            out.push(s);
+                        }
+                    }
+                    Err(e) => {
+                        f.engine_lost(i, e)?;
+                        // Its groups are regenerated on the engines that are left.
+                        pending.extend(ps);
+                    }
+                }
+            }
+        }
+        // Groups contiguous and in prompt order, as the trait promises (stable: keeps sample order).
+        out.sort_by_key(|s| s.prompt_index);
+        Ok(out)
+    }
+
+    fn weight_version(&self) -> u64 {
+        self.version
+    }
+
+    /// Activates the version the trainer just published on every live engine.
+    fn load_weights(&mut self, weights: &WeightSnapshot) -> Result<(), RunError> {
+        let mut f = lock(&self.fleet);
+        for i in 0..f.engines.len() {
+            if !f.engines[i].alive {
+                continue;
+            }
+            let req = pb::ActivateRequest {
+                version: weights.version,
+                transport: f.transport.clone(),
+                delta_dir: f.delta_dir.to_string_lossy().into_owned(),
+                verify_full: f.verify_full,
+            };
+            let t = f.deadlines.call;
+            if let Err(e) = f.call(Which::Engine(i), t, |mut c| async move { c.activate_weights(req).await }) {
+                if e.code == E_TRANSFER || e.code != E_WORKER {
+                    return Err(e);
+                }
+                f.engine_lost(i, e)?;
+            }
+        }
+        self.version = weights.version;
+        Ok(())
+    }
+}
+
+/// Joins futures without pulling in the futures crate: each is spawned on the runtime.
+async fn futures_join_all<F, T>(futs: Vec<F>) -> Vec<T>
+where
+    F: std::future::Future<Output = T> + Send + 'static,
+    T: Send + 'static,
+{
+    let handles: Vec<_> = futs.into_iter().map(tokio::spawn).collect();
+    let mut out = Vec::with_capacity(handles.len());
+    for h in handles {
+        if let Ok(v) = h.await {
+            out.push(v);
+        }
+    }
+    out
+}

@@ -1,0 +1,691 @@
+//! Weight transports between processes: the trainer's side ([`WeightPublisher`]) and the rollout
+//! engine's side ([`Receiver`] for streams, [`crate::delta::DeltaReceiver`] for disk deltas).
+//!
+//! - **broadcast**: the whole snapshot goes to every engine, in buckets, one connection per engine,
+//!   all concurrent; over TCP, or through one shared-memory file when every engine is on this host.
+//! - **p2p**: a [`TransferPlan`] splits the snapshot into trainer shards and maps each shard to the
+//!   engine ranks that need it; every (shard, rank) route is its own concurrent connection.
+//! - **disk-delta**: [`crate::delta`].
+//!
+//! The executor (and later the asynchronous runtime) sees only [`WeightPublisher::publish`] and a
+//! [`TransferReport`]: which transport runs is the recipe's `weights` stage's choice.
+
+use crate::wire::{self, Faults, Header, StreamError, TensorMeta, Trailer, MAGIC};
+use miles_runtime::{NamedTensor, WeightSnapshot};
+use std::collections::{BTreeMap, HashMap};
+use std::io::{self, BufRead, BufReader, BufWriter, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::ops::Range;
+use std::path::PathBuf;
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TransportKind {
+    Broadcast,
+    P2p,
+    DiskDelta,
+}
+
+impl TransportKind {
+    pub fn parse(s: &str) -> Option<TransportKind> {
+        match s {
+            "broadcast" => Some(TransportKind::Broadcast),
+            "p2p" => Some(TransportKind::P2p),
+            "disk_delta" | "disk-delta" => Some(TransportKind::DiskDelta),
+            _ => None,
+        }
+    }
+    pub fn name(self) -> &'static str {
+        match self {
+            TransportKind::Broadcast => "broadcast",
+            TransportKind::P2p => "p2p",
+            TransportKind::DiskDelta => "disk_delta",
+        }
+    }
+}
+
+/// How a stream reaches an engine on the same host.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Channel {
+    Tcp,
+    /// One file in /dev/shm written once and read by every engine; the socket carries only the
+    /// header. Needs every target on this host.
+    Shm,
+    /// Shared memory when every target address is loopback, TCP otherwise.
+    Auto,
+}
+
+#[derive(Debug, Clone)]
+pub struct TransportConfig {
+    pub kind: TransportKind,
+    pub bucket_bytes: u64,
+    /// Also compare a SHA-256 over the whole weights after assembly.
+    pub verify_full: bool,
+    /// p2p: trainer shards (0 = one per target, at most 4).
+    pub shards: usize,
+    pub channel: Channel,
+    pub token: String,
+    /// Bound on connecting, on each write and on waiting for an engine's verdict.
+    pub timeout: Duration,
+    pub faults: Faults,
+}
+
+impl TransportConfig {
+    pub fn new(kind: TransportKind, token: impl Into<String>) -> Self {
+        TransportConfig {
+            kind,
+            bucket_bytes: 512 << 20,
+            verify_full: false,
+            shards: 0,
+            channel: Channel::Auto,
+            token: token.into(),
+            timeout: Duration::from_secs(60),
+            faults: Faults::default(),
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct Target {
+    pub worker_id: String,
+    pub data_addr: String,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
+pub struct TransferReport {
+    pub transport: String,
+    pub version: u64,
+    /// Payload bytes delivered, all targets together.
+    pub bytes: u64,
+    pub seconds: f64,
+    pub gb_per_s: f64,
+    pub targets: u32,
+    pub buckets: u32,
+}
+
+impl TransferReport {
+    pub fn finish(mut self, started: Instant) -> Self {
+        self.seconds = started.elapsed().as_secs_f64();
+        self.gb_per_s = self.bytes as f64 / self.seconds.max(1e-9) / 1e9;
+        self
+    }
+}
+
+/// A failed transfer: which engine, and why.
+#[derive(Debug, Clone)]
+pub struct TransferError {
+    pub worker_id: String,
+    pub message: String,
+}
+
+impl std::fmt::Display for TransferError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "weight transfer to {}: {}", self.worker_id, self.message)
+    }
+}
+
+/// The trainer's side of a weight transport.
+pub trait WeightPublisher: Send {
+    fn name(&self) -> &'static str;
+    /// Delivers `snap` to every target and waits until each has verified what arrived.
+    fn publish(&mut self, snap: &WeightSnapshot, targets: &[Target]) -> Result<TransferReport, TransferError>;
+}
+
+/// Which trainer shard goes to which engine rank.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TransferPlan {
+    pub shards: Vec<Range<usize>>,
+    /// (shard, target index) pairs; every route is one concurrent transfer.
+    pub routes: Vec<(usize, usize)>,
+}
+
+impl TransferPlan {
+    /// `needs(target, tensor)`: whether that engine rank holds that tensor (every tensor for an
+    /// unsharded engine; a slice of them under tensor or expert parallelism).
+    pub fn build(
+        snap: &WeightSnapshot,
+        targets: usize,
+        shards: usize,
+        needs: &dyn Fn(usize, usize) -> bool,
+    ) -> TransferPlan {
+        let shards = wire::shard_ranges(snap, shards);
+        let mut routes = Vec::new();
+        for (s, r) in shards.iter().enumerate() {
+            for t in 0..targets {
+                if r.clone().any(|i| needs(t, i)) {
+                    routes.push((s, t));
+                }
+            }
+        }
+        TransferPlan { shards, routes }
+    }
+}
+
+/// Broadcast and p2p over sockets (or shared memory).
+pub struct StreamPublisher {
+    pub cfg: TransportConfig,
+}
+
+impl StreamPublisher {
+    pub fn new(cfg: TransportConfig) -> Self {
+        StreamPublisher { cfg }
+    }
+}
+
+fn header_for(cfg: &TransportConfig, snap: &WeightSnapshot, part: u32, parts: u32, range: Range<usize>) -> Header {
+    Header {
+        magic: MAGIC.into(),
+        token: cfg.token.clone(),
+        version: snap.version,
+        part,
+        parts,
+        total_tensors: snap.tensors.len() as u32,
+        bucket_bytes: cfg.bucket_bytes,
+        tensors: range
+            .map(|i| {
+                let t = &snap.tensors[i];
+                TensorMeta { index: i as u32, name: t.name.clone(), shape: t.shape.clone() }
+            })
+            .collect(),
+        delta_base: None,
+        shm_path: None,
+    }
+}
+
+fn trailer_for(snap: &WeightSnapshot, range: Range<usize>, full: Option<&String>) -> Trailer {
+    Trailer {
+        tensor_crc: range.map(|i| (i as u32, wire::crc(wire::as_bytes(&snap.tensors[i].data)))).collect(),
+        full_sha256: full.cloned(),
+    }
+}
+
+fn connect(addr: &str, timeout: Duration) -> io::Result<TcpStream> {
+    let mut last = io::Error::new(io::ErrorKind::NotFound, format!("{addr} resolves to no address"));
+    for a in addr.to_socket_addrs()? {
+        match TcpStream::connect_timeout(&a, timeout) {
+            Ok(s) => {
+                s.set_write_timeout(Some(timeout))?;
+                s.set_read_timeout(Some(timeout))?;
+                s.set_nodelay(true)?;
+                return Ok(s);
+            }
+            Err(e) => last = e,
+        }
+    }
+    Err(last)
+}
+
+/// Reads the engine's one-line verdict: "ok" or "err <why>".
+fn read_verdict(s: &TcpStream) -> io::Result<Result<(), String>> {
+    let mut line = String::new();
+    BufReader::new(s).read_line(&mut line)?;
+    let line = line.trim_end();
+    if line == "ok" {
+        Ok(Ok(()))
+    } else if let Some(why) = line.strip_prefix("err ") {
+        Ok(Err(why.to_string()))
+    } else {
+        Ok(Err(format!("no verdict from the engine (got {line:?}): it closed the connection")))
+    }
+}
+
+fn all_loopback(targets: &[Target]) -> bool {
+    targets.iter().all(|t| t.data_addr.to_socket_addrs().map(|mut a| a.all(|x| x.ip().is_loopback())).unwrap_or(false))
+}
+
+fn shm_dir() -> Option<PathBuf> {
+    let d = PathBuf::from("/dev/shm");
+    d.is_dir().then_some(d)
+}
+
+impl WeightPublisher for StreamPublisher {
+    fn name(&self) -> &'static str {
+        self.cfg.kind.name()
+    }
+
+    fn publish(&mut self, snap: &WeightSnapshot, targets: &[Target]) -> Result<TransferReport, TransferError> {
+        let started = Instant::now();
+        let cfg = &self.cfg;
+        let n = snap.tensors.len();
+        let shards = match cfg.kind {
+            TransportKind::P2p if cfg.shards == 0 => targets.len().clamp(1, 4),
+            TransportKind::P2p => cfg.shards,
+            _ => 1,
+        };
+        let plan = TransferPlan::build(snap, targets.len(), shards, &|_, _| true);
+        let parts = plan.shards.len() as u32;
+        let full = cfg.verify_full.then(|| wire::full_digest(&snap.tensors));
+        let use_shm = match cfg.channel {
+            Channel::Shm => true,
+            Channel::Tcp => false,
+            Channel::Auto => all_loopback(targets) && shm_dir().is_some(),
+        } && !targets.is_empty();
+
+        // Shared memory: each part is written once into /dev/shm; every route sends its path.
+        let mut shm_files: Vec<Option<PathBuf>> = vec![None; plan.shards.len()];
+        let mut buckets_total = 0u32;
+        if use_shm {
+            let dir = shm_dir().ok_or_else(|| TransferError {
+                worker_id: "trainer".into(),
+                message: "shared memory needs /dev/shm".into(),
+            })?;
+            for (s, r) in plan.shards.iter().enumerate() {
+                let path = dir.join(format!("miles-{}-v{}-p{s}", std::process::id(), snap.version));
+                let res = (|| -> io::Result<u32> {
+                    let tmp = path.with_extension("tmp");
+                    let mut f = BufWriter::with_capacity(1 << 20, std::fs::File::create(&tmp)?);
+                    let h = header_for(cfg, snap, s as u32, parts, r.clone());
+                    wire::write_header(&mut f, &h)?;
+                    let pieces: Vec<&[u8]> = r.clone().map(|i| wire::as_bytes(&snap.tensors[i].data)).collect();
+                    let b = wire::write_body(
+                        &mut f,
+                        &pieces,
+                        cfg.bucket_bytes,
+                        &trailer_for(snap, r.clone(), full.as_ref()),
+                        cfg.faults,
+                    )?;
+                    drop(f);
+                    // Readers only ever see a complete file.
+                    std::fs::rename(&tmp, &path)?;
+                    Ok(b)
+                })();
+                match res {
+                    Ok(b) => buckets_total += b,
+                    Err(e) => {
+                        for p in shm_files.iter().flatten() {
+                            let _ = std::fs::remove_file(p);
+                        }
+                        return Err(TransferError {
+                            worker_id: "trainer".into(),
+                            message: format!("cannot write {}: {e}", path.display()),
+                        });
+                    }
+                }
+                shm_files[s] = Some(path);
+            }
+        }
+
+        let results: Vec<(usize, Result<u32, String>)> = std::thread::scope(|sc| {
+            let handles: Vec<_> = plan
+                .routes
+                .iter()
+                .map(|&(s, t)| {
+                    let range = plan.shards[s].clone();
+                    let target = &targets[t];
+                    let shm = shm_files[s].clone();
+                    let full = full.as_ref();
+                    sc.spawn(move || {
+                        let res = (|| -> io::Result<Result<u32, String>> {
+                            let sock = connect(&target.data_addr, cfg.timeout)?;
+                            let mut w = BufWriter::with_capacity(256 << 10, &sock);
+                            let mut h = header_for(cfg, snap, s as u32, parts, range.clone());
+                            let buckets = if let Some(p) = &shm {
+                                h.tensors.clear();
+                                h.shm_path = Some(p.to_string_lossy().into_owned());
+                                wire::write_header(&mut w, &h)?;
+                                w.flush()?;
+                                0
+                            } else {
+                                wire::write_header(&mut w, &h)?;
+                                let pieces: Vec<&[u8]> =
+                                    range.clone().map(|i| wire::as_bytes(&snap.tensors[i].data)).collect();
+                                wire::write_body(
+                                    &mut w,
+                                    &pieces,
+                                    cfg.bucket_bytes,
+                                    &trailer_for(snap, range, full),
+                                    cfg.faults,
+                                )?
+                            };
+                            drop(w);
+                            Ok(read_verdict(&sock)?.map(|_| buckets))
+                        })();
+                        (t, res.unwrap_or_else(|e| Err(format!("{} unreachable or too slow: {e}", target.data_addr))))
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().unwrap_or((usize::MAX, Err("sender thread panicked".into()))))
+                .collect()
+        });
+        for p in shm_files.iter().flatten() {
+            let _ = std::fs::remove_file(p);
+        }
+        let mut report = TransferReport {
+            transport: format!("{}{}", cfg.kind.name(), if use_shm { "/shm" } else { "/tcp" }),
+            version: snap.version,
+            targets: targets.len() as u32,
+            ..Default::default()
+        };
+        for (t, r) in results {
+            match r {
+                Ok(b) => report.buckets += b,
+                Err(message) => {
+                    let worker_id = targets.get(t).map(|x| x.worker_id.clone()).unwrap_or_else(|| "?".into());
+                    return Err(TransferError { worker_id, message });
+                }
+            }
+        }
+        report.buckets += buckets_total;
+        let per_target: usize = (0..n).map(|i| snap.tensors[i].data.len() * 4).sum();
+        report.bytes = (per_target * targets.len()) as u64;
+        Ok(report.finish(started))
+    }
+}
+
+/// A snapshot being assembled from its parts.
+struct Partial {
+    tensors: Vec<Option<NamedTensor>>,
+    parts_seen: Vec<bool>,
+    full_sha256: Option<String>,
+}
+
+#[derive(Default)]
+struct State {
+    partial: HashMap<u64, Partial>,
+    /// Complete (verified) or failed versions, newest kept.
+    done: BTreeMap<u64, Result<WeightSnapshot, String>>,
+    /// Buffers of the last loaded snapshot, by tensor index: the next one is received into them
+    /// (a fresh buffer fills at page-fault speed, several times slower than a reused one).
+    pool: HashMap<u32, Vec<f32>>,
+    bytes_received: u64,
+}
+
+/// The rollout engine's side of broadcast and p2p: accepts streams on `data_addr`, verifies and
+/// assembles them, and hands a version over when the controller activates it.
+#[derive(Clone)]
+pub struct Receiver {
+    inner: Arc<(Mutex<State>, Condvar)>,
+    addr: SocketAddr,
+    token: Arc<String>,
+}
+
+impl Receiver {
+    /// Listens on `bind` (loopback unless configured otherwise; port 0 picks one).
+    pub fn start(bind: &str, token: &str) -> io::Result<Receiver> {
+        let listener = TcpListener::bind(bind)?;
+        let addr = listener.local_addr()?;
+        let r = Receiver {
+            inner: Arc::new((Mutex::new(State::default()), Condvar::new())),
+            addr,
+            token: Arc::new(token.into()),
+        };
+        let me = r.clone();
+        std::thread::Builder::new().name("weights-rx".into()).spawn(move || {
+            for conn in listener.incoming().flatten() {
+                let me = me.clone();
+                let _ = std::thread::Builder::new().name("weights-rx-conn".into()).spawn(move || me.serve(conn));
+            }
+        })?;
+        Ok(r)
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.inner.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn serve(&self, sock: TcpStream) {
+        let timeout = Some(Duration::from_secs(60));
+        let _ = sock.set_read_timeout(timeout);
+        let _ = sock.set_write_timeout(timeout);
+        let verdict = match self.receive(&sock) {
+            Ok(()) => "ok\n".to_string(),
+            Err(e) => format!("err {}\n", e.replace('\n', " ")),
+        };
+        let _ = (&sock).write_all(verdict.as_bytes());
+    }
+
+    fn receive(&self, sock: &TcpStream) -> Result<(), String> {
+        let mut r = BufReader::with_capacity(256 << 10, sock);
+        let h = wire::read_header(&mut r).map_err(|e| format!("bad stream: {e}"))?;
+        // Constant-time enough: the token is compared whole before anything else is read.
+        if !crate::auth::token_eq(&h.token, &self.token) {
+            return Err("refused: the stream does not carry this run's token".into());
+        }
+        let res = match &h.shm_path {
+            Some(p) => {
+                let f = std::fs::File::open(p).map_err(|e| format!("cannot open {p}: {e}"))?;
+                let mut fr = BufReader::with_capacity(1 << 20, f);
+                let inner = wire::read_header(&mut fr).map_err(|e| format!("{p}: {e}"))?;
+                if inner.version != h.version || inner.part != h.part {
+                    return Err(format!(
+                        "{p} holds version {} part {}, not {} {}",
+                        inner.version, inner.part, h.version, h.part
+                    ));
+                }
+                self.receive_body(&mut fr, &inner)
+            }
+            None => self.receive_body(&mut r, &h),
+        };
+        if let Err(e) = &res {
+            // A failed part fails its version: the controller's activate reports it at once.
+            let mut st = self.lock();
+            st.partial.remove(&h.version);
+            st.done.insert(h.version, Err(e.clone()));
+            self.inner.1.notify_all();
+        }
+        res
+    }
+
+    fn receive_body<R: Read>(&self, r: &mut R, h: &Header) -> Result<(), String> {
+        let mut tensors: Vec<NamedTensor> = {
+            let mut st = self.lock();
+            h.tensors
+                .iter()
+                .map(|m| {
+                    let mut data = st.pool.remove(&m.index).unwrap_or_default();
+                    data.resize(m.elems(), 0.0);
+                    NamedTensor { name: m.name.clone(), shape: m.shape.clone(), data }
+                })
+                .collect()
+        };
+        let mut dst: Vec<&mut [u8]> = tensors.iter_mut().map(|t| wire::as_bytes_mut(&mut t.data)).collect();
+        let (trailer, _) = wire::read_body(r, h, &mut dst).map_err(|e| match e {
+            StreamError::Io(e) => format!("stream broke off: {e}"),
+            StreamError::Corrupt(m) => m,
+        })?;
+        // Per-tensor CRCs over what was assembled (indices are relative to this part here).
+        for (k, (idx, want)) in trailer.tensor_crc.iter().enumerate() {
+            let t = tensors.get(k).ok_or_else(|| format!("trailer names tensor {idx} beyond the part"))?;
+            if wire::crc(wire::as_bytes(&t.data)) != *want {
+                return Err(format!("version {}: tensor {} failed its CRC-32 check; not loaded", h.version, t.name));
+            }
+        }
+        let bytes: u64 = tensors.iter().map(|t| t.data.len() as u64 * 4).sum();
+        let mut st = self.lock();
+        st.bytes_received += bytes;
+        if st.done.get(&h.version).is_some_and(|d| d.is_err()) {
+            return Err(format!("version {} already failed in another part", h.version));
+        }
+        let p = st.partial.entry(h.version).or_insert_with(|| Partial {
+            tensors: (0..h.total_tensors).map(|_| None).collect(),
+            parts_seen: vec![false; h.parts as usize],
+            full_sha256: None,
+        });
+        if p.tensors.len() != h.total_tensors as usize || p.parts_seen.len() != h.parts as usize {
+            return Err(format!("version {}: parts disagree on the snapshot's shape", h.version));
+        }
+        for (m, t) in h.tensors.iter().zip(tensors) {
+            p.tensors[m.index as usize] = Some(t);
+        }
+        if let Some(x) = trailer.full_sha256 {
+            p.full_sha256 = Some(x);
+        }
+        if let Some(s) = p.parts_seen.get_mut(h.part as usize) {
+            *s = true;
+        }
+        if p.parts_seen.iter().all(|&s| s) {
+            let p = st.partial.remove(&h.version).unwrap_or_else(|| unreachable!());
+            let tensors: Option<Vec<NamedTensor>> = p.tensors.into_iter().collect();
+            let result = match tensors {
+                None => Err(format!("version {}: every part arrived but tensors are missing", h.version)),
+                Some(tensors) => match &p.full_sha256 {
+                    Some(want) if wire::full_digest(&tensors) != *want => Err(format!(
+                        "version {}: the whole-weights SHA-256 differs from the trainer's; not loaded",
+                        h.version
+                    )),
+                    _ => Ok(WeightSnapshot { version: h.version, tensors }),
+                },
+            };
+            let failed = result.as_ref().err().cloned();
+            st.done.insert(h.version, result);
+            // Keep only the newest few versions.
+            while st.done.len() > 2 {
+                let first = *st.done.keys().next().unwrap_or(&0);
+                st.done.remove(&first);
+            }
+            self.inner.1.notify_all();
+            if let Some(e) = failed {
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
+    /// The verified snapshot of `version`, waiting at most `timeout` for it to arrive.
+    pub fn take(&self, version: u64, timeout: Duration) -> Result<WeightSnapshot, String> {
+        let deadline = Instant::now() + timeout;
+        let mut st = self.lock();
+        loop {
+            if let Some(r) = st.done.remove(&version) {
+                return r;
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(format!(
+                    "weights of version {version} did not arrive within {:.0} s",
+                    timeout.as_secs_f64()
+                ));
+            }
+            st = self.inner.1.wait_timeout(st, deadline - now).unwrap_or_else(|p| p.into_inner()).0;
+        }
+    }
+
+    /// Gives a loaded snapshot's buffers back for the next transfer.
+    pub fn recycle(&self, snap: WeightSnapshot) {
+        let mut st = self.lock();
+        for (i, t) in snap.tensors.into_iter().enumerate() {
+            st.pool.insert(i as u32, t.data);
+        }
+    }
+
+    pub fn bytes_received(&self) -> u64 {
+        self.lock().bytes_received
+    }
+}
+
+/// The publisher for a transport kind.
+pub fn publisher(cfg: TransportConfig, delta_dir: Option<PathBuf>) -> Box<dyn WeightPublisher> {
+    match cfg.kind {
+        TransportKind::DiskDelta => {
+            Box::new(crate::delta::DeltaPublisher::new(delta_dir.unwrap_or_else(|| PathBuf::from("weights")), cfg))
+        }
+        _ => Box::new(StreamPublisher::new(cfg)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    pub(crate) fn snap(version: u64, elems: &[usize]) -> WeightSnapshot {
+        WeightSnapshot {
+            version,
+            tensors: elems
+                .iter()
+                .enumerate()
+                .map(|(i, &n)| NamedTensor {
+                    name: format!("model.layers.{i}.weight"),
+                    shape: vec![n],
+                    data: (0..n).map(|k| ((k * 31 + i * 7 + version as usize) % 1000) as f32 * 1e-3).collect(),
+                })
+                .collect(),
+        }
+    }
+
+    fn targets(rx: &[Receiver]) -> Vec<Target> {
+        rx.iter()
+            .enumerate()
+            .map(|(i, r)| Target { worker_id: format!("rollout-{i}"), data_addr: r.addr().to_string() })
+            .collect()
+    }
+
+    fn run(kind: TransportKind, channel: Channel, engines: usize) {
+        let rx: Vec<Receiver> = (0..engines).map(|_| Receiver::start("127.0.0.1:0", "tok").unwrap()).collect();
+        let mut cfg = TransportConfig::new(kind, "tok");
+        cfg.bucket_bytes = 8192;
+        cfg.channel = channel;
+        cfg.verify_full = true;
+        let mut p = StreamPublisher::new(cfg);
+        for v in 1..=2 {
+            let s = snap(v, &[5000, 3, 20000, 7000]);
+            let rep = p.publish(&s, &targets(&rx)).unwrap();
+            assert_eq!(rep.bytes, 32003 * 4 * engines as u64);
+            for r in &rx {
+                let got = r.take(v, Duration::from_secs(5)).unwrap();
+                assert_eq!(got, s);
+                r.recycle(got);
+            }
+        }
+    }
+
+    #[test]
+    fn broadcast_tcp_to_three_engines() {
+        run(TransportKind::Broadcast, Channel::Tcp, 3);
+    }
+
+    #[test]
+    fn broadcast_shm_to_two_engines() {
+        run(TransportKind::Broadcast, Channel::Shm, 2);
+    }
+
+    #[test]
+    fn p2p_routes_shards_concurrently() {
+        run(TransportKind::P2p, Channel::Tcp, 3);
+        let s = snap(1, &[10, 10, 10, 10]);
+        // An engine rank that holds only even tensors gets no route for a shard of odd ones.
+        let plan = TransferPlan::build(&s, 2, 4, &|t, i| t == 0 || i % 2 == 0);
+        assert_eq!(plan.routes, vec![(0, 0), (0, 1), (1, 0), (2, 0), (2, 1), (3, 0)]);
+    }
+
+    #[test]
+    fn corrupted_bucket_is_detected_and_not_loaded() {
+        let rx = Receiver::start("127.0.0.1:0", "tok").unwrap();
+        let mut cfg = TransportConfig::new(TransportKind::Broadcast, "tok");
+        cfg.bucket_bytes = 4096;
+        cfg.channel = Channel::Tcp;
+        cfg.faults.corrupt_bucket = Some(2);
+        let e = StreamPublisher::new(cfg).publish(&snap(3, &[10000]), &targets(std::slice::from_ref(&rx))).unwrap_err();
+        assert_eq!(e.worker_id, "rollout-0");
+        assert!(e.message.contains("bucket 2 failed its CRC-32"), "{e}");
+        let e = rx.take(3, Duration::from_secs(1)).unwrap_err();
+        assert!(e.contains("not loaded"), "{e}");
+    }
+
+    #[test]
+    fn stream_without_the_run_token_is_refused() {
+        let rx = Receiver::start("127.0.0.1:0", "right").unwrap();
+        let mut cfg = TransportConfig::new(TransportKind::Broadcast, "wrong");
+        cfg.channel = Channel::Tcp;
+        let e = StreamPublisher::new(cfg).publish(&snap(1, &[100]), &targets(std::slice::from_ref(&rx))).unwrap_err();
+        assert!(e.message.contains("refused"), "{e}");
+        assert!(rx.take(1, Duration::from_millis(200)).is_err());
+    }
+
+    #[test]
+    fn unreachable_engine_is_named() {
+        let cfg = TransportConfig {
+            timeout: Duration::from_millis(500),
+            ..TransportConfig::new(TransportKind::Broadcast, "t")
+        };
+        let t = vec![Target { worker_id: "rollout-9".into(), data_addr: "127.0.0.1:1".into() }];
+        let e = StreamPublisher::new(cfg).publish(&snap(1, &[10]), &t).unwrap_err();
+        assert_eq!(e.worker_id, "rollout-9");
+    }
+}
