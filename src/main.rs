@@ -2,6 +2,7 @@
 
 mod check;
 mod diagnostics;
+mod dist;
 mod explain;
 mod files;
 mod fmt;
@@ -11,6 +12,7 @@ mod planfile;
 mod report;
 mod run;
 mod runspec;
+mod worker;
 mod watch;
 
 use clap::{Parser, Subcommand};
@@ -48,6 +50,10 @@ enum Command {
     Run(run::Args),
     /// Draw a run's curves (reward, accuracy, loss, divergence, length) as SVG and summarise it.
     Report(report::Args),
+    /// Host one stage of a distributed run (started by `miles run`'s launcher).
+    Worker(worker::Args),
+    /// Serve a model directory through the SGLang-compatible HTTP API.
+    Serve(worker::ServeArgs),
     /// Explain an error code (`miles explain E0301`); with no code, list them all.
     Explain(explain::Args),
     /// Rewrite `.miles` files in the canonical layout (`--check`: only report).
@@ -79,6 +85,8 @@ fn main() -> ExitCode {
         },
         Command::Plan(a) => plan::run(a),
         Command::Run(a) => run::run(a),
+        Command::Worker(a) => worker::run(a),
+        Command::Serve(a) => worker::serve(a),
         Command::Report(a) => report::run(a),
     };
     ExitCode::from(code)

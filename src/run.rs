@@ -79,8 +79,28 @@ pub fn run(args: Args) -> u8 {
         Progress::Plain => ProgressMode::Plain,
         Progress::Off => ProgressMode::Off,
     };
-    eprintln!("miles run: {name}: {} RL steps on the embedded backend; output in {}", spec.steps, out.display());
-    match miles_tch::run(&spec, &opts) {
+    let result = match &spec.distributed {
+        None => {
+            eprintln!(
+                "miles run: {name}: {} RL steps on the embedded backend; output in {}",
+                spec.steps,
+                out.display()
+            );
+            miles_tch::run(&spec, &opts)
+        }
+        Some(d) => {
+            eprintln!(
+                "miles run: {name}: {} RL steps, trainer and {} rollout engine(s) as worker processes ({:?} launcher, {} transport); output in {}",
+                spec.steps,
+                d.rollout_workers,
+                d.launcher,
+                d.transport,
+                out.display()
+            );
+            crate::dist::run(&spec, &opts)
+        }
+    };
+    match result {
         Ok(s) => {
             let pct = |x: Option<f64>| x.map(|v| format!("{:.1}%", 100.0 * v)).unwrap_or_else(|| "-".into());
             eprintln!(

@@ -366,4 +366,38 @@ runtime.",
 of the recipe changed after `miles plan --out` wrote the plan (its hash differs), or the plan \
 file is from another version of miles. Plan again.",
     },
+    Code {
+        code: "E0513",
+        title: "a worker died, stopped answering or could not be reached",
+        explanation: "A stage of a distributed run (`launcher = local_processes`, `slurm` or `ray`) runs \
+as a `miles worker` process. The message names the stage, the worker, its host and pid. A worker \
+whose process exited, whose connection broke, which sent no heartbeat for the heartbeat timeout, \
+or which did not answer a call within its deadline (`call_timeout`) is treated as dead. With \
+`on_failure = drop_engine` a lost rollout engine is dropped and its groups are regenerated on the \
+others; otherwise (and always for the trainer) the run stops, keeping its checkpoints: \
+`miles run --resume` continues. Each worker's log is in OUT/workers/<id>.log.",
+    },
+    Code {
+        code: "E0514",
+        title: "a weight transfer failed verification",
+        explanation: "Weights travel from the trainer to the rollout engines in buckets with a CRC-32 \
+each, per-tensor CRC-32s of the result and, with `verify_full = true`, a SHA-256 of the whole \
+weights. A mismatch means the bytes were corrupted in transit or on disk; that version is not \
+loaded and the engine keeps its previous weights. Also raised when a version did not arrive in \
+time or a disk-delta chain is broken.",
+    },
+    Code {
+        code: "E0515",
+        title: "a call without the run's token was refused",
+        explanation: "Every worker-protocol call and weight stream carries the run's token (made by \
+the controller, passed to workers in MILES_RUN_TOKEN). A worker refuses anything else, so a \
+stray client or another run on the same machine cannot drive or feed it.",
+    },
+    Code {
+        code: "E0516",
+        title: "a launcher could not start the workers",
+        explanation: "`sbatch`, `scontrol`, the Ray Jobs API or a local process could not be started \
+or refused the job. The message carries the launcher's own error; check that Slurm (or Ray) is \
+installed and reachable, and the partition and GPU counts of the recipe's `launcher`.",
+    },
 ];

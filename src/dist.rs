@@ -1,0 +1,36 @@
+//! `miles run` of a recipe with a `launcher`: the executor runs here (the controller), the stages
+//! in worker processes started by the launcher (engine/dist).
+
+use miles_runtime::{RunError, RunOptions, RunSpec, Summary, E_SPEC};
+
+pub fn run(spec: &RunSpec, opts: &RunOptions) -> Result<Summary, RunError> {
+    let exe = std::env::current_exe()
+        .map_err(|e| RunError::new(E_SPEC, format!("cannot find the miles binary to start workers with: {e}")))?;
+    // Workers and their logs live under the output directory, which must exist first; an absolute
+    // path, because Slurm steps may start elsewhere.
+    std::fs::create_dir_all(&opts.out_dir).map_err(|e| RunError::io(E_SPEC, "cannot create", &opts.out_dir, e))?;
+    let out =
+        std::fs::canonicalize(&opts.out_dir).map_err(|e| RunError::io(E_SPEC, "cannot resolve", &opts.out_dir, e))?;
+    let backend = miles_dist::backend::DistBackend::new(exe, out.clone());
+    let mut o = opts.clone();
+    o.out_dir = out;
+    let res = miles_runtime::run_with(spec, &o, &backend);
+    if let Some(f) = backend.fleet.lock().unwrap_or_else(|p| p.into_inner()).take() {
+        let f = f.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(r) = &f.last_report {
+            eprintln!(
+                "miles run: last weight update: {} v{}: {:.1} MB to {} engine(s) in {:.3} s ({:.2} GB/s); all updates in sync.jsonl",
+                r.transport,
+                r.version,
+                r.bytes as f64 / 1e6,
+                r.targets,
+                r.seconds,
+                r.gb_per_s
+            );
+        }
+        for e in &f.events {
+            eprintln!("miles run: event: {e}");
+        }
+    }
+    res
+}

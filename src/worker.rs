@@ -1,0 +1,153 @@
+//! `miles worker` hosts one stage instance (a rollout engine or a trainer on the embedded libtorch
+//! backend) as its own process, driven by the controller over the worker protocol
+//! (engine/dist); `miles serve MODEL_DIR` exposes the embedded engine through the
+//! SGLang-compatible HTTP API. Both are thin: the protocol, transports and API live in miles-dist.
+
+use miles_dist::auth::TOKEN_ENV;
+use miles_dist::worker::{Factory, Hosted, Role, WorkerConfig};
+use miles_runtime::{RolloutEngine, RunError, RunSpec, Trainer};
+use miles_tch::model::Policy;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// This worker's id in the run (e.g. rollout-0).
+    #[arg(long)]
+    pub id: String,
+    /// rollout | trainer
+    #[arg(long)]
+    pub role: String,
+    /// The recipe's stage name, for error messages.
+    #[arg(long, default_value = "")]
+    pub stage: String,
+    /// The controller's address (host:port). The run token comes from MILES_RUN_TOKEN.
+    #[arg(long)]
+    pub controller: Option<String>,
+    /// Listen address of the worker protocol (loopback unless configured otherwise).
+    #[arg(long, default_value = "127.0.0.1:0")]
+    pub bind: String,
+    /// Address other hosts reach this worker by (default: the bound IP).
+    #[arg(long)]
+    pub advertise: Option<String>,
+    /// This host's copy of the weights (disk-delta transport).
+    #[arg(long, default_value = "miles-worker")]
+    pub local_dir: PathBuf,
+    /// Pin the process to these CPUs (comma-separated).
+    #[arg(long, value_delimiter = ',')]
+    pub cpus: Vec<usize>,
+}
+
+fn pin(cpus: &[usize]) -> Result<(), String> {
+    if cpus.is_empty() {
+        return Ok(());
+    }
+    // SAFETY: a zeroed cpu_set_t is the empty set; CPU_SET writes inside it for ids < CPU_SETSIZE.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        for &c in cpus {
+            if c >= libc::CPU_SETSIZE as usize {
+                return Err(format!("CPU {c} is out of range"));
+            }
+            libc::CPU_SET(c, &mut set);
+        }
+        if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
+            return Err(format!("cannot pin to CPUs {cpus:?}: {}", std::io::Error::last_os_error()));
+        }
+    }
+    Ok(())
+}
+
+/// The embedded backend's stages, built as `TchBackend::create` builds them in-process (same
+/// seeded init), so a one-engine distributed run is bit-identical to the in-process one.
+fn factory() -> Factory {
+    Arc::new(|role: Role, spec: &RunSpec, threads: Option<usize>| -> Result<Hosted, RunError> {
+        miles_runtime::Backend::set_threads(&miles_tch::TchBackend, threads);
+        spec.validate()?;
+        let policy = std::panic::catch_unwind(|| Policy::init(&spec.model, spec.seed))
+            .map_err(|_| RunError::new(miles_runtime::E_BACKEND, "model init failed in libtorch"))?;
+        Ok(match role {
+            Role::Rollout => {
+                Hosted::Rollout(Box::new(miles_tch::TchEngine::new(policy)) as Box<dyn RolloutEngine + Send>)
+            }
+            Role::Trainer => Hosted::Trainer(
+                Box::new(miles_tch::train::TchTrainer::new(policy, spec.train.clone())) as Box<dyn Trainer + Send>
+            ),
+        })
+    })
+}
+
+pub fn run(args: Args) -> u8 {
+    let Some(role) = Role::parse(&args.role) else {
+        eprintln!("miles worker: --role must be rollout or trainer, not {}", args.role);
+        return 2;
+    };
+    let token = match std::env::var(TOKEN_ENV) {
+        Ok(t) if !t.is_empty() => t,
+        _ => {
+            eprintln!("miles worker: {TOKEN_ENV} is not set: a worker serves only its run (the launcher sets it)");
+            return 2;
+        }
+    };
+    if let Err(e) = pin(&args.cpus) {
+        eprintln!("miles worker {}: {e}", args.id);
+        return 1;
+    }
+    let cfg = WorkerConfig {
+        worker_id: args.id.clone(),
+        role,
+        stage: if args.stage.is_empty() { role.name().into() } else { args.stage },
+        controller: args.controller,
+        token,
+        bind: args.bind,
+        advertise_host: args.advertise,
+        local_dir: args.local_dir,
+        heartbeat: Duration::from_millis(500),
+        orphan_after: Duration::from_secs(30),
+    };
+    let id = args.id;
+    let res = miles_dist::worker::serve(cfg, factory(), |rpc, data| {
+        let gpus =
+            std::env::var("CUDA_VISIBLE_DEVICES").map(|g| format!("; CUDA_VISIBLE_DEVICES={g}")).unwrap_or_default();
+        eprintln!("miles worker {id}: pid {} serving on {rpc} (weights on {data}{gpus})", std::process::id());
+    });
+    match res {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("miles worker {id}: {e}");
+            1
+        }
+    }
+}
+
+#[derive(clap::Args)]
+pub struct ServeArgs {
+    /// A model directory (model.safetensors + config.json), e.g. runs/NAME/model.
+    pub model_dir: PathBuf,
+    /// Listen address (loopback unless configured otherwise).
+    #[arg(long, default_value = "127.0.0.1:30000")]
+    pub bind: String,
+    #[arg(long)]
+    pub threads: Option<usize>,
+}
+
+pub fn serve(args: ServeArgs) -> u8 {
+    miles_runtime::Backend::set_threads(&miles_tch::TchBackend, args.threads);
+    let loader: miles_dist::http::Loader = Arc::new(|dir: &std::path::Path, version: u64| {
+        let policy = Policy::load(dir)?;
+        let mut e = miles_tch::TchEngine::new(policy);
+        e.version = version;
+        Ok(Box::new(e) as Box<dyn RolloutEngine + Send>)
+    });
+    let res = miles_dist::http::serve(&args.bind, args.model_dir.clone(), loader, |addr| {
+        eprintln!("miles serve: {} on http://{addr} (SGLang-compatible /generate)", args.model_dir.display());
+    });
+    match res {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("miles serve: {e}");
+            1
+        }
+    }
+}
