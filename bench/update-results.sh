@@ -37,7 +37,10 @@ splice() {
 import sys
 path, table, install = sys.argv[1], sys.argv[2], sys.argv[3]
 begin, end = "<!-- BEGIN peers: bench/update-results.sh -->", "<!-- END peers -->"
-body = open(table).read().rstrip() + "\n\n" + (
+analysis = table.replace("RESULTS-table.md", "analysis.md")
+import os
+extra = open(analysis).read().rstrip() + "\n\n" if os.path.exists(analysis) else ""
+body = open(table).read().rstrip() + "\n\n" + extra + (
     f"TRL's private environment (`bash bench/peers/trl/setup.sh`, bench/out/trl-venv, git-ignored): "
     f"{install} on this machine (pip from the registry; torch with its CUDA packages, which a CPU run "
     f"never loads).\n")
