@@ -191,6 +191,9 @@ impl SlurmLauncher {
             );
             if w.gpus > 0 {
                 step.push_str(&format!(" --gres=gpu:{}", w.gpus));
+            } else if gpus > 0 {
+                // A step without --gres would claim all of the job's GPUs and block the others.
+                step.push_str(" --gres=none");
             }
             let mut launch = w.clone();
             launch.cpus.clear(); // Slurm places the step on its CPUs.
@@ -431,6 +434,9 @@ mod tests {
         assert!(s.contains("export MILES_RUN_TOKEN=abcdef0123456789\n"));
         assert_eq!(s.matches("srun ").count(), 2);
         assert!(s.contains("srun --exact --ntasks=1 --cpus-per-task=2 --job-name=trainer-0"));
+        let mut cpu_only = workers();
+        cpu_only[0].gpus = 0;
+        assert!(l.script(&env(), &cpu_only).contains(" --gres=none "), "a CPU step must not take the job's GPUs");
         assert!(s.contains("--gres=gpu:2 /opt/miles/bin/miles worker --id rollout-0 --role rollout"));
         assert!(s.contains("'/scratch/runs/grpo arith/workers/rollout-0'"), "paths with spaces are quoted");
         assert!(!s.contains("--cpus "), "Slurm places steps itself");
