@@ -21,10 +21,10 @@ fn plan(file: &str, sets: &[(&str, &str)]) -> miles_plan::Plan {
 
 #[test]
 fn laptop_recipe() {
-    let p = plan("recipes/grpo-arith.miles", &[]);
+    let p = plan("recipes/grpo-laptop.miles", &[]);
     assert_eq!(p.summary.errors, 0);
-    insta::assert_snapshot!("grpo_arith.txt", miles_plan::render_text(&p));
-    insta::assert_snapshot!("grpo_arith.json", miles_plan::render_json(&p));
+    insta::assert_snapshot!("grpo_laptop.txt", miles_plan::render_text(&p));
+    insta::assert_snapshot!("grpo_laptop.json", miles_plan::render_json(&p));
 }
 
 /// The paper's reference run plans cleanly with optimizer state streamed from disk ...
@@ -47,4 +47,21 @@ fn glm5_reference_does_not_fit_with_optimizer_on_gpu() {
     // 744e9 parameters x 12 bytes / 32 ranks = 279 GB (Miles §9).
     assert!((optimizer.bytes as f64 / 1e9 - 279.0).abs() < 1.0, "{text}");
     insta::assert_snapshot!("glm5_agentic_optimizer_on_gpu.txt", text);
+}
+
+/// Explicit placement: `first_gpu` pins a stage to a GPU range; overlapping or out-of-cluster
+/// ranges are plan errors (E0403); without `gpus` an engine takes what the trainer leaves.
+#[test]
+fn explicit_and_automatic_gpu_placement() {
+    let codes = |p: &miles_plan::Plan| p.diagnostics.iter().map(|d| d.code).collect::<Vec<_>>();
+    let p = plan("recipes/glm5-agentic.miles", &[("rollout.engine.first_gpu", "32"), ("train.backend.first_gpu", "0")]);
+    assert!(codes(&p).is_empty(), "{}", miles_plan::render_text(&p));
+    assert!(miles_plan::render_text(&p).contains("GPUs 32-63"));
+    let p = plan("recipes/glm5-agentic.miles", &[("rollout.engine.first_gpu", "16"), ("train.backend.first_gpu", "0")]);
+    assert!(codes(&p).contains(&"E0403"), "{}", miles_plan::render_text(&p));
+    let p = plan("recipes/glm5-agentic.miles", &[("rollout.engine.first_gpu", "48")]);
+    assert!(codes(&p).contains(&"E0403"), "{}", miles_plan::render_text(&p));
+    let p = plan("recipes/glm5-agentic.miles", &[("rollout.engine.gpus", "none")]);
+    assert!(codes(&p).is_empty(), "{}", miles_plan::render_text(&p));
+    assert!(miles_plan::render_text(&p).contains("32 rollout"));
 }

@@ -42,8 +42,8 @@ pub fn plan_input(recipe: &CompiledRecipe) -> PlanInput {
         };
         if role == Role::Rollout || role == Role::Eval {
             if let Some(engine) = rec(node, "engine") {
-                if engine.schema_name == "sglang" {
-                    stage.gpus = int_of(engine, "gpus").map(|(v, s)| spanned(GpuRequest::Count(v), s));
+                if engine.schema_name == "sglang" && engine.get("url").is_none_or(|u| *u == Value::None) {
+                    stage.gpus = Some(gpu_request(engine));
                 }
                 let (prompt, response) = lengths(g, node);
                 stage.engine = Some(engine_of(engine, prompt, response));
@@ -60,7 +60,7 @@ pub fn plan_input(recipe: &CompiledRecipe) -> PlanInput {
             let seq_len = Spanned::new(prompt.value + response.value);
             if let Some(backend) = rec(node, "backend") {
                 if matches!(backend.schema_name.as_str(), "megatron" | "fsdp") {
-                    stage.gpus = int_of(backend, "gpus").map(|(v, s)| spanned(GpuRequest::Count(v), s));
+                    stage.gpus = Some(gpu_request(backend));
                 }
                 let offload = rec(node, "optimizer").and_then(|o| enum_of(o, "state"));
                 stage.trainer = Some(trainer_of(node, backend, seq_len, offload));
@@ -107,6 +107,17 @@ pub fn plan_input(recipe: &CompiledRecipe) -> PlanInput {
 
 fn spanned<T>(value: T, span: Option<Span>) -> Spanned<T> {
     Spanned { value, span }
+}
+
+/// `gpus` (a count), `gpus` + `first_gpu` (a range), or neither (the planner sizes the stage).
+fn gpu_request(r: &Record) -> Spanned<GpuRequest> {
+    match (int_of(r, "gpus"), int_of(r, "first_gpu")) {
+        (Some((n, s)), Some((first, fs))) => {
+            spanned(GpuRequest::Range { first, last: first + n.saturating_sub(1) }, fs.or(s))
+        }
+        (Some((n, s)), None) => spanned(GpuRequest::Count(n), s),
+        _ => Spanned::new(GpuRequest::Auto),
+    }
 }
 
 fn role_of(node: &StageNode) -> Role {
