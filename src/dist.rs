@@ -1,7 +1,7 @@
 //! `miles run` of a recipe with a `launcher`: the executor runs here (the controller), the stages
 //! in worker processes started by the launcher (engine/dist).
 
-use miles_runtime::{RunError, RunOptions, RunSpec, Summary, E_SPEC};
+use miles_runtime::{Backend, RunError, RunOptions, RunSpec, Summary, E_SPEC};
 
 pub fn run(spec: &RunSpec, opts: &RunOptions) -> Result<Summary, RunError> {
     let exe = std::env::current_exe()
@@ -11,9 +11,17 @@ pub fn run(spec: &RunSpec, opts: &RunOptions) -> Result<Summary, RunError> {
     std::fs::create_dir_all(&opts.out_dir).map_err(|e| RunError::io(E_SPEC, "cannot create", &opts.out_dir, e))?;
     let out =
         std::fs::canonicalize(&opts.out_dir).map_err(|e| RunError::io(E_SPEC, "cannot resolve", &opts.out_dir, e))?;
-    let backend = miles_dist::backend::DistBackend::new(exe, out.clone());
     let mut o = opts.clone();
-    o.out_dir = out;
+    o.out_dir = out.clone();
+    if let Some(d) = spec.distributed.as_ref().filter(|d| !d.engine_urls.is_empty()) {
+        let backend = HttpBackend {
+            urls: d.engine_urls.clone(),
+            weights_dir: out.join("weights-http"),
+            timeout: d.call_timeout_s,
+        };
+        return miles_runtime::run_with(spec, &o, &backend);
+    }
+    let backend = miles_dist::backend::DistBackend::new(exe, out);
     let res = miles_runtime::run_with(spec, &o, &backend);
     if let Some(f) = backend.fleet.lock().unwrap_or_else(|p| p.into_inner()).take() {
         let f = f.lock().unwrap_or_else(|p| p.into_inner());
@@ -33,4 +41,31 @@ pub fn run(spec: &RunSpec, opts: &RunOptions) -> Result<Summary, RunError> {
         }
     }
     res
+}
+
+/// The trainer here, the rollout on SGLang-compatible servers (`miles serve` or SGLang): weights
+/// reach them as a checkpoint directory and `/update_weights_from_disk`.
+struct HttpBackend {
+    urls: Vec<String>,
+    weights_dir: std::path::PathBuf,
+    timeout: f64,
+}
+
+impl miles_runtime::Backend for HttpBackend {
+    fn name(&self) -> &'static str {
+        "http"
+    }
+    fn set_threads(&self, threads: Option<usize>) {
+        miles_tch::TchBackend.set_threads(threads)
+    }
+    fn create(&self, spec: &RunSpec) -> Result<miles_runtime::EngineAndTrainer, RunError> {
+        let (_, trainer) = miles_tch::TchBackend.create(spec)?;
+        let engine = miles_dist::http::HttpEngine::new(
+            self.urls.clone(),
+            self.weights_dir.clone(),
+            spec.model.clone(),
+            std::time::Duration::from_secs_f64(self.timeout.max(1.0)),
+        );
+        Ok((Box::new(engine), trainer))
+    }
 }

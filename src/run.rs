@@ -88,6 +88,15 @@ pub fn run(args: Args) -> u8 {
             );
             miles_tch::run(&spec, &opts)
         }
+        Some(d) if !d.engine_urls.is_empty() => {
+            eprintln!(
+                "miles run: {name}: {} RL steps, trainer here, rollout on SGLang-compatible server(s) {}; output in {}",
+                spec.steps,
+                d.engine_urls.join(", "),
+                out.display()
+            );
+            crate::dist::run(&spec, &opts)
+        }
         Some(d) => {
             eprintln!(
                 "miles run: {name}: {} RL steps, trainer and {} rollout engine(s) as worker processes ({:?} launcher, {} transport); output in {}",

@@ -35,6 +35,7 @@ pub fn plan_workers(d: &DistSpec, threads: usize) -> Vec<WorkerLaunch> {
             (*cpus_per_worker, *gpus_per_engine, *gpus_per_trainer)
         }
         LauncherSpec::Ray { gpus_per_engine, gpus_per_trainer, .. } => (0, *gpus_per_engine, *gpus_per_trainer),
+        LauncherSpec::InProcess => (0, 0, 0),
     };
     let ncpu = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
     let mut next = 0usize;
@@ -97,6 +98,9 @@ impl Backend for DistBackend {
                 Box::new(l)
             }
             LauncherSpec::Ray { address, .. } => Box::new(RayLauncher::new(address)),
+            LauncherSpec::InProcess => {
+                return Err(RunError::new(E_LAUNCH, "an in-process launcher starts no workers"));
+            }
         };
         let workers = plan_workers(&d, threads);
         let env = LaunchEnv {

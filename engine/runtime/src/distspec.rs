@@ -36,11 +36,17 @@ pub struct DistSpec {
     /// Intra-op threads of each worker; 0 = the run's --threads (or the backend default).
     #[serde(default)]
     pub threads: usize,
+    /// Rollout through SGLang-compatible servers at these URLs (`engine = sglang { url = ... }`)
+    /// instead of engine workers; the trainer runs in-process.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub engine_urls: Vec<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
 pub enum LauncherSpec {
+    /// The trainer in the `miles run` process (with `engine_urls`: rollout on HTTP servers).
+    InProcess,
     /// Child processes on this machine, each pinned to `cpus_per_worker` CPUs (0 = not pinned).
     LocalProcesses {
         #[serde(default)]
