@@ -18,6 +18,7 @@ list() {
     cat <<'LIST'
 section (bench/RESULTS.md)               command (from the repository root)                 source
 miles plan: planning time                cargo bench -p miles-plan --bench plan             bench/plan/plan.rs
+miles check: the compiler                bash bench/compiler/run.sh                         bench/compiler/
 embedded backend throughput              cargo bench -p miles-tch --bench throughput        bench/tch/throughput.rs
 language server latency                  cargo bench -p miles-lsp --bench lsp               bench/lsp/lsp.rs
 weight-update transports                 cargo bench -p miles-dist --bench transport        bench/transport/transport.rs
