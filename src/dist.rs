@@ -1,7 +1,7 @@
 //! `miles run` of a recipe with a `launcher`: the executor runs here (the controller), the stages
 //! in worker processes started by the launcher (engine/dist).
 
-use miles_runtime::{Backend, RunError, RunOptions, RunSpec, Summary, E_SPEC};
+use miles_runtime::{RunError, RunOptions, RunSpec, Summary, E_SPEC};
 
 pub fn run(spec: &RunSpec, opts: &RunOptions) -> Result<Summary, RunError> {
     let exe = std::env::current_exe()
