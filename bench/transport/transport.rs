@@ -133,7 +133,10 @@ fn main() {
         receiver_main("rx");
         return;
     }
-    let quick = std::env::args().any(|a| a == "--quick");
+    let args: Vec<String> = std::env::args().collect();
+    let quick = args.iter().any(|a| a == "--quick");
+    // `--only broadcast/shm` measures one transport.
+    let only = args.iter().position(|a| a == "--only").and_then(|i| args.get(i + 1)).cloned();
     let sizes: &[(usize, &str, usize)] = if quick {
         &[(10 << 20, "10 MB", 3)]
     } else {
@@ -159,6 +162,9 @@ fn main() {
                 .map(|(i, r)| Target { worker_id: format!("rollout-{i}"), data_addr: r.addr.clone() })
                 .collect();
             for &(name, kind, channel) in kinds {
+                if only.as_ref().is_some_and(|o| o != name) {
+                    continue;
+                }
                 let dir = std::env::temp_dir().join(format!("miles-bench-delta-{}", std::process::id()));
                 let _ = std::fs::remove_dir_all(&dir);
                 let mut cfg = TransportConfig::new(kind, TOKEN);

@@ -165,12 +165,31 @@ impl TransferPlan {
 /// Broadcast and p2p over sockets (or shared memory).
 pub struct StreamPublisher {
     pub cfg: TransportConfig,
+    /// Shared-memory files kept between versions; removed when the publisher goes.
+    shm_files: Vec<PathBuf>,
+    /// Distinguishes this publisher's files from another's in the same process.
+    id: u64,
 }
 
 impl StreamPublisher {
     pub fn new(cfg: TransportConfig) -> Self {
-        StreamPublisher { cfg }
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        StreamPublisher { cfg, shm_files: Vec::new(), id: NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed) }
     }
+}
+
+impl Drop for StreamPublisher {
+    fn drop(&mut self) {
+        for p in &self.shm_files {
+            let _ = std::fs::remove_file(p);
+        }
+    }
+}
+
+/// Bytes written so far through a file handle (its position).
+fn wire_len(mut f: &std::fs::File) -> io::Result<u64> {
+    use std::io::Seek;
+    f.stream_position()
 }
 
 fn header_for(cfg: &TransportConfig, snap: &WeightSnapshot, part: u32, parts: u32, range: Range<usize>) -> Header {
@@ -271,10 +290,14 @@ impl WeightPublisher for StreamPublisher {
                 message: "shared memory needs /dev/shm".into(),
             })?;
             for (s, r) in plan.shards.iter().enumerate() {
-                let path = dir.join(format!("miles-{}-v{}-p{s}", std::process::id(), snap.version));
+                // One file per part, overwritten in place by every version: a fresh tmpfs file
+                // fills at page-fault speed, several times slower than rewriting resident pages.
+                // No reader is active while we write (the last publish waited for every verdict);
+                // a reader checks the version in the header it reads.
+                let path = dir.join(format!("miles-{}-{}-p{s}", std::process::id(), self.id));
                 let res = (|| -> io::Result<u32> {
-                    let tmp = path.with_extension("tmp");
-                    let mut f = BufWriter::with_capacity(1 << 20, std::fs::File::create(&tmp)?);
+                    let file = std::fs::OpenOptions::new().write(true).create(true).truncate(false).open(&path)?;
+                    let mut f = BufWriter::with_capacity(1 << 20, file);
                     let h = header_for(cfg, snap, s as u32, parts, r.clone());
                     wire::write_header(&mut f, &h)?;
                     let pieces: Vec<&[u8]> = r.clone().map(|i| wire::as_bytes(&snap.tensors[i].data)).collect();
@@ -285,9 +308,12 @@ impl WeightPublisher for StreamPublisher {
                         &trailer_for(snap, r.clone(), full.as_ref()),
                         cfg.faults,
                     )?;
-                    drop(f);
-                    // Readers only ever see a complete file.
-                    std::fs::rename(&tmp, &path)?;
+                    let file = f.into_inner().map_err(|e| e.into_error())?;
+                    let len = file.metadata()?.len();
+                    let written = wire_len(&file)?;
+                    if written < len {
+                        file.set_len(written)?;
+                    }
                     Ok(b)
                 })();
                 match res {
@@ -350,9 +376,7 @@ impl WeightPublisher for StreamPublisher {
                 .map(|h| h.join().unwrap_or((usize::MAX, Err("sender thread panicked".into()))))
                 .collect()
         });
-        for p in shm_files.iter().flatten() {
-            let _ = std::fs::remove_file(p);
-        }
+        self.shm_files = shm_files.iter().flatten().cloned().collect();
         let mut report = TransferReport {
             transport: format!("{}{}", cfg.kind.name(), if use_shm { "/shm" } else { "/tcp" }),
             version: snap.version,
