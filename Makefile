@@ -15,8 +15,9 @@ setup-test: setup
 # Each `make run` is a fresh run in runs/grpo-laptop (the previous one is replaced).
 run: setup
 	rm -rf runs/grpo-laptop
-	$(CARGO) run --release --locked -- run recipes/grpo-laptop.miles --out runs/grpo-laptop --threads 1
-	$(CARGO) run --release --locked -- report runs/grpo-laptop
+	$(CARGO) build --release --locked --bins
+	./target/release/miles run recipes/grpo-laptop.miles --out runs/grpo-laptop --threads 1
+	./target/release/miles report runs/grpo-laptop
 
 test: setup-test
 	$(CARGO) test --workspace --locked

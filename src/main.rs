@@ -2,7 +2,7 @@
 
 mod check;
 mod diagnostics;
-mod dist;
+mod engine;
 mod explain;
 mod files;
 mod fmt;
@@ -12,7 +12,6 @@ mod planfile;
 mod report;
 mod run;
 mod runspec;
-mod worker;
 mod watch;
 
 use clap::{Parser, Subcommand};
@@ -51,9 +50,19 @@ enum Command {
     /// Draw a run's curves (reward, accuracy, loss, divergence, length) as SVG and summarise it.
     Report(report::Args),
     /// Host one stage of a distributed run (started by `miles run`'s launcher).
-    Worker(worker::Args),
+    #[command(disable_help_flag = true)]
+    Worker {
+        /// Arguments for `miles-engine worker` (`miles worker --help` lists them).
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
     /// Serve a model directory through the SGLang-compatible HTTP API.
-    Serve(worker::ServeArgs),
+    #[command(disable_help_flag = true)]
+    Serve {
+        /// Arguments for `miles-engine serve` (`miles serve --help` lists them).
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
     /// Explain an error code (`miles explain E0301`); with no code, list them all.
     Explain(explain::Args),
     /// Rewrite `.miles` files in the canonical layout (`--check`: only report).
@@ -85,8 +94,8 @@ fn main() -> ExitCode {
         },
         Command::Plan(a) => plan::run(a),
         Command::Run(a) => run::run(a),
-        Command::Worker(a) => worker::run(a),
-        Command::Serve(a) => worker::serve(a),
+        Command::Worker { args } => engine::forward("worker", &args),
+        Command::Serve { args } => engine::forward("serve", &args),
         Command::Report(a) => report::run(a),
     };
     ExitCode::from(code)

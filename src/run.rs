@@ -1,12 +1,12 @@
 //! `miles run RECIPE`: trains on the embedded backend (libtorch, CPU). Compiles the recipe (or
-//! reads a saved plan), maps it onto a `RunSpec`, and runs the synchronous executor with
-//! metrics, checkpoints and `--resume`.
+//! reads a saved plan), maps it onto a `RunSpec`, and hands it to `miles-engine run` (the
+//! executor with metrics, checkpoints and `--resume`; src/execute.rs).
 
 use crate::diagnostics::{emit, summary};
 use crate::files::DiskFs;
 use crate::DiagFormat;
 use miles_compiler::{compile, Options};
-use miles_runtime::spec::{ProgressMode, RunOptions, RunSpec};
+use miles_runtime::spec::RunSpec;
 use std::path::PathBuf;
 
 #[derive(Clone, Copy, Debug, clap::ValueEnum)]
@@ -71,63 +71,32 @@ pub fn run(args: Args) -> u8 {
         return 0;
     }
     let out = args.out.clone().unwrap_or_else(|| PathBuf::from("runs").join(&name));
-    let mut opts = RunOptions::new(out.clone());
-    opts.resume = args.resume;
-    opts.threads = args.threads;
-    opts.progress = match args.progress {
-        Progress::Auto => ProgressMode::Auto,
-        Progress::Plain => ProgressMode::Plain,
-        Progress::Off => ProgressMode::Off,
-    };
-    let result = match &spec.distributed {
-        None => {
-            eprintln!(
-                "miles run: {name}: {} RL steps on the embedded backend; output in {}",
-                spec.steps,
-                out.display()
-            );
-            miles_tch::run(&spec, &opts)
-        }
-        Some(d) if !d.engine_urls.is_empty() => {
-            eprintln!(
-                "miles run: {name}: {} RL steps, trainer here, rollout on SGLang-compatible server(s) {}; output in {}",
-                spec.steps,
-                d.engine_urls.join(", "),
-                out.display()
-            );
-            crate::dist::run(&spec, &opts)
-        }
-        Some(d) => {
-            eprintln!(
-                "miles run: {name}: {} RL steps, trainer and {} rollout engine(s) as worker processes ({:?} launcher, {} transport); output in {}",
-                spec.steps,
-                d.rollout_workers,
-                d.launcher,
-                d.transport,
-                out.display()
-            );
-            crate::dist::run(&spec, &opts)
-        }
-    };
-    match result {
-        Ok(s) => {
-            let pct = |x: Option<f64>| x.map(|v| format!("{:.1}%", 100.0 * v)).unwrap_or_else(|| "-".into());
-            eprintln!(
-                "miles run: done: {} steps in {:.1} s; held-out accuracy {} -> {}; last reward {}; metrics in {}",
-                s.steps_done,
-                s.wall_seconds,
-                pct(s.eval_start),
-                pct(s.eval_end),
-                s.last_reward.map(|r| format!("{r:.3}")).unwrap_or_else(|| "-".into()),
-                s.metrics_path.display()
-            );
-            0
-        }
+    // Training links libtorch, whose loading alone costs ~0.5 s; it runs in the sibling
+    // `miles-engine` binary so that `miles check` and the other language verbs start instantly.
+    let json = match serde_json::to_vec(&spec) {
+        Ok(j) => j,
         Err(e) => {
-            eprintln!("{e}");
-            1
+            eprintln!("error: cannot encode the run spec: {e}");
+            return 1;
         }
+    };
+    let mut cmd = match crate::engine::command() {
+        Ok(c) => c,
+        Err(code) => return code,
+    };
+    cmd.arg("run").arg("--spec").arg("-").arg("--name").arg(&name).arg("--out").arg(&out);
+    cmd.arg("--progress").arg(match args.progress {
+        Progress::Auto => "auto",
+        Progress::Plain => "plain",
+        Progress::Off => "off",
+    });
+    if args.resume {
+        cmd.arg("--resume");
     }
+    if let Some(t) = args.threads {
+        cmd.arg("--threads").arg(t.to_string());
+    }
+    crate::engine::run_with_stdin(cmd, &json)
 }
 
 /// Compiles a recipe and maps it onto a run spec, rendering every diagnostic on failure.

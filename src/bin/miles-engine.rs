@@ -1,0 +1,49 @@
+//! `miles-engine`: the half of miles that links libtorch. `miles run`, `miles worker` and
+//! `miles serve` hand their work to it, so `miles check` and the other language verbs never pay
+//! libtorch's ~0.5 s load time. Not meant to be called by hand (it takes a compiled run spec,
+//! not a recipe), though nothing stops you.
+
+#[path = "../dist.rs"]
+mod dist;
+#[path = "../execute.rs"]
+mod execute;
+#[path = "../worker.rs"]
+mod worker;
+
+use clap::{Parser, Subcommand};
+use std::process::ExitCode;
+
+#[derive(Parser)]
+#[command(
+    name = "miles-engine",
+    version,
+    about = "The libtorch side of miles: runs compiled run specs, workers and the HTTP rollout API"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Execute a run spec (what `miles run` compiles a recipe into).
+    Run(execute::Args),
+    /// Host one stage instance for a controller (started by a launcher).
+    Worker(worker::Args),
+    /// Serve a model directory through the SGLang-compatible HTTP API.
+    Serve(worker::ServeArgs),
+}
+
+fn main() -> ExitCode {
+    #[cfg(unix)]
+    // SAFETY: restoring the default disposition of one signal before any thread starts.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+    let code = match Cli::parse().command {
+        Command::Run(a) => execute::run(a),
+        Command::Worker(a) => worker::run(a),
+        Command::Serve(a) => worker::serve(a),
+    };
+    ExitCode::from(code)
+}

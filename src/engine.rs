@@ -1,0 +1,82 @@
+//! Finding and starting `miles-engine`, the sibling binary that links libtorch: `miles run`,
+//! `miles worker` and `miles serve` execute there, so the language verbs never load it.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+
+pub const ENGINE: &str = "miles-engine";
+
+/// `miles-engine` next to this executable (how cargo and `cargo install` lay them out), else
+/// on PATH.
+pub fn path() -> Option<PathBuf> {
+    let beside = std::env::current_exe().ok().and_then(|p| p.parent().map(|d| d.join(ENGINE)));
+    if let Some(p) = beside.filter(|p| p.is_file()) {
+        return Some(p);
+    }
+    std::env::var_os("PATH")
+        .and_then(|paths| std::env::split_paths(&paths).map(|d| d.join(ENGINE)).find(|p| p.is_file()))
+}
+
+pub fn command() -> Result<Command, u8> {
+    match path() {
+        Some(p) => Ok(Command::new(p)),
+        None => {
+            eprintln!(
+                "error[E0508]: `{ENGINE}` not found next to `miles` or on PATH\n  help: build both binaries: `cargo build --release` (or `cargo install --path .`)"
+            );
+            Err(1)
+        }
+    }
+}
+
+fn code_of(status: std::process::ExitStatus) -> u8 {
+    match status.code() {
+        Some(c) => u8::try_from(c).unwrap_or(1),
+        // Killed by a signal: say so, as a shell would.
+        None => {
+            eprintln!("error: {ENGINE} was killed by a signal");
+            1
+        }
+    }
+}
+
+/// Runs the engine with `input` on its standard input; its output goes straight to ours.
+pub fn run_with_stdin(mut cmd: Command, input: &[u8]) -> u8 {
+    cmd.stdin(Stdio::piped());
+    let mut child = match cmd.spawn() {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("error[E0508]: cannot start {ENGINE}: {e}");
+            return 1;
+        }
+    };
+    if let Some(mut stdin) = child.stdin.take() {
+        if let Err(e) = stdin.write_all(input) {
+            eprintln!("error[E0508]: cannot pass the run spec to {ENGINE}: {e}");
+        }
+    }
+    match child.wait() {
+        Ok(s) => code_of(s),
+        Err(e) => {
+            eprintln!("error[E0508]: lost {ENGINE}: {e}");
+            1
+        }
+    }
+}
+
+/// Runs `miles-engine VERB ARGS...` (for `miles worker` and `miles serve`).
+pub fn forward(verb: &str, args: &[String]) -> u8 {
+    let mut cmd = match command() {
+        Ok(c) => c,
+        Err(code) => return code,
+    };
+    cmd.arg(verb).args(args);
+    match cmd.status() {
+        Ok(s) => code_of(s),
+        Err(e) => {
+            eprintln!("error[E0508]: cannot start {ENGINE}: {e}");
+            1
+        }
+    }
+}

@@ -1,0 +1,109 @@
+//! `miles-engine run`: executes a RunSpec on the embedded backend, in this process or with its
+//! stages as worker processes (src/dist.rs), and prints the outcome.
+
+use miles_runtime::spec::{ProgressMode, RunOptions, RunSpec};
+use std::io::Read;
+use std::path::PathBuf;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// The run spec as JSON; `-` reads it from standard input.
+    #[arg(long)]
+    pub spec: String,
+    /// The recipe's name, for messages.
+    #[arg(long, default_value = "run")]
+    pub name: String,
+    #[arg(long)]
+    pub out: PathBuf,
+    #[arg(long)]
+    pub resume: bool,
+    #[arg(long)]
+    pub threads: Option<usize>,
+    #[arg(long, default_value = "auto")]
+    pub progress: String,
+}
+
+pub fn run(args: Args) -> u8 {
+    let text = if args.spec == "-" {
+        let mut s = String::new();
+        if let Err(e) = std::io::stdin().read_to_string(&mut s) {
+            eprintln!("error[E0504]: cannot read the run spec from standard input: {e}");
+            return 1;
+        }
+        s
+    } else {
+        match std::fs::read_to_string(&args.spec) {
+            Ok(s) => s,
+            Err(e) => {
+                eprintln!("error[E0504]: cannot read {}: {e}", args.spec);
+                return 1;
+            }
+        }
+    };
+    let spec = match RunSpec::from_json(&text) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("{e}");
+            return 1;
+        }
+    };
+    let name = args.name;
+    let out = args.out;
+    let mut opts = RunOptions::new(out.clone());
+    opts.resume = args.resume;
+    opts.threads = args.threads;
+    opts.progress = match args.progress.as_str() {
+        "plain" => ProgressMode::Plain,
+        "off" => ProgressMode::Off,
+        _ => ProgressMode::Auto,
+    };
+    let result = match &spec.distributed {
+        None => {
+            eprintln!(
+                "miles run: {name}: {} RL steps on the embedded backend; output in {}",
+                spec.steps,
+                out.display()
+            );
+            miles_tch::run(&spec, &opts)
+        }
+        Some(d) if !d.engine_urls.is_empty() => {
+            eprintln!(
+                "miles run: {name}: {} RL steps, trainer here, rollout on SGLang-compatible server(s) {}; output in {}",
+                spec.steps,
+                d.engine_urls.join(", "),
+                out.display()
+            );
+            crate::dist::run(&spec, &opts)
+        }
+        Some(d) => {
+            eprintln!(
+                "miles run: {name}: {} RL steps, trainer and {} rollout engine(s) as worker processes ({:?} launcher, {} transport); output in {}",
+                spec.steps,
+                d.rollout_workers,
+                d.launcher,
+                d.transport,
+                out.display()
+            );
+            crate::dist::run(&spec, &opts)
+        }
+    };
+    match result {
+        Ok(s) => {
+            let pct = |x: Option<f64>| x.map(|v| format!("{:.1}%", 100.0 * v)).unwrap_or_else(|| "-".into());
+            eprintln!(
+                "miles run: done: {} steps in {:.1} s; held-out accuracy {} -> {}; last reward {}; metrics in {}",
+                s.steps_done,
+                s.wall_seconds,
+                pct(s.eval_start),
+                pct(s.eval_end),
+                s.last_reward.map(|r| format!("{r:.3}")).unwrap_or_else(|| "-".into()),
+                s.metrics_path.display()
+            );
+            0
+        }
+        Err(e) => {
+            eprintln!("{e}");
+            1
+        }
+    }
+}
