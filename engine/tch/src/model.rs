@@ -229,8 +229,8 @@ impl Policy {
         let causal = kj.le_tensor(&qi); // [T, S]
         let diag = kj.eq_tensor(&qi);
         let allowed = causal.unsqueeze(0).logical_and(&key_valid.unsqueeze(1)).logical_or(&diag.unsqueeze(0)); // [B, T, S]
-        let mask = Tensor::zeros([b, 1, t, s], (Kind::Float, Device::Cpu))
-            .masked_fill(&allowed.logical_not().unsqueeze(1), f64::NEG_INFINITY);
+        // Boolean mask (true = may attend) for libtorch's fused attention, built once per pass.
+        let mask = allowed.unsqueeze(1); // [B, 1, T, S]
 
         let flat_pos = positions.reshape([-1]);
         let cos = self.cos.index_select(0, &flat_pos).view([b, 1, t, hd]);
@@ -245,11 +245,14 @@ impl Policy {
         let mut x = self.embed.index_select(0, &tokens.reshape([-1])).view([b, t, -1]);
         for (li, layer) in self.layers.iter().enumerate() {
             let xn = rms_norm(&x, &layer.ln1, cfg.norm_eps);
-            let q = xn.linear::<Tensor>(&layer.q, None).view([b, t, h, hd]).transpose(1, 2);
-            let k = xn.linear::<Tensor>(&layer.k, None).view([b, t, kvh, hd]).transpose(1, 2);
-            let v = xn.linear::<Tensor>(&layer.v, None).view([b, t, kvh, hd]).transpose(1, 2);
-            let q = rope(&q);
-            let k = rope(&k);
+            // One GEMM for Q, K and V (weights concatenated per call; the parameters keep their
+            // Hugging Face names and shapes).
+            let qkv = xn.linear::<Tensor>(&Tensor::cat(&[&layer.q, &layer.k, &layer.v], 0), None);
+            // Rotary on the query and key heads together: [B, H + KVH, T, hd].
+            let qk = rope(&qkv.narrow(-1, 0, (h + kvh) * hd).view([b, t, h + kvh, hd]).transpose(1, 2));
+            let q = qk.narrow(1, 0, h);
+            let k = qk.narrow(1, h, kvh);
+            let v = qkv.narrow(-1, (h + kvh) * hd, kvh * hd).view([b, t, kvh, hd]).transpose(1, 2);
             let (k_all, v_all) = match cache.as_deref_mut() {
                 Some(c) => {
                     c.k[li].narrow(2, past, t).copy_(&k);
@@ -265,13 +268,15 @@ impl Policy {
             } else {
                 (k_all, v_all)
             };
-            let scores = q.matmul(&k_all.transpose(-2, -1)) * (1.0 / (hd as f64).sqrt()) + &mask;
-            let att = scores.softmax(-1, Kind::Float).matmul(&v_all);
+            // Fused attention (scale 1/sqrt(hd) by default).
+            let att = Tensor::scaled_dot_product_attention(&q, &k_all, &v_all, Some(&mask), 0.0, false, None, false);
             let att = att.transpose(1, 2).contiguous().view([b, t, h * hd]);
             x = x + att.linear::<Tensor>(&layer.o, None);
             let xn = rms_norm(&x, &layer.ln2, cfg.norm_eps);
-            let mlp = (xn.linear::<Tensor>(&layer.gate, None).silu() * xn.linear::<Tensor>(&layer.up, None))
-                .linear::<Tensor>(&layer.down, None);
+            // One GEMM for gate and up.
+            let ff = layer.gate.size()[0];
+            let gu = xn.linear::<Tensor>(&Tensor::cat(&[&layer.gate, &layer.up], 0), None);
+            let mlp = (gu.narrow(-1, 0, ff).silu() * gu.narrow(-1, ff, ff)).linear::<Tensor>(&layer.down, None);
             x = x + mlp;
         }
         if let Some(c) = cache {
@@ -409,8 +414,8 @@ pub(crate) fn load_named(
 }
 
 fn rms_norm(x: &Tensor, w: &Tensor, eps: f64) -> Tensor {
-    let var = x.square().mean_dim(-1, true, Kind::Float);
-    x * (var + eps).rsqrt() * w
+    // libtorch's native RMSNorm: x * rsqrt(mean(x^2) + eps) * w over the last dimension.
+    x.rms_norm(w.size(), Some(w), eps)
 }
 
 /// Left-pads `seqs` with PAD. Returns tokens [B, L], key_valid [B, L] (bool) and positions [B, L]

@@ -236,21 +236,29 @@ impl TchTrainer {
         let micro = self.spec.micro_batch.max(1);
         // Phase timings for the profile (CPU ops are synchronous, so wall time is the op's time).
         let t_lp = Instant::now();
-        // "Old" policy log-probs: the trainer's view of the weights that generated the batch.
-        let old = Self::logprobs_of(&self.policy, batch, micro, temperature)?;
+        // On-policy (one optimizer step for the whole batch): every micro-batch is computed before
+        // the update, so the "old" log-probs are the detached log-probs of the training forward
+        // itself and the separate pass is skipped. With several steps per batch, later slices see
+        // updated weights, so the old log-probs come from a pass over the weights that generated
+        // the batch (the trainer's view of them).
+        let on_policy = lrs.len() == 1;
+        let old = if on_policy { None } else { Some(Self::logprobs_of(&self.policy, batch, micro, temperature)?) };
         let reference = match (&self.reference, self.spec.kl_coef > 0.0) {
             (Some(r), true) => Some(Self::logprobs_of(r, batch, micro, temperature)?),
             _ => None,
         };
         let mut st = TrainStats { logprob_s: t_lp.elapsed().as_secs_f64(), ..TrainStats::default() };
         let (mut diff_sum, mut tok_total) = (0f64, 0f64);
-        for (t, o) in batch.iter().zip(&old) {
-            for ((a, b), m) in o.iter().zip(&t.rollout_logprobs).zip(&t.loss_mask) {
-                diff_sum += ((a - b).abs() * m) as f64;
-                tok_total += *m as f64;
+        for t in batch {
+            tok_total += t.loss_mask.iter().map(|&m| m as f64).sum::<f64>();
+        }
+        if let Some(old) = &old {
+            for (t, o) in batch.iter().zip(old) {
+                for ((a, b), m) in o.iter().zip(&t.rollout_logprobs).zip(&t.loss_mask) {
+                    diff_sum += ((a - b).abs() * m) as f64;
+                }
             }
         }
-        st.logp_diff = diff_sum / tok_total.max(1.0);
         let n_opt = lrs.len().max(1);
         let per_opt = batch.len().div_ceil(n_opt);
         let (mut ent_sum, mut clip_sum, mut kl_sum, mut tis_sum) = (0f64, 0f64, 0f64, 0f64);
@@ -274,16 +282,33 @@ impl TchTrainer {
                 let rs: Vec<&[TokenId]> = chunk.iter().map(|t| t.response.as_slice()).collect();
                 let ms: Vec<&[f32]> = chunk.iter().map(|t| t.loss_mask.as_slice()).collect();
                 let pk = pack(&pr, &rs, Some(&ms));
-                let oldv: Vec<&[f32]> = (0..chunk.len()).map(|i| old[base + i].as_slice()).collect();
                 let rollv: Vec<&[f32]> = chunk.iter().map(|t| t.rollout_logprobs.as_slice()).collect();
-                let old_t = pk.align(&oldv);
                 let roll_t = pk.align(&rollv);
                 let adv: Vec<f32> = chunk.iter().map(|t| t.advantage).collect();
                 let adv_t = Tensor::from_slice(&adv).view([chunk.len() as i64, 1]);
                 let (lp, logp_all) = token_logprobs(&self.policy, &pk, temperature);
+                let old_t = match &old {
+                    Some(old) => {
+                        let oldv: Vec<&[f32]> = (0..chunk.len()).map(|i| old[base + i].as_slice()).collect();
+                        pk.align(&oldv)
+                    }
+                    None => {
+                        let old_t = lp.detach();
+                        let _g = tch::no_grad_guard();
+                        diff_sum += ((&old_t - &roll_t).abs() * &pk.mask).sum(Kind::Double).double_value(&[]);
+                        old_t
+                    }
+                };
                 let terms =
                     pg_terms(&lp, &old_t, &roll_t, &adv_t, self.spec.clip_low, self.spec.clip_high, self.spec.tis_cap);
-                let entropy = -(logp_all.exp() * &logp_all).sum_dim_intlist(-1, false, Kind::Float);
+                // The entropy is a statistic unless it is in the loss: then no gradient graph.
+                let entropy = if self.spec.entropy_coef != 0.0 {
+                    -(logp_all.exp() * &logp_all).sum_dim_intlist(-1, false, Kind::Float)
+                } else {
+                    let _g = tch::no_grad_guard();
+                    let la = logp_all.detach();
+                    -(la.exp() * &la).sum_dim_intlist(-1, false, Kind::Float)
+                };
                 let mut tok_loss = terms.pg.shallow_clone();
                 if let Some(refs) = &reference {
                     let rv: Vec<&[f32]> = (0..chunk.len()).map(|i| refs[base + i].as_slice()).collect();
@@ -328,6 +353,7 @@ impl TchTrainer {
             st.grad_norm += norm;
             st.optimizer_steps += 1;
         }
+        st.logp_diff = diff_sum / tok_total.max(1.0);
         let k = st.optimizer_steps.max(1) as f64;
         st.loss /= k;
         st.grad_norm /= k;
