@@ -124,17 +124,20 @@ def miles_profile(rows, spec, peak_gflops):
     pl = [round(prompt)] * n
     rl = [round(resp)] * n
     gen_f, fwd_f = step_flops(m, "miles", pl, rl, ro["samples_per_prompt"])
+    # The separate "old" log-prob pass is skipped on-policy (one optimizer step per rollout batch):
+    # its FLOPs count only when it ran.
+    lp_f = fwd_f if ph["logprob_s"] > 0.02 * ph["forward_s"] else 0.0
     flops = {
         "gen_s": gen_f,
-        "logprob_s": fwd_f,
+        "logprob_s": lp_f,
         "forward_s": fwd_f,
         "backward_s": 2 * fwd_f,
     }
-    total = gen_f + fwd_f * 4
+    total = gen_f + lp_f + fwd_f * 3
     out = {"phases": ph, "flops": flops, "step_flops": total, "prompt_len": prompt, "resp_len": resp}
     out["achieved_gflops"] = total / ph["step_s"] / 1e9
     out["mfu"] = out["achieved_gflops"] / peak_gflops
-    out["phase_gflops"] = {k: flops[k] / ph[k] / 1e9 for k in flops if ph.get(k, 0) > 0}
+    out["phase_gflops"] = {k: flops[k] / ph[k] / 1e9 for k in flops if ph.get(k, 0) > 0 and flops[k] > 0}
     return out
 
 
@@ -317,7 +320,7 @@ def main():
       "generate-score-train-sync iteration, timed end to end (miles: `perf/step_s`; TRL: from one `on_step_end` to the "
       "next). Generated tokens/s: response tokens (EOS included) / time in generation (miles: the engine's `generate`; "
       "TRL: `_generate_single_turn`, i.e. HF `generate`). Trained tokens: prompt + response tokens of the step's 128 "
-      "samples; training phase: miles' `train_rl` (log-prob recompute, forward, backward, AdamW); TRL: the step minus "
+      "samples; training phase: miles' `train_rl` (log-prob recompute when not on-policy, forward, backward, AdamW); TRL: the step minus "
       "its rollout phase (`_generate_and_score_completions`), i.e. loss forward, backward, optimizer and the Trainer "
       "loop. Time to threshold: GRPO step time summed until the mean reward of the last "
       f"{a.window} steps first reaches {a.threshold}; SFT and start-up are excluded there and included in the last row. "
@@ -347,7 +350,7 @@ def main():
     for name, key, gk in [
         ("sampling (prefill + decode with KV cache, sampling in Rust)", "gen_s", "gen_s"),
         ("reward and advantages", "reward_s", None),
-        ("log-prob recompute (no grad)", "logprob_s", "logprob_s"),
+        ("log-prob recompute (no grad; skipped on-policy)", "logprob_s", "logprob_s"),
         ("forward with loss", "forward_s", "forward_s"),
         ("backward", "backward_s", "backward_s"),
         ("optimizer (grad norm, clip, AdamW)", "optimizer_s", None),
