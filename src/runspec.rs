@@ -82,16 +82,8 @@ pub fn run_spec(recipe: &CompiledRecipe) -> Result<RunSpec, Vec<Diagnostic>> {
     let seed = settings.and_then(|s| s.get("seed")).and_then(Value::as_i64).unwrap_or(0).max(0) as u64;
     let steps =
         settings.and_then(|s| s.get("stop")).and_then(Value::as_q).map(|q| q.to_f64().round() as u64).unwrap_or(0);
-    if let Some(s) = settings.and_then(|s| s.fields.get("schedule")) {
-        if s.value.as_record().is_some_and(|r| r.schema_name != "sync") {
-            let name = s.value.as_record().map(|r| r.schema_name.clone()).unwrap_or_default();
-            m.unsupported(
-                s.span,
-                format!("the `{name}` schedule yet"),
-                "use schedule = sync (the default) for the embedded backend",
-            );
-        }
-    }
+    let schedule =
+        settings.and_then(|s| s.get("schedule")).and_then(Value::as_record).map(schedule_spec).unwrap_or_default();
 
     // Exactly one rollout and one trainer.
     let rollouts = m.stage_by_kind(|n| n.kind == "generate");
@@ -295,6 +287,12 @@ pub fn run_spec(recipe: &CompiledRecipe) -> Result<RunSpec, Vec<Diagnostic>> {
         .map(|e| EvalSpec {
             every: rec_steps(e, "every"),
             prompts: e.param("limit").and_then(Value::as_i64).unwrap_or(200).max(1) as usize,
+            mode: match e.param("mode").and_then(Value::as_enum) {
+                Some("snapshot") => EvalMode::Snapshot,
+                Some("external") => EvalMode::External,
+                _ => EvalMode::Shared,
+            },
+            command: e.param("command").and_then(|v| v.as_str()).map(str::to_string),
         })
         .unwrap_or_default();
     let checkpoint = m
@@ -345,7 +343,49 @@ pub fn run_spec(recipe: &CompiledRecipe) -> Result<RunSpec, Vec<Diagnostic>> {
         eval,
         checkpoint,
         distributed,
+        schedule,
     })
+}
+
+/// The recipe's `schedule` setting (std/prelude: sync, one_step_off, fully_async).
+fn schedule_spec(r: &Record) -> ScheduleSpec {
+    match r.schema_name.as_str() {
+        "one_step_off" => ScheduleSpec::OneStepOff,
+        "fully_async" => {
+            let d = AsyncSpec::default();
+            let int =
+                |name: &str, default: u64| r.get(name).and_then(Value::as_i64).map_or(default, |v| v.max(0) as u64);
+            let action = |name: &str| match r.get(name).and_then(Value::as_enum) {
+                Some("discard") => DropAction::Discard,
+                _ => DropAction::Retry,
+            };
+            ScheduleSpec::FullyAsync(AsyncSpec {
+                max_staleness: int("max_staleness", d.max_staleness),
+                max_concurrent: int("max_concurrent", d.max_concurrent as u64) as usize,
+                refill: match r.get("refill").and_then(Value::as_enum) {
+                    Some("per_group") => Refill::PerGroup,
+                    _ => Refill::PerSample,
+                },
+                buffer_capacity: int("buffer_capacity", d.buffer_capacity as u64) as usize,
+                update_interval: int("update_interval", d.update_interval),
+                pause: match r.get("pause").and_then(Value::as_enum) {
+                    Some("retract") => PauseMode::Retract,
+                    Some("abort") => PauseMode::Abort,
+                    _ => PauseMode::InPlace,
+                },
+                on_stale: action("on_stale"),
+                on_abort: action("on_abort"),
+                starvation_retries: int("starvation_retries", d.starvation_retries as u64) as u32,
+                filter: match r.get("filter").and_then(Value::as_enum) {
+                    Some("drop_flat") => GroupFilter::DropFlat,
+                    _ => GroupFilter::KeepAll,
+                },
+                staleness_gate: r.get("staleness_gate").and_then(Value::as_bool).unwrap_or(d.staleness_gate),
+                stall_timeout_s: r.get("stall_timeout").and_then(Value::as_f64).unwrap_or(d.stall_timeout_s),
+            })
+        }
+        _ => ScheduleSpec::Sync,
+    }
 }
 
 fn rec_steps(node: &StageNode, name: &str) -> u64 {

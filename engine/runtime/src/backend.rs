@@ -194,12 +194,33 @@ impl Reward for crate::tasks::TaskSet {
 /// What `Backend::create` returns: the rollout engine and the trainer of one run.
 pub type EngineAndTrainer = (Box<dyn RolloutEngine>, Box<dyn Trainer>);
 
+/// What `Backend::create_async` returns: the parts of a one_step_off or fully_async run.
+pub struct AsyncParts {
+    /// Runs on the generation thread (in-process, or a client of a remote engine).
+    pub engine: Box<dyn crate::stream::StreamEngine>,
+    /// Stays on the executor's thread.
+    pub trainer: Box<dyn Trainer>,
+    /// A second engine for `eval.mode = snapshot`, on its own thread; None for the other modes.
+    pub eval_engine: Option<Box<dyn EvalEngine>>,
+}
+
+/// A batch engine that can run on a thread of its own (snapshot evaluation).
+pub trait EvalEngine: RolloutEngine + Send {
+    /// Called once on its thread: the engine's own intra-op thread budget.
+    fn bind_thread(&mut self, _threads: Option<usize>) {}
+}
+
 /// A compute backend: builds the engine and trainer of a run.
 pub trait Backend {
     fn name(&self) -> &'static str;
     /// Sets intra-op threads (None = backend default).
     fn set_threads(&self, threads: Option<usize>);
     fn create(&self, spec: &RunSpec) -> Result<EngineAndTrainer, RunError>;
+    /// The parts of an asynchronous run; None when this backend cannot run one (the executor
+    /// then reports which schedules it can).
+    fn create_async(&self, _spec: &RunSpec) -> Result<Option<AsyncParts>, RunError> {
+        Ok(None)
+    }
 }
 
 /// GRPO group-relative advantages: per group, reward minus the group mean, divided by the group's

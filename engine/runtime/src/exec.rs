@@ -13,53 +13,25 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-const STATE_FILE: &str = "state.json";
+pub(crate) const STATE_FILE: &str = "state.json";
 
 /// What a checkpoint records besides the backend's own files.
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
-struct CkptState {
-    step: u64,
+pub(crate) struct CkptState {
+    pub(crate) step: u64,
     /// Spec this checkpoint belongs to: resume refuses a different spec.
-    spec: RunSpec,
-    eval_start: Option<f64>,
-    eval_last: Option<f64>,
+    pub(crate) spec: RunSpec,
+    pub(crate) eval_start: Option<f64>,
+    pub(crate) eval_last: Option<f64>,
 }
 
 /// Runs `spec` on `backend`. Errors carry E05xx codes; nothing panics on bad input.
 pub fn run_with(spec: &RunSpec, opts: &RunOptions, backend: &dyn Backend) -> Result<Summary, RunError> {
     let started = Instant::now();
     spec.validate()?;
-    let task = TaskSet::build(&spec.task)?;
-    for w in &task.warnings {
-        eprintln!("warning: {w}");
-    }
-    let vocab = task.tokenizer.vocab_size();
-    if spec.model.vocab_size < vocab {
-        return Err(RunError::new(
-            E_VOCAB,
-            format!("model vocab_size {} does not cover the task tokenizer's {} tokens", spec.model.vocab_size, vocab),
-        )
-        .with_help(format!("set model.vocab_size to at least {vocab}")));
-    }
-    let (max_prompt, max_answer) = task.max_token_lens();
-    let need = max_prompt + spec.rollout.max_new_tokens.max(max_answer);
-    if need > spec.model.max_len {
-        return Err(RunError::new(
-            E_TOO_LONG,
-            format!(
-                "longest prompt ({max_prompt} tokens) plus max_new_tokens/answer ({}) is {need}, \
-                 over model.max_len {}",
-                spec.rollout.max_new_tokens.max(max_answer),
-                spec.model.max_len
-            ),
-        ));
-    }
-    if spec.rollout.max_new_tokens < max_answer {
-        eprintln!(
-            "warning: rollout.max_new_tokens {} is shorter than the longest answer ({max_answer} \
-             tokens with EOS): some problems cannot be solved",
-            spec.rollout.max_new_tokens
-        );
+    let task = build_task(spec)?;
+    if !spec.schedule.is_sync() {
+        return crate::async_exec::run(spec, opts, backend, task, started);
     }
 
     let out = &opts.out_dir;
@@ -285,7 +257,45 @@ pub fn run_with(spec: &RunSpec, opts: &RunOptions, backend: &dyn Backend) -> Res
     })
 }
 
-fn non_finite(step: u64, last: &Option<PathBuf>) -> RunError {
+/// The task of a run, with the checks that need it (vocabulary, lengths).
+pub(crate) fn build_task(spec: &RunSpec) -> Result<TaskSet, RunError> {
+    let task = TaskSet::build(&spec.task)?;
+    for w in &task.warnings {
+        eprintln!("warning: {w}");
+    }
+    let vocab = task.tokenizer.vocab_size();
+    if spec.model.vocab_size < vocab {
+        return Err(RunError::new(
+            E_VOCAB,
+            format!("model vocab_size {} does not cover the task tokenizer's {} tokens", spec.model.vocab_size, vocab),
+        )
+        .with_help(format!("set model.vocab_size to at least {vocab}")));
+    }
+    let (max_prompt, max_answer) = task.max_token_lens();
+    let need = max_prompt + spec.rollout.max_new_tokens.max(max_answer);
+    if need > spec.model.max_len {
+        return Err(RunError::new(
+            E_TOO_LONG,
+            format!(
+                "longest prompt ({max_prompt} tokens) plus max_new_tokens/answer ({}) is {need}, \
+                 over model.max_len {}",
+                spec.rollout.max_new_tokens.max(max_answer),
+                spec.model.max_len
+            ),
+        ));
+    }
+    if spec.rollout.max_new_tokens < max_answer {
+        eprintln!(
+            "warning: rollout.max_new_tokens {} is shorter than the longest answer ({max_answer} \
+             tokens with EOS): some problems cannot be solved",
+            spec.rollout.max_new_tokens
+        );
+    }
+
+    Ok(task)
+}
+
+pub(crate) fn non_finite(step: u64, last: &Option<PathBuf>) -> RunError {
     let kept = match last {
         Some(d) => format!("the last good checkpoint is {}", d.display()),
         None => "no checkpoint was written before it".to_string(),
@@ -294,7 +304,7 @@ fn non_finite(step: u64, last: &Option<PathBuf>) -> RunError {
         .with_help("lower train.lr, set train.grad_clip, or set train.tis_cap")
 }
 
-fn count_flat_groups(rewards: &[f32], groups: &[usize]) -> usize {
+pub(crate) fn count_flat_groups(rewards: &[f32], groups: &[usize]) -> usize {
     let mut first: std::collections::BTreeMap<usize, (f32, bool)> = Default::default();
     for (&r, &g) in rewards.iter().zip(groups) {
         let e = first.entry(g).or_insert((r, true));
@@ -305,7 +315,7 @@ fn count_flat_groups(rewards: &[f32], groups: &[usize]) -> usize {
     first.values().filter(|v| v.1).count()
 }
 
-fn run_sft(
+pub(crate) fn run_sft(
     spec: &RunSpec,
     sft: &crate::spec::SftSpec,
     task: &TaskSet,
@@ -340,7 +350,7 @@ fn run_sft(
 }
 
 /// Greedy exact-match accuracy and mean response length on the first `eval.prompts` test items.
-fn evaluate(spec: &RunSpec, task: &TaskSet, engine: &mut dyn RolloutEngine) -> Result<(f64, f64), RunError> {
+pub(crate) fn evaluate(spec: &RunSpec, task: &TaskSet, engine: &mut dyn RolloutEngine) -> Result<(f64, f64), RunError> {
     let items: Vec<&TaskItem> = task.test.iter().take(spec.eval.prompts.max(1)).collect();
     let prompts = items.iter().map(|it| task.tokenizer.encode_prompt(&it.prompt)).collect::<Result<Vec<_>, _>>()?;
     let params = SamplingParams {
@@ -366,7 +376,7 @@ fn evaluate(spec: &RunSpec, task: &TaskSet, engine: &mut dyn RolloutEngine) -> R
     Ok((correct as f64 / n, len as f64 / n))
 }
 
-fn prepare_out_dir(spec: &RunSpec, opts: &RunOptions) -> Result<(), RunError> {
+pub(crate) fn prepare_out_dir(spec: &RunSpec, opts: &RunOptions) -> Result<(), RunError> {
     let out = &opts.out_dir;
     let spec_path = out.join("spec.json");
     if out.exists() {
@@ -413,7 +423,10 @@ pub fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), RunError> {
 }
 
 /// Fills a fresh temp directory with `fill`, then renames it over `dir` (replacing an older one).
-fn write_dir_atomically(dir: &Path, fill: impl FnOnce(&Path) -> Result<(), RunError>) -> Result<(), RunError> {
+pub(crate) fn write_dir_atomically(
+    dir: &Path,
+    fill: impl FnOnce(&Path) -> Result<(), RunError>,
+) -> Result<(), RunError> {
     let name = dir.file_name().map(|n| n.to_string_lossy().to_string()).unwrap_or_else(|| "dir".into());
     let parent = dir.parent().unwrap_or(Path::new("."));
     fs::create_dir_all(parent).map_err(|e| RunError::io(E_CHECKPOINT, "cannot create", parent, e))?;
@@ -437,7 +450,7 @@ fn write_dir_atomically(dir: &Path, fill: impl FnOnce(&Path) -> Result<(), RunEr
     Ok(())
 }
 
-fn ckpt_name(step: u64) -> String {
+pub(crate) fn ckpt_name(step: u64) -> String {
     format!("step-{step:08}")
 }
 
@@ -449,9 +462,24 @@ fn save_checkpoint(
     eval_last: Option<f64>,
     trainer: &dyn Trainer,
 ) -> Result<PathBuf, RunError> {
+    save_checkpoint_with(root, spec, step, eval_start, eval_last, trainer, |_| Ok(()))
+}
+
+/// `save_checkpoint` plus the executor's own files (`extra` fills the same temp directory, so they
+/// appear atomically with the rest).
+pub(crate) fn save_checkpoint_with(
+    root: &Path,
+    spec: &RunSpec,
+    step: u64,
+    eval_start: Option<f64>,
+    eval_last: Option<f64>,
+    trainer: &dyn Trainer,
+    extra: impl FnOnce(&Path) -> Result<(), RunError>,
+) -> Result<PathBuf, RunError> {
     let dir = root.join(ckpt_name(step));
     write_dir_atomically(&dir, |tmp| {
         trainer.save(tmp)?;
+        extra(tmp)?;
         // Written last: a directory with state.json is complete (the rename makes it so anyway).
         write_json(&tmp.join(STATE_FILE), &CkptState { step, spec: spec.clone(), eval_start, eval_last })
     })?;
@@ -488,7 +516,7 @@ fn list_checkpoints(root: &Path) -> Result<Vec<(u64, PathBuf)>, RunError> {
     Ok(v)
 }
 
-fn latest_checkpoint(root: &Path) -> Result<Option<(PathBuf, CkptState)>, RunError> {
+pub(crate) fn latest_checkpoint(root: &Path) -> Result<Option<(PathBuf, CkptState)>, RunError> {
     let mut all = list_checkpoints(root)?;
     all.sort();
     while let Some((_, dir)) = all.pop() {
@@ -504,7 +532,7 @@ fn latest_checkpoint(root: &Path) -> Result<Option<(PathBuf, CkptState)>, RunErr
 
 /// metrics.jsonl: one JSON object per line, appended and flushed per step. On resume, lines of
 /// steps after the checkpoint (and a torn last line from a kill) are dropped first.
-struct Metrics {
+pub(crate) struct Metrics {
     file: fs::File,
     path: PathBuf,
     /// The same scalars as TensorBoard events in OUT/tensorboard/ (best effort: a failure to
@@ -513,7 +541,7 @@ struct Metrics {
 }
 
 impl Metrics {
-    fn open(path: &Path, resume_step: Option<u64>) -> Result<Metrics, RunError> {
+    pub(crate) fn open(path: &Path, resume_step: Option<u64>) -> Result<Metrics, RunError> {
         let keep_upto = resume_step;
         let mut kept = String::new();
         if path.exists() {
@@ -547,7 +575,7 @@ impl Metrics {
         Ok(Metrics { file, path: path.to_path_buf(), tb })
     }
 
-    fn write(&mut self, row: &Map<String, Value>) -> Result<(), RunError> {
+    pub(crate) fn write(&mut self, row: &Map<String, Value>) -> Result<(), RunError> {
         let mut line = serde_json::to_string(row)
             .map_err(|e| RunError::new(E_OUT_DIR, format!("cannot serialise metrics: {e}")))?;
         line.push('\n');

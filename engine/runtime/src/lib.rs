@@ -1,14 +1,21 @@
 //! Backend-neutral runtime of miles: the run spec, tasks with verifiable rewards, the traits a
 //! compute backend implements (rollout engine, trainer, reward, weight transport), and the
-//! synchronous executor (`run_with`).
+//! executors: synchronous (`exec::run_with`) and asynchronous (`async_exec`, for the
+//! `one_step_off` and `fully_async` schedules; `run_with` dispatches to it).
 
+pub mod async_exec;
 pub mod backend;
+pub mod buffer;
 pub mod distspec;
 pub mod error;
 pub mod exec;
 pub mod progress;
 pub mod rng;
+pub mod schedule;
+pub mod sim;
+pub mod source;
 pub mod spec;
+pub mod stream;
 pub mod tasks;
 pub mod tensorboard;
 
@@ -16,3 +23,4 @@ pub use backend::*;
 pub use error::*;
 pub use exec::run_with;
 pub use spec::*;
+pub use stream::*;

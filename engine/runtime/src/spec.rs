@@ -28,13 +28,21 @@
 //!     aggregation: token|sequence = token, grad_clip = 1.0 (0 = off),
 //!     micro_batch, global_batch  (rollout_batch*samples_per_prompt must be a multiple of
 //!                                 global_batch, and global_batch of micro_batch)
-//!   eval: {every = 10 (0 = only at start and end), prompts = 200}
+//!   eval: {every = 10 (0 = only at start and end), prompts = 200,
+//!          mode: shared|snapshot|external = shared, command?}    (mode matters only when async)
 //!   checkpoint: {every = 0 (0 = only at the end), keep = 2}
+//!   schedule: {type: sync} (default) | {type: one_step_off}
+//!           | {type: fully_async, max_staleness = 2, max_concurrent = 64,
+//!              refill: per_sample|per_group, buffer_capacity = 256, update_interval = 1,
+//!              pause: in_place|retract|abort, on_stale/on_abort: retry|discard,
+//!              starvation_retries = 2, filter: keep_all|drop_flat, staleness_gate = true,
+//!              stall_timeout_s = 600}
 //! ```
 //!
 //! Entry point: `miles_runtime::run_with(&spec, &RunOptions, &dyn Backend)`; the embedded
 //! backend wraps it as `miles_tch::run(&spec, &RunOptions)`.
 
+pub use crate::schedule::{AsyncSpec, DropAction, EvalMode, GroupFilter, PauseMode, Refill, ScheduleSpec};
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 
@@ -62,6 +70,9 @@ pub struct RunSpec {
     /// Stages as separate processes (engine/dist); None = in-process.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub distributed: Option<crate::distspec::DistSpec>,
+    /// sync (the default), one_step_off or fully_async (docs/async.md).
+    #[serde(default, skip_serializing_if = "ScheduleSpec::is_sync")]
+    pub schedule: ScheduleSpec,
 }
 
 /// Decoder-only transformer (Llama-style: RMSNorm, rotary positions, grouped KV heads, SwiGLU).
@@ -322,6 +333,16 @@ pub struct EvalSpec {
     /// Number of held-out prompts (at most the split's test_size).
     #[serde(default = "default_eval_prompts")]
     pub prompts: usize,
+    /// Under an asynchronous schedule: on the shared engine, on a weight snapshot, or external.
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub mode: EvalMode,
+    /// For `mode = external`: a shell command; the model directory is appended as its argument.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub command: Option<String>,
+}
+
+fn is_default<T: Default + PartialEq>(v: &T) -> bool {
+    *v == T::default()
 }
 
 fn default_eval_every() -> u64 {
@@ -333,7 +354,7 @@ fn default_eval_prompts() -> usize {
 
 impl Default for EvalSpec {
     fn default() -> Self {
-        EvalSpec { every: default_eval_every(), prompts: default_eval_prompts() }
+        EvalSpec { every: default_eval_every(), prompts: default_eval_prompts(), mode: EvalMode::Shared, command: None }
     }
 }
 
@@ -540,6 +561,35 @@ impl RunSpec {
                 }
             }
             TaskKind::Jsonl { .. } => {}
+        }
+        if let Some(a) = crate::schedule::resolve(&self.schedule, r.rollout_batch, r.samples_per_prompt) {
+            if a.max_concurrent == 0 {
+                return bad("schedule.max_concurrent", "must be at least 1");
+            }
+            if a.buffer_capacity < r.rollout_batch {
+                return bad(
+                    "schedule.buffer_capacity",
+                    &format!(
+                        "must hold at least one step's rollout_batch = {} groups (the trainer would wait forever)",
+                        r.rollout_batch
+                    ),
+                );
+            }
+            if a.update_interval == 0 {
+                return bad("schedule.update_interval", "must be at least 1");
+            }
+            if !(a.stall_timeout_s > 0.0 && a.stall_timeout_s.is_finite()) {
+                return bad("schedule.stall_timeout_s", "must be a positive number of seconds");
+            }
+            if a.refill == Refill::PerGroup && a.max_concurrent < r.samples_per_prompt {
+                return bad(
+                    "schedule.max_concurrent",
+                    "per-group refill needs room for a whole group (samples_per_prompt samples)",
+                );
+            }
+        }
+        if self.eval.mode == EvalMode::External && self.eval.command.as_deref().is_none_or(|c| c.trim().is_empty()) {
+            return bad("eval.command", "external evaluation needs a command");
         }
         if self.task.split.test_size == 0 {
             return bad("task.split.test_size", "must be at least 1");

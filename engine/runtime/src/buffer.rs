@@ -1,0 +1,290 @@
+//! The bounded buffer between generation and training (Miles §2.2, Table 1): finished, scored
+//! groups wait here until the trainer draws them. It reserves a place for every group in flight,
+//! so generation admits a new prompt only while `buffered + in flight < capacity` and otherwise
+//! blocks; the trainer's draw frees places.
+//!
+//! Drop rules: a group is dropped when it was aborted, when the recipe's filter rejects it (always
+//! discarded), or when it is stale as the trainer draws it (current weight version minus the
+//! group's oldest version > max_staleness). For aborted and stale groups the run chooses retry
+//! (the prompt goes back to the data source) or discard.
+//!
+//! Pure data: the executor keeps it, with the data source, behind one mutex, so every move of a
+//! prompt (served -> in flight -> buffered -> drawn or dropped) is atomic with respect to a
+//! checkpoint's snapshot.
+
+use crate::schedule::{DropAction, GroupFilter};
+use crate::source::{DropReason, Pending, PromptSource};
+use crate::stream::StreamSample;
+use crate::tasks::TokenId;
+use std::collections::{BTreeMap, VecDeque};
+
+/// A finished, scored group: every sample of one prompt.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Group {
+    pub prompt: Pending,
+    pub prompt_tokens: Vec<TokenId>,
+    pub samples: Vec<StreamSample>,
+    pub rewards: Vec<f32>,
+}
+
+impl Group {
+    /// The oldest weight version any of its tokens was sampled under: staleness counts from it.
+    pub fn oldest_version(&self) -> u64 {
+        self.samples.iter().map(|s| s.oldest_version()).min().unwrap_or(0)
+    }
+
+    pub fn is_flat(&self) -> bool {
+        self.rewards.windows(2).all(|w| w[0] == w[1])
+    }
+
+    pub fn staleness(&self, current: u64) -> u64 {
+        current.saturating_sub(self.oldest_version())
+    }
+}
+
+/// Groups dropped per reason (since the counter was last taken).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DropCounts {
+    pub aborted: u64,
+    pub filtered: u64,
+    pub stale: u64,
+    /// Of those, how many went back to the data source.
+    pub retried: u64,
+}
+
+impl DropCounts {
+    fn add(&mut self, reason: DropReason, retried: bool) {
+        match reason {
+            DropReason::Aborted => self.aborted += 1,
+            DropReason::Filtered => self.filtered += 1,
+            DropReason::Stale => self.stale += 1,
+        }
+        if retried {
+            self.retried += 1;
+        }
+    }
+}
+
+pub struct Buffer {
+    groups: VecDeque<Group>,
+    in_flight: BTreeMap<u64, Pending>,
+    capacity: usize,
+    /// Since the trainer last took them (per-step metrics).
+    pub drops: DropCounts,
+    /// Since the run (or resume) started.
+    pub drops_total: DropCounts,
+}
+
+impl Buffer {
+    pub fn new(capacity: usize) -> Buffer {
+        Buffer {
+            groups: VecDeque::new(),
+            in_flight: BTreeMap::new(),
+            capacity: capacity.max(1),
+            drops: DropCounts::default(),
+            drops_total: DropCounts::default(),
+        }
+    }
+
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// Finished groups waiting for the trainer.
+    pub fn len(&self) -> usize {
+        self.groups.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.groups.is_empty()
+    }
+
+    pub fn in_flight(&self) -> usize {
+        self.in_flight.len()
+    }
+
+    /// Whether generation may start another group.
+    pub fn has_room(&self) -> bool {
+        self.groups.len() + self.in_flight.len() < self.capacity
+    }
+
+    /// Reserves a place for a group that starts generating.
+    pub fn admit(&mut self, p: Pending) {
+        self.in_flight.insert(p.id, p);
+    }
+
+    /// Every prompt buffered or in flight (a checkpoint serves them again after a resume).
+    pub fn unfinished(&self) -> impl Iterator<Item = Pending> + '_ {
+        self.groups.iter().map(|g| g.prompt).chain(self.in_flight.values().copied())
+    }
+
+    /// A group finished: filtered out (always discarded) or buffered.
+    pub fn finish(&mut self, g: Group, filter: GroupFilter, source: &mut PromptSource) -> Option<DropReason> {
+        self.in_flight.remove(&g.prompt.id);
+        if filter == GroupFilter::DropFlat && g.is_flat() {
+            self.drop_group(g.prompt, DropReason::Filtered, DropAction::Discard, source);
+            return Some(DropReason::Filtered);
+        }
+        self.groups.push_back(g);
+        None
+    }
+
+    /// A group in flight was aborted.
+    pub fn abort(&mut self, p: Pending, action: DropAction, source: &mut PromptSource) {
+        self.in_flight.remove(&p.id);
+        self.drop_group(p, DropReason::Aborted, action, source);
+    }
+
+    /// Up to `n` groups in arrival order. Stale ones met on the way are dropped (`on_stale`), so the
+    /// staleness rule is applied with the version current at the draw.
+    pub fn draw(
+        &mut self,
+        n: usize,
+        current: u64,
+        max_staleness: u64,
+        on_stale: DropAction,
+        source: &mut PromptSource,
+    ) -> Vec<Group> {
+        let mut out = Vec::with_capacity(n);
+        while out.len() < n {
+            let Some(g) = self.groups.pop_front() else { break };
+            if g.staleness(current) > max_staleness {
+                self.drop_group(g.prompt, DropReason::Stale, on_stale, source);
+            } else {
+                out.push(g);
+            }
+        }
+        out
+    }
+
+    /// Mean and max staleness of the groups still waiting.
+    pub fn waiting_staleness(&self, current: u64) -> (f64, u64) {
+        let n = self.groups.len();
+        if n == 0 {
+            return (0.0, 0);
+        }
+        let s: Vec<u64> = self.groups.iter().map(|g| g.staleness(current)).collect();
+        (s.iter().sum::<u64>() as f64 / n as f64, s.iter().copied().max().unwrap_or(0))
+    }
+
+    fn drop_group(&mut self, p: Pending, reason: DropReason, action: DropAction, source: &mut PromptSource) {
+        let retry = action == DropAction::Retry && reason != DropReason::Filtered;
+        if retry {
+            source.retry(p);
+        } else {
+            source.discard(p, reason);
+        }
+        self.drops.add(reason, retry);
+        self.drops_total.add(reason, retry);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::stream::VersionSpan;
+    use crate::FinishReason;
+
+    fn group(p: Pending, versions: &[u64], rewards: &[f32]) -> Group {
+        let samples = versions
+            .iter()
+            .enumerate()
+            .map(|(i, &v)| StreamSample {
+                id: i as u64,
+                response: vec![3],
+                logprobs: vec![-1.0],
+                finish: FinishReason::Stop,
+                versions: vec![
+                    VersionSpan { version: v, from_token: 0 },
+                    VersionSpan { version: v + 1, from_token: 1 },
+                ],
+                aborted: false,
+            })
+            .collect();
+        Group { prompt: p, prompt_tokens: vec![1], samples, rewards: rewards.to_vec() }
+    }
+
+    fn serve(src: &mut PromptSource, buf: &mut Buffer) -> Pending {
+        let (p, _) = src.next(1);
+        buf.admit(p);
+        p
+    }
+
+    #[test]
+    fn capacity_counts_groups_in_flight() {
+        let mut src = PromptSource::new(0);
+        let mut b = Buffer::new(2);
+        let a = serve(&mut src, &mut b);
+        assert!(b.has_room());
+        let c = serve(&mut src, &mut b);
+        assert!(!b.has_room(), "two in flight fill a capacity of 2");
+        assert_eq!(b.finish(group(a, &[0, 0], &[1.0, 0.0]), GroupFilter::KeepAll, &mut src), None);
+        assert!(!b.has_room(), "finished groups keep their place until drawn");
+        assert_eq!(b.draw(1, 0, 2, DropAction::Retry, &mut src).len(), 1);
+        assert!(b.has_room());
+        b.abort(c, DropAction::Retry, &mut src);
+        assert_eq!(b.in_flight(), 0);
+    }
+
+    #[test]
+    fn filtered_groups_are_always_discarded() {
+        let mut src = PromptSource::new(0);
+        let mut b = Buffer::new(8);
+        let p = serve(&mut src, &mut b);
+        let r = b.finish(group(p, &[0, 0], &[1.0, 1.0]), GroupFilter::DropFlat, &mut src);
+        assert_eq!(r, Some(DropReason::Filtered));
+        assert_eq!(src.discarded(), &[(p.id, DropReason::Filtered)]);
+        assert_eq!(src.queued(), 0);
+        assert_eq!(b.drops, DropCounts { filtered: 1, ..Default::default() });
+        // Without the filter a flat group is kept.
+        let q = serve(&mut src, &mut b);
+        assert_eq!(b.finish(group(q, &[0, 0], &[1.0, 1.0]), GroupFilter::KeepAll, &mut src), None);
+        assert_eq!(b.len(), 1);
+    }
+
+    #[test]
+    fn stale_groups_are_dropped_at_draw_with_retry_or_discard() {
+        for action in [DropAction::Retry, DropAction::Discard] {
+            let mut src = PromptSource::new(0);
+            let mut b = Buffer::new(8);
+            let old = serve(&mut src, &mut b);
+            let new = serve(&mut src, &mut b);
+            // `old` has one sample that started at version 1 (oldest 1); `new` starts at 3.
+            b.finish(group(old, &[1, 4], &[1.0, 0.0]), GroupFilter::KeepAll, &mut src);
+            b.finish(group(new, &[3, 3], &[1.0, 0.0]), GroupFilter::KeepAll, &mut src);
+            assert_eq!(b.waiting_staleness(4), (2.0, 3));
+            // Current version 4, max staleness 2: 4 - 1 = 3 > 2 is stale, 4 - 3 = 1 is not.
+            let got = b.draw(2, 4, 2, action, &mut src);
+            assert_eq!(got.iter().map(|g| g.prompt.id).collect::<Vec<_>>(), vec![new.id]);
+            assert_eq!(b.drops.stale, 1);
+            match action {
+                DropAction::Retry => {
+                    assert_eq!(src.queued(), 1);
+                    let (p, _) = src.next(2);
+                    assert_eq!((p.id, p.retries), (old.id, 1));
+                }
+                DropAction::Discard => {
+                    assert_eq!(src.queued(), 0);
+                    assert_eq!(src.discarded(), &[(old.id, DropReason::Stale)]);
+                }
+            }
+            // At the limit exactly (4 - 2 = 2) a group is not stale.
+            let p = serve(&mut src, &mut b);
+            b.finish(group(p, &[2, 2], &[0.0, 1.0]), GroupFilter::KeepAll, &mut src);
+            assert_eq!(b.draw(1, 4, 2, action, &mut src).len(), 1);
+        }
+    }
+
+    #[test]
+    fn aborted_groups_retry_or_discard() {
+        let mut src = PromptSource::new(0);
+        let mut b = Buffer::new(8);
+        let a = serve(&mut src, &mut b);
+        let c = serve(&mut src, &mut b);
+        b.abort(a, DropAction::Retry, &mut src);
+        b.abort(c, DropAction::Discard, &mut src);
+        assert_eq!(b.drops, DropCounts { aborted: 2, retried: 1, ..Default::default() });
+        assert_eq!(src.next(1).0.id, a.id);
+        assert_eq!(src.discarded(), &[(c.id, DropReason::Aborted)]);
+    }
+}

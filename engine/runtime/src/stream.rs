@@ -1,0 +1,171 @@
+//! The rollout engine as the asynchronous executor drives it: requests of one sample each are
+//! submitted and advanced step by step (continuous batching), so a slot is reused as soon as its
+//! sample finishes, and weights can be swapped between two steps while requests are in flight.
+//!
+//! An engine runs on the executor's generation thread, hence `Send`. In-process engines (the
+//! embedded backend's `TchStreamEngine`) implement the trait natively; any batch
+//! [`RolloutEngine`] (e.g. a remote engine behind a network transport) is adapted by
+//! [`BatchedStream`], at group granularity.
+
+use crate::backend::{FinishReason, RolloutEngine, SamplingParams, WeightSnapshot};
+use crate::tasks::TokenId;
+use crate::RunError;
+use serde::{Deserialize, Serialize};
+
+/// One sample to generate. `params.seed` seeds this sample's own sampling stream.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GenRequest {
+    /// Unique among the requests in flight; finished samples carry it back.
+    pub id: u64,
+    pub prompt: Vec<TokenId>,
+    pub params: SamplingParams,
+}
+
+/// The tokens from `from_token` on (up to the next span) were sampled from logits computed under
+/// weight version `version`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VersionSpan {
+    pub version: u64,
+    pub from_token: usize,
+}
+
+/// A finished (or aborted) request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StreamSample {
+    pub id: u64,
+    pub response: Vec<TokenId>,
+    /// Sampling log-probs, as in [`crate::Sample`].
+    pub logprobs: Vec<f32>,
+    pub finish: FinishReason,
+    /// Every weight version the sample was generated under, oldest first; more than one when a
+    /// weight update happened while it was in flight (pause = in_place).
+    pub versions: Vec<VersionSpan>,
+    /// Aborted before it finished (retract/abort pauses, a lost engine): never trained on.
+    pub aborted: bool,
+}
+
+impl StreamSample {
+    pub fn oldest_version(&self) -> u64 {
+        self.versions.iter().map(|v| v.version).min().unwrap_or(0)
+    }
+}
+
+pub trait StreamEngine: Send {
+    /// Requests the engine holds at once; the executor never has more in flight.
+    fn slots(&self) -> usize;
+    /// Starts a request (it is prefilled at the next `step`).
+    fn submit(&mut self, req: GenRequest) -> Result<(), RunError>;
+    /// Advances every request in flight (at least one token each, when there is any) and returns
+    /// those that finished.
+    fn step(&mut self) -> Result<Vec<StreamSample>, RunError>;
+    fn in_flight(&self) -> usize;
+    /// Aborts every request in flight and returns them, partial, with `aborted = true`.
+    fn abort_all(&mut self) -> Vec<StreamSample>;
+    /// Swaps the weights between two steps. Requests in flight continue under the new ones (their
+    /// KV cache stays as computed), and record the new version from their next token on.
+    fn load_weights(&mut self, weights: &WeightSnapshot) -> Result<(), RunError>;
+    fn weight_version(&self) -> u64;
+    /// Called once on the generation thread before anything else: the engine's own intra-op
+    /// thread budget (the trainer keeps its own on the executor's thread).
+    fn bind_thread(&mut self, _threads: Option<usize>) {}
+}
+
+/// Any batch [`RolloutEngine`] as a [`StreamEngine`]: each `step` generates every queued request
+/// in one `generate` call, so requests finish together and slots refill per batch. Samples of the
+/// same prompt submitted together share one prefill (one group of `generate`).
+pub struct BatchedStream<E> {
+    pub engine: E,
+    slots: usize,
+    queued: Vec<GenRequest>,
+}
+
+impl<E: RolloutEngine + Send> BatchedStream<E> {
+    pub fn new(engine: E, slots: usize) -> Self {
+        BatchedStream { engine, slots: slots.max(1), queued: Vec::new() }
+    }
+}
+
+impl<E: RolloutEngine + Send> StreamEngine for BatchedStream<E> {
+    fn slots(&self) -> usize {
+        self.slots
+    }
+
+    fn submit(&mut self, req: GenRequest) -> Result<(), RunError> {
+        self.queued.push(req);
+        Ok(())
+    }
+
+    fn step(&mut self) -> Result<Vec<StreamSample>, RunError> {
+        if self.queued.is_empty() {
+            return Ok(Vec::new());
+        }
+        let reqs = std::mem::take(&mut self.queued);
+        // One call per run of equal prompts and settings (a group submitted together); the seed
+        // of its first request seeds the call.
+        let mut out = Vec::with_capacity(reqs.len());
+        let mut i = 0;
+        while i < reqs.len() {
+            let mut j = i + 1;
+            while j < reqs.len() && reqs[j].prompt == reqs[i].prompt && same_settings(&reqs[j].params, &reqs[i].params)
+            {
+                j += 1;
+            }
+            let version = self.engine.weight_version();
+            let samples = self.engine.generate(std::slice::from_ref(&reqs[i].prompt), j - i, &reqs[i].params)?;
+            if samples.len() != j - i {
+                return Err(RunError::new(
+                    crate::E_BACKEND,
+                    format!("the rollout engine returned {} samples for {} requests", samples.len(), j - i),
+                ));
+            }
+            for (req, s) in reqs[i..j].iter().zip(samples) {
+                out.push(StreamSample {
+                    id: req.id,
+                    response: s.response,
+                    logprobs: s.logprobs,
+                    finish: s.finish,
+                    versions: vec![VersionSpan { version: s.weight_version.max(version), from_token: 0 }],
+                    aborted: false,
+                });
+            }
+            i = j;
+        }
+        Ok(out)
+    }
+
+    fn in_flight(&self) -> usize {
+        self.queued.len()
+    }
+
+    fn abort_all(&mut self) -> Vec<StreamSample> {
+        let v = self.engine.weight_version();
+        std::mem::take(&mut self.queued)
+            .into_iter()
+            .map(|r| StreamSample {
+                id: r.id,
+                response: Vec::new(),
+                logprobs: Vec::new(),
+                finish: FinishReason::Length,
+                versions: vec![VersionSpan { version: v, from_token: 0 }],
+                aborted: true,
+            })
+            .collect()
+    }
+
+    fn load_weights(&mut self, weights: &WeightSnapshot) -> Result<(), RunError> {
+        self.engine.load_weights(weights)
+    }
+
+    fn weight_version(&self) -> u64 {
+        self.engine.weight_version()
+    }
+}
+
+fn same_settings(a: &SamplingParams, b: &SamplingParams) -> bool {
+    a.max_new_tokens == b.max_new_tokens
+        && a.temperature == b.temperature
+        && a.top_p == b.top_p
+        && a.top_k == b.top_k
+        && a.stop_tokens == b.stop_tokens
+        && a.greedy == b.greedy
+}
