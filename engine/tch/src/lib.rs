@@ -7,6 +7,7 @@
 pub mod cli;
 pub mod generate;
 pub mod model;
+pub mod stream;
 pub mod train;
 
 use miles_runtime::tasks::TokenId;
@@ -59,6 +60,34 @@ impl Backend for TchBackend {
             let trainer = train::TchTrainer::new(policy, spec.train.clone());
             Ok((Box::new(engine) as Box<dyn RolloutEngine>, Box::new(trainer) as Box<dyn Trainer>))
         })
+    }
+
+    /// Three copies of the weights, one per thread: the trainer's, the streaming engine's
+    /// (continuous batching, `max_concurrent` slots) and, for snapshot evaluation, a batch engine's.
+    fn create_async(&self, spec: &RunSpec) -> Result<Option<miles_runtime::AsyncParts>, RunError> {
+        let r = &spec.rollout;
+        let Some(a) = miles_runtime::schedule::resolve(&spec.schedule, r.rollout_batch, r.samples_per_prompt) else {
+            return Ok(None);
+        };
+        guard("model init", || {
+            let policy = Policy::init(&spec.model, spec.seed);
+            let engine = stream::TchStreamEngine::new(policy.deep_copy(), a.max_concurrent);
+            let eval_engine: Option<Box<dyn miles_runtime::EvalEngine>> =
+                (spec.eval.mode == miles_runtime::EvalMode::Snapshot).then(|| {
+                    Box::new(TchEngine { policy: policy.deep_copy(), version: 0, use_cache: true })
+                        as Box<dyn miles_runtime::EvalEngine>
+                });
+            let trainer = train::TchTrainer::new(policy, spec.train.clone());
+            Ok(Some(miles_runtime::AsyncParts { engine: Box::new(engine), trainer: Box::new(trainer), eval_engine }))
+        })
+    }
+}
+
+impl miles_runtime::EvalEngine for TchEngine {
+    fn bind_thread(&mut self, threads: Option<usize>) {
+        if let Some(n) = threads {
+            tch::set_num_threads(n.max(1) as i32);
+        }
     }
 }
 

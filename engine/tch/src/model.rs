@@ -65,6 +65,23 @@ impl KvCache {
     }
 }
 
+/// Per-layer key/value buffers of `slots` independent sequences, [slots, max_len, kv_heads,
+/// head_dim]: the engine of continuous batching (`forward_slots`). A slot is reused by the next
+/// request as soon as its sequence finishes; nothing is cleared (columns are overwritten in order).
+pub struct SlotCache {
+    k: Vec<Tensor>,
+    v: Vec<Tensor>,
+}
+
+impl SlotCache {
+    pub fn new(cfg: &ModelConfig, slots: i64) -> SlotCache {
+        let hd = (cfg.d_model / cfg.n_heads) as i64;
+        let shape = [slots, cfg.max_len as i64, cfg.n_kv_heads as i64, hd];
+        let mk = || Tensor::zeros(shape, (Kind::Float, Device::Cpu));
+        SlotCache { k: (0..cfg.n_layers).map(|_| mk()).collect(), v: (0..cfg.n_layers).map(|_| mk()).collect() }
+    }
+}
+
 fn shape_of(cfg: &ModelConfig, name: &str) -> Vec<i64> {
     let d = cfg.d_model as i64;
     let hd = (cfg.d_model / cfg.n_heads) as i64;
@@ -281,6 +298,65 @@ impl Policy {
         }
         if let Some(c) = cache {
             c.len = s;
+        }
+        rms_norm(&x, &self.norm, cfg.norm_eps).linear::<Tensor>(&self.lm_head, None)
+    }
+
+    // `x = x + y` on purpose, as in `forward`.
+    #[allow(clippy::assign_op_pattern)]
+    /// Logits [B, T, V] for `tokens` [B, T] of the sequences held in cache slots `rows` [B], at
+    /// `positions` [B, T] (a token's position is also its cache column). Keys/values are written
+    /// into their slots first; a query at position p attends columns 0..=p of its slot, so
+    /// sequences of different lengths share a batch with no padding between prompt and response
+    /// (continuous batching). Right padding in a prefill is harmless: a padded column is
+    /// overwritten by the decode step that reaches it, before any real query can see it.
+    pub fn forward_slots(&self, tokens: &Tensor, positions: &Tensor, rows: &Tensor, cache: &mut SlotCache) -> Tensor {
+        let (b, t) = tokens.size2().unwrap_or((0, 0));
+        let cfg = &self.cfg;
+        let h = cfg.n_heads as i64;
+        let kvh = cfg.n_kv_heads as i64;
+        let hd = (cfg.d_model / cfg.n_heads) as i64;
+        let span = positions.max().int64_value(&[]) + 1;
+        let kj = Tensor::arange(span, (Kind::Int64, Device::Cpu)).view([1, 1, span]);
+        let allowed = kj.le_tensor(&positions.unsqueeze(2)); // [B, T, span]
+        let mask = Tensor::zeros([b, 1, t, span], (Kind::Float, Device::Cpu))
+            .masked_fill(&allowed.logical_not().unsqueeze(1), f64::NEG_INFINITY);
+        let flat_pos = positions.reshape([-1]);
+        let flat_rows = rows.unsqueeze(1).expand([b, t], false).reshape([-1]);
+        let cos = self.cos.index_select(0, &flat_pos).view([b, 1, t, hd]);
+        let sin = self.sin.index_select(0, &flat_pos).view([b, 1, t, hd]);
+        let rope = |x: &Tensor| -> Tensor {
+            let x1 = x.narrow(-1, 0, hd / 2);
+            let x2 = x.narrow(-1, hd / 2, hd / 2);
+            let rot = Tensor::cat(&[&x2.neg(), &x1], -1);
+            x * &cos + rot * &sin
+        };
+        let mut x = self.embed.index_select(0, &tokens.reshape([-1])).view([b, t, -1]);
+        for (li, layer) in self.layers.iter().enumerate() {
+            let xn = rms_norm(&x, &layer.ln1, cfg.norm_eps);
+            let q = rope(&xn.linear::<Tensor>(&layer.q, None).view([b, t, h, hd]).transpose(1, 2));
+            let k = rope(&xn.linear::<Tensor>(&layer.k, None).view([b, t, kvh, hd]).transpose(1, 2));
+            let v = xn.linear::<Tensor>(&layer.v, None).view([b, t, kvh, hd]);
+            let k_rows = k.transpose(1, 2).reshape([b * t, kvh, hd]);
+            let _ = cache.k[li].index_put_(&[Some(&flat_rows), Some(&flat_pos)], &k_rows, false);
+            let _ = cache.v[li].index_put_(&[Some(&flat_rows), Some(&flat_pos)], &v.reshape([b * t, kvh, hd]), false);
+            let k_all = cache.k[li].index_select(0, rows).narrow(1, 0, span).permute([0, 2, 1, 3]);
+            let v_all = cache.v[li].index_select(0, rows).narrow(1, 0, span).permute([0, 2, 1, 3]);
+            let (k_all, v_all) = if kvh != h {
+                let g = h / kvh;
+                let rep = |x: &Tensor| x.unsqueeze(2).expand([b, kvh, g, span, hd], false).reshape([b, h, span, hd]);
+                (rep(&k_all), rep(&v_all))
+            } else {
+                (k_all, v_all)
+            };
+            let scores = q.matmul(&k_all.transpose(-2, -1)) * (1.0 / (hd as f64).sqrt()) + &mask;
+            let att = scores.softmax(-1, Kind::Float).matmul(&v_all);
+            let att = att.transpose(1, 2).contiguous().view([b, t, h * hd]);
+            x = x + att.linear::<Tensor>(&layer.o, None);
+            let xn = rms_norm(&x, &layer.ln2, cfg.norm_eps);
+            let mlp = (xn.linear::<Tensor>(&layer.gate, None).silu() * xn.linear::<Tensor>(&layer.up, None))
+                .linear::<Tensor>(&layer.down, None);
+            x = x + mlp;
         }
         rms_norm(&x, &self.norm, cfg.norm_eps).linear::<Tensor>(&self.lm_head, None)
     }
