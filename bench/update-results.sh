@@ -22,6 +22,8 @@ miles check: the compiler                bash bench/compiler/run.sh             
 embedded backend throughput              cargo bench -p miles-tch --bench throughput        bench/tch/throughput.rs
 language server latency                  cargo bench -p miles-lsp --bench lsp               bench/lsp/lsp.rs
 weight-update transports                 cargo bench -p miles-dist --bench transport        bench/transport/transport.rs
+asynchronous schedules (simulated)       cargo bench -p miles-runtime --bench async         bench/async/async.rs
+  + the laptop recipe per schedule       bash bench/async/laptop.sh                         bench/async/laptop.sh
 GRPO side by side: miles and TRL         bash bench/peers/run.sh  (spliced by this script)  bench/peers/
   + profile of a miles GRPO step, MFU    same run: perf/* metrics + tools/peak-flops        bench/peers/
 Each author pastes their figures into their own section with the command, date and machine.

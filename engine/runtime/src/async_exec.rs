@@ -348,7 +348,7 @@ pub(crate) fn run(
         };
         let mut done: Vec<EvalResult> = res.into_iter().collect();
         done.extend(evals.finish(stall)?);
-        done.extend(shared.lock().eval_results.drain(..));
+        done.append(&mut shared.lock().eval_results);
         for r in done {
             if let Some(acc) = write_eval_row(&mut metrics, &r, step)? {
                 if r.step == step {
