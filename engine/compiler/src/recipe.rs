@@ -276,6 +276,9 @@ pub fn compile_recipe(ev: &mut Eval, r: ItemRef, overrides: &[Override]) -> Opti
                     );
                 }
             }
+        } else if let Some(slot) = setting_exprs.get_mut(&head.name).filter(|_| a.path.len() == 1) {
+            // `--set seed=3` where the recipe says `seed = 1`: the new value replaces it.
+            *slot = (a.value.clone(), a.module, head.span);
         } else if let Some((e, _, _)) = setting_exprs.get_mut(&head.name) {
             if !amend_expr(e, &a.path[1..], &a.value, a.span) {
                 ev.report(
