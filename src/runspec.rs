@@ -225,7 +225,8 @@ pub fn run_spec(recipe: &CompiledRecipe) -> Result<RunSpec, Vec<Diagnostic>> {
     let test_size =
         prompts.as_ref().and_then(|p| p.get("test_size")).and_then(Value::as_i64).unwrap_or(200).max(1) as usize;
     let partial_credit = m.upstream_reward(train);
-    let split_seed = prompts.as_ref().and_then(|p| p.get("split_seed")).and_then(Value::as_i64).unwrap_or(1234).max(0) as u64;
+    let split_seed =
+        prompts.as_ref().and_then(|p| p.get("split_seed")).and_then(Value::as_i64).unwrap_or(1234).max(0) as u64;
     let task = TaskSpec { kind: task_kind, split: SplitSpec { test_size, seed: split_seed }, partial_credit };
 
     // SFT warm-up: an sft stage feeding the rollout's policy.

@@ -69,11 +69,18 @@ fn plan_writes_json_html_and_a_plan_file() {
 #[test]
 fn plan_exit_codes_follow_the_findings() {
     // Optimizer state in HBM does not fit: an error, exit 1, with the fix named.
-    let o = miles(&["plan", "recipes/glm5-agentic.miles", "--set", "train.optimizer.state=on_gpu", "--detailed-exitcode"]);
+    let o =
+        miles(&["plan", "recipes/glm5-agentic.miles", "--set", "train.optimizer.state=on_gpu", "--detailed-exitcode"]);
     assert_eq!(o.status.code(), Some(1), "{}", text(&o));
     assert!(text(&o).contains("E0401") && text(&o).contains("stream_from_disk"), "{}", text(&o));
     // Too many concurrent requests for the KV cache: a warning, exit 2 with --detailed-exitcode.
-    let o = miles(&["plan", "recipes/glm5-agentic.miles", "--set", "rollout.engine.max_concurrent=500", "--detailed-exitcode"]);
+    let o = miles(&[
+        "plan",
+        "recipes/glm5-agentic.miles",
+        "--set",
+        "rollout.engine.max_concurrent=500",
+        "--detailed-exitcode",
+    ]);
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
     let o = miles(&["plan", "recipes/glm5-agentic.miles", "--set", "rollout.engine.max_concurrent=500"]);
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
@@ -101,15 +108,30 @@ fn run_trains_and_a_saved_plan_runs_exactly() {
     let o = miles(&["plan", r, "--out", plan.to_str().unwrap()]);
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
     let planned_dir = d.join("planned");
-    let o = miles(&["run", "--plan", plan.to_str().unwrap(), "--out", planned_dir.to_str().unwrap(), "--progress", "off", "--threads", "1"]);
+    let o = miles(&[
+        "run",
+        "--plan",
+        plan.to_str().unwrap(),
+        "--out",
+        planned_dir.to_str().unwrap(),
+        "--progress",
+        "off",
+        "--threads",
+        "1",
+    ]);
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
     let strip = |s: &str| -> Vec<String> {
         // Timing figures differ between runs; everything else must not.
         s.lines()
             .map(|l| {
                 let v: serde_json::Value = serde_json::from_str(l).unwrap();
-                let m: serde_json::Map<String, serde_json::Value> =
-                    v.as_object().unwrap().iter().filter(|(k, _)| !k.starts_with("perf/")).map(|(k, v)| (k.clone(), v.clone())).collect();
+                let m: serde_json::Map<String, serde_json::Value> = v
+                    .as_object()
+                    .unwrap()
+                    .iter()
+                    .filter(|(k, _)| !k.starts_with("perf/"))
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect();
                 serde_json::Value::Object(m).to_string()
             })
             .collect()

@@ -563,7 +563,8 @@ impl Metrics {
             .append(true)
             .open(path)
             .map_err(|e| RunError::io(E_OUT_DIR, "cannot open", path, e))?;
-        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0);
+        let now =
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0);
         let tb_dir = path.parent().unwrap_or(Path::new(".")).join("tensorboard");
         let tb = match crate::tensorboard::EventWriter::create(&tb_dir, now) {
             Ok(w) => Some(w),
@@ -591,9 +592,15 @@ impl Metrics {
                 .filter(|(k, _)| k.as_str() != "step")
                 .filter_map(|(k, v)| v.as_f64().map(|x| (k.as_str(), x as f32)))
                 .collect();
-            let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0);
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_secs_f64())
+                .unwrap_or(0.0);
             if let Err(e) = tb.scalars(step, now, &scalars) {
-                eprintln!("warning: TensorBoard events stop here ({}: {e}); metrics.jsonl is complete", tb.path.display());
+                eprintln!(
+                    "warning: TensorBoard events stop here ({}: {e}); metrics.jsonl is complete",
+                    tb.path.display()
+                );
                 self.tb = None;
             }
         }

@@ -246,7 +246,7 @@ impl Policy {
         let causal = kj.le_tensor(&qi); // [T, S]
         let diag = kj.eq_tensor(&qi);
         let allowed = causal.unsqueeze(0).logical_and(&key_valid.unsqueeze(1)).logical_or(&diag.unsqueeze(0)); // [B, T, S]
-        // Boolean mask (true = may attend) for libtorch's fused attention, built once per pass.
+                                                                                                               // Boolean mask (true = may attend) for libtorch's fused attention, built once per pass.
         let mask = allowed.unsqueeze(1); // [B, 1, T, S]
 
         let flat_pos = positions.reshape([-1]);
