@@ -157,7 +157,7 @@ fn run_refuses_what_the_embedded_backend_cannot_do_all_at_once() {
     let o = miles(&["run", "recipes/glm5-agentic.miles"]);
     assert_eq!(o.status.code(), Some(1), "{}", text(&o));
     let t = text(&o);
-    for what in ["fully_async", "sglang", "megatron", "env_reward"] {
+    for what in ["sglang", "megatron", "env_reward"] {
         assert!(t.contains(what), "missing {what}: {t}");
     }
     assert!(t.contains("E0511"));
