@@ -358,11 +358,7 @@ pub(crate) fn run(
             }
         }
         last_ckpt = Some(checkpoint(spec, &ckpt_root, &shared, step, eval_start, eval_last, trainer.as_ref())?);
-        let final_dir = out.join("model");
-        write_dir_atomically(&final_dir, |tmp| {
-            trainer.save_model(tmp)?;
-            write_json(&tmp.join("tokenizer.json"), &task.tokenizer)
-        })?;
+        crate::exec::save_final_model(out, trainer.as_ref(), &task)?;
     }
     progress.finish(eval_start, eval_last);
     Ok(Summary {

@@ -237,12 +237,7 @@ pub fn run_with(spec: &RunSpec, opts: &RunOptions, backend: &dyn Backend) -> Res
         }
     }
     if !stopped_early {
-        // The final model, Hugging Face style (model.safetensors + config.json + tokenizer).
-        let final_dir = out.join("model");
-        write_dir_atomically(&final_dir, |tmp| {
-            trainer.save_model(tmp)?;
-            write_json(&tmp.join("tokenizer.json"), &task.tokenizer)
-        })?;
+        save_final_model(out, trainer.as_ref(), &task)?;
     }
     progress.finish(eval_start, eval_last);
     Ok(Summary {
@@ -254,6 +249,15 @@ pub fn run_with(spec: &RunSpec, opts: &RunOptions, backend: &dyn Backend) -> Res
         metrics_path,
         wall_seconds: started.elapsed().as_secs_f64(),
         stopped_early,
+    })
+}
+
+/// The final model, Hugging Face style (model.safetensors + config.json + tokenizer), written
+/// atomically into OUT/model. Both executors end a finished run with it.
+pub(crate) fn save_final_model(out: &Path, trainer: &dyn Trainer, task: &TaskSet) -> Result<(), RunError> {
+    write_dir_atomically(&out.join("model"), |tmp| {
+        trainer.save_model(tmp)?;
+        write_json(&tmp.join("tokenizer.json"), &task.tokenizer)
     })
 }
 
