@@ -1572,34 +1572,26 @@ impl<'p> Eval<'p> {
                     );
                     return None;
                 };
+                // Each present bound: its value, and whether `q` is on the right side of it.
                 let mut ok = true;
-                if let Some(s) = start {
-                    let Some((sq, sd)) = key(s) else { return Some(false) };
-                    if sd != d {
+                let bounds = [(start, true), (end, false)];
+                for (bound, is_start) in bounds.iter().filter_map(|(b, s)| b.as_ref().map(|b| (b, *s))) {
+                    let Some((bq, bd)) = key(bound) else { return Some(false) };
+                    if bd != d {
                         self.report(
                             Diagnostic::error(
                                 "E0202",
-                                format!("range bounds are {} but the value is {}", sd.name(), d.name()),
+                                format!("range bounds are {} but the value is {}", bd.name(), d.name()),
                             )
                             .with_primary(span, "here"),
                         );
                         return None;
                     }
-                    ok &= q >= sq;
-                }
-                if let Some(e) = end {
-                    let Some((eq, ed)) = key(e) else { return Some(false) };
-                    if ed != d {
-                        self.report(
-                            Diagnostic::error(
-                                "E0202",
-                                format!("range bounds are {} but the value is {}", ed.name(), d.name()),
-                            )
-                            .with_primary(span, "here"),
-                        );
-                        return None;
-                    }
-                    ok &= if *inclusive { q <= eq } else { q < eq };
+                    ok &= match (is_start, *inclusive) {
+                        (true, _) => q >= bq,
+                        (false, true) => q <= bq,
+                        (false, false) => q < bq,
+                    };
                 }
                 Some(ok)
             }
