@@ -21,7 +21,7 @@ miles plan: planning time                cargo bench -p miles-plan --bench plan 
 miles check: the compiler                bash bench/compiler/run.sh                         bench/compiler/
 embedded backend throughput              cargo bench -p miles-tch --bench throughput        bench/tch/throughput.rs
 language server latency                  cargo bench -p miles-lsp --bench lsp               bench/lsp/lsp.rs
-weight-update transports                 cargo bench -p miles-dist --bench transport        bench/transport/transport.rs
+weight-update transports                 cargo bench -p miles-workers --bench transport        bench/transport/transport.rs
 asynchronous schedules (simulated)       cargo bench -p miles-runtime --bench async         bench/async/async.rs
   + the laptop recipe per schedule       bash bench/async/laptop.sh                         bench/async/laptop.sh
 GRPO side by side: miles and TRL         bash bench/peers/run.sh  (spliced by this script)  bench/peers/

@@ -315,8 +315,8 @@ pub fn run_spec(recipe: &CompiledRecipe) -> Result<RunSpec, Vec<Diagnostic>> {
                 "with `engine = sglang { url = ... }` the trainer runs in `miles run`; remove `launcher`",
             );
         }
-        distributed = Some(miles_runtime::distspec::DistSpec {
-            launcher: miles_runtime::distspec::LauncherSpec::InProcess,
+        distributed = Some(miles_runtime::distributed::DistributedSpec {
+            launcher: miles_runtime::distributed::LauncherSpec::InProcess,
             rollout_workers: engine_urls.len(),
             transport: "disk".into(),
             bucket_bytes: 0,
@@ -405,8 +405,8 @@ impl Mapper<'_> {
 
 /// The recipe's `launcher` setting and `weights` stage as the distributed part of the run spec
 /// (None for `in_process`).
-fn distributed_spec(l: &Record, sync: Option<&StageNode>) -> Option<miles_runtime::distspec::DistSpec> {
-    use miles_runtime::distspec::{DistSpec, LauncherSpec, WorkerFailure};
+fn distributed_spec(l: &Record, sync: Option<&StageNode>) -> Option<miles_runtime::distributed::DistributedSpec> {
+    use miles_runtime::distributed::{DistributedSpec, LauncherSpec, WorkerFailure};
     let int = |name: &str, default: i64| l.get(name).and_then(Value::as_i64).unwrap_or(default).max(0);
     let opt_str = |name: &str| l.get(name).and_then(|v| v.as_str()).map(str::to_string);
     let launcher = match l.schema_name.as_str() {
@@ -432,7 +432,7 @@ fn distributed_spec(l: &Record, sync: Option<&StageNode>) -> Option<miles_runtim
         .map(|q| q.to_f64().max(65536.0) as u64)
         .unwrap_or(512 << 20);
     let verify_full = sync.and_then(|n| n.param("verify_full")).and_then(Value::as_bool).unwrap_or(false);
-    Some(DistSpec {
+    Some(DistributedSpec {
         launcher,
         rollout_workers: int("engines", 1).max(1) as usize,
         transport,

@@ -30,7 +30,7 @@ recipe tiny on laptop {
 "#;
 
 fn tmp(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("miles-dist-{}-{name}", std::process::id()));
+    let d = std::env::temp_dir().join(format!("miles-workers-{}-{name}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
     std::fs::create_dir_all(&d).unwrap();
     d

@@ -1,15 +1,15 @@
 //! Weight-update time and GB/s per transport at 10 MB, 100 MB and 1 GB with 1, 2 and 4 rollout
 //! processes, against this machine's memcpy bandwidth measured in the same run.
 //!
-//!   CARGO_TARGET_DIR=/work/target-f cargo bench -p miles-dist --bench transport [-- --quick]
+//!   CARGO_TARGET_DIR=/work/target-f cargo bench -p miles-workers --bench transport [-- --quick]
 //!
 //! Receivers are separate processes (this binary re-run with MILES_BENCH_RECEIVER set), each
 //! with a real `Receiver` (broadcast, p2p) or `DeltaReceiver` (disk-delta). One update = publish
 //! plus every engine holding the verified new version (activated), timed end to end. Every update
 //! changes every weight (as an RL step does), so disk-delta's delta is as large as the weights.
 
-use miles_dist::delta::DeltaReceiver;
-use miles_dist::transport::{self, Channel, Receiver, Target, TransportConfig, TransportKind};
+use miles_workers::delta::DeltaReceiver;
+use miles_workers::transport::{self, Channel, Receiver, Target, TransportConfig, TransportKind};
 use miles_runtime::{NamedTensor, WeightSnapshot};
 use std::io::{BufRead, BufReader, Write};
 use std::path::PathBuf;

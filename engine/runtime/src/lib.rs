@@ -6,7 +6,7 @@
 pub mod async_exec;
 pub mod backend;
 pub mod buffer;
-pub mod distspec;
+pub mod distributed;
 pub mod error;
 pub mod exec;
 pub mod progress;

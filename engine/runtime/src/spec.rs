@@ -67,9 +67,9 @@ pub struct RunSpec {
     pub eval: EvalSpec,
     #[serde(default)]
     pub checkpoint: CheckpointSpec,
-    /// Stages as separate processes (engine/dist); None = in-process.
+    /// Stages as separate processes (engine/workers); None = in-process.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub distributed: Option<crate::distspec::DistSpec>,
+    pub distributed: Option<crate::distributed::DistributedSpec>,
     /// sync (the default), one_step_off or fully_async (docs/async.md).
     #[serde(default, skip_serializing_if = "ScheduleSpec::is_sync")]
     pub schedule: ScheduleSpec,

@@ -1,5 +1,5 @@
 //! `miles-engine run`: executes a RunSpec on the embedded backend, in this process or with its
-//! stages as worker processes (src/dist.rs), and prints the outcome.
+//! stages as worker processes (src/bin/miles-engine/distributed.rs), and prints the outcome.
 
 use miles_runtime::spec::{ProgressMode, RunOptions, RunSpec};
 use std::io::Read;
@@ -73,7 +73,7 @@ pub fn run(args: Args) -> u8 {
                 d.engine_urls.join(", "),
                 out.display()
             );
-            crate::dist::run(&spec, &opts)
+            crate::distributed::run(&spec, &opts)
         }
         Some(d) => {
             eprintln!(
@@ -84,7 +84,7 @@ pub fn run(args: Args) -> u8 {
                 d.transport,
                 out.display()
             );
-            crate::dist::run(&spec, &opts)
+            crate::distributed::run(&spec, &opts)
         }
     };
     match result {

@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct DistSpec {
+pub struct DistributedSpec {
     pub launcher: LauncherSpec,
     /// Rollout engine processes.
     #[serde(default = "one")]

@@ -1,9 +1,9 @@
 //! The worker protocol with a fake stage (no libtorch): token checks, deadlines, health, weights
 //! over a transport, and the controller's registry.
 
-use miles_dist::pb::{self, worker_client::WorkerClient};
-use miles_dist::remote::{Controller, Deadlines, Fleet, OnFailure, RemoteEngine, RemoteTrainer};
-use miles_dist::worker::{Hosted, Role, WorkerConfig};
+use miles_workers::pb::{self, worker_client::WorkerClient};
+use miles_workers::remote::{Controller, Deadlines, Fleet, OnFailure, RemoteEngine, RemoteTrainer};
+use miles_workers::worker::{Hosted, Role, WorkerConfig};
 use miles_runtime::tasks::TokenId;
 use miles_runtime::*;
 use std::path::Path;
@@ -104,7 +104,7 @@ fn start_worker(id: &str, role: Role, ctrl: Option<String>, token: &str, delay: 
         heartbeat: Duration::from_millis(100),
         orphan_after: Duration::from_secs(20),
     };
-    let factory: miles_dist::worker::Factory = Arc::new(move |role, _: &RunSpec, _| {
+    let factory: miles_workers::worker::Factory = Arc::new(move |role, _: &RunSpec, _| {
         Ok(match role {
             Role::Rollout => Hosted::Rollout(Box::new(Echo { version: 0, delay })),
             Role::Trainer => Hosted::Trainer(Box::new(Stamp { version: 0 })),
@@ -112,7 +112,7 @@ fn start_worker(id: &str, role: Role, ctrl: Option<String>, token: &str, delay: 
     });
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
-        let _ = miles_dist::worker::serve(cfg, factory, |a, d| {
+        let _ = miles_workers::worker::serve(cfg, factory, |a, d| {
             let _ = tx.send((a.to_string(), d.to_string()));
         });
     });
@@ -128,9 +128,9 @@ fn calls_without_the_run_token_are_refused() {
         let e = c.health(pb::HealthRequest {}).await.unwrap_err();
         assert_eq!(e.code(), tonic::Code::Unauthenticated);
         let ch = tonic::transport::Endpoint::from_shared(format!("http://{addr}")).unwrap().connect().await.unwrap();
-        let mut wrong = WorkerClient::with_interceptor(ch.clone(), miles_dist::auth::AddToken::new("guess").unwrap());
+        let mut wrong = WorkerClient::with_interceptor(ch.clone(), miles_workers::auth::AddToken::new("guess").unwrap());
         assert_eq!(wrong.health(pb::HealthRequest {}).await.unwrap_err().code(), tonic::Code::Unauthenticated);
-        let mut right = WorkerClient::with_interceptor(ch, miles_dist::auth::AddToken::new("secret").unwrap());
+        let mut right = WorkerClient::with_interceptor(ch, miles_workers::auth::AddToken::new("secret").unwrap());
         let h = right.health(pb::HealthRequest {}).await.unwrap().into_inner();
         assert_eq!((h.worker_id.as_str(), h.role.as_str(), h.ready), ("rollout-0", "rollout", false));
     });

@@ -1,10 +1,10 @@
 //! `miles worker` hosts one stage instance (a rollout engine or a trainer on the embedded libtorch
 //! backend) as its own process, driven by the controller over the worker protocol
-//! (engine/dist); `miles serve MODEL_DIR` exposes the embedded engine through the
-//! SGLang-compatible HTTP API. Both are thin: the protocol, transports and API live in miles-dist.
+//! (engine/workers); `miles serve MODEL_DIR` exposes the embedded engine through the
+//! SGLang-compatible HTTP API. Both are thin: the protocol, transports and API live in miles-workers.
 
-use miles_dist::auth::TOKEN_ENV;
-use miles_dist::worker::{Factory, Hosted, Role, WorkerConfig};
+use miles_workers::auth::TOKEN_ENV;
+use miles_workers::worker::{Factory, Hosted, Role, WorkerConfig};
 use miles_runtime::{RolloutEngine, RunError, RunSpec, Trainer};
 use miles_tch::model::Policy;
 use std::path::PathBuf;
@@ -107,7 +107,7 @@ pub fn run(args: Args) -> u8 {
         orphan_after: Duration::from_secs(30),
     };
     let id = args.id;
-    let res = miles_dist::worker::serve(cfg, factory(), |rpc, data| {
+    let res = miles_workers::worker::serve(cfg, factory(), |rpc, data| {
         let gpus =
             std::env::var("CUDA_VISIBLE_DEVICES").map(|g| format!("; CUDA_VISIBLE_DEVICES={g}")).unwrap_or_default();
         eprintln!("miles worker {id}: pid {} serving on {rpc} (weights on {data}{gpus})", std::process::id());
@@ -134,13 +134,13 @@ pub struct ServeArgs {
 
 pub fn serve(args: ServeArgs) -> u8 {
     miles_runtime::Backend::set_threads(&miles_tch::TchBackend, args.threads);
-    let loader: miles_dist::http::Loader = Arc::new(|dir: &std::path::Path, version: u64| {
+    let loader: miles_workers::http::Loader = Arc::new(|dir: &std::path::Path, version: u64| {
         let policy = Policy::load(dir)?;
         let mut e = miles_tch::TchEngine::new(policy);
         e.version = version;
         Ok(Box::new(e) as Box<dyn RolloutEngine + Send>)
     });
-    let res = miles_dist::http::serve(&args.bind, args.model_dir.clone(), loader, |addr| {
+    let res = miles_workers::http::serve(&args.bind, args.model_dir.clone(), loader, |addr| {
         eprintln!("miles serve: {} on http://{addr} (SGLang-compatible /generate)", args.model_dir.display());
     });
     match res {

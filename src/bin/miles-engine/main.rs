@@ -3,11 +3,8 @@
 //! libtorch's ~0.5 s load time. Not meant to be called by hand (it takes a compiled run spec,
 //! not a recipe), though nothing stops you.
 
-#[path = "../dist.rs"]
-mod dist;
-#[path = "../execute.rs"]
+mod distributed;
 mod execute;
-#[path = "../worker.rs"]
 mod worker;
 
 use clap::{Parser, Subcommand};

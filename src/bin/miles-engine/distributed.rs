@@ -1,5 +1,5 @@
 //! `miles run` of a recipe with a `launcher`: the executor runs here (the controller), the stages
-//! in worker processes started by the launcher (engine/dist).
+//! in worker processes started by the launcher (engine/workers).
 
 use miles_runtime::{RunError, RunOptions, RunSpec, Summary, E_SPEC};
 
@@ -21,7 +21,7 @@ pub fn run(spec: &RunSpec, opts: &RunOptions) -> Result<Summary, RunError> {
         };
         return miles_runtime::run_with(spec, &o, &backend);
     }
-    let backend = miles_dist::backend::DistBackend::new(exe, out);
+    let backend = miles_workers::backend::WorkersBackend::new(exe, out);
     let res = miles_runtime::run_with(spec, &o, &backend);
     if let Some(f) = backend.fleet.lock().unwrap_or_else(|p| p.into_inner()).take() {
         let f = f.lock().unwrap_or_else(|p| p.into_inner());
@@ -60,7 +60,7 @@ impl miles_runtime::Backend for HttpBackend {
     }
     fn create(&self, spec: &RunSpec) -> Result<miles_runtime::EngineAndTrainer, RunError> {
         let (_, trainer) = miles_tch::TchBackend.create(spec)?;
-        let engine = miles_dist::http::HttpEngine::new(
+        let engine = miles_workers::http::HttpEngine::new(
             self.urls.clone(),
             self.weights_dir.clone(),
             spec.model.clone(),

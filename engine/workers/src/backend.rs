@@ -1,4 +1,4 @@
-//! `DistBackend`: a `miles_runtime::Backend` whose rollout engines and trainer are worker
+//! `WorkersBackend`: a `miles_runtime::Backend` whose rollout engines and trainer are worker
 //! processes. The synchronous executor runs unchanged on top of it: `create` starts the
 //! controller, launches the workers, waits for them to register and initialises them.
 
@@ -6,13 +6,13 @@ use crate::auth::new_token;
 use crate::launcher::{LaunchEnv, Launcher, LocalLauncher, RayLauncher, SlurmLauncher, WorkerLaunch};
 use crate::remote::{Controller, Deadlines, Fleet, OnFailure, RemoteEngine, RemoteTrainer, SharedFleet};
 use crate::{E_LAUNCH, E_WORKER};
-use miles_runtime::distspec::{DistSpec, LauncherSpec, WorkerFailure};
+use miles_runtime::distributed::{DistributedSpec, LauncherSpec, WorkerFailure};
 use miles_runtime::{Backend, EngineAndTrainer, RolloutEngine, RunError, RunSpec, Trainer};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-pub struct DistBackend {
+pub struct WorkersBackend {
     /// The `miles` binary the workers run.
     pub exe: PathBuf,
     pub out_dir: PathBuf,
@@ -21,14 +21,14 @@ pub struct DistBackend {
     pub fleet: Mutex<Option<SharedFleet>>,
 }
 
-impl DistBackend {
+impl WorkersBackend {
     pub fn new(exe: PathBuf, out_dir: PathBuf) -> Self {
-        DistBackend { exe, out_dir, threads: Mutex::new(None), fleet: Mutex::new(None) }
+        WorkersBackend { exe, out_dir, threads: Mutex::new(None), fleet: Mutex::new(None) }
     }
 }
 
 /// The worker processes of a run: trainer-0, then rollout-0..n.
-pub fn plan_workers(d: &DistSpec, threads: usize) -> Vec<WorkerLaunch> {
+pub fn plan_workers(d: &DistributedSpec, threads: usize) -> Vec<WorkerLaunch> {
     let (cpus_per, gpus_engine, gpus_trainer) = match &d.launcher {
         LauncherSpec::LocalProcesses { cpus_per_worker } => (*cpus_per_worker, 0, 0),
         LauncherSpec::Slurm { cpus_per_worker, gpus_per_engine, gpus_per_trainer, .. } => {
@@ -70,9 +70,9 @@ pub fn plan_workers(d: &DistSpec, threads: usize) -> Vec<WorkerLaunch> {
     v
 }
 
-impl Backend for DistBackend {
+impl Backend for WorkersBackend {
     fn name(&self) -> &'static str {
-        "dist"
+        "workers"
     }
 
     fn set_threads(&self, threads: Option<usize>) {
