@@ -322,10 +322,104 @@ pub enum ExprKind {
     Error,
 }
 
+impl Expr {
+    /// Calls `f` on each direct sub-expression, in source order (a call's callee, then each
+    /// argument and its arrow target; a record's base, then its field values). The match is
+    /// exhaustive on purpose: a new `ExprKind` does not compile until it says what its
+    /// children are, so no walker silently skips it.
+    pub fn for_each_child<'a>(&'a self, mut f: impl FnMut(&'a Expr)) {
+        match &self.kind {
+            ExprKind::Number(_)
+            | ExprKind::Quantity { .. }
+            | ExprKind::Str(_)
+            | ExprKind::Bool(_)
+            | ExprKind::None
+            | ExprKind::Name(_)
+            | ExprKind::Error => {}
+            ExprKind::List(items) => items.iter().for_each(f),
+            ExprKind::Map(entries) => entries.iter().for_each(|(_, v)| f(v)),
+            ExprKind::Field(base, _) => f(base),
+            ExprKind::Call { callee, args, .. } => {
+                f(callee);
+                for a in args {
+                    f(&a.value);
+                    if let Some(t) = &a.arrow_to {
+                        f(t);
+                    }
+                }
+            }
+            ExprKind::Record { base, fields, .. } => {
+                f(base);
+                fields.iter().for_each(|b| f(&b.value));
+            }
+            ExprKind::Binary { lhs, rhs, .. } => {
+                f(lhs);
+                f(rhs);
+            }
+            ExprKind::Unary { expr, .. } | ExprKind::Paren(expr) => f(expr),
+            ExprKind::If { cond, then, otherwise } => {
+                f(cond);
+                f(then);
+                f(otherwise);
+            }
+            ExprKind::Range { start, end, .. } => {
+                start.iter().chain(end.iter()).for_each(|x| f(x));
+            }
+        }
+    }
+
+    /// The direct sub-expressions, in source order (see `for_each_child`).
+    pub fn children(&self) -> Vec<&Expr> {
+        let mut out = Vec::new();
+        self.for_each_child(|c| out.push(c));
+        out
+    }
+
+    /// Calls `f` on this expression and every expression inside it, parents first.
+    pub fn walk<'a>(&'a self, f: &mut dyn FnMut(&'a Expr)) {
+        f(self);
+        self.for_each_child(|c| c.walk(f));
+    }
+}
+
 /// A call argument; `train -> rollout` (weight sync) is an argument with an arrow target.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Arg {
     pub value: Expr,
     pub arrow_to: Option<Expr>,
     pub span: Span,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::diag::FileId;
+
+    /// Every name in `src`, in the order `walk` visits them.
+    fn names(src: &str) -> Vec<String> {
+        let (e, diags) = crate::parse_expr(FileId(0), src);
+        assert!(diags.is_empty(), "{diags:?}");
+        let mut out = Vec::new();
+        e.expect("parses").walk(&mut |x| {
+            if let ExprKind::Name(id) = &x.kind {
+                out.push(id.name.clone());
+            }
+        });
+        out
+    }
+
+    #[test]
+    fn walk_reaches_every_kind_of_child() {
+        assert_eq!(names("if a then f(b -> c, d.e) else -g"), ["a", "f", "b", "c", "d", "g"]);
+        assert_eq!(names("k { x = [l, (m)], y = n..o } + 1.GB * p"), ["k", "l", "m", "n", "o", "p"]);
+        assert_eq!(names("q in {\"r\": s} or not t"), ["q", "s", "t"]);
+    }
+
+    #[test]
+    fn leaves_have_no_children() {
+        for src in ["1", "2.MB", "\"s\"", "true", "none", "x"] {
+            let (e, _) = crate::parse_expr(FileId(0), src);
+            assert!(e.expect("parses").children().is_empty(), "{src}");
+        }
+    }
 }
