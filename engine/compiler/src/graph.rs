@@ -2,11 +2,12 @@
 //! channels. Every parameter keeps the span it came from, so the planner and the runtime can
 //! point back at the recipe line.
 
-use crate::value::{PortKind, Value};
+use crate::value::{PortKind, Record, Value};
 use miles_grammar::diag::Span;
 use petgraph::graph::DiGraph;
 use petgraph::visit::EdgeRef;
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 #[derive(Clone, Debug)]
 pub struct Param {
@@ -30,6 +31,9 @@ pub struct StageNode {
     pub params: BTreeMap<String, Param>,
     /// Port -> argument: a `Value::Stage` for an upstream stage, or a record (a model, a prompt set).
     pub inputs: BTreeMap<String, Value>,
+    /// The model this stage runs, found upstream through its Policy, then Trajectories ports
+    /// (`Eval::model_of`, computed once in lowering); `None` when no model is upstream.
+    pub model: Option<Arc<Record>>,
 }
 
 impl StageNode {

@@ -40,12 +40,6 @@ impl Q {
         }
         Some(Q { num: n, den: d })
     }
-    pub fn numer(self) -> i128 {
-        self.num
-    }
-    pub fn denom(self) -> i128 {
-        self.den
-    }
     pub fn is_integer(self) -> bool {
         self.den == 1
     }

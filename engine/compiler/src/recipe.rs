@@ -1,10 +1,9 @@
 //! Recipes: gathering bindings through `extends` and overrides, evaluating stage instances and
 //! settings, running checks, and lowering to the `StageGraph` with its graph checks.
 
-use crate::eval::{Env, Eval, InstanceInit};
+use crate::eval::{set_twice, Env, Eval, InstanceInit};
 use crate::graph::{Channel, ChannelKind, Param, StageGraph, StageNode};
 use crate::program::ScopeEntry;
-use crate::types::Type;
 use crate::value::{ItemRef, PortKind, Value};
 use miles_grammar::ast::{self, Binding, Expr, ExprKind, Ident, ItemKind};
 use miles_grammar::diag::{Diagnostic, Span};
@@ -148,8 +147,10 @@ fn resolve_recipe(ev: &mut Eval, module: u32, path: &ast::Path) -> Option<ItemRe
     }
 }
 
-/// Splits `kind(args) { fields }` into its parts.
-fn stage_parts(e: &Expr) -> Option<(&Expr, &[ast::Arg], &[Binding])> {
+/// The shape of a stage instantiation, `kind(args) { fields }` or `kind(args)`: the callee,
+/// the arguments and the block's fields. Any other expression is `None` (a recipe setting).
+/// This is syntax only: whether the callee names a stage kind is for evaluation to say.
+pub fn stage_call(e: &Expr) -> Option<(&Expr, &[ast::Arg], &[Binding])> {
     match &e.kind {
         ExprKind::Call { callee, args, .. } => Some((callee, args, &[])),
         ExprKind::Record { base, fields, .. } => match &base.kind {
@@ -210,7 +211,7 @@ pub fn compile_recipe(ev: &mut Eval, r: ItemRef, overrides: &[Override]) -> Opti
     let mut order: Vec<(BindingSrc, Option<StageCall>)> = Vec::new();
     for b in &g.bindings {
         let mut stage = None;
-        if let Some((callee, args, fields)) = stage_parts(&b.expr) {
+        if let Some((callee, args, fields)) = stage_call(&b.expr) {
             // Stage kinds live at module level, so the callee is resolved there.
             let quiet_callee = ev.eval(callee, Env::Module(b.module), None);
             if let Some(Value::Decl(k)) = quiet_callee {
@@ -225,13 +226,8 @@ pub fn compile_recipe(ev: &mut Eval, r: ItemRef, overrides: &[Override]) -> Opti
                             );
                             continue;
                         }
-                        if let Some(prev) = fmap.get(&first.name) {
-                            let prev: &(Expr, u32, Span) = prev;
-                            ev.report(
-                                Diagnostic::error("E0104", format!("`{}` is set twice", first.name))
-                                    .with_primary(first.span, "set again here")
-                                    .with_secondary(prev.2, "first set here"),
-                            );
+                        if let Some((_, _, prev)) = fmap.get(&first.name) {
+                            ev.report(set_twice(first, *prev));
                             continue;
                         }
                         fmap.insert(first.name.clone(), (f.value.clone(), b.module, first.span));
@@ -257,7 +253,7 @@ pub fn compile_recipe(ev: &mut Eval, r: ItemRef, overrides: &[Override]) -> Opti
         if let Some(fields) = stage_fields.get_mut(&head.name) {
             let kind = kinds[&head.name];
             let field = &a.path[1];
-            if !ev.decl_fields(kind).iter().any(|d| d.name.name == field.name) {
+            if ev.decl_field(kind, &field.name).is_none() {
                 ev.unknown_field(kind, field);
                 continue;
             }
@@ -332,11 +328,7 @@ pub fn compile_recipe(ev: &mut Eval, r: ItemRef, overrides: &[Override]) -> Opti
         Some((path, module)) => {
             let e = Expr { kind: path_expr(path), span: path.span };
             let want = ev.named_interface("Cluster");
-            let v = ev.eval(&e, Env::Module(*module), want.as_ref());
-            match (v, want) {
-                (Some(v), Some(t)) => ev.coerce(v, &t, path.span),
-                (v, _) => v,
-            }
+            ev.eval_as(&e, Env::Module(*module), want.as_ref())
         }
         None => ev.prelude_decl("local").and_then(|l| ev.build_record(l, BTreeMap::new(), recipe_span)),
     };
@@ -371,12 +363,7 @@ pub fn compile_recipe(ev: &mut Eval, r: ItemRef, overrides: &[Override]) -> Opti
         let mut arrow = None;
         for ((e, is_arrow), (pname, pty)) in flat.iter().zip(ports.iter()) {
             let t = ev.resolve_type(kind.module, pty);
-            let v = ev.eval(e, Env::Recipe(p.module), t.as_ref());
-            let v = match (v, &t) {
-                (Some(v), Some(t)) => ev.coerce(v, t, e.span),
-                (v, _) => v,
-            };
-            if let Some(v) = v {
+            if let Some(v) = ev.eval_as(e, Env::Recipe(p.module), t.as_ref()) {
                 if *is_arrow {
                     arrow = Some((v.clone(), e.span));
                 }
@@ -402,11 +389,12 @@ pub fn compile_recipe(ev: &mut Eval, r: ItemRef, overrides: &[Override]) -> Opti
         let provided: Vec<(String, Span)> =
             ev.recipe.as_ref()?.instances[i].provided.iter().map(|(k, v)| (k.clone(), v.2)).collect();
         for (name, span) in provided {
-            if !ev.decl_fields(kind).iter().any(|d| d.name.name == name) {
-                ev.unknown_field(kind, &Ident { name, span });
-                *ok = false;
-            } else if let Some(d) = ev.decl_fields(kind).iter().find(|d| d.name.name == name) {
-                ev.references.push((span, d.name.span));
+            match ev.decl_field(kind, &name) {
+                Some(d) => ev.references.push((span, d.name.span)),
+                None => {
+                    ev.unknown_field(kind, &Ident { name, span });
+                    *ok = false;
+                }
             }
         }
         for d in ev.decl_fields(kind) {
@@ -485,6 +473,7 @@ fn lower(ev: &mut Eval) -> Option<StageGraph> {
             }
         }
         let inputs = ev.recipe.as_ref()?.instances[i].args.iter().map(|(p, v, _)| (p.clone(), v.clone())).collect();
+        let model = ev.model_of(&Value::Stage(name.clone()));
         let node = StageNode {
             name: name.clone(),
             kind: ev.decl_name(kind),
@@ -494,6 +483,7 @@ fn lower(ev: &mut Eval) -> Option<StageGraph> {
             output: ev.stage_output(kind),
             params,
             inputs,
+            model,
         };
         index.insert(name, graph.graph.add_node(node));
     }
@@ -609,5 +599,4 @@ fn graph_checks(ev: &mut Eval, g: &StageGraph) {
             );
         }
     }
-    let _ = Type::Any;
 }

@@ -100,7 +100,7 @@ pub enum Value {
     Decl(ItemRef),
     Module(u32),
     /// A builtin function (`min`, `max`, `len`, `model_of`, ...).
-    Builtin(&'static str),
+    Builtin(crate::eval::Builtin),
 }
 
 impl Value {
@@ -166,7 +166,7 @@ impl Value {
             Value::Stage(n) => format!("stage `{n}`"),
             Value::Decl(_) => "declaration".into(),
             Value::Module(_) => "module".into(),
-            Value::Builtin(n) => format!("builtin `{n}`"),
+            Value::Builtin(b) => format!("builtin `{}`", b.name()),
         }
     }
 
@@ -271,7 +271,7 @@ impl fmt::Display for Value {
             Value::Stage(n) => write!(f, "{n}"),
             Value::Decl(_) => write!(f, "<declaration>"),
             Value::Module(_) => write!(f, "<module>"),
-            Value::Builtin(n) => write!(f, "{n}"),
+            Value::Builtin(b) => write!(f, "{}", b.name()),
         }
     }
 }

@@ -1,0 +1,210 @@
+//! The builtin functions: one enum carries each one's name, signature and doc, so evaluation,
+//! "did you mean" and the editor (completion, hover) read the same list.
+
+use super::{Eval, R};
+use crate::value::Value;
+use miles_grammar::diag::{Diagnostic, Span};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Builtin {
+    Min,
+    Max,
+    Len,
+    Ceil,
+    Floor,
+    ModelOf,
+    Has,
+}
+
+impl Builtin {
+    /// Every builtin, in the order they are listed to users.
+    pub const ALL: [Builtin; 7] =
+        [Builtin::Min, Builtin::Max, Builtin::Len, Builtin::Ceil, Builtin::Floor, Builtin::ModelOf, Builtin::Has];
+
+    pub fn all() -> impl Iterator<Item = Builtin> {
+        Builtin::ALL.into_iter()
+    }
+
+    pub fn from_name(name: &str) -> Option<Builtin> {
+        Builtin::all().find(|b| b.name() == name)
+    }
+
+    /// The names of all builtins, in `ALL` order.
+    pub fn names() -> Vec<&'static str> {
+        Builtin::all().map(Builtin::name).collect()
+    }
+
+    /// How it is called in source: `model_of`.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Builtin::Min => "min",
+            Builtin::Max => "max",
+            Builtin::Len => "len",
+            Builtin::Ceil => "ceil",
+            Builtin::Floor => "floor",
+            Builtin::ModelOf => "model_of",
+            Builtin::Has => "has",
+        }
+    }
+
+    /// The call with its parameters: `model_of(stage)`.
+    pub const fn signature(self) -> &'static str {
+        match self {
+            Builtin::Min => "min(a, b, ...)",
+            Builtin::Max => "max(a, b, ...)",
+            Builtin::Len => "len(x)",
+            Builtin::Ceil => "ceil(x)",
+            Builtin::Floor => "floor(x)",
+            Builtin::ModelOf => "model_of(stage)",
+            Builtin::Has => "has(record, \"field\")",
+        }
+    }
+
+    /// What it returns, in one line.
+    pub const fn doc(self) -> &'static str {
+        match self {
+            Builtin::Min => "the smallest of numbers of one unit",
+            Builtin::Max => "the largest of numbers of one unit",
+            Builtin::Len => "length of a list, map or string",
+            Builtin::Ceil => "the smallest integer not below x",
+            Builtin::Floor => "the largest integer not above x",
+            Builtin::ModelOf => "the model a stage runs, found upstream",
+            Builtin::Has => "whether the record has the field",
+        }
+    }
+
+    /// `signature: doc`, as the editor shows it.
+    pub fn detail(self) -> String {
+        format!("{}: {}", self.signature(), self.doc())
+    }
+}
+
+/// The builtins' names, for callers that want plain strings; derived from `Builtin::ALL`.
+pub const BUILTINS: &[&str] = &{
+    let mut names = [""; Builtin::ALL.len()];
+    let mut i = 0;
+    while i < names.len() {
+        names[i] = Builtin::ALL[i].name();
+        i += 1;
+    }
+    names
+};
+
+impl<'p> Eval<'p> {
+    pub(super) fn builtin(&mut self, b: Builtin, args: Vec<(Value, Span)>, span: Span) -> R<Value> {
+        let name = b.name();
+        let arity_err = |this: &mut Self, want: &str| {
+            this.report(
+                Diagnostic::error("E0207", format!("`{name}` takes {want}, given {}", args.len()))
+                    .with_primary(span, "wrong number of arguments"),
+            );
+            None
+        };
+        match b {
+            Builtin::Min | Builtin::Max => {
+                if args.is_empty() {
+                    return arity_err(self, "one or more arguments");
+                }
+                let mut best = args[0].0.clone();
+                for (v, sp) in &args[1..] {
+                    let ord = match (&best, v) {
+                        (Value::Num { q: a, .. }, Value::Num { q: b, .. }) => b.cmp(a),
+                        (Value::Quantity { q: a, dim: da }, Value::Quantity { q: b, dim: db }) if da == db => b.cmp(a),
+                        _ => {
+                            self.report(
+                                Diagnostic::error("E0202", format!("`{name}` needs numbers of one unit"))
+                                    .with_primary(*sp, v.type_name()),
+                            );
+                            return None;
+                        }
+                    };
+                    if (b == Builtin::Min && ord.is_lt()) || (b == Builtin::Max && ord.is_gt()) {
+                        best = v.clone();
+                    }
+                }
+                Some(best)
+            }
+            Builtin::Len => {
+                if args.len() != 1 {
+                    return arity_err(self, "one argument");
+                }
+                match &args[0].0 {
+                    Value::List(l) => Some(Value::int(l.len() as i128)),
+                    Value::Map(m) => Some(Value::int(m.len() as i128)),
+                    Value::Str(s) => Some(Value::int(s.chars().count() as i128)),
+                    other => {
+                        self.report(
+                            Diagnostic::error(
+                                "E0201",
+                                format!("`len` needs a list, map or string, found {}", other.type_name()),
+                            )
+                            .with_primary(args[0].1, "here"),
+                        );
+                        None
+                    }
+                }
+            }
+            Builtin::Ceil | Builtin::Floor => {
+                if args.len() != 1 {
+                    return arity_err(self, "one argument");
+                }
+                match &args[0].0 {
+                    Value::Num { q, .. } => {
+                        Some(Value::Num { q: if b == Builtin::Ceil { q.ceil() } else { q.floor() }, float: false })
+                    }
+                    other => {
+                        self.report(
+                            Diagnostic::error("E0201", format!("`{name}` needs a number, found {}", other.type_name()))
+                                .with_primary(args[0].1, "here"),
+                        );
+                        None
+                    }
+                }
+            }
+            Builtin::Has => {
+                if args.len() != 2 {
+                    return arity_err(self, "two arguments (a record and a field name)");
+                }
+                let yes = match (&args[0].0, &args[1].0) {
+                    (Value::Record(r), Value::Str(f)) => r.fields.contains_key(f),
+                    (Value::Map(m), Value::Str(f)) => m.contains_key(f),
+                    _ => false,
+                };
+                Some(Value::Bool(yes))
+            }
+            Builtin::ModelOf => {
+                if args.len() != 1 {
+                    return arity_err(self, "one argument");
+                }
+                if !self.inputs_complete(&args[0].0, 0) {
+                    // An input upstream failed to resolve and was reported already.
+                    return None;
+                }
+                self.model_of(&args[0].0).map(Value::Record).or_else(|| {
+                    self.report(
+                        Diagnostic::error("E0201", "cannot tell which model this stage runs")
+                            .with_primary(args[0].1, "no model upstream")
+                            .with_help("`model_of` follows Policy and Trajectories inputs up to a `model`"),
+                    );
+                    None
+                })
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_round_trip_and_agree_with_the_string_list() {
+        for b in Builtin::all() {
+            assert_eq!(Builtin::from_name(b.name()), Some(b));
+            assert!(b.signature().starts_with(&format!("{}(", b.name())), "{b:?}");
+        }
+        assert_eq!(BUILTINS, Builtin::names().as_slice());
+        assert_eq!(Builtin::from_name("sum"), None);
+        assert_eq!(Builtin::ModelOf.detail(), "model_of(stage): the model a stage runs, found upstream");
+    }
+}

@@ -1,0 +1,208 @@
+//! Checks: `check`/`warn` rules and `in` constraints, and the power-assert style explanation of
+//! a failing rule (the values it read, and where they were set).
+
+use super::{Env, Eval};
+use crate::types::Type;
+use crate::value::{ItemRef, Value};
+use miles_grammar::ast::{self, Expr, ExprKind};
+use miles_grammar::diag::{Diagnostic, Span};
+
+impl<'p> Eval<'p> {
+    /// Runs one `check`; on failure reports E0301 at `primary` naming the rule and showing
+    /// the values the check relates. `labels` adds where related fields were set.
+    pub fn run_check(
+        &mut self,
+        check: &ast::Check,
+        env: Env,
+        primary: Span,
+        owner: ItemRef,
+        labels: &[(Span, String)],
+    ) -> bool {
+        let v = self.eval(&check.expr, env, Some(&Type::Bool));
+        match v {
+            Some(Value::Bool(true)) => true,
+            Some(Value::Bool(false)) => {
+                let message =
+                    check.message.as_ref().map(|m| m.value.clone()).unwrap_or_else(|| "check failed".to_string());
+                let shown = self.explain_values(&check.expr, env);
+                let mut d = if check.warn {
+                    Diagnostic::warning("E0309", message).with_primary(primary, "this rule warns here")
+                } else {
+                    Diagnostic::error("E0301", message).with_primary(primary, "this check fails here")
+                };
+                for (sp, msg) in labels {
+                    d = d.with_secondary(*sp, msg.clone());
+                }
+                for (sp, text) in &shown.1 {
+                    if sp.file == primary.file && *sp != primary {
+                        d = d.with_secondary(*sp, text.clone());
+                    }
+                }
+                let mut help = String::new();
+                if !shown.0.is_empty() {
+                    help.push_str(&format!("values: {}", shown.0.join(", ")));
+                }
+                if let Some(h) = &check.help {
+                    if !help.is_empty() {
+                        help.push('\n');
+                    }
+                    help.push_str(&h.value);
+                }
+                if !help.is_empty() {
+                    d = d.with_help(help);
+                }
+                d = d.with_rule(self.decl_path(owner), check.span);
+                self.report(d);
+                false
+            }
+            Some(other) => {
+                self.report(
+                    Diagnostic::error("E0302", format!("a check must be true or false, found {}", other.type_name()))
+                        .with_primary(check.expr.span, "not a Bool"),
+                );
+                false
+            }
+            None => false,
+        }
+    }
+
+    pub(super) fn quiet_eval(&mut self, e: &Expr, env: Env) -> Option<Value> {
+        self.quiet += 1;
+        let refs = self.references.len();
+        let v = self.eval(e, env, None);
+        self.references.truncate(refs);
+        self.quiet -= 1;
+        v
+    }
+
+    /// `name = value` for every name and field path in a check, power-assert style, plus the
+    /// spans where fields the check reads were set.
+    fn explain_values(&mut self, e: &Expr, env: Env) -> (Vec<String>, Vec<(Span, String)>) {
+        let mut paths: Vec<&Expr> = Vec::new();
+        collect_paths(e, &mut paths);
+        let mut out = Vec::new();
+        let mut spans = Vec::new();
+        let mut seen = std::collections::HashSet::new();
+        for p in paths {
+            let text = expr_text(p);
+            if !seen.insert(text.clone()) {
+                continue;
+            }
+            if let Some(v) = self.quiet_eval(p, env) {
+                if matches!(
+                    v,
+                    Value::Stage(_) | Value::Decl(_) | Value::Module(_) | Value::Builtin(_) | Value::Record(_)
+                ) {
+                    continue;
+                }
+                // A bare enum member (`disaggregated`) says nothing new.
+                if matches!(&v, Value::Enum { member, .. } if *member == text) {
+                    continue;
+                }
+                if let Some(sp) = self.set_span(p, env) {
+                    spans.push((sp, format!("`{text}` = {v}")));
+                }
+                out.push(format!("{text} = {v}"));
+            }
+        }
+        (out, spans)
+    }
+
+    /// Where the field a path names was set in the recipe (not where it was defaulted).
+    fn set_span(&mut self, p: &Expr, env: Env) -> Option<Span> {
+        if let (Env::Record(f), ExprKind::Name(id)) = (env, &p.kind) {
+            return self
+                .frames
+                .get(f)?
+                .provided
+                .get(&id.name)
+                .filter(|fv| !fv.defaulted && fv.span != Span::default())
+                .map(|fv| fv.span);
+        }
+        let Env::Instance(i) = env else { return None };
+        match &p.kind {
+            ExprKind::Name(id) => {
+                let inst = &self.recipe.as_ref()?.instances[i];
+                inst.provided.get(&id.name).map(|x| x.0.span)
+            }
+            ExprKind::Field(base, field) => {
+                if let ExprKind::Name(b) = &base.kind {
+                    let r = self.recipe.as_ref()?;
+                    let inst = &r.instances[i];
+                    let target = inst.args.iter().find(|(p, _, _)| *p == b.name).map(|(_, v, _)| v.clone());
+                    if let Some(Value::Stage(n)) = target {
+                        let j = *r.by_name.get(&n)?;
+                        return r.instances[j].provided.get(&field.name).map(|x| x.0.span);
+                    }
+                }
+                None
+            }
+            _ => None,
+        }
+    }
+
+    pub(super) fn in_constraint(&mut self, v: &Value, c: &Expr, env: Env) -> Option<bool> {
+        if matches!(v, Value::None) {
+            return Some(true);
+        }
+        let cons = self.eval(c, env, None)?;
+        self.contains(&cons, v, c.span)
+    }
+}
+
+pub(super) fn out_of_range(name: &str, v: &Value, cons: Option<&Value>, span: Span, cons_span: Span) -> Diagnostic {
+    let allowed = cons.map(|c| c.to_string()).unwrap_or_else(|| "the declared range".into());
+    Diagnostic::error("E0204", format!("`{name}` = {v} is outside {allowed}"))
+        .with_primary(span, format!("must be in {allowed}"))
+        .with_secondary(cons_span, "range declared here")
+        .with_help(format!("choose a value in {allowed}"))
+}
+
+/// Names and field paths (`rollout_batch`, `rollout.samples_per_prompt`) inside an expression.
+fn collect_paths<'e>(e: &'e Expr, out: &mut Vec<&'e Expr>) {
+    match &e.kind {
+        ExprKind::Name(_) => out.push(e),
+        ExprKind::Field(base, _) => {
+            if is_path(base) {
+                out.push(e);
+            } else {
+                collect_paths(base, out);
+            }
+        }
+        // The callee names a function, not a value worth showing.
+        ExprKind::Call { args, .. } => {
+            for a in args {
+                collect_paths(&a.value, out);
+            }
+        }
+        // What a record, map or range literal reads is not shown: the help stays one line.
+        ExprKind::Record { .. } | ExprKind::Map(_) | ExprKind::Range { .. } => {}
+        _ => e.for_each_child(|c| collect_paths(c, out)),
+    }
+}
+
+fn is_path(e: &Expr) -> bool {
+    match &e.kind {
+        ExprKind::Name(_) => true,
+        ExprKind::Field(b, _) => is_path(b),
+        // `model_of(rollout).layers`: a builtin applied to paths reads like a path.
+        ExprKind::Call { callee, args, .. } => {
+            matches!(&callee.kind, ExprKind::Name(_))
+                && args.iter().all(|a| is_path(&a.value) || matches!(a.value.kind, ExprKind::Str(_)))
+        }
+        _ => false,
+    }
+}
+
+pub fn expr_text(e: &Expr) -> String {
+    match &e.kind {
+        ExprKind::Name(id) => id.name.clone(),
+        ExprKind::Field(b, f) => format!("{}.{}", expr_text(b), f.name),
+        ExprKind::Call { callee, args, .. } => {
+            let args: Vec<String> = args.iter().map(|a| expr_text(&a.value)).collect();
+            format!("{}({})", expr_text(callee), args.join(", "))
+        }
+        ExprKind::Str(s) => format!("{s:?}"),
+        _ => "…".into(),
+    }
+}
