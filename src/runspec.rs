@@ -45,27 +45,13 @@ impl<'r> Mapper<'r> {
             _ => None,
         })
     }
-    /// The model record behind a stage (following Policy inputs, then the stage feeding it).
-    fn model_of(&self, node: &StageNode, depth: u32) -> Option<Record> {
-        if depth > 64 {
-            return None;
-        }
-        for v in node.inputs.values() {
-            match v {
-                Value::Record(r) if r.fields.contains_key("layers") => return Some((**r).clone()),
-                Value::Stage(n) => {
-                    if let Some(up) = self.g.node(n) {
-                        if matches!(up.output, Some(PortKind::Policy) | Some(PortKind::Trajectories)) {
-                            if let Some(m) = self.model_of(up, depth + 1) {
-                                return Some(m);
-                            }
-                        }
-                    }
-                }
-                _ => {}
-            }
-        }
-        None
+    /// E0511 when the record in `field` of `node` (an engine, a backend) is not the embedded
+    /// one, `embedded`; `what` names it in the message ("a `megatron` trainer").
+    fn require_embedded(&mut self, node: &StageNode, field: &str, embedded: &str, what: &str) {
+        let Some(r) = self.record(node, field).filter(|r| r.schema_name != embedded) else { return };
+        let message = format!("a `{}` {what}", r.schema_name);
+        let help = format!("remove `{field}` (the embedded {what} is the default) to run here");
+        self.unsupported(param_span(node, field), message, &help);
     }
 }
 
@@ -128,49 +114,33 @@ pub fn run_spec(recipe: &CompiledRecipe) -> Result<RunSpec, Vec<Diagnostic>> {
         .and_then(|u| u.as_str())
         .map(|u| u.split(',').map(|x| x.trim().to_string()).filter(|x| !x.is_empty()).collect())
         .unwrap_or_default();
-    if let Some(e) = m.record(rollout, "engine").filter(|_| engine_urls.is_empty()) {
-        if e.schema_name != "embedded_engine" {
-            let span = param_span(rollout, "engine");
-            m.unsupported(
-                span,
-                format!("a `{}` engine", e.schema_name),
-                "remove `engine` (the embedded engine is the default) to run here",
-            );
-        }
+    if engine_urls.is_empty() {
+        m.require_embedded(rollout, "engine", "embedded_engine", "engine");
     }
-    if let Some(b) = m.record(train, "backend") {
-        if b.schema_name != "embedded_trainer" {
-            let span = param_span(train, "backend");
-            m.unsupported(
-                span,
-                format!("a `{}` trainer", b.schema_name),
-                "remove `backend` (the embedded trainer is the default) to run here",
-            );
-        }
-    }
+    m.require_embedded(train, "backend", "embedded_trainer", "trainer");
     if train.param("lora").is_some_and(|v| *v != Value::None) {
         m.unsupported(param_span(train, "lora"), "LoRA".into(), "remove `lora` to run here");
     }
 
     // The model.
-    let model = match m.model_of(rollout, 0) {
+    let model = match rollout.model.as_deref() {
         Some(r) if r.schema_name == "transformer" => ModelConfig {
-            vocab_size: rec_u64(&r, "vocab") as usize,
-            d_model: rec_u64(&r, "d_model") as usize,
-            n_layers: rec_u64(&r, "layers") as usize,
-            n_heads: rec_u64(&r, "heads") as usize,
-            n_kv_heads: rec_u64(&r, "kv_heads") as usize,
-            d_ff: rec_u64(&r, "d_ff") as usize,
-            max_len: rec_u64(&r, "max_len") as usize,
+            vocab_size: rec_u64(r, "vocab") as usize,
+            d_model: rec_u64(r, "d_model") as usize,
+            n_layers: rec_u64(r, "layers") as usize,
+            n_heads: rec_u64(r, "heads") as usize,
+            n_kv_heads: rec_u64(r, "kv_heads") as usize,
+            d_ff: rec_u64(r, "d_ff") as usize,
+            max_len: rec_u64(r, "max_len") as usize,
             rope_theta: 10000.0,
             norm_eps: 1e-5,
             init_std: 0.02,
         },
         other => {
-            let span = other.as_ref().map(|r| r.span).unwrap_or(rollout.name_span);
+            let span = other.map(|r| r.span).unwrap_or(rollout.name_span);
             m.unsupported(
                 span,
-                format!("a `{}` model", other.map(|r| r.schema_name).unwrap_or_else(|| "unknown".into())),
+                format!("a `{}` model", other.map(|r| r.schema_name.as_str()).unwrap_or("unknown")),
                 "the embedded backend trains a `transformer { ... }` from a seed",
             );
             return Err(m.diags);

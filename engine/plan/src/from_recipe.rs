@@ -29,7 +29,7 @@ pub fn plan_input(recipe: &CompiledRecipe) -> PlanInput {
             continue;
         }
         let role = role_of(node);
-        let model = model_of(g, node, 0).and_then(|m| model_spec(&m));
+        let model = node.model.as_deref().and_then(model_spec);
         let mut stage = Stage {
             name: node.name.clone(),
             kind: node.kind.clone(),
@@ -236,36 +236,6 @@ fn gpu_spec(r: &Record) -> Option<GpuSpec> {
         host_memory: u64_of(r, "host_memory"),
         disk_bandwidth: f64_of(r, "disk_bandwidth"),
     })
-}
-
-/// The model a stage runs: its Policy input, else the model behind its Trajectories input.
-fn model_of(g: &StageGraph, node: &StageNode, depth: u32) -> Option<Record> {
-    if depth > 64 {
-        return None;
-    }
-    for v in node.inputs.values() {
-        if let Value::Record(r) = v {
-            if r.fields.contains_key("layers") {
-                return Some((**r).clone());
-            }
-        }
-    }
-    for v in node.inputs.values() {
-        if let Value::Stage(n) = v {
-            if let Some(up) = g.node(n) {
-                let carries_model = matches!(
-                    up.output,
-                    Some(miles_compiler::value::PortKind::Policy) | Some(miles_compiler::value::PortKind::Trajectories)
-                );
-                if carries_model {
-                    if let Some(m) = model_of(g, up, depth + 1) {
-                        return Some(m);
-                    }
-                }
-            }
-        }
-    }
-    None
 }
 
 fn model_spec(r: &Record) -> Option<ModelSpec> {
