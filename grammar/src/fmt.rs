@@ -701,57 +701,129 @@ fn quote(s: &str) -> String {
 
 /// An expression on one line.
 fn inline(src: &str, e: &Expr) -> String {
+    let mut out = String::new();
+    write_inline(src, e, &mut out);
+    out
+}
+
+/// Writes `e` on one line. A chain of binary operators is walked in a loop, not recursed, and
+/// written into one buffer, so a 200,000-term sum costs neither stack nor quadratic copying.
+fn write_inline(src: &str, e: &Expr, out: &mut String) {
+    let mut spine = Vec::new();
+    let mut head = e;
+    while let ExprKind::Binary { op, lhs, rhs, .. } = &head.kind {
+        spine.push((*op, &**rhs));
+        head = lhs;
+    }
+    write_operand(src, head, out);
+    for (op, rhs) in spine.into_iter().rev() {
+        out.push(' ');
+        out.push_str(op.symbol());
+        out.push(' ');
+        write_inline(src, rhs, out);
+    }
+}
+
+/// Writes `items` separated by `, `.
+fn write_list<T>(src: &str, items: &[T], out: &mut String, mut each: impl FnMut(&str, &T, &mut String)) {
+    for (i, x) in items.iter().enumerate() {
+        if i > 0 {
+            out.push_str(", ");
+        }
+        each(src, x, out);
+    }
+}
+
+/// Writes an expression that is not a binary operator on one line.
+fn write_operand(src: &str, e: &Expr, out: &mut String) {
     match &e.kind {
-        ExprKind::Number(n) => n.clone(),
-        ExprKind::Quantity { number, unit, .. } => format!("{number}.{unit}"),
-        ExprKind::Str(s) => quote(s),
-        ExprKind::Bool(b) => b.to_string(),
-        ExprKind::None => "none".into(),
-        ExprKind::List(items) => format!("[{}]", items.iter().map(|x| inline(src, x)).collect::<Vec<_>>().join(", ")),
-        ExprKind::Map(entries) => format!(
-            "{{{}}}",
-            entries
-                .iter()
-                .map(|(k, v)| format!("{}: {}", quote(&k.value), inline(src, v)))
-                .collect::<Vec<_>>()
-                .join(", ")
-        ),
-        ExprKind::Name(id) => id.name.clone(),
-        ExprKind::Field(b, f) => format!("{}.{}", inline(src, b), f.name),
+        ExprKind::Number(n) => out.push_str(n),
+        ExprKind::Quantity { number, unit, .. } => {
+            out.push_str(number);
+            out.push('.');
+            out.push_str(unit);
+        }
+        ExprKind::Str(s) => out.push_str(&quote(s)),
+        ExprKind::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
+        ExprKind::None => out.push_str("none"),
+        ExprKind::List(items) => {
+            out.push('[');
+            write_list(src, items, out, write_inline);
+            out.push(']');
+        }
+        ExprKind::Map(entries) => {
+            out.push('{');
+            write_list(src, entries, out, |src, (k, v), out| {
+                out.push_str(&quote(&k.value));
+                out.push_str(": ");
+                write_inline(src, v, out);
+            });
+            out.push('}');
+        }
+        ExprKind::Name(id) => out.push_str(&id.name),
+        ExprKind::Field(b, f) => {
+            write_inline(src, b, out);
+            out.push('.');
+            out.push_str(&f.name);
+        }
         ExprKind::Call { callee, args, .. } => {
-            let args: Vec<String> = args
-                .iter()
-                .map(|a| match &a.arrow_to {
-                    Some(t) => format!("{} -> {}", inline(src, &a.value), inline(src, t)),
-                    None => inline(src, &a.value),
-                })
-                .collect();
-            format!("{}({})", inline(src, callee), args.join(", "))
+            write_inline(src, callee, out);
+            out.push('(');
+            write_list(src, args, out, |src, a, out| {
+                write_inline(src, &a.value, out);
+                if let Some(t) = &a.arrow_to {
+                    out.push_str(" -> ");
+                    write_inline(src, t, out);
+                }
+            });
+            out.push(')');
         }
         ExprKind::Record { base, fields, .. } => {
+            write_inline(src, base, out);
             if fields.is_empty() {
-                format!("{} {{}}", inline(src, base))
+                out.push_str(" {}");
             } else {
-                let fs: Vec<String> =
-                    fields.iter().map(|f| format!("{} = {}", f.path.dotted(), inline(src, &f.value))).collect();
-                format!("{} {{ {} }}", inline(src, base), fs.join(", "))
+                out.push_str(" { ");
+                write_list(src, fields, out, |src, f, out| {
+                    out.push_str(&f.path.dotted());
+                    out.push_str(" = ");
+                    write_inline(src, &f.value, out);
+                });
+                out.push_str(" }");
             }
         }
-        ExprKind::Binary { op, lhs, rhs, .. } => format!("{} {} {}", inline(src, lhs), op.symbol(), inline(src, rhs)),
-        ExprKind::Unary { op: UnOp::Neg, expr } => format!("-{}", inline(src, expr)),
-        ExprKind::Unary { op: UnOp::Not, expr } => format!("not {}", inline(src, expr)),
-        ExprKind::If { cond, then, otherwise } => {
-            format!("if {} then {} else {}", inline(src, cond), inline(src, then), inline(src, otherwise))
+        ExprKind::Binary { .. } => write_inline(src, e, out),
+        ExprKind::Unary { op, expr } => {
+            out.push_str(match op {
+                UnOp::Neg => "-",
+                UnOp::Not => "not ",
+            });
+            write_inline(src, expr, out);
         }
-        ExprKind::Range { start, end, inclusive } => format!(
-            "{}{}{}",
-            start.as_ref().map(|s| inline(src, s)).unwrap_or_default(),
-            if *inclusive { "..=" } else { ".." },
-            end.as_ref().map(|s| inline(src, s)).unwrap_or_default()
-        ),
-        ExprKind::Paren(inner) => format!("({})", inline(src, inner)),
+        ExprKind::If { cond, then, otherwise } => {
+            out.push_str("if ");
+            write_inline(src, cond, out);
+            out.push_str(" then ");
+            write_inline(src, then, out);
+            out.push_str(" else ");
+            write_inline(src, otherwise, out);
+        }
+        ExprKind::Range { start, end, inclusive } => {
+            if let Some(s) = start {
+                write_inline(src, s, out);
+            }
+            out.push_str(if *inclusive { "..=" } else { ".." });
+            if let Some(s) = end {
+                write_inline(src, s, out);
+            }
+        }
+        ExprKind::Paren(inner) => {
+            out.push('(');
+            write_inline(src, inner, out);
+            out.push(')');
+        }
         // Not produced without a syntax error (and those files are refused); keep the text.
-        ExprKind::Error => src.get(e.span.range()).unwrap_or("").trim().to_string(),
+        ExprKind::Error => out.push_str(src.get(e.span.range()).unwrap_or("").trim()),
     }
 }
 
@@ -828,6 +900,12 @@ recipe r on laptop {
             "/// The A100.\n// Source: a datasheet.\nconst a = gpu {\n    name = \"A100\"\n    /// Doc.\n    // note\n    hbm = 80.GB\n}\n",
             "/// The A100.\n// Source: a datasheet.\nconst a = gpu {\n    name = \"A100\"\n    /// Doc.\n    // note\n    hbm = 80.GB\n}\n",
         );
+    }
+
+    #[test]
+    fn long_operator_chains_stay_on_one_line() {
+        let sum = format!("const x = 1{}\n", " + 1".repeat(20_000));
+        check(&sum.replace(" + ", "+"), &sum);
     }
 
     #[test]
