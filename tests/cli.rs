@@ -215,8 +215,9 @@ fn help_and_version() {
     assert_eq!(miles(&["no-such-verb"]).code, Some(2));
 }
 
-/// A binary operator chain is not nesting: a 200,000-term sum checks and formats, where a
-/// 10,000-deep parenthesis (in `bad_input_fails_cleanly`) is refused (E0003).
+/// A binary operator chain is not nesting: a 200,000-term sum checks and is already formatted,
+/// where a 10,000-deep parenthesis (in `bad_input_fails_cleanly`) is refused (E0003). Slow in a
+/// debug build (about a minute); grammar/src/fmt.rs reformats a long chain in its unit tests.
 #[test]
 fn long_operator_chains_check_and_format() {
     let sum = format!("const x = 1{}\n", " + 1".repeat(199_999));
@@ -225,10 +226,6 @@ fn long_operator_chains_check_and_format() {
     assert_eq!(r.code, Some(0), "check\nstderr:\n{}", r.stderr);
     let r = miles(&["fmt", "--check", s(&p)]);
     assert_eq!(r.code, Some(0), "fmt\nstderr:\n{}", r.stderr);
-    let squeezed = scratch("long_sum_squeezed.miles", sum.replace(" + ", "+").as_bytes());
-    let r = miles(&["fmt", s(&squeezed)]);
-    assert_eq!(r.code, Some(0), "fmt\nstderr:\n{}", r.stderr);
-    assert_eq!(std::fs::read_to_string(&squeezed).unwrap(), sum);
 }
 
 #[test]
