@@ -22,11 +22,9 @@ pub(super) fn plan_syncs(
         else {
             continue; // the stage graph checks name the missing end; nothing to estimate
         };
-        let ri = input.stages.iter().position(|x| x.name == s.to);
-        let hbm_bw = ri.and_then(|i| cx.device(&placed[i].ranges)).map_or(0.0, |g| g.hbm_bandwidth);
-        let network_bw = ri
-            .and_then(|i| cx.device(&placed[i].ranges))
-            .map_or(t.network_bw, |g| g.network_bandwidth.min(t.network_bw));
+        let rollout_gpu = input.stages.iter().position(|x| x.name == s.to).and_then(|i| cx.device(&placed[i].ranges));
+        let hbm_bw = rollout_gpu.map_or(0.0, |g| g.hbm_bandwidth);
+        let network_bw = rollout_gpu.map_or(t.network_bw, |g| g.network_bandwidth.min(t.network_bw));
         let shape = SyncShape {
             bytes: t.params * t.precision.bytes(),
             layers: t.layers,
