@@ -9,46 +9,6 @@ use miles_plan::*;
 use std::hint::black_box;
 use std::time::Instant;
 
-fn gb300() -> GpuSpec {
-    GpuSpec {
-        name: "GB300".into(),
-        arch: Arch::Blackwell,
-        hbm: 288_000_000_000,
-        hbm_bandwidth: 8e12,
-        bf16: 2.5e15,
-        fp8: Some(5e15),
-        fp4: Some(15e15),
-        scaleup_domain: 72,
-        scaleup_bandwidth: 900e9,
-        network_bandwidth: 100e9,
-        gpus_per_node: 4,
-        host_link_bandwidth: 450e9,
-        host_memory: Some(960_000_000_000),
-        disk_bandwidth: None,
-    }
-}
-
-fn glm() -> ModelSpec {
-    ModelSpec {
-        name: "GLM-5.2".into(),
-        params: 744_000_000_000,
-        active_params: 40_000_000_000,
-        layers: 78,
-        dense_layers: 3,
-        hidden_size: 6144,
-        heads: 64,
-        kv_heads: 64,
-        head_dim: 256,
-        vocab: 154_880,
-        experts: 256,
-        top_k: 8,
-        max_context: 202_752,
-        attention: Attention::Mla,
-        kv_lora_rank: Some(512),
-        qk_rope_head_dim: Some(64),
-    }
-}
-
 fn input(gpus: u64) -> PlanInput {
     let nodes = gpus / 4;
     let half = gpus / 2;
@@ -56,7 +16,7 @@ fn input(gpus: u64) -> PlanInput {
         recipe: "bench".into(),
         cluster: Cluster {
             name: "fleet".into(),
-            pools: (0..nodes).map(|_| NodePool { gpu: gb300(), nodes: Spanned::new(1) }).collect(),
+            pools: (0..nodes).map(|_| NodePool { gpu: fixtures::gb300(), nodes: Spanned::new(1) }).collect(),
             host: None,
             span: None,
         },
@@ -65,7 +25,7 @@ fn input(gpus: u64) -> PlanInput {
                 name: "rollout".into(),
                 kind: "generate".into(),
                 role: Role::Rollout,
-                model: Some(glm()),
+                model: Some(fixtures::glm5()),
                 gpus: Some(Spanned::new(GpuRequest::Count(half))),
                 engine: Some(Engine {
                     engines: None,
@@ -86,7 +46,7 @@ fn input(gpus: u64) -> PlanInput {
                 name: "train".into(),
                 kind: "grpo".into(),
                 role: Role::Train,
-                model: Some(glm()),
+                model: Some(fixtures::glm5()),
                 gpus: None,
                 engine: None,
                 trainer: Some(Trainer {

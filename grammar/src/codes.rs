@@ -33,9 +33,10 @@ starts (or the file ends). The parser closes it there and goes on.",
         code: "E0003",
         title: "nesting too deep",
         explanation: "Brackets nest deeper than the parser allows (256 levels), or one expression \
-is deeper than 1000 levels (a chain of a thousand `+`, `-` or `.field`). Real recipes never come \
-near this; the limits keep the checker from exhausting its stack on hostile input. Split the \
-expression into named constants.",
+nests deeper than 1000 levels (parentheses, lists, records, calls, `if`, a thousand `-` or \
+`.field` in a row). A chain of binary operators is not nesting: `1 + 1 + ... + 1` may be as long \
+as the file. Real recipes never come near these limits; they keep the checker from exhausting \
+its stack on hostile input. Split the expression into named constants.",
     },
     Code {
         code: "E0004",

@@ -18,6 +18,9 @@
 
 use crate::ast::*;
 use crate::diag::{Diagnostic, FileId};
+use inline::{inline, quote};
+
+mod inline;
 
 /// The line width the layout aims for.
 pub const WIDTH: usize = 120;
@@ -682,79 +685,6 @@ fn ty(t: &TypeExpr) -> String {
     }
 }
 
-/// A string literal for `s`, escaped so that the parser reads `s` back.
-fn quote(s: &str) -> String {
-    let mut out = String::with_capacity(s.len() + 2);
-    out.push('"');
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            '\n' => out.push_str("\\n"),
-            '\t' => out.push_str("\\t"),
-            c => out.push(c),
-        }
-    }
-    out.push('"');
-    out
-}
-
-/// An expression on one line.
-fn inline(src: &str, e: &Expr) -> String {
-    match &e.kind {
-        ExprKind::Number(n) => n.clone(),
-        ExprKind::Quantity { number, unit, .. } => format!("{number}.{unit}"),
-        ExprKind::Str(s) => quote(s),
-        ExprKind::Bool(b) => b.to_string(),
-        ExprKind::None => "none".into(),
-        ExprKind::List(items) => format!("[{}]", items.iter().map(|x| inline(src, x)).collect::<Vec<_>>().join(", ")),
-        ExprKind::Map(entries) => format!(
-            "{{{}}}",
-            entries
-                .iter()
-                .map(|(k, v)| format!("{}: {}", quote(&k.value), inline(src, v)))
-                .collect::<Vec<_>>()
-                .join(", ")
-        ),
-        ExprKind::Name(id) => id.name.clone(),
-        ExprKind::Field(b, f) => format!("{}.{}", inline(src, b), f.name),
-        ExprKind::Call { callee, args, .. } => {
-            let args: Vec<String> = args
-                .iter()
-                .map(|a| match &a.arrow_to {
-                    Some(t) => format!("{} -> {}", inline(src, &a.value), inline(src, t)),
-                    None => inline(src, &a.value),
-                })
-                .collect();
-            format!("{}({})", inline(src, callee), args.join(", "))
-        }
-        ExprKind::Record { base, fields, .. } => {
-            if fields.is_empty() {
-                format!("{} {{}}", inline(src, base))
-            } else {
-                let fs: Vec<String> =
-                    fields.iter().map(|f| format!("{} = {}", f.path.dotted(), inline(src, &f.value))).collect();
-                format!("{} {{ {} }}", inline(src, base), fs.join(", "))
-            }
-        }
-        ExprKind::Binary { op, lhs, rhs, .. } => format!("{} {} {}", inline(src, lhs), op.symbol(), inline(src, rhs)),
-        ExprKind::Unary { op: UnOp::Neg, expr } => format!("-{}", inline(src, expr)),
-        ExprKind::Unary { op: UnOp::Not, expr } => format!("not {}", inline(src, expr)),
-        ExprKind::If { cond, then, otherwise } => {
-            format!("if {} then {} else {}", inline(src, cond), inline(src, then), inline(src, otherwise))
-        }
-        ExprKind::Range { start, end, inclusive } => format!(
-            "{}{}{}",
-            start.as_ref().map(|s| inline(src, s)).unwrap_or_default(),
-            if *inclusive { "..=" } else { ".." },
-            end.as_ref().map(|s| inline(src, s)).unwrap_or_default()
-        ),
-        ExprKind::Paren(inner) => format!("({})", inline(src, inner)),
-        // Not produced without a syntax error (and those files are refused); keep the text.
-        ExprKind::Error => src.get(e.span.range()).unwrap_or("").trim().to_string(),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -828,6 +758,12 @@ recipe r on laptop {
             "/// The A100.\n// Source: a datasheet.\nconst a = gpu {\n    name = \"A100\"\n    /// Doc.\n    // note\n    hbm = 80.GB\n}\n",
             "/// The A100.\n// Source: a datasheet.\nconst a = gpu {\n    name = \"A100\"\n    /// Doc.\n    // note\n    hbm = 80.GB\n}\n",
         );
+    }
+
+    #[test]
+    fn long_operator_chains_stay_on_one_line() {
+        let sum = format!("const x = 1{}\n", " + 1".repeat(20_000));
+        check(&sum.replace(" + ", "+"), &sum);
     }
 
     #[test]

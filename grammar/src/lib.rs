@@ -6,8 +6,14 @@
 
 pub mod ast;
 pub mod codes;
+mod depth;
 pub mod diag;
 pub mod fmt;
+mod keywords;
+mod lex;
 mod parse;
 
-pub use parse::{collect_comments, parse, parse_expr, unescape, MAX_DEPTH, MAX_FILE_BYTES};
+pub use depth::{MAX_DEPTH, MAX_EXPR_DEPTH};
+pub use keywords::{CONTEXTUAL_KEYWORDS, ITEM_KEYWORDS, KEYWORDS};
+pub use lex::{collect_comments, unescape};
+pub use parse::{parse, parse_expr, MAX_FILE_BYTES};

@@ -3,7 +3,8 @@
 
 use crate::input::Role;
 use crate::output::*;
-use crate::render::{cluster_line, count, gb, ranges, role_colour, secs, summary_line};
+use crate::render::{cluster_line, ranges, role_colour, summary_line};
+use crate::units::{count, gb, secs};
 use miles_grammar::diag::Severity;
 use std::fmt::Write;
 

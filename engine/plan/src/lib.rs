@@ -5,6 +5,8 @@
 //! [`plan`] turns that into a [`Plan`]; `render_text`, `render_json` and `render_html` print it.
 //! Every formula is in docs/plan.md.
 
+#[doc(hidden)]
+pub mod fixtures;
 pub mod from_recipe;
 mod html;
 pub mod input;
@@ -13,6 +15,7 @@ pub mod output;
 mod plan;
 mod render;
 pub mod time;
+mod units;
 
 pub use from_recipe::plan_input;
 pub use html::render_html;
@@ -20,3 +23,4 @@ pub use input::*;
 pub use output::*;
 pub use plan::plan;
 pub use render::{render_diagnostics, render_json, render_sections, render_text, summary_line};
+pub use units::gb;

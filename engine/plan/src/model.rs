@@ -225,28 +225,8 @@ pub(crate) fn r3_bytes(m: &ModelSpec, tokens: u64) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::fixtures::glm5;
     use crate::input::Attention;
-
-    pub(crate) fn glm5() -> ModelSpec {
-        ModelSpec {
-            name: "GLM-5.2".into(),
-            params: 744_000_000_000,
-            active_params: 40_000_000_000,
-            layers: 78,
-            dense_layers: 3,
-            hidden_size: 6144,
-            heads: 64,
-            kv_heads: 64,
-            head_dim: 256,
-            vocab: 154_880,
-            experts: 256,
-            top_k: 8,
-            max_context: 202_752,
-            attention: Attention::Mla,
-            kv_lora_rank: Some(512),
-            qk_rope_head_dim: Some(64),
-        }
-    }
 
     fn llama8b() -> ModelSpec {
         ModelSpec {

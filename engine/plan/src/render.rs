@@ -4,44 +4,9 @@
 
 use crate::input::{PlacementMode, Role, ScheduleMode};
 use crate::output::*;
+use crate::units::{count, gb, secs};
 use miles_grammar::diag::Severity;
 use std::fmt::Write;
-
-pub(crate) fn gb(bytes: u64) -> String {
-    let x = bytes as f64 / 1e9;
-    if bytes > 0 && x < 0.1 {
-        format!("{:.1} MB", bytes as f64 / 1e6)
-    } else if x >= 100.0 {
-        format!("{x:.0} GB")
-    } else {
-        format!("{x:.1} GB")
-    }
-}
-
-pub(crate) fn count(n: u64) -> String {
-    let x = n as f64;
-    if n >= 10_000_000 {
-        format!("{:.0}M", x / 1e6)
-    } else if n >= 1_000_000 {
-        format!("{:.1}M", x / 1e6)
-    } else if n >= 10_000 {
-        format!("{:.0}k", x / 1e3)
-    } else {
-        n.to_string()
-    }
-}
-
-pub(crate) fn secs(s: f64) -> String {
-    if !s.is_finite() || s == 0.0 {
-        "-".into()
-    } else if s >= 100.0 {
-        format!("{s:.0} s")
-    } else if s >= 1.0 {
-        format!("{s:.1} s")
-    } else {
-        format!("{:.0} ms", s * 1e3)
-    }
-}
 
 pub(crate) fn ranges(rs: &[GpuRange]) -> String {
     rs.iter()

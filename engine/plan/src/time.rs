@@ -4,6 +4,7 @@
 
 use crate::model::div;
 use crate::output::Estimate;
+use crate::units::{gb_fixed, gbs};
 
 /// Fixed cost per layer of one broadcast update, s: the trainer gathers each layer's TP/EP
 /// shards, converts names and the engines load it, layer by layer. Fitted to Table 8.
@@ -36,13 +37,6 @@ pub(crate) struct SyncShape {
     pub requantize_s: f64,
 }
 
-fn gb(x: f64) -> String {
-    format!("{:.1} GB", x / 1e9)
-}
-fn gbs(x: f64) -> String {
-    format!("{:.0} GB/s", x / 1e9)
-}
-
 /// NCCL broadcast: each pipeline stage's source rank sends its layers, bucket by bucket, through
 /// its own NIC to every rollout GPU (a pipelined ring moves the bytes once per link).
 pub(crate) fn broadcast(s: &SyncShape) -> Estimate {
@@ -52,16 +46,20 @@ pub(crate) fn broadcast(s: &SyncShape) -> Estimate {
     Estimate {
         seconds,
         assumptions: vec![
-            format!("{} of weights, {} broadcast sources (one per pipeline stage)", gb(s.bytes), s.train_pp.max(1)),
+            format!(
+                "{} of weights, {} broadcast sources (one per pipeline stage)",
+                gb_fixed(s.bytes),
+                s.train_pp.max(1)
+            ),
             format!(
                 "each source sends {} at {} ({} network x {:.0}% efficiency)",
-                gb(per_source),
+                gb_fixed(per_source),
                 gbs(bw),
                 gbs(s.network_bw),
                 s.link_efficiency * 100.0
             ),
             format!("{:.3} s fixed per layer ({} layers; fitted to Miles Tab. 8)", s.broadcast_layer_s, s.layers),
-            format!("{} buckets of {} per source", div(per_source, s.bucket).ceil(), gb(s.bucket)),
+            format!("{} buckets of {} per source", div(per_source, s.bucket).ceil(), gb_fixed(s.bucket)),
         ],
     }
 }
@@ -78,9 +76,15 @@ pub(crate) fn p2p(s: &SyncShape) -> Estimate {
         seconds,
         assumptions: vec![
             format!("{} trainer GPUs send to {} engines of {} GPUs", s.train_gpus, s.engines, s.gpus_per_engine),
-            format!("busiest NIC moves {} (send {}, receive {}) at {}", gb(busiest), gb(send), gb(recv), gbs(bw)),
+            format!(
+                "busiest NIC moves {} (send {}, receive {}) at {}",
+                gb_fixed(busiest),
+                gb_fixed(send),
+                gb_fixed(recv),
+                gbs(bw)
+            ),
             format!("{:.3} s fixed per layer ({} layers; fitted to Miles Tab. 8)", s.p2p_layer_s, s.layers),
-            format!("{} buckets of {} on the busiest rank", div(busiest, s.bucket).ceil(), gb(s.bucket)),
+            format!("{} buckets of {} on the busiest rank", div(busiest, s.bucket).ceil(), gb_fixed(s.bucket)),
         ],
     }
 }
@@ -99,9 +103,9 @@ pub(crate) fn disk_delta(s: &SyncShape) -> Estimate {
     Estimate {
         seconds,
         assumptions: vec![
-            format!("delta = full weights ({}), checksummed, no compression", gb(s.bytes)),
+            format!("delta = full weights ({}), checksummed, no compression", gb_fixed(s.bytes)),
             format!("written by {} trainer nodes at {} each", train_nodes, gbs(s.disk_bw)),
-            format!("each rollout node reads {} at the slower of its disk and network", gb(read_bytes)),
+            format!("each rollout node reads {} at the slower of its disk and network", gb_fixed(read_bytes)),
             format!("{:.3} s fixed per layer to patch and reload", s.p2p_layer_s),
         ],
     }
@@ -114,7 +118,7 @@ pub(crate) fn local(s: &SyncShape) -> Estimate {
     Estimate {
         seconds,
         assumptions: vec![
-            format!("{} per GPU copied in HBM (read + write)", gb(per_gpu)),
+            format!("{} per GPU copied in HBM (read + write)", gb_fixed(per_gpu)),
             format!("{:.3} s fixed per layer", s.p2p_layer_s),
         ],
     }

@@ -1,0 +1,225 @@
+//! A rollout stage: weights and KV cache per GPU (E0402), concurrency (E0407), decode throughput
+//! and the time to generate one rollout batch.
+
+use super::placement::Placed;
+use super::trainer::{peak_flops, tp_domain_warning};
+use super::Ctx;
+use crate::input::*;
+use crate::model::{self, div};
+use crate::output::*;
+use crate::time::{self, DecodeShape};
+use crate::units::gb_fixed;
+
+pub(super) fn plan_engine(
+    cx: &mut Ctx,
+    st: &Stage,
+    e: &Engine,
+    pl: &Placed,
+    engines: u64,
+    batch: Option<&BatchReport>,
+    memory: &mut Vec<MemoryReport>,
+) -> Option<RolloutReport> {
+    let m = st.model.as_ref()?;
+    let a = cx.input.assumptions.clone();
+    let gpus = pl.gpus();
+    let (tp, dp) = (e.tp.value, e.dp.value);
+    if pl.placed == Where::Host || gpus == 0 {
+        return None;
+    }
+    if engines.saturating_mul(tp) > gpus || engines == 0 {
+        cx.error(
+            "E0404",
+            format!(
+                "{}: {engines} engines x TP{tp} need {} GPUs, the stage has {gpus}",
+                st.name,
+                engines.saturating_mul(tp)
+            ),
+            e.engines.and_then(|n| n.span).or(st.span),
+            "engines do not fit the GPUs",
+            None,
+        );
+        return None;
+    }
+    let g = cx.device(&pl.ranges)?;
+    let p = e.precision.value;
+    let kvp = e.kv_precision.map_or(Precision::Bf16, |k| k.value);
+    let weights = model::rollout_weight_bytes(m, tp, dp, p);
+    let budget = g.hbm as f64 * e.mem_fraction.value;
+    let kv = budget - weights;
+    let group = (tp / dp).max(1);
+    let per_token = model::kv_bytes_per_token(m, group, kvp);
+    let kv_tokens = if kv > 0.0 { (dp as f64 * div(kv, per_token)).floor() } else { 0.0 };
+    let seq = e.prompt_len.value.saturating_add(e.response_len.value);
+    let sequences = if seq == 0 { 0 } else { (kv_tokens / seq as f64) as u64 };
+    let fits = kv > 0.0 && sequences > 0;
+    tp_domain_warning(cx, st, "engine", tp, e.tp.span, g);
+    if kv <= 0.0 {
+        let mut fixes = Vec::new();
+        let mut t2 = tp * 2;
+        while t2 <= 64 * tp && t2 <= gpus {
+            if model::rollout_weight_bytes(m, t2, dp, p) < 0.8 * budget {
+                fixes.push(format!("TP{t2} engines"));
+                break;
+            }
+            t2 *= 2;
+        }
+        if p.bytes() > 1.1 && g.fp8.is_some() {
+            fixes.push(format!(
+                "`precision = fp8_blockwise` ({} per GPU)",
+                gb_fixed(model::rollout_weight_bytes(m, tp, dp, Precision::Fp8Blockwise))
+            ));
+        }
+        if e.mem_fraction.value < 0.9 {
+            fixes.push("a larger `mem_fraction`".into());
+        }
+        cx.error(
+            "E0402",
+            format!(
+                "{}: weights take {} per GPU, more than the engine's {} ({} x mem_fraction {})",
+                st.name,
+                gb_fixed(weights),
+                gb_fixed(budget),
+                gb_fixed(g.hbm as f64),
+                e.mem_fraction.value
+            ),
+            e.tp.span.or(st.span),
+            "no room left for the KV cache",
+            Some(format!("fixes: {}", if fixes.is_empty() { "more GPUs per engine".into() } else { fixes.join("; ") })),
+        );
+    } else if sequences == 0 {
+        cx.error(
+            "E0402",
+            format!(
+                "{}: the KV cache holds {} tokens per engine, one sequence of {} + {} tokens does not fit",
+                st.name, kv_tokens, e.prompt_len.value, e.response_len.value
+            ),
+            e.response_len.span.or(st.span),
+            "sequence too long for the KV cache",
+            Some("fixes: larger TP, `kv_precision = fp8_blockwise`, shorter responses".into()),
+        );
+    }
+    if let Some(mc) = e.max_concurrent {
+        if fits && mc.value > sequences {
+            cx.warning(
+                "E0407",
+                format!(
+                    "{}: {} concurrent requests per engine asked, the KV cache holds {} sequences of {} tokens",
+                    st.name, mc.value, sequences, seq
+                ),
+                mc.span.or(st.span),
+                "requests beyond this wait or are retracted",
+                Some("larger TP or fewer concurrent requests; shorter prompts with prefix caching help too".into()),
+            );
+        }
+    }
+    memory.push(MemoryReport {
+        stage: st.name.clone(),
+        role: st.role,
+        device: g.name.clone(),
+        capacity: g.hbm,
+        usable: budget as u64,
+        items: vec![
+            MemItem {
+                name: "weights".into(),
+                bytes: weights as u64,
+                note: format!(
+                    "{} on TP{tp}{}",
+                    p.as_str(),
+                    if dp > 1 { format!(" (DP-attention {dp})") } else { String::new() }
+                ),
+            },
+            MemItem {
+                name: "kv_cache".into(),
+                bytes: kv.max(0.0) as u64,
+                note: format!(
+                    "{} tokens per engine at {} B/token/GPU",
+                    crate::units::count(kv_tokens as u64),
+                    per_token
+                ),
+            },
+        ],
+        total: (weights + kv.max(0.0)) as u64,
+        fits,
+        offload: None,
+    });
+    // Throughput: decode at the batch the KV cache allows (or the recipe asks for, if smaller).
+    let decode_batch = e.max_concurrent.map_or(sequences, |mc| mc.value.min(sequences));
+    let split = model::param_split(m);
+    let ctx_avg = e.prompt_len.value as f64 + e.response_len.value as f64 / 2.0;
+    let d = DecodeShape {
+        batch: decode_batch as f64,
+        dense_weight_bytes: div(split.other, group as f64) * p.bytes(),
+        expert_weight_bytes: div(split.routed, tp as f64) * p.bytes(),
+        experts_touched: model::experts_touched(m, decode_batch),
+        kv_read_bytes: div(decode_batch as f64, dp as f64) * ctx_avg * per_token,
+        hbm_bw: g.hbm_bandwidth,
+        bw_efficiency: a.decode_bandwidth_efficiency,
+        flops: div(2.0 * m.active_params as f64 * decode_batch as f64, tp as f64),
+        peak_flops: peak_flops(g, p),
+        mfu: a.decode_mfu,
+    };
+    let (step_s, compute_bound) = time::decode_step_s(&d);
+    let engine_tps = div(decode_batch as f64, step_s);
+    let fleet_tps = engine_tps * engines as f64;
+    let tokens_per_s = Estimate {
+        seconds: fleet_tps,
+        assumptions: vec![
+            format!("{} sequences per engine decode together, average context {:.0} tokens", decode_batch, ctx_avg),
+            format!(
+                "a step reads {} of weights ({:.0}% of experts touched) + {} of KV per GPU",
+                gb_fixed(d.dense_weight_bytes + d.expert_weight_bytes * d.experts_touched),
+                d.experts_touched * 100.0,
+                gb_fixed(d.kv_read_bytes)
+            ),
+            format!(
+                "{} HBM {:.1} TB/s x {:.0}%; {}",
+                g.name,
+                g.hbm_bandwidth / 1e12,
+                a.decode_bandwidth_efficiency * 100.0,
+                if compute_bound { "compute-bound" } else { "bandwidth-bound" }
+            ),
+            format!("{:.1} ms per step, {:.0} tokens/s per engine x {} engines", step_s * 1e3, engine_tps, engines),
+        ],
+    };
+    let rollout_time = batch.filter(|_| decode_batch > 0).map(|b| {
+        let samples = b.samples_per_rollout as f64;
+        let gen = samples * e.response_len.value as f64;
+        let prefill = div(
+            samples * e.prompt_len.value as f64 * 2.0 * m.active_params as f64,
+            gpus as f64 * peak_flops(g, p) * a.train_mfu,
+        );
+        let waves = div(samples, (decode_batch * engines) as f64).ceil().max(1.0);
+        let latency = waves * e.response_len.value as f64 * step_s;
+        Estimate {
+            seconds: div(gen, fleet_tps).max(latency) + prefill,
+            assumptions: vec![
+                format!("{} samples x {} response tokens", b.samples_per_rollout, e.response_len.value),
+                format!(
+                    "at least {} wave(s) of {} decode steps of {:.1} ms",
+                    waves,
+                    e.response_len.value,
+                    step_s * 1e3
+                ),
+                format!(
+                    "prefill {:.1} s at MFU {:.0}%; every response assumed full length",
+                    prefill,
+                    a.train_mfu * 100.0
+                ),
+            ],
+        }
+    });
+    Some(RolloutReport {
+        stage: st.name.clone(),
+        engines,
+        gpus_per_engine: tp,
+        weights_per_gpu: weights as u64,
+        kv_bytes_per_gpu: kv.max(0.0) as u64,
+        kv_bytes_per_token: per_token as u64,
+        kv_tokens_per_engine: kv_tokens as u64,
+        sequences_per_engine: sequences,
+        requested_concurrent: e.max_concurrent.map(|m| m.value),
+        decode_batch,
+        tokens_per_s,
+        rollout_time,
+    })
+}

@@ -1,0 +1,80 @@
+//! One RL step (rollout, training, offload and sync, overlapped or not by the schedule) and
+//! the rollout buffer's size.
+
+use super::trainer::TrainFacts;
+use super::Ctx;
+use crate::input::*;
+use crate::model;
+use crate::output::*;
+
+pub(super) fn plan_step(
+    cx: &Ctx,
+    batch: Option<&BatchReport>,
+    trains: &[TrainFacts],
+    rollouts: &[RolloutReport],
+    syncs: &[SyncReport],
+) -> Option<StepReport> {
+    let b = batch?;
+    let t = trains.first()?;
+    let r = rollouts.first()?;
+    let rollout_s = r.rollout_time.as_ref()?.seconds;
+    let spr = b.steps_per_rollout as f64;
+    let train_s = t.step.seconds * spr;
+    let offload_s = t.offload_s * spr;
+    let sync_s = syncs.first().map_or(0.0, |s| s.estimate.seconds);
+    let colocated = cx.input.placement.mode.value == PlacementMode::Colocated;
+    let sync_step_s = rollout_s + train_s + offload_s + sync_s;
+    // Colocated stages alternate, so nothing overlaps whatever the schedule says.
+    let async_step_s = if colocated { sync_step_s } else { rollout_s.max(train_s + offload_s) + sync_s };
+    let mode = cx.input.schedule.mode.value;
+    let seconds = if mode == ScheduleMode::Sync { sync_step_s } else { async_step_s };
+    Some(StepReport {
+        mode,
+        rollout_s,
+        train_s,
+        train_step: t.step.clone(),
+        sync_s,
+        offload_s,
+        sync_step_s,
+        async_step_s,
+        step: Estimate {
+            seconds,
+            assumptions: vec![
+                if mode == ScheduleMode::Sync || colocated {
+                    "rollout, training, optimizer streaming and weight update run one after another".into()
+                } else {
+                    "generation overlaps training; the weight update pauses generation".into()
+                },
+                format!("{} optimizer step(s) per rollout step", b.steps_per_rollout),
+            ],
+        },
+    })
+}
+
+pub(super) fn plan_buffer(cx: &Ctx, batch: Option<&BatchReport>) -> Option<BufferReport> {
+    let b = batch?;
+    let input = cx.input;
+    let st = input.stages.iter().find(|s| s.role == Role::Rollout && s.engine.is_some())?;
+    let e = st.engine.as_ref()?;
+    let tokens = e.prompt_len.value.saturating_add(e.response_len.value);
+    let staleness = input.schedule.max_staleness.map(|s| s.value);
+    let capacity = match (input.schedule.buffer_capacity, input.schedule.mode.value) {
+        (Some(c), _) => c.value,
+        (None, ScheduleMode::Sync) => b.rollout_batch,
+        (None, ScheduleMode::OneStepOff) => 2 * b.rollout_batch,
+        // Groups older than max_staleness are dropped, so at most that many steps' worth wait.
+        (None, ScheduleMode::FullyAsync) => staleness.unwrap_or(1).saturating_add(1).saturating_mul(b.rollout_batch),
+    };
+    let trajectories = capacity.saturating_mul(b.samples_per_prompt);
+    let r3 = if input.r3.value { st.model.as_ref().map(|m| model::r3_bytes(m, tokens)) } else { None };
+    let per = tokens as f64 * input.assumptions.buffer_bytes_per_token + r3.unwrap_or(0.0);
+    Some(BufferReport {
+        max_staleness: staleness,
+        capacity_groups: capacity,
+        trajectories,
+        tokens_per_trajectory: tokens,
+        bytes_per_trajectory: per as u64,
+        r3_bytes_per_trajectory: r3.map(|x| x as u64),
+        bytes: (per * trajectories as f64) as u64,
+    })
+}
