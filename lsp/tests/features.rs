@@ -465,3 +465,21 @@ fn imported_file_changed_on_disk_is_rechecked() {
     assert!(render_diagnostics(&d).contains("E0202"), "{}", render_diagnostics(&d));
     c.shutdown();
 }
+
+#[test]
+fn rename_a_library_constant_renames_its_uses_in_other_open_documents() {
+    // The cursor is in lib/common.miles; main.miles, which uses the constant, is open too.
+    let mut c = Client::start(&recipe("").replace("const peak_lr", "const pea$0k_lr"));
+    c.open("main.miles");
+    let r = c.at_cursor("textDocument/rename", json!({ "newName": "top_lr" }));
+    let mut edits: Vec<String> = Vec::new();
+    for (uri, list) in r["changes"].as_object().cloned().unwrap_or_default() {
+        for e in list.as_array().cloned().unwrap_or_default() {
+            edits.push(format!("{} `{}`", c.loc(&uri, &e["range"]), c.range_text(&uri, &e["range"])));
+        }
+    }
+    edits.sort();
+    assert_eq!(edits, ["lib/common.miles:2:7-2:14 `peak_lr`", "main.miles:16:32-16:39 `peak_lr`"]);
+    c.shutdown();
+}
+
