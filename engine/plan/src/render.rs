@@ -7,7 +7,9 @@ use crate::output::*;
 use miles_grammar::diag::Severity;
 use std::fmt::Write;
 
-pub(crate) fn gb(bytes: u64) -> String {
+/// Bytes as every plan output prints them (`0.5 GB`, `80 MB` below 0.1 GB); the editor's memory
+/// hints use it too, so both read the same.
+pub fn gb(bytes: u64) -> String {
     let x = bytes as f64 / 1e9;
     if bytes > 0 && x < 0.1 {
         format!("{:.1} MB", bytes as f64 / 1e6)
