@@ -1,25 +1,7 @@
-//! The real file system behind the compiler's `FileSystem` trait.
+//! Files the CLI reads and writes: the compiler's one real-disk `FileSystem` (shared with the
+//! language server), and atomic writes.
 
-use miles_compiler::fs::FileSystem;
-
-pub struct DiskFs;
-
-/// Recipes larger than this are refused before reading them whole (the parser's own limit is
-/// lower; this only guards memory).
-const MAX_READ: u64 = 64 << 20;
-
-impl FileSystem for DiskFs {
-    fn read(&self, path: &str) -> Result<Vec<u8>, String> {
-        let meta = std::fs::metadata(path).map_err(|e| e.to_string())?;
-        if meta.is_dir() {
-            return Err("it is a directory".into());
-        }
-        if meta.len() > MAX_READ {
-            return Err(format!("it is {} bytes; the limit is {MAX_READ}", meta.len()));
-        }
-        std::fs::read(path).map_err(|e| e.to_string())
-    }
-}
+pub use miles_compiler::fs::DiskFs;
 
 /// Writes a file atomically: a temporary file in the same directory, fsync, then rename, so a
 /// crash or a full disk never leaves a half-written file where a good one was.

@@ -28,14 +28,9 @@ pub struct SourceHash {
     pub fnv1a64: String,
 }
 
-/// FNV-1a, 64-bit: a stable content hash without another dependency (not for security).
+/// A source's hash as the plan file records it: FNV-1a 64 (`miles_compiler::fs::fnv1a64`) in hex.
 pub fn fnv1a64(bytes: &[u8]) -> String {
-    let mut h: u64 = 0xcbf29ce484222325;
-    for b in bytes {
-        h ^= u64::from(*b);
-        h = h.wrapping_mul(0x100000001b3);
-    }
-    format!("{h:016x}")
+    format!("{:016x}", miles_compiler::fs::fnv1a64([bytes]))
 }
 
 impl PlanFile {

@@ -72,6 +72,17 @@ impl Client {
             }
         }
     }
+    /// Replaces the line `const k0 = ...` (alternating between values, so every round compiles
+    /// real work).
+    fn edit(&self, uri: &str, version: i32, line: usize, line_len: usize, round: usize) {
+        let new = format!("const k0 = lib.c0 + {}", round % 7);
+        self.notify(
+            "textDocument/didChange",
+            json!({ "textDocument": { "uri": uri, "version": version }, "contentChanges": [{
+                "range": { "start": { "line": line, "character": 0 }, "end": { "line": line, "character": line_len } },
+                "text": new }] }),
+        );
+    }
     fn diagnostics_for_version(&self, version: i32) -> Value {
         loop {
             match self.conn.receiver.recv_timeout(Duration::from_secs(30)) {
@@ -101,7 +112,7 @@ fn main() {
     let (text, completion_line, lines) = generate(&dir);
     println!("generated {lines} lines ({} bytes) importing ./lib and the stdlib", text.len());
     let (server, conn) = Connection::memory();
-    let config = miles_lsp::Config { std_dir: Some(dir.join(".std")), watch: false };
+    let config = miles_lsp::Config { std_dir: Some(dir.join(".std")), watch: false, ..Default::default() };
     let thread = std::thread::spawn(move || miles_lsp::serve(server, config));
     let mut c = Client { conn, id: 0 };
     let uri = lsp_types::Url::from_file_path(dir.join("main.miles")).map(|u| u.to_string()).unwrap_or_default();
@@ -115,35 +126,22 @@ fn main() {
     let n = d["diagnostics"].as_array().map(|a| a.len()).unwrap_or(0);
     println!("initial diagnostics: {n}");
 
-    // Edits alternate between two values of one constant, so every round compiles real work.
     let edit_line = text.lines().position(|l| l.starts_with("const k0 = ")).unwrap_or(0);
     let line_len = text.lines().nth(edit_line).map(|l| l.len()).unwrap_or(0);
     let mut version = 1;
     let mut to_diag = Vec::new();
     for i in 0..ROUNDS {
         version += 1;
-        let new = format!("const k0 = lib.c0 + {}", i % 7);
         let t0 = Instant::now();
-        c.notify(
-            "textDocument/didChange",
-            json!({ "textDocument": { "uri": uri, "version": version }, "contentChanges": [{
-                "range": { "start": { "line": edit_line, "character": 0 }, "end": { "line": edit_line, "character": line_len } },
-                "text": new }] }),
-        );
+        c.edit(&uri, version, edit_line, line_len, i);
         let _ = c.diagnostics_for_version(version);
         to_diag.push(t0.elapsed());
     }
     let mut to_completion = Vec::new();
     for i in 0..ROUNDS {
         version += 1;
-        let new = format!("const k0 = lib.c0 + {}", i % 7);
         let t0 = Instant::now();
-        c.notify(
-            "textDocument/didChange",
-            json!({ "textDocument": { "uri": uri, "version": version }, "contentChanges": [{
-                "range": { "start": { "line": edit_line, "character": 0 }, "end": { "line": edit_line, "character": line_len } },
-                "text": new }] }),
-        );
+        c.edit(&uri, version, edit_line, line_len, i);
         let r = c.request(
             "textDocument/completion",
             json!({ "textDocument": { "uri": uri }, "position": { "line": completion_line, "character": 8 } }),

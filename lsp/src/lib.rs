@@ -1,7 +1,6 @@
 //! The `.miles` language server (`miles lsp`). It speaks LSP over stdio through `lsp-server`;
 //! everything it knows about the language comes from `miles_compiler` (the same `compile` the
-//! CLI runs) and the protocol-free `miles_compiler::ide` layer. This crate alone knows LSP
-//! types.
+//! CLI runs) and the protocol-free `miles_ide` layer. This crate alone knows LSP types.
 //!
 //! The standard library is embedded in the binary, so go-to-definition into `std/...` needs a
 //! file an editor can open: the server writes the stdlib once, read-only, to a cache directory
@@ -10,7 +9,6 @@
 //! a document opened from there is analysed as the stdlib module it is, not as a user file.
 
 pub mod convert;
-mod plan_hints;
 mod server;
 pub mod stdfiles;
 

@@ -3,7 +3,12 @@
 //! One thread. Text changes are applied as they arrive; diagnostics are recomputed only once
 //! the queue of incoming messages is empty, so a burst of keystrokes costs one compilation.
 //! Requests compile lazily (and cache until the next change), so they always see the latest
-//! text.
+//! text. An edit drops only the analyses that read the edited file; the parsed stdlib and every
+//! unchanged file are reused from the session's `ParseCache`.
+//!
+//! Every request and notification goes through one dispatch table (`REQUESTS`,
+//! `NOTIFICATIONS`), each handler guarded by `catch_unwind`: a bug in the compiler or the IDE
+//! layer becomes an error answer (or a log line) and the editor session lives on.
 
 use crate::convert::{apply_change, LineIndex};
 use crate::stdfiles;
@@ -12,10 +17,11 @@ use lsp_server::{Connection, ErrorCode, Message, Notification, Request, Response
 use lsp_types::notification::Notification as _;
 use lsp_types::request::Request as _;
 use lsp_types::*;
-use miles_compiler::fs::{normalize, FileSystem, MemoryFs, OverlayFs};
-use miles_compiler::ide::{self, Analysis, CompletionKind as CK, DefKind, TokenKind};
-use miles_compiler::{compile, FileId, Options, Severity, Span};
+use miles_compiler::fs::{normalize, DiskFs, MemoryFs, OverlayFs};
+use miles_compiler::{compile_cached, FileId, Options, ParseCache, Severity, Span};
+use miles_ide::{self as ide, Analysis, CompletionKind as CK, DefKind, TokenKind};
 use std::collections::{HashMap, HashSet};
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
 
 #[derive(Clone, Debug)]
@@ -24,11 +30,14 @@ pub struct Config {
     pub std_dir: Option<PathBuf>,
     /// Watch imported files on disk and re-check when they change.
     pub watch: bool,
+    /// Fault injection for the tests of the panic guard: the next request or notification of
+    /// this method panics inside its guarded handler, as a compiler bug would.
+    pub panic_once_on: Option<String>,
 }
 
 impl Default for Config {
     fn default() -> Config {
-        Config { std_dir: None, watch: true }
+        Config { std_dir: None, watch: true, panic_once_on: None }
     }
 }
 
@@ -41,6 +50,8 @@ struct State {
     docs: HashMap<Url, Doc>,
     overlay: MemoryFs,
     analyses: HashMap<Url, Analysis>,
+    /// Parsed modules shared by every compilation of the session.
+    parsed: ParseCache,
     std_dir: PathBuf,
     /// Diagnostics need republishing (text or files on disk changed).
     dirty: bool,
@@ -49,19 +60,7 @@ struct State {
     /// Documents closed since the last publication: their diagnostics are cleared.
     closed: Vec<Url>,
     shutdown: bool,
-}
-
-/// The real disk, read-only.
-struct DiskFs;
-
-impl FileSystem for DiskFs {
-    fn read(&self, path: &str) -> Result<Vec<u8>, String> {
-        let meta = std::fs::metadata(path).map_err(|e| e.to_string())?;
-        if meta.is_dir() {
-            return Err("it is a directory".into());
-        }
-        std::fs::read(path).map_err(|e| e.to_string())
-    }
+    panic_once_on: Option<String>,
 }
 
 const TOKEN_TYPES: &[SemanticTokenType] = &[
@@ -154,12 +153,14 @@ pub fn serve(connection: Connection, config: Config) -> Result<(), String> {
         docs: HashMap::new(),
         overlay: MemoryFs::new(),
         analyses: HashMap::new(),
+        parsed: ParseCache::new(),
         std_dir,
         dirty: false,
         watcher,
         watched_dirs: HashSet::new(),
         closed: Vec::new(),
         shutdown: false,
+        panic_once_on: config.panic_once_on.clone(),
     };
     main_loop(&connection, &mut st, &watch_rx);
     Ok(())
@@ -197,7 +198,9 @@ fn main_loop(c: &Connection, st: &mut State, watch_rx: &Receiver<notify::Result<
                     if n.method == notification::Exit::METHOD {
                         return;
                     }
-                    handle_notification(st, n);
+                    if let Err(e) = handle_notification(st, n) {
+                        log(c, &e);
+                    }
                 }
                 Message::Response(_) => {}
             }
@@ -208,6 +211,82 @@ fn main_loop(c: &Connection, st: &mut State, watch_rx: &Receiver<notify::Result<
             publish_all(c, st);
         }
     }
+}
+
+// ---- dispatch ----------------------------------------------------------------------------
+
+type Res = Result<serde_json::Value, (i32, String)>;
+type RequestHandler = fn(&mut State, serde_json::Value) -> Res;
+type NotificationHandler = fn(&mut State, serde_json::Value);
+
+/// Every request the server answers, by method.
+const REQUESTS: &[(&str, RequestHandler)] = &[
+    (request::HoverRequest::METHOD, on_hover),
+    (request::Completion::METHOD, on_completion),
+    (request::GotoDefinition::METHOD, on_definition),
+    (request::References::METHOD, on_references),
+    (request::PrepareRenameRequest::METHOD, on_prepare_rename),
+    (request::Rename::METHOD, on_rename),
+    (request::DocumentSymbolRequest::METHOD, on_document_symbols),
+    (request::SemanticTokensFullRequest::METHOD, on_semantic_tokens),
+    (request::Formatting::METHOD, on_formatting),
+    (request::InlayHintRequest::METHOD, on_inlay_hints),
+    (request::CodeActionRequest::METHOD, on_code_actions),
+    // The server's copy of a document, for tests that check it tracks the client's edits.
+    ("miles/documentText", on_document_text),
+];
+
+/// Every notification the server acts on, by method (others are ignored, as the protocol asks).
+const NOTIFICATIONS: &[(&str, NotificationHandler)] = &[
+    (notification::DidOpenTextDocument::METHOD, on_did_open),
+    (notification::DidChangeTextDocument::METHOD, on_did_change),
+    (notification::DidCloseTextDocument::METHOD, on_did_close),
+    (notification::DidChangeWatchedFiles::METHOD, on_files_changed),
+    (notification::DidSaveTextDocument::METHOD, on_files_changed),
+];
+
+fn handle_request(st: &mut State, req: Request) -> Response {
+    let id = req.id.clone();
+    if st.shutdown {
+        return Response::new_err(id, ErrorCode::InvalidRequest as i32, "the server is shutting down".into());
+    }
+    let Some((_, handler)) = REQUESTS.iter().find(|(m, _)| *m == req.method) else {
+        let msg = format!("unsupported request {}", req.method);
+        return Response::new_err(id, ErrorCode::MethodNotFound as i32, msg);
+    };
+    match guarded(st, &req.method, |st| handler(st, req.params)) {
+        Ok(Ok(v)) => Response { id, result: Some(v), error: None },
+        Ok(Err((code, msg))) => Response::new_err(id, code, msg),
+        Err(why) => Response::new_err(id, ErrorCode::InternalError as i32, why),
+    }
+}
+
+/// Runs a notification's handler; `Err` is a message for the client's log.
+fn handle_notification(st: &mut State, n: Notification) -> Result<(), String> {
+    let Some((_, handler)) = NOTIFICATIONS.iter().find(|(m, _)| *m == n.method) else { return Ok(()) };
+    guarded(st, &n.method, |st| handler(st, n.params))
+}
+
+/// Runs `f`, turning a panic into a message. Analyses computed half-way are dropped, so the next
+/// request starts from a clean state.
+fn guarded<T>(st: &mut State, method: &str, f: impl FnOnce(&mut State) -> T) -> Result<T, String> {
+    let result = catch_unwind(AssertUnwindSafe(|| {
+        if st.panic_once_on.as_deref() == Some(method) {
+            st.panic_once_on = None;
+            panic!("injected panic in {method}");
+        }
+        f(st)
+    }));
+    result.map_err(|payload| {
+        st.analyses.clear();
+        st.dirty = true;
+        let what = payload
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| payload.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "unknown cause".into());
+        format!("internal error in {method} (a bug in miles; the session goes on): {what}")
+    })
 }
 
 fn on_disk_change(st: &mut State, paths: &[PathBuf]) {
@@ -249,7 +328,7 @@ fn analysis<'s>(st: &'s mut State, uri: &Url) -> Option<&'s Analysis> {
         st.docs.get(uri)?;
         let key = key_of(st, uri);
         let fs = OverlayFs { base: &DiskFs, overlay: &st.overlay };
-        let c = compile(&fs, std::slice::from_ref(&key), &Options::default());
+        let c = compile_cached(&fs, std::slice::from_ref(&key), &Options::default(), &st.parsed);
         st.analyses.insert(uri.clone(), Analysis::new(c));
         update_watches(st, uri);
     }
@@ -283,44 +362,53 @@ fn set_text(st: &mut State, uri: &Url, text: String, version: i32) {
         st.overlay.insert(&key, text.as_bytes().to_vec());
     }
     st.docs.insert(uri.clone(), Doc { text, version });
-    st.analyses.clear();
+    invalidate(st, uri, &key);
     st.dirty = true;
 }
 
-fn handle_notification(st: &mut State, n: Notification) {
-    match n.method.as_str() {
-        notification::DidOpenTextDocument::METHOD => {
-            if let Ok(p) = serde_json::from_value::<DidOpenTextDocumentParams>(n.params) {
-                set_text(st, &p.text_document.uri, p.text_document.text, p.text_document.version);
-            }
-        }
-        notification::DidChangeTextDocument::METHOD => {
-            if let Ok(p) = serde_json::from_value::<DidChangeTextDocumentParams>(n.params) {
-                let uri = p.text_document.uri;
-                let Some(doc) = st.docs.get_mut(&uri) else { return };
-                for ch in p.content_changes {
-                    apply_change(&mut doc.text, ch.range, &ch.text);
-                }
-                let text = std::mem::take(&mut doc.text);
-                set_text(st, &uri, text, p.text_document.version);
-            }
-        }
-        notification::DidCloseTextDocument::METHOD => {
-            if let Ok(p) = serde_json::from_value::<DidCloseTextDocumentParams>(n.params) {
-                let key = key_of(st, &p.text_document.uri);
-                st.overlay.remove(&key);
-                st.docs.remove(&p.text_document.uri);
-                st.closed.push(p.text_document.uri);
-                st.analyses.clear();
-                st.dirty = true;
-            }
-        }
-        notification::DidChangeWatchedFiles::METHOD | notification::DidSaveTextDocument::METHOD => {
-            st.analyses.clear();
-            st.dirty = true;
-        }
-        _ => {}
+/// Drops the analyses that read module `key` (or that failed to read a module, which may be
+/// this one), and the document's own: every other analysis stays valid.
+fn invalidate(st: &mut State, uri: &Url, key: &str) {
+    st.analyses.retain(|u, a| {
+        u != uri
+            && a.program().module_by_key(key).is_none()
+            && !a.compilation.diagnostics.iter().any(|d| d.code == "E0101")
+    });
+}
+
+fn on_did_open(st: &mut State, params: serde_json::Value) {
+    if let Ok(p) = serde_json::from_value::<DidOpenTextDocumentParams>(params) {
+        set_text(st, &p.text_document.uri, p.text_document.text, p.text_document.version);
     }
+}
+
+fn on_did_change(st: &mut State, params: serde_json::Value) {
+    if let Ok(p) = serde_json::from_value::<DidChangeTextDocumentParams>(params) {
+        let uri = p.text_document.uri;
+        let Some(doc) = st.docs.get_mut(&uri) else { return };
+        for ch in p.content_changes {
+            apply_change(&mut doc.text, ch.range, &ch.text);
+        }
+        let text = std::mem::take(&mut doc.text);
+        set_text(st, &uri, text, p.text_document.version);
+    }
+}
+
+fn on_did_close(st: &mut State, params: serde_json::Value) {
+    if let Ok(p) = serde_json::from_value::<DidCloseTextDocumentParams>(params) {
+        let uri = p.text_document.uri;
+        let key = key_of(st, &uri);
+        st.overlay.remove(&key);
+        st.docs.remove(&uri);
+        invalidate(st, &uri, &key);
+        st.closed.push(uri);
+        st.dirty = true;
+    }
+}
+
+fn on_files_changed(st: &mut State, _params: serde_json::Value) {
+    st.analyses.clear();
+    st.dirty = true;
 }
 
 // ---- diagnostics -------------------------------------------------------------------------
@@ -336,7 +424,13 @@ fn publish_all(c: &Connection, st: &mut State) {
     let uris: Vec<Url> = st.docs.keys().cloned().collect();
     for uri in uris {
         let version = st.docs.get(&uri).map(|d| d.version);
-        let diags = diagnostics_for(st, &uri);
+        let diags = match guarded(st, notification::PublishDiagnostics::METHOD, |st| diagnostics_for(st, &uri)) {
+            Ok(d) => d,
+            Err(e) => {
+                log(c, &e);
+                continue;
+            }
+        };
         let params = PublishDiagnosticsParams { uri, diagnostics: diags, version };
         let _ = c.sender.send(Message::Notification(Notification::new(
             notification::PublishDiagnostics::METHOD.to_string(),
@@ -414,22 +508,10 @@ fn location(st: &State, a: &Analysis, span: Span) -> Option<Location> {
 
 // ---- requests ----------------------------------------------------------------------------
 
-fn handle_request(st: &mut State, req: Request) -> Response {
-    let id = req.id.clone();
-    if st.shutdown {
-        return Response::new_err(id, ErrorCode::InvalidRequest as i32, "the server is shutting down".into());
-    }
-    let result = dispatch(st, req);
-    match result {
-        Ok(v) => Response { id, result: Some(v), error: None },
-        Err((code, msg)) => Response::new_err(id, code, msg),
-    }
-}
+type Params = serde_json::Value;
 
-type Res = Result<serde_json::Value, (i32, String)>;
-
-fn params<P: serde::de::DeserializeOwned>(req: Request) -> Result<P, (i32, String)> {
-    serde_json::from_value(req.params).map_err(|e| (ErrorCode::InvalidParams as i32, e.to_string()))
+fn params<P: serde::de::DeserializeOwned>(v: Params) -> Result<P, (i32, String)> {
+    serde_json::from_value(v).map_err(|e| (ErrorCode::InvalidParams as i32, e.to_string()))
 }
 
 fn json<T: serde::Serialize>(v: T) -> Res {
@@ -445,188 +527,185 @@ fn at<'s>(st: &'s State, uri: &Url, pos: Position) -> Option<(&'s Analysis, File
     Some((a, file, offset))
 }
 
-fn dispatch(st: &mut State, req: Request) -> Res {
-    match req.method.as_str() {
-        request::HoverRequest::METHOD => {
-            let p: HoverParams = params(req)?;
-            let tp = p.text_document_position_params;
-            let _ = analysis(st, &tp.text_document.uri);
-            let st: &State = st;
-            let Some((a, file, offset)) = at(st, &tp.text_document.uri, tp.position) else { return json(()) };
-            let Some(h) = ide::hover(a, file, offset) else { return json(()) };
-            let idx = LineIndex::new(a.text(file));
-            json(Hover {
-                contents: HoverContents::Markup(MarkupContent { kind: MarkupKind::Markdown, value: h.markdown }),
-                range: Some(idx.range(h.span.start as usize, h.span.end as usize)),
-            })
-        }
-        request::Completion::METHOD => {
-            let p: CompletionParams = params(req)?;
-            let tp = p.text_document_position;
-            let uri = tp.text_document.uri.clone();
-            let _ = analysis(st, &uri);
-            let st: &State = st;
-            let Some((a, file, offset)) = at(st, &uri, tp.position) else { return json(()) };
-            let mut items: Vec<CompletionItem> =
-                ide::completions(a, file, offset).into_iter().map(completion_item).collect();
-            items.extend(local_import_completions(a, file, offset, &uri));
-            json(CompletionResponse::Array(items))
-        }
-        request::GotoDefinition::METHOD => {
-            let p: GotoDefinitionParams = params(req)?;
-            let tp = p.text_document_position_params;
-            let _ = analysis(st, &tp.text_document.uri);
-            let st: &State = st;
-            let Some((a, file, offset)) = at(st, &tp.text_document.uri, tp.position) else { return json(()) };
-            let Some(span) = ide::definition(a, file, offset) else { return json(()) };
-            match location(st, a, span) {
-                Some(l) => json(GotoDefinitionResponse::Scalar(l)),
-                None => json(()),
-            }
-        }
-        request::References::METHOD => {
-            let p: ReferenceParams = params(req)?;
-            let tp = p.text_document_position;
-            json(references(st, &tp.text_document.uri, tp.position, p.context.include_declaration))
-        }
-        request::PrepareRenameRequest::METHOD => {
-            let p: TextDocumentPositionParams = params(req)?;
-            let _ = analysis(st, &p.text_document.uri);
-            let st: &State = st;
-            let Some((a, file, offset)) = at(st, &p.text_document.uri, p.position) else { return json(()) };
-            let Some((span, def)) = a.resolve(file, offset) else {
-                return Err((ErrorCode::RequestFailed as i32, "no name to rename here".into()));
-            };
-            if a.program().module(def.module).is_std {
-                return Err((
-                    ErrorCode::RequestFailed as i32,
-                    format!("`{}` is declared in the standard library, which is read-only", def.name),
-                ));
-            }
-            let idx = LineIndex::new(a.text(file));
-            json(PrepareRenameResponse::Range(idx.range(span.start as usize, span.end as usize)))
-        }
-        request::Rename::METHOD => {
-            let p: RenameParams = params(req)?;
-            let tp = p.text_document_position;
-            let uri = tp.text_document.uri.clone();
-            let _ = analysis(st, &uri);
-            let st: &State = st;
-            let Some((a, file, offset)) = at(st, &uri, tp.position) else { return json(()) };
-            let edits = ide::rename(a, file, offset, &p.new_name).map_err(|e| (ErrorCode::RequestFailed as i32, e))?;
-            let mut changes: HashMap<Url, Vec<TextEdit>> = HashMap::new();
-            for (span, text) in edits {
-                if let Some(l) = location(st, a, span) {
-                    changes.entry(l.uri).or_default().push(TextEdit { range: l.range, new_text: text });
-                }
-            }
-            json(WorkspaceEdit { changes: Some(changes), ..Default::default() })
-        }
-        request::DocumentSymbolRequest::METHOD => {
-            let p: DocumentSymbolParams = params(req)?;
-            let uri = p.text_document.uri;
-            let key = key_of(st, &uri);
-            let Some(a) = analysis(st, &uri) else { return json(()) };
-            let Some(file) = a.file_id(&key) else { return json(()) };
-            let idx = LineIndex::new(a.text(file));
-            let syms: Vec<DocumentSymbol> =
-                ide::document_symbols(a, file).into_iter().map(|s| symbol(&idx, s)).collect();
-            json(DocumentSymbolResponse::Nested(syms))
-        }
-        request::SemanticTokensFullRequest::METHOD => {
-            let p: SemanticTokensParams = params(req)?;
-            let uri = p.text_document.uri;
-            let key = key_of(st, &uri);
-            let Some(a) = analysis(st, &uri) else { return json(()) };
-            let Some(file) = a.file_id(&key) else { return json(()) };
-            json(SemanticTokensResult::Tokens(SemanticTokens { result_id: None, data: encode_tokens(a, file) }))
-        }
-        request::Formatting::METHOD => {
-            let p: DocumentFormattingParams = params(req)?;
-            let Some(doc) = st.docs.get(&p.text_document.uri) else { return json(()) };
-            match miles_grammar::fmt::format(&doc.text) {
-                Ok(formatted) if formatted != doc.text => {
-                    let idx = LineIndex::new(&doc.text);
-                    json(vec![TextEdit { range: idx.range(0, doc.text.len()), new_text: formatted }])
-                }
-                Ok(_) => json(Vec::<TextEdit>::new()),
-                // Syntax errors: the diagnostics already say where; leave the text alone.
-                Err(_) => json(()),
-            }
-        }
-        request::InlayHintRequest::METHOD => {
-            let p: InlayHintParams = params(req)?;
-            let uri = p.text_document.uri;
-            let key = key_of(st, &uri);
-            let Some(a) = analysis(st, &uri) else { return json(()) };
-            let Some(file) = a.file_id(&key) else { return json(()) };
-            let idx = LineIndex::new(a.text(file));
-            let mut plain = crate::plan_hints::memory_hints(a, file);
-            plain.extend(ide::inlay_hints(a, file));
-            plain.sort_by_key(|h| h.offset);
-            let hints: Vec<InlayHint> = plain
-                .into_iter()
-                .map(|h| InlayHint {
-                    position: idx.position(h.offset as usize),
-                    label: InlayHintLabel::String(h.label),
-                    kind: Some(InlayHintKind::PARAMETER),
-                    text_edits: None,
-                    tooltip: h.tooltip.map(InlayHintTooltip::String),
-                    padding_left: Some(true),
-                    padding_right: None,
-                    data: None,
-                })
-                .filter(|h| h.position >= p.range.start && h.position <= p.range.end)
-                .collect();
-            json(hints)
-        }
-        request::CodeActionRequest::METHOD => {
-            let p: CodeActionParams = params(req)?;
-            json(code_actions(st, &p))
-        }
-        // The server's copy of a document, for tests that check it tracks the client's edits.
-        "miles/documentText" => {
-            let p: TextDocumentIdentifier = params(req)?;
-            json(st.docs.get(&p.uri).map(|d| d.text.clone()))
-        }
-        _ => Err((ErrorCode::MethodNotFound as i32, format!("unsupported request {}", req.method))),
+fn on_hover(st: &mut State, p: Params) -> Res {
+    let p: HoverParams = params(p)?;
+    let tp = p.text_document_position_params;
+    let _ = analysis(st, &tp.text_document.uri);
+    let st: &State = st;
+    let Some((a, file, offset)) = at(st, &tp.text_document.uri, tp.position) else { return json(()) };
+    let Some(h) = ide::hover(a, file, offset) else { return json(()) };
+    let idx = LineIndex::new(a.text(file));
+    json(Hover {
+        contents: HoverContents::Markup(MarkupContent { kind: MarkupKind::Markdown, value: h.markdown }),
+        range: Some(idx.range(h.span.start as usize, h.span.end as usize)),
+    })
+}
+
+fn on_completion(st: &mut State, p: Params) -> Res {
+    let p: CompletionParams = params(p)?;
+    let tp = p.text_document_position;
+    let uri = tp.text_document.uri.clone();
+    let _ = analysis(st, &uri);
+    let st: &State = st;
+    let Some((a, file, offset)) = at(st, &uri, tp.position) else { return json(()) };
+    let mut items: Vec<CompletionItem> = ide::completions(a, file, offset).into_iter().map(completion_item).collect();
+    items.extend(local_import_completions(a, file, offset, &uri));
+    json(CompletionResponse::Array(items))
+}
+
+fn on_definition(st: &mut State, p: Params) -> Res {
+    let p: GotoDefinitionParams = params(p)?;
+    let tp = p.text_document_position_params;
+    let _ = analysis(st, &tp.text_document.uri);
+    let st: &State = st;
+    let Some((a, file, offset)) = at(st, &tp.text_document.uri, tp.position) else { return json(()) };
+    let Some(span) = ide::definition(a, file, offset) else { return json(()) };
+    match location(st, a, span) {
+        Some(l) => json(GotoDefinitionResponse::Scalar(l)),
+        None => json(()),
     }
 }
 
-fn references(st: &mut State, uri: &Url, pos: Position, include_declaration: bool) -> Vec<Location> {
-    // The definition, as (path, start, end), then its uses in every open document's analysis:
-    // a library module's names are found in each recipe that imports it.
-    let _ = analysis(st, uri);
-    let def = {
-        let Some((a, file, offset)) = at(st, uri, pos) else { return Vec::new() };
-        let Some((_, def)) = a.resolve(file, offset) else { return Vec::new() };
-        let path = a.program().sources.get(def.span.file).map(|f| f.path.clone()).unwrap_or_default();
-        (path, def.span.start, def.span.end)
-    };
+fn analyse_open_documents(st: &mut State) {
     let uris: Vec<Url> = st.docs.keys().cloned().collect();
     for u in &uris {
         let _ = analysis(st, u);
     }
+}
+
+/// The analyses of every open document, the cursor's first: what references and rename search
+/// (a library module's names are used by each recipe that imports it).
+fn open_analyses<'s>(st: &'s State, uri: &Url) -> Vec<(&'s Url, &'s Analysis)> {
+    let mut out: Vec<(&Url, &Analysis)> = st.analyses.iter().filter(|(u, _)| st.docs.contains_key(*u)).collect();
+    out.sort_by_key(|(u, _)| (*u != uri, u.as_str()));
+    out
+}
+
+fn on_references(st: &mut State, p: Params) -> Res {
+    let p: ReferenceParams = params(p)?;
+    let tp = p.text_document_position;
+    let uri = tp.text_document.uri;
+    analyse_open_documents(st);
     let st: &State = st;
-    let mut out: Vec<Location> = Vec::new();
-    for u in &uris {
-        let Some(a) = st.analyses.get(u) else { continue };
-        let Some(f) = a.file_id(&def.0) else { continue };
-        let target = Span { file: f, start: def.1, end: def.2 };
-        let mut spans: Vec<Span> = a.refs.iter().filter(|(_, d)| *d == target).map(|(u, _)| *u).collect();
-        if include_declaration {
-            spans.push(target);
-        }
-        for s in spans {
-            if let Some(l) = location(st, a, s) {
-                if !out.contains(&l) {
-                    out.push(l);
-                }
-            }
+    let key = key_of(st, &uri);
+    let docs = open_analyses(st, &uri);
+    let Some((u0, a)) = docs.first().copied() else { return json(()) };
+    if *u0 != uri {
+        return json(());
+    }
+    let Some(file) = a.file_id(&key) else { return json(()) };
+    let offset = LineIndex::new(a.text(file)).offset(tp.position);
+    let analyses: Vec<&Analysis> = docs.iter().map(|(_, a)| *a).collect();
+    let found = ide::references(&analyses, 0, file, offset, p.context.include_declaration);
+    let locations: Vec<Location> = found.iter().filter_map(|f| location(st, analyses[f.analysis], f.span)).collect();
+    json(locations)
+}
+
+fn on_prepare_rename(st: &mut State, p: Params) -> Res {
+    let p: TextDocumentPositionParams = params(p)?;
+    let _ = analysis(st, &p.text_document.uri);
+    let st: &State = st;
+    let Some((a, file, offset)) = at(st, &p.text_document.uri, p.position) else { return json(()) };
+    let span = ide::prepare_rename(a, file, offset).map_err(|e| (ErrorCode::RequestFailed as i32, e))?;
+    let idx = LineIndex::new(a.text(file));
+    json(PrepareRenameResponse::Range(idx.range(span.start as usize, span.end as usize)))
+}
+
+fn on_rename(st: &mut State, p: Params) -> Res {
+    let p: RenameParams = params(p)?;
+    let tp = p.text_document_position;
+    let uri = tp.text_document.uri;
+    analyse_open_documents(st);
+    let st: &State = st;
+    let key = key_of(st, &uri);
+    let docs = open_analyses(st, &uri);
+    let Some((u0, a)) = docs.first().copied() else { return json(()) };
+    if *u0 != uri {
+        return json(());
+    }
+    let Some(file) = a.file_id(&key) else { return json(()) };
+    let offset = LineIndex::new(a.text(file)).offset(tp.position);
+    let analyses: Vec<&Analysis> = docs.iter().map(|(_, a)| *a).collect();
+    let edits =
+        ide::rename(&analyses, 0, file, offset, &p.new_name).map_err(|e| (ErrorCode::RequestFailed as i32, e))?;
+    let mut changes: HashMap<Url, Vec<TextEdit>> = HashMap::new();
+    for (f, text) in edits {
+        if let Some(l) = location(st, analyses[f.analysis], f.span) {
+            changes.entry(l.uri).or_default().push(TextEdit { range: l.range, new_text: text });
         }
     }
-    out.sort_by(|a, b| (a.uri.as_str(), a.range.start).cmp(&(b.uri.as_str(), b.range.start)));
-    out
+    json(WorkspaceEdit { changes: Some(changes), ..Default::default() })
+}
+
+fn on_document_symbols(st: &mut State, p: Params) -> Res {
+    let p: DocumentSymbolParams = params(p)?;
+    let uri = p.text_document.uri;
+    let key = key_of(st, &uri);
+    let Some(a) = analysis(st, &uri) else { return json(()) };
+    let Some(file) = a.file_id(&key) else { return json(()) };
+    let idx = LineIndex::new(a.text(file));
+    let syms: Vec<DocumentSymbol> = ide::document_symbols(a, file).into_iter().map(|s| symbol(&idx, s)).collect();
+    json(DocumentSymbolResponse::Nested(syms))
+}
+
+fn on_semantic_tokens(st: &mut State, p: Params) -> Res {
+    let p: SemanticTokensParams = params(p)?;
+    let uri = p.text_document.uri;
+    let key = key_of(st, &uri);
+    let Some(a) = analysis(st, &uri) else { return json(()) };
+    let Some(file) = a.file_id(&key) else { return json(()) };
+    json(SemanticTokensResult::Tokens(SemanticTokens { result_id: None, data: encode_tokens(a, file) }))
+}
+
+fn on_formatting(st: &mut State, p: Params) -> Res {
+    let p: DocumentFormattingParams = params(p)?;
+    let Some(doc) = st.docs.get(&p.text_document.uri) else { return json(()) };
+    match miles_grammar::fmt::format(&doc.text) {
+        Ok(formatted) if formatted != doc.text => {
+            let idx = LineIndex::new(&doc.text);
+            json(vec![TextEdit { range: idx.range(0, doc.text.len()), new_text: formatted }])
+        }
+        Ok(_) => json(Vec::<TextEdit>::new()),
+        // Syntax errors: the diagnostics already say where; leave the text alone.
+        Err(_) => json(()),
+    }
+}
+
+fn on_inlay_hints(st: &mut State, p: Params) -> Res {
+    let p: InlayHintParams = params(p)?;
+    let uri = p.text_document.uri;
+    let key = key_of(st, &uri);
+    let Some(a) = analysis(st, &uri) else { return json(()) };
+    let Some(file) = a.file_id(&key) else { return json(()) };
+    let idx = LineIndex::new(a.text(file));
+    let mut plain = ide::memory_hints(a, file);
+    plain.extend(ide::inlay_hints(a, file));
+    plain.sort_by_key(|h| h.offset);
+    let hints: Vec<InlayHint> = plain
+        .into_iter()
+        .map(|h| InlayHint {
+            position: idx.position(h.offset as usize),
+            label: InlayHintLabel::String(h.label),
+            kind: Some(InlayHintKind::PARAMETER),
+            text_edits: None,
+            tooltip: h.tooltip.map(InlayHintTooltip::String),
+            padding_left: Some(true),
+            padding_right: None,
+            data: None,
+        })
+        .filter(|h| h.position >= p.range.start && h.position <= p.range.end)
+        .collect();
+    json(hints)
+}
+
+fn on_code_actions(st: &mut State, p: Params) -> Res {
+    let p: CodeActionParams = params(p)?;
+    json(code_actions(st, &p))
+}
+
+fn on_document_text(st: &mut State, p: Params) -> Res {
+    let p: TextDocumentIdentifier = params(p)?;
+    json(st.docs.get(&p.uri).map(|d| d.text.clone()))
 }
 
 fn code_actions(st: &mut State, p: &CodeActionParams) -> Vec<CodeActionOrCommand> {

@@ -14,15 +14,7 @@ pub fn default_dir() -> PathBuf {
 }
 
 fn content_hash() -> u64 {
-    // FNV-1a: stable across runs and platforms, unlike `DefaultHasher`.
-    let mut h: u64 = 0xcbf29ce484222325;
-    for (k, s) in STDLIB {
-        for b in k.bytes().chain(s.bytes()) {
-            h ^= b as u64;
-            h = h.wrapping_mul(0x100000001b3);
-        }
-    }
-    h
+    miles_compiler::fs::fnv1a64(STDLIB.iter().flat_map(|(k, s)| [k.as_bytes(), s.as_bytes()]))
 }
 
 /// Writes every stdlib module under `dir` (read-only) unless already there. Failing to write

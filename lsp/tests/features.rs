@@ -1,5 +1,8 @@
-//! Every feature of the server, driven in-process over JSON-RPC: multi-file fixtures with a
-//! `$0` cursor, answers rendered as short text and snapshotted (lsp/tests/snapshots/).
+//! The server over JSON-RPC, in process: multi-file fixtures with a `$0` cursor, answers
+//! rendered as short text and snapshotted (lsp/tests/snapshots/). What each feature answers is
+//! tested in the IDE layer (engine/ide, `$0` fixture tests at the end of each module); these
+//! tests cover what the server adds: publication, conversion to LSP positions and kinds, the
+//! search over every open document, files on disk, and the panic guard.
 
 mod support;
 
@@ -98,125 +101,10 @@ fn hover_on_a_stage_kind() {
 }
 
 #[test]
-fn hover_on_a_field_shows_declaration_and_value() {
-    let mut c = Client::start(&recipe("").replace("rollout_batch = 16", "rollout_b$0atch = 16"));
-    assert_snapshot!(hover_text(&mut c));
-    c.shutdown();
-}
-
-#[test]
-fn hover_on_an_imported_constant_shows_its_value() {
-    let mut c = Client::start(&recipe("").replace("common.answer_tokens", "common.answer_to$0kens"));
-    assert_snapshot!(hover_text(&mut c));
-    c.shutdown();
-}
-
-#[test]
-fn hover_on_a_stage_instance_lists_parameters() {
-    let mut c = Client::start(&recipe("").replace("exact_match(rollout)", "exact_match(roll$0out)"));
-    assert_snapshot!(hover_text(&mut c));
-    c.shutdown();
-}
-
-#[test]
-fn hover_on_a_quantity_and_a_setting() {
-    let mut c = Client::start("const x = 1.G$0iB / 4\n");
-    assert_snapshot!("hover_quantity", hover_text(&mut c));
-    c.shutdown();
-    let mut c = Client::start(&recipe("").replace("stop = 100.steps", "st$0op = 100.steps"));
-    assert_snapshot!("hover_setting", hover_text(&mut c));
-    c.shutdown();
-}
-
-#[test]
-fn hover_on_an_import_path() {
-    let mut c = Client::start(&recipe("").replace("import std/tasks/arith", "import std/tasks/ar$0ith"));
-    assert_snapshot!(hover_text(&mut c));
-    c.shutdown();
-}
-
-#[test]
 fn completion_of_stage_parameters() {
     let mut c = Client::start(&recipe("$0"));
     assert_snapshot!(completion_text(&mut c));
     c.shutdown();
-}
-
-#[test]
-fn completion_of_enum_members_for_a_field() {
-    let mut c = Client::start(&recipe("aggregation = $0"));
-    let text = completion_text(&mut c);
-    let head: String = text.lines().take(3).map(|l| format!("{l}\n")).collect();
-    assert_snapshot!(head);
-    c.shutdown();
-}
-
-#[test]
-fn completion_of_import_paths_and_module_members() {
-    let mut c = Client::start("import std/$0\n");
-    assert_snapshot!("completion_import_paths", completion_text(&mut c));
-    c.shutdown();
-    let mut c = Client::start(&recipe("").replace("vocab = arith.vocab", "vocab = arith.$0"));
-    assert_snapshot!("completion_module_members", completion_text(&mut c));
-    c.shutdown();
-}
-
-#[test]
-fn completion_in_a_recipe_body() {
-    let mut c = Client::start(&recipe("").replace("    stop = 100.steps\n", "    $0\n"));
-    assert_snapshot!("completion_recipe_settings", completion_text(&mut c));
-    c.shutdown();
-    let mut c = Client::start(&recipe("").replace("    stop = 100.steps\n", "    eval = ev$0\n"));
-    let text = completion_text(&mut c);
-    assert!(text.lines().any(|l| l.starts_with("evaluate (3)")), "stage kinds offered:\n{text}");
-    c.shutdown();
-}
-
-#[test]
-fn completion_and_hover_survive_a_syntax_error_elsewhere() {
-    let fixture = r#"const broken = [1, 2
-schema lr_schedule {
-    /// Peak learning rate.
-    peak: Float in 0..1 = 1e-4
-    warmup: Steps = 100.steps
-}
-const s = lr_schedule { $0 }
-"#;
-    let mut c = Client::start(fixture);
-    assert_snapshot!("broken_completion", completion_text(&mut c));
-    c.shutdown();
-    let mut c = Client::start(&fixture.replace("$0", "").replace("const s = lr_sch", "const s = lr_s$0ch"));
-    assert_snapshot!("broken_hover", hover_text(&mut c));
-    c.shutdown();
-}
-
-fn definition_text(c: &mut Client) -> String {
-    let d = c.at_cursor("textDocument/definition", json!({}));
-    if d.is_null() {
-        return "(none)".into();
-    }
-    let uri = d["uri"].as_str().unwrap_or("").to_string();
-    format!("{} `{}`", c.loc(&uri, &d["range"]), c.range_text(&uri, &d["range"]))
-}
-
-#[test]
-fn go_to_definition_across_modules_and_into_the_stdlib() {
-    let cases = [
-        ("stdlib stage kind", recipe("").replace("train  = grpo(", "train  = gr$0po(")),
-        ("stdlib field in a stage block", recipe("").replace("global_batch  = 128", "global_b$0atch  = 128")),
-        ("imported constant", recipe("").replace("common.peak_lr", "common.pea$0k_lr")),
-        ("import path", recipe("").replace("import ./lib/common", "import ./lib/com$0mon")),
-        ("stage instance", recipe("").replace("weights(train -> rollout)", "weights(train -> roll$0out)")),
-        ("model", recipe("").replace("generate(policy)", "generate(pol$0icy)")),
-        ("recipe setting", recipe("").replace("stop = 100.steps", "st$0op = 100.steps")),
-    ];
-    let mut out = String::new();
-    for (name, fx) in cases {
-        let mut c = Client::start(&fx);
-        out.push_str(&format!("{name}: {}\n", definition_text(&mut c)));
-        c.shutdown();
-    }
-    assert_snapshot!(out);
 }
 
 #[test]
@@ -269,36 +157,6 @@ fn find_references_across_open_documents() {
     }
     assert_snapshot!(out);
     c.shutdown();
-}
-
-#[test]
-fn rename_a_constant_and_a_stage_instance() {
-    let mut out = String::new();
-    for fx in [
-        "const ba$0se = 2\nconst twice = base * 2\nconst list = [base, twice]\n".to_string(),
-        recipe("").replace("reward = exact_match(rollout)", "reward = exact_match(roll$0out)"),
-    ] {
-        let mut c = Client::start(&fx);
-        let r = c.at_cursor("textDocument/rename", json!({ "newName": "renamed" }));
-        let mut edits: Vec<String> = Vec::new();
-        for (uri, list) in r["changes"].as_object().cloned().unwrap_or_default() {
-            for e in list.as_array().cloned().unwrap_or_default() {
-                edits.push(format!(
-                    "{} `{}` -> {}",
-                    c.loc(&uri, &e["range"]),
-                    c.range_text(&uri, &e["range"]),
-                    e["newText"]
-                ));
-            }
-        }
-        edits.sort();
-        out.push_str(&edits.join("\n"));
-        out.push_str("\n--\n");
-        let bad = c.at_cursor("textDocument/rename", json!({ "newName": "check" }));
-        out.push_str(&format!("{}\n==\n", bad["error"]));
-        c.shutdown();
-    }
-    assert_snapshot!(out);
 }
 
 fn render_symbols(v: &Value, depth: usize, out: &mut String) {
@@ -461,7 +319,32 @@ fn imported_file_changed_on_disk_is_rechecked() {
     // Outside the editor, the library's constant loses its unit.
     let lib = c.fx.path("lib/common.miles");
     std::fs::write(&lib, "const peak_lr = 3e-4\nconst answer_tokens = 4\n").expect("write");
-    let d = c.diagnostics(&u);
+    // The watcher may report the truncation before the write: a check of the empty file can
+    // come first; the last one sees the whole file.
+    let mut d = c.diagnostics(&u);
+    for _ in 0..20 {
+        if render_diagnostics(&d).contains("E0202") {
+            break;
+        }
+        d = c.diagnostics(&u);
+    }
     assert!(render_diagnostics(&d).contains("E0202"), "{}", render_diagnostics(&d));
+    c.shutdown();
+}
+
+#[test]
+fn rename_a_library_constant_renames_its_uses_in_other_open_documents() {
+    // The cursor is in lib/common.miles; main.miles, which uses the constant, is open too.
+    let mut c = Client::start(&recipe("").replace("const peak_lr", "const pea$0k_lr"));
+    c.open("main.miles");
+    let r = c.at_cursor("textDocument/rename", json!({ "newName": "top_lr" }));
+    let mut edits: Vec<String> = Vec::new();
+    for (uri, list) in r["changes"].as_object().cloned().unwrap_or_default() {
+        for e in list.as_array().cloned().unwrap_or_default() {
+            edits.push(format!("{} `{}`", c.loc(&uri, &e["range"]), c.range_text(&uri, &e["range"])));
+        }
+    }
+    edits.sort();
+    assert_eq!(edits, ["lib/common.miles:2:7-2:14 `peak_lr`", "main.miles:16:32-16:39 `peak_lr`"]);
     c.shutdown();
 }

@@ -1,5 +1,8 @@
-//! The compiler's only door to files. The CLI passes the real file system; tests and the
-//! language server pass an in-memory one (the server overlays unsaved editor buffers).
+//! The compiler's only door to files. The CLI passes the real file system (`DiskFs`); tests pass
+//! an in-memory one; the language server overlays unsaved editor buffers on the disk.
+//!
+//! The compiler itself never touches the disk: `DiskFs` lives here, beside the trait, only so
+//! the CLI and the language server share one implementation with one set of guards.
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
@@ -7,6 +10,41 @@ use std::sync::Mutex;
 pub trait FileSystem: Send + Sync {
     /// The bytes of a file, or a message saying why it cannot be read.
     fn read(&self, path: &str) -> Result<Vec<u8>, String>;
+}
+
+/// The real disk, read-only: the one implementation that touches it (the CLI and the language
+/// server both use it).
+pub struct DiskFs;
+
+/// Files larger than this are refused before reading them whole (the parser's own limit is
+/// lower; this only guards memory).
+const MAX_READ: u64 = 64 << 20;
+
+impl FileSystem for DiskFs {
+    fn read(&self, path: &str) -> Result<Vec<u8>, String> {
+        let meta = std::fs::metadata(path).map_err(|e| e.to_string())?;
+        if meta.is_dir() {
+            return Err("it is a directory".into());
+        }
+        if meta.len() > MAX_READ {
+            return Err(format!("it is {} bytes; the limit is {MAX_READ}", meta.len()));
+        }
+        std::fs::read(path).map_err(|e| e.to_string())
+    }
+}
+
+/// FNV-1a, 64-bit, of the concatenation of `parts`: a content hash that is stable across runs
+/// and platforms (unlike `DefaultHasher`) and needs no dependency; not for security. The saved
+/// plan's source hashes and the editor's stdlib directory name both use it.
+pub fn fnv1a64<'a>(parts: impl IntoIterator<Item = &'a [u8]>) -> u64 {
+    let mut h: u64 = 0xcbf29ce484222325;
+    for part in parts {
+        for b in part {
+            h ^= u64::from(*b);
+            h = h.wrapping_mul(0x100000001b3);
+        }
+    }
+    h
 }
 
 /// Files held in memory, keyed by path.
@@ -112,5 +150,21 @@ mod tests {
         assert_eq!(join("recipes", "../lib/x.miles"), "lib/x.miles");
         assert_eq!(parent_dir("a/b.miles"), "a");
         assert_eq!(parent_dir("b.miles"), ".");
+    }
+
+    #[test]
+    fn fnv1a64_is_the_published_function() {
+        // Test vectors of the FNV reference (isthe.com/chongo/tech/comp/fnv).
+        assert_eq!(fnv1a64([b"".as_slice()]), 0xcbf29ce484222325);
+        assert_eq!(fnv1a64([b"a".as_slice()]), 0xaf63dc4c8601ec8c);
+        assert_eq!(fnv1a64([b"foo".as_slice()]), 0xdcb27518fed9d577);
+        assert_eq!(fnv1a64([b"fo".as_slice(), b"o".as_slice()]), fnv1a64([b"foo".as_slice()]));
+    }
+
+    #[test]
+    fn disk_refuses_directories() {
+        let dir = std::env::temp_dir();
+        let err = DiskFs.read(&dir.to_string_lossy()).err().unwrap_or_default();
+        assert_eq!(err, "it is a directory");
     }
 }

@@ -5,7 +5,6 @@
 pub mod eval;
 pub mod fs;
 pub mod graph;
-pub mod ide;
 pub mod num;
 pub mod program;
 pub mod recipe;
@@ -14,7 +13,7 @@ pub mod types;
 pub mod value;
 
 pub use miles_grammar::diag::{Diagnostic, FileId, Severity, Span};
-pub use program::{Program, Sources};
+pub use program::{ParseCache, Program, Sources};
 pub use recipe::{CompiledRecipe, Override};
 
 use eval::Eval;
@@ -48,8 +47,14 @@ impl Compilation {
 
 /// Compiles the entry files and everything they import.
 pub fn compile(fs: &dyn fs::FileSystem, entries: &[String], opts: &Options) -> Compilation {
+    compile_cached(fs, entries, opts, &ParseCache::new())
+}
+
+/// `compile`, reusing the parsed modules `cache` holds from earlier compilations (an editor's
+/// session keeps one: the stdlib is parsed once, each other file when its text changes).
+pub fn compile_cached(fs: &dyn fs::FileSystem, entries: &[String], opts: &Options, cache: &ParseCache) -> Compilation {
     let mut diags = Vec::new();
-    let mut program = program::load(fs, entries, &mut diags);
+    let mut program = program::load_cached(fs, entries, &mut diags, cache);
     let overrides = parse_overrides(&mut program, &opts.overrides, &mut diags);
     let (recipes, references) = {
         let mut ev = Eval::new(&program);

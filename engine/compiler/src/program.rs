@@ -7,6 +7,7 @@ use crate::value::ItemRef;
 use miles_grammar::ast::{ItemKind, SourceFile};
 use miles_grammar::diag::{Diagnostic, FileId, Span};
 use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 
 include!(concat!(env!("OUT_DIR"), "/stdlib.rs"));
 
@@ -56,7 +57,8 @@ pub struct Module {
     /// `std/prelude` for the standard library, otherwise the normalised file path.
     pub key: String,
     pub file: FileId,
-    pub ast: SourceFile,
+    /// Shared with the `ParseCache` it may have come from.
+    pub ast: Arc<SourceFile>,
     pub is_std: bool,
     /// Names declared here or imported, to what they refer.
     pub scope: HashMap<String, ScopeEntry>,
@@ -109,9 +111,58 @@ impl Program {
     }
 }
 
+/// Parsed modules kept from one compilation to the next, so an editor that compiles on every
+/// keystroke parses the standard library once per process and each other file only when its
+/// text changed. A tree is reused only for the same module key, the same text and the same
+/// `FileId` (its spans carry the id; ids follow load order, which stays put while the imports do).
+#[derive(Default)]
+pub struct ParseCache {
+    parsed: Mutex<HashMap<String, Parsed>>,
+}
+
+struct Parsed {
+    file: FileId,
+    text: String,
+    ast: Arc<SourceFile>,
+    diags: Vec<Diagnostic>,
+}
+
+impl ParseCache {
+    pub fn new() -> ParseCache {
+        ParseCache::default()
+    }
+
+    /// The tree and parse diagnostics of `text`, loaded as `key` at `file`.
+    fn parse(&self, key: &str, file: FileId, text: &str) -> (Arc<SourceFile>, Vec<Diagnostic>) {
+        if let Ok(m) = self.parsed.lock() {
+            if let Some(p) = m.get(key).filter(|p| p.file == file && p.text == text) {
+                return (p.ast.clone(), p.diags.clone());
+            }
+        }
+        let (ast, diags) = miles_grammar::parse(file, text);
+        let ast = Arc::new(ast);
+        if let Ok(mut m) = self.parsed.lock() {
+            let entry = Parsed { file, text: text.to_string(), ast: ast.clone(), diags: diags.clone() };
+            m.insert(key.to_string(), entry);
+        }
+        (ast, diags)
+    }
+}
+
 /// Reads, parses and links the entry files and everything they import.
 pub fn load(fs: &dyn FileSystem, entries: &[String], diags: &mut Vec<Diagnostic>) -> Program {
-    let mut loader = Loader { fs, program: Program::default(), by_key: HashMap::new(), stack: Vec::new(), diags };
+    load_cached(fs, entries, diags, &ParseCache::new())
+}
+
+/// `load`, reusing (and filling) `cache`.
+pub fn load_cached(
+    fs: &dyn FileSystem,
+    entries: &[String],
+    diags: &mut Vec<Diagnostic>,
+    cache: &ParseCache,
+) -> Program {
+    let mut loader =
+        Loader { fs, program: Program::default(), by_key: HashMap::new(), stack: Vec::new(), diags, cache };
     for p in PRELUDE {
         loader.load(p, None);
     }
@@ -130,6 +181,7 @@ struct Loader<'a> {
     by_key: HashMap<String, u32>,
     stack: Vec<(String, Option<Span>)>,
     diags: &'a mut Vec<Diagnostic>,
+    cache: &'a ParseCache,
 }
 
 pub fn stdlib_source(key: &str) -> Option<&'static str> {
@@ -219,7 +271,7 @@ impl Loader<'_> {
         let file = self.program.sources.add(key.to_string(), text);
         let (ast, parse_diags) = {
             let text = &self.program.sources.files[file.0 as usize].text;
-            miles_grammar::parse(file, text)
+            self.cache.parse(key, file, text)
         };
         self.diags.extend(parse_diags);
         let id = self.program.modules.len() as u32;
@@ -252,7 +304,7 @@ impl Loader<'_> {
         self.program.modules.push(Module {
             key: key.to_string(),
             file,
-            ast: SourceFile::default(),
+            ast: Arc::default(),
             is_std,
             scope,
             own,

@@ -117,10 +117,15 @@ impl Client {
     }
 
     pub fn start_with(fixture: &str, watch: bool) -> Client {
+        Client::start_config(fixture, miles_lsp::Config { watch, ..Default::default() })
+    }
+
+    /// Starts a server with `config` (its stdlib directory is the fixture's).
+    pub fn start_config(fixture: &str, config: miles_lsp::Config) -> Client {
         let fx = Fixture::parse(fixture);
         let (server, client) = Connection::memory();
         let std_dir = fx.dir.join(".std");
-        let config = miles_lsp::Config { std_dir: Some(std_dir.clone()), watch };
+        let config = miles_lsp::Config { std_dir: Some(std_dir.clone()), ..config };
         let thread = std::thread::spawn(move || {
             let _ = miles_lsp::serve(server, config);
         });
@@ -182,6 +187,23 @@ impl Client {
             }
         }
         self.request(method, params)
+    }
+
+    /// The next notification of `method` (already received ones first).
+    pub fn notification(&mut self, method: &str) -> Value {
+        if let Some(i) = self.notifications.iter().position(|n| n.method == method) {
+            return self.notifications.remove(i).params;
+        }
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.conn.receiver.recv_timeout(left) {
+                Ok(Message::Notification(n)) if n.method == method => return n.params,
+                Ok(Message::Notification(n)) => self.notifications.push(n),
+                Ok(_) => {}
+                Err(e) => panic!("no {method} within 20 s: {e}"),
+            }
+        }
     }
 
     /// The next diagnostics published for `uri` (already received ones first).

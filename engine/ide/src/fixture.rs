@@ -1,0 +1,125 @@
+//! Test fixtures: files separated by `//- path` lines (the first file, or the one holding the
+//! `$0` cursor, is the entry), compiled from memory; and renderers that turn spans into short
+//! text (`path:line:col-line:col`, 1-based; a stdlib span shows its module only, since stdlib
+//! lines move whenever the stdlib grows).
+//!
+//! ```text
+//! //- main.miles
+//! import ./lib
+//! const x = lib.y$0
+//! //- lib.miles
+//! const y = 1
+//! ```
+
+use crate::Analysis;
+use miles_compiler::fs::MemoryFs;
+use miles_grammar::diag::{FileId, Span};
+
+pub struct Fixture {
+    pub fs: MemoryFs,
+    /// The file holding `$0` (or the first file) and the cursor's byte offset in it.
+    pub main: String,
+    pub offset: usize,
+}
+
+impl Fixture {
+    pub fn parse(text: &str) -> Fixture {
+        let mut files: Vec<(String, String)> = Vec::new();
+        for line in text.split_inclusive('\n') {
+            if let Some(name) = line.strip_prefix("//- ") {
+                files.push((name.trim().to_string(), String::new()));
+            } else if let Some((_, t)) = files.last_mut() {
+                t.push_str(line);
+            } else {
+                files.push(("main.miles".to_string(), line.to_string()));
+            }
+        }
+        let mut main = files.first().map(|f| f.0.clone()).unwrap_or_default();
+        let mut offset = 0;
+        for (name, t) in files.iter_mut() {
+            if let Some(at) = t.find("$0") {
+                t.replace_range(at..at + 2, "");
+                offset = at;
+                main = name.clone();
+            }
+        }
+        let fs = MemoryFs::new();
+        for (name, t) in &files {
+            fs.insert(name, t.as_bytes().to_vec());
+        }
+        Fixture { fs, main, offset }
+    }
+
+    /// The analysis of one document, as the language server compiles it.
+    pub fn analysis(&self, entry: &str) -> Analysis {
+        let c = miles_compiler::compile(&self.fs, &[entry.to_string()], &Default::default());
+        Analysis::new(c)
+    }
+}
+
+/// The entry file's analysis, the cursor's file and offset.
+pub fn at_cursor(text: &str) -> (Analysis, FileId, usize) {
+    let fx = Fixture::parse(text);
+    let a = fx.analysis(&fx.main);
+    let file = a.file_id(&fx.main).unwrap_or_default();
+    (a, file, fx.offset)
+}
+
+/// `main.miles:3:7-3:14`, or `std/stages` for the stdlib.
+pub fn loc(a: &Analysis, span: Span) -> String {
+    let Some(src) = a.program().sources.get(span.file) else { return "?".into() };
+    if src.path.starts_with("std/") {
+        return src.path.clone();
+    }
+    let (l, c) = line_col(&src.text, span.start as usize);
+    let (el, ec) = line_col(&src.text, span.end as usize);
+    format!("{}:{l}:{c}-{el}:{ec}", src.path)
+}
+
+/// 1-based line and column (in bytes: fixtures are ASCII).
+pub fn line_col(text: &str, offset: usize) -> (usize, usize) {
+    let before = &text[..offset.min(text.len())];
+    let line = before.matches('\n').count() + 1;
+    let col = offset - before.rfind('\n').map(|i| i + 1).unwrap_or(0) + 1;
+    (line, col)
+}
+
+/// The text a span covers.
+pub fn text_of(a: &Analysis, span: Span) -> &str {
+    a.text(span.file).get(span.range()).unwrap_or("")
+}
+
+/// A recipe that imports a library module and the stdlib task; the text `$0` stands in for goes
+/// in the training stage's block, or the caller moves the cursor with `replace`.
+pub fn recipe(body_marker: &str) -> String {
+    format!(
+        r#"//- main.miles
+import std/tasks/arith
+import ./lib/common
+
+/// The policy.
+model policy = transformer {{ layers = 2, d_model = 64, heads = 4, vocab = arith.vocab }}
+
+recipe tiny {{
+    rollout = generate(policy) {{
+        prompts        = arith.addition {{ digits = 2 }}
+        max_new_tokens = common.answer_tokens
+    }}
+    reward = exact_match(rollout)
+    train  = grpo(rollout, reward) {{
+        rollout_batch = 16
+        global_batch  = 128
+        lr            = common.peak_lr
+        {body_marker}
+    }}
+    sync = weights(train -> rollout)
+    stop = 100.steps
+}}
+//- lib/common.miles
+/// Peak learning rate of every recipe of the team.
+const peak_lr = 3e-4
+/// Answer length in tokens.
+const answer_tokens = 2.tokens * 2
+"#
+    )
+}

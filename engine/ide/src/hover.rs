@@ -1,0 +1,414 @@
+//! Hover: a signature, docs, where a name is declared, and values where the compilation knows
+//! them (a constant's value, a stage parameter as resolved, a literal's exact value).
+
+use crate::analysis::{decl_fields, settings_schema, Analysis};
+use crate::defs::{stage_call, Def, DefKind};
+use crate::goto_definition::import_at;
+use crate::syntax::{span_text, type_text, walk_item_exprs};
+use miles_compiler::eval::{Env, Eval};
+use miles_compiler::program::Program;
+use miles_compiler::types::Type;
+use miles_compiler::value::{ItemRef, Value};
+use miles_grammar::ast::{self, Expr, ExprKind, Item, ItemKind};
+use miles_grammar::diag::{FileId, Span};
+
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct Hover {
+    pub span: Span,
+    /// Markdown: a `miles` code block with the signature, then docs and values.
+    pub markdown: String,
+}
+
+pub fn hover(a: &Analysis, file: FileId, offset: usize) -> Option<Hover> {
+    if let Some(target) = import_at(a, file, offset) {
+        let m = a.module_of_file(file)?;
+        let span = a.program().module(m).ast.items.iter().find_map(|i| match &i.kind {
+            ItemKind::Import(imp) if imp.path_span.contains(offset) => Some(imp.path_span),
+            _ => None,
+        })?;
+        return Some(Hover { span, markdown: describe_module(a, target) });
+    }
+    if let Some((span, def)) = a.resolve(file, offset) {
+        if def.kind == DefKind::Module {
+            let target = import_at(a, def.span.file, def.span.start as usize)?;
+            return Some(Hover { span, markdown: describe_module(a, target) });
+        }
+        return Some(Hover { span, markdown: describe_def(a, def, Some((file, offset))) });
+    }
+    hover_literal(a, file, offset)
+}
+
+/// A module: its key, its leading comment, and what it declares.
+fn describe_module(a: &Analysis, target: FileId) -> String {
+    let Some(m) = a.module_of_file(target) else { return String::new() };
+    let module = a.program().module(m);
+    let mut names: Vec<&String> = module.own.keys().collect();
+    names.sort();
+    let header = leading_comment(a.text(target));
+    let mut md = format!("```miles\nmodule {}\n```", module_label(&module.key));
+    if !header.is_empty() {
+        md.push_str(&format!("\n---\n{header}"));
+    }
+    md.push_str(&format!("\n\ndeclares: {}", names.iter().map(|n| format!("`{n}`")).collect::<Vec<_>>().join(", ")));
+    md
+}
+
+/// `std/stages` for the stdlib, the file name for a user module.
+fn module_label(key: &str) -> String {
+    if key.starts_with("std/") {
+        key.to_string()
+    } else {
+        key.rsplit('/').next().unwrap_or(key).to_string()
+    }
+}
+
+/// The first comment lines of a file: a module's own description.
+fn leading_comment(text: &str) -> String {
+    text.lines()
+        .take_while(|l| l.trim_start().starts_with("//"))
+        .map(|l| l.trim_start().trim_start_matches('/').trim())
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// A number or quantity literal: its exact value and type.
+fn hover_literal(a: &Analysis, file: FileId, offset: usize) -> Option<Hover> {
+    let m = a.module_of_file(file)?;
+    let mut best: Option<&Expr> = None;
+    for item in &a.program().module(m).ast.items {
+        walk_item_exprs(item, &mut |e: &Expr| {
+            if e.span.file == file
+                && e.span.contains(offset)
+                && matches!(e.kind, ExprKind::Number(_) | ExprKind::Quantity { .. } | ExprKind::Binary { .. })
+                && best.is_none_or(|b| e.span.end - e.span.start < b.span.end - b.span.start)
+            {
+                best = Some(e);
+            }
+        });
+    }
+    let e = best?;
+    let mut ev = Eval::new(a.program());
+    let v = ev.eval(e, Env::Module(m), None)?;
+    let ty = value_type_name(&v);
+    Some(Hover {
+        span: e.span,
+        markdown: format!("```miles\n{}\n```\n---\n{ty} = `{v}`", span_text(a.program(), e.span)),
+    })
+}
+
+fn value_type_name(v: &Value) -> String {
+    match v {
+        Value::Record(r) => r.schema_name.clone(),
+        other => other.type_name(),
+    }
+}
+
+/// Markdown for a definition: signature, docs, where it is declared, and values where known.
+fn describe_def(a: &Analysis, def: &Def, at: Option<(FileId, usize)>) -> String {
+    let p = a.program();
+    let module_key = module_label(&p.module(def.module).key);
+    let mut sig = String::new();
+    let mut extra = Vec::new();
+    match def.kind {
+        DefKind::Const | DefKind::Model | DefKind::Cluster => {
+            let item = def.item.map(|r| p.item(r));
+            let kw = match def.kind {
+                DefKind::Const => "const",
+                DefKind::Model => "model",
+                _ => "cluster",
+            };
+            sig = format!("{kw} {}", def.name);
+            if let Some(Item { kind: ItemKind::Const(c), .. }) = item {
+                if let Some(t) = &c.ty {
+                    sig.push_str(&format!(": {}", type_text(p, t)));
+                }
+            }
+            if let Some(r) = def.item {
+                let mut ev = Eval::new(p);
+                if let Some(v) = ev.item_value(r) {
+                    extra.push(format!("{} = `{}`", value_type_name(&v), v));
+                }
+            }
+        }
+        DefKind::Enum => {
+            let members = def.item.map(|r| enum_member_names(p, r)).unwrap_or_default();
+            sig = format!("enum {} {{ {} }}", def.name, members.join(", "));
+        }
+        DefKind::EnumMember => {
+            let e = def.container.map(|r| item_name(p, r)).unwrap_or_default();
+            sig = format!("{e}.{}", def.name);
+        }
+        DefKind::Interface => {
+            sig = format!("interface {}", def.name);
+            if let Some(r) = def.item {
+                let impls = implementors(p, r);
+                if !impls.is_empty() {
+                    extra.push(format!(
+                        "schemas: {}",
+                        impls.iter().map(|n| format!("`{n}`")).collect::<Vec<_>>().join(", ")
+                    ));
+                }
+            }
+        }
+        DefKind::Schema => {
+            if let Some(ItemKind::Schema(s)) = def.item.map(|r| &p.item(r).kind) {
+                sig = format!("schema {}", def.name);
+                if let Some(i) = &s.interface {
+                    sig.push_str(&format!(" is {}", i.name));
+                }
+                sig.push_str(&fields_block(p, &s.fields));
+            }
+        }
+        DefKind::StageKind => {
+            if let Some(ItemKind::Stage(s)) = def.item.map(|r| &p.item(r).kind) {
+                sig = stage_signature(p, s);
+                sig.push_str(&fields_block(p, &s.fields));
+            }
+        }
+        DefKind::Recipe => {
+            sig = format!("recipe {}", def.name);
+            if let Some(r) = a.compilation.recipe(&def.name) {
+                let stages: Vec<String> = r.graph.nodes().map(|n| format!("`{}` ({})", n.name, n.kind)).collect();
+                extra.push(format!("stages: {}", stages.join(", ")));
+            }
+        }
+        DefKind::Field => {
+            let decl = def.container.and_then(|r| decl_fields(p, r).iter().find(|f| f.name.span == def.span));
+            if let Some(f) = decl {
+                sig = field_signature(p, f);
+            }
+            let owner = def.container.map(|r| item_name(p, r)).unwrap_or_default();
+            extra.push(format!("field of `{owner}`"));
+            if let Some(f) = decl {
+                let mut ev = Eval::new(p);
+                if let Some(Type::Quantity(d)) = ev.resolve_type(def.module, &f.ty).as_ref().map(|t| t.strip_optional())
+                {
+                    extra.push(format!("unit: {} (e.g. `1.{}`)", d.name(), miles_compiler::types::suggested_unit(*d)));
+                }
+            }
+            if let Some((file, offset)) = at {
+                if let Some((recipe, stage, field)) = recipe_field_at(a, file, offset) {
+                    if let Some(v) = param_value(a, &recipe, &stage, &field) {
+                        extra.push(v);
+                    }
+                }
+            }
+        }
+        DefKind::Port => {
+            if let Some(ItemKind::Stage(s)) = def.container.map(|r| &p.item(r).kind) {
+                if let Some(port) = s.ports.iter().find(|x| x.name.span == def.span) {
+                    sig = format!("{}: {}", port.name.name, type_text(p, &port.ty));
+                }
+                extra.push(format!("input of stage kind `{}`", s.name.name));
+            }
+        }
+        DefKind::StageInstance => {
+            let recipe = def.container.map(|r| item_name(p, r)).unwrap_or_default();
+            sig = format!("{} = {}", def.name, instance_kind_text(p, def).unwrap_or_default());
+            if let Some(node) = recipes_with(a, &recipe).find_map(|r| r.graph.node(&def.name)) {
+                sig = format!("{}: {} -> {}", def.name, node.kind, node.output.map(|o| o.name()).unwrap_or("()"));
+                extra.push(format!("declared in `{}`", node.kind_path));
+                let mut lines = Vec::new();
+                for (k, prm) in &node.params {
+                    lines.push(format!("{k} = {}{}", prm.value, if prm.defaulted { "   (default)" } else { "" }));
+                }
+                if !lines.is_empty() {
+                    extra.push(format!("```miles\n{}\n```", lines.join("\n")));
+                }
+            }
+        }
+        DefKind::Setting => {
+            let recipe = def.container.map(|r| item_name(p, r)).unwrap_or_default();
+            sig = format!("{} (recipe setting)", def.name);
+            if let Some(s) = settings_schema(p) {
+                if let Some(f) = decl_fields(p, s).iter().find(|f| f.name.name == def.name) {
+                    sig = field_signature(p, f);
+                    if let Some(d) = &f.doc {
+                        extra.push(d.text.clone());
+                    }
+                }
+            }
+            if let Some(r) = recipes_with(a, &recipe).next() {
+                if let Some(v) = r.settings.as_record().and_then(|rec| rec.get(&def.name)) {
+                    extra.push(format!("value: `{v}`"));
+                }
+            }
+        }
+        DefKind::Module => sig = format!("module {}", def.name),
+    }
+    let mut md = format!("```miles\n{sig}\n```");
+    let mut body = Vec::new();
+    if let Some(d) = &def.doc {
+        body.push(d.clone());
+    }
+    body.extend(extra);
+    body.push(format!("*{module_key}*"));
+    md.push_str("\n---\n");
+    md.push_str(&body.join("\n\n"));
+    md
+}
+
+fn recipes_with<'a>(a: &'a Analysis, name: &str) -> std::vec::IntoIter<&'a miles_compiler::CompiledRecipe> {
+    a.compilation.recipes.iter().filter(|r| r.name == name).collect::<Vec<_>>().into_iter()
+}
+
+fn instance_kind_text(p: &Program, def: &Def) -> Option<String> {
+    let ItemKind::Recipe(r) = &p.item(def.container?).kind else { return None };
+    let b = r.bindings.iter().find(|b| b.path.segments.len() == 1 && b.path.segments[0].span == def.span)?;
+    let (callee, _, _) = stage_call(&b.value)?;
+    Some(span_text(p, callee.span).to_string())
+}
+
+/// The (recipe, stage instance, field) a cursor in a recipe body is on, for values.
+fn recipe_field_at(a: &Analysis, file: FileId, offset: usize) -> Option<(String, String, String)> {
+    let m = a.module_of_file(file)?;
+    for item in &a.program().module(m).ast.items {
+        let ItemKind::Recipe(r) = &item.kind else { continue };
+        if !item.span.contains(offset) {
+            continue;
+        }
+        for b in &r.bindings {
+            if !b.span.contains(offset) {
+                continue;
+            }
+            let segs = &b.path.segments;
+            if segs.len() >= 2 && segs[1].span.contains(offset) {
+                return Some((r.name.name.clone(), segs[0].name.clone(), segs[1].name.clone()));
+            }
+            if let (Some(first), Some((_, _, fields))) = (segs.first(), stage_call(&b.value)) {
+                for f in fields {
+                    if let Some(fid) = f.path.segments.first() {
+                        if fid.span.contains(offset) {
+                            return Some((r.name.name.clone(), first.name.clone(), fid.name.clone()));
+                        }
+                    }
+                }
+            }
+        }
+    }
+    None
+}
+
+fn param_value(a: &Analysis, recipe: &str, stage: &str, field: &str) -> Option<String> {
+    let r = a.compilation.recipe(recipe)?;
+    let prm = r.graph.node(stage)?.params.get(field)?;
+    Some(format!("value: `{}`{}", prm.value, if prm.defaulted { " (default)" } else { "" }))
+}
+
+pub(crate) fn item_name(p: &Program, r: ItemRef) -> String {
+    p.item(r).name().map(|n| n.name.clone()).unwrap_or_default()
+}
+
+fn enum_member_names(p: &Program, r: ItemRef) -> Vec<String> {
+    match &p.item(r).kind {
+        ItemKind::Enum(e) => e.members.iter().map(|m| m.name.name.clone()).collect(),
+        _ => Vec::new(),
+    }
+}
+
+/// Schemas declared `is` this interface, in every loaded module.
+fn implementors(p: &Program, iface: ItemRef) -> Vec<String> {
+    let name = item_name(p, iface);
+    let mut out = Vec::new();
+    for module in &p.modules {
+        for item in &module.ast.items {
+            if let ItemKind::Schema(s) = &item.kind {
+                if s.interface.as_ref().is_some_and(|i| i.name == name) {
+                    out.push(s.name.name.clone());
+                }
+            }
+        }
+    }
+    out
+}
+
+pub(crate) fn stage_signature(p: &Program, s: &ast::StageDecl) -> String {
+    let ports: Vec<String> = s.ports.iter().map(|x| format!("{}: {}", x.name.name, type_text(p, &x.ty))).collect();
+    let mut sig = format!("stage {}({})", s.name.name, ports.join(", "));
+    if let Some(o) = &s.output {
+        sig.push_str(&format!(" -> {}", type_text(p, o)));
+    }
+    sig
+}
+
+pub(crate) fn field_signature(p: &Program, f: &ast::FieldDecl) -> String {
+    let mut s = format!("{}: {}", f.name.name, type_text(p, &f.ty));
+    if let Some(c) = &f.constraint {
+        s.push_str(&format!(" in {}", span_text(p, c.span)));
+    }
+    if let Some(d) = &f.default {
+        s.push_str(&format!(" = {}", span_text(p, d.span)));
+    }
+    s
+}
+
+fn fields_block(p: &Program, fields: &[ast::FieldDecl]) -> String {
+    if fields.is_empty() {
+        return " {}".into();
+    }
+    let lines: Vec<String> = fields.iter().map(|f| format!("    {}", field_signature(p, f))).collect();
+    format!(" {{\n{}\n}}", lines.join("\n"))
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::fixture::{at_cursor, loc, recipe};
+    use insta::assert_snapshot;
+
+    fn check(fixture: &str) -> String {
+        let (a, file, offset) = at_cursor(fixture);
+        match super::hover(&a, file, offset) {
+            Some(h) => format!("{}\n{}", loc(&a, h.span), h.markdown),
+            None => "(no hover)".into(),
+        }
+    }
+
+    #[test]
+    fn on_a_stage_kind() {
+        assert_snapshot!(check(&recipe("").replace("train  = grpo(", "train  = gr$0po(")));
+    }
+
+    #[test]
+    fn on_a_field_shows_declaration_and_value() {
+        assert_snapshot!(check(&recipe("").replace("rollout_batch = 16", "rollout_b$0atch = 16")));
+    }
+
+    #[test]
+    fn on_an_imported_constant_shows_its_value() {
+        assert_snapshot!(check(&recipe("").replace("common.answer_tokens", "common.answer_to$0kens")));
+    }
+
+    #[test]
+    fn on_a_stage_instance_lists_parameters() {
+        assert_snapshot!(check(&recipe("").replace("exact_match(rollout)", "exact_match(roll$0out)")));
+    }
+
+    #[test]
+    fn on_a_quantity() {
+        assert_snapshot!(check("const x = 1.G$0iB / 4\n"));
+    }
+
+    #[test]
+    fn on_a_setting() {
+        assert_snapshot!(check(&recipe("").replace("stop = 100.steps", "st$0op = 100.steps")));
+    }
+
+    #[test]
+    fn on_an_import_path() {
+        assert_snapshot!(check(&recipe("").replace("import std/tasks/arith", "import std/tasks/ar$0ith")));
+    }
+
+    #[test]
+    fn survives_a_syntax_error_elsewhere() {
+        assert_snapshot!(check(
+            r#"const broken = [1, 2
+schema lr_schedule {
+    /// Peak learning rate.
+    peak: Float in 0..1 = 1e-4
+    warmup: Steps = 100.steps
+}
+const s = lr_s$0chedule {  }
+"#
+        ));
+    }
+}
