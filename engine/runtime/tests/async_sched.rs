@@ -279,7 +279,7 @@ fn a_stall_names_the_stages_as_the_recipe_calls_them() {
     // The names travel in spec.json; a spec without them reads the defaults.
     let back = RunSpec::from_json(&serde_json::to_string(&s).unwrap()).unwrap();
     assert_eq!(back.stages.rollout, "gen");
-    assert_eq!(spec("\"sync\"", 1).stages.train, "train");
+    assert_eq!(spec(r#"{"type": "sync"}"#, 1).stages.train, "train");
 }
 
 #[test]
