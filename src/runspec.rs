@@ -315,6 +315,11 @@ pub fn run_spec(recipe: &CompiledRecipe) -> Result<RunSpec, Vec<Diagnostic>> {
         checkpoint,
         distributed,
         schedule,
+        stages: StageNames {
+            rollout: rollout.name.clone(),
+            train: train.name.clone(),
+            eval: m.stage_by_kind(|n| n.kind == "evaluate").first().map_or_else(|| "eval".into(), |e| e.name.clone()),
+        },
     })
 }
 

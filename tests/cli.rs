@@ -2,12 +2,11 @@
 //! output formats. Bad input must never panic, hang or overflow the stack: it exits 1 with
 //! diagnostics.
 
-use std::io::Read;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+mod common;
 
-const MILES: &str = env!("CARGO_BIN_EXE_miles");
+use common::process::output;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 struct Run {
     code: Option<i32>,
@@ -17,41 +16,13 @@ struct Run {
 
 /// Runs `miles args...` from the repository root, killed after 60 s.
 fn miles(args: &[&str]) -> Run {
-    let mut child = Command::new(MILES)
-        .args(args)
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .env("NO_COLOR", "1")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn miles");
-    let mut out = child.stdout.take().unwrap();
-    let mut err = child.stderr.take().unwrap();
-    let t_out = std::thread::spawn(move || {
-        let mut s = Vec::new();
-        let _ = out.read_to_end(&mut s);
-        s
-    });
-    let t_err = std::thread::spawn(move || {
-        let mut s = Vec::new();
-        let _ = err.read_to_end(&mut s);
-        s
-    });
-    let start = Instant::now();
-    let status = loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            break s;
-        }
-        if start.elapsed() > Duration::from_secs(60) {
-            let _ = child.kill();
-            panic!("miles {args:?} hung for 60 s");
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    };
-    let stdout = String::from_utf8_lossy(&t_out.join().unwrap()).into_owned();
-    let stderr = String::from_utf8_lossy(&t_err.join().unwrap()).into_owned();
-    Run { code: status.code(), stdout, stderr }
+    let o =
+        output(common::process::miles().args(args).current_dir(env!("CARGO_MANIFEST_DIR")), Duration::from_secs(60));
+    Run {
+        code: o.status.code(),
+        stdout: String::from_utf8_lossy(&o.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&o.stderr).into_owned(),
+    }
 }
 
 /// A scratch file under cargo's per-test temporary directory.

@@ -1,22 +1,19 @@
 //! End to end through the built binary: `miles plan` (text, JSON, --out, --html,
 //! --detailed-exitcode, --set), `miles run` (a tiny recipe, --plan, refusals) and `miles report`.
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+mod common;
+
+use common::process::{output, temp_dir};
+use std::path::Path;
+use std::process::Output;
+use std::time::Duration;
 
 fn miles(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_miles")).args(args).env("NO_COLOR", "1").output().expect("run miles")
+    output(common::process::miles().args(args), Duration::from_secs(300))
 }
 
 fn text(o: &Output) -> String {
     format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
-}
-
-fn temp_dir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("miles-e2e-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).expect("temp dir");
-    d
 }
 
 /// A laptop recipe small enough to train for two steps in a second.
@@ -161,4 +158,25 @@ fn run_refuses_what_the_embedded_backend_cannot_do_all_at_once() {
         assert!(t.contains(what), "missing {what}: {t}");
     }
     assert!(t.contains("E0511"));
+}
+
+#[test]
+fn the_run_spec_carries_the_recipes_stage_names() {
+    let d = temp_dir("names");
+    let recipe = d.join("named.miles");
+    std::fs::write(
+        &recipe,
+        TINY.replace("train  = grpo", "learner = grpo").replace("weights(train ->", "weights(learner ->"),
+    )
+    .unwrap();
+    let plan = d.join("plan.json");
+    let o = miles(&["plan", recipe.to_str().unwrap(), "--out", plan.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&plan).unwrap()).unwrap();
+    let stages = &v["run_spec"]["stages"];
+    assert_eq!(
+        (&stages["rollout"], &stages["train"], &stages["eval"]),
+        (&"rollout".into(), &"learner".into(), &"eval".into())
+    );
+    std::fs::remove_dir_all(&d).ok();
 }

@@ -2,56 +2,50 @@
 //! and the faults of docs/distributed.md are reported with the worker's name and handled as the
 //! recipe says. Each test runs a tiny model for a few seconds.
 
+mod common;
+
+use common::process::{output, temp_dir, Proc};
+use common::tiny::{tiny_recipe, EVAL};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-const RECIPE: &str = r#"
-import std/tasks/arith
-model policy = transformer { layers = 1, d_model = 32, heads = 2, vocab = arith.vocab, max_len = 12 }
-cluster laptop = local { cpus = 2 }
-recipe tiny on laptop {
-    launcher = LAUNCHER
-    warmup = sft(policy) { data = arith.addition { digits = 1 }, steps = 30.steps, lr = 3e-3 }
-    rollout = generate(warmup) {
-        prompts = arith.addition { digits = 1, split = train }
-        samples_per_prompt = 4
-        max_prompt_tokens = 6.tokens
-        max_new_tokens = 3.tokens
-    }
-    reward = exact_match(rollout)
-    train = grpo(rollout, reward) { rollout_batch = 8, global_batch = 32, micro_batch = 32, lr = 1e-3 }
-    sync = weights(train -> rollout) { transport = TRANSPORT, bucket = 1.MB }
-    eval = evaluate(rollout) { prompts = arith.addition { digits = 1, split = test }, every = 2.steps, limit = 20 }
-    ckpt = checkpoint(train) { every = 2.steps, keep = 2 }
-    stop = STEPS.steps
-}
-"#;
-
-fn tmp(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("miles-workers-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
+/// A run of the tiny recipe ends well within this.
+const LIMIT: Duration = Duration::from_secs(300);
 
 fn recipe(dir: &Path, launcher: &str, transport: &str, steps: u32) -> PathBuf {
     let p = dir.join("tiny.miles");
-    let text =
-        RECIPE.replace("LAUNCHER", launcher).replace("TRANSPORT", transport).replace("STEPS", &steps.to_string());
+    let sync = format!("transport = {transport}, bucket = 1.MB");
+    let launcher = format!("launcher = {launcher}");
+    let text = tiny_recipe(&sync, steps, &[&launcher, EVAL, "ckpt = checkpoint(train) { every = 2.steps, keep = 2 }"]);
     std::fs::write(&p, text).unwrap();
     p
 }
 
 fn miles(args: &[&str]) -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_miles"));
-    c.args(args).args(["--threads", "1", "--progress", "off"]).env("NO_COLOR", "1");
+    let mut c = common::process::miles();
+    c.args(args).args(["--threads", "1", "--progress", "off"]);
     c
 }
 
 fn run(args: &[&str]) -> Output {
-    miles(args).output().expect("run miles")
+    output(&mut miles(args), LIMIT)
+}
+
+/// Starts a run in the background, its stderr piped.
+fn start(args: &[&str]) -> Proc {
+    Proc::spawn(miles(args).stdin(Stdio::null()).stderr(Stdio::piped()))
+}
+
+/// After a run that failed: nothing it started is still running (the launcher stopped its
+/// workers). The workers get the launcher's grace period to exit first.
+fn assert_nothing_left(p: &Proc) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !p.left_behind().is_empty() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(p.left_behind(), Vec::<String>::new(), "processes the run left running");
 }
 
 /// metrics.jsonl without timings.
@@ -74,14 +68,14 @@ fn stderr(o: &Output) -> String {
 }
 
 /// Waits (bounded) until the run has logged step `n`.
-fn wait_for_step(out: &Path, n: u64, child: &mut Child) {
+fn wait_for_step(out: &Path, n: u64, child: &mut Proc) {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let text = std::fs::read_to_string(out.join("metrics.jsonl")).unwrap_or_default();
         if text.lines().filter_map(|l| serde_json::from_str::<Value>(l).ok()).any(|v| v["step"].as_u64() >= Some(n)) {
             return;
         }
-        assert!(child.try_wait().unwrap().is_none(), "the run ended before step {n}");
+        assert!(!child.exited(), "the run ended before step {n}");
         assert!(Instant::now() < deadline, "no step {n} within 60 s");
         std::thread::sleep(Duration::from_millis(50));
     }
@@ -94,13 +88,14 @@ fn worker_pid(out: &Path, id: &str) -> i32 {
     line.split(" pid ").nth(1).and_then(|r| r.split_whitespace().next()).and_then(|p| p.parse().ok()).unwrap()
 }
 
-fn signal(pid: i32, sig: &str) {
-    Command::new("kill").args([sig, &pid.to_string()]).status().unwrap();
+fn signal(pid: i32, sig: i32) {
+    // SAFETY: kill(2) on a worker of this test's run.
+    assert_eq!(unsafe { libc::kill(pid, sig) }, 0, "kill({pid}, {sig})");
 }
 
 #[test]
 fn one_engine_in_worker_processes_learns_bit_identically_to_in_process() {
-    let dir = tmp("same");
+    let dir = temp_dir("workers-same");
     let a = recipe(&dir, "in_process", "local", 4);
     let out_a = dir.join("a");
     let o = run(&["run", a.to_str().unwrap(), "--out", out_a.to_str().unwrap()]);
@@ -126,18 +121,18 @@ fn one_engine_in_worker_processes_learns_bit_identically_to_in_process() {
 
 #[test]
 fn a_killed_rollout_engine_is_dropped_when_the_recipe_says_so() {
-    let dir = tmp("drop");
+    let dir = temp_dir("workers-drop");
     let r = recipe(&dir, "local_processes { engines = 2, on_failure = drop_engine }", "broadcast", 14);
     let out = dir.join("out");
-    let mut child =
-        miles(&["run", r.to_str().unwrap(), "--out", out.to_str().unwrap()]).stderr(Stdio::piped()).spawn().unwrap();
+    let mut child = start(&["run", r.to_str().unwrap(), "--out", out.to_str().unwrap()]);
     wait_for_step(&out, 2, &mut child);
-    signal(worker_pid(&out, "rollout-1"), "-9");
-    let o = child.wait_with_output().unwrap();
+    signal(worker_pid(&out, "rollout-1"), libc::SIGKILL);
+    let o = child.wait_output(LIMIT);
     let err = stderr(&o);
     assert!(o.status.success(), "{err}");
     assert!(err.contains("worker rollout-1 on host"), "the dead worker is named: {err}");
     assert!(err.contains("continuing with 1 rollout engine"), "{err}");
+    assert_nothing_left(&child);
     // Every step trained on a full batch: no step is missing.
     let steps: Vec<u64> =
         metrics(&out).iter().filter_map(|v| v["train/tokens"].as_u64().map(|_| v["step"].as_u64().unwrap())).collect();
@@ -147,17 +142,17 @@ fn a_killed_rollout_engine_is_dropped_when_the_recipe_says_so() {
 
 #[test]
 fn a_killed_trainer_stops_the_run_clearly_and_resume_finishes_it() {
-    let dir = tmp("trainer");
+    let dir = temp_dir("workers-trainer");
     let r = recipe(&dir, "local_processes { engines = 1 }", "broadcast", 12);
     let out = dir.join("out");
-    let mut child =
-        miles(&["run", r.to_str().unwrap(), "--out", out.to_str().unwrap()]).stderr(Stdio::piped()).spawn().unwrap();
+    let mut child = start(&["run", r.to_str().unwrap(), "--out", out.to_str().unwrap()]);
     wait_for_step(&out, 3, &mut child);
-    signal(worker_pid(&out, "trainer-0"), "-9");
-    let o = child.wait_with_output().unwrap();
+    signal(worker_pid(&out, "trainer-0"), libc::SIGKILL);
+    let o = child.wait_output(LIMIT);
     let err = stderr(&o);
     assert!(!o.status.success());
     assert!(err.contains("error[E0513]") && err.contains("stage `train` (worker trainer-0 on host"), "{err}");
+    assert_nothing_left(&child);
     let o = run(&["run", r.to_str().unwrap(), "--out", out.to_str().unwrap(), "--resume"]);
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(stderr(&o).contains("done: 12 steps"), "{}", stderr(&o));
@@ -166,20 +161,20 @@ fn a_killed_trainer_stops_the_run_clearly_and_resume_finishes_it() {
 
 #[test]
 fn a_silent_engine_hits_its_deadline_and_is_named() {
-    let dir = tmp("silent");
+    let dir = temp_dir("workers-silent");
     let r = recipe(&dir, "local_processes { engines = 1, call_timeout = 2 }", "broadcast", 200);
     let out = dir.join("out");
-    let mut child =
-        miles(&["run", r.to_str().unwrap(), "--out", out.to_str().unwrap()]).stderr(Stdio::piped()).spawn().unwrap();
+    let mut child = start(&["run", r.to_str().unwrap(), "--out", out.to_str().unwrap()]);
     wait_for_step(&out, 1, &mut child);
     let pid = worker_pid(&out, "rollout-0");
-    signal(pid, "-STOP");
+    signal(pid, libc::SIGSTOP);
     let t0 = Instant::now();
-    let o = child.wait_with_output().unwrap();
-    signal(pid, "-KILL");
+    let o = child.wait_output(LIMIT);
     let err = stderr(&o);
     assert!(!o.status.success());
     assert!(t0.elapsed() < Duration::from_secs(30), "the deadline bounds the wait");
+    // The stopped engine too: the launcher kills what does not exit.
+    assert_nothing_left(&child);
     assert!(err.contains("error[E0513]") && err.contains("worker rollout-0"), "{err}");
     assert!(err.contains("deadline of 2 s") || err.contains("no heartbeat"), "{err}");
     let _ = std::fs::remove_dir_all(&dir);
@@ -187,14 +182,18 @@ fn a_silent_engine_hits_its_deadline_and_is_named() {
 
 #[test]
 fn a_corrupted_weight_bucket_is_detected_and_not_loaded() {
-    let dir = tmp("corrupt");
+    let dir = temp_dir("workers-corrupt");
     let r = recipe(&dir, "local_processes { engines = 1 }", "broadcast", 4);
     let out = dir.join("out");
     // Workers inherit the variable: the trainer flips a byte of bucket 0 after its CRC.
-    let o = miles(&["run", r.to_str().unwrap(), "--out", out.to_str().unwrap()])
-        .env("MILES_FAULT_CORRUPT_BUCKET", "0")
-        .output()
-        .unwrap();
+    let mut p = Proc::spawn(
+        miles(&["run", r.to_str().unwrap(), "--out", out.to_str().unwrap()])
+            .env("MILES_FAULT_CORRUPT_BUCKET", "0")
+            .stdin(Stdio::null())
+            .stderr(Stdio::piped()),
+    );
+    let o = p.wait_output(LIMIT);
+    assert_nothing_left(&p);
     let err = stderr(&o);
     assert!(!o.status.success());
     assert!(err.contains("error[E0514]") && err.contains("bucket 0 failed its CRC-32"), "{err}");
@@ -204,11 +203,12 @@ fn a_corrupted_weight_bucket_is_detected_and_not_loaded() {
 
 #[test]
 fn a_worker_refuses_to_start_without_the_run_token() {
-    let o = Command::new(env!("CARGO_BIN_EXE_miles"))
-        .args(["worker", "--id", "rollout-0", "--role", "rollout"])
-        .env_remove("MILES_RUN_TOKEN")
-        .output()
-        .unwrap();
+    let o = output(
+        common::process::miles()
+            .args(["worker", "--id", "rollout-0", "--role", "rollout"])
+            .env_remove("MILES_RUN_TOKEN"),
+        LIMIT,
+    );
     assert_eq!(o.status.code(), Some(2));
     assert!(stderr(&o).contains("MILES_RUN_TOKEN is not set"));
 }

@@ -2,10 +2,15 @@
 //! `srun` step per worker; the run learns exactly as in-process. Needs the single-node test
 //! cluster of scripts/start-test-slurm.sh; skipped (with the reason printed) when it is absent.
 
-use std::path::PathBuf;
+mod common;
+
+use common::process::{output, temp_dir};
+use common::tiny::{tiny_recipe, EVAL};
 use std::process::Command;
+use std::time::Duration;
 
 fn slurm_ready() -> Result<(), String> {
+    // Spawned directly, not through `output`: a missing sinfo is a skip, not a failure.
     let o = Command::new("sinfo").args(["-h", "-o", "%t"]).output().map_err(|e| format!("no sinfo ({e})"))?;
     let s = String::from_utf8_lossy(&o.stdout);
     if !o.status.success() || !s.lines().any(|l| matches!(l.trim(), "idle" | "mix")) {
@@ -13,27 +18,6 @@ fn slurm_ready() -> Result<(), String> {
     }
     Ok(())
 }
-
-const RECIPE: &str = r#"
-import std/tasks/arith
-model policy = transformer { layers = 1, d_model = 32, heads = 2, vocab = arith.vocab, max_len = 12 }
-cluster laptop = local { cpus = 2 }
-recipe tiny on laptop {
-    launcher = LAUNCHER
-    warmup = sft(policy) { data = arith.addition { digits = 1 }, steps = 30.steps, lr = 3e-3 }
-    rollout = generate(warmup) {
-        prompts = arith.addition { digits = 1, split = train }
-        samples_per_prompt = 4
-        max_prompt_tokens = 6.tokens
-        max_new_tokens = 3.tokens
-    }
-    reward = exact_match(rollout)
-    train = grpo(rollout, reward) { rollout_batch = 8, global_batch = 32, micro_batch = 32, lr = 1e-3 }
-    sync = weights(train -> rollout) { transport = TRANSPORT, bucket = 1.MB }
-    eval = evaluate(rollout) { prompts = arith.addition { digits = 1, split = test }, every = 2.steps, limit = 20 }
-    stop = 4.steps
-}
-"#;
 
 fn metrics(out: &std::path::Path) -> Vec<serde_json::Value> {
     std::fs::read_to_string(out.join("metrics.jsonl"))
@@ -53,21 +37,30 @@ fn grpo_under_slurm_learns_as_in_process() {
         println!("skipped: {why}; start one with `bash scripts/start-test-slurm.sh`");
         return;
     }
-    let dir: PathBuf = std::env::temp_dir().join(format!("miles-slurm-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = temp_dir("slurm");
     let mut outs = Vec::new();
     for (name, launcher, transport) in [
         ("inproc", "in_process", "local"),
         ("slurm", "slurm { partition = \"debug\", gpus_per_engine = 1, start_timeout = 60 }", "broadcast"),
     ] {
         let r = dir.join(format!("{name}.miles"));
-        std::fs::write(&r, RECIPE.replace("LAUNCHER", launcher).replace("TRANSPORT", transport)).unwrap();
+        let sync = format!("transport = {transport}, bucket = 1.MB");
+        let launcher = format!("launcher = {launcher}");
+        std::fs::write(&r, tiny_recipe(&sync, 4, &[&launcher, EVAL])).unwrap();
         let out = dir.join(name);
-        let o = Command::new(env!("CARGO_BIN_EXE_miles"))
-            .args(["run", r.to_str().unwrap(), "--out", out.to_str().unwrap(), "--threads", "1", "--progress", "off"])
-            .output()
-            .unwrap();
+        let o = output(
+            common::process::miles().args([
+                "run",
+                r.to_str().unwrap(),
+                "--out",
+                out.to_str().unwrap(),
+                "--threads",
+                "1",
+                "--progress",
+                "off",
+            ]),
+            Duration::from_secs(600),
+        );
         let err = String::from_utf8_lossy(&o.stderr);
         assert!(o.status.success(), "{name}: {err}");
         if name == "slurm" {

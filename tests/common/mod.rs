@@ -2,6 +2,9 @@
 //! (stable, no terminal art) and checking the invariants every diagnostic must hold.
 #![allow(dead_code)]
 
+pub mod process;
+pub mod tiny;
+
 use miles_compiler::fs::MemoryFs;
 use miles_compiler::{compile, Compilation, Diagnostic, Options, Sources, Span};
 use miles_grammar::codes;

@@ -32,6 +32,39 @@ pub struct SamplingParams {
     pub seed: u64,
 }
 
+impl SamplingParams {
+    /// The rollout stage's sampling settings, to EOS, with stream `seed`.
+    pub fn rollout(r: &crate::spec::RolloutSpec, seed: u64) -> SamplingParams {
+        SamplingParams {
+            max_new_tokens: r.max_new_tokens,
+            temperature: r.temperature,
+            top_p: r.top_p,
+            top_k: r.top_k,
+            stop_tokens: vec![crate::tasks::EOS],
+            greedy: false,
+            seed,
+        }
+    }
+
+    /// Greedy decoding to EOS: what evaluation measures.
+    pub fn greedy(max_new_tokens: usize) -> SamplingParams {
+        SamplingParams { greedy: true, ..SamplingParams::plain(max_new_tokens, 0) }
+    }
+
+    /// Sampling from the full distribution (temperature 1, no top-p/top-k) to EOS.
+    pub fn plain(max_new_tokens: usize, seed: u64) -> SamplingParams {
+        SamplingParams {
+            max_new_tokens,
+            temperature: 1.0,
+            top_p: 1.0,
+            top_k: 0,
+            stop_tokens: vec![crate::tasks::EOS],
+            greedy: false,
+            seed,
+        }
+    }
+}
+
 /// One generated response.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Sample {

@@ -29,11 +29,33 @@ pub struct RunError {
     pub code: &'static str,
     pub message: String,
     pub help: Option<String>,
+    pub kind: ErrorKind,
+}
+
+/// Whose fault an error is, for what the user is told to do about it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ErrorKind {
+    /// The recipe, its data, the machine or a stage outside miles: the message says what to fix.
+    #[default]
+    User,
+    /// An invariant of miles itself broke (a thread panicked, a contract between its parts was
+    /// violated): nothing the user did, and nothing the user can fix.
+    Internal,
 }
 
 impl RunError {
     pub fn new(code: &'static str, message: impl Into<String>) -> Self {
-        RunError { code, message: message.into(), help: None }
+        RunError { code, message: message.into(), help: None, kind: ErrorKind::User }
+    }
+
+    /// A bug in miles (E0508): said as such, so nobody hunts for a mistake in their recipe.
+    pub fn internal(message: impl Into<String>) -> Self {
+        RunError {
+            code: E_BACKEND,
+            message: format!("internal error: {}", message.into()),
+            help: Some("this is a bug in miles, not in the recipe; please report it with the run's spec.json".into()),
+            kind: ErrorKind::Internal,
+        }
     }
 
     pub fn with_help(mut self, help: impl Into<String>) -> Self {
@@ -57,3 +79,18 @@ impl fmt::Display for RunError {
 }
 
 impl std::error::Error for RunError {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_internal_error_says_it_is_a_bug() {
+        let e = RunError::internal("the generation thread panicked");
+        assert_eq!(e.kind, ErrorKind::Internal);
+        let text = e.to_string();
+        assert!(text.starts_with("error[E0508]: internal error: the generation thread panicked"), "{text}");
+        assert!(text.contains("a bug in miles"), "{text}");
+        assert_eq!(RunError::new(E_SPEC, "x").kind, ErrorKind::User);
+    }
+}

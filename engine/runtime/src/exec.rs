@@ -5,7 +5,7 @@ use crate::backend::*;
 use crate::progress::Progress;
 use crate::rng::derive_seed;
 use crate::spec::{RunOptions, RunSpec, Summary};
-use crate::tasks::{TaskItem, TaskSet, EOS};
+use crate::tasks::{TaskItem, TaskSet};
 use crate::*;
 use serde_json::{json, Map, Value};
 use std::fs;
@@ -34,65 +34,36 @@ pub fn run_with(spec: &RunSpec, opts: &RunOptions, backend: &dyn Backend) -> Res
         return crate::async_exec::run(spec, opts, backend, task, started);
     }
 
-    let out = &opts.out_dir;
-    let ckpt_root = out.join("checkpoints");
-    let metrics_path = out.join("metrics.jsonl");
-    prepare_out_dir(spec, opts)?;
-
+    let mut outs = Outputs::open(spec, opts)?;
     backend.set_threads(opts.threads);
     let (mut engine, mut trainer) = backend.create(spec)?;
     let mut transport: Box<dyn WeightTransport> = Box::new(LocalHandoff);
 
-    let resume_from = if opts.resume { latest_checkpoint(&ckpt_root)? } else { None };
-    let mut metrics = Metrics::open(&metrics_path, resume_from.as_ref().map(|c| c.1.step))?;
-    let mut progress = Progress::new(opts.progress, spec.steps);
+    let start = match outs.resume_from.take() {
+        Some((dir, st)) => {
+            trainer.load(&dir)?;
+            let w = transport.transfer(trainer.export_weights()?)?;
+            engine.load_weights(&w)?;
+            outs.progress.note(&format!("resumed from {} (step {})", dir.display(), st.step));
+            Position::resumed(dir, &st)
+        }
+        None => start_fresh(
+            spec,
+            &task,
+            trainer.as_mut(),
+            transport.as_mut(),
+            &mut outs,
+            engine.as_mut(),
+            |e, w| e.load_weights(&w),
+            |e| evaluate(spec, &task, e),
+            Map::new(),
+            |_| Ok(()),
+        )?,
+    };
+    let Position { mut step, eval_start, mut eval_last, mut last_ckpt } = start;
+    let Outputs { ckpt_root, metrics_path, mut metrics, mut progress, .. } = outs;
+    let out = &opts.out_dir;
 
-    let (mut step, eval_start, mut eval_last);
-    let mut last_ckpt: Option<PathBuf> = None;
-    if let Some((dir, st)) = resume_from {
-        if st.spec != *spec {
-            return Err(RunError::new(
-                E_OUT_DIR,
-                format!("{} holds a checkpoint of a different run spec; resume needs the same spec", dir.display()),
-            ));
-        }
-        trainer.load(&dir)?;
-        let w = transport.transfer(trainer.export_weights()?)?;
-        engine.load_weights(&w)?;
-        step = st.step;
-        eval_start = st.eval_start;
-        eval_last = st.eval_last;
-        progress.note(&format!("resumed from {} (step {step})", dir.display()));
-        last_ckpt = Some(dir);
-    } else {
-        step = 0;
-        if let Some(sft) = &spec.sft {
-            run_sft(spec, sft, &task, trainer.as_mut(), &mut metrics, &mut progress)?;
-        }
-        trainer.reset_optimizer();
-        if spec.train.kl_coef > 0.0 {
-            trainer.freeze_reference()?;
-        }
-        let w = transport.transfer(trainer.export_weights()?)?;
-        engine.load_weights(&w)?;
-        let t0 = Instant::now();
-        let acc = evaluate(spec, &task, engine.as_mut())?;
-        let mut row = Map::new();
-        row.insert("step".into(), json!(0));
-        row.insert("eval/accuracy".into(), json!(acc.0));
-        row.insert("eval/response_len".into(), json!(acc.1));
-        row.insert("perf/eval_s".into(), json!(t0.elapsed().as_secs_f64()));
-        metrics.write(&row)?;
-        eval_start = Some(acc.0);
-        eval_last = Some(acc.0);
-        progress.eval(0, acc.0);
-        if spec.checkpoint.every > 0 {
-            last_ckpt = Some(save_checkpoint(&ckpt_root, spec, 0, eval_start, eval_last, trainer.as_ref())?);
-        }
-    }
-
-    let opt_per_step = spec.optimizer_steps_per_rl_step() as u64;
-    let total_opt = opt_per_step * spec.steps;
     let mut last_reward = None;
     let mut steps_this_run = 0u64;
     let mut stopped_early = false;
@@ -103,30 +74,14 @@ pub fn run_with(spec: &RunSpec, opts: &RunOptions, backend: &dyn Backend) -> Res
                 break;
             }
         }
-        if let Some(limit) = opts.max_wall {
-            if started.elapsed() > limit {
-                return Err(RunError::new(
-                    E_TIMEOUT,
-                    format!("the run's wall-time limit ({:.0} s) expired after step {step}", limit.as_secs_f64()),
-                )
-                .with_help("resume with --resume to continue from the last checkpoint"));
-            }
-        }
+        check_wall_time(opts, started, step)?;
         step += 1;
         steps_this_run += 1;
         let t_step = Instant::now();
         let r = &spec.rollout;
         let items = task.train_batch(spec.seed, "rollout", step, r.rollout_batch);
         let prompts = items.iter().map(|it| task.tokenizer.encode_prompt(&it.prompt)).collect::<Result<Vec<_>, _>>()?;
-        let params = SamplingParams {
-            max_new_tokens: r.max_new_tokens,
-            temperature: r.temperature,
-            top_p: r.top_p,
-            top_k: r.top_k,
-            stop_tokens: vec![EOS],
-            greedy: false,
-            seed: derive_seed(spec.seed, "sampling", step),
-        };
+        let params = SamplingParams::rollout(r, derive_seed(spec.seed, "sampling", step));
         let t_gen = Instant::now();
         let samples = engine.generate(&prompts, r.samples_per_prompt, &params)?;
         let gen_s = t_gen.elapsed().as_secs_f64();
@@ -156,21 +111,11 @@ pub fn run_with(spec: &RunSpec, opts: &RunOptions, backend: &dyn Backend) -> Res
                 weight_version: s.weight_version,
             })
             .collect();
-        let lrs: Vec<f64> =
-            (0..opt_per_step).map(|j| lr_at(&spec.train, (step - 1) * opt_per_step + j, total_opt)).collect();
+        let lrs = step_lrs(spec, step);
         let reward_s = t_reward.elapsed().as_secs_f64();
         let t_train = Instant::now();
-        let ts = trainer.train_rl(&batch, &lrs, r.temperature).map_err(|e| {
-            if e.code == E_NONFINITE {
-                non_finite(step, &last_ckpt)
-            } else {
-                e
-            }
-        })?;
+        let ts = train_checked(trainer.as_mut(), &batch, &lrs, r.temperature, step, &last_ckpt)?;
         let train_s = t_train.elapsed().as_secs_f64();
-        if !ts.loss.is_finite() || !ts.grad_norm.is_finite() {
-            return Err(non_finite(step, &last_ckpt));
-        }
         let t_sync = Instant::now();
         let w = transport.transfer(trainer.export_weights()?)?;
         engine.load_weights(&w)?;
@@ -190,15 +135,7 @@ pub fn run_with(spec: &RunSpec, opts: &RunOptions, backend: &dyn Backend) -> Res
             json!(samples.iter().filter(|s| s.finish == FinishReason::Stop).count() as f64 / n),
         );
         row.insert("rollout/flat_group_frac".into(), json!(flat_groups as f64 / r.rollout_batch as f64));
-        row.insert("train/loss".into(), json!(ts.loss));
-        row.insert("train/grad_norm".into(), json!(ts.grad_norm));
-        row.insert("train/entropy".into(), json!(ts.entropy));
-        row.insert("train/clip_frac".into(), json!(ts.clip_frac));
-        row.insert("train/kl".into(), json!(ts.kl));
-        row.insert("train/logp_diff".into(), json!(ts.logp_diff));
-        row.insert("train/tis_weight".into(), json!(ts.tis_weight));
-        row.insert("train/lr".into(), json!(lrs.last().copied().unwrap_or(0.0)));
-        row.insert("train/tokens".into(), json!(ts.tokens));
+        insert_train_stats(&mut row, &ts, &lrs);
         let do_eval = step == spec.steps || (spec.eval.every > 0 && step % spec.eval.every == 0);
         if do_eval {
             let t0 = Instant::now();
@@ -209,47 +146,228 @@ pub fn run_with(spec: &RunSpec, opts: &RunOptions, backend: &dyn Backend) -> Res
             eval_last = Some(acc.0);
             progress.eval(step, acc.0);
         }
-        row.insert("perf/gen_tokens_per_s".into(), json!(gen_tokens as f64 / gen_s.max(1e-9)));
         let trained: usize = batch.iter().map(|t| t.prompt.len() + t.response.len()).sum();
-        row.insert("perf/train_tokens_per_s".into(), json!(trained as f64 / train_s.max(1e-9)));
-        row.insert("perf/sync_s".into(), json!(sync_s));
-        // Where the step's time goes (bench/peers profiles it): generation, scoring and advantages,
-        // training (split by the backend into log-prob recompute, forward, backward, optimizer),
-        // and the token counts behind the rates. step_s minus these is orchestration (and eval).
-        row.insert("perf/gen_s".into(), json!(gen_s));
-        row.insert("perf/reward_s".into(), json!(reward_s));
-        row.insert("perf/train_s".into(), json!(train_s));
-        row.insert("perf/logprob_s".into(), json!(ts.logprob_s));
-        row.insert("perf/forward_s".into(), json!(ts.forward_s));
-        row.insert("perf/backward_s".into(), json!(ts.backward_s));
-        row.insert("perf/optimizer_s".into(), json!(ts.optimizer_s));
-        row.insert("perf/gen_tokens".into(), json!(gen_tokens));
-        row.insert("perf/trained_tokens".into(), json!(trained));
-        row.insert("perf/sync_bytes".into(), json!(w.bytes()));
-        row.insert("perf/step_s".into(), json!(t_step.elapsed().as_secs_f64()));
+        let times = StepTimes { gen_s, reward_s, train_s, sync_s, step_s: t_step.elapsed().as_secs_f64() };
+        insert_perf(&mut row, &ts, &times, gen_tokens as u64, trained, w.bytes());
         metrics.write(&row)?;
         last_reward = Some(reward_mean);
         progress.step(step, reward_mean, gen_tokens as f64 / gen_s.max(1e-9), trained as f64 / train_s.max(1e-9));
 
         let ck = spec.checkpoint.every;
         if (ck > 0 && step % ck == 0) || step == spec.steps {
-            last_ckpt = Some(save_checkpoint(&ckpt_root, spec, step, eval_start, eval_last, trainer.as_ref())?);
+            last_ckpt =
+                Some(save_checkpoint(&ckpt_root, spec, step, eval_start, eval_last, trainer.as_ref(), |_| Ok(()))?);
         }
     }
     if !stopped_early {
         save_final_model(out, trainer.as_ref(), &task)?;
     }
-    progress.finish(eval_start, eval_last);
-    Ok(Summary {
-        steps_done: step,
-        eval_start,
-        eval_end: eval_last,
+    let at = Position { step, eval_start, eval_last, last_ckpt };
+    Ok(summary(at, last_reward, stopped_early, metrics_path, started, &mut progress))
+}
+
+/// What both executors write as a run goes, opened before the backend starts.
+pub(crate) struct Outputs {
+    pub(crate) ckpt_root: PathBuf,
+    pub(crate) metrics_path: PathBuf,
+    pub(crate) metrics: Metrics,
+    pub(crate) progress: Progress,
+    /// The checkpoint a resume continues from (None: a fresh run).
+    pub(crate) resume_from: Option<(PathBuf, CkptState)>,
+}
+
+impl Outputs {
+    /// The output directory (refused when it holds another run), the checkpoint to resume from
+    /// (refused when it belongs to another spec), metrics.jsonl cut back to it, and progress.
+    pub(crate) fn open(spec: &RunSpec, opts: &RunOptions) -> Result<Outputs, RunError> {
+        let out = &opts.out_dir;
+        prepare_out_dir(spec, opts)?;
+        let ckpt_root = out.join("checkpoints");
+        let metrics_path = out.join("metrics.jsonl");
+        let resume_from = if opts.resume { latest_checkpoint(&ckpt_root)? } else { None };
+        if let Some((dir, st)) = &resume_from {
+            if st.spec != *spec {
+                return Err(RunError::new(
+                    E_OUT_DIR,
+                    format!("{} holds a checkpoint of a different run spec; resume needs the same spec", dir.display()),
+                ));
+            }
+        }
+        let metrics = Metrics::open(&metrics_path, resume_from.as_ref().map(|c| c.1.step))?;
+        let progress = Progress::new(opts.progress, spec.steps);
+        Ok(Outputs { ckpt_root, metrics_path, metrics, progress, resume_from })
+    }
+}
+
+/// Where a run stands: where its loop starts, and where it ended.
+pub(crate) struct Position {
+    /// Steps done.
+    pub(crate) step: u64,
+    pub(crate) eval_start: Option<f64>,
+    pub(crate) eval_last: Option<f64>,
+    pub(crate) last_ckpt: Option<PathBuf>,
+}
+
+impl Position {
+    pub(crate) fn resumed(dir: PathBuf, st: &CkptState) -> Position {
+        Position { step: st.step, eval_start: st.eval_start, eval_last: st.eval_last, last_ckpt: Some(dir) }
+    }
+}
+
+/// How a run ends, the same for both executors: the progress line, and the summary.
+pub(crate) fn summary(
+    at: Position,
+    last_reward: Option<f64>,
+    stopped_early: bool,
+    metrics_path: PathBuf,
+    started: Instant,
+    progress: &mut Progress,
+) -> Summary {
+    progress.finish(at.eval_start, at.eval_last);
+    Summary {
+        steps_done: at.step,
+        eval_start: at.eval_start,
+        eval_end: at.eval_last,
         last_reward,
-        checkpoint: last_ckpt,
+        checkpoint: at.last_ckpt,
         metrics_path,
         wall_seconds: started.elapsed().as_secs_f64(),
         stopped_early,
-    })
+    }
+}
+
+/// A fresh run's opening, the same for both executors: the SFT warm-up, a fresh optimizer, the
+/// frozen reference (with a KL term), the first weights into the engine (`load`), the step-0
+/// evaluation (`evaluate`) as its own metrics row (`row` holds the executor's extra columns), and
+/// the step-0 checkpoint with the executor's own files (`ckpt_files`).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn start_fresh<E: ?Sized>(
+    spec: &RunSpec,
+    task: &TaskSet,
+    trainer: &mut dyn Trainer,
+    transport: &mut dyn WeightTransport,
+    outs: &mut Outputs,
+    engine: &mut E,
+    load: impl FnOnce(&mut E, WeightSnapshot) -> Result<(), RunError>,
+    evaluate: impl FnOnce(&mut E) -> Result<(f64, f64), RunError>,
+    mut row: Map<String, Value>,
+    ckpt_files: impl FnOnce(&Path) -> Result<(), RunError>,
+) -> Result<Position, RunError> {
+    if let Some(sft) = &spec.sft {
+        run_sft(spec, sft, task, trainer, &mut outs.metrics, &mut outs.progress)?;
+    }
+    trainer.reset_optimizer();
+    if spec.train.kl_coef > 0.0 {
+        trainer.freeze_reference()?;
+    }
+    load(engine, transport.transfer(trainer.export_weights()?)?)?;
+    let t0 = Instant::now();
+    let acc = evaluate(engine)?;
+    row.insert("step".into(), json!(0));
+    row.insert("eval/accuracy".into(), json!(acc.0));
+    row.insert("eval/response_len".into(), json!(acc.1));
+    row.insert("perf/eval_s".into(), json!(t0.elapsed().as_secs_f64()));
+    outs.metrics.write(&row)?;
+    outs.progress.eval(0, acc.0);
+    let last_ckpt = if spec.checkpoint.every > 0 {
+        Some(save_checkpoint(&outs.ckpt_root, spec, 0, Some(acc.0), Some(acc.0), trainer, ckpt_files)?)
+    } else {
+        None
+    };
+    Ok(Position { step: 0, eval_start: Some(acc.0), eval_last: Some(acc.0), last_ckpt })
+}
+
+/// Refuses to start step `step + 1` after the run's wall-time limit (`--max-wall`).
+pub(crate) fn check_wall_time(opts: &RunOptions, started: Instant, step: u64) -> Result<(), RunError> {
+    match opts.max_wall {
+        Some(limit) if started.elapsed() > limit => Err(RunError::new(
+            E_TIMEOUT,
+            format!("the run's wall-time limit ({:.0} s) expired after step {step}", limit.as_secs_f64()),
+        )
+        .with_help("resume with --resume to continue from the last checkpoint")),
+        _ => Ok(()),
+    }
+}
+
+/// The learning rate of each optimizer step of RL step `step` (1-based).
+pub(crate) fn step_lrs(spec: &RunSpec, step: u64) -> Vec<f64> {
+    let per_step = spec.optimizer_steps_per_rl_step() as u64;
+    let total = per_step * spec.steps;
+    (0..per_step).map(|j| lr_at(&spec.train, (step - 1) * per_step + j, total)).collect()
+}
+
+/// One RL training step; a NaN/infinite loss or gradient stops the run (E0505) naming the last
+/// good checkpoint.
+pub(crate) fn train_checked(
+    trainer: &mut dyn Trainer,
+    batch: &[Trajectory],
+    lrs: &[f64],
+    temperature: f64,
+    step: u64,
+    last_ckpt: &Option<PathBuf>,
+) -> Result<TrainStats, RunError> {
+    let ts = trainer.train_rl(batch, lrs, temperature).map_err(|e| {
+        if e.code == E_NONFINITE {
+            non_finite(step, last_ckpt)
+        } else {
+            e
+        }
+    })?;
+    if !ts.loss.is_finite() || !ts.grad_norm.is_finite() {
+        return Err(non_finite(step, last_ckpt));
+    }
+    Ok(ts)
+}
+
+/// The `train/*` columns of a step's metrics row.
+pub(crate) fn insert_train_stats(row: &mut Map<String, Value>, ts: &TrainStats, lrs: &[f64]) {
+    row.insert("train/loss".into(), json!(ts.loss));
+    row.insert("train/grad_norm".into(), json!(ts.grad_norm));
+    row.insert("train/entropy".into(), json!(ts.entropy));
+    row.insert("train/clip_frac".into(), json!(ts.clip_frac));
+    row.insert("train/kl".into(), json!(ts.kl));
+    row.insert("train/logp_diff".into(), json!(ts.logp_diff));
+    row.insert("train/tis_weight".into(), json!(ts.tis_weight));
+    row.insert("train/lr".into(), json!(lrs.last().copied().unwrap_or(0.0)));
+    row.insert("train/tokens".into(), json!(ts.tokens));
+}
+
+/// Seconds a step spent in each phase.
+pub(crate) struct StepTimes {
+    /// Generation (async: seconds the engine was busy since the last step).
+    pub(crate) gen_s: f64,
+    pub(crate) reward_s: f64,
+    pub(crate) train_s: f64,
+    pub(crate) sync_s: f64,
+    pub(crate) step_s: f64,
+}
+
+/// The `perf/*` columns of a step's metrics row: where the step's time goes (bench/peers profiles
+/// it): generation, scoring and advantages, training (split by the backend into log-prob
+/// recompute, forward, backward, optimizer), and the token counts behind the rates. step_s minus
+/// these is orchestration (and eval).
+pub(crate) fn insert_perf(
+    row: &mut Map<String, Value>,
+    ts: &TrainStats,
+    t: &StepTimes,
+    gen_tokens: u64,
+    trained: usize,
+    sync_bytes: usize,
+) {
+    row.insert("perf/gen_tokens_per_s".into(), json!(gen_tokens as f64 / t.gen_s.max(1e-9)));
+    row.insert("perf/train_tokens_per_s".into(), json!(trained as f64 / t.train_s.max(1e-9)));
+    row.insert("perf/sync_s".into(), json!(t.sync_s));
+    row.insert("perf/sync_bytes".into(), json!(sync_bytes));
+    row.insert("perf/gen_s".into(), json!(t.gen_s));
+    row.insert("perf/reward_s".into(), json!(t.reward_s));
+    row.insert("perf/train_s".into(), json!(t.train_s));
+    row.insert("perf/logprob_s".into(), json!(ts.logprob_s));
+    row.insert("perf/forward_s".into(), json!(ts.forward_s));
+    row.insert("perf/backward_s".into(), json!(ts.backward_s));
+    row.insert("perf/optimizer_s".into(), json!(ts.optimizer_s));
+    row.insert("perf/gen_tokens".into(), json!(gen_tokens));
+    row.insert("perf/trained_tokens".into(), json!(trained));
+    row.insert("perf/step_s".into(), json!(t.step_s));
 }
 
 /// The final model, Hugging Face style (model.safetensors + config.json + tokenizer), written
@@ -357,15 +475,7 @@ pub(crate) fn run_sft(
 pub(crate) fn evaluate(spec: &RunSpec, task: &TaskSet, engine: &mut dyn RolloutEngine) -> Result<(f64, f64), RunError> {
     let items: Vec<&TaskItem> = task.test.iter().take(spec.eval.prompts.max(1)).collect();
     let prompts = items.iter().map(|it| task.tokenizer.encode_prompt(&it.prompt)).collect::<Result<Vec<_>, _>>()?;
-    let params = SamplingParams {
-        max_new_tokens: spec.rollout.max_new_tokens,
-        temperature: 1.0,
-        top_p: 1.0,
-        top_k: 0,
-        stop_tokens: vec![EOS],
-        greedy: true,
-        seed: 0,
-    };
+    let params = SamplingParams::greedy(spec.rollout.max_new_tokens);
     let samples = engine.generate(&prompts, 1, &params)?;
     let mut correct = 0usize;
     let mut len = 0usize;
@@ -458,20 +568,9 @@ pub(crate) fn ckpt_name(step: u64) -> String {
     format!("step-{step:08}")
 }
 
-fn save_checkpoint(
-    root: &Path,
-    spec: &RunSpec,
-    step: u64,
-    eval_start: Option<f64>,
-    eval_last: Option<f64>,
-    trainer: &dyn Trainer,
-) -> Result<PathBuf, RunError> {
-    save_checkpoint_with(root, spec, step, eval_start, eval_last, trainer, |_| Ok(()))
-}
-
-/// `save_checkpoint` plus the executor's own files (`extra` fills the same temp directory, so they
-/// appear atomically with the rest).
-pub(crate) fn save_checkpoint_with(
+/// A checkpoint: the trainer's files, the executor's own (`extra` fills the same temp directory, so
+/// they appear atomically with the rest) and state.json; only the newest `checkpoint.keep` stay.
+pub(crate) fn save_checkpoint(
     root: &Path,
     spec: &RunSpec,
     step: u64,

@@ -390,15 +390,7 @@ mod tests {
     use super::*;
 
     fn params(seed: u64) -> SamplingParams {
-        SamplingParams {
-            max_new_tokens: 8,
-            temperature: 1.0,
-            top_p: 1.0,
-            top_k: 0,
-            stop_tokens: vec![EOS],
-            greedy: false,
-            seed,
-        }
+        SamplingParams::plain(8, seed)
     }
 
     #[test]

@@ -73,6 +73,40 @@ pub struct RunSpec {
     /// sync (the default), one_step_off or fully_async (docs/async.md).
     #[serde(default, skip_serializing_if = "ScheduleSpec::is_sync")]
     pub schedule: ScheduleSpec,
+    /// The recipe's names of the stages, for messages.
+    #[serde(default, skip_serializing_if = "StageNames::is_default")]
+    pub stages: StageNames,
+}
+
+/// What the recipe calls the rollout, train and eval stages: a stall (E0509) names the stage that
+/// stopped answering as the user wrote it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct StageNames {
+    pub rollout: String,
+    pub train: String,
+    pub eval: String,
+}
+
+impl Default for StageNames {
+    fn default() -> Self {
+        StageNames { rollout: "rollout".into(), train: "train".into(), eval: "eval".into() }
+    }
+}
+
+impl StageNames {
+    fn is_default(&self) -> bool {
+        let d = StageNames::default();
+        (&self.rollout, &self.train, &self.eval) == (&d.rollout, &d.train, &d.eval)
+    }
+}
+
+/// Names are labels: they change no result, so a run resumes after its stages are renamed (resume
+/// compares specs).
+impl PartialEq for StageNames {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
 }
 
 /// Decoder-only transformer (Llama-style: RMSNorm, rotary positions, grouped KV heads, SwiGLU).

@@ -45,6 +45,18 @@ pub struct StreamSample {
 }
 
 impl StreamSample {
+    /// A request aborted before it was started: no tokens, under weight version `version`.
+    pub fn aborted_unstarted(id: u64, version: u64) -> StreamSample {
+        StreamSample {
+            id,
+            response: Vec::new(),
+            logprobs: Vec::new(),
+            finish: FinishReason::Length,
+            versions: vec![VersionSpan { version, from_token: 0 }],
+            aborted: true,
+        }
+    }
+
     pub fn oldest_version(&self) -> u64 {
         self.versions.iter().map(|v| v.version).min().unwrap_or(0)
     }
@@ -139,17 +151,7 @@ impl<E: RolloutEngine + Send> StreamEngine for BatchedStream<E> {
 
     fn abort_all(&mut self) -> Vec<StreamSample> {
         let v = self.engine.weight_version();
-        std::mem::take(&mut self.queued)
-            .into_iter()
-            .map(|r| StreamSample {
-                id: r.id,
-                response: Vec::new(),
-                logprobs: Vec::new(),
-                finish: FinishReason::Length,
-                versions: vec![VersionSpan { version: v, from_token: 0 }],
-                aborted: true,
-            })
-            .collect()
+        std::mem::take(&mut self.queued).into_iter().map(|r| StreamSample::aborted_unstarted(r.id, v)).collect()
     }
 
     fn load_weights(&mut self, weights: &WeightSnapshot) -> Result<(), RunError> {

@@ -7,7 +7,7 @@ use miles_runtime::schedule::*;
 use miles_runtime::sim::{SimBackend, SimConfig, SimTrainerState, SIM_TRAINER_FILE};
 use miles_runtime::source::{DropReason, SourceState};
 use miles_runtime::tasks::TaskSet;
-use miles_runtime::{run_with, ProgressMode, RunOptions, RunSpec};
+use miles_runtime::{run_with, ProgressMode, RunOptions, RunSpec, StageNames};
 use serde_json::Value;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -257,6 +257,29 @@ fn a_stuck_trainer_or_engine_is_named_after_the_timeout() {
     let e = run_with(&s, &opts(&dir), &SimBackend { cfg: SimConfig { step_s: 0.05, ..fast() } }).unwrap_err();
     assert_eq!(e.code, "E0509", "{e}");
     assert!(e.message.contains("rollout stage `rollout`"), "{e}");
+}
+
+#[test]
+fn a_stall_names_the_stages_as_the_recipe_calls_them() {
+    let named = |s: &mut RunSpec| {
+        s.stages = StageNames { rollout: "gen".into(), train: "learner".into(), eval: "score".into() };
+    };
+    let dir = tmp("stuck-learner");
+    let mut s = spec(&fully_async(r#""buffer_capacity": 4, "stall_timeout_s": 0.2"#), 3);
+    named(&mut s);
+    let e = run_with(&s, &opts(&dir), &SimBackend { cfg: SimConfig { train_fixed_s: 0.6, ..fast() } }).unwrap_err();
+    assert_eq!(e.code, "E0509", "{e}");
+    assert!(e.message.contains("stage `learner`") && !e.message.contains("`train`"), "{e}");
+    let dir = tmp("stuck-gen");
+    let mut s = spec(&fully_async(r#""stall_timeout_s": 0.2"#), 3);
+    named(&mut s);
+    let e = run_with(&s, &opts(&dir), &SimBackend { cfg: SimConfig { step_s: 0.05, ..fast() } }).unwrap_err();
+    assert_eq!(e.code, "E0509", "{e}");
+    assert!(e.message.contains("rollout stage `gen`") && e.message.contains("stage `learner`"), "{e}");
+    // The names travel in spec.json; a spec without them reads the defaults.
+    let back = RunSpec::from_json(&serde_json::to_string(&s).unwrap()).unwrap();
+    assert_eq!(back.stages.rollout, "gen");
+    assert_eq!(spec(r#"{"type": "sync"}"#, 1).stages.train, "train");
 }
 
 #[test]

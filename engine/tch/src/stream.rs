@@ -182,14 +182,7 @@ impl StreamEngine for TchStreamEngine {
                 aborted: true,
             })
             .collect();
-        out.extend(self.queued.drain(..).map(|r| StreamSample {
-            id: r.id,
-            response: Vec::new(),
-            logprobs: Vec::new(),
-            finish: FinishReason::Length,
-            versions: vec![VersionSpan { version: v, from_token: 0 }],
-            aborted: true,
-        }));
+        out.extend(self.queued.drain(..).map(|r| StreamSample::aborted_unstarted(r.id, v)));
         out
     }
 

@@ -76,37 +76,35 @@ pub fn traj_from_pb(t: pb::Trajectory) -> Trajectory {
     }
 }
 
+/// `$out { typed fields from $s, $rest }`: the one list of the TrainStats fields that cross the
+/// wire typed (protobuf's exact f64s); the rest travel in `json`.
+macro_rules! typed_stats {
+    ($out:path, $s:expr, $($rest:tt)*) => {{
+        let s = $s;
+        $out {
+            loss: s.loss,
+            grad_norm: s.grad_norm,
+            entropy: s.entropy,
+            clip_frac: s.clip_frac,
+            kl: s.kl,
+            logp_diff: s.logp_diff,
+            tis_weight: s.tis_weight,
+            optimizer_steps: s.optimizer_steps,
+            tokens: s.tokens,
+            $($rest)*
+        }
+    }};
+}
+
 pub fn stats_to_pb(s: &TrainStats) -> pb::TrainStats {
-    pb::TrainStats {
-        loss: s.loss,
-        grad_norm: s.grad_norm,
-        entropy: s.entropy,
-        clip_frac: s.clip_frac,
-        kl: s.kl,
-        logp_diff: s.logp_diff,
-        tis_weight: s.tis_weight,
-        optimizer_steps: s.optimizer_steps,
-        tokens: s.tokens,
-        json: serde_json::to_string(s).unwrap_or_default(),
-    }
+    typed_stats!(pb::TrainStats, s, json: serde_json::to_string(s).unwrap_or_default())
 }
 
 pub fn stats_from_pb(s: pb::TrainStats) -> TrainStats {
     // Fields added later come from the JSON; the typed ones are taken from protobuf's exact f64s
     // (serde_json's default float parsing can be one ulp off, and these must match bit for bit).
     let base = serde_json::from_str::<TrainStats>(&s.json).unwrap_or_default();
-    TrainStats {
-        loss: s.loss,
-        grad_norm: s.grad_norm,
-        entropy: s.entropy,
-        clip_frac: s.clip_frac,
-        kl: s.kl,
-        logp_diff: s.logp_diff,
-        tis_weight: s.tis_weight,
-        optimizer_steps: s.optimizer_steps,
-        tokens: s.tokens,
-        ..base
-    }
+    typed_stats!(TrainStats, &s, ..base)
 }
 
 /// A stage's error crosses the wire as `[E0xxx] message`, so the controller can restore its code.

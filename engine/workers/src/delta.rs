@@ -10,7 +10,7 @@
 //! whole weights), writes the new local copy atomically and reloads.
 
 use crate::transport::{Target, TransferError, TransferReport, TransportConfig, WeightPublisher};
-use crate::wire::{self, Header, TensorMeta, Trailer, MAGIC};
+use crate::wire::{self, Header, Trailer};
 use miles_runtime::{NamedTensor, WeightSnapshot};
 use serde::{Deserialize, Serialize};
 use std::fs;
@@ -86,32 +86,8 @@ pub fn read_index(dir: &Path) -> io::Result<Index> {
 
 /// Writes `snap` as a full stream (the local copy and full entries share this format).
 pub fn write_full(path: &Path, token: &str, snap: &WeightSnapshot, bucket: u64, verify_full: bool) -> io::Result<u64> {
-    let h = Header {
-        magic: MAGIC.into(),
-        token: token.into(),
-        version: snap.version,
-        part: 0,
-        parts: 1,
-        total_tensors: snap.tensors.len() as u32,
-        bucket_bytes: bucket,
-        tensors: snap
-            .tensors
-            .iter()
-            .enumerate()
-            .map(|(i, t)| TensorMeta { index: i as u32, name: t.name.clone(), shape: t.shape.clone() })
-            .collect(),
-        delta_base: None,
-        shm_path: None,
-    };
-    let trailer = Trailer {
-        tensor_crc: snap
-            .tensors
-            .iter()
-            .enumerate()
-            .map(|(i, t)| (i as u32, wire::crc(wire::as_bytes(&t.data))))
-            .collect(),
-        full_sha256: verify_full.then(|| wire::full_digest(&snap.tensors)),
-    };
+    let h = Header::whole(token, snap, bucket);
+    let trailer = Trailer::of(snap, 0..snap.tensors.len(), verify_full.then(|| wire::full_digest(&snap.tensors)));
     write_atomic(path, |w| {
         wire::write_header(w, &h)?;
         let pieces: Vec<&[u8]> = snap.tensors.iter().map(|t| wire::as_bytes(&t.data)).collect();
@@ -169,34 +145,12 @@ impl WeightPublisher for DeltaPublisher {
                     })
                     .collect();
                 let h = Header {
-                    magic: MAGIC.into(),
-                    token: self.cfg.token.clone(),
-                    version: snap.version,
-                    part: 0,
-                    parts: 1,
-                    total_tensors: snap.tensors.len() as u32,
-                    bucket_bytes: self.cfg.bucket_bytes,
-                    tensors: changed
-                        .iter()
-                        .map(|&i| TensorMeta {
-                            index: i as u32,
-                            name: snap.tensors[i].name.clone(),
-                            shape: snap.tensors[i].shape.clone(),
-                        })
-                        .collect(),
                     delta_base: Some(base.version),
-                    shm_path: None,
+                    ..Header::part(&self.cfg.token, snap, self.cfg.bucket_bytes, (0, 1), changed.iter().copied())
                 };
                 // CRCs of the patched result, all tensors: what the host must end up with.
-                let trailer = Trailer {
-                    tensor_crc: snap
-                        .tensors
-                        .iter()
-                        .enumerate()
-                        .map(|(i, t)| (i as u32, wire::crc(wire::as_bytes(&t.data))))
-                        .collect(),
-                    full_sha256: self.cfg.verify_full.then(|| wire::full_digest(&snap.tensors)),
-                };
+                let full = self.cfg.verify_full.then(|| wire::full_digest(&snap.tensors));
+                let trailer = Trailer::of(snap, 0..snap.tensors.len(), full);
                 let mut nb = 0;
                 write_atomic(&self.dir.join(&file), |w| {
                     wire::write_header(w, &h)?;

@@ -553,15 +553,7 @@ mod tests {
 
     #[test]
     fn generate_body_and_parse_follow_sglang() {
-        let p = SamplingParams {
-            max_new_tokens: 4,
-            temperature: 1.0,
-            top_p: 1.0,
-            top_k: 0,
-            stop_tokens: vec![2],
-            greedy: false,
-            seed: 5,
-        };
+        let p = SamplingParams::plain(4, 5);
         let b = generate_body(&[vec![5, 6], vec![7]], 2, &p);
         assert_eq!(b["input_ids"], json!([[5, 6], [5, 6], [7], [7]]));
         assert_eq!(b["sampling_params"][1]["sampling_seed"], 6);

@@ -7,7 +7,7 @@
 //! - [`RayLauncher`]: one Ray job per worker through the Jobs REST API.
 
 use crate::auth::TOKEN_ENV;
-use crate::{E_LAUNCH, E_WORKER};
+use crate::E_LAUNCH;
 use miles_runtime::RunError;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -381,11 +381,6 @@ impl Launcher for RayLauncher {
             let _ = crate::http::post_json(&url, &serde_json::json!({}), Duration::from_secs(5));
         }
     }
-}
-
-/// A worker gone according to the launcher, as a run error.
-pub fn launcher_fault(id: &str, why: &str) -> RunError {
-    RunError::new(E_WORKER, format!("worker {id}: {why}"))
 }
 
 #[cfg(test)]

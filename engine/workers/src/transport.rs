@@ -10,7 +10,7 @@
 //! The executor (and later the asynchronous runtime) sees only [`WeightPublisher::publish`] and a
 //! [`TransferReport`]: which transport runs is the recipe's `weights` stage's choice.
 
-use crate::wire::{self, Faults, Header, StreamError, TensorMeta, Trailer, MAGIC};
+use crate::wire::{self, Faults, Header, StreamError, Trailer};
 use miles_runtime::{NamedTensor, WeightSnapshot};
 use std::collections::{BTreeMap, HashMap};
 use std::io::{self, BufRead, BufReader, BufWriter, Read, Write};
@@ -192,33 +192,6 @@ fn wire_len(mut f: &std::fs::File) -> io::Result<u64> {
     f.stream_position()
 }
 
-fn header_for(cfg: &TransportConfig, snap: &WeightSnapshot, part: u32, parts: u32, range: Range<usize>) -> Header {
-    Header {
-        magic: MAGIC.into(),
-        token: cfg.token.clone(),
-        version: snap.version,
-        part,
-        parts,
-        total_tensors: snap.tensors.len() as u32,
-        bucket_bytes: cfg.bucket_bytes,
-        tensors: range
-            .map(|i| {
-                let t = &snap.tensors[i];
-                TensorMeta { index: i as u32, name: t.name.clone(), shape: t.shape.clone() }
-            })
-            .collect(),
-        delta_base: None,
-        shm_path: None,
-    }
-}
-
-fn trailer_for(snap: &WeightSnapshot, range: Range<usize>, full: Option<&String>) -> Trailer {
-    Trailer {
-        tensor_crc: range.map(|i| (i as u32, wire::crc(wire::as_bytes(&snap.tensors[i].data)))).collect(),
-        full_sha256: full.cloned(),
-    }
-}
-
 fn connect(addr: &str, timeout: Duration) -> io::Result<TcpStream> {
     let mut last = io::Error::new(io::ErrorKind::NotFound, format!("{addr} resolves to no address"));
     for a in addr.to_socket_addrs()? {
@@ -298,14 +271,14 @@ impl WeightPublisher for StreamPublisher {
                 let res = (|| -> io::Result<u32> {
                     let file = std::fs::OpenOptions::new().write(true).create(true).truncate(false).open(&path)?;
                     let mut f = BufWriter::with_capacity(1 << 20, file);
-                    let h = header_for(cfg, snap, s as u32, parts, r.clone());
+                    let h = Header::part(&cfg.token, snap, cfg.bucket_bytes, (s as u32, parts), r.clone());
                     wire::write_header(&mut f, &h)?;
                     let pieces: Vec<&[u8]> = r.clone().map(|i| wire::as_bytes(&snap.tensors[i].data)).collect();
                     let b = wire::write_body(
                         &mut f,
                         &pieces,
                         cfg.bucket_bytes,
-                        &trailer_for(snap, r.clone(), full.as_ref()),
+                        &Trailer::of(snap, r.clone(), full.clone()),
                         cfg.faults,
                     )?;
                     let file = f.into_inner().map_err(|e| e.into_error())?;
@@ -345,7 +318,8 @@ impl WeightPublisher for StreamPublisher {
                         let res = (|| -> io::Result<Result<u32, String>> {
                             let sock = connect(&target.data_addr, cfg.timeout)?;
                             let mut w = BufWriter::with_capacity(256 << 10, &sock);
-                            let mut h = header_for(cfg, snap, s as u32, parts, range.clone());
+                            let mut h =
+                                Header::part(&cfg.token, snap, cfg.bucket_bytes, (s as u32, parts), range.clone());
                             let buckets = if let Some(p) = &shm {
                                 h.tensors.clear();
                                 h.shm_path = Some(p.to_string_lossy().into_owned());
@@ -360,7 +334,7 @@ impl WeightPublisher for StreamPublisher {
                                     &mut w,
                                     &pieces,
                                     cfg.bucket_bytes,
-                                    &trailer_for(snap, range, full),
+                                    &Trailer::of(snap, range, full.cloned()),
                                     cfg.faults,
                                 )?
                             };

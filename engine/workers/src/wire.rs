@@ -43,6 +43,42 @@ pub struct Header {
     pub shm_path: Option<String>,
 }
 
+impl Header {
+    /// Part `part` of `parts` of `snap`: the tensors at `indices`, whole (no delta base, no shared
+    /// memory file).
+    pub fn part(
+        token: &str,
+        snap: &WeightSnapshot,
+        bucket_bytes: u64,
+        (part, parts): (u32, u32),
+        indices: impl IntoIterator<Item = usize>,
+    ) -> Header {
+        Header {
+            magic: MAGIC.into(),
+            token: token.into(),
+            version: snap.version,
+            part,
+            parts,
+            total_tensors: snap.tensors.len() as u32,
+            bucket_bytes,
+            tensors: indices
+                .into_iter()
+                .map(|i| {
+                    let t = &snap.tensors[i];
+                    TensorMeta { index: i as u32, name: t.name.clone(), shape: t.shape.clone() }
+                })
+                .collect(),
+            delta_base: None,
+            shm_path: None,
+        }
+    }
+
+    /// All of `snap` in one part.
+    pub fn whole(token: &str, snap: &WeightSnapshot, bucket_bytes: u64) -> Header {
+        Header::part(token, snap, bucket_bytes, (0, 1), 0..snap.tensors.len())
+    }
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct TensorMeta {
     /// Index in the whole snapshot.
@@ -65,6 +101,16 @@ pub struct Trailer {
     /// is on.
     #[serde(default)]
     pub full_sha256: Option<String>,
+}
+
+impl Trailer {
+    /// The CRC-32 of each tensor of `snap` at `indices`: what the receiver must end up with.
+    pub fn of(snap: &WeightSnapshot, indices: impl IntoIterator<Item = usize>, full_sha256: Option<String>) -> Trailer {
+        Trailer {
+            tensor_crc: indices.into_iter().map(|i| (i as u32, crc(as_bytes(&snap.tensors[i].data)))).collect(),
+            full_sha256,
+        }
+    }
 }
 
 /// Views f32s as bytes (little-endian on the x86-64 and aarch64 hosts miles runs on).
@@ -325,33 +371,10 @@ mod tests {
         }
     }
 
-    fn header(s: &WeightSnapshot, bucket: u64) -> Header {
-        Header {
-            magic: MAGIC.into(),
-            token: "t".into(),
-            version: s.version,
-            part: 0,
-            parts: 1,
-            total_tensors: s.tensors.len() as u32,
-            bucket_bytes: bucket,
-            tensors: s
-                .tensors
-                .iter()
-                .enumerate()
-                .map(|(i, t)| TensorMeta { index: i as u32, name: t.name.clone(), shape: t.shape.clone() })
-                .collect(),
-            delta_base: None,
-            shm_path: None,
-        }
-    }
-
     fn roundtrip(faults: Faults) -> Result<WeightSnapshot, StreamError> {
         let s = snap(&[3000, 1, 5000, 2048], 7);
-        let h = header(&s, 4096);
-        let trailer = Trailer {
-            tensor_crc: s.tensors.iter().enumerate().map(|(i, t)| (i as u32, crc(as_bytes(&t.data)))).collect(),
-            full_sha256: Some(full_digest(&s.tensors)),
-        };
+        let h = Header::whole("t", &s, 4096);
+        let trailer = Trailer::of(&s, 0..s.tensors.len(), Some(full_digest(&s.tensors)));
         let mut buf = Vec::new();
         write_header(&mut buf, &h).unwrap();
         let pieces: Vec<&[u8]> = s.tensors.iter().map(|t| as_bytes(&t.data)).collect();

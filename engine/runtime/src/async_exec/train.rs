@@ -1,0 +1,275 @@
+//! The trainer's side of the asynchronous executor: per step it draws groups that are not stale,
+//! trains, pushes weights every `update_interval` steps, requests evaluations, writes the step's
+//! metrics and checkpoints.
+
+use super::eval::{write_eval_row, EvalResult, EvalRunner};
+use super::{checkpoint, timeout_err, Shared, State};
+use crate::backend::*;
+use crate::buffer::Group;
+use crate::exec::{check_wall_time, insert_perf, insert_train_stats, step_lrs, train_checked, Metrics, StepTimes};
+use crate::progress::Progress;
+use crate::schedule::{AsyncSpec, EvalMode};
+use crate::spec::{RunOptions, RunSpec, StageNames};
+use crate::*;
+use serde_json::{json, Map};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+pub(super) struct TrainProgress<'a> {
+    pub(super) step: &'a mut u64,
+    pub(super) eval_start: Option<f64>,
+    pub(super) eval_last: &'a mut Option<f64>,
+    pub(super) last_ckpt: &'a mut Option<PathBuf>,
+}
+
+/// The trainer's loop; returns (stopped early, last step's mean reward).
+#[allow(clippy::too_many_arguments)]
+pub(super) fn train_loop(
+    spec: &RunSpec,
+    opts: &RunOptions,
+    cfg: &AsyncSpec,
+    shared: &Shared,
+    trainer: &mut dyn Trainer,
+    transport: &mut dyn WeightTransport,
+    evals: &mut EvalRunner,
+    metrics: &mut Metrics,
+    progress: &mut Progress,
+    tp: TrainProgress<'_>,
+    ckpt_root: &Path,
+    started: Instant,
+) -> Result<(bool, Option<f64>), RunError> {
+    let r = &spec.rollout;
+    let stall = Duration::from_secs_f64(cfg.stall_timeout_s);
+    let mut last_reward = None;
+    let mut steps_this_run = 0u64;
+    let step = tp.step;
+    while *step < spec.steps {
+        if opts.stop_after.is_some_and(|n| steps_this_run >= n) {
+            return Ok((true, last_reward));
+        }
+        check_wall_time(opts, started, *step)?;
+        *step += 1;
+        steps_this_run += 1;
+        let t_step = Instant::now();
+
+        // Draw a step's groups (stale ones are dropped on the way).
+        let t_wait = Instant::now();
+        let (groups, version) = draw(shared, r.rollout_batch, cfg, stall, &spec.stages)?;
+        let trainer_idle_s = t_wait.elapsed().as_secs_f64();
+
+        let t_reward = Instant::now();
+        let mut batch = Vec::new();
+        let mut rewards = Vec::new();
+        let mut group_of = Vec::new();
+        for (gi, g) in groups.iter().enumerate() {
+            for (s, &rw) in g.samples.iter().zip(&g.rewards) {
+                rewards.push(rw);
+                group_of.push(gi);
+                batch.push(Trajectory {
+                    prompt: g.prompt_tokens.clone(),
+                    response: s.response.clone(),
+                    rollout_logprobs: s.logprobs.clone(),
+                    loss_mask: vec![1.0; s.response.len()],
+                    reward: rw,
+                    advantage: 0.0,
+                    group: gi,
+                    weight_version: s.oldest_version(),
+                });
+            }
+        }
+        let adv = grpo_advantages(&rewards, &group_of, spec.train.std_norm);
+        for (t, a) in batch.iter_mut().zip(adv) {
+            t.advantage = a;
+        }
+        let reward_s = t_reward.elapsed().as_secs_f64();
+        let lrs = step_lrs(spec, *step);
+        let t_train = Instant::now();
+        let ts = train_checked(trainer, &batch, &lrs, r.temperature, *step, tp.last_ckpt)?;
+        let train_s = t_train.elapsed().as_secs_f64();
+
+        // Push weights every update_interval steps; the engine swaps them between two steps.
+        let mut sync_s = 0.0;
+        let mut sync_bytes = 0;
+        if *step % cfg.update_interval == 0 || *step == spec.steps {
+            let t_sync = Instant::now();
+            let mut w = transport.transfer(trainer.export_weights()?)?;
+            sync_bytes = w.bytes();
+            let mut st = shared.lock();
+            st.version += 1;
+            w.version = st.version;
+            st.weights = Some(Arc::new(w));
+            drop(st);
+            shared.cv.notify_all();
+            sync_s = t_sync.elapsed().as_secs_f64();
+        }
+
+        // Evaluation: requested now, reported when it finishes (eval/lag_steps).
+        let do_eval = *step < spec.steps && spec.eval.every > 0 && *step % spec.eval.every == 0;
+        if do_eval {
+            match spec.eval.mode {
+                EvalMode::Shared => {
+                    shared.lock().eval_requests.push_back(*step);
+                    shared.cv.notify_all();
+                }
+                _ => evals.request(*step, trainer, transport)?,
+            }
+        }
+
+        // Metrics.
+        let (st_snapshot, counters) = {
+            let mut st = shared.lock();
+            st.step = *step + 1;
+            let c = std::mem::take(&mut st.counters);
+            let drops = std::mem::take(&mut st.buffer.drops);
+            let waiting = st.buffer.waiting_staleness(version);
+            let results: Vec<EvalResult> = st.eval_results.drain(..).collect();
+            (
+                (
+                    st.buffer.len(),
+                    st.buffer.in_flight(),
+                    drops,
+                    waiting,
+                    st.source.queued(),
+                    st.source.starving(),
+                    st.version,
+                    results,
+                ),
+                c,
+            )
+        };
+        let (queue, in_flight_groups, drops, waiting, retry_queue, starving, cur_version, mut results) = st_snapshot;
+        results.extend(evals.poll()?);
+        let n = rewards.len().max(1) as f64;
+        let reward_mean = rewards.iter().map(|&x| x as f64).sum::<f64>() / n;
+        let gen_tokens: usize = groups.iter().flat_map(|g| &g.samples).map(|s| s.response.len()).sum();
+        let staleness: Vec<u64> = groups.iter().map(|g| g.staleness(version)).collect();
+        let mut hist = vec![0u64; staleness.iter().copied().max().map_or(0, |m| m as usize + 1)];
+        for &s in &staleness {
+            hist[s as usize] += 1;
+        }
+        let spans = groups.iter().flat_map(|g| &g.samples).filter(|s| s.versions.len() > 1).count();
+        let flat = groups.iter().filter(|g| g.is_flat()).count();
+        let mut row = Map::new();
+        row.insert("step".into(), json!(*step));
+        row.insert("weight_version".into(), json!(cur_version));
+        row.insert("rollout/reward_mean".into(), json!(reward_mean));
+        row.insert("rollout/solved_frac".into(), json!(rewards.iter().filter(|&&x| x >= 1.0).count() as f64 / n));
+        row.insert("rollout/response_len".into(), json!(gen_tokens as f64 / n));
+        row.insert(
+            "rollout/stop_frac".into(),
+            json!(groups.iter().flat_map(|g| &g.samples).filter(|s| s.finish == FinishReason::Stop).count() as f64 / n),
+        );
+        row.insert("rollout/flat_group_frac".into(), json!(flat as f64 / groups.len().max(1) as f64));
+        let fa = |k: &str| format!("rollout/fully_async/{k}");
+        row.insert(fa("queue_size"), json!(queue));
+        row.insert(fa("groups_in_flight"), json!(in_flight_groups));
+        row.insert(fa("dropped_aborted"), json!(drops.aborted));
+        row.insert(fa("dropped_filtered"), json!(drops.filtered));
+        row.insert(fa("dropped_stale"), json!(drops.stale));
+        row.insert(fa("retried"), json!(drops.retried));
+        row.insert(fa("retry_queue"), json!(retry_queue));
+        row.insert(fa("starving_queue"), json!(starving));
+        row.insert(fa("starving_served"), json!(counters.served_starving));
+        row.insert(fa("retry_served"), json!(counters.served_retry));
+        row.insert(fa("retry_age_max"), json!(counters.retry_age_max));
+        let smax = staleness.iter().copied().max().unwrap_or(0);
+        let smean = staleness.iter().sum::<u64>() as f64 / staleness.len().max(1) as f64;
+        row.insert(fa("staleness_drawn_mean"), json!(smean));
+        row.insert(fa("staleness_drawn_max"), json!(smax));
+        row.insert(fa("staleness_drawn_hist"), json!(hist));
+        row.insert(fa("staleness_waiting_mean"), json!(waiting.0));
+        row.insert(fa("staleness_waiting_max"), json!(waiting.1));
+        row.insert(fa("samples_spanning_versions"), json!(spans));
+        let concurrency = counters.in_flight_integral / counters.busy_s.max(1e-9);
+        row.insert(fa("concurrency_mean"), json!(concurrency));
+        row.insert(fa("trainer_idle_s"), json!(trainer_idle_s));
+        row.insert(fa("engine_idle_s"), json!(counters.idle_s));
+        row.insert(fa("engine_busy_s"), json!(counters.busy_s));
+        row.insert(fa("weight_swaps"), json!(counters.swaps));
+        row.insert(fa("swap_s"), json!(counters.swap_s));
+        insert_train_stats(&mut row, &ts, &lrs);
+        let trained: usize = batch.iter().map(|t| t.prompt.len() + t.response.len()).sum();
+        let times =
+            StepTimes { gen_s: counters.busy_s, reward_s, train_s, sync_s, step_s: t_step.elapsed().as_secs_f64() };
+        insert_perf(&mut row, &ts, &times, counters.tokens, trained, sync_bytes);
+        metrics.write(&row)?;
+        for res in &results {
+            if let Some(acc) = write_eval_row(metrics, res, *step)? {
+                *tp.eval_last = Some(acc);
+                progress.eval(res.step, acc);
+            }
+        }
+        last_reward = Some(reward_mean);
+        progress.step(
+            *step,
+            reward_mean,
+            counters.tokens as f64 / counters.busy_s.max(1e-9),
+            trained as f64 / train_s.max(1e-9),
+        );
+
+        let ck = spec.checkpoint.every;
+        if ck > 0 && *step % ck == 0 && *step < spec.steps {
+            *tp.last_ckpt = Some(checkpoint(spec, ckpt_root, shared, *step, tp.eval_start, *tp.eval_last, trainer)?);
+        }
+    }
+    Ok((false, last_reward))
+}
+
+/// Waits (bounded) for `n` groups that are not stale; returns them and the version they were
+/// judged against.
+fn draw(
+    shared: &Shared,
+    n: usize,
+    cfg: &AsyncSpec,
+    stall: Duration,
+    stages: &StageNames,
+) -> Result<(Vec<Group>, u64), RunError> {
+    let t0 = Instant::now();
+    let mut got = Vec::with_capacity(n);
+    let mut st = shared.lock();
+    loop {
+        if let Some(e) = st.gen_error.clone() {
+            return Err(e);
+        }
+        let version = st.version;
+        let State { buffer, source, drawn_total, .. } = &mut *st;
+        let more = buffer.draw(n - got.len(), version, cfg.max_staleness, cfg.on_stale, source);
+        *drawn_total += more.len() as u64;
+        let freed = !more.is_empty() || buffer.drops.stale > 0;
+        got.extend(more);
+        if freed {
+            shared.cv.notify_all();
+        }
+        if got.len() == n {
+            return Ok((got, version));
+        }
+        if st.gen_done {
+            return Err(RunError::new(
+                E_BACKEND,
+                format!("the rollout stage `{}` stopped before the trainer had its groups", stages.rollout),
+            ));
+        }
+        let left = stall.saturating_sub(t0.elapsed());
+        if left.is_zero() {
+            return Err(timeout_err(format!(
+                "the trainer (stage `{}`) waited {:.0} s for {n} groups; the rollout stage `{}` delivered {} \
+                 ({} in flight, {} buffered; dropped so far: {} filtered, {} stale, {} aborted)",
+                stages.train,
+                stall.as_secs_f64(),
+                stages.rollout,
+                got.len(),
+                st.buffer.in_flight(),
+                st.buffer.len(),
+                st.buffer.drops_total.filtered,
+                st.buffer.drops_total.stale,
+                st.buffer.drops_total.aborted,
+            )));
+        }
+        st = shared
+            .cv
+            .wait_timeout(st, left.min(Duration::from_millis(200)))
+            .map(|r| r.0)
+            .unwrap_or_else(|p| p.into_inner().0);
+    }
+}

@@ -1,0 +1,140 @@
+//! Processes a test starts. Each starts in a process group of its own, and its guard kills that
+//! whole group (the `miles` started, the `miles-engine` it started, the workers that one
+//! started) and reaps it on drop, also when the test fails: a panic unwinds through the drop. So
+//! no test leaves a server or a worker behind, and a test can ask what a run left running.
+
+use std::io::Read;
+use std::os::unix::process::CommandExt;
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+/// The `miles` binary of this build, with plain (colourless) output.
+pub fn miles() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_miles"));
+    c.env("NO_COLOR", "1");
+    c
+}
+
+/// A scratch directory for one test, emptied first.
+pub fn temp_dir(name: &str) -> std::path::PathBuf {
+    let d = std::env::temp_dir().join(format!("miles-test-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).expect("temp dir");
+    d
+}
+
+/// A started process and its group, killed and reaped when dropped.
+pub struct Proc {
+    child: Child,
+    what: String,
+}
+
+impl Proc {
+    /// Starts `cmd` as the leader of a new process group (stdin from /dev/null unless set).
+    pub fn spawn(cmd: &mut Command) -> Proc {
+        let what = format!("{:?}", cmd);
+        let child = cmd.process_group(0).spawn().unwrap_or_else(|e| panic!("cannot start {what}: {e}"));
+        Proc { child, what }
+    }
+
+    pub fn id(&self) -> u32 {
+        self.child.id()
+    }
+
+    pub fn child(&mut self) -> &mut Child {
+        &mut self.child
+    }
+
+    /// Whether the process has ended.
+    pub fn exited(&mut self) -> bool {
+        !matches!(self.child.try_wait(), Ok(None))
+    }
+
+    /// Waits at most `limit` for the process to end and for its piped output; past the limit,
+    /// the group is killed and the test fails.
+    pub fn wait_output(&mut self, limit: Duration) -> Output {
+        let start = Instant::now();
+        let readers = [self.child.stdout.take().map(read_all), self.child.stderr.take().map(read_all)];
+        let status = loop {
+            if let Some(s) = self.child.try_wait().expect("try_wait") {
+                break s;
+            }
+            if start.elapsed() > limit {
+                self.kill_group();
+                panic!("{} ran over {:.0} s", self.what, limit.as_secs_f64());
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        let [out, err] = readers.map(|r| {
+            let Some(rx) = r else { return Vec::new() };
+            let left = limit.saturating_sub(start.elapsed()).max(Duration::from_secs(1));
+            rx.recv_timeout(left).unwrap_or_else(|_| {
+                // Someone it started still holds the pipe: name it before cleaning up.
+                let held = self.left_behind();
+                self.kill_group();
+                panic!("{} exited but left {held:?} holding its output", self.what)
+            })
+        });
+        Output { status, stdout: out, stderr: err }
+    }
+
+    /// Waits at most `limit` for the process to end (its output not piped).
+    pub fn wait(&mut self, limit: Duration) -> ExitStatus {
+        self.wait_output(limit).status
+    }
+
+    /// Processes of the group still alive (pid and command line), once the leader has ended:
+    /// what the run started and did not end.
+    pub fn left_behind(&self) -> Vec<String> {
+        group_members(self.child.id())
+    }
+
+    fn kill_group(&mut self) {
+        // SAFETY: kill(2) with a negative pid signals the process group this guard created.
+        unsafe {
+            libc::kill(-(self.child.id() as i32), libc::SIGKILL);
+        }
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.kill_group();
+        let _ = self.child.wait();
+    }
+}
+
+/// Runs `cmd` to its end within `limit`, with its output piped and collected.
+pub fn output(cmd: &mut Command, limit: Duration) -> Output {
+    Proc::spawn(cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped())).wait_output(limit)
+}
+
+fn read_all(mut r: impl Read + Send + 'static) -> mpsc::Receiver<Vec<u8>> {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let mut v = Vec::new();
+        let _ = r.read_to_end(&mut v);
+        let _ = tx.send(v);
+    });
+    rx
+}
+
+/// Live (not zombie) processes whose process group is `pgid`, from /proc.
+fn group_members(pgid: u32) -> Vec<String> {
+    let Ok(dir) = std::fs::read_dir("/proc") else { return Vec::new() };
+    let mut out = Vec::new();
+    for e in dir.flatten() {
+        let Ok(stat) = std::fs::read_to_string(e.path().join("stat")) else { continue };
+        // pid (comm) state ppid pgrp ...; comm may hold spaces and parentheses.
+        let Some(rest) = stat.rfind(')').map(|i| &stat[i + 1..]) else { continue };
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        if fields.len() < 3 || fields[0] == "Z" || fields[2].parse::<u32>().ok() != Some(pgid) {
+            continue;
+        }
+        let cmdline = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
+        let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+        out.push(format!("{} {}", e.file_name().to_string_lossy(), cmdline.trim()));
+    }
+    out
+}
