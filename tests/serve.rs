@@ -1,8 +1,8 @@
 //! `miles serve MODEL_DIR`: the SGLang-compatible HTTP API over the embedded engine, driven with
 //! the same client a rollout stage uses for `engine = sglang { url = ... }`.
 
-use miles_workers::http::{get_json, post_json, request, HttpEngine};
 use miles_runtime::{RolloutEngine, SamplingParams};
+use miles_workers::http::{get_json, post_json, request, HttpEngine};
 use serde_json::json;
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};

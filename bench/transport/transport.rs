@@ -8,9 +8,9 @@
 //! plus every engine holding the verified new version (activated), timed end to end. Every update
 //! changes every weight (as an RL step does), so disk-delta's delta is as large as the weights.
 
+use miles_runtime::{NamedTensor, WeightSnapshot};
 use miles_workers::delta::DeltaReceiver;
 use miles_workers::transport::{self, Channel, Receiver, Target, TransportConfig, TransportKind};
-use miles_runtime::{NamedTensor, WeightSnapshot};
 use std::io::{BufRead, BufReader, Write};
 use std::path::PathBuf;
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};

@@ -1,11 +1,11 @@
 //! The worker protocol with a fake stage (no libtorch): token checks, deadlines, health, weights
 //! over a transport, and the controller's registry.
 
+use miles_runtime::tasks::TokenId;
+use miles_runtime::*;
 use miles_workers::pb::{self, worker_client::WorkerClient};
 use miles_workers::remote::{Controller, Deadlines, Fleet, OnFailure, RemoteEngine, RemoteTrainer};
 use miles_workers::worker::{Hosted, Role, WorkerConfig};
-use miles_runtime::tasks::TokenId;
-use miles_runtime::*;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -128,7 +128,8 @@ fn calls_without_the_run_token_are_refused() {
         let e = c.health(pb::HealthRequest {}).await.unwrap_err();
         assert_eq!(e.code(), tonic::Code::Unauthenticated);
         let ch = tonic::transport::Endpoint::from_shared(format!("http://{addr}")).unwrap().connect().await.unwrap();
-        let mut wrong = WorkerClient::with_interceptor(ch.clone(), miles_workers::auth::AddToken::new("guess").unwrap());
+        let mut wrong =
+            WorkerClient::with_interceptor(ch.clone(), miles_workers::auth::AddToken::new("guess").unwrap());
         assert_eq!(wrong.health(pb::HealthRequest {}).await.unwrap_err().code(), tonic::Code::Unauthenticated);
         let mut right = WorkerClient::with_interceptor(ch, miles_workers::auth::AddToken::new("secret").unwrap());
         let h = right.health(pb::HealthRequest {}).await.unwrap().into_inner();

@@ -3,10 +3,10 @@
 //! (engine/workers); `miles serve MODEL_DIR` exposes the embedded engine through the
 //! SGLang-compatible HTTP API. Both are thin: the protocol, transports and API live in miles-workers.
 
-use miles_workers::auth::TOKEN_ENV;
-use miles_workers::worker::{Factory, Hosted, Role, WorkerConfig};
 use miles_runtime::{RolloutEngine, RunError, RunSpec, Trainer};
 use miles_tch::model::Policy;
+use miles_workers::auth::TOKEN_ENV;
+use miles_workers::worker::{Factory, Hosted, Role, WorkerConfig};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;

@@ -138,7 +138,9 @@ pub fn check(recipe: &CompiledRecipe) -> Vec<Diagnostic> {
             ));
             continue;
         }
-        check_owner(&cx, &node.kind, node.name_span, &mut out);
+        if check_owner(&cx, &node.kind, node.name_span, &mut out) {
+            continue;
+        }
         for (name, p) in &node.params {
             let fv = FieldValue { value: p.value.clone(), span: p.span, defaulted: p.defaulted };
             check_field(&cx, &node.kind, name, &fv, &mut out);
@@ -160,18 +162,22 @@ pub fn check(recipe: &CompiledRecipe) -> Vec<Diagnostic> {
 }
 
 fn check_record(cx: &Ctx, r: &Record, out: &mut Vec<Diagnostic>) {
-    check_owner(cx, &r.schema_name, r.span, out);
+    if check_owner(cx, &r.schema_name, r.span, out) {
+        return;
+    }
     for (name, f) in &r.fields {
         check_field(cx, &r.schema_name, name, f, out);
     }
 }
 
-/// A schema or stage kind itself (`engine = sglang {...}`, `ppo(...)`).
-fn check_owner(cx: &Ctx, owner: &str, span: Span, out: &mut Vec<Diagnostic>) {
-    let Some(e) = table::lookup(owner, "") else { return };
-    if let Some(why) = e.refuses(cx, None) {
-        out.push(refusal(span, cx.target, &format!("`{owner}`"), &why));
+/// A schema or stage kind itself (`engine = sglang {...}`, `ppo(...)`); true when refused, so
+/// its fields need no word of their own.
+fn check_owner(cx: &Ctx, owner: &str, span: Span, out: &mut Vec<Diagnostic>) -> bool {
+    let why = table::lookup(owner, "").and_then(|e| e.refuses(cx, None));
+    if let Some(why) = &why {
+        out.push(refusal(span, cx.target, &format!("`{owner}`"), why));
     }
+    why.is_some()
 }
 
 fn check_field(cx: &Ctx, owner: &str, name: &str, f: &FieldValue, out: &mut Vec<Diagnostic>) {
