@@ -353,12 +353,14 @@ SFT warm-up) is longer than the model's `max_len`. Raise `max_len` or shorten th
     },
     Code {
         code: "E0511",
-        title: "not supported by the embedded backend",
-        explanation: "`miles run` executes a recipe on the embedded libtorch backend (CPU). The \
-recipe asks for something that backend does not do: a GPU engine or trainer (sglang, megatron, \
-fsdp), a critic (ppo), LoRA, an environment reward, or a model that is not a `transformer`. \
-`miles plan` still plans such recipes for a cluster; running them needs the distributed \
-runtime.",
+        title: "a field the recipe's backend does not execute",
+        explanation: "A recipe is a promise: every field it sets is executed by the backend it \
+runs on, or refused before anything starts. `miles check` holds each recipe to its target (its \
+`runs_on` setting, or what its stages imply: the embedded backend in `miles run`, worker \
+processes with a launcher, rollout servers given by URL) and reports every field that target does \
+not execute, with its line and what to do instead; docs/capabilities.md lists them field by field. \
+A recipe naming GPU engines or trainers (sglang without `url`, megatron, fsdp) targets a GPU \
+cluster: `miles check` and `miles plan` accept it and `miles run` refuses it with this code.",
     },
     Code {
         code: "E0512",

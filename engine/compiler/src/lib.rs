@@ -2,6 +2,7 @@
 //! lowering to the `StageGraph`. Pure: it reads files only through a `FileSystem` and returns
 //! values and diagnostics.
 
+pub mod capability;
 pub mod eval;
 pub mod fs;
 pub mod graph;
@@ -129,6 +130,10 @@ pub fn compile_cached(fs: &dyn fs::FileSystem, entries: &[String], opts: &Option
             ev.report(d);
         }
         diags.extend(ev.diags);
+        // The run contract: what the recipe's target does not execute (docs/capabilities.md).
+        for r in &recipes {
+            diags.extend(capability::check(r));
+        }
         (recipes, ev.references)
     };
     sort_diagnostics(&mut diags);

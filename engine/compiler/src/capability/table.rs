@@ -1,0 +1,381 @@
+//! The capability matrix as data: for every field of every std stage kind and schema, which
+//! targets execute it. Adding a stdlib field without a row here fails
+//! `every_stdlib_field_has_a_row`; a row that claims execution names the behaviour tests that
+//! exercise it (`tested_by`, checked to exist).
+
+use super::{Ctx, Target};
+use crate::value::{FieldValue, Value};
+
+const E: Target = Target::Embedded;
+const W: Target = Target::Workers;
+const H: Target = Target::Http;
+
+pub enum Support {
+    /// Executed on every runnable target.
+    All,
+    /// Executed on these targets; elsewhere refused unless it keeps one of the listed values.
+    Only(&'static [Target], &'static [&'static str]),
+    /// Executed nowhere yet (planned for GPU clusters only): refused unless it keeps one of
+    /// these values.
+    Refused(&'static [&'static str]),
+    /// Read by the planner (hardware, catalogs, cluster sizes): changes nothing a run does.
+    Describes,
+    /// Executed for some values: the rule says why a value is refused on a target.
+    Rule(fn(&Ctx, &FieldValue) -> Option<String>),
+}
+
+impl Support {
+    pub fn cell(&self, t: Target) -> String {
+        let keeps = |k: &[&str]| {
+            if k.is_empty() {
+                "no".to_string()
+            } else {
+                format!("no (only `{}`)", k.join("`, `"))
+            }
+        };
+        match self {
+            Support::All => "yes".into(),
+            Support::Only(ts, k) if ts.contains(&t) => "yes".into(),
+            Support::Only(_, k) | Support::Refused(k) => keeps(k),
+            Support::Describes => "describes".into(),
+            Support::Rule(_) => "rule".into(),
+        }
+    }
+}
+
+pub struct Entry {
+    /// A stage kind or schema of the stdlib (`generate`, `adam`, `recipe_settings`).
+    pub owner: &'static str,
+    /// A field; empty for the stage kind or schema itself.
+    pub field: &'static str,
+    pub support: Support,
+    /// Why and how to fix, shown as the diagnostic's help and in the matrix.
+    pub note: &'static str,
+    /// Tests (function names) that show the field changes what a run does.
+    pub tested_by: &'static [&'static str],
+}
+
+impl Entry {
+    /// Why `cx.target` does not execute this field's value (`None` for the owner itself).
+    pub fn refuses(&self, cx: &Ctx, f: Option<&FieldValue>) -> Option<String> {
+        if f.is_some_and(|f| f.defaulted) {
+            return None;
+        }
+        let kept = |keeps: &[&str]| f.is_some_and(|f| keeps.contains(&f.value.to_string().as_str()));
+        match &self.support {
+            Support::All | Support::Describes => None,
+            Support::Only(ts, _) if ts.contains(&cx.target) => None,
+            Support::Only(_, keeps) | Support::Refused(keeps) if kept(keeps) => None,
+            Support::Only(..) | Support::Refused(_) => Some(self.note.to_string()),
+            Support::Rule(rule) => f.and_then(|f| rule(cx, f)),
+        }
+    }
+}
+
+/// The row of `owner.field`, else the owner's `*` row (every field alike).
+pub fn lookup(owner: &str, field: &str) -> Option<&'static Entry> {
+    let row = |f: &str| TABLE.iter().find(|e| e.owner == owner && e.field == f);
+    row(field).or_else(|| if field.is_empty() { None } else { row("*") })
+}
+
+const fn e(
+    owner: &'static str,
+    field: &'static str,
+    support: Support,
+    note: &'static str,
+    tested_by: &'static [&'static str],
+) -> Entry {
+    Entry { owner, field, support, note, tested_by }
+}
+
+const TRAINS: &[&str] =
+    &["same_seed_gives_identical_metrics", "one_engine_in_worker_processes_learns_bit_identically_to_in_process"];
+const TASKS: &[&str] = &["arithmetic_is_correct_and_splits_are_disjoint", "string_tasks"];
+const DESCRIBES: &str = "read by `miles plan`; a run on this machine does not depend on it";
+
+/// Built-in prompt sets the runtime generates or reads.
+const RUNNABLE_PROMPTS: &[&str] = &["addition", "multiplication", "reverse", "sort", "jsonl"];
+
+fn prompts_json(v: &Value, split: &str) -> Option<serde_json::Value> {
+    let r = v.as_record()?;
+    let mut j = Value::Record(std::sync::Arc::new(r.clone())).to_json();
+    if let Some(o) = j.as_object_mut() {
+        o.insert("split".into(), serde_json::Value::String(split.into()));
+    }
+    Some(j)
+}
+
+/// The rollout's prompt set (its train split): what SFT and evaluation must agree with.
+fn rollout_prompts<'c>(cx: &'c Ctx) -> Option<&'c Value> {
+    cx.stages("generate").first().and_then(|g| g.param("prompts"))
+}
+
+fn rule_rollout_prompts(_: &Ctx, f: &FieldValue) -> Option<String> {
+    let r = f.value.as_record()?;
+    if !RUNNABLE_PROMPTS.contains(&r.schema_name.as_str()) {
+        return Some(format!(
+            "prompts from `{}`: the runtime reads the built-in tasks (std/tasks/arith, std/tasks/strings) and `jsonl {{ ... }}`",
+            r.schema_name
+        ));
+    }
+    match r.get("split").and_then(Value::as_enum) {
+        Some("train") | None => None,
+        Some(s) => Some(format!(
+            "the rollout trains on its prompt set's train split (this one says `split = {s}`); evaluation reads the test split"
+        )),
+    }
+}
+
+fn rule_sft_data(cx: &Ctx, f: &FieldValue) -> Option<String> {
+    let want = rollout_prompts(cx).and_then(|p| prompts_json(p, "train"));
+    if want.is_some() && prompts_json(&f.value, "train") == want {
+        return None;
+    }
+    Some("SFT warms up on the rollout's prompt set (its train split): give `sft` the same `data` as the rollout's `prompts`".into())
+}
+
+fn rule_eval_prompts(cx: &Ctx, f: &FieldValue) -> Option<String> {
+    let want = rollout_prompts(cx).and_then(|p| prompts_json(p, "test"));
+    let split_ok = f.value.as_record().and_then(|r| r.get("split")).and_then(Value::as_enum) == Some("test");
+    if split_ok && want.is_some() && prompts_json(&f.value, "test") == want {
+        return None;
+    }
+    Some("evaluation reads the test split of the rollout's prompt set: write the rollout's `prompts` with `split = test`".into())
+}
+
+fn rule_transport(cx: &Ctx, f: &FieldValue) -> Option<String> {
+    let t = f.value.as_enum()?;
+    match (cx.target, t) {
+        (Target::Embedded, "local") => None,
+        (Target::Embedded, _) => Some(format!(
+            "in one process the new weights are handed over in memory: `{t}` needs a launcher with worker processes (set `transport = local`, or `launcher = local_processes {{ ... }}`)"
+        )),
+        (Target::Workers, "broadcast" | "p2p" | "disk_delta") => None,
+        (Target::Http, _) => Some(
+            "servers given by URL load each new version from disk (`/update_weights_from_disk`): remove `transport`".into(),
+        ),
+        _ => Some(format!("`{t}` is not a transport between worker processes: use broadcast, p2p or disk_delta")),
+    }
+}
+
+fn rule_schedule(cx: &Ctx, f: &FieldValue) -> Option<String> {
+    let r = f.value.as_record()?;
+    match (cx.target, r.schema_name.as_str()) {
+        (_, "sync") | (Target::Embedded, _) => None,
+        (t, s) => Some(format!(
+            "the `{s}` schedule runs in one process today; {} runs `sync` (set schedule = sync, or drop the launcher / URL engine)",
+            t.describe()
+        )),
+    }
+}
+
+pub const TABLE: &[Entry] = &[
+    // ---- std/stages ------------------------------------------------------------------------
+    e("sft", "", Support::All, "supervised warm-up before RL", &["sft_lowers_the_loss_and_init_is_deterministic"]),
+    e("sft", "data", Support::Rule(rule_sft_data), "SFT reads the rollout's prompt set (train split)", &["run_trains_and_a_saved_plan_runs_exactly"]),
+    e("sft", "steps", Support::All, "", &["run_trains_and_a_saved_plan_runs_exactly"]),
+    e("sft", "lr", Support::All, "", &["sft_lowers_the_loss_and_init_is_deterministic"]),
+    e("sft", "batch", Support::All, "", &["sft_lowers_the_loss_and_init_is_deterministic"]),
+    e("sft", "warmup", Support::All, "", &["lr_schedules"]),
+    e("generate", "", Support::All, "", TRAINS),
+    e("generate", "prompts", Support::Rule(rule_rollout_prompts), "built-in tasks and jsonl, train split", &["jsonl_task_runs_end_to_end"]),
+    e("generate", "samples_per_prompt", Support::All, "", &["grpo_advantages_by_hand"]),
+    e("generate", "max_new_tokens", Support::All, "", &["clear_errors_before_training"]),
+    e("generate", "max_prompt_tokens", Support::All, "a prompt set whose longest prompt exceeds it stops before training", &["clear_errors_before_training"]),
+    e("generate", "temperature", Support::All, "", &["kv_cache_and_full_recompute_sample_the_same"]),
+    e("generate", "top_p", Support::All, "", &["kv_cache_and_full_recompute_sample_the_same"]),
+    e("generate", "top_k", Support::All, "", &["kv_cache_and_full_recompute_sample_the_same"]),
+    e("generate", "engine", Support::All, "the engine's own schema says where it runs", &["remote_stages_generate_train_and_sync_weights_with_every_transport"]),
+    e("generate", "session", Support::Refused(&["none"]), "TITO sessions (multi-turn) are not executed by the runtime yet: remove `session`", &[]),
+    e("generate", "partial_rollout", Support::Refused(&["false"]), "partial rollouts are not executed yet: remove `partial_rollout` (fully_async's `pause = in_place` keeps requests across updates)", &[]),
+    e("generate", "routing_replay", Support::Refused(&["false"]), "R3 needs a mixture-of-experts policy, which the embedded backend does not train yet: remove `routing_replay`", &[]),
+    e("exact_match", "", Support::All, "", &["verifier"]),
+    e("exact_match", "partial_credit", Support::All, "", &["verifier"]),
+    e("env_reward", "", Support::Refused(&[]), "environment rewards (agentic multi-turn) are not executed yet: use `exact_match`", &[]),
+    e("env_reward", "env", Support::Refused(&[]), "see `env_reward`", &[]),
+    e("env_reward", "concurrency", Support::Refused(&[]), "see `env_reward`", &[]),
+    e("env_reward", "timeout", Support::Refused(&[]), "see `env_reward`", &[]),
+    e("grpo", "", Support::All, "", TRAINS),
+    e("grpo", "rollout_batch", Support::All, "", TRAINS),
+    e("grpo", "global_batch", Support::All, "", &["micro_batches_accumulate_to_the_full_batch_gradient"]),
+    e("grpo", "steps_per_rollout", Support::All, "optimizer steps per rollout = rollout_batch x samples / global_batch", &["micro_batches_accumulate_to_the_full_batch_gradient"]),
+    e("grpo", "micro_batch", Support::All, "", &["micro_batches_accumulate_to_the_full_batch_gradient"]),
+    e("grpo", "lr", Support::All, "", &["lr_schedules"]),
+    e("grpo", "clip_low", Support::All, "", &["clipped_loss_with_asymmetric_clip_by_hand"]),
+    e("grpo", "clip_high", Support::All, "", &["clipped_loss_with_asymmetric_clip_by_hand"]),
+    e("grpo", "kl_coef", Support::All, "", &["kl_k3_by_hand"]),
+    e("grpo", "tis", Support::All, "", &["tis_weights_by_hand"]),
+    e("grpo", "entropy_coef", Support::All, "", &["clipped_loss_with_asymmetric_clip_by_hand"]),
+    e("grpo", "std_norm", Support::All, "", &["grpo_advantages_by_hand"]),
+    e("grpo", "aggregation", Support::All, "", &["clipped_loss_with_asymmetric_clip_by_hand"]),
+    e("grpo", "grad_clip", Support::All, "", &["micro_batches_accumulate_to_the_full_batch_gradient"]),
+    e("grpo", "optimizer", Support::All, "", &["lr_schedules"]),
+    e("grpo", "backend", Support::All, "the backend's own schema says where it runs", TRAINS),
+    e("grpo", "lora", Support::Refused(&["none"]), "LoRA is planned for GPU clusters but not trained by the embedded backend yet: remove `lora`", &[]),
+    e("ppo", "", Support::Refused(&[]), "PPO with a learned critic is not executed yet: use `grpo`", &[]),
+    e("ppo", "rollout_batch", Support::Refused(&[]), "see `ppo`", &[]),
+    e("ppo", "global_batch", Support::Refused(&[]), "see `ppo`", &[]),
+    e("ppo", "steps_per_rollout", Support::Refused(&[]), "see `ppo`", &[]),
+    e("ppo", "micro_batch", Support::Refused(&[]), "see `ppo`", &[]),
+    e("ppo", "lr", Support::Refused(&[]), "see `ppo`", &[]),
+    e("ppo", "critic_lr", Support::Refused(&[]), "see `ppo`", &[]),
+    e("ppo", "clip_low", Support::Refused(&[]), "see `ppo`", &[]),
+    e("ppo", "clip_high", Support::Refused(&[]), "see `ppo`", &[]),
+    e("ppo", "kl_coef", Support::Refused(&[]), "see `ppo`", &[]),
+    e("ppo", "tis", Support::Refused(&[]), "see `ppo`", &[]),
+    e("ppo", "rollout_logprobs", Support::Refused(&[]), "see `ppo`", &[]),
+    e("ppo", "gamma", Support::Refused(&[]), "see `ppo`", &[]),
+    e("ppo", "lambda", Support::Refused(&[]), "see `ppo`", &[]),
+    e("ppo", "grad_clip", Support::Refused(&[]), "see `ppo`", &[]),
+    e("ppo", "optimizer", Support::Refused(&[]), "see `ppo`", &[]),
+    e("ppo", "backend", Support::Refused(&[]), "see `ppo`", &[]),
+    e("ppo", "lora", Support::Refused(&[]), "see `ppo`", &[]),
+    e("weights", "", Support::All, "", &["remote_stages_generate_train_and_sync_weights_with_every_transport"]),
+    e("weights", "transport", Support::Rule(rule_transport), "embedded: local; workers: broadcast, p2p, disk_delta; http: from disk", &["remote_stages_generate_train_and_sync_weights_with_every_transport"]),
+    e("weights", "bucket", Support::Only(&[W], &[]), "buckets split transfers between processes: in one process, or to servers loading from disk, remove `bucket`", &["broadcast_tcp_to_three_engines"]),
+    e("weights", "verify", Support::Only(&[W], &["true"]), "transfers between worker processes are always verified per bucket and tensor; in one process there is no transfer: remove `verify`", &["a_corrupted_weight_bucket_is_detected_and_not_loaded"]),
+    e("weights", "verify_full", Support::Only(&[W], &["false"]), "the whole-weights SHA-256 applies to transfers between worker processes: remove `verify_full`", &["remote_stages_generate_train_and_sync_weights_with_every_transport"]),
+    e("evaluate", "", Support::All, "", &["evaluation_modes_report_their_lag"]),
+    e("evaluate", "prompts", Support::Rule(rule_eval_prompts), "the test split of the rollout's prompt set", &["run_trains_and_a_saved_plan_runs_exactly"]),
+    e("evaluate", "every", Support::All, "", &["run_trains_and_a_saved_plan_runs_exactly"]),
+    e("evaluate", "temperature", Support::Refused(&["0", "0.0"]), "evaluation decodes greedily: remove `temperature`", &[]),
+    e("evaluate", "limit", Support::All, "", &["greedy_answers_match_the_batch_engine"]),
+    e("evaluate", "mode", Support::Only(&[E], &["shared"]), "snapshot and external evaluation run beside the in-process asynchronous schedules", &["evaluation_modes_report_their_lag"]),
+    e("evaluate", "command", Support::Only(&[E], &["none"]), "external evaluation runs beside the in-process asynchronous schedules", &["external_output"]),
+    e("checkpoint", "", Support::All, "", &["resume_after_clean_stop_equals_uninterrupted"]),
+    e("checkpoint", "every", Support::All, "", &["resume_after_clean_stop_equals_uninterrupted"]),
+    e("checkpoint", "keep", Support::All, "", &["resume_after_clean_stop_equals_uninterrupted"]),
+    // ---- std/prelude: clusters, schedules ----------------------------------------------------
+    e("local", "", Support::All, "this machine", TRAINS),
+    e("local", "cpus", Support::Describes, DESCRIBES, &[]),
+    e("local", "memory", Support::Describes, DESCRIBES, &[]),
+    e("local", "memory_bandwidth", Support::Describes, DESCRIBES, &[]),
+    e("local", "fp32", Support::Describes, DESCRIBES, &[]),
+    e("gpu_cluster", "", Support::Refused(&[]), "a GPU cluster is planned, not run by `miles run`", &[]),
+    e("gpu_cluster", "gpu", Support::Describes, DESCRIBES, &[]),
+    e("gpu_cluster", "gpus", Support::Describes, DESCRIBES, &[]),
+    e("gpu_cluster", "gpus_per_node", Support::Describes, DESCRIBES, &[]),
+    e("sync", "", Support::All, "", TRAINS),
+    e("one_step_off", "", Support::Only(&[E], &[]), "one_step_off runs in one process today: drop the launcher or URL engine, or use sync", &["one_step_off_is_exactly_one_version_behind"]),
+    e("fully_async", "", Support::Only(&[E], &[]), "fully_async runs in one process today: drop the launcher or URL engine, or use sync", &["fully_async_tiny_run_trains_and_resumes"]),
+    e("fully_async", "max_staleness", Support::All, "", &["stale_groups_retry_or_discard"]),
+    e("fully_async", "max_concurrent", Support::All, "", &["fully_async_runs_and_reports_its_metrics"]),
+    e("fully_async", "refill", Support::All, "", &["fully_async_runs_and_reports_its_metrics"]),
+    e("fully_async", "buffer_capacity", Support::All, "", &["a_full_buffer_blocks_generation"]),
+    e("fully_async", "update_interval", Support::All, "", &["in_place_swaps_record_every_version_and_respect_staleness"]),
+    e("fully_async", "pause", Support::All, "", &["retract_and_abort_pauses_drop_requests_in_flight"]),
+    e("fully_async", "on_stale", Support::All, "", &["stale_groups_retry_or_discard"]),
+    e("fully_async", "on_abort", Support::All, "", &["aborted_groups_retry_or_discard"]),
+    e("fully_async", "starvation_retries", Support::All, "", &["starving_prompts_are_served_first_and_their_age_reported"]),
+    e("fully_async", "filter", Support::All, "", &["filtered_groups_are_never_trained"]),
+    e("fully_async", "staleness_gate", Support::All, "", &["the_staleness_gate_keeps_generation_from_running_ahead"]),
+    e("fully_async", "stall_timeout", Support::All, "", &["a_stuck_trainer_or_engine_is_named_after_the_timeout"]),
+    // ---- engines and backends ------------------------------------------------------------------
+    e("embedded_engine", "", Support::Only(&[E, W], &[]), "the embedded engine runs in `miles run` or a worker", TRAINS),
+    e("embedded_engine", "threads", Support::Refused(&["2"]), "libtorch threads come from `miles run --threads N`: remove `threads`", &[]),
+    e("sglang", "", Support::Only(&[H], &[]), "an SGLang-compatible server runs where its `url` points", &["serve_speaks_sglang_generate_weights_pause_and_counts_prefix_reuse"]),
+    e("sglang", "url", Support::Only(&[H], &["none"]), "", &["serve_speaks_sglang_generate_weights_pause_and_counts_prefix_reuse"]),
+    e("sglang", "gpus", Support::Refused(&["none"]), "a server given by URL is configured where it runs: remove it (it sizes engines miles launches on a GPU cluster)", &[]),
+    e("sglang", "first_gpu", Support::Refused(&["none"]), "a server given by URL is configured where it runs", &[]),
+    e("sglang", "tp", Support::Refused(&["1"]), "a server given by URL is configured where it runs", &[]),
+    e("sglang", "ep", Support::Refused(&["1"]), "a server given by URL is configured where it runs", &[]),
+    e("sglang", "precision", Support::Refused(&["bf16"]), "a server given by URL is configured where it runs", &[]),
+    e("sglang", "mem_fraction", Support::Refused(&["0.85"]), "a server given by URL is configured where it runs", &[]),
+    e("sglang", "max_concurrent", Support::Refused(&["128"]), "a server given by URL is configured where it runs", &[]),
+    e("embedded_trainer", "", Support::All, "", TRAINS),
+    e("embedded_trainer", "threads", Support::Refused(&["2"]), "libtorch threads come from `miles run --threads N`: remove `threads`", &[]),
+    e("embedded_trainer", "precision", Support::All, "fp32 (a stdlib check refuses the rest)", TRAINS),
+    e("megatron", "", Support::Refused(&[]), "Megatron-LM trains on GPU clusters: planned, not run here", &[]),
+    e("megatron", "*", Support::Describes, DESCRIBES, &[]),
+    e("fsdp", "", Support::Refused(&[]), "FSDP trains on GPU clusters: planned, not run here", &[]),
+    e("fsdp", "*", Support::Describes, DESCRIBES, &[]),
+    e("adam", "", Support::All, "", &["lr_schedules"]),
+    e("adam", "beta1", Support::All, "", &["micro_batches_accumulate_to_the_full_batch_gradient"]),
+    e("adam", "beta2", Support::All, "", &["micro_batches_accumulate_to_the_full_batch_gradient"]),
+    e("adam", "eps", Support::All, "", &["micro_batches_accumulate_to_the_full_batch_gradient"]),
+    e("adam", "weight_decay", Support::All, "", &["micro_batches_accumulate_to_the_full_batch_gradient"]),
+    e("adam", "warmup", Support::All, "", &["lr_schedules"]),
+    e("adam", "decay", Support::All, "", &["lr_schedules"]),
+    e("adam", "state", Support::Refused(&["on_gpu"]), "optimizer-state offload is a GPU-cluster setting (the embedded trainer keeps it in memory): remove `state`", &[]),
+    e("lora", "", Support::Refused(&[]), "LoRA is not trained by the embedded backend yet", &[]),
+    e("lora", "*", Support::Refused(&[]), "see `lora`", &[]),
+    e("tito", "", Support::Refused(&[]), "TITO sessions are not executed yet", &[]),
+    e("tito", "*", Support::Refused(&[]), "see `tito`", &[]),
+    // ---- models and data ------------------------------------------------------------------------
+    e("transformer", "", Support::All, "", TRAINS),
+    e("transformer", "layers", Support::All, "", &["save_load_round_trips_bit_for_bit"]),
+    e("transformer", "d_model", Support::All, "", &["save_load_round_trips_bit_for_bit"]),
+    e("transformer", "heads", Support::All, "", &["save_load_round_trips_bit_for_bit"]),
+    e("transformer", "kv_heads", Support::All, "", &["save_load_round_trips_bit_for_bit"]),
+    e("transformer", "d_ff", Support::All, "", &["save_load_round_trips_bit_for_bit"]),
+    e("transformer", "vocab", Support::All, "", &["clear_errors_before_training"]),
+    e("transformer", "max_len", Support::All, "", &["clear_errors_before_training"]),
+    e("llm", "", Support::Refused(&[]), "catalog models are planned for GPU clusters; the embedded backend trains a `transformer { ... }`", &[]),
+    e("llm", "*", Support::Describes, DESCRIBES, &[]),
+    e("gpu", "*", Support::Describes, DESCRIBES, &[]),
+    e("host", "*", Support::Describes, DESCRIBES, &[]),
+    e("jsonl", "", Support::All, "", &["jsonl_task_runs_end_to_end"]),
+    e("jsonl", "path", Support::All, "", &["jsonl_task_runs_end_to_end"]),
+    e("jsonl", "prompt_field", Support::All, "", &["jsonl_task_runs_end_to_end"]),
+    e("jsonl", "label_field", Support::All, "", &["jsonl_task_runs_end_to_end"]),
+    e("jsonl", "on_error", Support::All, "", &["skip_stop_and_missing"]),
+    e("jsonl", "split", Support::All, "train for rollout and SFT, test for evaluation (see those rules)", &["jsonl_task_runs_end_to_end"]),
+    e("jsonl", "test_size", Support::All, "", &["jsonl_task_runs_end_to_end"]),
+    e("jsonl", "split_seed", Support::All, "", &["jsonl_task_runs_end_to_end"]),
+    e("addition", "digits", Support::All, "", TASKS),
+    e("addition", "split", Support::All, "", TASKS),
+    e("addition", "test_size", Support::All, "", TASKS),
+    e("addition", "split_seed", Support::All, "", TASKS),
+    e("multiplication", "digits", Support::All, "", TASKS),
+    e("multiplication", "split", Support::All, "", TASKS),
+    e("multiplication", "test_size", Support::All, "", TASKS),
+    e("multiplication", "split_seed", Support::All, "", TASKS),
+    e("reverse", "min_len", Support::All, "", TASKS),
+    e("reverse", "max_len", Support::All, "", TASKS),
+    e("reverse", "alphabet", Support::All, "", TASKS),
+    e("reverse", "split", Support::All, "", TASKS),
+    e("reverse", "test_size", Support::All, "", TASKS),
+    e("reverse", "split_seed", Support::All, "", TASKS),
+    e("sort", "min_len", Support::All, "", TASKS),
+    e("sort", "max_len", Support::All, "", TASKS),
+    e("sort", "alphabet", Support::All, "", TASKS),
+    e("sort", "split", Support::All, "", TASKS),
+    e("sort", "test_size", Support::All, "", TASKS),
+    e("sort", "split_seed", Support::All, "", TASKS),
+    // ---- launchers ----------------------------------------------------------------------------
+    e("in_process", "", Support::Only(&[E, H], &[]), "", TRAINS),
+    e("local_processes", "", Support::Only(&[W], &[]), "", &["one_engine_in_worker_processes_learns_bit_identically_to_in_process"]),
+    e("local_processes", "engines", Support::All, "", &["a_killed_rollout_engine_is_dropped_when_the_recipe_says_so"]),
+    e("local_processes", "cpus_per_worker", Support::All, "", &["one_engine_in_worker_processes_learns_bit_identically_to_in_process"]),
+    e("local_processes", "on_failure", Support::All, "", &["a_killed_rollout_engine_is_dropped_when_the_recipe_says_so"]),
+    e("local_processes", "call_timeout", Support::All, "", &["a_silent_engine_hits_its_deadline_and_is_named"]),
+    e("local_processes", "bind", Support::All, "", &["one_engine_in_worker_processes_learns_bit_identically_to_in_process"]),
+    e("slurm", "", Support::Only(&[W], &[]), "", &["grpo_under_slurm_learns_as_in_process"]),
+    e("slurm", "partition", Support::All, "", &["sbatch_script_has_one_step_per_worker_with_gres"]),
+    e("slurm", "time_limit", Support::All, "", &["sbatch_script_has_one_step_per_worker_with_gres"]),
+    e("slurm", "engines", Support::All, "", &["grpo_under_slurm_learns_as_in_process"]),
+    e("slurm", "gpus_per_engine", Support::All, "", &["sbatch_script_has_one_step_per_worker_with_gres"]),
+    e("slurm", "gpus_per_trainer", Support::All, "", &["sbatch_script_has_one_step_per_worker_with_gres"]),
+    e("slurm", "cpus_per_worker", Support::All, "", &["sbatch_script_has_one_step_per_worker_with_gres"]),
+    e("slurm", "on_failure", Support::All, "", &["a_killed_rollout_engine_is_dropped_when_the_recipe_says_so"]),
+    e("slurm", "call_timeout", Support::All, "", &["a_silent_engine_hits_its_deadline_and_is_named"]),
+    e("slurm", "start_timeout", Support::All, "", &["grpo_under_slurm_learns_as_in_process"]),
+    e("slurm", "bind", Support::All, "", &["grpo_under_slurm_learns_as_in_process"]),
+    e("ray", "", Support::Only(&[W], &[]), "", &["ray_job_body"]),
+    e("ray", "address", Support::All, "", &["ray_job_body"]),
+    e("ray", "engines", Support::All, "", &["ray_job_body"]),
+    e("ray", "gpus_per_engine", Support::All, "", &["ray_job_body"]),
+    e("ray", "gpus_per_trainer", Support::All, "", &["ray_job_body"]),
+    e("ray", "on_failure", Support::All, "", &["a_killed_rollout_engine_is_dropped_when_the_recipe_says_so"]),
+    e("ray", "call_timeout", Support::All, "", &["a_silent_engine_hits_its_deadline_and_is_named"]),
+    e("ray", "start_timeout", Support::All, "", &["ray_job_body"]),
+    e("ray", "bind", Support::All, "", &["ray_job_body"]),
+    // ---- recipe settings ------------------------------------------------------------------------
+    e("recipe_settings", "cluster", Support::All, "the cluster's own schema says where it runs", TRAINS),
+    e("recipe_settings", "schedule", Support::Rule(rule_schedule), "every schedule in one process; sync with workers or URL engines", &["fully_async_tiny_run_trains_and_resumes"]),
+    e("recipe_settings", "placement", Support::Refused(&["disaggregated"]), "placement chooses GPU pools for `miles plan`; on this machine rollout and training share the CPUs: remove `placement`", &[]),
+    e("recipe_settings", "stop", Support::All, "", TRAINS),
+    e("recipe_settings", "seed", Support::All, "", &["same_seed_gives_identical_metrics"]),
+    e("recipe_settings", "launcher", Support::All, "the launcher's own schema says where it runs", &["one_engine_in_worker_processes_learns_bit_identically_to_in_process"]),
+    e("recipe_settings", "runs_on", Support::All, "which target `miles check` holds the recipe to", &["runs_on_selects_the_target"]),
+];

@@ -1,0 +1,146 @@
+use super::*;
+use crate::fs::MemoryFs;
+use crate::program::STDLIB;
+use miles_grammar::ast::ItemKind;
+use std::path::PathBuf;
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// Every field of every stage kind and schema the stdlib declares (owner, field).
+fn stdlib_fields() -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    for (i, (_, src)) in STDLIB.iter().enumerate() {
+        let (file, _) = miles_grammar::parse(miles_grammar::diag::FileId(i as u32), src);
+        for item in &file.items {
+            let (name, fields) = match &item.kind {
+                ItemKind::Schema(s) => (&s.name.name, &s.fields),
+                ItemKind::Stage(s) => (&s.name.name, &s.fields),
+                _ => continue,
+            };
+            out.push((name.clone(), String::new()));
+            out.extend(fields.iter().map(|f| (name.clone(), f.name.name.clone())));
+        }
+    }
+    out
+}
+
+#[test]
+fn every_stdlib_field_has_a_row() {
+    let missing: Vec<String> = stdlib_fields()
+        .into_iter()
+        .filter(|(o, f)| table::lookup(o, f).is_none() && !(f.is_empty() && is_plain_data(o)))
+        .map(|(o, f)| format!("{o}.{f}"))
+        .collect();
+    assert!(missing.is_empty(), "stdlib fields without a row in capability/table.rs: {missing:?}");
+    // No stale rows either.
+    let fields = stdlib_fields();
+    let stale: Vec<String> = TABLE
+        .iter()
+        .filter(|e| e.field != "*" && !fields.iter().any(|(o, f)| o == e.owner && f == e.field))
+        .map(|e| format!("{}.{}", e.owner, e.field))
+        .collect();
+    assert!(stale.is_empty(), "rows for fields the stdlib no longer has: {stale:?}");
+}
+
+/// Prompt sets and catalog entries need no row for themselves: their fields say it all.
+fn is_plain_data(owner: &str) -> bool {
+    ["addition", "multiplication", "reverse", "sort", "gpu", "host", "recipe_settings"].contains(&owner)
+}
+
+#[test]
+fn every_executed_field_names_a_behaviour_test_that_exists() {
+    let mut sources = String::new();
+    let mut stack = vec![root()];
+    while let Some(dir) = stack.pop() {
+        let Ok(rd) = std::fs::read_dir(&dir) else { continue };
+        for e in rd.flatten() {
+            let p = e.path();
+            let name = p.file_name().and_then(|n| n.to_str()).unwrap_or("");
+            if p.is_dir() && !name.starts_with('.') && name != "target" && name != "fuzz" {
+                stack.push(p);
+            } else if name.ends_with(".rs") {
+                sources.push_str(&std::fs::read_to_string(&p).unwrap_or_default());
+            }
+        }
+    }
+    let mut problems = Vec::new();
+    for e in TABLE {
+        let executes = matches!(e.support, Support::All | Support::Only(..) | Support::Rule(_));
+        if executes && e.tested_by.is_empty() {
+            problems.push(format!("{}.{} is executed but names no behaviour test", e.owner, e.field));
+        }
+        for t in e.tested_by {
+            if !sources.contains(&format!("fn {t}(")) {
+                problems.push(format!("{}.{} names `{t}`, which no test defines", e.owner, e.field));
+            }
+        }
+    }
+    assert!(problems.is_empty(), "{problems:#?}");
+}
+
+#[test]
+fn capabilities_md_is_generated_from_the_table() {
+    let path = root().join("docs/capabilities.md");
+    let want = matrix_markdown();
+    if std::env::var_os("MILES_BLESS").is_some() {
+        std::fs::write(&path, &want).expect("write docs/capabilities.md");
+    }
+    let have = std::fs::read_to_string(&path).unwrap_or_default();
+    assert!(have == want, "docs/capabilities.md is stale: MILES_BLESS=1 cargo test -p miles-compiler capabilities_md");
+}
+
+const BASE: &str = r#"
+import std/tasks/strings
+model policy = transformer { layers = 1, d_model = 16, heads = 2, vocab = strings.vocab, max_len = 16 }
+recipe r {
+    rollout = generate(policy) {
+        prompts = strings.reverse {}
+        samples_per_prompt = 4
+        SESSION
+    }
+    reward = exact_match(rollout)
+    train = grpo(rollout, reward) { rollout_batch = 4, global_batch = 16 }
+    sync = weights(train -> rollout) { transport = TRANSPORT }
+    SETTINGS
+}
+"#;
+
+fn e0511(session: &str, settings: &str) -> Vec<String> {
+    let transport = if settings.contains("launcher") { "broadcast" } else { "local" };
+    let src = BASE.replace("SESSION", session).replace("SETTINGS", settings).replace("TRANSPORT", transport);
+    let fs = MemoryFs::with(&[("r.miles", &src)]);
+    let c = crate::compile(&fs, &["r.miles".to_string()], &crate::Options::default());
+    let others: Vec<_> = c.diagnostics.iter().filter(|d| d.is_error() && d.code != "E0511").collect();
+    assert!(others.is_empty(), "{others:#?}");
+    c.diagnostics.iter().filter(|d| d.code == "E0511").map(|d| d.message.clone()).collect()
+}
+
+#[test]
+fn a_sound_laptop_recipe_is_clean() {
+    assert_eq!(e0511("", ""), Vec::<String>::new());
+}
+
+#[test]
+fn fields_the_embedded_backend_ignores_are_refused_each_by_name() {
+    let got = e0511("session = tito {}\n top_k = 5", "placement = colocated");
+    assert_eq!(got.len(), 2, "{got:#?}");
+    assert!(got.iter().any(|m| m.contains("`generate.session`")), "{got:#?}");
+    assert!(got.iter().any(|m| m.contains("`recipe_settings.placement` = colocated")), "{got:#?}");
+}
+
+#[test]
+fn an_asynchronous_schedule_with_worker_processes_is_refused_at_check() {
+    let got = e0511("", "launcher = local_processes {}\n schedule = fully_async {}");
+    assert_eq!(got.len(), 1, "{got:#?}");
+    assert!(got[0].contains("`recipe_settings.schedule` = fully_async"), "{got:#?}");
+}
+
+#[test]
+fn runs_on_selects_the_target() {
+    // Held to the cluster, the same fields are planned and nothing is refused.
+    assert_eq!(e0511("session = tito {}", "runs_on = cluster"), Vec::<String>::new());
+    let got = e0511("", "runs_on = workers");
+    assert!(got.iter().any(|m| m.contains("`weights.transport` = local")), "{got:#?}");
+}
