@@ -290,6 +290,34 @@ mod tests {
         assert!(e.starts_with("m/tokenizer_config.json: the chat template failed to render: "), "{e}");
     }
 
+    /// Against jinja2 configured as transformers configures it (tests/fixtures/chat/, made by
+    /// scripts/make-chat-template-fixtures.py): features beyond the HF model fixtures.
+    #[test]
+    fn renderings_equal_jinja2_as_transformers_runs_it() {
+        use serde_json::value::RawValue;
+        let dir = PathBuf::from(format!("{}/../../tests/fixtures/chat", env!("CARGO_MANIFEST_DIR")));
+        let text = std::fs::read_to_string(dir.join("reference.json")).unwrap();
+        let r: BTreeMap<String, Box<RawValue>> = serde_json::from_str(&text).unwrap();
+        let specials: BTreeMap<String, String> = serde_json::from_str(r["specials"].get()).unwrap();
+        let cases: Vec<Json> = serde_json::from_str(r["cases"].get()).unwrap();
+        let mut wrong = Vec::new();
+        for c in &cases {
+            let file = dir.join(c["template"].as_str().unwrap());
+            let t = ChatTemplate::new(&std::fs::read_to_string(&file).unwrap(), file).unwrap();
+            let options = RenderOptions {
+                add_generation_prompt: c["add_generation_prompt"] == true,
+                tools_json: (c["tools"] == true).then(|| r["tools"].get().to_string()),
+                extra: serde_json::from_value(c["extra"].clone()).unwrap(),
+            };
+            let got = t.render(r["messages"].get(), &options, &specials).map_err(|e| e.message);
+            if got.as_deref().ok() != c["text"].as_str() {
+                wrong.push(format!("{c}\ngot {got:?}"));
+            }
+        }
+        assert_eq!(cases.len(), 16);
+        assert!(wrong.is_empty(), "{}", wrong.join("\n\n"));
+    }
+
     #[test]
     fn dates() {
         // 2024-07-26 13:05:09 UTC, a Friday, day 208.
