@@ -10,11 +10,15 @@ mod http_client;
 pub mod math;
 pub mod protocol;
 pub mod schema;
+pub mod spec;
+pub mod task;
 pub mod text;
 pub mod verifier;
 
 pub use command::{CommandReward, CommandSpec};
 pub use http::{HttpReward, HttpSpec};
+pub use spec::RewardSpec;
+pub use task::TaskReward;
 pub use verifier::{Verifier, VerifierReward};
 
 use crate::{FinishReason, RunError};

@@ -7,19 +7,31 @@ use super::parquet as pq;
 use crate::reward::RewardInput;
 use crate::spec::OnError;
 use crate::{FinishReason, RunError, E_DATA_FILE, E_DATA_LINE};
+use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 /// Which file, and which of its fields is the prompt and which the label.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct DataSettings {
     pub path: PathBuf,
+    #[serde(default = "default_prompt_field")]
     pub prompt_field: String,
+    #[serde(default = "default_label_field")]
     pub label_field: String,
     /// What a malformed row does (reported as file:line or file#row either way).
+    #[serde(default)]
     pub on_error: OnError,
+}
+
+fn default_prompt_field() -> String {
+    "prompt".into()
+}
+
+fn default_label_field() -> String {
+    "label".into()
 }
 
 /// A prompt as the data gave it.
