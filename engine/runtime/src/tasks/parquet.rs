@@ -38,7 +38,15 @@ pub fn read(settings: &DataSettings, warnings: &mut Vec<String>) -> Result<Vec<P
     let mut out = Vec::new();
     for (i, r) in reader.into_iter().enumerate() {
         let origin = format!("{}#{}", path.display(), i + 1);
-        let r = r.map_err(|e| RunError::new(E_DATA_FILE, format!("{origin}: cannot read the row: {e}")))?;
+        let r = r.map_err(|e| {
+            let err = RunError::new(E_DATA_FILE, format!("{origin}: cannot read the row: {e}"));
+            // Codecs are compile-time features; only snappy is built in (HF datasets' default).
+            if e.to_string().contains("Disabled feature") {
+                err.with_help("miles reads snappy-compressed or uncompressed Parquet: rewrite the file with `compression=\"snappy\"`")
+            } else {
+                err
+            }
+        })?;
         let mut fields = Map::new();
         let mut prompt_json = None;
         for (name, f) in r.get_column_iter() {
