@@ -10,6 +10,7 @@ pub mod distributed;
 pub mod error;
 pub mod exec;
 pub mod progress;
+pub mod reward;
 pub mod rng;
 pub mod schedule;
 pub mod sim;
@@ -18,6 +19,7 @@ pub mod spec;
 pub mod stream;
 pub mod tasks;
 pub mod tensorboard;
+pub mod tokenize;
 
 pub use backend::*;
 pub use error::*;

@@ -2,6 +2,8 @@
 //! sort) or prompts from a JSONL file, disjoint train/test splits, and an exact-match verifier.
 
 pub mod jsonl;
+pub mod parquet;
+pub mod prompts;
 pub mod tokenizer;
 
 pub use tokenizer::{CharTokenizer, TokenId, BOS, EOS, PAD};

@@ -1,0 +1,161 @@
+//! A reward stage as the run spec carries it, and its construction. The RunSpec holds a list of
+//! these (`rewards: Vec<RewardSpec>`); the executors build each once per run and call
+//! [`BatchReward::score_batch`] per batch.
+
+use super::{BatchReward, CommandReward, CommandSpec, HttpReward, HttpSpec, OnRewardError, Verifier, VerifierReward};
+use crate::RunError;
+use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
+use std::time::Duration;
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum RewardSpec {
+    /// A built-in verifier: `kind` is math, exact, normalised, regex (with `pattern`) or
+    /// json_schema (with an optional `schema`).
+    Verifier {
+        name: String,
+        kind: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pattern: Option<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        schema: Option<serde_json::Value>,
+        #[serde(default)]
+        on_error: OnRewardError,
+    },
+    /// `command_reward { command, timeout, on_error }`.
+    Command {
+        name: String,
+        command: Vec<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        cwd: Option<PathBuf>,
+        #[serde(default = "default_timeout_s")]
+        timeout_s: f64,
+        #[serde(default)]
+        on_error: OnRewardError,
+    },
+    /// `http_reward { url, concurrency, batch_size, timeout, retries, on_error }`.
+    Http {
+        name: String,
+        url: String,
+        #[serde(default = "default_concurrency")]
+        concurrency: usize,
+        #[serde(default = "default_batch_size")]
+        batch_size: usize,
+        #[serde(default = "default_timeout_s")]
+        timeout_s: f64,
+        #[serde(default = "default_retries")]
+        retries: u32,
+        #[serde(default)]
+        on_error: OnRewardError,
+    },
+}
+
+fn default_timeout_s() -> f64 {
+    60.0
+}
+fn default_concurrency() -> usize {
+    8
+}
+fn default_batch_size() -> usize {
+    32
+}
+fn default_retries() -> u32 {
+    2
+}
+
+fn timeout(name: &str, s: f64) -> Result<Duration, RunError> {
+    Duration::try_from_secs_f64(s).ok().filter(|d| !d.is_zero()).ok_or_else(|| {
+        RunError::new(
+            crate::E_SPEC,
+            format!("reward `{name}`: `timeout` must be a positive number of seconds, not {s}"),
+        )
+    })
+}
+
+impl RewardSpec {
+    pub fn name(&self) -> &str {
+        match self {
+            RewardSpec::Verifier { name, .. } | RewardSpec::Command { name, .. } | RewardSpec::Http { name, .. } => {
+                name
+            }
+        }
+    }
+
+    /// The reward, ready for its first batch (a command is started on that batch).
+    pub fn build(&self) -> Result<Box<dyn BatchReward>, RunError> {
+        Ok(match self {
+            RewardSpec::Verifier { name, kind, pattern, schema, on_error } => Box::new(VerifierReward {
+                name: name.clone(),
+                verifier: Verifier::from_settings(kind, pattern.as_deref(), schema.clone())?,
+                on_error: *on_error,
+            }),
+            RewardSpec::Command { name, command, cwd, timeout_s, on_error } => {
+                Box::new(CommandReward::new(CommandSpec {
+                    name: name.clone(),
+                    argv: command.clone(),
+                    cwd: cwd.clone(),
+                    timeout: timeout(name, *timeout_s)?,
+                    on_error: *on_error,
+                })?)
+            }
+            RewardSpec::Http { name, url, concurrency, batch_size, timeout_s, retries, on_error } => {
+                Box::new(HttpReward::new(HttpSpec {
+                    name: name.clone(),
+                    url: url.clone(),
+                    concurrency: *concurrency,
+                    batch_size: *batch_size,
+                    timeout: timeout(name, *timeout_s)?,
+                    retries: *retries,
+                    on_error: *on_error,
+                })?)
+            }
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::reward::{input, RewardOutcome};
+    use serde_json::json;
+
+    #[test]
+    fn specs_from_json_with_defaults() {
+        let specs: Vec<RewardSpec> = serde_json::from_value(json!([
+            {"type": "verifier", "name": "math", "kind": "math", "on_error": "zero"},
+            {"type": "command", "name": "judge", "command": ["python3", "v.py"]},
+            {"type": "http", "name": "rm", "url": "http://127.0.0.1:9/score", "retries": 0}
+        ]))
+        .unwrap();
+        assert_eq!(
+            specs[2],
+            RewardSpec::Http {
+                name: "rm".into(),
+                url: "http://127.0.0.1:9/score".into(),
+                concurrency: 8,
+                batch_size: 32,
+                timeout_s: 60.0,
+                retries: 0,
+                on_error: OnRewardError::Stop
+            }
+        );
+        let mut built: Vec<_> = specs.iter().map(|s| s.build().unwrap()).collect();
+        assert_eq!(built.iter().map(|b| b.name().to_string()).collect::<Vec<_>>(), ["math", "judge", "rm"]);
+        assert_eq!(
+            built[0].score_batch(&[input("a", "\\boxed{2}", json!(2))]).unwrap(),
+            vec![RewardOutcome::Score(1.0)]
+        );
+        let bad = RewardSpec::Command {
+            name: "judge".into(),
+            command: vec!["x".into()],
+            cwd: None,
+            timeout_s: -1.0,
+            on_error: OnRewardError::Stop,
+        };
+        assert_eq!(
+            bad.build().err().unwrap().message,
+            "reward `judge`: `timeout` must be a positive number of seconds, not -1"
+        );
+    }
+}
