@@ -20,7 +20,11 @@ pub fn path() -> Option<PathBuf> {
 
 pub fn command() -> Result<Command, u8> {
     match path() {
-        Some(p) => Ok(Command::new(p)),
+        Some(p) => {
+            let mut cmd = Command::new(p);
+            end_with_parent(&mut cmd);
+            Ok(cmd)
+        }
         None => {
             eprintln!(
                 "error[E0508]: `{ENGINE}` not found next to `miles` or on PATH\n  help: build both binaries: `cargo build --release` (or `cargo install --path .`)"
@@ -28,6 +32,26 @@ pub fn command() -> Result<Command, u8> {
             Err(1)
         }
     }
+}
+
+/// The engine must not outlive `miles`: killed `miles run` must not keep training in the
+/// background. On Linux the kernel sends it SIGTERM when its parent dies, whatever killed it.
+fn end_with_parent(cmd: &mut Command) {
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::unix::process::CommandExt;
+        // SAFETY: prctl is async-signal-safe; nothing else runs between fork and exec here.
+        unsafe {
+            cmd.pre_exec(|| {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = cmd;
 }
 
 fn code_of(status: std::process::ExitStatus) -> u8 {
