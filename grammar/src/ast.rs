@@ -375,10 +375,17 @@ impl Expr {
         out
     }
 
-    /// Calls `f` on this expression and every expression inside it, parents first.
+    /// Calls `f` on this expression and every expression inside it, parents first, in source
+    /// order. Iterative: a 200,000-term `a + a + ...` chain is that deep and must not overflow
+    /// the stack.
     pub fn walk<'a>(&'a self, f: &mut dyn FnMut(&'a Expr)) {
-        f(self);
-        self.for_each_child(|c| c.walk(f));
+        let mut stack = vec![self];
+        while let Some(e) = stack.pop() {
+            f(e);
+            let at = stack.len();
+            e.for_each_child(|c| stack.push(c));
+            stack[at..].reverse();
+        }
     }
 }
 

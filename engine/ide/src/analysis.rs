@@ -206,32 +206,9 @@ pub(crate) fn settings_schema(program: &Program) -> Option<ItemRef> {
     })
 }
 
-/// A bare enum member visible in a module, when exactly one visible enum has it.
+/// A bare enum member as the checker resolves it (one rule: `miles_compiler::eval`).
 fn enum_member_visible(program: &Program, module: u32, name: &str) -> Option<Span> {
-    let mut mods = vec![module];
-    mods.extend(program.module(module).fallbacks.iter().copied());
-    for e in program.module(module).scope.values() {
-        match e {
-            ScopeEntry::Module(t) => mods.push(*t),
-            ScopeEntry::Item(r) => mods.push(r.module),
-        }
-    }
-    mods.sort();
-    mods.dedup();
-    let mut found = None;
-    for m in mods {
-        for item in &program.module(m).ast.items {
-            if let ItemKind::Enum(en) = &item.kind {
-                if let Some(mem) = en.members.iter().find(|x| x.name.name == name) {
-                    if found.is_some() {
-                        return None;
-                    }
-                    found = Some(mem.name.span);
-                }
-            }
-        }
-    }
-    found
+    miles_compiler::eval::bare_enum_member(program, module, name).map(|(_, m)| m.name.span)
 }
 
 #[cfg(test)]

@@ -6,7 +6,7 @@ use crate::analysis::{decl_fields, settings_schema, Analysis};
 use crate::defs::{doc_text, stage_call};
 use crate::hover::{field_signature, item_name, stage_signature};
 use crate::syntax::{span_text, type_text, walk_item_exprs};
-use miles_compiler::eval::{Env, Eval, BUILTINS};
+use miles_compiler::eval::{Builtin, Env, Eval};
 use miles_compiler::program::{Program, ScopeEntry, STDLIB};
 use miles_compiler::types::{Iface, Type};
 use miles_compiler::value::{ItemRef, Value};
@@ -63,8 +63,7 @@ impl Completion {
     }
 }
 
-const ITEM_KEYWORDS: &[&str] =
-    &["import", "const", "enum", "interface", "schema", "stage", "model", "cluster", "recipe"];
+use miles_grammar::ITEM_KEYWORDS;
 const BUILTIN_TYPES: &[&str] = &[
     "Int",
     "Float",
@@ -215,8 +214,8 @@ pub fn completions(a: &Analysis, file: FileId, offset: usize) -> Vec<Completion>
             }
         }
     }
-    for b in BUILTINS {
-        out.push(Completion::new(*b, CompletionKind::Builtin).detail(builtin_doc(b)).sort(7));
+    for b in Builtin::all() {
+        out.push(Completion::new(b.name(), CompletionKind::Builtin).detail(b.detail()).sort(7));
     }
     for k in ["true", "false", "none", "if", "not"] {
         out.push(Completion::new(k, CompletionKind::Keyword).sort(9));
@@ -239,19 +238,6 @@ fn sorted<V>(m: &HashMap<String, V>) -> Vec<(&String, &V)> {
 /// Names visible in a module (own, imported, prelude), sorted.
 fn visible(p: &Program, m: u32) -> Vec<(String, ScopeEntry)> {
     p.visible_names(m).into_iter().filter_map(|n| p.lookup(m, &n).map(|e| (n, e))).collect()
-}
-
-fn builtin_doc(name: &str) -> &'static str {
-    match name {
-        "min" => "min(a, b, ...): the smallest of numbers of one unit",
-        "max" => "max(a, b, ...): the largest of numbers of one unit",
-        "len" => "len(x): length of a list, map or string",
-        "ceil" => "ceil(x): the smallest integer not below x",
-        "floor" => "floor(x): the largest integer not above x",
-        "has" => "has(record, \"field\"): whether the record has the field",
-        "model_of" => "model_of(stage): the model a stage runs, found upstream",
-        _ => "builtin",
-    }
 }
 
 fn item_completion(p: &Program, name: &str, r: ItemRef) -> Completion {

@@ -133,14 +133,4 @@ fn collect_item_defs(item: &Item, r: ItemRef, m: u32, out: &mut HashMap<Span, De
     }
 }
 
-/// `kind(args) { fields }` or `kind(args)`: the callee, arguments and fields.
-pub fn stage_call(e: &Expr) -> Option<(&Expr, &[ast::Arg], &[Binding])> {
-    match &e.kind {
-        ExprKind::Call { callee, args, .. } => Some((callee, args, &[])),
-        ExprKind::Record { base, fields, .. } => match &base.kind {
-            ExprKind::Call { callee, args, .. } => Some((callee, args, fields)),
-            _ => None,
-        },
-        _ => None,
-    }
-}
+pub use miles_compiler::recipe::stage_call;

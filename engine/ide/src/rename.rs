@@ -33,27 +33,7 @@ pub fn rename(
     Ok(found.into_iter().map(|f| (f, new_name.to_string())).collect())
 }
 
-// FIXME(merge): the grammar's keyword list should be the one source of these.
-pub const KEYWORDS: &[&str] = &[
-    "import",
-    "const",
-    "enum",
-    "interface",
-    "schema",
-    "stage",
-    "check",
-    "else",
-    "true",
-    "false",
-    "none",
-    "and",
-    "or",
-    "not",
-    "in",
-    "is",
-    "if",
-    "then",
-];
+pub use miles_grammar::KEYWORDS;
 
 pub fn is_identifier(s: &str) -> bool {
     let mut chars = s.chars();

@@ -3,7 +3,7 @@
 use crate::analysis::Analysis;
 use crate::defs::DefKind;
 use crate::rename::KEYWORDS;
-use miles_compiler::eval::BUILTINS;
+use miles_compiler::eval::Builtin;
 use miles_compiler::types::Type;
 use miles_grammar::ast::ItemKind;
 use miles_grammar::diag::{FileId, Span};
@@ -129,7 +129,7 @@ pub fn semantic_tokens(a: &Analysis, file: FileId) -> Vec<Token> {
                 push(start, i, token_kind(d.kind), false, p.module(d.module).is_std);
             } else if KEYWORDS.contains(&word) || is_contextual_keyword(text, start, word) {
                 push(start, i, TokenKind::Keyword, false, false);
-            } else if BUILTINS.contains(&word) {
+            } else if Builtin::from_name(word).is_some() {
                 push(start, i, TokenKind::Function, false, true);
             } else if Type::builtin(word).is_some() || word == "List" || word == "Map" {
                 push(start, i, TokenKind::Type, false, true);

@@ -35,45 +35,9 @@ pub fn walk_item_exprs<'a>(item: &'a Item, f: &mut impl FnMut(&'a Expr)) {
     }
 }
 
+/// Every expression under `e`, parents first: the AST's one exhaustive walker.
 pub fn walk_expr<'a>(e: &'a Expr, f: &mut dyn FnMut(&'a Expr)) {
-    f(e);
-    match &e.kind {
-        ExprKind::List(items) => items.iter().for_each(|x| walk_expr(x, f)),
-        ExprKind::Map(entries) => entries.iter().for_each(|(_, x)| walk_expr(x, f)),
-        ExprKind::Field(b, _) => walk_expr(b, f),
-        ExprKind::Call { callee, args, .. } => {
-            walk_expr(callee, f);
-            for a in args {
-                walk_expr(&a.value, f);
-                if let Some(t) = &a.arrow_to {
-                    walk_expr(t, f);
-                }
-            }
-        }
-        ExprKind::Record { base, fields, .. } => {
-            walk_expr(base, f);
-            fields.iter().for_each(|b| walk_expr(&b.value, f));
-        }
-        ExprKind::Binary { lhs, rhs, .. } => {
-            walk_expr(lhs, f);
-            walk_expr(rhs, f);
-        }
-        ExprKind::Unary { expr, .. } | ExprKind::Paren(expr) => walk_expr(expr, f),
-        ExprKind::If { cond, then, otherwise } => {
-            walk_expr(cond, f);
-            walk_expr(then, f);
-            walk_expr(otherwise, f);
-        }
-        ExprKind::Range { start, end, .. } => {
-            if let Some(s) = start {
-                walk_expr(s, f);
-            }
-            if let Some(x) = end {
-                walk_expr(x, f);
-            }
-        }
-        _ => {}
-    }
+    e.walk(f);
 }
 
 pub(crate) fn type_text(program: &Program, t: &TypeExpr) -> String {

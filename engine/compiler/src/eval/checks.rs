@@ -159,25 +159,22 @@ pub(super) fn out_of_range(name: &str, v: &Value, cons: Option<&Value>, span: Sp
 }
 
 /// Names and field paths (`rollout_batch`, `rollout.samples_per_prompt`) inside an expression.
-fn collect_paths<'e>(e: &'e Expr, out: &mut Vec<&'e Expr>) {
-    match &e.kind {
-        ExprKind::Name(_) => out.push(e),
-        ExprKind::Field(base, _) => {
-            if is_path(base) {
-                out.push(e);
-            } else {
-                collect_paths(base, out);
-            }
+fn collect_paths<'e>(root: &'e Expr, out: &mut Vec<&'e Expr>) {
+    // Iterative, in source order: a failing check over a 200,000-term sum is that deep.
+    let mut stack = vec![root];
+    while let Some(e) = stack.pop() {
+        let at = stack.len();
+        match &e.kind {
+            ExprKind::Name(_) => out.push(e),
+            ExprKind::Field(base, _) if is_path(base) => out.push(e),
+            ExprKind::Field(base, _) => stack.push(base),
+            // The callee names a function, not a value worth showing.
+            ExprKind::Call { args, .. } => stack.extend(args.iter().map(|a| &a.value)),
+            // What a record, map or range literal reads is not shown: the help stays one line.
+            ExprKind::Record { .. } | ExprKind::Map(_) | ExprKind::Range { .. } => {}
+            _ => e.for_each_child(|c| stack.push(c)),
         }
-        // The callee names a function, not a value worth showing.
-        ExprKind::Call { args, .. } => {
-            for a in args {
-                collect_paths(&a.value, out);
-            }
-        }
-        // What a record, map or range literal reads is not shown: the help stays one line.
-        ExprKind::Record { .. } | ExprKind::Map(_) | ExprKind::Range { .. } => {}
-        _ => e.for_each_child(|c| collect_paths(c, out)),
+        stack[at..].reverse();
     }
 }
 
