@@ -79,17 +79,6 @@ impl Builtin {
     }
 }
 
-/// The builtins' names, for callers that want plain strings; derived from `Builtin::ALL`.
-pub const BUILTINS: &[&str] = &{
-    let mut names = [""; Builtin::ALL.len()];
-    let mut i = 0;
-    while i < names.len() {
-        names[i] = Builtin::ALL[i].name();
-        i += 1;
-    }
-    names
-};
-
 impl<'p> Eval<'p> {
     pub(super) fn builtin(&mut self, b: Builtin, args: Vec<(Value, Span)>, span: Span) -> R<Value> {
         let name = b.name();
@@ -203,7 +192,6 @@ mod tests {
             assert_eq!(Builtin::from_name(b.name()), Some(b));
             assert!(b.signature().starts_with(&format!("{}(", b.name())), "{b:?}");
         }
-        assert_eq!(BUILTINS, Builtin::names().as_slice());
         assert_eq!(Builtin::from_name("sum"), None);
         assert_eq!(Builtin::ModelOf.detail(), "model_of(stage): the model a stage runs, found upstream");
     }

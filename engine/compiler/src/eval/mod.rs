@@ -18,7 +18,7 @@ mod names;
 mod records;
 mod stages;
 
-pub use builtins::{Builtin, BUILTINS};
+pub use builtins::Builtin;
 pub use checks::expr_text;
 pub use expr::values_equal;
 pub use names::bare_enum_member;
