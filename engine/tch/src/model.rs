@@ -27,8 +27,6 @@ struct Layer {
     gate: Tensor,
     up: Tensor,
     down: Tensor,
-    /// q, k and v biases concatenated (`qkv_bias`): the bias of the fused QKV GEMM.
-    qkv_bias: Option<Tensor>,
     q_bias: Option<Tensor>,
     k_bias: Option<Tensor>,
     v_bias: Option<Tensor>,
@@ -236,12 +234,7 @@ impl Policy {
                 let bias = |s: &str, on: bool| on.then(|| get(&format!("model.layers.{i}.self_attn.{s}.bias")));
                 let (q_bias, k_bias, v_bias) =
                     (bias("q_proj", cfg.qkv_bias), bias("k_proj", cfg.qkv_bias), bias("v_proj", cfg.qkv_bias));
-                let qkv_bias = match (&q_bias, &k_bias, &v_bias) {
-                    (Some(q), Some(k), Some(v)) => Some(Tensor::cat(&[q, k, v], 0)),
-                    _ => None,
-                };
                 Layer {
-                    qkv_bias,
                     q_bias,
                     k_bias,
                     v_bias,
@@ -329,7 +322,13 @@ impl Policy {
             let xn = rms_norm(&x, &layer.ln1, cfg.norm_eps);
             // One GEMM for Q, K and V (weights concatenated per call; the parameters keep their
             // Hugging Face names and shapes).
-            let qkv = xn.linear(&Tensor::cat(&[&layer.q, &layer.k, &layer.v], 0), layer.qkv_bias.as_ref());
+            // Biases too are concatenated per call: a copy kept in the layer would miss the
+            // optimizer's in-place updates and the gradient.
+            let qkv_bias = match (&layer.q_bias, &layer.k_bias, &layer.v_bias) {
+                (Some(qb), Some(kb), Some(vb)) => Some(Tensor::cat(&[qb, kb, vb], 0)),
+                _ => None,
+            };
+            let qkv = xn.linear(&Tensor::cat(&[&layer.q, &layer.k, &layer.v], 0), qkv_bias.as_ref());
             let qk = qkv.narrow(-1, 0, (h + kvh) * hd).view([b, t, h + kvh, hd]);
             let qk = match (&layer.q_norm, &layer.k_norm) {
                 (Some(qn), Some(kn)) => Tensor::cat(

@@ -145,6 +145,13 @@ fn export_then_reload_gives_identical_logits() {
     tch::set_num_threads(1);
     for (arch, _) in ARCHS {
         let (policy, meta) = Policy::load_hf(&fixture(arch), None).unwrap();
+        // Change every parameter in place, as an optimizer step does, so the export must carry
+        // the new values (and the forward must read them: no stale copies of a parameter).
+        tch::no_grad(|| {
+            for (i, (_, t)) in policy.params().iter().enumerate() {
+                let _ = t.shallow_clone().f_add_scalar_(0.01 * (i % 7) as f64).unwrap();
+            }
+        });
         let out = temp(&format!("export-{arch}"));
         policy.export_hf(&out, Some(&meta)).unwrap();
         // Twice: the second replaces the first.
@@ -157,6 +164,8 @@ fn export_then_reload_gives_identical_logits() {
         let a = tch::no_grad(|| policy.forward(&r.ids, &r.pos, &r.mask, None));
         let b = tch::no_grad(|| again.forward(&r.ids, &r.pos, &r.mask, None));
         assert!(bool::try_from(a.eq_tensor(&b).all()).unwrap(), "{arch}: logits changed through export");
+        let fresh = tch::no_grad(|| policy.deep_copy().forward(&r.ids, &r.pos, &r.mask, None));
+        assert!(bool::try_from(a.eq_tensor(&fresh).all()).unwrap(), "{arch}: forward read a stale parameter");
         for f in &meta.carried_files {
             assert_eq!(std::fs::read(meta.dir.join(f)).unwrap(), std::fs::read(out.join(f)).unwrap(), "{arch}: {f}");
         }
