@@ -135,6 +135,12 @@ pub fn run_spec(recipe: &CompiledRecipe) -> Result<RunSpec, Vec<Diagnostic>> {
             rope_theta: 10000.0,
             norm_eps: 1e-5,
             init_std: 0.02,
+            head_dim: None,
+            qkv_bias: false,
+            o_bias: false,
+            qk_norm: false,
+            tie_embeddings: false,
+            rope_scaling: None,
         },
         other => {
             let span = other.map(|r| r.span).unwrap_or(rollout.name_span);

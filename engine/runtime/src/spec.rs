@@ -9,7 +9,10 @@
 //!   steps: u64                     RL steps (one step = generate, reward, train, sync)
 //!   model: ModelConfig
 //!     vocab_size, d_model, n_layers, n_heads, n_kv_heads, d_ff, max_len: usize
-//!     rope_theta: f64 = 10000, norm_eps: f64 = 1e-5, init_std: f64 = 0.02
+//!     rope_theta: f64 = 10000, norm_eps: f64 = 1e-5, init_std: f64 = 0.02,
+//!     head_dim: Option<usize> (None = d_model/n_heads), qkv_bias, o_bias, qk_norm, tie_embeddings: bool = false,
+//!     rope_scaling: Option<{type: linear, factor} | {type: llama3, factor, low_freq_factor,
+//!                          high_freq_factor, original_max_position_embeddings}>
 //!   task: TaskSpec
 //!     kind: {type: addition|multiplication, digits}            operands of 1..=digits digits
 //!         | {type: reverse|sort, min_len, max_len, alphabet = "abcdefghij"}
@@ -133,6 +136,45 @@ pub struct ModelConfig {
     /// 1/sqrt(2 * n_layers) to keep the residual stream's variance flat with depth).
     #[serde(default = "default_init_std")]
     pub init_std: f64,
+    /// Width of one attention head; None = d_model / n_heads (Qwen3 sets it explicitly).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub head_dim: Option<usize>,
+    /// Biases on the query/key/value projections (Qwen2; Llama/Qwen3 `attention_bias`).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub qkv_bias: bool,
+    /// Bias on the attention output projection (Llama/Qwen3 `attention_bias`).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub o_bias: bool,
+    /// RMSNorm over each query and key head before rotary (Qwen3).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub qk_norm: bool,
+    /// The output projection is the embedding matrix (no separate lm_head).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub tie_embeddings: bool,
+    /// Rescaled rotary frequencies for long contexts; None = plain rotary.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rope_scaling: Option<RopeScaling>,
+}
+
+impl ModelConfig {
+    /// Width of one attention head.
+    pub fn head_dim(&self) -> usize {
+        self.head_dim.unwrap_or(self.d_model / self.n_heads.max(1))
+    }
+}
+
+/// Rotary frequency scaling, as in Hugging Face `rope_scaling` (`rope_parameters` since v5).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
+pub enum RopeScaling {
+    /// Every frequency divided by `factor`.
+    Linear { factor: f64 },
+    /// Llama 3.1: low frequencies divided by `factor`, high ones kept, a smooth blend between.
+    Llama3 { factor: f64, low_freq_factor: f64, high_freq_factor: f64, original_max_position_embeddings: usize },
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
 }
 
 fn default_rope_theta() -> f64 {
@@ -503,14 +545,18 @@ impl RunSpec {
                 return bad(name, "must be at least 1");
             }
         }
-        if m.d_model % m.n_heads != 0 {
+        if m.head_dim.is_none() && m.d_model % m.n_heads != 0 {
             return bad("model.n_heads", "d_model must be a multiple of n_heads");
         }
-        if (m.d_model / m.n_heads) % 2 != 0 {
-            return bad("model.n_heads", "head size d_model/n_heads must be even (rotary positions rotate pairs)");
+        if m.head_dim() == 0 || m.head_dim() % 2 != 0 {
+            return bad("model.n_heads", "head size must be even (rotary positions rotate pairs)");
         }
         if m.n_heads % m.n_kv_heads != 0 {
             return bad("model.n_kv_heads", "n_heads must be a multiple of n_kv_heads");
+        }
+        if (m.qk_norm || m.o_bias) && m.qkv_bias != m.o_bias {
+            // The layouts of Llama (biases on all four or none), Qwen2 (q/k/v only) and Qwen3.
+            return bad("model.o_bias", "o_bias needs qkv_bias, and with qk_norm the two go together");
         }
         if !(m.init_std > 0.0 && m.init_std.is_finite()) {
             return bad("model.init_std", "must be a positive number");

@@ -6,6 +6,7 @@
 
 pub mod cli;
 pub mod generate;
+pub mod hf;
 pub mod model;
 pub mod stream;
 pub mod train;

@@ -1,13 +1,15 @@
 //! The policy: a Llama-style decoder-only transformer (RMSNorm, rotary positions, grouped-query
-//! attention, SwiGLU MLP), fp32 on CPU, with Hugging Face parameter names.
+//! attention, SwiGLU MLP), fp32 on CPU, with Hugging Face parameter names. The variants of the
+//! Llama family that `ModelConfig` names are layers of the same model: explicit head width, q/k/v
+//! and o_proj biases (Qwen2, Llama `attention_bias`), q/k RMSNorm (Qwen3), tied embeddings and
+//! scaled rotary frequencies (`crate::hf` reads and writes Hugging Face directories).
 //!
 //! Padding convention: batches are LEFT-padded. A row's positions count only its real tokens, and
 //! no real token attends to a pad, so a sequence gives the same logits whatever it is batched
 //! with (up to float reduction order) — sampling and training see the same numbers.
 
 use miles_runtime::rng::Rng;
-use miles_runtime::{ModelConfig, NamedTensor, RunError, WeightSnapshot, E_BACKEND, E_CHECKPOINT};
-use serde_json::json;
+use miles_runtime::{ModelConfig, NamedTensor, RopeScaling, RunError, WeightSnapshot, E_BACKEND, E_CHECKPOINT};
 use std::path::Path;
 use tch::{Device, Kind, Tensor};
 
@@ -25,6 +27,13 @@ struct Layer {
     gate: Tensor,
     up: Tensor,
     down: Tensor,
+    q_bias: Option<Tensor>,
+    k_bias: Option<Tensor>,
+    v_bias: Option<Tensor>,
+    o_bias: Option<Tensor>,
+    /// RMSNorm weights over each query / key head (`qk_norm`).
+    q_norm: Option<Tensor>,
+    k_norm: Option<Tensor>,
 }
 
 pub struct Policy {
@@ -51,7 +60,7 @@ pub struct KvCache {
 
 impl KvCache {
     pub fn new(cfg: &ModelConfig, batch: i64, capacity: i64) -> KvCache {
-        let hd = (cfg.d_model / cfg.n_heads) as i64;
+        let hd = cfg.head_dim() as i64;
         let shape = [batch, cfg.n_kv_heads as i64, capacity, hd];
         let mk = || Tensor::zeros(shape, (Kind::Float, Device::Cpu));
         KvCache { k: (0..cfg.n_layers).map(|_| mk()).collect(), v: (0..cfg.n_layers).map(|_| mk()).collect(), len: 0 }
@@ -75,54 +84,107 @@ pub struct SlotCache {
 
 impl SlotCache {
     pub fn new(cfg: &ModelConfig, slots: i64) -> SlotCache {
-        let hd = (cfg.d_model / cfg.n_heads) as i64;
+        let hd = cfg.head_dim() as i64;
         let shape = [slots, cfg.max_len as i64, cfg.n_kv_heads as i64, hd];
         let mk = || Tensor::zeros(shape, (Kind::Float, Device::Cpu));
         SlotCache { k: (0..cfg.n_layers).map(|_| mk()).collect(), v: (0..cfg.n_layers).map(|_| mk()).collect() }
     }
 }
 
-fn shape_of(cfg: &ModelConfig, name: &str) -> Vec<i64> {
+/// The shape `cfg` implies for parameter `name` (empty for a name it does not have).
+pub(crate) fn param_shape(cfg: &ModelConfig, name: &str) -> Vec<i64> {
     let d = cfg.d_model as i64;
-    let hd = (cfg.d_model / cfg.n_heads) as i64;
+    let hd = cfg.head_dim() as i64;
     let q = cfg.n_heads as i64 * hd;
     let kv = cfg.n_kv_heads as i64 * hd;
     let ff = cfg.d_ff as i64;
     let v = cfg.vocab_size as i64;
-    let leaf = name.rsplit('.').nth(1).unwrap_or("");
-    match leaf {
-        "embed_tokens" | "lm_head" => vec![v, d],
-        "input_layernorm" | "post_attention_layernorm" | "norm" => vec![d],
-        "q_proj" => vec![q, d],
-        "k_proj" | "v_proj" => vec![kv, d],
-        "o_proj" => vec![d, q],
-        "gate_proj" | "up_proj" => vec![ff, d],
-        "down_proj" => vec![d, ff],
+    let (stem, kind) = name.rsplit_once('.').unwrap_or((name, ""));
+    let leaf = stem.rsplit('.').next().unwrap_or("");
+    match (leaf, kind) {
+        ("embed_tokens" | "lm_head", "weight") => vec![v, d],
+        ("input_layernorm" | "post_attention_layernorm" | "norm", "weight") => vec![d],
+        ("q_norm" | "k_norm", "weight") => vec![hd],
+        ("q_proj", "weight") => vec![q, d],
+        ("q_proj", "bias") => vec![q],
+        ("k_proj" | "v_proj", "weight") => vec![kv, d],
+        ("k_proj" | "v_proj", "bias") => vec![kv],
+        ("o_proj", "weight") => vec![d, q],
+        ("o_proj", "bias") => vec![d],
+        ("gate_proj" | "up_proj", "weight") => vec![ff, d],
+        ("down_proj", "weight") => vec![d, ff],
         _ => vec![],
     }
 }
 
-/// Parameter names in the order they are created, saved and synced.
+/// Parameter names in the order they are created, saved and synced. The optional ones come
+/// right after the weight they belong to, and only when `cfg` enables them, so a plain Llama
+/// config keeps its names, order and seeded init.
 pub fn param_names(cfg: &ModelConfig) -> Vec<String> {
     let mut v = vec!["model.embed_tokens.weight".to_string()];
     for i in 0..cfg.n_layers {
-        for s in [
-            "input_layernorm",
-            "self_attn.q_proj",
-            "self_attn.k_proj",
-            "self_attn.v_proj",
-            "self_attn.o_proj",
-            "post_attention_layernorm",
-            "mlp.gate_proj",
-            "mlp.up_proj",
-            "mlp.down_proj",
-        ] {
-            v.push(format!("model.layers.{i}.{s}.weight"));
+        let mut push = |s: &str| v.push(format!("model.layers.{i}.{s}"));
+        push("input_layernorm.weight");
+        for p in ["q_proj", "k_proj", "v_proj"] {
+            push(&format!("self_attn.{p}.weight"));
+            if cfg.qkv_bias {
+                push(&format!("self_attn.{p}.bias"));
+            }
+        }
+        push("self_attn.o_proj.weight");
+        if cfg.o_bias {
+            push("self_attn.o_proj.bias");
+        }
+        if cfg.qk_norm {
+            push("self_attn.q_norm.weight");
+            push("self_attn.k_norm.weight");
+        }
+        for s in ["post_attention_layernorm", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"] {
+            push(&format!("{s}.weight"));
         }
     }
     v.push("model.norm.weight".into());
-    v.push("lm_head.weight".into());
+    if !cfg.tie_embeddings {
+        v.push("lm_head.weight".into());
+    }
     v
+}
+
+/// Rotary tables [max_len, head_dim], Hugging Face convention (rotate_half over the two halves
+/// of a head), with `rope_scaling` applied to the frequencies.
+fn rope_tables(cfg: &ModelConfig) -> (Tensor, Tensor) {
+    let hd = cfg.head_dim() as i64;
+    let inv: Vec<f32> = (0..hd / 2)
+        .map(|i| {
+            scale_frequency(1.0 / cfg.rope_theta.powf(2.0 * i as f64 / hd as f64), cfg.rope_scaling.as_ref()) as f32
+        })
+        .collect();
+    let inv = Tensor::from_slice(&inv);
+    let pos = Tensor::arange(cfg.max_len as i64, (Kind::Float, Device::Cpu));
+    let freqs = pos.unsqueeze(1) * inv.unsqueeze(0);
+    let emb = Tensor::cat(&[&freqs, &freqs], 1);
+    (emb.cos(), emb.sin())
+}
+
+/// One rotary frequency under `scaling` (transformers' `_compute_linear_scaling_rope_parameters`
+/// and `_compute_llama3_parameters`).
+fn scale_frequency(f: f64, scaling: Option<&RopeScaling>) -> f64 {
+    match scaling {
+        None => f,
+        Some(RopeScaling::Linear { factor }) => f / factor,
+        Some(RopeScaling::Llama3 { factor, low_freq_factor, high_freq_factor, original_max_position_embeddings }) => {
+            let old = *original_max_position_embeddings as f64;
+            let wavelen = 2.0 * std::f64::consts::PI / f;
+            if wavelen < old / high_freq_factor {
+                f
+            } else if wavelen > old / low_freq_factor {
+                f / factor
+            } else {
+                let smooth = (old / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor);
+                (1.0 - smooth) * f / factor + smooth * f
+            }
+        }
+    }
 }
 
 impl Policy {
@@ -134,8 +196,10 @@ impl Policy {
             .into_iter()
             .enumerate()
             .map(|(i, name)| {
-                let shape = shape_of(cfg, &name);
-                let t = if shape.len() == 1 {
+                let shape = param_shape(cfg, &name);
+                let t = if name.ends_with(".bias") {
+                    Tensor::zeros(&shape[..], (Kind::Float, Device::Cpu))
+                } else if shape.len() == 1 {
                     Tensor::ones(&shape[..], (Kind::Float, Device::Cpu))
                 } else {
                     let n: i64 = shape.iter().product();
@@ -154,7 +218,9 @@ impl Policy {
         Policy::from_params(cfg.clone(), params)
     }
 
-    fn from_params(cfg: ModelConfig, params: Vec<(String, Tensor)>) -> Policy {
+    /// `params` must hold `param_names(&cfg)` with their `param_shape`s (callers check; a missing
+    /// one becomes an empty tensor that fails at the first forward).
+    pub(crate) fn from_params(cfg: ModelConfig, params: Vec<(String, Tensor)>) -> Policy {
         let get = |name: &str| -> Tensor {
             params
                 .iter()
@@ -165,7 +231,16 @@ impl Policy {
         let layers = (0..cfg.n_layers)
             .map(|i| {
                 let p = |s: &str| get(&format!("model.layers.{i}.{s}.weight"));
+                let bias = |s: &str, on: bool| on.then(|| get(&format!("model.layers.{i}.self_attn.{s}.bias")));
+                let (q_bias, k_bias, v_bias) =
+                    (bias("q_proj", cfg.qkv_bias), bias("k_proj", cfg.qkv_bias), bias("v_proj", cfg.qkv_bias));
                 Layer {
+                    q_bias,
+                    k_bias,
+                    v_bias,
+                    o_bias: bias("o_proj", cfg.o_bias),
+                    q_norm: cfg.qk_norm.then(|| p("self_attn.q_norm")),
+                    k_norm: cfg.qk_norm.then(|| p("self_attn.k_norm")),
                     ln1: p("input_layernorm"),
                     q: p("self_attn.q_proj"),
                     k: p("self_attn.k_proj"),
@@ -178,32 +253,15 @@ impl Policy {
                 }
             })
             .collect();
-        // Rotary tables, Hugging Face convention (rotate_half over the two halves of a head).
-        let hd = (cfg.d_model / cfg.n_heads) as i64;
-        let inv: Vec<f32> =
-            (0..hd / 2).map(|i| (1.0 / cfg.rope_theta.powf(2.0 * i as f64 / hd as f64)) as f32).collect();
-        let inv = Tensor::from_slice(&inv);
-        let pos = Tensor::arange(cfg.max_len as i64, (Kind::Float, Device::Cpu));
-        let freqs = pos.unsqueeze(1) * inv.unsqueeze(0);
-        let emb = Tensor::cat(&[&freqs, &freqs], 1);
-        Policy {
-            embed: get("model.embed_tokens.weight"),
-            norm: get("model.norm.weight"),
-            lm_head: get("lm_head.weight"),
-            layers,
-            cos: emb.cos(),
-            sin: emb.sin(),
-            cfg,
-            params,
-        }
+        let (cos, sin) = rope_tables(&cfg);
+        let embed = get("model.embed_tokens.weight");
+        // Tied: the same storage, so the output projection's gradient lands on the embedding.
+        let lm_head = if cfg.tie_embeddings { embed.shallow_clone() } else { get("lm_head.weight") };
+        Policy { embed, norm: get("model.norm.weight"), lm_head, layers, cos, sin, cfg, params }
     }
 
     pub fn params(&self) -> &[(String, Tensor)] {
         &self.params
-    }
-
-    pub fn num_params(&self) -> i64 {
-        self.params.iter().map(|(_, t)| t.numel() as i64).sum()
     }
 
     pub fn set_requires_grad(&self, on: bool) {
@@ -235,7 +293,7 @@ impl Policy {
         let cfg = &self.cfg;
         let h = cfg.n_heads as i64;
         let kvh = cfg.n_kv_heads as i64;
-        let hd = (cfg.d_model / cfg.n_heads) as i64;
+        let hd = cfg.head_dim() as i64;
         let past = cache.as_ref().map_or(0, |c| c.len);
         let s = past + t;
 
@@ -264,9 +322,26 @@ impl Policy {
             let xn = rms_norm(&x, &layer.ln1, cfg.norm_eps);
             // One GEMM for Q, K and V (weights concatenated per call; the parameters keep their
             // Hugging Face names and shapes).
-            let qkv = xn.linear::<Tensor>(&Tensor::cat(&[&layer.q, &layer.k, &layer.v], 0), None);
+            // Biases too are concatenated per call: a copy kept in the layer would miss the
+            // optimizer's in-place updates and the gradient.
+            let qkv_bias = match (&layer.q_bias, &layer.k_bias, &layer.v_bias) {
+                (Some(qb), Some(kb), Some(vb)) => Some(Tensor::cat(&[qb, kb, vb], 0)),
+                _ => None,
+            };
+            let qkv = xn.linear(&Tensor::cat(&[&layer.q, &layer.k, &layer.v], 0), qkv_bias.as_ref());
+            let qk = qkv.narrow(-1, 0, (h + kvh) * hd).view([b, t, h + kvh, hd]);
+            let qk = match (&layer.q_norm, &layer.k_norm) {
+                (Some(qn), Some(kn)) => Tensor::cat(
+                    &[
+                        rms_norm(&qk.narrow(2, 0, h), qn, cfg.norm_eps),
+                        rms_norm(&qk.narrow(2, h, kvh), kn, cfg.norm_eps),
+                    ],
+                    2,
+                ),
+                _ => qk,
+            };
             // Rotary on the query and key heads together: [B, H + KVH, T, hd].
-            let qk = rope(&qkv.narrow(-1, 0, (h + kvh) * hd).view([b, t, h + kvh, hd]).transpose(1, 2));
+            let qk = rope(&qk.transpose(1, 2));
             let q = qk.narrow(1, 0, h);
             let k = qk.narrow(1, h, kvh);
             let v = qkv.narrow(-1, (h + kvh) * hd, kvh * hd).view([b, t, kvh, hd]).transpose(1, 2);
@@ -288,7 +363,7 @@ impl Policy {
             // Fused attention (scale 1/sqrt(hd) by default).
             let att = Tensor::scaled_dot_product_attention(&q, &k_all, &v_all, Some(&mask), 0.0, false, None, false);
             let att = att.transpose(1, 2).contiguous().view([b, t, h * hd]);
-            x = x + att.linear::<Tensor>(&layer.o, None);
+            x = x + att.linear(&layer.o, layer.o_bias.as_ref());
             let xn = rms_norm(&x, &layer.ln2, cfg.norm_eps);
             // One GEMM for gate and up.
             let ff = layer.gate.size()[0];
@@ -315,7 +390,7 @@ impl Policy {
         let cfg = &self.cfg;
         let h = cfg.n_heads as i64;
         let kvh = cfg.n_kv_heads as i64;
-        let hd = (cfg.d_model / cfg.n_heads) as i64;
+        let hd = cfg.head_dim() as i64;
         let span = positions.max().int64_value(&[]) + 1;
         let kj = Tensor::arange(span, (Kind::Int64, Device::Cpu)).view([1, 1, span]);
         let allowed = kj.le_tensor(&positions.unsqueeze(2)); // [B, T, span]
@@ -334,9 +409,15 @@ impl Policy {
         let mut x = self.embed.index_select(0, &tokens.reshape([-1])).view([b, t, -1]);
         for (li, layer) in self.layers.iter().enumerate() {
             let xn = rms_norm(&x, &layer.ln1, cfg.norm_eps);
-            let q = rope(&xn.linear::<Tensor>(&layer.q, None).view([b, t, h, hd]).transpose(1, 2));
-            let k = rope(&xn.linear::<Tensor>(&layer.k, None).view([b, t, kvh, hd]).transpose(1, 2));
-            let v = xn.linear::<Tensor>(&layer.v, None).view([b, t, kvh, hd]);
+            let head_norm = |x: Tensor, w: &Option<Tensor>| match w {
+                Some(w) => rms_norm(&x, w, cfg.norm_eps),
+                None => x,
+            };
+            let q = head_norm(xn.linear(&layer.q, layer.q_bias.as_ref()).view([b, t, h, hd]), &layer.q_norm);
+            let k = head_norm(xn.linear(&layer.k, layer.k_bias.as_ref()).view([b, t, kvh, hd]), &layer.k_norm);
+            let q = rope(&q.transpose(1, 2));
+            let k = rope(&k.transpose(1, 2));
+            let v = xn.linear(&layer.v, layer.v_bias.as_ref()).view([b, t, kvh, hd]);
             let k_rows = k.transpose(1, 2).reshape([b * t, kvh, hd]);
             let _ = cache.k[li].index_put_(&[Some(&flat_rows), Some(&flat_pos)], &k_rows, false);
             let _ = cache.v[li].index_put_(&[Some(&flat_rows), Some(&flat_pos)], &v.reshape([b * t, kvh, hd]), false);
@@ -352,7 +433,7 @@ impl Policy {
             let scores = q.matmul(&k_all.transpose(-2, -1)) * (1.0 / (hd as f64).sqrt()) + &mask;
             let att = scores.softmax(-1, Kind::Float).matmul(&v_all);
             let att = att.transpose(1, 2).contiguous().view([b, t, h * hd]);
-            x = x + att.linear::<Tensor>(&layer.o, None);
+            x = x + att.linear(&layer.o, layer.o_bias.as_ref());
             let xn = rms_norm(&x, &layer.ln2, cfg.norm_eps);
             let mlp = (xn.linear::<Tensor>(&layer.gate, None).silu() * xn.linear::<Tensor>(&layer.up, None))
                 .linear::<Tensor>(&layer.down, None);
@@ -395,61 +476,20 @@ impl Policy {
         Ok(())
     }
 
-    /// model.safetensors + config.json (Hugging Face Llama layout).
+    /// model.safetensors + config.json (a Hugging Face directory without tokenizer files) into
+    /// an existing `dir`; callers that need atomicity write into a temp dir (`export_hf` does).
     pub fn save(&self, dir: &Path) -> Result<(), RunError> {
+        let config = crate::hf::config_json(&self.cfg)?;
         let named: Vec<(&str, Tensor)> = self.params.iter().map(|(n, t)| (n.as_str(), t.detach())).collect();
         let path = dir.join("model.safetensors");
         Tensor::write_safetensors(&named, &path)
             .map_err(|e| RunError::new(E_CHECKPOINT, format!("cannot write {}: {e}", path.display())))?;
-        let cfg = &self.cfg;
-        let config = json!({
-            "architectures": ["LlamaForCausalLM"],
-            "model_type": "llama",
-            "vocab_size": cfg.vocab_size,
-            "hidden_size": cfg.d_model,
-            "intermediate_size": cfg.d_ff,
-            "num_hidden_layers": cfg.n_layers,
-            "num_attention_heads": cfg.n_heads,
-            "num_key_value_heads": cfg.n_kv_heads,
-            "max_position_embeddings": cfg.max_len,
-            "rms_norm_eps": cfg.norm_eps,
-            "rope_theta": cfg.rope_theta,
-            "hidden_act": "silu",
-            "tie_word_embeddings": false,
-            "attention_bias": false,
-            "torch_dtype": "float32",
-            "pad_token_id": 0,
-            "bos_token_id": 1,
-            "eos_token_id": 2,
-            "initializer_range": cfg.init_std,
-        });
         miles_runtime::exec::write_json(&dir.join("config.json"), &config)
     }
 
-    /// Reads a directory written by `save`.
+    /// Reads a directory written by `save` (or any Hugging Face directory `load_hf` reads).
     pub fn load(dir: &Path) -> Result<Policy, RunError> {
-        let cpath = dir.join("config.json");
-        let text = std::fs::read_to_string(&cpath).map_err(|e| RunError::io(E_CHECKPOINT, "cannot read", &cpath, e))?;
-        let c: serde_json::Value = serde_json::from_str(&text)
-            .map_err(|e| RunError::new(E_CHECKPOINT, format!("{}: {e}", cpath.display())))?;
-        let u = |k: &str| c.get(k).and_then(|v| v.as_u64()).map(|v| v as usize);
-        let f = |k: &str| c.get(k).and_then(|v| v.as_f64());
-        let missing = |k: &str| RunError::new(E_CHECKPOINT, format!("{}: missing `{k}`", cpath.display()));
-        let cfg = ModelConfig {
-            vocab_size: u("vocab_size").ok_or_else(|| missing("vocab_size"))?,
-            d_model: u("hidden_size").ok_or_else(|| missing("hidden_size"))?,
-            n_layers: u("num_hidden_layers").ok_or_else(|| missing("num_hidden_layers"))?,
-            n_heads: u("num_attention_heads").ok_or_else(|| missing("num_attention_heads"))?,
-            n_kv_heads: u("num_key_value_heads").ok_or_else(|| missing("num_key_value_heads"))?,
-            d_ff: u("intermediate_size").ok_or_else(|| missing("intermediate_size"))?,
-            max_len: u("max_position_embeddings").ok_or_else(|| missing("max_position_embeddings"))?,
-            rope_theta: f("rope_theta").unwrap_or(10000.0),
-            norm_eps: f("rms_norm_eps").unwrap_or(1e-5),
-            init_std: f("initializer_range").unwrap_or(0.02),
-        };
-        let mut p = Policy::init(&cfg, 0);
-        p.load_tensors(&dir.join("model.safetensors"))?;
-        Ok(p)
+        Policy::load_hf(dir, None).map(|(p, _)| p)
     }
 
     /// Overwrites parameters from a safetensors file holding exactly this model's tensors.

@@ -1,0 +1,179 @@
+//! Weights of a Hugging Face directory into a `Policy`: one model.safetensors, or the shards
+//! that model.safetensors.index.json lists. Names and shapes are checked against config.json
+//! before any tensor is used.
+
+use super::config::{parse_config, HfConfig};
+use super::{HfMeta, CARRIED_FILES};
+use crate::model::{backend_err, param_names, param_shape, Policy};
+use miles_runtime::{RunError, E_CHECKPOINT};
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use tch::{Kind, Tensor};
+
+const SINGLE: &str = "model.safetensors";
+const INDEX: &str = "model.safetensors.index.json";
+
+fn err(path: &Path, msg: impl std::fmt::Display) -> RunError {
+    RunError::new(E_CHECKPOINT, format!("{}: {msg}", path.display()))
+}
+
+pub(super) fn load(dir: &Path, max_len: Option<usize>) -> Result<(Policy, HfMeta), RunError> {
+    let cpath = dir.join("config.json");
+    let text = std::fs::read_to_string(&cpath).map_err(|e| RunError::io(E_CHECKPOINT, "cannot read", &cpath, e))?;
+    let hc = parse_config(&cpath, &text)?;
+    let mut cfg = hc.model.clone();
+    if let Some(n) = max_len {
+        if n == 0 || n > cfg.max_len {
+            return Err(err(
+                &cpath,
+                format!(
+                    "max_len {n} is outside 1..={} (max_position_embeddings, or Mistral's sliding_window)",
+                    cfg.max_len
+                ),
+            ));
+        }
+        cfg.max_len = n;
+    }
+    let tensors = read_weights(dir)?;
+    let params = match_params(&cfg, &hc, tensors)?;
+    let meta = meta(dir, &hc)?;
+    Ok((Policy::from_params(cfg, params), meta))
+}
+
+/// A tensor and the file it came from (for errors).
+struct Read {
+    tensor: Tensor,
+    file: PathBuf,
+}
+
+fn read_file(path: &Path) -> Result<Vec<(String, Tensor)>, RunError> {
+    if !path.is_file() {
+        return Err(err(path, "missing (weights file)"));
+    }
+    Tensor::read_safetensors(path).map_err(|e| err(path, format!("not a readable safetensors file: {e}")))
+}
+
+fn read_weights(dir: &Path) -> Result<HashMap<String, Read>, RunError> {
+    let single = dir.join(SINGLE);
+    let index = dir.join(INDEX);
+    let mut out = HashMap::new();
+    if single.is_file() {
+        for (name, tensor) in read_file(&single)? {
+            out.insert(name, Read { tensor, file: single.clone() });
+        }
+        return Ok(out);
+    }
+    if !index.is_file() {
+        return Err(err(
+            dir,
+            format!("no {SINGLE} or {INDEX} (only safetensors weights are read; convert pytorch_model.bin first)"),
+        ));
+    }
+    let text = std::fs::read_to_string(&index).map_err(|e| RunError::io(E_CHECKPOINT, "cannot read", &index, e))?;
+    let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| err(&index, format!("not valid JSON: {e}")))?;
+    let map =
+        v.get("weight_map").and_then(|m| m.as_object()).ok_or_else(|| err(&index, "missing object `weight_map`"))?;
+    // shard file -> tensors the index puts there
+    let mut shards: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for (name, file) in map {
+        let file = file.as_str().ok_or_else(|| err(&index, format!("weight_map entry `{name}` is not a file name")))?;
+        if file.contains('/') || file.contains('\\') || file == ".." {
+            return Err(err(
+                &index,
+                format!("weight_map entry `{name}`: shard `{file}` is not a file of this directory"),
+            ));
+        }
+        shards.entry(file.to_string()).or_default().push(name.clone());
+    }
+    for (file, names) in shards {
+        let path = dir.join(&file);
+        if !path.is_file() {
+            return Err(err(&path, format!("missing (a shard listed in {INDEX}, holding `{}`)", names[0])));
+        }
+        let mut got: HashMap<String, Tensor> = read_file(&path)?.into_iter().collect();
+        for name in names {
+            let tensor = got
+                .remove(&name)
+                .ok_or_else(|| err(&path, format!("tensor `{name}` is listed here by {INDEX} but absent")))?;
+            out.insert(name, Read { tensor, file: path.clone() });
+        }
+    }
+    Ok(out)
+}
+
+/// Every parameter `cfg` implies, in `param_names` order, converted to fp32; anything missing,
+/// misshapen, of another dtype or left over is an error naming file and tensor.
+fn match_params(
+    cfg: &miles_runtime::ModelConfig,
+    hc: &HfConfig,
+    mut read: HashMap<String, Read>,
+) -> Result<Vec<(String, Tensor)>, RunError> {
+    let arch = hc.architecture.class_name();
+    let mut params = Vec::new();
+    for name in param_names(cfg) {
+        let Some(r) = read.remove(&name) else {
+            let files: std::collections::BTreeSet<String> =
+                read.values().map(|r| r.file.display().to_string()).collect();
+            let files: Vec<String> = files.into_iter().collect();
+            return Err(RunError::new(
+                E_CHECKPOINT,
+                format!(
+                    "tensor `{name}` is missing (config.json describes a {arch} that has it; read {})",
+                    files.join(", ")
+                ),
+            ));
+        };
+        let want = param_shape(cfg, &name);
+        if r.tensor.size() != want {
+            return Err(err(
+                &r.file,
+                format!("tensor `{name}` has shape {:?}, config.json implies {want:?}", r.tensor.size()),
+            ));
+        }
+        let t = match r.tensor.kind() {
+            Kind::Float => r.tensor,
+            Kind::BFloat16 | Kind::Half => r.tensor.f_to_kind(Kind::Float).map_err(backend_err)?,
+            k => return Err(err(&r.file, format!("tensor `{name}` has dtype {k:?}; bf16, fp16 or fp32 are read"))),
+        };
+        params.push((name, t));
+    }
+    // Rotary tables are recomputed; a tied model may still store its lm_head.
+    let ignored =
+        |name: &str| name.ends_with("rotary_emb.inv_freq") || (cfg.tie_embeddings && name == "lm_head.weight");
+    read.retain(|name, _| !ignored(name));
+    if let Some((name, r)) = read.iter().min_by(|a, b| a.0.cmp(b.0)) {
+        return Err(err(&r.file, format!("unexpected tensor `{name}` (not part of a {arch} with this config.json)")));
+    }
+    Ok(params)
+}
+
+fn meta(dir: &Path, hc: &HfConfig) -> Result<HfMeta, RunError> {
+    let mut eos = hc.eos_token_ids.clone();
+    let gpath = dir.join("generation_config.json");
+    if gpath.is_file() {
+        let text = std::fs::read_to_string(&gpath).map_err(|e| RunError::io(E_CHECKPOINT, "cannot read", &gpath, e))?;
+        let g: serde_json::Value =
+            serde_json::from_str(&text).map_err(|e| err(&gpath, format!("not valid JSON: {e}")))?;
+        let ids = match g.get("eos_token_id") {
+            Some(serde_json::Value::Array(a)) => a.iter().filter_map(|v| v.as_i64()).collect(),
+            Some(v) => v.as_i64().into_iter().collect(),
+            None => vec![],
+        };
+        for id in ids {
+            if !eos.contains(&id) {
+                eos.push(id);
+            }
+        }
+    }
+    Ok(HfMeta {
+        dir: dir.to_path_buf(),
+        architecture: hc.architecture,
+        config: hc.raw.clone(),
+        max_position_embeddings: hc.max_position_embeddings,
+        bos_token_id: hc.bos_token_id,
+        eos_token_ids: eos,
+        pad_token_id: hc.pad_token_id,
+        dtype: hc.dtype.clone(),
+        carried_files: CARRIED_FILES.iter().filter(|f| dir.join(f).is_file()).map(|f| f.to_string()).collect(),
+    })
+}

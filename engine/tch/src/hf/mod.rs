@@ -1,0 +1,69 @@
+//! Hugging Face model directories, in and out: `config.json`, weights in safetensors (one
+//! `model.safetensors` or shards listed by `model.safetensors.index.json`), and the tokenizer and
+//! generation files, which are carried through untouched on export.
+//!
+//! Supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM (see
+//! docs/models.md). Weights in bf16, fp16 or fp32 become fp32, the trainer's dtype. Every bad
+//! input (unknown architecture, unsupported option, missing or corrupt shard, missing or
+//! misshapen tensor) is a `RunError` naming the file and the field or tensor; shapes are checked
+//! before a tensor reaches libtorch, whose shape errors panic.
+
+mod config;
+mod export;
+mod load;
+
+pub use config::{config_json, parse_config, Architecture, HfConfig};
+
+use crate::model::Policy;
+use miles_runtime::RunError;
+use std::path::{Path, PathBuf};
+
+/// Files of a model directory that are not weights nor config.json, copied through on export.
+pub const CARRIED_FILES: [&str; 10] = [
+    "generation_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "chat_template.jinja",
+    "chat_template.json",
+    "tokenizer.model",
+    "vocab.json",
+    "merges.txt",
+];
+
+/// What a loaded directory says beyond the `ModelConfig`: what the tokenizer and sampler need,
+/// and where to copy the tokenizer files from on export.
+#[derive(Debug, Clone)]
+pub struct HfMeta {
+    pub dir: PathBuf,
+    pub architecture: Architecture,
+    /// config.json as read (export writes it back with only the dtype changed).
+    pub config: serde_json::Value,
+    /// The model's own limit; `Policy::cfg.max_len` may be smaller if the caller asked.
+    pub max_position_embeddings: usize,
+    pub bos_token_id: Option<i64>,
+    /// End-of-sequence ids of config.json and generation_config.json together (a chat model
+    /// usually ends a turn with a token of its own, listed only in generation_config.json).
+    pub eos_token_ids: Vec<i64>,
+    pub pad_token_id: Option<i64>,
+    /// The dtype the weights were stored in (`torch_dtype` or `dtype`), e.g. "bfloat16".
+    pub dtype: Option<String>,
+    /// The `CARRIED_FILES` present in `dir`.
+    pub carried_files: Vec<String>,
+}
+
+impl Policy {
+    /// Loads a Hugging Face model directory. `max_len` bounds the sequences the policy accepts
+    /// (rotary tables and KV caches are sized by it); None = the model's max_position_embeddings.
+    pub fn load_hf(dir: &Path, max_len: Option<usize>) -> Result<(Policy, HfMeta), RunError> {
+        load::load(dir, max_len)
+    }
+
+    /// Writes this policy as a Hugging Face directory at `dir`, atomically (a temp directory
+    /// renamed into place, replacing an older one). With `source`, its config.json (dtype set to
+    /// float32) and tokenizer/generation files are carried through.
+    pub fn export_hf(&self, dir: &Path, source: Option<&HfMeta>) -> Result<(), RunError> {
+        export::export(self, dir, source)
+    }
+}

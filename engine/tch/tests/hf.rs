@@ -1,0 +1,438 @@
+//! Hugging Face directories: our forward against transformers' reference logits for every
+//! fixture architecture (tests/fixtures/hf, made by scripts/make-hf-fixtures.py), export and
+//! reload, and the errors bad directories give.
+
+use miles_tch::hf::{parse_config, Architecture};
+use miles_tch::model::{KvCache, Policy, SlotCache};
+use std::path::{Path, PathBuf};
+use tch::{Kind, Tensor};
+
+const ARCHS: [(&str, Architecture); 3] =
+    [("llama", Architecture::Llama), ("qwen2", Architecture::Qwen2), ("qwen3", Architecture::Qwen3)];
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/hf").join(name)
+}
+
+fn temp(tag: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("miles-hf-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    d
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        if e.file_type().unwrap().is_file() {
+            std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
+        }
+    }
+}
+
+struct Reference {
+    ids: Tensor,
+    mask: Tensor,
+    pos: Tensor,
+    logits: Tensor,
+    logprobs: Tensor,
+}
+
+fn reference(arch: &str) -> Reference {
+    let path = fixture(arch).join("reference/logits.safetensors");
+    let mut m: std::collections::HashMap<String, Tensor> =
+        Tensor::read_safetensors(&path).unwrap().into_iter().collect();
+    let mut take = |k: &str| m.remove(k).unwrap_or_else(|| panic!("{k} in {}", path.display()));
+    Reference {
+        ids: take("input_ids"),
+        mask: take("attention_mask").to_kind(Kind::Bool),
+        pos: take("position_ids"),
+        logits: take("logits"),
+        logprobs: take("logprobs"),
+    }
+}
+
+/// Max |a - b| over the rows/positions where `valid` [B, T] is true.
+fn max_err(a: &Tensor, b: &Tensor, valid: &Tensor) -> f64 {
+    let d = (a - b).abs();
+    let d = if d.dim() == 3 { d.amax([-1], false) } else { d };
+    d.masked_select(valid).max().double_value(&[])
+}
+
+fn logprobs(logits: &Tensor, ids: &Tensor) -> Tensor {
+    let t = ids.size()[1];
+    logits
+        .narrow(1, 0, t - 1)
+        .log_softmax(-1, Kind::Float)
+        .gather(-1, &ids.narrow(1, 1, t - 1).unsqueeze(-1), false)
+        .squeeze_dim(-1)
+}
+
+#[test]
+fn forward_matches_transformers_for_every_fixture_architecture() {
+    tch::set_num_threads(1);
+    for (arch, kind) in ARCHS {
+        let (policy, meta) = Policy::load_hf(&fixture(arch), None).unwrap();
+        assert_eq!(meta.architecture, kind);
+        let r = reference(arch);
+        let logits = tch::no_grad(|| policy.forward(&r.ids, &r.pos, &r.mask, None));
+        let err = max_err(&logits, &r.logits, &r.mask);
+        let t = r.ids.size()[1];
+        let both = r.mask.narrow(1, 0, t - 1).logical_and(&r.mask.narrow(1, 1, t - 1));
+        let lp_err = max_err(&logprobs(&logits, &r.ids), &r.logprobs, &both);
+        eprintln!("{arch}: max |logits - transformers| = {err:.3e}, max |logprobs - transformers| = {lp_err:.3e}");
+        assert!(err <= 1e-4, "{arch}: logits differ by {err}");
+        assert!(lp_err <= 1e-4, "{arch}: log-probs differ by {lp_err}");
+        // The padded row really is padded, so the mask path is exercised.
+        assert!(!bool::try_from(r.mask.all()).unwrap(), "{arch}: reference has no padded row");
+
+        // Sampling paths: a KV-cached prefill + decode, and continuous batching slots, on row 0.
+        let row = r.ids.narrow(0, 0, 1);
+        let pos = r.pos.narrow(0, 0, 1);
+        let valid = r.mask.narrow(0, 0, 1);
+        let want = r.logits.narrow(0, 0, 1);
+        let mut cache = KvCache::new(&policy.cfg, 1, t);
+        let pre = tch::no_grad(|| {
+            policy.forward(
+                &row.narrow(1, 0, t - 1),
+                &pos.narrow(1, 0, t - 1),
+                &valid.narrow(1, 0, t - 1),
+                Some(&mut cache),
+            )
+        });
+        let dec = tch::no_grad(|| {
+            policy.forward(&row.narrow(1, t - 1, 1), &pos.narrow(1, t - 1, 1), &valid, Some(&mut cache))
+        });
+        let cached = Tensor::cat(&[pre, dec], 1);
+        let e = (&cached - &want).abs().max().double_value(&[]);
+        assert!(e <= 1e-4, "{arch}: KV-cached forward differs by {e}");
+        let mut slots = SlotCache::new(&policy.cfg, 2);
+        let rows = Tensor::from_slice(&[1i64]);
+        let s1 = tch::no_grad(|| {
+            policy.forward_slots(&row.narrow(1, 0, t - 1), &pos.narrow(1, 0, t - 1), &rows, &mut slots)
+        });
+        let s2 = tch::no_grad(|| {
+            policy.forward_slots(&row.narrow(1, t - 1, 1), &pos.narrow(1, t - 1, 1), &rows, &mut slots)
+        });
+        let e = (&Tensor::cat(&[s1, s2], 1) - &want).abs().max().double_value(&[]);
+        assert!(e <= 1e-4, "{arch}: slot forward differs by {e}");
+    }
+}
+
+#[test]
+fn meta_carries_the_special_tokens_and_tokenizer_files() {
+    let (p, meta) = Policy::load_hf(&fixture("llama"), Some(64)).unwrap();
+    assert_eq!(p.cfg.max_len, 64);
+    assert_eq!(meta.max_position_embeddings, 128);
+    assert_eq!(meta.dtype.as_deref(), Some("float32"));
+    // config.json's eos, then generation_config.json's end-of-turn id.
+    assert_eq!(meta.eos_token_ids, vec![1, 4]);
+    assert_eq!(meta.bos_token_id, Some(0));
+    for f in ["tokenizer.json", "tokenizer_config.json", "generation_config.json"] {
+        assert!(meta.carried_files.iter().any(|c| c == f), "{f}");
+    }
+    let (q, meta) = Policy::load_hf(&fixture("qwen2"), None).unwrap();
+    assert_eq!(meta.dtype.as_deref(), Some("bfloat16"));
+    assert!(q.cfg.tie_embeddings && q.cfg.qkv_bias && !q.cfg.o_bias);
+    assert!(!q.params().iter().any(|(n, _)| n == "lm_head.weight"));
+    let (q3, _) = Policy::load_hf(&fixture("qwen3"), None).unwrap();
+    assert_eq!((q3.cfg.head_dim, q3.cfg.head_dim()), (Some(24), 24));
+    assert!(q3.cfg.qk_norm && !q3.cfg.tie_embeddings);
+}
+
+#[test]
+fn export_then_reload_gives_identical_logits() {
+    tch::set_num_threads(1);
+    for (arch, _) in ARCHS {
+        let (policy, meta) = Policy::load_hf(&fixture(arch), None).unwrap();
+        // Change every parameter in place, as an optimizer step does, so the export must carry
+        // the new values (and the forward must read them: no stale copies of a parameter).
+        tch::no_grad(|| {
+            for (i, (_, t)) in policy.params().iter().enumerate() {
+                let _ = t.shallow_clone().f_add_scalar_(0.01 * (i % 7) as f64).unwrap();
+            }
+        });
+        let out = temp(&format!("export-{arch}"));
+        policy.export_hf(&out, Some(&meta)).unwrap();
+        // Twice: the second replaces the first.
+        policy.export_hf(&out, Some(&meta)).unwrap();
+        let (again, meta2) = Policy::load_hf(&out, None).unwrap();
+        assert_eq!(again.cfg, policy.cfg, "{arch}");
+        assert_eq!(meta2.architecture, meta.architecture);
+        assert_eq!(meta2.dtype.as_deref(), Some("float32"));
+        let r = reference(arch);
+        let a = tch::no_grad(|| policy.forward(&r.ids, &r.pos, &r.mask, None));
+        let b = tch::no_grad(|| again.forward(&r.ids, &r.pos, &r.mask, None));
+        assert!(bool::try_from(a.eq_tensor(&b).all()).unwrap(), "{arch}: logits changed through export");
+        let fresh = tch::no_grad(|| policy.deep_copy().forward(&r.ids, &r.pos, &r.mask, None));
+        assert!(bool::try_from(a.eq_tensor(&fresh).all()).unwrap(), "{arch}: forward read a stale parameter");
+        for f in &meta.carried_files {
+            assert_eq!(std::fs::read(meta.dir.join(f)).unwrap(), std::fs::read(out.join(f)).unwrap(), "{arch}: {f}");
+        }
+        let leftovers: Vec<_> = std::fs::read_dir(out.parent().unwrap())
+            .unwrap()
+            .filter_map(|e| e.ok())
+            .filter(|e| e.file_name().to_string_lossy().starts_with(&format!(".miles-hf-export-{arch}-")))
+            .collect();
+        assert!(leftovers.is_empty(), "{arch}: temp dirs left behind");
+        let _ = std::fs::remove_dir_all(&out);
+    }
+}
+
+#[test]
+fn a_policy_without_a_source_exports_a_loadable_directory() {
+    tch::set_num_threads(1);
+    let cfg: miles_runtime::ModelConfig = serde_json::from_str(
+        r#"{"vocab_size": 40, "d_model": 16, "n_layers": 1, "n_heads": 2, "n_kv_heads": 1, "d_ff": 24, "max_len": 32,
+            "head_dim": 12, "qkv_bias": true, "o_bias": true, "qk_norm": true, "tie_embeddings": true,
+            "rope_scaling": {"type": "linear", "factor": 2.0}}"#,
+    )
+    .unwrap();
+    let p = Policy::init(&cfg, 3);
+    let out = temp("fresh");
+    p.export_hf(&out, None).unwrap();
+    let (q, meta) = Policy::load_hf(&out, None).unwrap();
+    assert_eq!(meta.architecture, Architecture::Qwen3);
+    assert_eq!(q.cfg, cfg);
+    let tok = Tensor::from_slice(&[3i64, 7, 9, 1]).view([1, 4]);
+    let pos = Tensor::arange(4, (Kind::Int64, tch::Device::Cpu)).view([1, 4]);
+    let valid = Tensor::ones([1, 4], (Kind::Bool, tch::Device::Cpu));
+    let a = tch::no_grad(|| p.forward(&tok, &pos, &valid, None));
+    let b = tch::no_grad(|| q.forward(&tok, &pos, &valid, None));
+    assert!(bool::try_from(a.eq_tensor(&b).all()).unwrap());
+    let _ = std::fs::remove_dir_all(&out);
+}
+
+fn edit_config(dir: &Path, f: impl FnOnce(&mut serde_json::Map<String, serde_json::Value>)) {
+    let path = dir.join("config.json");
+    let mut v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    f(v.as_object_mut().unwrap());
+    std::fs::write(&path, serde_json::to_string_pretty(&v).unwrap()).unwrap();
+}
+
+fn drop_tensor(file: &Path, name: &str) {
+    let kept: Vec<(String, Tensor)> =
+        Tensor::read_safetensors(file).unwrap().into_iter().filter(|(n, _)| n != name).collect();
+    Tensor::write_safetensors(&kept, file).unwrap();
+}
+
+type Mutation = fn(&Path);
+
+/// (case, fixture, how the copy is broken, substrings the error must contain)
+const BAD: &[(&str, &str, Mutation, &[&str])] = &[
+    (
+        "unknown architecture",
+        "qwen2",
+        |d| {
+            edit_config(d, |c| {
+                c.insert("architectures".into(), serde_json::json!(["GPT2LMHeadModel"]));
+            })
+        },
+        &["config.json", "`architectures`", "GPT2LMHeadModel", "Qwen3ForCausalLM"],
+    ),
+    (
+        "unknown model_type",
+        "qwen2",
+        |d| {
+            edit_config(d, |c| {
+                c.remove("architectures");
+                c.insert("model_type".into(), "gemma".into());
+            })
+        },
+        &["config.json", "`model_type`", "gemma"],
+    ),
+    (
+        "unsupported rope type",
+        "llama",
+        |d| {
+            edit_config(d, |c| {
+                c.insert("rope_scaling".into(), serde_json::json!({"rope_type": "yarn", "factor": 4.0}));
+            })
+        },
+        &["config.json", "`rope_scaling`", "yarn"],
+    ),
+    (
+        "llama3 rope without its factors",
+        "llama",
+        |d| {
+            edit_config(d, |c| {
+                c.insert("rope_scaling".into(), serde_json::json!({"rope_type": "llama3", "factor": 8.0}));
+            })
+        },
+        &["config.json", "low_freq_factor"],
+    ),
+    (
+        "not silu",
+        "qwen3",
+        |d| {
+            edit_config(d, |c| {
+                c.insert("hidden_act".into(), "gelu".into());
+            })
+        },
+        &["config.json", "`hidden_act`", "gelu"],
+    ),
+    (
+        "sliding window",
+        "qwen2",
+        |d| {
+            edit_config(d, |c| {
+                c.insert("use_sliding_window".into(), true.into());
+            })
+        },
+        &["config.json", "use_sliding_window"],
+    ),
+    (
+        "wrong field type",
+        "qwen3",
+        |d| {
+            edit_config(d, |c| {
+                c.insert("hidden_size".into(), "64".into());
+            })
+        },
+        &["config.json", "`hidden_size`"],
+    ),
+    (
+        "missing field",
+        "qwen3",
+        |d| {
+            edit_config(d, |c| {
+                c.remove("num_hidden_layers");
+            })
+        },
+        &["config.json", "`num_hidden_layers`"],
+    ),
+    (
+        "heads not a multiple of kv heads",
+        "qwen3",
+        |d| {
+            edit_config(d, |c| {
+                c.insert("num_key_value_heads".into(), 3.into());
+            })
+        },
+        &["config.json", "num_key_value_heads"],
+    ),
+    (
+        "config not json",
+        "qwen3",
+        |d| std::fs::write(d.join("config.json"), "{oops").unwrap(),
+        &["config.json", "not valid JSON"],
+    ),
+    ("no config", "qwen3", |d| std::fs::remove_file(d.join("config.json")).unwrap(), &["cannot read", "config.json"]),
+    (
+        "shape disagrees with config",
+        "qwen3",
+        |d| {
+            edit_config(d, |c| {
+                c.insert("intermediate_size".into(), 97.into());
+            })
+        },
+        &["model.safetensors", "model.layers.0.mlp.gate_proj.weight", "[96, 64]", "[97, 64]"],
+    ),
+    (
+        "vocab disagrees with config",
+        "llama",
+        |d| {
+            edit_config(d, |c| {
+                c.insert("vocab_size".into(), 601.into());
+            })
+        },
+        &["model-00001-of-00004.safetensors", "model.embed_tokens.weight"],
+    ),
+    (
+        "missing tensor",
+        "qwen3",
+        |d| drop_tensor(&d.join("model.safetensors"), "model.layers.1.self_attn.k_norm.weight"),
+        &["model.layers.1.self_attn.k_norm.weight", "missing", "Qwen3ForCausalLM"],
+    ),
+    (
+        "unexpected tensor",
+        "qwen3",
+        |d| {
+            edit_config(d, |c| {
+                c.insert("num_hidden_layers".into(), 1.into());
+            })
+        },
+        &["model.safetensors", "unexpected tensor", "model.layers.1."],
+    ),
+    (
+        "missing shard",
+        "llama",
+        |d| std::fs::remove_file(d.join("model-00002-of-00004.safetensors")).unwrap(),
+        &["model-00002-of-00004.safetensors", "missing", "model.safetensors.index.json"],
+    ),
+    (
+        "corrupt shard",
+        "llama",
+        |d| {
+            let p = d.join("model-00003-of-00004.safetensors");
+            let b = std::fs::read(&p).unwrap();
+            std::fs::write(&p, &b[..b.len() / 2]).unwrap();
+        },
+        &["model-00003-of-00004.safetensors", "not a readable safetensors file"],
+    ),
+    (
+        "garbage weights",
+        "qwen2",
+        |d| std::fs::write(d.join("model.safetensors"), b"\x08\x00\x00\x00\x00\x00\x00\x00{\"a\":1}").unwrap(),
+        &["model.safetensors", "not a readable safetensors file"],
+    ),
+    (
+        "tensor the index promises is absent",
+        "llama",
+        |d| drop_tensor(&d.join("model-00004-of-00004.safetensors"), "model.norm.weight"),
+        &["model-00004-of-00004.safetensors", "model.norm.weight", "listed"],
+    ),
+    (
+        "no weights at all",
+        "qwen3",
+        |d| std::fs::remove_file(d.join("model.safetensors")).unwrap(),
+        &["model.safetensors.index.json", "pytorch_model.bin"],
+    ),
+];
+
+#[test]
+fn bad_directories_are_errors_naming_the_file_and_tensor() {
+    for (case, base, mutate, want) in BAD {
+        let dir = temp(&format!("bad-{}", case.replace(' ', "-")));
+        copy_dir(&fixture(base), &dir);
+        mutate(&dir);
+        let e = match Policy::load_hf(&dir, None) {
+            Ok(_) => panic!("{case}: loaded"),
+            Err(e) => e,
+        };
+        assert_eq!(e.code, miles_runtime::E_CHECKPOINT, "{case}");
+        for w in *want {
+            assert!(e.message.contains(w), "{case}: `{}` lacks `{w}`", e.message);
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    let e = Policy::load_hf(&fixture("llama"), Some(129)).err().unwrap();
+    assert!(e.message.contains("max_len 129") && e.message.contains("config.json"), "{}", e.message);
+}
+
+#[test]
+fn both_config_forms_give_the_same_model() {
+    // The llama fixture is in the transformers 4.x form; the same model in the 5.x form.
+    let p = Path::new("config.json");
+    let v4 = std::fs::read_to_string(fixture("llama").join("config.json")).unwrap();
+    let mut c: serde_json::Value = serde_json::from_str(&v4).unwrap();
+    let m = c.as_object_mut().unwrap();
+    let mut rp = m.remove("rope_scaling").unwrap();
+    let theta = m.remove("rope_theta").unwrap();
+    rp.as_object_mut().unwrap().insert("rope_theta".into(), theta);
+    m.insert("rope_parameters".into(), rp);
+    let dtype = m.remove("torch_dtype").unwrap();
+    m.insert("dtype".into(), dtype);
+    let a = parse_config(p, &v4).unwrap();
+    let b = parse_config(p, &c.to_string()).unwrap();
+    assert_eq!(a.model, b.model);
+    assert_eq!(a.model.rope_theta, 500000.0);
+    assert!(a.model.rope_scaling.is_some());
+    // `type` (older) for `rope_type`; linear scaling; the legacy "default" type is no scaling.
+    let lin = parse_config(p, r#"{"model_type": "mistral", "vocab_size": 8, "hidden_size": 8, "num_hidden_layers": 1,
+        "num_attention_heads": 2, "intermediate_size": 8, "sliding_window": 16, "rope_scaling": {"type": "linear", "factor": 2}}"#).unwrap();
+    assert_eq!(lin.architecture, Architecture::Mistral);
+    assert_eq!(lin.model.rope_scaling, Some(miles_runtime::RopeScaling::Linear { factor: 2.0 }));
+    assert_eq!((lin.model.max_len, lin.max_position_embeddings), (16, 131072));
+    assert_eq!(lin.model.n_kv_heads, 2);
+}
