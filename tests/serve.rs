@@ -118,20 +118,19 @@ fn serve_speaks_sglang_generate_weights_pause_and_counts_prefix_reuse() {
     assert_eq!(request("POST", &format!("{base}/generate"), Some(&json!({"text": "1+1="})), t).unwrap().0, 400);
     // Killing `miles` alone (not its group) ends the `miles-engine` it started: nothing keeps
     // serving, or training, behind a dead front end.
-    let engine_pids = || -> Vec<String> {
-        server.left_behind().into_iter().filter(|p| p.contains("miles-engine")).collect()
-    };
-    assert!(!engine_pids().is_empty(), "miles serve runs in miles-engine");
+    let engine_pids =
+        |p: &Proc| -> Vec<String> { p.left_behind().into_iter().filter(|p| p.contains("miles-engine")).collect() };
+    assert!(!engine_pids(&server).is_empty(), "miles serve runs in miles-engine");
     // SAFETY: SIGKILL to the one `miles` process this test started.
     unsafe {
         libc::kill(server.id() as i32, libc::SIGKILL);
     }
     let _ = server.child().wait();
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    while !engine_pids().is_empty() && std::time::Instant::now() < deadline {
+    while !engine_pids(&server).is_empty() && std::time::Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(50));
     }
-    assert_eq!(engine_pids(), Vec::<String>::new(), "miles-engine outlived its killed parent");
+    assert_eq!(engine_pids(&server), Vec::<String>::new(), "miles-engine outlived its killed parent");
     drop(server);
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -2,7 +2,7 @@
 
 use miles_compiler::program::Program;
 use miles_compiler::value::ItemRef;
-use miles_grammar::ast::{self, Binding, Expr, ExprKind, Ident, Item, ItemKind};
+use miles_grammar::ast::{self, Ident, Item, ItemKind};
 use miles_grammar::diag::Span;
 use std::collections::HashMap;
 

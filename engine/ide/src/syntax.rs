@@ -1,7 +1,7 @@
 //! Walking the syntax tree: every expression of an item, and the source text of a node.
 
 use miles_compiler::program::Program;
-use miles_grammar::ast::{self, Expr, ExprKind, Item, ItemKind, TypeExpr};
+use miles_grammar::ast::{self, Expr, Item, ItemKind, TypeExpr};
 use miles_grammar::diag::Span;
 
 pub fn walk_item_exprs<'a>(item: &'a Item, f: &mut impl FnMut(&'a Expr)) {
