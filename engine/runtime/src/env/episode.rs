@@ -72,6 +72,9 @@ impl Default for EpisodeLimits {
     }
 }
 
+/// Samples one turn per context, in order (the engine, batched).
+pub type Policy<'a> = dyn FnMut(&[Vec<TokenId>]) -> Result<Vec<TurnSample>, RunError> + 'a;
+
 /// One sampled turn, as the engine returns it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TurnSample {
@@ -172,7 +175,7 @@ pub fn run_episodes(
     tasks: &[Task],
     codec: &ChatCodec,
     limits: &EpisodeLimits,
-    generate: &mut dyn FnMut(&[Vec<TokenId>]) -> Result<Vec<TurnSample>, RunError>,
+    generate: &mut Policy,
 ) -> Result<Vec<EpisodeResult>, RunError> {
     let lives: Vec<Mutex<Live>> = tasks
         .iter()
@@ -237,13 +240,28 @@ pub fn run_episodes(
         if active.is_empty() {
             break;
         }
-        let samples = generate(&contexts)?;
-        if samples.len() != contexts.len() {
-            return Err(RunError::new(
-                crate::E_BACKEND,
-                format!("the engine answered {} turns for {} contexts", samples.len(), contexts.len()),
-            ));
-        }
+        let samples = match generate(&contexts) {
+            Ok(s) if s.len() == contexts.len() => s,
+            failed => {
+                // The run stops: free every episode the environment holds first.
+                for i in 0..lives.len() {
+                    let (open, episode) = {
+                        let l = lock(i);
+                        (l.reset_ok, l.task.episode.clone())
+                    };
+                    if open {
+                        env.close(&episode);
+                    }
+                }
+                return Err(match failed {
+                    Err(e) => e,
+                    Ok(s) => RunError::new(
+                        crate::E_BACKEND,
+                        format!("the engine answered {} turns for {} contexts", s.len(), contexts.len()),
+                    ),
+                });
+            }
+        };
         // Record each turn; the ones that act on the environment step below.
         let mut stepping = Vec::new();
         let mut actions: BTreeMap<usize, Action> = BTreeMap::new();
