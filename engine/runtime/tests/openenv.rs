@@ -4,7 +4,7 @@
 //! (scripts/setup-test-deps.sh installs it); without it the test says it skipped.
 
 use miles_runtime::env::openenv::{OpenEnv, OpenEnvSpec};
-use miles_runtime::env::{run_episodes, Action, EndReason, EnvFault, EpisodeLimits, Environment, Task, TurnSample};
+use miles_runtime::env::{run_episodes, Action, EndReason, EnvFault, Environment, EpisodeLimits, Task, TurnSample};
 use miles_runtime::session::ChatCodec;
 use miles_runtime::tasks::{CharTokenizer, TokenId, EOS};
 use miles_runtime::tokenize::Tokenizer;
@@ -40,9 +40,7 @@ fn healthy(port: u16) -> bool {
 
 fn start() -> Option<(Server, u16)> {
     let Some(py) = python() else {
-        eprintln!(
-            "skipped: no Python with openenv-core (set MILES_OPENENV_PYTHON or run scripts/setup-test-deps.sh)"
-        );
+        eprintln!("skipped: no Python with openenv-core (set MILES_OPENENV_PYTHON or run scripts/setup-test-deps.sh)");
         return None;
     };
     let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
@@ -123,7 +121,9 @@ fn episodes_against_a_real_openenv_server() {
     let Tokenizer::Char(chars) = &tok else { unreachable!() };
     let codec = ChatCodec::new(&tok, None).unwrap();
     let decode = |ids: &[TokenId]| -> String {
-        ids.iter().filter_map(|&id| "0123456789 abcdefghijklmnopqrstuvwxyz()".chars().find(|&c| chars.id(c) == Some(id))).collect()
+        ids.iter()
+            .filter_map(|&id| "0123456789 abcdefghijklmnopqrstuvwxyz()".chars().find(|&c| chars.id(c) == Some(id)))
+            .collect()
     };
     let mut policy = |ctxs: &[Vec<TokenId>]| -> Result<Vec<TurnSample>, miles_runtime::RunError> {
         Ok(ctxs
@@ -155,7 +155,13 @@ fn episodes_against_a_real_openenv_server() {
     let tasks: Vec<Task> = (20..26).map(task).collect();
     let rs = run_episodes(&env, &tasks, &codec, &limits, &mut policy).unwrap();
     for r in &rs {
-        assert_eq!((r.end, r.reward, r.retokenize_mismatch), (EndReason::Done, 1.0, 0), "{}: {:?}", r.task.episode, r.fault);
+        assert_eq!(
+            (r.end, r.reward, r.retokenize_mismatch),
+            (EndReason::Done, 1.0, 0),
+            "{}: {:?}",
+            r.task.episode,
+            r.fault
+        );
         assert!(r.turns <= 4);
     }
 }
