@@ -11,6 +11,7 @@ pub mod calculator;
 pub mod episode;
 pub mod jsonl;
 pub mod openenv;
+pub mod spec;
 pub mod tools;
 mod ws;
 
@@ -18,6 +19,7 @@ pub use calculator::Calculator;
 pub use episode::{run_episodes, EpisodeLimits, EpisodeResult, OnEnvError, RewardMode, TurnSample};
 pub use jsonl::JsonlEnv;
 pub use openenv::OpenEnv;
+pub use spec::EnvSpec;
 pub use tools::{ToolCall, ToolFormat};
 
 use serde::Serialize;
