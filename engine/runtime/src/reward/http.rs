@@ -4,9 +4,9 @@
 //! `retries` times after a connection failure, a timeout, HTTP 429 or 5xx. The body of a request
 //! and of its answer is the batch protocol of reward/protocol.rs.
 
-use super::http_client::{self, Url};
 use super::protocol::{self, BatchFault};
 use super::{settle_all, BatchReward, OnRewardError, RewardFailure, RewardInput, RewardOutcome};
+use crate::http_client::{self, Url};
 use crate::{RunError, E_SPEC};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;

@@ -6,7 +6,6 @@
 
 pub mod command;
 pub mod http;
-mod http_client;
 pub mod math;
 pub mod protocol;
 pub mod schema;

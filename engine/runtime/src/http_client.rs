@@ -1,7 +1,8 @@
-//! A minimal blocking HTTP/1.1 client for JSON POSTs to a reward service: plain `http://`, one
-//! connection per request (`Connection: close`), Content-Length or chunked answers, and one
-//! deadline over connect, send and receive. The workspace's HTTP stack (hyper, via tonic) is
-//! async and lives in engine/workers; this keeps tokio out of the runtime.
+//! A minimal blocking HTTP/1.1 client for JSON POSTs to a service (a reward service, an
+//! environment): plain `http://`, one connection per request (`Connection: close`),
+//! Content-Length or chunked answers, and one deadline over connect, send and receive. The
+//! workspace's HTTP stack (hyper, via tonic) is async and lives in engine/workers; this keeps
+//! tokio out of the runtime. `connect` is shared with the WebSocket client of env/ws.rs.
 
 use std::io::{Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
@@ -53,6 +54,34 @@ fn transient(what: String) -> HttpError {
     HttpError { what, retry: true, timed_out: false }
 }
 
+/// A TCP connection to `url`'s host within `deadline` (`timeout`, the whole budget, is named in
+/// the error).
+pub fn connect(url: &Url, deadline: Instant, timeout: Duration) -> Result<TcpStream, HttpError> {
+    let addrs: Vec<_> = (url.host.as_str(), url.port)
+        .to_socket_addrs()
+        .map_err(|e| transient(format!("cannot resolve {}: {e}", url.host)))?
+        .collect();
+    let mut last = None;
+    for a in addrs {
+        let left =
+            deadline.checked_duration_since(Instant::now()).filter(|d| !d.is_zero()).ok_or_else(|| HttpError {
+                what: format!("no answer within {:.1}s (connecting)", timeout.as_secs_f64()),
+                retry: true,
+                timed_out: true,
+            })?;
+        match TcpStream::connect_timeout(&a, left) {
+            Ok(s) => return Ok(s),
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(transient(format!(
+        "cannot connect to {}:{}: {}",
+        url.host,
+        url.port,
+        last.map(|e| e.to_string()).unwrap_or_else(|| "no address".into())
+    )))
+}
+
 /// POSTs `body` as JSON; the answer body on a 2xx status.
 pub fn post_json(url: &Url, body: &str, timeout: Duration) -> Result<String, HttpError> {
     let deadline = Instant::now() + timeout;
@@ -63,29 +92,7 @@ pub fn post_json(url: &Url, body: &str, timeout: Duration) -> Result<String, Htt
             timed_out: true,
         })
     };
-    let addrs: Vec<_> = (url.host.as_str(), url.port)
-        .to_socket_addrs()
-        .map_err(|e| transient(format!("cannot resolve {}: {e}", url.host)))?
-        .collect();
-    let mut last = None;
-    let mut stream = None;
-    for a in addrs {
-        match TcpStream::connect_timeout(&a, left("connecting")?) {
-            Ok(s) => {
-                stream = Some(s);
-                break;
-            }
-            Err(e) => last = Some(e),
-        }
-    }
-    let mut stream = stream.ok_or_else(|| {
-        transient(format!(
-            "cannot connect to {}:{}: {}",
-            url.host,
-            url.port,
-            last.map(|e| e.to_string()).unwrap_or_else(|| "no address".into())
-        ))
-    })?;
+    let mut stream = connect(url, deadline, timeout)?;
     let head = format!(
         "POST {} HTTP/1.1\r\nHost: {}:{}\r\nContent-Type: application/json\r\nAccept: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
         url.path,
@@ -133,9 +140,9 @@ pub fn post_json(url: &Url, body: &str, timeout: Duration) -> Result<String, Htt
     match status {
         200..=299 => Ok(body),
         // Busy or broken for now: another try may succeed.
-        429 | 500..=599 => Err(transient(format!("HTTP {status}: {}", super::truncate(body.trim(), 200)))),
+        429 | 500..=599 => Err(transient(format!("HTTP {status}: {}", crate::reward::truncate(body.trim(), 200)))),
         _ => Err(HttpError {
-            what: format!("HTTP {status}: {}", super::truncate(body.trim(), 200)),
+            what: format!("HTTP {status}: {}", crate::reward::truncate(body.trim(), 200)),
             retry: false,
             timed_out: false,
         }),
@@ -170,10 +177,9 @@ fn complete(raw: &[u8]) -> bool {
 fn parse_response(raw: &[u8]) -> Result<(u16, String), String> {
     let end = header_end(raw).ok_or_else(|| "connection closed before a whole HTTP answer".to_string())?;
     let head = String::from_utf8_lossy(&raw[..end]).into_owned();
-    let status =
-        head.split_whitespace().nth(1).and_then(|s| s.parse::<u16>().ok()).ok_or_else(|| {
-            format!("not an HTTP answer: {}", super::truncate(head.lines().next().unwrap_or(""), 100))
-        })?;
+    let status = head.split_whitespace().nth(1).and_then(|s| s.parse::<u16>().ok()).ok_or_else(|| {
+        format!("not an HTTP answer: {}", crate::reward::truncate(head.lines().next().unwrap_or(""), 100))
+    })?;
     let rest = &raw[end..];
     let body = if let Some(n) = header(&head, "content-length").and_then(|v| v.parse::<usize>().ok()) {
         rest.get(..n).ok_or_else(|| format!("connection closed after {} of {n} body bytes", rest.len()))?.to_vec()

@@ -1,0 +1,393 @@
+//! `jsonl` environments: a user's program, in any language, started once and serving many
+//! episodes at once over JSON lines. Each request line carries an `id` the answer line repeats, so
+//! answers may come in any order:
+//!
+//! ```text
+//! -> {"id": 1, "op": "reset", "episode": "s0/e3", "task": {"episode": ..., "prompt": ..., "label": ..., "metadata": ..., "seed": 7}}
+//! <- {"id": 1, "observation": "37*59=?"}
+//! -> {"id": 2, "op": "step", "episode": "s0/e3", "action": {"text": "...", "tool_calls": [{"name": "calc", "arguments": "37*59"}]}}
+//! <- {"id": 2, "observation": "<result>2183</result>", "reward": null, "terminated": false, "truncated": false}
+//! -> {"id": 3, "op": "close", "episode": "s0/e3"}          (no answer expected)
+//! <- {"id": 4, "error": "what went wrong"}                  (ends that episode: env_error)
+//! ```
+//!
+//! A call with no answer in time ends its episode (`env_timeout`); a line that is not JSON or has
+//! no `id` fails every waiting episode (`env_malformed`: whose it was cannot be known); a program
+//! that exits fails every waiting episode (`env_crashed`, quoting its status and stderr) and is
+//! started afresh for the next call. Its stderr is kept (the last few KiB) to quote.
+
+use super::{Action, EnvFault, Environment, StepResult, Task};
+use crate::reward::{truncate, truncate_tail};
+use crate::{RunError, E_SPEC};
+use serde_json::{json, Value};
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{self, RecvTimeoutError, Sender};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+const STDERR_TAIL: usize = 2048;
+const MAX_LINE: u64 = 64 << 20;
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct JsonlSpec {
+    pub name: String,
+    /// Program and arguments, not through a shell: `["python3", "env.py"]`.
+    pub argv: Vec<String>,
+    pub cwd: Option<PathBuf>,
+}
+
+type Reply = Result<Value, EnvFault>;
+
+pub struct JsonlEnv {
+    spec: JsonlSpec,
+    proc: Mutex<Option<Arc<Proc>>>,
+    next_id: AtomicU64,
+    /// How many times the program was started (1 in a healthy run).
+    pub starts: AtomicU64,
+}
+
+struct Proc {
+    child: Mutex<Child>,
+    requests: Mutex<Sender<String>>,
+    /// Calls waiting for their answer, by request id.
+    pending: Arc<Mutex<HashMap<u64, Sender<Reply>>>>,
+    /// Why the program is unusable (it exited, its stdout broke); set once.
+    dead: Arc<Mutex<Option<String>>>,
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let mut c = self.child.lock().unwrap_or_else(|p| p.into_inner());
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Fails every waiting call with `fault`.
+fn fail_pending(pending: &Mutex<HashMap<u64, Sender<Reply>>>, fault: &EnvFault) {
+    for (_, tx) in lock(pending).drain() {
+        let _ = tx.send(Err(fault.clone()));
+    }
+}
+
+impl JsonlEnv {
+    pub fn new(spec: JsonlSpec) -> Result<JsonlEnv, RunError> {
+        if spec.argv.is_empty() {
+            return Err(RunError::new(E_SPEC, format!("environment `{}`: `command` is empty", spec.name)));
+        }
+        Ok(JsonlEnv { spec, proc: Mutex::new(None), next_id: AtomicU64::new(0), starts: AtomicU64::new(0) })
+    }
+
+    /// The running program, started (again) when there is none or it died.
+    fn running(&self) -> Result<Arc<Proc>, EnvFault> {
+        let mut slot = lock(&self.proc);
+        if let Some(p) = slot.as_ref() {
+            if lock(&p.dead).is_none() {
+                return Ok(p.clone());
+            }
+        }
+        let p = Arc::new(self.start()?);
+        *slot = Some(p.clone());
+        Ok(p)
+    }
+
+    fn start(&self) -> Result<Proc, EnvFault> {
+        let mut cmd = Command::new(&self.spec.argv[0]);
+        cmd.args(&self.spec.argv[1..]).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
+        if let Some(dir) = &self.spec.cwd {
+            cmd.current_dir(dir);
+        }
+        let mut child =
+            cmd.spawn().map_err(|e| EnvFault::Crashed(format!("cannot start `{}`: {e}", self.spec.argv.join(" "))))?;
+        self.starts.fetch_add(1, Ordering::Relaxed);
+        let (Some(stdin), Some(stdout), Some(stderr)) = (child.stdin.take(), child.stdout.take(), child.stderr.take())
+        else {
+            return Err(EnvFault::Crashed("no pipes to the program".into()));
+        };
+        let pending: Arc<Mutex<HashMap<u64, Sender<Reply>>>> = Arc::default();
+        let dead: Arc<Mutex<Option<String>>> = Arc::default();
+        let tail: Arc<Mutex<String>> = Arc::default();
+        // Request lines go through a writer thread so a program that stops reading blocks no caller.
+        let (requests, rx_req) = mpsc::channel::<String>();
+        std::thread::spawn(move || {
+            let mut stdin = stdin;
+            for line in rx_req {
+                let ok =
+                    stdin.write_all(line.as_bytes()).and_then(|_| stdin.write_all(b"\n")).and_then(|_| stdin.flush());
+                if ok.is_err() {
+                    break;
+                }
+            }
+        });
+        let (p2, d2, t2) = (pending.clone(), dead.clone(), tail.clone());
+        std::thread::spawn(move || {
+            let mut out = BufReader::new(stdout);
+            let why = loop {
+                let mut buf = Vec::new();
+                match (&mut out).take(MAX_LINE).read_until(b'\n', &mut buf) {
+                    Ok(0) => break "exited".to_string(),
+                    Ok(_) if !buf.ends_with(b"\n") && buf.len() as u64 >= MAX_LINE => {
+                        break format!("answered a line longer than {MAX_LINE} bytes")
+                    }
+                    Ok(_) => route(&p2, &String::from_utf8_lossy(&buf)),
+                    Err(e) => break format!("stdout unreadable: {e}"),
+                }
+            };
+            // Give the exiting program a moment so its last words reach the stderr tail.
+            std::thread::sleep(Duration::from_millis(50));
+            let last = lock(&t2).trim_end().to_string();
+            let what = if last.is_empty() { why } else { format!("{why}; stderr ends: {}", truncate_tail(&last, 400)) };
+            *lock(&d2) = Some(what.clone());
+            fail_pending(&p2, &EnvFault::Crashed(what));
+        });
+        let keep = tail;
+        std::thread::spawn(move || {
+            let mut err = BufReader::new(stderr);
+            let mut buf = [0u8; 4096];
+            while let Ok(n) = err.read(&mut buf) {
+                if n == 0 {
+                    break;
+                }
+                let mut t = lock(&keep);
+                t.push_str(&String::from_utf8_lossy(&buf[..n]));
+                if t.len() > 2 * STDERR_TAIL {
+                    let cut = t.len() - STDERR_TAIL;
+                    let cut = (cut..t.len()).find(|&i| t.is_char_boundary(i)).unwrap_or(t.len());
+                    t.drain(..cut);
+                }
+            }
+        });
+        Ok(Proc { child: Mutex::new(child), requests: Mutex::new(requests), pending, dead })
+    }
+
+    /// One request and its answer (an object without `error`).
+    fn call(&self, mut request: Value, timeout: Duration) -> Result<Value, EnvFault> {
+        let proc = self.running()?;
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        request["id"] = json!(id);
+        let (tx, rx) = mpsc::channel();
+        lock(&proc.pending).insert(id, tx);
+        if lock(&proc.requests).send(request.to_string()).is_err() {
+            lock(&proc.pending).remove(&id);
+            return Err(EnvFault::Crashed("its stdin is closed".into()));
+        }
+        match rx.recv_timeout(timeout) {
+            Ok(Ok(answer)) => match answer.get("error") {
+                Some(e) if !e.is_null() => Err(EnvFault::Error(truncate(
+                    e.as_str().map(str::to_string).unwrap_or(e.to_string()).as_str(),
+                    400,
+                ))),
+                _ => Ok(answer),
+            },
+            Ok(Err(fault)) => Err(fault),
+            Err(RecvTimeoutError::Timeout) => {
+                lock(&proc.pending).remove(&id);
+                Err(EnvFault::Timeout(format!("no answer within {:.1}s", timeout.as_secs_f64())))
+            }
+            Err(RecvTimeoutError::Disconnected) => {
+                Err(EnvFault::Crashed(lock(&proc.dead).clone().unwrap_or_else(|| "exited".into())))
+            }
+        }
+    }
+}
+
+/// Hands one answer line to the call waiting for its id.
+fn route(pending: &Mutex<HashMap<u64, Sender<Reply>>>, line: &str) {
+    let line = line.trim();
+    if line.is_empty() {
+        return;
+    }
+    let v: Value = match serde_json::from_str(line) {
+        Ok(v) => v,
+        Err(e) => {
+            let f = EnvFault::Malformed(format!("answered a line that is not JSON ({e}): {}", truncate(line, 200)));
+            return fail_pending(pending, &f);
+        }
+    };
+    let Some(id) = v.get("id").and_then(Value::as_u64) else {
+        let f = EnvFault::Malformed(format!("answered a line without a numeric `id`: {}", truncate(line, 200)));
+        return fail_pending(pending, &f);
+    };
+    // An answer nobody waits for (a call that timed out, a `close`) is dropped.
+    if let Some(tx) = lock(pending).remove(&id) {
+        let _ = tx.send(Ok(v));
+    }
+}
+
+/// The fields of a step answer; `done` is taken for `terminated` (OpenEnv's and Gym's old name).
+pub(crate) fn step_result(v: &Value) -> Result<StepResult, EnvFault> {
+    let observation = match v.get("observation") {
+        Some(Value::String(s)) => s.clone(),
+        Some(Value::Null) | None => String::new(),
+        Some(other) => other.to_string(),
+    };
+    let reward = match v.get("reward") {
+        None | Some(Value::Null) => None,
+        Some(r) => Some(
+            r.as_f64()
+                .filter(|x| x.is_finite())
+                .ok_or_else(|| EnvFault::Malformed(format!("`reward` is not a finite number: {r}")))?
+                as f32,
+        ),
+    };
+    let flag = |k: &str| -> Result<bool, EnvFault> {
+        match v.get(k) {
+            None | Some(Value::Null) => Ok(false),
+            Some(Value::Bool(b)) => Ok(*b),
+            Some(o) => Err(EnvFault::Malformed(format!("`{k}` is not a boolean: {o}"))),
+        }
+    };
+    Ok(StepResult {
+        observation,
+        reward,
+        terminated: flag("terminated")? || flag("done")?,
+        truncated: flag("truncated")?,
+    })
+}
+
+impl Environment for JsonlEnv {
+    fn name(&self) -> &str {
+        &self.spec.name
+    }
+
+    fn reset(&self, task: &Task, timeout: Duration) -> Result<String, EnvFault> {
+        let a = self.call(json!({"op": "reset", "episode": task.episode, "task": task}), timeout)?;
+        match a.get("observation") {
+            Some(Value::String(s)) => Ok(s.clone()),
+            _ => Err(EnvFault::Malformed(format!(
+                "a reset answer needs a string `observation`: {}",
+                truncate(&a.to_string(), 200)
+            ))),
+        }
+    }
+
+    fn step(&self, episode: &str, action: &Action, timeout: Duration) -> Result<StepResult, EnvFault> {
+        step_result(&self.call(json!({"op": "step", "episode": episode, "action": action}), timeout)?)
+    }
+
+    fn close(&self, episode: &str) {
+        if let Ok(p) = self.running() {
+            let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+            let _ = lock(&p.requests).send(json!({"id": id, "op": "close", "episode": episode}).to_string());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::env::ToolFormat;
+
+    fn python() -> Option<&'static str> {
+        ["python3", "python"]
+            .into_iter()
+            .find(|p| Command::new(p).arg("-c").arg("pass").status().is_ok_and(|s| s.success()))
+    }
+
+    /// A Python environment: `37*59=?`-style echo with misbehaviours picked by the action text.
+    const ENV: &str = r#"
+import json, os, sys, time, threading
+lock = threading.Lock()
+def send(o):
+    with lock:
+        sys.stdout.write(json.dumps(o) + "\n"); sys.stdout.flush()
+def handle(r):
+    op, a = r["op"], r.get("action", {})
+    text = a.get("text", "")
+    if op == "reset":
+        return send({"id": r["id"], "observation": "hello " + r["task"]["episode"]})
+    if op == "close":
+        return
+    if text == "hang":
+        return
+    if text == "slow":
+        time.sleep(0.3)
+    if text == "crash":
+        sys.stderr.write("boom\n"); sys.stderr.flush(); os._exit(3)
+    if text == "garbage":
+        sys.stdout.write("not json\n"); sys.stdout.flush(); return
+    if text == "error":
+        return send({"id": r["id"], "error": "no such move"})
+    if text == "badreward":
+        return send({"id": r["id"], "observation": "x", "reward": "high"})
+    calls = a.get("tool_calls", [])
+    send({"id": r["id"], "observation": "saw %s %d" % (text, len(calls)), "reward": 0.5, "done": text == "end"})
+for line in sys.stdin:
+    r = json.loads(line)
+    threading.Thread(target=handle, args=(r,)).start()
+"#;
+
+    fn env() -> Option<JsonlEnv> {
+        let Some(py) = python() else {
+            eprintln!("skipped: no python3 on PATH");
+            return None;
+        };
+        Some(
+            JsonlEnv::new(JsonlSpec { name: "py".into(), argv: vec![py.into(), "-c".into(), ENV.into()], cwd: None })
+                .unwrap(),
+        )
+    }
+
+    fn task(id: &str) -> Task {
+        Task { episode: id.into(), prompt: json!("q"), label: Value::Null, metadata: json!({}), seed: 0 }
+    }
+
+    fn act(text: &str) -> Action {
+        Action { text: text.into(), tool_calls: ToolFormat::Tag.parse(text).unwrap_or_default() }
+    }
+
+    const T: Duration = Duration::from_secs(5);
+
+    #[test]
+    fn many_episodes_over_one_process() {
+        let Some(env) = env() else { return };
+        std::thread::scope(|s| {
+            for i in 0..8 {
+                let env = &env;
+                s.spawn(move || {
+                    let id = format!("e{i}");
+                    assert_eq!(env.reset(&task(&id), T).unwrap(), format!("hello {id}"));
+                    let r = env.step(&id, &act(if i % 2 == 0 { "slow" } else { "<tool>calc 1</tool>" }), T).unwrap();
+                    let want = if i % 2 == 0 { "saw slow 0" } else { "saw <tool>calc 1</tool> 1" };
+                    assert_eq!(r.observation, want);
+                    assert_eq!(r.reward, Some(0.5));
+                    assert!(env.step(&id, &act("end"), T).unwrap().terminated);
+                    env.close(&id);
+                });
+            }
+        });
+        assert_eq!(env.starts.load(Ordering::Relaxed), 1);
+    }
+
+    #[test]
+    fn faults_end_episodes_not_the_program() {
+        let Some(env) = env() else { return };
+        env.reset(&task("a"), T).unwrap();
+        let short = Duration::from_millis(200);
+        assert!(matches!(env.step("a", &act("hang"), short), Err(EnvFault::Timeout(_))));
+        assert_eq!(env.step("a", &act("error"), T), Err(EnvFault::Error("no such move".into())));
+        assert!(matches!(env.step("a", &act("badreward"), T), Err(EnvFault::Malformed(m)) if m.contains("`reward`")));
+        assert!(matches!(env.step("a", &act("garbage"), T), Err(EnvFault::Malformed(m)) if m.contains("not JSON")));
+        let crash = env.step("a", &act("crash"), T).unwrap_err();
+        assert!(matches!(&crash, EnvFault::Crashed(m) if m.contains("exited") && m.contains("boom")), "{crash:?}");
+        // Started afresh for the next call.
+        assert_eq!(env.reset(&task("b"), T).unwrap(), "hello b");
+        assert_eq!(env.starts.load(Ordering::Relaxed), 2);
+    }
+
+    #[test]
+    fn a_program_that_cannot_start() {
+        let env =
+            JsonlEnv::new(JsonlSpec { name: "x".into(), argv: vec!["/no/such/program".into()], cwd: None }).unwrap();
+        assert!(matches!(env.reset(&task("a"), T), Err(EnvFault::Crashed(m)) if m.starts_with("cannot start")));
+        assert!(JsonlEnv::new(JsonlSpec { name: "x".into(), argv: vec![], cwd: None }).is_err());
+    }
+}

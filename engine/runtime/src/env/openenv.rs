@@ -1,0 +1,175 @@
+//! `openenv` environments: an HTTP service speaking OpenEnv's protocol (the `openenv-core`
+//! package, Meta and Hugging Face), so environments from its hub plug in. OpenEnv 0.3's REST
+//! `/reset` and `/step` build a fresh environment per request (stateless), so a multi-turn
+//! episode runs over its `/ws` WebSocket session, as OpenEnv's own client does: one connection per
+//! episode (the server gives each its own environment; its `max_concurrent_envs` caps them):
+//!
+//! ```text
+//! -> {"type": "reset", "data": {"seed": 7, "episode_id": "s0/e3", ...metadata of the row}}
+//! <- {"type": "observation", "data": {"observation": {...}, "reward": null, "done": false}}
+//! -> {"type": "step", "data": {"message": "<the model's turn>"}}      (the action object)
+//! <- {"type": "observation", "data": {"observation": {...}, "reward": 1.0, "done": true}}
+//! <- {"type": "error", "data": {"message": "...", "code": "EXECUTION_ERROR"}}
+//! -> {"type": "close"}
+//! ```
+//!
+//! The action object is `{<action_field>: text}` (or, with `action_field` unset, the arguments
+//! object of the turn's first tool call); the observation text is `observation[<observation_field>]`
+//! (or its only string field, or the whole object as JSON). OpenEnv has one `done` flag: it is
+//! taken as `terminated`.
+
+use super::ws::{WebSocket, WsError};
+use super::{Action, EnvFault, Environment, StepResult, Task};
+use crate::http_client::{self, Url};
+use crate::reward::truncate;
+use crate::{RunError, E_SPEC};
+use serde_json::{json, Value};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct OpenEnvSpec {
+    pub name: String,
+    /// Base URL of the server: `http://host:port` (`ws://` is accepted too).
+    pub url: String,
+    /// Field of the action object the model's text goes in (`None`: the first tool call's
+    /// arguments are the action).
+    pub action_field: Option<String>,
+    /// Field of the observation object shown to the model (`None`: its only string field, else
+    /// the object as JSON).
+    pub observation_field: Option<String>,
+}
+
+pub struct OpenEnv {
+    spec: OpenEnvSpec,
+    ws_url: Url,
+    /// The open session of each episode.
+    sessions: Mutex<HashMap<String, Arc<Mutex<WebSocket>>>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn fault(e: WsError) -> EnvFault {
+    if e.timed_out {
+        EnvFault::Timeout(e.what)
+    } else {
+        EnvFault::Crashed(e.what)
+    }
+}
+
+impl OpenEnv {
+    pub fn new(spec: OpenEnvSpec) -> Result<OpenEnv, RunError> {
+        let http = spec.url.strip_prefix("ws://").map(|r| format!("http://{r}")).unwrap_or_else(|| spec.url.clone());
+        let mut url = http_client::parse_url(&http)
+            .map_err(|e| RunError::new(E_SPEC, format!("environment `{}`: `url` {}: {e}", spec.name, spec.url)))?;
+        url.path = format!("{}/ws", url.path.trim_end_matches('/'));
+        Ok(OpenEnv { spec, ws_url: url, sessions: Mutex::new(HashMap::new()) })
+    }
+
+    /// Sends one message on `ws` and reads its answer's `data` (an `error` answer is a fault).
+    fn exchange(ws: &mut WebSocket, message: &Value, timeout: Duration) -> Result<Value, EnvFault> {
+        let deadline = Instant::now() + timeout;
+        ws.send_text(&message.to_string(), deadline).map_err(fault)?;
+        let text = ws.recv_text(deadline).map_err(fault)?;
+        let v: Value = serde_json::from_str(&text).map_err(|e| {
+            EnvFault::Malformed(format!("answered a message that is not JSON ({e}): {}", truncate(&text, 200)))
+        })?;
+        let data = v.get("data").cloned().unwrap_or(Value::Null);
+        match v.get("type").and_then(Value::as_str) {
+            Some("observation") | Some("state") => Ok(data),
+            Some("error") => {
+                let msg = data.get("message").and_then(Value::as_str).unwrap_or("");
+                let code = data.get("code").and_then(Value::as_str).unwrap_or("?");
+                Err(EnvFault::Error(truncate(&format!("{code}: {msg}"), 400)))
+            }
+            _ => Err(EnvFault::Malformed(format!("an answer of unknown type: {}", truncate(&text, 200)))),
+        }
+    }
+
+    /// The text the model is shown.
+    fn observation_text(&self, data: &Value) -> Result<String, EnvFault> {
+        let obs = data.get("observation").ok_or_else(|| {
+            EnvFault::Malformed(format!(
+                "an observation answer without `observation`: {}",
+                truncate(&data.to_string(), 200)
+            ))
+        })?;
+        let as_text = |v: &Value| v.as_str().map(str::to_string).unwrap_or_else(|| v.to_string());
+        if let Some(f) = &self.spec.observation_field {
+            return obs.get(f).map(as_text).ok_or_else(|| {
+                EnvFault::Malformed(format!("the observation has no field `{f}`: {}", truncate(&obs.to_string(), 200)))
+            });
+        }
+        let strings: Vec<&str> =
+            obs.as_object().map(|m| m.values().filter_map(Value::as_str).collect()).unwrap_or_default();
+        Ok(match strings.as_slice() {
+            [one] => one.to_string(),
+            _ => obs.to_string(),
+        })
+    }
+
+    fn action_object(&self, action: &Action) -> Result<Value, EnvFault> {
+        match &self.spec.action_field {
+            Some(f) => Ok(json!({ f.as_str(): action.text })),
+            None => match action.tool_calls.first() {
+                Some(c) if c.arguments.is_object() => Ok(c.arguments.clone()),
+                // The driver shows a turn without a usable call to the model as a bad tool call;
+                // reaching here means the action cannot be built.
+                _ => Err(EnvFault::Error(
+                    "the turn has no tool call with an arguments object to send as the action".into(),
+                )),
+            },
+        }
+    }
+}
+
+impl Environment for OpenEnv {
+    fn name(&self) -> &str {
+        &self.spec.name
+    }
+
+    fn reset(&self, task: &Task, timeout: Duration) -> Result<String, EnvFault> {
+        let mut ws = WebSocket::connect(&self.ws_url, timeout).map_err(fault)?;
+        let mut data = json!({"seed": task.seed, "episode_id": task.episode});
+        if let Some(m) = task.metadata.as_object() {
+            for (k, v) in m {
+                data[k] = v.clone();
+            }
+        }
+        let answer = Self::exchange(&mut ws, &json!({"type": "reset", "data": data}), timeout);
+        let answer = match answer {
+            Ok(a) => a,
+            Err(e) => {
+                ws.close();
+                return Err(e);
+            }
+        };
+        let text = self.observation_text(&answer)?;
+        lock(&self.sessions).insert(task.episode.clone(), Arc::new(Mutex::new(ws)));
+        Ok(text)
+    }
+
+    fn step(&self, episode: &str, action: &Action, timeout: Duration) -> Result<StepResult, EnvFault> {
+        let ws = lock(&self.sessions)
+            .get(episode)
+            .cloned()
+            .ok_or_else(|| EnvFault::Error(format!("no open session for episode `{episode}`")))?;
+        let message = json!({"type": "step", "data": self.action_object(action)?});
+        let data = Self::exchange(&mut lock(&ws), &message, timeout)?;
+        let observation = self.observation_text(&data)?;
+        let mut r = super::jsonl::step_result(&json!({"reward": data.get("reward"), "done": data.get("done")}))?;
+        r.observation = observation;
+        Ok(r)
+    }
+
+    fn close(&self, episode: &str) {
+        if let Some(ws) = lock(&self.sessions).remove(episode) {
+            let mut ws = lock(&ws);
+            let _ = ws.send_text(r#"{"type":"close"}"#, Instant::now() + Duration::from_millis(200));
+            ws.close();
+        }
+    }
+}
