@@ -22,6 +22,12 @@ fn cfg() -> ModelConfig {
         rope_theta: 10000.0,
         norm_eps: 1e-5,
         init_std: 0.5,
+        head_dim: None,
+        qkv_bias: false,
+        o_bias: false,
+        qk_norm: false,
+        tie_embeddings: false,
+        rope_scaling: None,
     }
 }
 
