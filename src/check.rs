@@ -32,13 +32,18 @@ pub fn parse_sets(sets: &[String]) -> Result<Vec<(String, String)>, String> {
         .collect()
 }
 
+/// `--set` pairs, or the exit code after saying what is wrong (2: a usage error).
+pub fn sets_or_exit(sets: &[String]) -> Result<Vec<(String, String)>, u8> {
+    parse_sets(sets).map_err(|e| {
+        eprintln!("error: {e}");
+        2
+    })
+}
+
 pub fn run(args: Args) -> u8 {
-    let overrides = match parse_sets(&args.set) {
+    let overrides = match sets_or_exit(&args.set) {
         Ok(o) => o,
-        Err(e) => {
-            eprintln!("error: {e}");
-            return 2;
-        }
+        Err(code) => return code,
     };
     if args.watch {
         return crate::watch::watch(|| check_once(&args, overrides.clone()).1);

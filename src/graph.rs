@@ -25,12 +25,9 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> u8 {
-    let overrides = match crate::check::parse_sets(&args.set) {
+    let overrides = match crate::check::sets_or_exit(&args.set) {
         Ok(o) => o,
-        Err(e) => {
-            eprintln!("error: {e}");
-            return 2;
-        }
+        Err(code) => return code,
     };
     let c = compile(&DiskFs, std::slice::from_ref(&args.file), &Options { overrides, recipe: args.recipe.clone() });
     let (errors, _) = summary(&c.diagnostics);

@@ -47,12 +47,9 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> u8 {
-    let overrides = match crate::check::parse_sets(&args.set) {
+    let overrides = match crate::check::sets_or_exit(&args.set) {
         Ok(o) => o,
-        Err(e) => {
-            eprintln!("error: {e}");
-            return 2;
-        }
+        Err(code) => return code,
     };
     if args.watch {
         return crate::watch::watch(|| plan_once(&args, overrides.clone()).1);

@@ -41,31 +41,6 @@ pub(crate) fn too_deep_brackets(src: &str) -> Option<usize> {
     None
 }
 
-/// The direct sub-expressions of `e`.
-fn children(e: &Expr) -> Vec<&Expr> {
-    match &e.kind {
-        ExprKind::List(items) => items.iter().collect(),
-        ExprKind::Map(entries) => entries.iter().map(|(_, v)| v).collect(),
-        ExprKind::Field(b, _) | ExprKind::Paren(b) | ExprKind::Unary { expr: b, .. } => vec![b],
-        ExprKind::Call { callee, args, .. } => std::iter::once(&**callee)
-            .chain(args.iter().flat_map(|a| std::iter::once(&a.value).chain(&a.arrow_to)))
-            .collect(),
-        ExprKind::Record { base, fields, .. } => {
-            std::iter::once(&**base).chain(fields.iter().map(|b| &b.value)).collect()
-        }
-        ExprKind::Binary { lhs, rhs, .. } => vec![lhs, rhs],
-        ExprKind::If { cond, then, otherwise } => vec![cond, then, otherwise],
-        ExprKind::Range { start, end, .. } => start.iter().chain(end.iter()).map(|b| &**b).collect(),
-        ExprKind::Number(_)
-        | ExprKind::Quantity { .. }
-        | ExprKind::Str(_)
-        | ExprKind::Bool(_)
-        | ExprKind::None
-        | ExprKind::Name(_)
-        | ExprKind::Error => Vec::new(),
-    }
-}
-
 /// Whether `e` nests deeper than `MAX_EXPR_DEPTH`, found without recursion. The operands of a
 /// binary operator sit at the operator's own level, so an operator chain is flat.
 pub(crate) fn too_deep_expr(e: &Expr) -> bool {
@@ -75,7 +50,7 @@ pub(crate) fn too_deep_expr(e: &Expr) -> bool {
             return true;
         }
         let below = if matches!(e.kind, ExprKind::Binary { .. }) { depth } else { depth + 1 };
-        stack.extend(children(e).into_iter().map(|c| (c, below)));
+        stack.extend(e.children().into_iter().map(|c| (c, below)));
     }
     false
 }

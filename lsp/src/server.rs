@@ -575,6 +575,21 @@ fn analyse_open_documents(st: &mut State) {
 
 /// The analyses of every open document, the cursor's first: what references and rename search
 /// (a library module's names are used by each recipe that imports it).
+/// Every open document's analysis, the cursor's first, with the cursor's file and offset: what
+/// references and rename search (one search, so rename edits every reference shown).
+fn across_open_documents<'s>(st: &'s State, tp: &TextDocumentPositionParams) -> Option<(Vec<&'s Analysis>, FileId, usize)> {
+    let uri = &tp.text_document.uri;
+    let key = key_of(st, uri);
+    let docs = open_analyses(st, uri);
+    let (u0, a) = docs.first().copied()?;
+    if u0 != uri {
+        return None;
+    }
+    let file = a.file_id(&key)?;
+    let offset = LineIndex::new(a.text(file)).offset(tp.position);
+    Some((docs.iter().map(|(_, a)| *a).collect(), file, offset))
+}
+
 fn open_analyses<'s>(st: &'s State, uri: &Url) -> Vec<(&'s Url, &'s Analysis)> {
     let mut out: Vec<(&Url, &Analysis)> = st.analyses.iter().filter(|(u, _)| st.docs.contains_key(*u)).collect();
     out.sort_by_key(|(u, _)| (*u != uri, u.as_str()));
@@ -583,19 +598,11 @@ fn open_analyses<'s>(st: &'s State, uri: &Url) -> Vec<(&'s Url, &'s Analysis)> {
 
 fn on_references(st: &mut State, p: Params) -> Res {
     let p: ReferenceParams = params(p)?;
-    let tp = p.text_document_position;
-    let uri = tp.text_document.uri;
     analyse_open_documents(st);
     let st: &State = st;
-    let key = key_of(st, &uri);
-    let docs = open_analyses(st, &uri);
-    let Some((u0, a)) = docs.first().copied() else { return json(()) };
-    if *u0 != uri {
+    let Some((analyses, file, offset)) = across_open_documents(st, &p.text_document_position) else {
         return json(());
-    }
-    let Some(file) = a.file_id(&key) else { return json(()) };
-    let offset = LineIndex::new(a.text(file)).offset(tp.position);
-    let analyses: Vec<&Analysis> = docs.iter().map(|(_, a)| *a).collect();
+    };
     let found = ide::references(&analyses, 0, file, offset, p.context.include_declaration);
     let locations: Vec<Location> = found.iter().filter_map(|f| location(st, analyses[f.analysis], f.span)).collect();
     json(locations)
@@ -613,19 +620,11 @@ fn on_prepare_rename(st: &mut State, p: Params) -> Res {
 
 fn on_rename(st: &mut State, p: Params) -> Res {
     let p: RenameParams = params(p)?;
-    let tp = p.text_document_position;
-    let uri = tp.text_document.uri;
     analyse_open_documents(st);
     let st: &State = st;
-    let key = key_of(st, &uri);
-    let docs = open_analyses(st, &uri);
-    let Some((u0, a)) = docs.first().copied() else { return json(()) };
-    if *u0 != uri {
+    let Some((analyses, file, offset)) = across_open_documents(st, &p.text_document_position) else {
         return json(());
-    }
-    let Some(file) = a.file_id(&key) else { return json(()) };
-    let offset = LineIndex::new(a.text(file)).offset(tp.position);
-    let analyses: Vec<&Analysis> = docs.iter().map(|(_, a)| *a).collect();
+    };
     let edits =
         ide::rename(&analyses, 0, file, offset, &p.new_name).map_err(|e| (ErrorCode::RequestFailed as i32, e))?;
     let mut changes: HashMap<Url, Vec<TextEdit>> = HashMap::new();
