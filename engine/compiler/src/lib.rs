@@ -48,8 +48,18 @@ impl Compilation {
 
 /// Compiles the entry files and everything they import.
 pub fn compile(fs: &dyn fs::FileSystem, entries: &[String], opts: &Options) -> Compilation {
+    compile_in(fs, entries, opts, &program::Packages::default())
+}
+
+/// `compile` in a package build: imports resolve through `packages` (see `program::load_in`).
+pub fn compile_in(
+    fs: &dyn fs::FileSystem,
+    entries: &[String],
+    opts: &Options,
+    packages: &program::Packages,
+) -> Compilation {
     let mut diags = Vec::new();
-    let mut program = program::load(fs, entries, &mut diags);
+    let mut program = program::load_in(fs, entries, packages, &mut diags);
     let overrides = parse_overrides(&mut program, &opts.overrides, &mut diags);
     let (recipes, references) = {
         let mut ev = Eval::new(&program);
