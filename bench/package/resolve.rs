@@ -63,5 +63,8 @@ fn main() {
         assert!(r.iter().all(|p| p.version == semver::Version::new(1, 4, 0)));
     }
     times.sort_by(|a, b| a.total_cmp(b));
-    println!("resolve {N} packages (diamonds, 3 edges each): median {:.3} ms, max {:.3} ms over 31 runs", times[15], times[30]);
+    println!(
+        "resolve {N} packages (diamonds, 3 edges each): median {:.3} ms, max {:.3} ms over 31 runs",
+        times[15], times[30]
+    );
 }

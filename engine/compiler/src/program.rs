@@ -395,7 +395,11 @@ pub fn resolve_import_in(packages: &Packages, from_key: &str, path: &str) -> Res
                     "E0111",
                     format!("package `{o}` does not declare a dependency on `{}`", dep.name),
                 )
-                .with_help(format!("add it to `[dependencies]` in {}/miles.toml (`miles add {}`)", owner.map(|o| o.root.as_str()).unwrap_or("."), dep.name)));
+                .with_help(format!(
+                    "add it to `[dependencies]` in {}/miles.toml (`miles add {}`)",
+                    owner.map(|o| o.root.as_str()).unwrap_or("."),
+                    dep.name
+                )));
             }
             let rest = path.trim_end_matches(".miles")[first.len()..].trim_start_matches('/');
             return Ok(format!("{}.miles", join(&dep.root, rest)));

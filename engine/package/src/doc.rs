@@ -137,7 +137,11 @@ fn entries(text: &str) -> (String, Vec<Entry>) {
                     .map(|p| format!("extends `{}`", p.dotted()))
                     .chain(r.bindings.iter().map(|b| {
                         let bd = doc(&b.doc);
-                        format!("`{}`{}", b.path.dotted(), if bd.is_empty() { String::new() } else { format!(": {bd}") })
+                        format!(
+                            "`{}`{}",
+                            b.path.dotted(),
+                            if bd.is_empty() { String::new() } else { format!(": {bd}") }
+                        )
                     }))
                     .collect(),
             },
@@ -180,7 +184,13 @@ pub fn markdown(title: &str, summary: &str, modules: &[(String, String)]) -> Str
             if !e.fields.is_empty() {
                 md.push_str("| field | type | in | default | |\n|---|---|---|---|---|\n");
                 for f in &e.fields {
-                    let cell = |s: &str| if s.is_empty() { String::new() } else { format!("`{}`", s.replace('|', "\\|").replace('\n', " ")) };
+                    let cell = |s: &str| {
+                        if s.is_empty() {
+                            String::new()
+                        } else {
+                            format!("`{}`", s.replace('|', "\\|").replace('\n', " "))
+                        }
+                    };
                     md.push_str(&format!(
                         "| `{}` | {} | {} | {} | {} |\n",
                         f[0],
@@ -195,7 +205,12 @@ pub fn markdown(title: &str, summary: &str, modules: &[(String, String)]) -> Str
             for c in &e.checks {
                 let msg = if c[2].is_empty() { String::new() } else { format!(": \"{}\"", c[2]) };
                 let cond = c[1].replace('\n', " ");
-                md.push_str(&format!("- {} `{}`{msg}{}\n", c[0], cond, if c[3].is_empty() { String::new() } else { format!(" ({})", c[3].replace('\n', " ")) }));
+                md.push_str(&format!(
+                    "- {} `{}`{msg}{}\n",
+                    c[0],
+                    cond,
+                    if c[3].is_empty() { String::new() } else { format!(" ({})", c[3].replace('\n', " ")) }
+                ));
             }
             if !e.checks.is_empty() {
                 md.push('\n');

@@ -49,11 +49,17 @@ impl Lock {
 
     pub fn render(&self) -> String {
         let q = |s: &str| format!("{s:?}");
-        let mut out = String::from("# Written by miles (`miles update`); not meant to be edited by hand.\nversion = 1\n");
+        let mut out =
+            String::from("# Written by miles (`miles update`); not meant to be edited by hand.\nversion = 1\n");
         let mut pkgs = self.packages.clone();
         pkgs.sort_by(|a, b| a.name.cmp(&b.name));
         for p in &pkgs {
-            out.push_str(&format!("\n[[package]]\nname = {}\nversion = {}\nsource = {}\n", q(&p.name), q(&p.version), q(&p.source)));
+            out.push_str(&format!(
+                "\n[[package]]\nname = {}\nversion = {}\nsource = {}\n",
+                q(&p.name),
+                q(&p.version),
+                q(&p.source)
+            ));
             for (k, v) in [("reference", &p.reference), ("commit", &p.commit), ("hash", &p.hash)] {
                 if let Some(v) = v {
                     out.push_str(&format!("{k} = {}\n", q(v)));

@@ -37,7 +37,10 @@ pub struct Manifest {
 pub enum Dependency {
     /// A directory, relative to the manifest's own.
     Path(String),
-    Git { url: String, at: GitRef },
+    Git {
+        url: String,
+        at: GitRef,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -286,10 +289,7 @@ check = "min_batch"
         assert_eq!(m.name, "team");
         assert_eq!(m.version, semver::Version::new(0, 3, 0));
         assert_eq!(m.dependencies["local"], Dependency::Path("../local".into()));
-        assert_eq!(
-            m.dependencies["platform"].source(),
-            "git+file:///srv/platform.git?version=^1.0"
-        );
+        assert_eq!(m.dependencies["platform"].source(), "git+file:///srv/platform.git?version=^1.0");
         assert_eq!(m.tests[0].expect, Expect::Fail);
     }
 
@@ -318,7 +318,8 @@ check = "min_batch"
         assert!(out.contains("platform = { git = \"file:///x\", tag = \"v1\" }"));
         assert!(!out.contains("version = \"^1.0\""));
         assert!(out.contains("local = { path"));
-        let fresh = with_dependency("[package]\nname = \"a\"\nversion = \"1.0.0\"\n", "b", &Dependency::Path("../b".into()));
+        let fresh =
+            with_dependency("[package]\nname = \"a\"\nversion = \"1.0.0\"\n", "b", &Dependency::Path("../b".into()));
         assert!(fresh.ends_with("[dependencies]\nb = { path = \"../b\" }\n"), "{fresh}");
         Manifest::parse(FileId(0), &out).expect("still parses");
     }

@@ -14,6 +14,9 @@ use miles_grammar::diag::Diagnostic;
 use std::collections::{BTreeMap, HashSet};
 use std::path::{Path, PathBuf};
 
+/// Where `miles vendor` puts dependencies, under the project root.
+pub const VENDOR: &str = "vendor";
+
 pub struct Project {
     /// The directory of `miles.toml`, as a module-key prefix (`.` for the current directory).
     pub root: String,
@@ -53,7 +56,8 @@ pub fn find(key: &str) -> Option<String> {
         if Path::new(&dir).join(manifest::FILE).is_file() {
             return Some(dir);
         }
-        let up = if dir == "." || dir.ends_with("..") { join(&dir, "..") } else { miles_compiler::fs::parent_dir(&dir) };
+        let up =
+            if dir == "." || dir.ends_with("..") { join(&dir, "..") } else { miles_compiler::fs::parent_dir(&dir) };
         // Stop at the file system's root.
         let abs_up = std::fs::canonicalize(&up).ok()?;
         if std::fs::canonicalize(&dir).ok()? == abs_up {
@@ -93,7 +97,9 @@ fn lock_matches(m: &Manifest, lock: &Lock) -> bool {
                             .ok()
                             .zip(semver::Version::parse(&l.version).ok())
                             .is_some_and(|(r, v)| r.matches(&v)),
-                        GitRef::Tag(t) | GitRef::Branch(t) | GitRef::Rev(t) => l.reference.as_deref() == Some(t.as_str()),
+                        GitRef::Tag(t) | GitRef::Branch(t) | GitRef::Rev(t) => {
+                            l.reference.as_deref() == Some(t.as_str())
+                        }
                     }
             }
         }
@@ -154,7 +160,9 @@ pub fn build(project: &Project, cache: &Cache, mode: &Mode, sources: &mut Source
         let root = if let Some(dir) = l.source.strip_prefix("path+") {
             join(&project.root, dir)
         } else if let (Some(url), Some(commit)) = (l.source.strip_prefix("git+"), &l.commit) {
-            let dir = fetch(cache, &l.name, url, commit)?;
+            // `miles vendor` copies: used instead of the cache, checked against the same hash.
+            let vendored = Path::new(&project.root).join(VENDOR).join(&l.name);
+            let dir = if vendored.is_dir() { vendored } else { fetch(cache, &l.name, url, commit)? };
             let found = hash::tree(&dir).map_err(|e| io_error(&l.name, &e))?;
             if let Some(want) = &l.hash {
                 if *want != found {
@@ -171,8 +179,11 @@ pub fn build(project: &Project, cache: &Cache, mode: &Mode, sources: &mut Source
             }
             dir.to_string_lossy().into_owned()
         } else {
-            return Err(Diagnostic::error("E0112", format!("invalid miles.lock: package `{}` has no usable source", l.name))
-                .with_help("delete miles.lock and run `miles update`"));
+            return Err(Diagnostic::error(
+                "E0112",
+                format!("invalid miles.lock: package `{}` has no usable source", l.name),
+            )
+            .with_help("delete miles.lock and run `miles update`"));
         };
         packages.push(Package { name: l.name.clone(), version: l.version.clone(), root, locked: l.clone() });
     }
@@ -188,8 +199,10 @@ pub fn build(project: &Project, cache: &Cache, mode: &Mode, sources: &mut Source
     }));
     let lock_changed = old.as_ref() != Some(&lock);
     if lock_changed {
-        write_atomic(Path::new(&lock_path), lock.render().as_bytes())
-            .map_err(|e| Diagnostic::error("E0114", format!("cannot write {lock_path}: {e}")).with_help("check the directory is writable"))?;
+        write_atomic(Path::new(&lock_path), lock.render().as_bytes()).map_err(|e| {
+            Diagnostic::error("E0114", format!("cannot write {lock_path}: {e}"))
+                .with_help("check the directory is writable")
+        })?;
     }
     Ok(Build { packages, map: Packages { roots }, lock, lock_changed })
 }
@@ -210,7 +223,8 @@ fn fetch(cache: &Cache, name: &str, url: &str, commit: &str) -> Result<PathBuf, 
 }
 
 fn io_error(name: &str, e: &std::io::Error) -> Diagnostic {
-    Diagnostic::error("E0114", format!("cannot read the sources of `{name}`: {e}")).with_help("check the cache directory")
+    Diagnostic::error("E0114", format!("cannot read the sources of `{name}`: {e}"))
+        .with_help("check the cache directory")
 }
 
 /// Writes through a temporary file and a rename: a crash never leaves half a file.

@@ -6,6 +6,7 @@
 use crate::manifest::{Dependency, GitRef, Manifest};
 use miles_grammar::diag::Diagnostic;
 use std::collections::{BTreeMap, HashMap};
+use std::rc::Rc;
 
 /// What resolution needs from the world.
 pub trait Index {
@@ -23,7 +24,11 @@ pub trait Index {
 pub enum Origin {
     /// A directory relative to the project root.
     Path(String),
-    Git { url: String, reference: String, commit: String },
+    Git {
+        url: String,
+        reference: String,
+        commit: String,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -43,8 +48,8 @@ pub struct Pin {
 #[derive(Clone)]
 struct Requirement {
     dep: Dependency,
-    /// Who asked: the root package first, this package last.
-    chain: Vec<String>,
+    /// Who asked: the root package first, this package last (shared: cloned on every pick).
+    chain: Rc<Vec<String>>,
 }
 
 fn tag_version(tag: &str) -> Option<semver::Version> {
@@ -57,12 +62,17 @@ fn chain_text(chain: &[String]) -> String {
 
 /// Resolves every package the root manifest needs, directly or not. `root_dir` is where the root
 /// manifest lives, relative to the project root (`.`).
-pub fn resolve(root: &Manifest, index: &mut dyn Index, pins: &BTreeMap<String, Pin>) -> Result<Vec<Resolved>, Diagnostic> {
+pub fn resolve(
+    root: &Manifest,
+    index: &mut dyn Index,
+    pins: &BTreeMap<String, Pin>,
+) -> Result<Vec<Resolved>, Diagnostic> {
     let mut reqs: BTreeMap<String, Vec<Requirement>> = BTreeMap::new();
     // Each pass walks the graph with the requirements known so far; a requirement found late
     // can change an earlier choice, and then the walk starts again with it known.
     for _ in 0..64 {
-        let mut w = Walk { index, pins, reqs: &mut reqs, chosen: BTreeMap::new(), manifests: HashMap::new(), changed: false };
+        let mut w =
+            Walk { index, pins, reqs: &mut reqs, chosen: BTreeMap::new(), manifests: HashMap::new(), changed: false };
         let stack = vec![(root.name.clone(), ".".to_string())];
         w.expand(root, &stack)?;
         if !w.changed {
@@ -71,7 +81,8 @@ pub fn resolve(root: &Manifest, index: &mut dyn Index, pins: &BTreeMap<String, P
             return Ok(out);
         }
     }
-    Err(Diagnostic::error("E0118", "dependency resolution did not settle").with_help("report this with your miles.toml"))
+    Err(Diagnostic::error("E0118", "dependency resolution did not settle")
+        .with_help("report this with your miles.toml"))
 }
 
 struct Walk<'a> {
@@ -87,9 +98,11 @@ impl Walk<'_> {
     /// `stack`: the chain from the root to `m`, with each package's directory (for path deps).
     fn expand(&mut self, m: &Manifest, stack: &[(String, String)]) -> Result<(), Diagnostic> {
         for (name, dep) in &m.dependencies {
-            let mut chain: Vec<String> = stack.iter().map(|(n, _)| n.clone()).collect();
-            chain.push(name.clone());
+            let chain = || -> Vec<String> {
+                stack.iter().map(|(n, _)| n.clone()).chain(std::iter::once(name.clone())).collect()
+            };
             if let Some(pos) = stack.iter().position(|(n, _)| n == name) {
+                let chain = chain();
                 return Err(Diagnostic::error("E0113", format!("dependency cycle: {}", chain_text(&chain[pos..])))
                     .with_help("packages may not depend on themselves, directly or through others: move what both need into a third package"));
             }
@@ -110,7 +123,7 @@ impl Walk<'_> {
             };
             let list = self.reqs.entry(name.clone()).or_default();
             if !list.iter().any(|r| r.dep == dep) {
-                list.push(Requirement { dep: dep.clone(), chain: chain.clone() });
+                list.push(Requirement { dep: dep.clone(), chain: Rc::new(chain()) });
             }
             let pick = self.pick(name)?;
             if let Some(prev) = self.chosen.get(name) {
@@ -138,7 +151,11 @@ impl Walk<'_> {
             if manifest.name != *name {
                 return Err(Diagnostic::error(
                     "E0117",
-                    format!("dependency `{name}` (asked by {}) is the package `{}`", chain_text(&chain[..chain.len() - 1]), manifest.name),
+                    format!(
+                        "dependency `{name}` (asked by {}) is the package `{}`",
+                        chain_text(&chain()[..stack.len()]),
+                        manifest.name
+                    ),
                 )
                 .with_help(format!("name the dependency after the package: `{} = ...`", manifest.name)));
             }
@@ -178,7 +195,9 @@ impl Walk<'_> {
                     chain_text(&other.chain)
                 ),
             )
-            .with_help("a build holds one package per name: point both dependencies at the same repository or directory"));
+            .with_help(
+                "a build holds one package per name: point both dependencies at the same repository or directory",
+            ));
         }
         let conflict = |why: &str| {
             let lines: Vec<String> =
@@ -243,14 +262,19 @@ impl Walk<'_> {
                         Some(v.clone()),
                     )),
                     None if reqs.len() > 1
-                        && parsed.iter().all(|r| tags.iter().any(|(t, _)| tag_version(t).is_some_and(|v| r.matches(&v)))) =>
+                        && parsed
+                            .iter()
+                            .all(|r| tags.iter().any(|(t, _)| tag_version(t).is_some_and(|v| r.matches(&v)))) =>
                     {
                         Err(conflict("no tag satisfies all of them"))
                     }
                     None => Err(missing(
                         name,
                         url,
-                        &format!("a tag matching `{}`", reqs.iter().map(|r| r.dep.source()).collect::<Vec<_>>().join(", ")),
+                        &format!(
+                            "a tag matching `{}`",
+                            reqs.iter().map(|r| r.dep.source()).collect::<Vec<_>>().join(", ")
+                        ),
                         &tags,
                     )),
                 }
@@ -276,10 +300,10 @@ fn unreachable_version() -> Result<(Origin, Option<semver::Version>), Diagnostic
 fn missing(name: &str, url: &str, what: &str, tags: &[(String, String)]) -> Diagnostic {
     let mut known: Vec<&str> = tags.iter().map(|(t, _)| t.as_str()).collect();
     known.sort();
-    Diagnostic::error("E0115", format!("`{name}` ({url}) has no {what}"))
-        .with_help(if known.is_empty() {
-            "the repository has no tags: tag a release (`git tag v1.0.0 && git push --tags`) or depend on a branch".to_string()
-        } else {
-            format!("its tags: {}", known.join(", "))
-        })
+    Diagnostic::error("E0115", format!("`{name}` ({url}) has no {what}")).with_help(if known.is_empty() {
+        "the repository has no tags: tag a release (`git tag v1.0.0 && git push --tags`) or depend on a branch"
+            .to_string()
+    } else {
+        format!("its tags: {}", known.join(", "))
+    })
 }

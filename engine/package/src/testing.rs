@@ -45,13 +45,15 @@ pub fn run(project: &Project, packages: &Packages, fs: &dyn FileSystem) -> Vec<O
                 (Expect::Pass, _) => (false, format!("expected to pass, failed with {}", errors.join("; "))),
                 (Expect::Fail, None) if !errors.is_empty() => (true, String::new()),
                 (Expect::Fail, Some(check)) if fired(&c, check) => (true, String::new()),
-                (Expect::Fail, Some(check)) if !errors.is_empty() => (
-                    false,
-                    format!("expected `{check}` to fail, got other errors: {}", errors.join("; ")),
-                ),
+                (Expect::Fail, Some(check)) if !errors.is_empty() => {
+                    (false, format!("expected `{check}` to fail, got other errors: {}", errors.join("; ")))
+                }
                 (Expect::Fail, check) => (
                     false,
-                    format!("expected to fail{}, but it passed", check.as_ref().map(|c| format!(" with `{c}`")).unwrap_or_default()),
+                    format!(
+                        "expected to fail{}, but it passed",
+                        check.as_ref().map(|c| format!(" with `{c}`")).unwrap_or_default()
+                    ),
                 ),
             };
             Outcome { test: t.clone(), passed, why, compilation: c }

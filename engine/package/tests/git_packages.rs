@@ -20,7 +20,18 @@ impl FileSystem for Disk {
 fn git(dir: &Path, args: &[&str]) {
     let out = Command::new("git")
         .current_dir(dir)
-        .args(["-c", "user.name=t", "-c", "user.email=t@t", "-c", "init.defaultBranch=main", "-c", "tag.gpgsign=false", "-c", "commit.gpgsign=false"])
+        .args([
+            "-c",
+            "user.name=t",
+            "-c",
+            "user.email=t@t",
+            "-c",
+            "init.defaultBranch=main",
+            "-c",
+            "tag.gpgsign=false",
+            "-c",
+            "commit.gpgsign=false",
+        ])
         .args(args)
         .output()
         .expect("git runs");
@@ -83,7 +94,10 @@ fn release_1_1(tmp: &Path) {
 
 fn project(tmp: &Path, deps: &str) -> String {
     let team = tmp.join("team");
-    write(&team.join("miles.toml"), &format!("[package]\nname = \"team\"\nversion = \"0.1.0\"\n\n[dependencies]\n{deps}\n"));
+    write(
+        &team.join("miles.toml"),
+        &format!("[package]\nname = \"team\"\nversion = \"0.1.0\"\n\n[dependencies]\n{deps}\n"),
+    );
     write(
         &team.join("recipes/team.miles"),
         "import platform/grpo/base { grpo_base }\n\nrecipe team_grpo extends grpo_base {\n    train.lr = 5e-4\n}\n",
@@ -184,12 +198,20 @@ fn bad_inputs_are_diagnostics_with_codes() {
     let e = err("platform = { git = \"file:///nonexistent/repo.git\", version = \"^1\" }");
     assert_eq!(e.code, "E0114", "{e:?}");
     assert_eq!(cache_entries(&cache), before, "a failed fetch leaves nothing behind");
-    let e = err(&format!("platform = {{ git = \"{url}\", version = \"^1.0\" }}\nother = {{ git = \"{url}\", tag = \"v1.0.0\" }}"));
+    let e = err(&format!(
+        "platform = {{ git = \"{url}\", version = \"^1.0\" }}\nother = {{ git = \"{url}\", tag = \"v1.0.0\" }}"
+    ));
     assert_eq!(e.code, "E0117", "{e:?}");
 
     // Path dependencies: a cycle, and two versions of one package asked by two chains.
-    write(&t.join("a/miles.toml"), "[package]\nname = \"a\"\nversion = \"1.0.0\"\n[dependencies]\nb = { path = \"../b\" }\n");
-    write(&t.join("b/miles.toml"), "[package]\nname = \"b\"\nversion = \"1.0.0\"\n[dependencies]\na = { path = \"../a\" }\n");
+    write(
+        &t.join("a/miles.toml"),
+        "[package]\nname = \"a\"\nversion = \"1.0.0\"\n[dependencies]\nb = { path = \"../b\" }\n",
+    );
+    write(
+        &t.join("b/miles.toml"),
+        "[package]\nname = \"b\"\nversion = \"1.0.0\"\n[dependencies]\na = { path = \"../a\" }\n",
+    );
     let e = err("a = { path = \"../a\" }");
     assert_eq!(e.code, "E0113");
     assert!(e.message.contains("a -> b -> a"), "{}", e.message);
@@ -199,7 +221,11 @@ fn bad_inputs_are_diagnostics_with_codes() {
     );
     let e = err(&format!("platform = {{ git = \"{url}\", version = \"^1.1\" }}\nmid = {{ path = \"../mid\" }}"));
     assert_eq!(e.code, "E0118", "{e:?}");
-    assert!(e.message.contains("team -> platform wants") && e.message.contains("team -> mid -> platform wants"), "{}", e.message);
+    assert!(
+        e.message.contains("team -> platform wants") && e.message.contains("team -> mid -> platform wants"),
+        "{}",
+        e.message
+    );
 
     // A manifest syntax error names its line.
     write(&t.join("broken/miles.toml"), "[package]\nname = \"x\"\nversion = \"1.0.0\"\n[dependencies\n");
