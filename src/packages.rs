@@ -5,7 +5,6 @@
 use crate::diagnostics::emit;
 use crate::DiagFormat;
 use miles_compiler::fs::FileSystem;
-use miles_compiler::program::Packages;
 use miles_compiler::{Compilation, Diagnostic, Options, Program, Sources};
 use miles_package::cache::Cache;
 use miles_package::project::{self, Build, Mode, Project};
@@ -68,9 +67,4 @@ pub fn describe(b: &Build) -> Vec<String> {
             format!("{} {} ({from}{at})", p.name, p.version)
         })
         .collect()
-}
-
-/// The map of a project with no dependencies fetched (for `miles doc`).
-pub fn empty() -> Packages {
-    Packages::default()
 }

@@ -383,12 +383,14 @@ pub fn resolve_import(from_key: &str, path: &str) -> String {
 /// `resolve_import` through the packages of a build: a path whose first segment names a package
 /// resolves under that package's root, when the importing module's package declares it; a
 /// relative path may not leave the importing module's package (E0110, E0111).
+// The one diagnostic type is large; this runs once per import, not in a hot loop.
+#[allow(clippy::result_large_err)]
 pub fn resolve_import_in(packages: &Packages, from_key: &str, path: &str) -> Result<String, Diagnostic> {
     let owner = packages.owner(from_key);
     let first = path.split('/').next().unwrap_or("");
     if !path.starts_with("std/") && !path.starts_with('.') && !path.starts_with('/') {
         if let Some(dep) = packages.get(first) {
-            let allowed = owner.is_none_or(|o| o.name == dep.name || o.dependencies.iter().any(|d| *d == dep.name));
+            let allowed = owner.is_none_or(|o| o.name == dep.name || o.dependencies.contains(&dep.name));
             if !allowed {
                 let o = owner.map(|o| o.name.as_str()).unwrap_or("");
                 return Err(Diagnostic::error(

@@ -40,7 +40,7 @@ fn stdlib_reference_documents_stage_kinds_fields_and_checks() {
     assert!(md.contains("### stage `grpo`"), "grpo stage kind");
     assert!(md.contains("| `grad_clip` | `Float` | `0..` | `1.0` |"), "a field with type, constraint and default");
     assert!(md.contains("the global batch must hold whole groups"), "a check's message");
-    for banned in ["<script", "http://", "https://", "<link"] {
+    for banned in ["<script", "<link", "src=\"http", "url(http", "@import"] {
         assert!(!html.contains(banned), "{banned}");
     }
 }
