@@ -9,7 +9,7 @@ use std::time::Instant;
 
 const N: usize = 200;
 
-/// p0 (the project) depends on p1..p9; every package pi depends on the next three packages
+/// p0 (the project) depends on p1..p3; every package pi depends on the next three packages
 /// (pi+1..pi+3) with `^1.0`, so every package below the top is reached by several paths (a
 /// diamond at every level); each package has tags v1.0.0..v1.4.0 and v2.0.0.
 struct Mem {
