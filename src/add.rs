@@ -31,6 +31,8 @@ pub struct Args {
     pub version: Option<String>,
 }
 
+// The one diagnostic type is large; it ends the command, so its size does not matter here.
+#[allow(clippy::result_large_err)]
 pub fn run(args: Args) -> u8 {
     let root = match crate::packages::project_root(".") {
         Ok(r) => r,

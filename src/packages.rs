@@ -30,6 +30,8 @@ fn failed(sources: Sources, d: Diagnostic) -> Compilation {
     }
 }
 
+// The one diagnostic type is large; it ends the command, so its size does not matter here.
+#[allow(clippy::result_large_err)]
 pub fn open_and_build(root: &str, mode: &Mode, sources: &mut Sources) -> Result<(Project, Build), Diagnostic> {
     let p = project::open(root, sources)?;
     let b = project::build(&p, &Cache::from_env(), mode, sources)?;
