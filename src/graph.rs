@@ -3,7 +3,7 @@
 use crate::diagnostics::{emit, summary};
 use crate::files::DiskFs;
 use crate::DiagFormat;
-use miles_compiler::{compile, Options};
+use miles_compiler::Options;
 
 #[derive(Clone, Copy, Debug, clap::ValueEnum)]
 pub enum GraphFormat {
@@ -29,7 +29,11 @@ pub fn run(args: Args) -> u8 {
         Ok(o) => o,
         Err(code) => return code,
     };
-    let c = compile(&DiskFs, std::slice::from_ref(&args.file), &Options { overrides, recipe: args.recipe.clone() });
+    let c = crate::packages::compile(
+        &DiskFs,
+        std::slice::from_ref(&args.file),
+        &Options { overrides, recipe: args.recipe.clone() },
+    );
     let (errors, _) = summary(&c.diagnostics);
     if errors > 0 {
         emit(&c.program.sources, &c.diagnostics, DiagFormat::Auto);

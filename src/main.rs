@@ -1,17 +1,24 @@
 //! `miles`: check, graph, plan and run `.miles` recipes. One module per verb.
 
+mod add;
 mod check;
 mod diagnostics;
+mod doc;
 mod engine;
 mod explain;
+mod fetch;
 mod files;
 mod fmt;
 mod graph;
+mod packages;
 mod plan;
 mod planfile;
 mod report;
 mod run;
 mod runspec;
+mod test;
+mod update;
+mod vendor;
 mod watch;
 
 use clap::{Parser, Subcommand};
@@ -69,6 +76,18 @@ enum Command {
     Fmt(fmt::Args),
     /// The language server, over stdio (editor set-ups: docs/editors.md).
     Lsp,
+    /// Add a dependency to miles.toml and lock it: `--git URL --tag v1` or `--path DIR`.
+    Add(add::Args),
+    /// Resolve dependencies again against their repositories' tags and rewrite miles.lock.
+    Update(update::Args),
+    /// Bring every locked dependency into the cache (hash-checked), for offline work.
+    Fetch(fetch::Args),
+    /// Copy every dependency into vendor/ for air-gapped machines.
+    Vendor(vendor::Args),
+    /// Run a package's own tests (the `[[test]]` tables of miles.toml).
+    Test(test::Args),
+    /// Render a package's (or, with --std, the standard library's) reference as Markdown and HTML.
+    Doc(doc::Args),
 }
 
 fn main() -> ExitCode {
@@ -97,6 +116,12 @@ fn main() -> ExitCode {
         Command::Worker { args } => engine::forward("worker", &args),
         Command::Serve { args } => engine::forward("serve", &args),
         Command::Report(a) => report::run(a),
+        Command::Add(a) => add::run(a),
+        Command::Update(a) => update::run(a),
+        Command::Fetch(a) => fetch::run(a),
+        Command::Vendor(a) => vendor::run(a),
+        Command::Test(a) => test::run(a),
+        Command::Doc(a) => doc::run(a),
     };
     ExitCode::from(code)
 }

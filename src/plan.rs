@@ -4,7 +4,7 @@
 use crate::diagnostics::{emit, summary};
 use crate::files::{write_atomic, DiskFs};
 use crate::DiagFormat;
-use miles_compiler::{compile, Options};
+use miles_compiler::Options;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum PlanFormat {
@@ -59,7 +59,11 @@ pub fn run(args: Args) -> u8 {
 
 /// One plan: the exit code, and the user files it read (for `--watch`).
 fn plan_once(args: &Args, overrides: Vec<(String, String)>) -> (u8, Vec<std::path::PathBuf>) {
-    let c = compile(&DiskFs, std::slice::from_ref(&args.file), &Options { overrides, recipe: args.recipe.clone() });
+    let c = crate::packages::compile(
+        &DiskFs,
+        std::slice::from_ref(&args.file),
+        &Options { overrides, recipe: args.recipe.clone() },
+    );
     let mut read = vec![std::path::PathBuf::from(&args.file)];
     read.extend(c.program.modules.iter().filter(|m| !m.is_std).map(|m| std::path::PathBuf::from(&m.key)));
     (plan_compiled(args, &c), read)

@@ -5,7 +5,7 @@
 use crate::diagnostics::{emit, summary};
 use crate::files::DiskFs;
 use crate::DiagFormat;
-use miles_compiler::{compile, Options};
+use miles_compiler::Options;
 use miles_runtime::spec::RunSpec;
 use std::path::PathBuf;
 
@@ -105,7 +105,7 @@ pub fn compile_spec(file: &str, set: &[String], recipe: Option<String>) -> Resul
         eprintln!("error: {e}");
         2u8
     })?;
-    let c = compile(&DiskFs, &[file.to_string()], &Options { overrides, recipe });
+    let c = crate::packages::compile(&DiskFs, &[file.to_string()], &Options { overrides, recipe });
     let (errors, warnings) = summary(&c.diagnostics);
     if errors > 0 || warnings > 0 {
         emit(&c.program.sources, &c.diagnostics, DiagFormat::Auto);

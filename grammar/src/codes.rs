@@ -108,6 +108,84 @@ help line lists the closest declared field.",
         explanation: "A value is given for an enum-typed field that is not one of the enum's \
 members. The help line lists them.",
     },
+    Code {
+        code: "E0110",
+        title: "import escapes the package root",
+        explanation: "In a package (a directory with a `miles.toml`), a relative import may not \
+leave the package's directory: `import ../../other/x` would make the package depend on files that \
+are not part of it, so it would not build anywhere else. Declare the other package under \
+`[dependencies]` and import it by name (`import other/x`), or move the module into the package \
+(docs/packages.md).",
+    },
+    Code {
+        code: "E0111",
+        title: "package is not a declared dependency",
+        explanation: "`import NAME/...` names a package of the build that the importing module's \
+own package does not declare in its `[dependencies]`. A package may import only what its manifest \
+declares, so it builds the same way inside any project. Add the dependency (`miles add NAME \
+--git URL --tag vX` or `--path DIR`).",
+    },
+    Code {
+        code: "E0112",
+        title: "invalid manifest or lock file",
+        explanation: "`miles.toml` (or `miles.lock`) could not be read: a TOML syntax error, an \
+unknown key, a name that is not a package name, a version that is not semantic (`1.2.0`), a \
+requirement that does not parse (`^1.0`), or a dependency that gives both or neither of `path` \
+and `git`. The label points at the line. A broken lock file can be deleted: `miles update` writes \
+it again.",
+    },
+    Code {
+        code: "E0113",
+        title: "dependency cycle",
+        explanation: "Packages depend on each other in a circle (the message shows it, `a -> b -> \
+a`). Move what both need into a third package that both depend on.",
+    },
+    Code {
+        code: "E0114",
+        title: "repository unreachable or fetch failed",
+        explanation: "A dependency's repository could not be cloned or fetched (wrong URL, no \
+network, no access), or its files could not be exported into the cache. Nothing half-written is \
+left in the cache: every entry is written under a temporary name and renamed when complete. \
+Once a revision is cached, builds work offline; `miles vendor` copies dependencies into the \
+project for machines with no access at all.",
+    },
+    Code {
+        code: "E0115",
+        title: "no such tag or version",
+        explanation: "The repository has no tag, branch or revision of that name, or no tag \
+(`v1.2.0` or `1.2.0`) satisfies the version requirement. The help lists the tags it has.",
+    },
+    Code {
+        code: "E0116",
+        title: "dependency contents changed",
+        explanation: "The files of a locked dependency do not hash to what `miles.lock` recorded: \
+the cached copy was edited, or the tag was moved upstream to other contents. The message names \
+the package, the expected and the found hash. Delete the cached directory to fetch it again; if \
+the new contents are wanted, `miles update NAME` records them.",
+    },
+    Code {
+        code: "E0117",
+        title: "two packages with the same name",
+        explanation: "One build holds one package per name, since the name is the first segment \
+of its imports. Two dependencies name the same package from different repositories or \
+directories, or a dependency is declared under a name other than its manifest's. The message \
+shows which package asked for each.",
+    },
+    Code {
+        code: "E0118",
+        title: "two versions of one package",
+        explanation: "Two packages of the build require versions of one package that no single \
+tag satisfies (`^1.1` and `=1.0.0`), or pin it to different tags, branches or revisions. The \
+message shows the chain of packages that asked for each; loosen one requirement or update the \
+package that asks for the older version.",
+    },
+    Code {
+        code: "E0119",
+        title: "library test failed",
+        explanation: "`miles test` compiled a recipe named in a `[[test]]` table of `miles.toml` \
+and the result was not the expected one: it was to pass and failed, or to fail with a given \
+check (a rule name, a code, or words of its message) and passed or failed otherwise.",
+    },
     // ---- E02xx: types, units and evaluation ---------------------------------------------------
     Code {
         code: "E0201",

@@ -48,14 +48,35 @@ impl Compilation {
 
 /// Compiles the entry files and everything they import.
 pub fn compile(fs: &dyn fs::FileSystem, entries: &[String], opts: &Options) -> Compilation {
-    compile_cached(fs, entries, opts, &ParseCache::new())
+    compile_with(fs, entries, opts, &program::Packages::default(), &ParseCache::new())
 }
 
 /// `compile`, reusing the parsed modules `cache` holds from earlier compilations (an editor's
 /// session keeps one: the stdlib is parsed once, each other file when its text changes).
 pub fn compile_cached(fs: &dyn fs::FileSystem, entries: &[String], opts: &Options, cache: &ParseCache) -> Compilation {
+    compile_with(fs, entries, opts, &program::Packages::default(), cache)
+}
+
+/// `compile` in a package build: imports resolve through `packages` (see `program::load_in`).
+pub fn compile_in(
+    fs: &dyn fs::FileSystem,
+    entries: &[String],
+    opts: &Options,
+    packages: &program::Packages,
+) -> Compilation {
+    compile_with(fs, entries, opts, packages, &ParseCache::new())
+}
+
+/// The one compilation: package imports through `packages`, parsed modules reused from `cache`.
+pub fn compile_with(
+    fs: &dyn fs::FileSystem,
+    entries: &[String],
+    opts: &Options,
+    packages: &program::Packages,
+    cache: &ParseCache,
+) -> Compilation {
     let mut diags = Vec::new();
-    let mut program = program::load_cached(fs, entries, &mut diags, cache);
+    let mut program = program::load_with(fs, entries, packages, cache, &mut diags);
     let overrides = parse_overrides(&mut program, &opts.overrides, &mut diags);
     let (recipes, references) = {
         let mut ev = Eval::new(&program);

@@ -151,7 +151,7 @@ impl ParseCache {
 
 /// Reads, parses and links the entry files and everything they import.
 pub fn load(fs: &dyn FileSystem, entries: &[String], diags: &mut Vec<Diagnostic>) -> Program {
-    load_cached(fs, entries, diags, &ParseCache::new())
+    load_with(fs, entries, &Packages::default(), &ParseCache::new(), diags)
 }
 
 /// `load`, reusing (and filling) `cache`.
@@ -161,8 +161,59 @@ pub fn load_cached(
     diags: &mut Vec<Diagnostic>,
     cache: &ParseCache,
 ) -> Program {
+    load_with(fs, entries, &Packages::default(), cache, diags)
+}
+
+/// The packages a build sees (from `miles.toml` and `miles.lock`, resolved by `miles-package`):
+/// each one's root directory, as a module-key prefix, and the packages it may import.
+#[derive(Clone, Debug, Default)]
+pub struct Packages {
+    pub roots: Vec<PackageRoot>,
+}
+
+#[derive(Clone, Debug)]
+pub struct PackageRoot {
+    pub name: String,
+    /// The directory holding its `miles.toml`, normalised like module keys (`.` for the project
+    /// in the current directory).
+    pub root: String,
+    /// Declared dependencies: the package names `import NAME/...` may use from inside it.
+    pub dependencies: Vec<String>,
+}
+
+impl Packages {
+    /// The package a module belongs to: the one with the longest root containing it.
+    pub fn owner(&self, key: &str) -> Option<&PackageRoot> {
+        self.roots.iter().filter(|p| is_under(key, &p.root)).max_by_key(|p| p.root.len())
+    }
+    pub fn get(&self, name: &str) -> Option<&PackageRoot> {
+        self.roots.iter().find(|p| p.name == name)
+    }
+}
+
+fn is_under(key: &str, root: &str) -> bool {
+    if root == "." {
+        return !key.starts_with("../") && !key.starts_with('/') && key != "..";
+    }
+    key.strip_prefix(root).is_some_and(|rest| rest.starts_with('/'))
+}
+
+/// Like `load`, with package imports (`import platform/grpo/base`) resolved through `packages`
+/// and every import kept inside its package's root.
+pub fn load_in(fs: &dyn FileSystem, entries: &[String], packages: &Packages, diags: &mut Vec<Diagnostic>) -> Program {
+    load_with(fs, entries, packages, &ParseCache::new(), diags)
+}
+
+/// `load` with both: package imports through `packages`, parsed modules reused from `cache`.
+pub fn load_with(
+    fs: &dyn FileSystem,
+    entries: &[String],
+    packages: &Packages,
+    cache: &ParseCache,
+    diags: &mut Vec<Diagnostic>,
+) -> Program {
     let mut loader =
-        Loader { fs, program: Program::default(), by_key: HashMap::new(), stack: Vec::new(), diags, cache };
+        Loader { fs, packages, program: Program::default(), by_key: HashMap::new(), stack: Vec::new(), diags, cache };
     for p in PRELUDE {
         loader.load(p, None);
     }
@@ -177,6 +228,7 @@ pub fn load_cached(
 
 struct Loader<'a> {
     fs: &'a dyn FileSystem,
+    packages: &'a Packages,
     program: Program,
     by_key: HashMap<String, u32>,
     stack: Vec<(String, Option<Span>)>,
@@ -316,7 +368,13 @@ impl Loader<'_> {
         let mut bound: Vec<(String, ScopeEntry, Span)> = Vec::new();
         for item in &ast.items {
             let ItemKind::Import(imp) = &item.kind else { continue };
-            let target_key = resolve_import(key, &imp.path);
+            let target_key = match resolve_import_in(self.packages, key, &imp.path) {
+                Ok(k) => k,
+                Err(d) => {
+                    self.diags.push(d.with_primary(imp.path_span, "imported here"));
+                    continue;
+                }
+            };
             let Some(target) = self.load(&target_key, Some(imp.path_span)) else { continue };
             match &imp.names {
                 Some(names) => {
@@ -382,4 +440,44 @@ pub fn resolve_import(from_key: &str, path: &str) -> String {
         return crate::fs::normalize(&join(&parent_dir(from_key), path));
     }
     format!("{}.miles", join(&parent_dir(from_key), path))
+}
+
+/// `resolve_import` through the packages of a build: a path whose first segment names a package
+/// resolves under that package's root, when the importing module's package declares it; a
+/// relative path may not leave the importing module's package (E0110, E0111).
+// The one diagnostic type is large; this runs once per import, not in a hot loop.
+#[allow(clippy::result_large_err)]
+pub fn resolve_import_in(packages: &Packages, from_key: &str, path: &str) -> Result<String, Diagnostic> {
+    let owner = packages.owner(from_key);
+    let first = path.split('/').next().unwrap_or("");
+    if !path.starts_with("std/") && !path.starts_with('.') && !path.starts_with('/') {
+        if let Some(dep) = packages.get(first) {
+            let allowed = owner.is_none_or(|o| o.name == dep.name || o.dependencies.contains(&dep.name));
+            if !allowed {
+                let o = owner.map(|o| o.name.as_str()).unwrap_or("");
+                return Err(Diagnostic::error(
+                    "E0111",
+                    format!("package `{o}` does not declare a dependency on `{}`", dep.name),
+                )
+                .with_help(format!(
+                    "add it to `[dependencies]` in {}/miles.toml (`miles add {}`)",
+                    owner.map(|o| o.root.as_str()).unwrap_or("."),
+                    dep.name
+                )));
+            }
+            let rest = path.trim_end_matches(".miles")[first.len()..].trim_start_matches('/');
+            return Ok(format!("{}.miles", join(&dep.root, rest)));
+        }
+    }
+    let key = resolve_import(from_key, path);
+    if let Some(o) = owner {
+        if !key.starts_with("std/") && !is_under(&key, &o.root) {
+            return Err(Diagnostic::error(
+                "E0110",
+                format!("`{path}` is outside package `{}` (root `{}`)", o.name, o.root),
+            )
+            .with_help("declare the other package under `[dependencies]` in miles.toml and import it by name"));
+        }
+    }
+    Ok(key)
 }

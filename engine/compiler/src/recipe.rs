@@ -420,7 +420,8 @@ pub fn compile_recipe(ev: &mut Eval, r: ItemRef, overrides: &[Override]) -> Opti
         }
     }
     for (c, module, owner) in &g.checks {
-        ev.run_check(c, Env::Recipe(*module), c.span, *owner, &[]);
+        let labels = if *owner != r { inherited_rule_labels(ev, &g, c, *owner, &recipe_name) } else { Vec::new() };
+        ev.run_check(c, Env::Recipe(*module), c.span, *owner, &labels);
     }
 
     let graph = lower(ev)?;
@@ -599,4 +600,36 @@ fn graph_checks(ev: &mut Eval, g: &StageGraph) {
             );
         }
     }
+}
+
+/// For a rule a recipe inherits through `extends`: the recipe that is checked, and each binding
+/// from outside the rule's own recipe that sets a name the rule reads (the override that may
+/// have broken it). Otherwise a failure names only the rule, in a base shared by many recipes.
+fn inherited_rule_labels(
+    ev: &Eval,
+    g: &Gathered,
+    c: &ast::Check,
+    owner: ItemRef,
+    recipe: &Ident,
+) -> Vec<(Span, String)> {
+    let home = ev.program.item(owner).span;
+    let text = ev
+        .program
+        .sources
+        .get(c.expr.span.file)
+        .and_then(|f| f.text.get(c.expr.span.start as usize..c.expr.span.end as usize))
+        .unwrap_or("");
+    let reads = |name: &str| text.split(|ch: char| !(ch.is_alphanumeric() || ch == '_')).any(|w| w == name);
+    let outside = |sp: Span| sp.file != home.file || sp.start < home.start || sp.end > home.end;
+    let mut labels = vec![(
+        recipe.span,
+        format!("checked in recipe `{}`, which inherits this rule from `{}`", recipe.name, ev.decl_name(owner)),
+    )];
+    for b in g.bindings.iter().filter(|b| outside(b.span) && reads(&b.name.name)) {
+        labels.push((b.span, format!("`{}` is overridden here", b.name.name)));
+    }
+    for a in g.amends.iter().filter(|a| outside(a.span) && reads(&a.path[0].name)) {
+        labels.push((a.span, format!("`{}` is set here", dotted(&a.path))));
+    }
+    labels
 }

@@ -1,0 +1,112 @@
+//! The source cache (`$MILES_HOME`, else `$XDG_CACHE_HOME/miles`, else `~/.cache/miles`):
+//! `git/<url hash>.git` bare mirrors and `src/<name>-<commit>-<url hash>/` exported trees.
+//! Every entry is written under a temporary name and renamed into place, so a failed or
+//! interrupted fetch never leaves a half-written entry that a later build would trust.
+
+use crate::{git, hash};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU32, Ordering};
+
+#[derive(Clone, Debug)]
+pub struct Cache {
+    pub home: PathBuf,
+}
+
+static TMP: AtomicU32 = AtomicU32::new(0);
+
+fn tmp_sibling(path: &Path) -> PathBuf {
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    path.with_file_name(format!(".{name}.tmp.{}.{}", std::process::id(), TMP.fetch_add(1, Ordering::Relaxed)))
+}
+
+impl Cache {
+    pub fn from_env() -> Cache {
+        let home = if let Some(h) = std::env::var_os("MILES_HOME") {
+            PathBuf::from(h)
+        } else if let Some(x) = std::env::var_os("XDG_CACHE_HOME") {
+            PathBuf::from(x).join("miles")
+        } else {
+            PathBuf::from(std::env::var_os("HOME").unwrap_or_else(|| ".".into())).join(".cache/miles")
+        };
+        Cache { home }
+    }
+
+    fn db_path(&self, url: &str) -> PathBuf {
+        self.home.join("git").join(format!("{}.git", hash::short(url)))
+    }
+
+    /// The bare mirror of `url`, cloned when absent and fetched again when `refresh`.
+    pub fn db(&self, url: &str, refresh: bool) -> Result<PathBuf, String> {
+        let db = self.db_path(url);
+        if db.exists() {
+            if refresh {
+                git::run(Some(&db), &["fetch", "--quiet", "--force", "--tags", url, "+refs/heads/*:refs/heads/*"])?;
+            }
+            return Ok(db);
+        }
+        std::fs::create_dir_all(db.parent().unwrap_or(&self.home)).map_err(|e| e.to_string())?;
+        let tmp = tmp_sibling(&db);
+        let tmp_s = tmp.to_string_lossy().into_owned();
+        let r = git::run(None, &["clone", "--quiet", "--bare", url, &tmp_s]);
+        if let Err(e) = r {
+            let _ = std::fs::remove_dir_all(&tmp);
+            return Err(e);
+        }
+        if std::fs::rename(&tmp, &db).is_err() {
+            // Another process put it there first; theirs is as good as ours.
+            let _ = std::fs::remove_dir_all(&tmp);
+        }
+        Ok(db)
+    }
+
+    pub fn source_path(&self, name: &str, url: &str, commit: &str) -> PathBuf {
+        let c = &commit[..commit.len().min(12)];
+        self.home.join("src").join(format!("{name}-{c}-{}", hash::short(url)))
+    }
+
+    /// The files of `commit` of `url`, exported once into the cache.
+    pub fn source(&self, name: &str, url: &str, commit: &str) -> Result<PathBuf, String> {
+        let dest = self.source_path(name, url, commit);
+        if dest.is_dir() {
+            return Ok(dest);
+        }
+        let mut db = self.db(url, false)?;
+        if git::commit_of(&db, commit).is_err() {
+            db = self.db(url, true)?;
+            git::commit_of(&db, commit).map_err(|_| format!("commit {commit} is not in {url}"))?;
+        }
+        std::fs::create_dir_all(dest.parent().unwrap_or(&self.home)).map_err(|e| e.to_string())?;
+        let tmp = tmp_sibling(&dest);
+        let tar = tmp.with_extension("tar");
+        let result = (|| {
+            std::fs::create_dir_all(&tmp).map_err(|e| e.to_string())?;
+            git::run(Some(&db), &["archive", "--format=tar", "-o", &tar.to_string_lossy(), commit])?;
+            run_tar(&tar, &tmp)?;
+            std::fs::rename(&tmp, &dest).map_err(|e| e.to_string())
+        })();
+        let _ = std::fs::remove_file(&tar);
+        if let Err(e) = result {
+            let _ = std::fs::remove_dir_all(&tmp);
+            if dest.is_dir() {
+                return Ok(dest);
+            }
+            return Err(e);
+        }
+        Ok(dest)
+    }
+}
+
+fn run_tar(tar: &Path, into: &Path) -> Result<(), String> {
+    let out = std::process::Command::new("tar")
+        .arg("-xf")
+        .arg(tar)
+        .arg("-C")
+        .arg(into)
+        .output()
+        .map_err(|e| format!("cannot start tar: {e}"))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).trim().to_string())
+    }
+}

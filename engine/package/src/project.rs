@@ -1,0 +1,311 @@
+//! A project: the package whose `miles.toml` is found above the files being compiled, and the
+//! build of its dependencies: from `miles.lock` when it still matches the manifest (every source
+//! checked against its recorded hash), otherwise resolved again and the lock rewritten.
+
+use crate::cache::Cache;
+use crate::lock::{self, Lock, Locked};
+use crate::manifest::{self, Dependency, GitRef, Manifest};
+use crate::resolve::{self, Index, Origin, Pin};
+use crate::{git, hash};
+use miles_compiler::fs::{join, normalize};
+use miles_compiler::program::{PackageRoot, Packages};
+use miles_compiler::Sources;
+use miles_grammar::diag::Diagnostic;
+use std::collections::{BTreeMap, HashSet};
+use std::path::{Path, PathBuf};
+
+/// Where `miles vendor` puts dependencies, under the project root.
+pub const VENDOR: &str = "vendor";
+
+pub struct Project {
+    /// The directory of `miles.toml`, as a module-key prefix (`.` for the current directory).
+    pub root: String,
+    pub manifest: Manifest,
+}
+
+/// How `build` treats `miles.lock`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// Use the lock while it matches the manifest; resolve (and write it) only when it does not.
+    Locked,
+    /// Resolve again with fresh tags: every package (`None`) or only the named one.
+    Update(Option<String>),
+}
+
+pub struct Package {
+    pub name: String,
+    pub version: String,
+    /// Where its files are: a key prefix (a cache directory or a path relative to the project).
+    pub root: String,
+    pub locked: Locked,
+}
+
+pub struct Build {
+    pub packages: Vec<Package>,
+    /// The map the compiler resolves imports through.
+    pub map: Packages,
+    /// The lock as it stands after the build (written when it changed).
+    pub lock: Lock,
+    pub lock_changed: bool,
+}
+
+/// The directory (as a module key) of the nearest `miles.toml` at or above `key`'s directory.
+pub fn find(key: &str) -> Option<String> {
+    let mut dir = miles_compiler::fs::parent_dir(&normalize(key));
+    loop {
+        if Path::new(&dir).join(manifest::FILE).is_file() {
+            return Some(dir);
+        }
+        let up =
+            if dir == "." || dir.ends_with("..") { join(&dir, "..") } else { miles_compiler::fs::parent_dir(&dir) };
+        // Stop at the file system's root.
+        let abs_up = std::fs::canonicalize(&up).ok()?;
+        if std::fs::canonicalize(&dir).ok()? == abs_up {
+            return None;
+        }
+        dir = up;
+    }
+}
+
+fn read_manifest(dir: &str, sources: &mut Sources) -> Result<Manifest, Diagnostic> {
+    let path = join(dir, manifest::FILE);
+    let text = std::fs::read_to_string(&path).map_err(|e| {
+        Diagnostic::error("E0112", format!("cannot read {path}: {e}"))
+            .with_help("a package is a directory holding a miles.toml (see docs/packages.md)")
+    })?;
+    let file = sources.add(path, text);
+    let text = &sources.files[file.0 as usize].text;
+    Manifest::parse(file, text)
+}
+
+pub fn open(root: &str, sources: &mut Sources) -> Result<Project, Diagnostic> {
+    let root = normalize(root);
+    let manifest = read_manifest(&root, sources)?;
+    Ok(Project { root, manifest })
+}
+
+/// Whether the lock still answers every direct dependency of the manifest.
+fn lock_matches(m: &Manifest, lock: &Lock) -> bool {
+    m.dependencies.iter().all(|(name, dep)| {
+        let Some(l) = lock.get(name) else { return false };
+        match dep {
+            Dependency::Path(p) => l.source == format!("path+{}", normalize(p)),
+            Dependency::Git { url, at } => {
+                l.source == format!("git+{url}")
+                    && match at {
+                        GitRef::Version(req) => semver::VersionReq::parse(req)
+                            .ok()
+                            .zip(semver::Version::parse(&l.version).ok())
+                            .is_some_and(|(r, v)| r.matches(&v)),
+                        GitRef::Tag(t) | GitRef::Branch(t) | GitRef::Rev(t) => {
+                            l.reference.as_deref() == Some(t.as_str())
+                        }
+                    }
+            }
+        }
+    })
+}
+
+/// Builds the project's dependencies (see `Mode`), writing `miles.lock` when it changed.
+pub fn build(project: &Project, cache: &Cache, mode: &Mode, sources: &mut Sources) -> Result<Build, Diagnostic> {
+    let lock_path = join(&project.root, lock::FILE);
+    let old = match std::fs::read_to_string(&lock_path) {
+        Ok(text) => {
+            let file = sources.add(lock_path.clone(), text);
+            Some(Lock::parse(file, &sources.files[file.0 as usize].text)?)
+        }
+        Err(_) => None,
+    };
+    let lock = match (&old, mode) {
+        (Some(l), Mode::Locked) if lock_matches(&project.manifest, l) => l.clone(),
+        _ => {
+            let pins: BTreeMap<String, Pin> = match (mode, &old) {
+                (Mode::Update(None), _) | (_, None) => BTreeMap::new(),
+                (Mode::Update(Some(n)), Some(l)) => pins_of(l, Some(n)),
+                (Mode::Locked, Some(l)) => pins_of(l, None),
+            };
+            let mut index = GitIndex {
+                cache,
+                project_root: project.root.clone(),
+                refresh: matches!(mode, Mode::Update(_)),
+                refreshed: HashSet::new(),
+                sources,
+            };
+            let resolved = resolve::resolve(&project.manifest, &mut index, &pins)?;
+            let mut packages = Vec::new();
+            for r in resolved {
+                let (source, reference, commit, hash) = match &r.origin {
+                    Origin::Path(dir) => (format!("path+{dir}"), None, None, None),
+                    Origin::Git { url, reference, commit } => {
+                        let dir = fetch(cache, &r.name, url, commit)?;
+                        let h = hash::tree(&dir).map_err(|e| io_error(&r.name, &e))?;
+                        (format!("git+{url}"), Some(reference.clone()), Some(commit.clone()), Some(h))
+                    }
+                };
+                packages.push(Locked {
+                    name: r.name,
+                    version: r.version.to_string(),
+                    source,
+                    reference,
+                    commit,
+                    hash,
+                    dependencies: r.dependencies,
+                });
+            }
+            Lock { version: 1, packages }
+        }
+    };
+    let mut packages = Vec::new();
+    for l in &lock.packages {
+        let root = if let Some(dir) = l.source.strip_prefix("path+") {
+            join(&project.root, dir)
+        } else if let (Some(url), Some(commit)) = (l.source.strip_prefix("git+"), &l.commit) {
+            // `miles vendor` copies: used instead of the cache, checked against the same hash.
+            let vendored = Path::new(&project.root).join(VENDOR).join(&l.name);
+            let dir = if vendored.is_dir() { vendored } else { fetch(cache, &l.name, url, commit)? };
+            let found = hash::tree(&dir).map_err(|e| io_error(&l.name, &e))?;
+            if let Some(want) = &l.hash {
+                if *want != found {
+                    return Err(Diagnostic::error(
+                        "E0116",
+                        format!("the sources of `{}` {} changed: miles.lock expects {want}, found {found}", l.name, l.version),
+                    )
+                    .with_help(format!(
+                        "the cached copy ({}) or the tag upstream was altered: delete that directory to fetch it again; if the change is wanted, `miles update {}`",
+                        dir.display(),
+                        l.name
+                    )));
+                }
+            }
+            dir.to_string_lossy().into_owned()
+        } else {
+            return Err(Diagnostic::error(
+                "E0112",
+                format!("invalid miles.lock: package `{}` has no usable source", l.name),
+            )
+            .with_help("delete miles.lock and run `miles update`"));
+        };
+        packages.push(Package { name: l.name.clone(), version: l.version.clone(), root, locked: l.clone() });
+    }
+    let mut roots = vec![PackageRoot {
+        name: project.manifest.name.clone(),
+        root: project.root.clone(),
+        dependencies: project.manifest.dependencies.keys().cloned().collect(),
+    }];
+    roots.extend(packages.iter().map(|p| PackageRoot {
+        name: p.name.clone(),
+        root: p.root.clone(),
+        dependencies: p.locked.dependencies.clone(),
+    }));
+    let lock_changed = old.as_ref() != Some(&lock);
+    if lock_changed {
+        write_atomic(Path::new(&lock_path), lock.render().as_bytes()).map_err(|e| {
+            Diagnostic::error("E0114", format!("cannot write {lock_path}: {e}"))
+                .with_help("check the directory is writable")
+        })?;
+    }
+    Ok(Build { packages, map: Packages { roots }, lock, lock_changed })
+}
+
+fn pins_of(lock: &Lock, except: Option<&String>) -> BTreeMap<String, Pin> {
+    lock.packages
+        .iter()
+        .filter(|p| Some(&p.name) != except)
+        .filter_map(|p| p.commit.clone().map(|commit| (p.name.clone(), Pin { commit })))
+        .collect()
+}
+
+fn fetch(cache: &Cache, name: &str, url: &str, commit: &str) -> Result<PathBuf, Diagnostic> {
+    cache.source(name, url, commit).map_err(|why| {
+        Diagnostic::error("E0114", format!("cannot fetch `{name}` from {url} at {commit}: {why}"))
+            .with_help("check the repository is reachable; nothing was written to the cache")
+    })
+}
+
+fn io_error(name: &str, e: &std::io::Error) -> Diagnostic {
+    Diagnostic::error("E0114", format!("cannot read the sources of `{name}`: {e}"))
+        .with_help("check the cache directory")
+}
+
+/// Writes through a temporary file and a rename: a crash never leaves half a file.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    let tmp = path.with_file_name(format!(
+        ".{}.tmp.{}",
+        path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default(),
+        std::process::id()
+    ));
+    let r = (|| {
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, path)
+    })();
+    if r.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    r
+}
+
+/// Copies every dependency's files into `dir/NAME` (for `miles vendor`), each through a
+/// temporary directory and a rename.
+pub fn vendor(build: &Build, dir: &Path) -> std::io::Result<Vec<(String, PathBuf)>> {
+    std::fs::create_dir_all(dir)?;
+    let mut out = Vec::new();
+    for p in &build.packages {
+        let dest = dir.join(&p.name);
+        let tmp = dir.join(format!(".{}.tmp.{}", p.name, std::process::id()));
+        let _ = std::fs::remove_dir_all(&tmp);
+        let mut files = Vec::new();
+        hash::walk(Path::new(&p.root), Path::new(&p.root), &mut files)?;
+        for f in &files {
+            let to = tmp.join(f);
+            if let Some(parent) = to.parent() {
+                std::fs::create_dir_all(parent)?;
+            }
+            std::fs::copy(Path::new(&p.root).join(f), &to)?;
+        }
+        std::fs::create_dir_all(&tmp)?;
+        if dest.exists() {
+            std::fs::remove_dir_all(&dest)?;
+        }
+        std::fs::rename(&tmp, &dest)?;
+        out.push((p.name.clone(), dest));
+    }
+    Ok(out)
+}
+
+/// The index over real repositories: tags and files come from the cache's mirrors.
+struct GitIndex<'a> {
+    cache: &'a Cache,
+    project_root: String,
+    /// Fetch each repository once before reading its tags (`miles update`).
+    refresh: bool,
+    refreshed: HashSet<String>,
+    sources: &'a mut Sources,
+}
+
+impl GitIndex<'_> {
+    fn db(&mut self, url: &str) -> Result<PathBuf, String> {
+        let refresh = self.refresh && self.refreshed.insert(url.to_string());
+        self.cache.db(url, refresh)
+    }
+}
+
+impl Index for GitIndex<'_> {
+    fn tags(&mut self, url: &str) -> Result<Vec<(String, String)>, String> {
+        let db = self.db(url)?;
+        git::tags(&db)
+    }
+    fn commit(&mut self, url: &str, reference: &str) -> Result<String, String> {
+        let db = self.db(url)?;
+        git::commit_of(&db, reference)
+    }
+    fn manifest_at(&mut self, name: &str, url: &str, commit: &str) -> Result<Manifest, Diagnostic> {
+        let dir = fetch(self.cache, name, url, commit)?;
+        read_manifest(&dir.to_string_lossy(), self.sources)
+    }
+    fn manifest_in(&mut self, dir: &str) -> Result<Manifest, Diagnostic> {
+        read_manifest(&join(&self.project_root, dir), self.sources)
+    }
+}

@@ -1,0 +1,237 @@
+//! Packages over real (local) git repositories, offline: the lock pins a version, `update` moves
+//! it and a stricter upstream rule then fails the team's recipe, a clean cache resolves the same
+//! bytes, and each bad input is one diagnostic with its code.
+
+use miles_compiler::fs::FileSystem;
+use miles_compiler::{compile_in, Options, Sources};
+use miles_package::cache::Cache;
+use miles_package::project::{self, Mode};
+use miles_package::{hash, testing};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+struct Disk;
+impl FileSystem for Disk {
+    fn read(&self, path: &str) -> Result<Vec<u8>, String> {
+        std::fs::read(path).map_err(|e| e.to_string())
+    }
+}
+
+fn git(dir: &Path, args: &[&str]) {
+    let out = Command::new("git")
+        .current_dir(dir)
+        .args([
+            "-c",
+            "user.name=t",
+            "-c",
+            "user.email=t@t",
+            "-c",
+            "init.defaultBranch=main",
+            "-c",
+            "tag.gpgsign=false",
+            "-c",
+            "commit.gpgsign=false",
+        ])
+        .args(args)
+        .output()
+        .expect("git runs");
+    assert!(out.status.success(), "git {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+fn write(path: &Path, text: &str) {
+    std::fs::create_dir_all(path.parent().expect("parent")).expect("mkdir");
+    std::fs::write(path, text).expect("write");
+}
+
+const BASE_V1: &str = r#"//! The platform's GRPO base recipe and its house rules.
+import std/tasks/arith
+
+/// The platform's default policy.
+model policy = transformer { layers = 2, d_model = 64, heads = 4, vocab = arith.vocab }
+
+/// The base every team's GRPO recipe extends.
+recipe grpo_base {
+    rollout = generate(policy) { prompts = arith.addition {}, max_new_tokens = 4.tokens }
+    reward  = exact_match(rollout)
+    train   = grpo(rollout, reward) { rollout_batch = 32, global_batch = 256 }
+    sync    = weights(train -> rollout)
+    /// A learning rate above 1e-3 diverges on our fleet.
+    check train.lr <= 1e-3 else "house rule: the GRPO learning rate is at most 1e-3"
+}
+"#;
+
+const STRICTER: &str = "    /// Since 1.1: measured divergence above 1e-4.\n    check train.lr <= 1e-4 else \"house rule 1.1: the GRPO learning rate is at most 1e-4\"\n}\n";
+
+fn manifest(v: &str) -> String {
+    format!("[package]\nname = \"platform\"\nversion = \"{v}\"\ndescription = \"Base recipes and house rules\"\nlicense = \"Apache-2.0\"\n\n[[test]]\nfile = \"tests/too_fast.miles\"\nexpect = \"fail\"\ncheck = \"house rule\"\n")
+}
+
+/// A library repository with tag v1.0.0; its URL.
+fn library(tmp: &Path) -> String {
+    let lib = tmp.join("platform");
+    std::fs::create_dir_all(&lib).expect("mkdir");
+    git(&lib, &["init", "-q"]);
+    write(&lib.join("miles.toml"), &manifest("1.0.0"));
+    write(&lib.join("grpo/base.miles"), BASE_V1);
+    write(
+        &lib.join("tests/too_fast.miles"),
+        "import ../grpo/base { grpo_base }\n\nrecipe too_fast extends grpo_base {\n    train.lr = 2e-3\n}\n",
+    );
+    git(&lib, &["add", "-A"]);
+    git(&lib, &["commit", "-qm", "v1.0.0"]);
+    git(&lib, &["tag", "-a", "v1.0.0", "-m", "v1.0.0"]);
+    format!("file://{}", lib.display())
+}
+
+/// Releases v1.1.0 of the library, which adds a stricter check.
+fn release_1_1(tmp: &Path) {
+    let lib = tmp.join("platform");
+    write(&lib.join("miles.toml"), &manifest("1.1.0"));
+    write(&lib.join("grpo/base.miles"), &BASE_V1.replacen("1e-3\"\n}\n", &format!("1e-3\"\n{STRICTER}"), 1));
+    git(&lib, &["commit", "-qam", "v1.1.0"]);
+    git(&lib, &["tag", "v1.1.0"]);
+}
+
+fn project(tmp: &Path, deps: &str) -> String {
+    let team = tmp.join("team");
+    write(
+        &team.join("miles.toml"),
+        &format!("[package]\nname = \"team\"\nversion = \"0.1.0\"\n\n[dependencies]\n{deps}\n"),
+    );
+    write(
+        &team.join("recipes/team.miles"),
+        "import platform/grpo/base { grpo_base }\n\nrecipe team_grpo extends grpo_base {\n    train.lr = 5e-4\n}\n",
+    );
+    team.to_string_lossy().into_owned()
+}
+
+fn tmp(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("miles-pkg-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).expect("tmp");
+    d
+}
+
+/// Every entry of the cache's `src/` and `git/`, temporary ones included.
+fn cache_entries(cache: &Cache) -> Vec<String> {
+    let mut out = Vec::new();
+    for sub in ["src", "git"] {
+        if let Ok(rd) = std::fs::read_dir(cache.home.join(sub)) {
+            out.extend(rd.flatten().map(|e| e.file_name().to_string_lossy().into_owned()));
+        }
+    }
+    out
+}
+
+#[test]
+fn lock_pins_update_moves_and_the_new_rule_fails_with_its_home() {
+    let t = tmp("accept");
+    let url = library(&t);
+    let team = project(&t, &format!("platform = {{ git = \"{url}\", version = \"^1.0\" }}"));
+    let cache = Cache { home: t.join("cache") };
+    let mut sources = Sources::default();
+    let p = project::open(&team, &mut sources).expect("manifest");
+    let b = project::build(&p, &cache, &Mode::Locked, &mut sources).expect("builds");
+    assert!(b.lock_changed);
+    let lock_v1 = std::fs::read_to_string(t.join("team/miles.lock")).expect("lock written");
+    assert!(lock_v1.contains("version = \"1.0.0\"") && lock_v1.contains("reference = \"v1.0.0\""), "{lock_v1}");
+    let entry = format!("{team}/recipes/team.miles");
+    let c = compile_in(&Disk, std::slice::from_ref(&entry), &Options::default(), &b.map);
+    assert!(!c.has_errors(), "{:#?}", c.diagnostics);
+
+    // The library releases 1.1.0; a build keeps the pinned 1.0.0 and changes nothing.
+    release_1_1(&t);
+    let again = project::build(&p, &cache, &Mode::Locked, &mut sources).expect("builds");
+    assert!(!again.lock_changed && again.lock.packages[0].version == "1.0.0");
+
+    // `miles update`: v1.1.0, whose stricter rule the team's recipe breaks.
+    let b = project::build(&p, &cache, &Mode::Update(None), &mut sources).expect("updates");
+    assert!(b.lock.packages[0].version == "1.1.0", "{:?}", b.lock);
+    let c = compile_in(&Disk, std::slice::from_ref(&entry), &Options::default(), &b.map);
+    let d = c.diagnostics.iter().find(|d| d.is_error()).expect("the new rule fails");
+    assert!(d.message.contains("house rule 1.1"), "{d:#?}");
+    let home = &c.program.sources.get(d.primary.as_ref().expect("span").span.file).expect("file").path;
+    assert!(home.starts_with(&b.packages[0].root) && home.ends_with("grpo/base.miles"), "rule shown at {home}");
+
+    // The same lock on a clean machine: byte-identical sources.
+    let clean = Cache { home: t.join("clean-cache") };
+    let b2 = project::build(&p, &clean, &Mode::Locked, &mut sources).expect("builds from the lock");
+    assert!(!b2.lock_changed);
+    let (a, z) = (Path::new(&b.packages[0].root), Path::new(&b2.packages[0].root));
+    assert_ne!(a, z);
+    assert_eq!(hash::tree(a).expect("hash"), hash::tree(z).expect("hash"));
+    assert_eq!(Some(hash::tree(z).expect("hash")), b2.lock.packages[0].hash);
+
+    // The library's own tests pass at v1.1.0 (the too-fast recipe fails the house rule).
+    let mut s = Sources::default();
+    let lib = project::open(&b.packages[0].root, &mut s).expect("library manifest");
+    let lib_build = project::build(&lib, &clean, &Mode::Locked, &mut s).expect("no deps");
+    let outcomes = testing::run(&lib, &lib_build.map, &Disk);
+    assert!(outcomes.len() == 1 && outcomes[0].passed, "{}", outcomes[0].why);
+
+    // Tampering with the cached copy is caught, with the package and both hashes.
+    std::fs::write(z.join("grpo/base.miles"), "// edited\n").expect("tamper");
+    let e = project::build(&p, &clean, &Mode::Locked, &mut sources).err().expect("mismatch");
+    assert_eq!(e.code, "E0116");
+    assert!(e.message.contains("`platform`") && e.message.matches("sha256:").count() == 2, "{}", e.message);
+    let _ = std::fs::remove_dir_all(&t);
+}
+
+#[test]
+fn bad_inputs_are_diagnostics_with_codes() {
+    let t = tmp("bad");
+    let url = library(&t);
+    release_1_1(&t);
+    let cache = Cache { home: t.join("cache") };
+    let err = |deps: &str| {
+        let team = project(&t, deps);
+        let _ = std::fs::remove_file(t.join("team/miles.lock"));
+        let mut sources = Sources::default();
+        let p = project::open(&team, &mut sources).expect("manifest");
+        project::build(&p, &cache, &Mode::Locked, &mut sources).err().expect("fails")
+    };
+    let e = err(&format!("platform = {{ git = \"{url}\", tag = \"v9.9.9\" }}"));
+    assert!(e.code == "E0115" && e.help.as_deref().unwrap_or("").contains("v1.1.0"), "{e:?}");
+    let e = err(&format!("platform = {{ git = \"{url}\", version = \"^2\" }}"));
+    assert_eq!(e.code, "E0115", "{e:?}");
+    let before = cache_entries(&cache);
+    let e = err("platform = { git = \"file:///nonexistent/repo.git\", version = \"^1\" }");
+    assert_eq!(e.code, "E0114", "{e:?}");
+    assert_eq!(cache_entries(&cache), before, "a failed fetch leaves nothing behind");
+    let e = err(&format!(
+        "platform = {{ git = \"{url}\", version = \"^1.0\" }}\nother = {{ git = \"{url}\", tag = \"v1.0.0\" }}"
+    ));
+    assert_eq!(e.code, "E0117", "{e:?}");
+
+    // Path dependencies: a cycle, and two versions of one package asked by two chains.
+    write(
+        &t.join("a/miles.toml"),
+        "[package]\nname = \"a\"\nversion = \"1.0.0\"\n[dependencies]\nb = { path = \"../b\" }\n",
+    );
+    write(
+        &t.join("b/miles.toml"),
+        "[package]\nname = \"b\"\nversion = \"1.0.0\"\n[dependencies]\na = { path = \"../a\" }\n",
+    );
+    let e = err("a = { path = \"../a\" }");
+    assert_eq!(e.code, "E0113");
+    assert!(e.message.contains("a -> b -> a"), "{}", e.message);
+    write(
+        &t.join("mid/miles.toml"),
+        &format!("[package]\nname = \"mid\"\nversion = \"1.0.0\"\n[dependencies]\nplatform = {{ git = \"{url}\", version = \"=1.0.0\" }}\n"),
+    );
+    let e = err(&format!("platform = {{ git = \"{url}\", version = \"^1.1\" }}\nmid = {{ path = \"../mid\" }}"));
+    assert_eq!(e.code, "E0118", "{e:?}");
+    assert!(
+        e.message.contains("team -> platform wants") && e.message.contains("team -> mid -> platform wants"),
+        "{}",
+        e.message
+    );
+
+    // A manifest syntax error names its line.
+    write(&t.join("broken/miles.toml"), "[package]\nname = \"x\"\nversion = \"1.0.0\"\n[dependencies\n");
+    let mut sources = Sources::default();
+    let e = project::open(&t.join("broken").to_string_lossy(), &mut sources).err().expect("fails");
+    assert_eq!(e.code, "E0112");
+    assert_eq!(sources.line_col(e.primary.expect("span").span).0, 4);
+    let _ = std::fs::remove_dir_all(&t);
+}
