@@ -481,4 +481,14 @@ stray client or another run on the same machine cannot drive or feed it.",
 or refused the job. The message carries the launcher's own error; check that Slurm (or Ray) is \
 installed and reachable, and the partition and GPU counts of the recipe's `launcher`.",
     },
+    Code {
+        code: "E0517",
+        title: "a reward failed",
+        explanation: "A reward stage (a command reward program, an HTTP reward service or a \
+verifier) crashed, exited, or answered something malformed (a wrong id or count, a non-number, \
+NaN), and its `on_error` is `stop`. The message names the stage, the sample and what it returned \
+(the program's last stderr lines for a command). A reward that times out stops with E0509 \
+instead. `on_error = drop` leaves the sample out, `zero` scores it 0; both are counted in the \
+`reward/dropped` and `reward/zeroed` metrics, never silent (docs/rewards.md).",
+    },
 ];
