@@ -23,7 +23,7 @@ model policy = transformer { layers = 1, d_model = 32, heads = 2, vocab = arith.
 recipe tiny {
     warmup  = sft(policy) { data = arith.addition { digits = 1 }, steps = 5.steps, batch = 8 }
     rollout = generate(warmup) {
-        prompts = arith.addition { digits = 1 }
+        prompts = arith.addition { digits = 1, test_size = 20 }
         samples_per_prompt = 4
         max_prompt_tokens = 8.tokens
         max_new_tokens = 3.tokens
