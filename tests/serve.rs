@@ -91,7 +91,9 @@ fn serve_speaks_sglang_generate_weights_pause_and_counts_prefix_reuse() {
     let r2 = dir.join("http.miles");
     let recipe = recipe
         .replace("generate(warmup) {", &format!("generate(warmup) {{\n        engine = sglang {{ url = \"{base}\" }}"))
-        .replace("stop = 2.steps", "stop = 3.steps");
+        .replace("stop = 2.steps", "stop = 3.steps")
+        // Servers given by URL load each version from disk: no transport to choose.
+        .replace("{ transport = local }", "{}");
     std::fs::write(&r2, recipe).unwrap();
     let o = run(&[r2.to_str().unwrap(), "--out", dir.join("out-http").to_str().unwrap()]);
     let err = String::from_utf8_lossy(&o.stderr);
