@@ -21,7 +21,7 @@ const TINY: &str = r#"
 import std/tasks/arith
 model policy = transformer { layers = 1, d_model = 32, heads = 2, vocab = arith.vocab, max_len = 16 }
 recipe tiny {
-    warmup  = sft(policy) { data = arith.addition { digits = 1 }, steps = 5.steps, batch = 8 }
+    warmup  = sft(policy) { data = arith.addition { digits = 1, test_size = 20 }, steps = 5.steps, batch = 8 }
     rollout = generate(warmup) {
         prompts = arith.addition { digits = 1, test_size = 20 }
         samples_per_prompt = 4
