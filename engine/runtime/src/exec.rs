@@ -394,6 +394,15 @@ pub(crate) fn build_task(spec: &RunSpec) -> Result<TaskSet, RunError> {
         .with_help(format!("set model.vocab_size to at least {vocab}")));
     }
     let (max_prompt, max_answer) = task.max_token_lens();
+    if let Some(limit) = spec.rollout.max_prompt_tokens.filter(|l| max_prompt > *l) {
+        return Err(RunError::new(
+            E_TOO_LONG,
+            format!(
+                "the longest prompt is {max_prompt} tokens (with BOS), over the rollout's max_prompt_tokens {limit}"
+            ),
+        )
+        .with_help(format!("raise `max_prompt_tokens` to {max_prompt}.tokens, or shorten the prompts")));
+    }
     let need = max_prompt + spec.rollout.max_new_tokens.max(max_answer);
     if need > spec.model.max_len {
         return Err(RunError::new(

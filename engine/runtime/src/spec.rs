@@ -303,6 +303,10 @@ pub struct RolloutSpec {
     /// 0 = no top-k filter.
     #[serde(default)]
     pub top_k: usize,
+    /// The recipe's `max_prompt_tokens`: a prompt set whose longest prompt (with BOS) is longer
+    /// stops the run before training (E0510). None: no bound but the model's `max_len`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_prompt_tokens: Option<usize>,
 }
 
 fn one() -> f64 {

@@ -165,6 +165,13 @@ fn clear_errors_before_training() {
     s.model.max_len = 6;
     let e = miles_tch::run(&s, &opts(&d)).unwrap_err();
     assert_eq!(e.code, "E0510");
+
+    // The recipe's max_prompt_tokens is a bound the run keeps, not a comment.
+    let mut s = tiny();
+    s.rollout.max_prompt_tokens = Some(2);
+    let e = miles_tch::run(&s, &opts(&d)).unwrap_err();
+    assert_eq!(e.code, "E0510");
+    assert!(e.message.contains("max_prompt_tokens 2"), "{e}");
     let _ = std::fs::remove_dir_all(&d);
 }
 
