@@ -16,7 +16,11 @@ fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
 }
 
 fn main() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../stdlib");
+    // Read at run time, not with env!(): a build script binary compiled in one checkout is
+    // reused by cargo for the same crate in another (the artifact names do not depend on the
+    // path), and would then embed the first checkout's stdlib, or nothing once it is gone.
+    let manifest = std::env::var("CARGO_MANIFEST_DIR").unwrap_or_else(|_| env!("CARGO_MANIFEST_DIR").to_string());
+    let root = Path::new(&manifest).join("../../stdlib");
     println!("cargo:rerun-if-changed={}", root.display());
     let mut files = Vec::new();
     walk(&root, &mut files);
