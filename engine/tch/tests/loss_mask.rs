@@ -5,30 +5,15 @@
 //! change) must give bit-identical updates and statistics; with the mask all ones the same
 //! difference must show (so the test can fail).
 
+mod common;
+
 use miles_runtime::tasks::EOS;
 use miles_runtime::{ModelConfig, TrainSpec, TrainStats, Trainer, Trajectory};
 use miles_tch::model::Policy;
 use miles_tch::train::TchTrainer;
 
 fn cfg() -> ModelConfig {
-    ModelConfig {
-        vocab_size: 12,
-        d_model: 32,
-        n_layers: 2,
-        n_heads: 4,
-        n_kv_heads: 2,
-        d_ff: 48,
-        max_len: 24,
-        rope_theta: 10000.0,
-        norm_eps: 1e-5,
-        init_std: 0.5,
-        head_dim: None,
-        qkv_bias: false,
-        o_bias: false,
-        qk_norm: false,
-        tie_embeddings: false,
-        rope_scaling: None,
-    }
+    common::tiny_config(0.5)
 }
 
 fn spec(agg: &str) -> TrainSpec {

@@ -2,6 +2,8 @@
 //! answers equal the batch engine's whatever the staggering of requests, weight versions are
 //! recorded across a swap, and a fully_async run of the tiny spec trains and resumes.
 
+mod common;
+
 use miles_runtime::tasks::{BOS, EOS};
 use miles_runtime::{
     GenRequest, ModelConfig, ProgressMode, RolloutEngine, RunOptions, RunSpec, SamplingParams, StreamEngine,
@@ -13,24 +15,7 @@ use miles_tch::train::TchTrainer;
 use miles_tch::TchEngine;
 
 fn cfg() -> ModelConfig {
-    ModelConfig {
-        vocab_size: 12,
-        d_model: 32,
-        n_layers: 2,
-        n_heads: 4,
-        n_kv_heads: 2,
-        d_ff: 48,
-        max_len: 24,
-        rope_theta: 10000.0,
-        norm_eps: 1e-5,
-        init_std: 0.3,
-        head_dim: None,
-        qkv_bias: false,
-        o_bias: false,
-        qk_norm: false,
-        tie_embeddings: false,
-        rope_scaling: None,
-    }
+    common::tiny_config(0.3)
 }
 
 fn params(seed: u64, greedy: bool) -> SamplingParams {

@@ -1,5 +1,7 @@
 //! Hand-computed checks of the loss pieces, and model/sampler/checkpoint properties.
 
+mod common;
+
 use miles_runtime::rng::Rng;
 use miles_runtime::tasks::EOS;
 use miles_runtime::{ModelConfig, SamplingParams, TrainSpec, Trainer};
@@ -28,24 +30,7 @@ fn close(a: &[f32], b: &[f32], tol: f32) {
 }
 
 fn cfg() -> ModelConfig {
-    ModelConfig {
-        vocab_size: 12,
-        d_model: 32,
-        n_layers: 2,
-        n_heads: 4,
-        n_kv_heads: 2,
-        d_ff: 48,
-        max_len: 24,
-        rope_theta: 10000.0,
-        norm_eps: 1e-5,
-        init_std: 0.5,
-        head_dim: None,
-        qkv_bias: false,
-        o_bias: false,
-        qk_norm: false,
-        tie_embeddings: false,
-        rope_scaling: None,
-    }
+    common::tiny_config(0.5)
 }
 
 fn train_spec() -> TrainSpec {
