@@ -4,6 +4,7 @@
 use miles_compiler::graph::{StageGraph, StageNode};
 use miles_compiler::value::{PortKind, Record, Value};
 use miles_compiler::{CompiledRecipe, Diagnostic, Span};
+use miles_runtime::reward::RewardSpec;
 use miles_runtime::spec::*;
 
 struct Mapper<'r> {
@@ -98,11 +99,13 @@ pub fn run_spec(recipe: &CompiledRecipe) -> Result<RunSpec, Vec<Diagnostic>> {
     }
     for node in recipe.graph.nodes() {
         match node.kind.as_str() {
-            "generate" | "grpo" | "ppo" | "sft" | "weights" | "evaluate" | "checkpoint" | "exact_match" => {}
+            "generate" | "grpo" | "ppo" | "sft" | "weights" | "evaluate" | "checkpoint" | "exact_match" | "verify"
+            | "command_reward" | "http_reward" => {}
             other => m.unsupported(
                 node.name_span,
                 format!("a `{other}` stage"),
-                "the embedded backend runs sft, generate, exact_match, grpo, weights, evaluate and checkpoint",
+                "the embedded backend runs sft, generate, exact_match, verify, command_reward, http_reward, grpo, \
+                 weights, evaluate and checkpoint",
             ),
         }
     }
@@ -122,8 +125,40 @@ pub fn run_spec(recipe: &CompiledRecipe) -> Result<RunSpec, Vec<Diagnostic>> {
         m.unsupported(param_span(train, "lora"), "LoRA".into(), "remove `lora` to run here");
     }
 
-    // The model.
+    // The model: a seeded `transformer`, or a Hugging Face directory whose config.json `miles
+    // check` read (the `hf` schema's fields and its `config` map).
+    let mut hf = None;
     let model = match rollout.model.as_deref() {
+        Some(r) if r.schema_name == "hf" => {
+            let config = r.get("config");
+            let flag = |name: &str| match config {
+                Some(Value::Map(m)) => m.get(name).and_then(Value::as_bool).unwrap_or(false),
+                _ => false,
+            };
+            let rope_theta = match config {
+                Some(Value::Map(m)) => m.get("rope_theta").and_then(Value::as_f64).unwrap_or(10000.0),
+                _ => 10000.0,
+            };
+            hf = Some(HfModelSpec { path: rec_str(r, "path").into() });
+            ModelConfig {
+                vocab_size: rec_u64(r, "vocab") as usize,
+                d_model: rec_u64(r, "d_model") as usize,
+                n_layers: rec_u64(r, "layers") as usize,
+                n_heads: rec_u64(r, "heads") as usize,
+                n_kv_heads: rec_u64(r, "kv_heads") as usize,
+                d_ff: rec_u64(r, "d_ff") as usize,
+                max_len: rec_u64(r, "max_len") as usize,
+                rope_theta,
+                norm_eps: 1e-6,
+                init_std: 0.02,
+                head_dim: Some(rec_u64(r, "head_dim") as usize),
+                qkv_bias: flag("qkv_bias"),
+                o_bias: flag("o_bias"),
+                qk_norm: flag("qk_norm"),
+                tie_embeddings: flag("tie_embeddings"),
+                rope_scaling: None,
+            }
+        }
         Some(r) if r.schema_name == "transformer" => ModelConfig {
             vocab_size: rec_u64(r, "vocab") as usize,
             d_model: rec_u64(r, "d_model") as usize,
@@ -171,7 +206,7 @@ pub fn run_spec(recipe: &CompiledRecipe) -> Result<RunSpec, Vec<Diagnostic>> {
                 TaskKind::Sort { min_len: min_len as usize, max_len: max_len as usize, alphabet }
             }
         }
-        Some("jsonl") => {
+        Some("jsonl" | "parquet") => {
             let p = prompts.as_ref().map(|p| {
                 (
                     rec_str(p, "path"),
@@ -181,7 +216,7 @@ pub fn run_spec(recipe: &CompiledRecipe) -> Result<RunSpec, Vec<Diagnostic>> {
                 )
             });
             let (path, prompt_field, label_field, stop) = p.unwrap_or_default();
-            TaskKind::Jsonl {
+            TaskKind::Data {
                 path: path.into(),
                 prompt_field,
                 label_field,
@@ -193,7 +228,7 @@ pub fn run_spec(recipe: &CompiledRecipe) -> Result<RunSpec, Vec<Diagnostic>> {
             m.unsupported(
                 param_span(rollout, "prompts"),
                 format!("prompts from `{}`", other.unwrap_or("?")),
-                "use a built-in task (std/tasks/arith, std/tasks/strings) or `jsonl { ... }`",
+                "use a built-in task (std/tasks/arith, std/tasks/strings), `jsonl { ... }` or `parquet { ... }`",
             );
             return Err(m.diags);
         }
@@ -201,6 +236,7 @@ pub fn run_spec(recipe: &CompiledRecipe) -> Result<RunSpec, Vec<Diagnostic>> {
     let test_size =
         prompts.as_ref().and_then(|p| p.get("test_size")).and_then(Value::as_i64).unwrap_or(200).max(1) as usize;
     let partial_credit = m.upstream_reward(train);
+    let reward = m.upstream(train, PortKind::Scores).and_then(|r| reward_spec(&mut m, r));
     let split_seed =
         prompts.as_ref().and_then(|p| p.get("split_seed")).and_then(Value::as_i64).unwrap_or(1234).max(0) as u64;
     let task = TaskSpec { kind: task_kind, split: SplitSpec { test_size, seed: split_seed }, partial_credit };
@@ -315,6 +351,8 @@ pub fn run_spec(recipe: &CompiledRecipe) -> Result<RunSpec, Vec<Diagnostic>> {
         steps,
         model,
         task,
+        hf,
+        reward,
         sft,
         rollout: rollout_spec,
         train: train_spec,
@@ -382,6 +420,61 @@ impl Mapper<'_> {
             .and_then(|r| r.param("partial_credit"))
             .and_then(Value::as_bool)
             .unwrap_or(false)
+    }
+}
+
+/// The reward stage feeding the trainer, as the run spec carries it (None: the task's exact match).
+fn reward_spec(m: &mut Mapper, r: &StageNode) -> Option<RewardSpec> {
+    use miles_runtime::reward::OnRewardError;
+    let on_error = match r.param("on_error").and_then(Value::as_enum) {
+        Some("drop") => OnRewardError::Drop,
+        Some("zero") => OnRewardError::Zero,
+        _ => OnRewardError::Stop,
+    };
+    let timeout_s = r.param("timeout").and_then(Value::as_q).map(|q| q.to_f64()).unwrap_or(60.0);
+    let text = |name: &str| r.param(name).and_then(|v| v.as_str()).map(str::to_string);
+    let name = r.name.clone();
+    match r.kind.as_str() {
+        "verify" => {
+            let schema = match text("schema") {
+                None => None,
+                Some(t) => match serde_json::from_str(&t) {
+                    Ok(v) => Some(v),
+                    Err(e) => {
+                        let span = param_span(r, "schema");
+                        m.diags.push(
+                            Diagnostic::error("E0511", format!("`schema` is not valid JSON: {e}"))
+                                .with_primary(span, "a JSON schema, as text"),
+                        );
+                        None
+                    }
+                },
+            };
+            Some(RewardSpec::Verifier {
+                name,
+                kind: r.param("kind").and_then(Value::as_enum).unwrap_or("math").to_string(),
+                pattern: text("pattern"),
+                schema,
+                on_error,
+            })
+        }
+        "command_reward" => {
+            let command = match r.param("command") {
+                Some(Value::List(items)) => items.iter().filter_map(|v| v.as_str().map(str::to_string)).collect(),
+                _ => Vec::new(),
+            };
+            Some(RewardSpec::Command { name, command, cwd: None, timeout_s, on_error })
+        }
+        "http_reward" => Some(RewardSpec::Http {
+            name,
+            url: text("url").unwrap_or_default(),
+            concurrency: m.u64(r, "concurrency").max(1) as usize,
+            batch_size: m.u64(r, "batch_size").max(1) as usize,
+            timeout_s,
+            retries: m.u64(r, "retries") as u32,
+            on_error,
+        }),
+        _ => None,
     }
 }
 

@@ -46,6 +46,12 @@ impl SamplingParams {
         }
     }
 
+    /// The same settings, ending a response on any of `stop` (the run tokenizer's stop ids).
+    pub fn with_stop(mut self, stop: Vec<TokenId>) -> SamplingParams {
+        self.stop_tokens = stop;
+        self
+    }
+
     /// Greedy decoding to EOS: what evaluation measures.
     pub fn greedy(max_new_tokens: usize) -> SamplingParams {
         SamplingParams { greedy: true, ..SamplingParams::plain(max_new_tokens, 0) }
@@ -210,17 +216,6 @@ impl WeightTransport for LocalHandoff {
     }
     fn transfer(&mut self, weights: WeightSnapshot) -> Result<WeightSnapshot, RunError> {
         Ok(weights)
-    }
-}
-
-/// Turns a finished response into a scalar reward.
-pub trait Reward {
-    fn score(&self, item: &crate::tasks::TaskItem, response: &str, finish: FinishReason) -> f32;
-}
-
-impl Reward for crate::tasks::TaskSet {
-    fn score(&self, item: &crate::tasks::TaskItem, response: &str, finish: FinishReason) -> f32 {
-        self.reward(item, response, finish)
     }
 }
 

@@ -3,9 +3,10 @@
 
 use crate::backend::*;
 use crate::progress::Progress;
+use crate::reward::{BatchReward, RewardOutcome, RewardTally};
 use crate::rng::derive_seed;
 use crate::spec::{RunOptions, RunSpec, Summary};
-use crate::tasks::{TaskItem, TaskSet};
+use crate::tasks::{PromptRow, TaskSet, TokenId};
 use crate::*;
 use serde_json::{json, Map, Value};
 use std::fs;
@@ -37,6 +38,9 @@ pub fn run_with(spec: &RunSpec, opts: &RunOptions, backend: &dyn Backend) -> Res
     let mut outs = Outputs::open(spec, opts)?;
     backend.set_threads(opts.threads);
     let (mut engine, mut trainer) = backend.create(spec)?;
+    let mut reward = crate::reward::spec::build_run_reward(spec)?;
+    let mut eval_reward = crate::reward::spec::build_run_reward(spec)?;
+    let mut tally = RewardTally::default();
     let mut transport: Box<dyn WeightTransport> = Box::new(LocalHandoff);
 
     let start = match outs.resume_from.take() {
@@ -55,7 +59,7 @@ pub fn run_with(spec: &RunSpec, opts: &RunOptions, backend: &dyn Backend) -> Res
             &mut outs,
             engine.as_mut(),
             |e, w| e.load_weights(&w),
-            |e| evaluate(spec, &task, e),
+            |e| evaluate(spec, &task, eval_reward.as_mut(), e),
             Map::new(),
             |_| Ok(()),
         )?,
@@ -81,26 +85,27 @@ pub fn run_with(spec: &RunSpec, opts: &RunOptions, backend: &dyn Backend) -> Res
         let r = &spec.rollout;
         let items = task.train_batch(spec.seed, "rollout", step, r.rollout_batch);
         let prompts = items.iter().map(|it| task.tokenizer.encode_prompt(&it.prompt)).collect::<Result<Vec<_>, _>>()?;
-        let params = SamplingParams::rollout(r, derive_seed(spec.seed, "sampling", step));
+        let params = SamplingParams::rollout(r, derive_seed(spec.seed, "sampling", step)).with_stop(task.stop_tokens());
         let t_gen = Instant::now();
         let samples = engine.generate(&prompts, r.samples_per_prompt, &params)?;
         let gen_s = t_gen.elapsed().as_secs_f64();
         let gen_tokens: usize = samples.iter().map(|s| s.response.len()).sum();
 
         let t_reward = Instant::now();
-        let rewards: Vec<f32> = samples
-            .iter()
-            .map(|s| {
-                let it: &TaskItem = &items[s.prompt_index];
-                task.score(it, &task.tokenizer.decode(&s.response), s.finish)
-            })
-            .collect();
-        let groups: Vec<usize> = samples.iter().map(|s| s.prompt_index).collect();
+        let scored: Vec<(&PromptRow, &[TokenId], FinishReason)> =
+            samples.iter().map(|s| (&items[s.prompt_index], &s.response[..], s.finish)).collect();
+        let outcomes = score_responses(reward.as_mut(), &task, &format!("step{step}"), &scored)?;
+        tally.add(&outcomes);
+        // A dropped sample leaves the batch; its group keeps the others.
+        let kept: Vec<(&Sample, f32)> =
+            samples.iter().zip(&outcomes).filter_map(|(s, o)| o.reward().map(|r| (s, r))).collect();
+        let rewards: Vec<f32> = kept.iter().map(|k| k.1).collect();
+        let groups: Vec<usize> = kept.iter().map(|k| k.0.prompt_index).collect();
         let adv = grpo_advantages(&rewards, &groups, spec.train.std_norm);
-        let batch: Vec<Trajectory> = samples
+        let batch: Vec<Trajectory> = kept
             .iter()
-            .zip(rewards.iter().zip(&adv))
-            .map(|(s, (&reward, &advantage))| Trajectory {
+            .zip(&adv)
+            .map(|(&(s, reward), &advantage)| Trajectory {
                 prompt: prompts[s.prompt_index].clone(),
                 response: s.response.clone(),
                 rollout_logprobs: s.logprobs.clone(),
@@ -111,6 +116,13 @@ pub fn run_with(spec: &RunSpec, opts: &RunOptions, backend: &dyn Backend) -> Res
                 weight_version: s.weight_version,
             })
             .collect();
+        if batch.is_empty() {
+            return Err(RunError::new(
+                crate::reward::E_REWARD,
+                format!("step {step}: the reward `{}` dropped every sample of the batch", reward.name()),
+            )
+            .with_help("the reward failed on every sample: fix it, or set `on_error = zero`"));
+        }
         let lrs = step_lrs(spec, step);
         let reward_s = t_reward.elapsed().as_secs_f64();
         let t_train = Instant::now();
@@ -122,6 +134,7 @@ pub fn run_with(spec: &RunSpec, opts: &RunOptions, backend: &dyn Backend) -> Res
         let sync_s = t_sync.elapsed().as_secs_f64();
 
         let n = rewards.len().max(1) as f64;
+        let n_samples = samples.len().max(1) as f64;
         let reward_mean = rewards.iter().map(|&x| x as f64).sum::<f64>() / n;
         let flat_groups = count_flat_groups(&rewards, &groups);
         let mut row = Map::new();
@@ -132,14 +145,17 @@ pub fn run_with(spec: &RunSpec, opts: &RunOptions, backend: &dyn Backend) -> Res
         row.insert("rollout/response_len".into(), json!(gen_tokens as f64 / samples.len().max(1) as f64));
         row.insert(
             "rollout/stop_frac".into(),
-            json!(samples.iter().filter(|s| s.finish == FinishReason::Stop).count() as f64 / n),
+            json!(samples.iter().filter(|s| s.finish == FinishReason::Stop).count() as f64 / n_samples),
         );
         row.insert("rollout/flat_group_frac".into(), json!(flat_groups as f64 / r.rollout_batch as f64));
+        for (k, v) in tally.metrics() {
+            row.insert(k.into(), json!(v));
+        }
         insert_train_stats(&mut row, &ts, &lrs);
         let do_eval = step == spec.steps || (spec.eval.every > 0 && step % spec.eval.every == 0);
         if do_eval {
             let t0 = Instant::now();
-            let acc = evaluate(spec, &task, engine.as_mut())?;
+            let acc = evaluate(spec, &task, eval_reward.as_mut(), engine.as_mut())?;
             row.insert("eval/accuracy".into(), json!(acc.0));
             row.insert("eval/response_len".into(), json!(acc.1));
             row.insert("perf/eval_s".into(), json!(t0.elapsed().as_secs_f64()));
@@ -375,13 +391,17 @@ pub(crate) fn insert_perf(
 pub(crate) fn save_final_model(out: &Path, trainer: &dyn Trainer, task: &TaskSet) -> Result<(), RunError> {
     write_dir_atomically(&out.join("model"), |tmp| {
         trainer.save_model(tmp)?;
-        write_json(&tmp.join("tokenizer.json"), &task.tokenizer)
+        task.tokenizer.save(tmp)
     })
 }
 
 /// The task of a run, with the checks that need it (vocabulary, lengths).
 pub(crate) fn build_task(spec: &RunSpec) -> Result<TaskSet, RunError> {
-    let task = TaskSet::build(&spec.task)?;
+    let hf = match &spec.hf {
+        Some(h) => Some(crate::tokenize::HfTokenizer::load(&h.path)?),
+        None => None,
+    };
+    let task = TaskSet::build_with(&spec.task, hf)?;
     for w in &task.warnings {
         eprintln!("warning: {w}");
     }
@@ -459,7 +479,7 @@ pub(crate) fn run_sft(
         let items = task.train_batch(spec.seed, "sft", k, sft.batch);
         let batch = items
             .iter()
-            .map(|it| Ok((task.tokenizer.encode_prompt(&it.prompt)?, task.tokenizer.encode_answer(&it.label)?)))
+            .map(|it| Ok((task.tokenizer.encode_prompt(&it.prompt)?, task.tokenizer.encode_answer(&it.label_text())?)))
             .collect::<Result<Vec<_>, RunError>>()?;
         let lr = schedule(sft.lr, sft.warmup_steps, crate::spec::Decay::None, 0.0, k, sft.steps);
         let st = trainer.train_sft(&batch, lr)?;
@@ -481,22 +501,52 @@ pub(crate) fn run_sft(
 }
 
 /// Greedy exact-match accuracy and mean response length on the first `eval.prompts` test items.
-pub(crate) fn evaluate(spec: &RunSpec, task: &TaskSet, engine: &mut dyn RolloutEngine) -> Result<(f64, f64), RunError> {
-    let items: Vec<&TaskItem> = task.test.iter().take(spec.eval.prompts.max(1)).collect();
+pub(crate) fn evaluate(
+    spec: &RunSpec,
+    task: &TaskSet,
+    reward: &mut dyn BatchReward,
+    engine: &mut dyn RolloutEngine,
+) -> Result<(f64, f64), RunError> {
+    let items: Vec<&PromptRow> = task.test.iter().take(spec.eval.prompts.max(1)).collect();
     let prompts = items.iter().map(|it| task.tokenizer.encode_prompt(&it.prompt)).collect::<Result<Vec<_>, _>>()?;
-    let params = SamplingParams::greedy(spec.rollout.max_new_tokens);
+    let params = SamplingParams::greedy(spec.rollout.max_new_tokens).with_stop(task.stop_tokens());
     let samples = engine.generate(&prompts, 1, &params)?;
-    let mut correct = 0usize;
-    let mut len = 0usize;
-    for s in &samples {
-        let text = task.tokenizer.decode(&s.response);
-        if crate::tasks::verify(&items[s.prompt_index].label, &text, s.finish, false) >= 1.0 {
-            correct += 1;
-        }
-        len += s.response.len();
-    }
+    let scored: Vec<(&PromptRow, &[TokenId], FinishReason)> =
+        samples.iter().map(|s| (items[s.prompt_index], &s.response[..], s.finish)).collect();
+    let outcomes = score_responses(reward, task, "eval", &scored)?;
+    let len: usize = samples.iter().map(|s| s.response.len()).sum();
     let n = samples.len().max(1) as f64;
-    Ok((correct as f64 / n, len as f64 / n))
+    Ok((eval_score(&outcomes), len as f64 / n))
+}
+
+/// Held-out score of greedy responses: the fraction the reward scores 1 (exact match: accuracy);
+/// a dropped sample counts as 0 here, so a failing reward never raises the score.
+pub(crate) fn eval_score(outcomes: &[RewardOutcome]) -> f64 {
+    let full = outcomes.iter().filter(|o| o.reward().is_some_and(|r| r >= 1.0)).count();
+    full as f64 / outcomes.len().max(1) as f64
+}
+
+/// Scores responses (row, response ids, finish) with `reward`, in order. Sample ids are
+/// `<prefix>/<index>`: what a failing reward's message names.
+pub(crate) fn score_responses(
+    reward: &mut dyn BatchReward,
+    task: &TaskSet,
+    prefix: &str,
+    responses: &[(&PromptRow, &[TokenId], FinishReason)],
+) -> Result<Vec<RewardOutcome>, RunError> {
+    let inputs: Vec<_> = responses
+        .iter()
+        .enumerate()
+        .map(|(k, (row, ids, finish))| row.reward_input(format!("{prefix}/{k}"), task.tokenizer.decode(ids), *finish))
+        .collect();
+    let out = reward.score_batch(&inputs)?;
+    if out.len() != inputs.len() {
+        return Err(RunError::new(
+            crate::reward::E_REWARD,
+            format!("reward `{}` returned {} results for {} samples", reward.name(), out.len(), inputs.len()),
+        ));
+    }
+    Ok(out)
 }
 
 pub(crate) fn prepare_out_dir(spec: &RunSpec, opts: &RunOptions) -> Result<(), RunError> {

@@ -16,9 +16,14 @@
 //!   task: TaskSpec
 //!     kind: {type: addition|multiplication, digits}            operands of 1..=digits digits
 //!         | {type: reverse|sort, min_len, max_len, alphabet = "abcdefghij"}
-//!         | {type: jsonl, path, prompt_field, label_field, test_path?, on_error: skip|stop}
+//!         | {type: data, path (.jsonl|.parquet), prompt_field, label_field, test_path?,
+//!            on_error: skip|stop}                               (`jsonl` is accepted too)
 //!     split: {test_size = 200, seed = 1234}                     held-out prompts, disjoint
 //!     partial_credit: bool = false                              per-position credit in [0,1]
+//!   hf: Option<{path}>             start from this Hugging Face directory: its weights, tokenizer
+//!                                  and chat template (`model` must match its config.json)
+//!   reward: Option<RewardSpec>     verifier | command | http (reward::spec); None = the task's
+//!                                  exact match
 //!   sft: Option<SftSpec>           warm-up before RL: {steps, lr, batch, warmup_steps = 0}
 //!   rollout: RolloutSpec
 //!     rollout_batch (prompts/step), samples_per_prompt, max_new_tokens,
@@ -60,6 +65,12 @@ pub struct RunSpec {
     pub steps: u64,
     pub model: ModelConfig,
     pub task: TaskSpec,
+    /// Start from a Hugging Face model directory instead of a seeded init.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hf: Option<HfModelSpec>,
+    /// The reward stage; None: the task's exact-match verifier.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reward: Option<crate::reward::RewardSpec>,
     /// Optional supervised warm-up on the train split before RL (random policies rarely earn a
     /// reward, and GRPO learns nothing from groups whose rewards are all equal).
     #[serde(default)]
@@ -79,6 +90,14 @@ pub struct RunSpec {
     /// The recipe's names of the stages, for messages.
     #[serde(default, skip_serializing_if = "StageNames::is_default")]
     pub stages: StageNames,
+}
+
+/// A Hugging Face model directory: config.json, model.safetensors (or shards with
+/// model.safetensors.index.json), tokenizer.json, tokenizer_config.json, generation_config.json.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HfModelSpec {
+    pub path: PathBuf,
 }
 
 /// What the recipe calls the rollout, train and eval stages: a stall (E0509) names the stage that
@@ -221,9 +240,12 @@ pub enum TaskKind {
         #[serde(default = "default_alphabet")]
         alphabet: String,
     },
-    /// Prompts from a JSONL file: each line an object whose `prompt_field` and `label_field` are
-    /// strings. Without `test_path`, `split.test_size` lines (chosen by `split.seed`) are held out.
-    Jsonl {
+    /// Prompts from a JSONL or Parquet file (by extension; docs/data.md): the `prompt_field` of a
+    /// row is a string or a list of chat messages, the `label_field` and the other fields go to the
+    /// reward untouched. Without `test_path`, `split.test_size` rows (chosen by `split.seed`) are
+    /// held out.
+    #[serde(alias = "jsonl")]
+    Data {
         path: PathBuf,
         prompt_field: String,
         label_field: String,
@@ -644,7 +666,7 @@ impl RunSpec {
                     return bad("task.kind.alphabet", "must not be empty");
                 }
             }
-            TaskKind::Jsonl { .. } => {}
+            TaskKind::Data { .. } => {}
         }
         if let Some(a) = crate::schedule::resolve(&self.schedule, r.rollout_batch, r.samples_per_prompt) {
             if a.max_concurrent == 0 {

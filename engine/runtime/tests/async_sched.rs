@@ -337,7 +337,7 @@ fn no_prompt_is_lost_or_repeated_across_a_crash_and_resume() {
         &fully_async(r#""max_staleness": 1, "filter": "drop_flat", "on_stale": "retry", "stall_timeout_s": 3"#),
         12,
     );
-    s.task.kind = miles_runtime::TaskKind::Jsonl {
+    s.task.kind = miles_runtime::TaskKind::Data {
         path: path.clone(),
         prompt_field: "q".into(),
         label_field: "a".into(),

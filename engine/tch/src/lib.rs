@@ -43,6 +43,24 @@ fn guard<T>(what: &str, f: impl FnOnce() -> Result<T, RunError>) -> Result<T, Ru
 
 pub struct TchBackend;
 
+/// The policy a run starts from: the spec's Hugging Face directory, else a seeded init. The
+/// directory must still say what `miles check` read from it (`spec.model`).
+fn initial_policy(spec: &RunSpec) -> Result<(Policy, Option<hf::HfMeta>), RunError> {
+    let Some(h) = &spec.hf else { return Ok((Policy::init(&spec.model, spec.seed), None)) };
+    let (policy, meta) = Policy::load_hf(&h.path, Some(spec.model.max_len))?;
+    if let Some(field) = hf::first_difference(&policy.cfg, &spec.model) {
+        return Err(RunError::new(
+            miles_runtime::E_CHECKPOINT,
+            format!(
+                "{}: config.json no longer matches the recipe's model ({field} differs); it changed after `miles check` read it",
+                h.path.join("config.json").display()
+            ),
+        )
+        .with_help("run `miles check` (or `miles run`) again on the recipe"));
+    }
+    Ok((policy, Some(meta)))
+}
+
 impl Backend for TchBackend {
     fn name(&self) -> &'static str {
         "tch"
@@ -56,9 +74,10 @@ impl Backend for TchBackend {
 
     fn create(&self, spec: &RunSpec) -> Result<miles_runtime::EngineAndTrainer, RunError> {
         guard("model init", || {
-            let policy = Policy::init(&spec.model, spec.seed);
+            let (policy, source) = initial_policy(spec)?;
             let engine = TchEngine { policy: policy.deep_copy(), version: 0, use_cache: true };
-            let trainer = train::TchTrainer::new(policy, spec.train.clone());
+            let mut trainer = train::TchTrainer::new(policy, spec.train.clone());
+            trainer.source = source;
             Ok((Box::new(engine) as Box<dyn RolloutEngine>, Box::new(trainer) as Box<dyn Trainer>))
         })
     }
@@ -71,14 +90,15 @@ impl Backend for TchBackend {
             return Ok(None);
         };
         guard("model init", || {
-            let policy = Policy::init(&spec.model, spec.seed);
+            let (policy, source) = initial_policy(spec)?;
             let engine = stream::TchStreamEngine::new(policy.deep_copy(), a.max_concurrent);
             let eval_engine: Option<Box<dyn miles_runtime::EvalEngine>> =
                 (spec.eval.mode == miles_runtime::EvalMode::Snapshot).then(|| {
                     Box::new(TchEngine { policy: policy.deep_copy(), version: 0, use_cache: true })
                         as Box<dyn miles_runtime::EvalEngine>
                 });
-            let trainer = train::TchTrainer::new(policy, spec.train.clone());
+            let mut trainer = train::TchTrainer::new(policy, spec.train.clone());
+            trainer.source = source;
             Ok(Some(miles_runtime::AsyncParts { engine: Box::new(engine), trainer: Box::new(trainer), eval_engine }))
         })
     }
@@ -173,6 +193,6 @@ impl Trainer for train::TchTrainer {
     }
 
     fn save_model(&self, dir: &Path) -> Result<(), RunError> {
-        guard("model save", || self.policy.save(dir))
+        guard("model save", || self.policy.write_hf(dir, self.source.as_ref()))
     }
 }

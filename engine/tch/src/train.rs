@@ -139,13 +139,16 @@ pub struct TchTrainer {
     spec: TrainSpec,
     adam: AdamState,
     version: u64,
+    /// The Hugging Face directory the policy was loaded from: the saved model carries its
+    /// config.json and tokenizer files through.
+    pub source: Option<crate::hf::HfMeta>,
 }
 
 impl TchTrainer {
     pub fn new(policy: Policy, spec: TrainSpec) -> TchTrainer {
         policy.set_requires_grad(true);
         let adam = AdamState::zeros(&policy);
-        TchTrainer { policy, reference: None, spec, adam, version: 0 }
+        TchTrainer { policy, reference: None, spec, adam, version: 0, source: None }
     }
 
     fn zero_grad(&mut self) {

@@ -146,7 +146,7 @@ fn clear_errors_before_training() {
     assert!(e.message.contains("vocab_size 8"), "{e}");
 
     let mut s = tiny();
-    s.task.kind = miles_runtime::TaskKind::Jsonl {
+    s.task.kind = miles_runtime::TaskKind::Data {
         path: "/nonexistent/data.jsonl".into(),
         prompt_field: "q".into(),
         label_field: "a".into(),
@@ -189,7 +189,7 @@ fn jsonl_task_runs_end_to_end() {
     lines.push_str("{broken\n");
     std::fs::write(&data, lines).unwrap();
     let mut s = tiny();
-    s.task.kind = miles_runtime::TaskKind::Jsonl {
+    s.task.kind = miles_runtime::TaskKind::Data {
         path: data.clone(),
         prompt_field: "question".into(),
         label_field: "answer".into(),
@@ -201,7 +201,7 @@ fn jsonl_task_runs_end_to_end() {
     let out = d.join("out");
     let r = miles_tch::run(&s, &opts(&out)).unwrap();
     assert_eq!(r.steps_done, 4);
-    s.task.kind = miles_runtime::TaskKind::Jsonl {
+    s.task.kind = miles_runtime::TaskKind::Data {
         path: data,
         prompt_field: "question".into(),
         label_field: "answer".into(),

@@ -4,11 +4,12 @@
 
 use super::{timeout_err, EvalMode};
 use crate::backend::*;
-use crate::exec::{write_dir_atomically, write_json, Metrics};
+use crate::exec::{write_dir_atomically, Metrics};
+use crate::reward::BatchReward;
 use crate::schedule::AsyncSpec;
 use crate::spec::RunSpec;
 use crate::stream::{GenRequest, StreamEngine};
-use crate::tasks::{TaskItem, TaskSet};
+use crate::tasks::{PromptRow, TaskSet, TokenId};
 use crate::*;
 use serde_json::{json, Map, Value};
 use std::path::{Path, PathBuf};
@@ -41,20 +42,20 @@ pub(super) fn write_eval_row(metrics: &mut Metrics, r: &EvalResult, now: u64) ->
     Ok(r.metrics.iter().find(|(k, _)| k == "accuracy").map(|(_, v)| *v))
 }
 
-/// Greedy exact-match accuracy and mean response length on the first `eval.prompts` test items,
-/// through the streaming interface (in chunks of the engine's slots).
+/// Held-out score (`exec::eval_score`) and mean response length on the first `eval.prompts` test
+/// items, through the streaming interface (in chunks of the engine's slots).
 pub(super) fn evaluate_stream(
     spec: &RunSpec,
     task: &TaskSet,
+    reward: &mut dyn BatchReward,
     engine: &mut dyn StreamEngine,
 ) -> Result<(f64, f64), RunError> {
-    let items: Vec<&TaskItem> = task.test.iter().take(spec.eval.prompts.max(1)).collect();
-    let params = SamplingParams::greedy(spec.rollout.max_new_tokens);
+    let items: Vec<&PromptRow> = task.test.iter().take(spec.eval.prompts.max(1)).collect();
+    let params = SamplingParams::greedy(spec.rollout.max_new_tokens).with_stop(task.stop_tokens());
     // Ids far above the generation thread's (which is idle while this runs).
     let base = u64::MAX / 2;
     let mut next = 0usize;
-    let mut correct = 0usize;
-    let mut len = 0usize;
+    let mut responses: Vec<Option<(Vec<TokenId>, FinishReason)>> = vec![None; items.len()];
     let mut done = 0usize;
     while done < items.len() {
         while next < items.len() && engine.in_flight() < engine.slots().max(1) {
@@ -64,20 +65,20 @@ pub(super) fn evaluate_stream(
         }
         for s in engine.step()? {
             // Only our own requests (a caller drains or aborts generation first).
-            let Some(item) = s.id.checked_sub(base).and_then(|i| items.get(i as usize)) else { continue };
-            let text = task.tokenizer.decode(&s.response);
-            if crate::tasks::verify(&item.label, &text, s.finish, false) >= 1.0 {
-                correct += 1;
-            }
-            len += s.response.len();
+            let Some(i) = s.id.checked_sub(base).map(|i| i as usize).filter(|i| *i < items.len()) else { continue };
+            responses[i] = Some((s.response, s.finish));
             done += 1;
         }
         if engine.in_flight() == 0 && next >= items.len() && done < items.len() {
             return Err(RunError::internal("the rollout engine lost evaluation requests"));
         }
     }
+    let scored: Vec<(&PromptRow, &[TokenId], FinishReason)> =
+        items.iter().zip(&responses).filter_map(|(row, r)| r.as_ref().map(|(ids, f)| (*row, &ids[..], *f))).collect();
+    let outcomes = crate::exec::score_responses(reward, task, "eval", &scored)?;
+    let len: usize = scored.iter().map(|s| s.1.len()).sum();
     let n = items.len().max(1) as f64;
-    Ok((correct as f64 / n, len as f64 / n))
+    Ok((crate::exec::eval_score(&outcomes), len as f64 / n))
 }
 
 /// Snapshot and external evaluations, which run beside training.
@@ -97,7 +98,7 @@ pub(super) enum EvalRunner {
         dir: PathBuf,
         running: Vec<(u64, std::process::Child, Instant, PathBuf)>,
         stall: Duration,
-        tokenizer: crate::tasks::CharTokenizer,
+        task: Arc<TaskSet>,
     },
 }
 
@@ -122,6 +123,7 @@ impl EvalRunner {
                 let (res_tx, rx) = std::sync::mpsc::channel();
                 let task = task.clone();
                 let spec = spec.clone();
+                let mut reward = crate::reward::spec::build_run_reward(&spec)?;
                 std::thread::Builder::new()
                     .name("miles-eval".into())
                     .spawn(move || {
@@ -130,7 +132,7 @@ impl EvalRunner {
                             let t0 = Instant::now();
                             let res = engine
                                 .load_weights(&w)
-                                .and_then(|_| crate::exec::evaluate(&spec, &task, engine.as_mut()))
+                                .and_then(|_| crate::exec::evaluate(&spec, &task, reward.as_mut(), engine.as_mut()))
                                 .map(|acc| EvalResult {
                                     step,
                                     metrics: acc_metrics(acc),
@@ -150,7 +152,7 @@ impl EvalRunner {
                 dir: out.join("eval"),
                 running: Vec::new(),
                 stall: Duration::from_secs_f64(cfg.stall_timeout_s),
-                tokenizer: task.tokenizer.clone(),
+                task: task.clone(),
             }),
         }
     }
@@ -172,11 +174,11 @@ impl EvalRunner {
                 *outstanding += 1;
                 Ok(())
             }
-            EvalRunner::External { command, dir, running, tokenizer, .. } => {
+            EvalRunner::External { command, dir, running, task, .. } => {
                 let model = dir.join(format!("step-{step:08}"));
                 write_dir_atomically(&model, |tmp| {
                     trainer.save_model(tmp)?;
-                    write_json(&tmp.join("tokenizer.json"), &*tokenizer)
+                    task.tokenizer.save(tmp)
                 })?;
                 let out_path = dir.join(format!("step-{step:08}.out"));
                 let stdout = std::fs::File::create(&out_path)

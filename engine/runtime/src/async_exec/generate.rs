@@ -7,28 +7,29 @@ use super::eval::{acc_metrics, evaluate_stream, EvalResult};
 use super::{timeout_err, Shared, State};
 use crate::backend::*;
 use crate::buffer::Group;
+use crate::reward::BatchReward;
 use crate::rng::derive_seed;
 use crate::schedule::{AsyncSpec, DropAction, PauseMode, Refill};
 use crate::source::{Pending, Served};
 use crate::spec::RunSpec;
 use crate::stream::{GenRequest, StreamEngine, StreamSample};
-use crate::tasks::{TaskItem, TaskSet};
+use crate::tasks::{PromptRow, TaskSet};
 use crate::*;
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
 /// The train prompt with id `id`: a pure function of the seed, so a resumed run serves the same.
-fn prompt_item(task: &TaskSet, seed: u64, id: u64) -> TaskItem {
+fn prompt_item(task: &TaskSet, seed: u64, id: u64) -> PromptRow {
     task.train_batch(seed, "rollout-async", id, 1)
         .into_iter()
         .next()
-        .unwrap_or(TaskItem { prompt: String::new(), label: String::new() })
+        .unwrap_or_else(|| PromptRow::text(String::new(), String::new()))
 }
 
 /// A group being generated.
 struct Building {
     prompt: Pending,
-    item: TaskItem,
+    item: PromptRow,
     tokens: Vec<TaskId>,
     samples: Vec<Option<StreamSample>>,
     /// Requests not yet submitted (per-sample refill starts them as slots free up).
@@ -42,6 +43,9 @@ struct Generator<'a> {
     spec: &'a RunSpec,
     cfg: &'a AsyncSpec,
     task: &'a TaskSet,
+    /// This thread's reward (rollouts and shared-engine evaluations).
+    reward: Box<dyn BatchReward>,
+    stop: Vec<TaskId>,
     building: BTreeMap<u64, Building>,
     /// Request id -> (prompt id, sample index).
     requests: HashMap<u64, (u64, usize)>,
@@ -60,6 +64,8 @@ pub(super) fn generation_loop(
         spec,
         cfg,
         task,
+        reward: crate::reward::spec::build_run_reward(spec)?,
+        stop: task.stop_tokens(),
         building: BTreeMap::new(),
         requests: HashMap::new(),
         next_request: 0,
@@ -107,7 +113,7 @@ pub(super) fn generation_loop(
             // Shared-engine evaluation: no new generation while the requests in flight finish.
             if engine.in_flight() == 0 && g.building.is_empty() {
                 let t0 = Instant::now();
-                let acc = evaluate_stream(spec, task, engine)?;
+                let acc = evaluate_stream(spec, task, g.reward.as_mut(), engine)?;
                 let mut st = shared.lock();
                 st.eval_requests.pop_front();
                 st.eval_results.push(EvalResult {
@@ -160,7 +166,7 @@ pub(super) fn generation_loop(
             st.counters.tokens += finished.iter().map(|s| s.response.len() as u64).sum::<u64>();
         }
         for s in finished {
-            g.finish_sample(shared, s);
+            g.finish_sample(shared, s)?;
         }
     }
 }
@@ -170,6 +176,7 @@ impl Generator<'_> {
         // A retried prompt gets a fresh stream: same id, different retry count.
         let base = derive_seed(self.spec.seed, "sampling-async", p.id);
         SamplingParams::rollout(&self.spec.rollout, derive_seed(base, "sample", (p.retries as u64) << 32 | j as u64))
+            .with_stop(self.stop.clone())
     }
 
     fn submit(&mut self, engine: &mut dyn StreamEngine, pid: u64, j: usize) -> Result<(), RunError> {
@@ -245,32 +252,49 @@ impl Generator<'_> {
         }
     }
 
-    fn finish_sample(&mut self, shared: &Shared, s: StreamSample) {
-        let Some((pid, j)) = self.requests.remove(&s.id) else { return };
-        let Some(b) = self.building.get_mut(&pid) else { return };
+    /// Records a finished sample; a group whose samples are all in is scored (outside the lock: a
+    /// reward may be a slow program) and goes to the buffer.
+    fn finish_sample(&mut self, shared: &Shared, s: StreamSample) -> Result<(), RunError> {
+        let Some((pid, j)) = self.requests.remove(&s.id) else { return Ok(()) };
+        let Some(b) = self.building.get_mut(&pid) else { return Ok(()) };
         if s.aborted {
             b.aborted = true;
         }
         b.samples[j] = Some(s);
         if b.samples.iter().any(Option::is_none) {
-            return;
+            return Ok(());
         }
-        let Some(b) = self.building.remove(&pid) else { return };
+        let Some(Building { prompt, item, tokens, samples, aborted, .. }) = self.building.remove(&pid) else {
+            return Ok(());
+        };
+        let scored = if aborted {
+            None
+        } else {
+            let samples: Vec<StreamSample> = samples.into_iter().flatten().collect();
+            let responses: Vec<_> = samples.iter().map(|s| (&item, &s.response[..], s.finish)).collect();
+            let outcomes = crate::exec::score_responses(
+                self.reward.as_mut(),
+                self.task,
+                &format!("prompt{}", prompt.id),
+                &responses,
+            )?;
+            // A dropped sample leaves its group; the others keep their rewards.
+            let kept: (Vec<StreamSample>, Vec<f32>) =
+                samples.into_iter().zip(&outcomes).filter_map(|(s, o)| o.reward().map(|r| (s, r))).unzip();
+            Some(kept)
+        };
         let mut st = shared.lock();
         let State { buffer, source, .. } = &mut *st;
-        if b.aborted {
-            buffer.abort(b.prompt, self.cfg.on_abort, source);
-        } else {
-            let samples: Vec<StreamSample> = b.samples.into_iter().flatten().collect();
-            let rewards = samples
-                .iter()
-                .map(|s| self.task.score(&b.item, &self.task.tokenizer.decode(&s.response), s.finish))
-                .collect();
-            let g = Group { prompt: b.prompt, prompt_tokens: b.tokens, samples, rewards };
-            buffer.finish(g, self.cfg.filter, source);
+        match scored {
+            None => buffer.abort(prompt, self.cfg.on_abort, source),
+            Some((samples, _)) if samples.is_empty() => buffer.abort(prompt, DropAction::Discard, source),
+            Some((samples, rewards)) => {
+                buffer.finish(Group { prompt, prompt_tokens: tokens, samples, rewards }, self.cfg.filter, source);
+            }
         }
         drop(st);
         shared.cv.notify_all();
+        Ok(())
     }
 
     /// Aborts every request in flight (and every admitted group) for a retract/abort pause.

@@ -114,6 +114,15 @@ impl RewardSpec {
     }
 }
 
+/// The reward of a run: its reward stage, else the task's exact match. Each executor (and each
+/// evaluation thread) builds its own: a command reward is one process per caller.
+pub fn build_run_reward(spec: &crate::RunSpec) -> Result<Box<dyn BatchReward>, RunError> {
+    match &spec.reward {
+        Some(r) => r.build(),
+        None => Ok(Box::new(super::TaskReward { partial_credit: spec.task.partial_credit })),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

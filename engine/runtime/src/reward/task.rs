@@ -1,18 +1,17 @@
-//! The built-in tasks' verifier (`backend::Reward` on a `TaskSet`) as a [`BatchReward`], so the
-//! executors score every batch through one interface: the label is the task's answer, the
-//! prompt a string.
+//! The built-in tasks' exact-match verifier as a [`BatchReward`], so the executors score every
+//! batch through one interface: the label is the task's answer.
 
 use super::{BatchReward, RewardInput, RewardOutcome};
-use crate::tasks::{TaskItem, TaskSet};
-use crate::{Reward, RunError};
+use crate::RunError;
 
-pub struct TaskReward<'a> {
-    pub task: &'a TaskSet,
+/// Exact match against the label, with the task's partial credit.
+pub struct TaskReward {
+    pub partial_credit: bool,
 }
 
-impl BatchReward for TaskReward<'_> {
+impl BatchReward for TaskReward {
     fn name(&self) -> &str {
-        "task"
+        "exact_match"
     }
 
     fn score_batch(&mut self, items: &[RewardInput]) -> Result<Vec<RewardOutcome>, RunError> {
@@ -20,8 +19,8 @@ impl BatchReward for TaskReward<'_> {
         Ok(items
             .iter()
             .map(|it| {
-                let item = TaskItem { prompt: text(&it.prompt), label: text(&it.label) };
-                RewardOutcome::Score(self.task.score(&item, &it.response, it.finish))
+                let score = crate::tasks::verify(&text(&it.label), &it.response, it.finish, self.partial_credit);
+                RewardOutcome::Score(score)
             })
             .collect())
     }
@@ -41,8 +40,8 @@ mod tests {
             split: SplitSpec { test_size: 5, seed: 1 },
             partial_credit: false,
         };
-        let task = TaskSet::build(&spec).unwrap();
-        let mut r = TaskReward { task: &task };
+        let task = crate::tasks::TaskSet::build(&spec).unwrap();
+        let mut r = TaskReward { partial_credit: task.partial_credit() };
         let out = r.score_batch(&[input("a", "12", json!("12")), input("b", "12", json!(13))]).unwrap();
         assert_eq!(out, vec![RewardOutcome::Score(1.0), RewardOutcome::Score(0.0)]);
     }

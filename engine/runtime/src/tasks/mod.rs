@@ -1,24 +1,20 @@
 //! Tasks with verifiable rewards: deterministic prompt generators (arithmetic, string reverse and
-//! sort) or prompts from a JSONL file, disjoint train/test splits, and an exact-match verifier.
+//! sort) or prompts from a JSONL or Parquet file, disjoint train/test splits, the run's tokenizer
+//! (the built-in character one, or a model directory's Hugging Face one), and the exact-match
+//! verifier.
 
-pub mod jsonl;
 pub mod parquet;
 pub mod prompts;
 pub mod tokenizer;
 
+pub use prompts::{Prompt, PromptRow};
 pub use tokenizer::{CharTokenizer, TokenId, BOS, EOS, PAD};
 
 use crate::rng::Rng;
 use crate::spec::{TaskKind, TaskSpec};
+use crate::tokenize::{HfTokenizer, Tokenizer};
 use crate::{FinishReason, RunError, E_DATA_FILE, E_SPEC};
 use std::collections::HashSet;
-
-/// One problem: the text the policy sees and the answer the verifier expects.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct TaskItem {
-    pub prompt: String,
-    pub label: String,
-}
 
 /// A procedural generator of problems. `sample` draws one problem; `space` is the number of
 /// distinct problems (saturating), used to cap the test split.
@@ -29,14 +25,14 @@ enum Generator {
 }
 
 impl Generator {
-    fn sample(&self, rng: &mut Rng) -> TaskItem {
+    fn sample(&self, rng: &mut Rng) -> PromptRow {
         match self {
             Generator::Arith { digits, op } => {
                 let m = 10u64.pow(*digits);
                 let a = rng.below(m);
                 let b = rng.below(m);
                 let c = if *op == '+' { a + b } else { a * b };
-                TaskItem { prompt: format!("{a}{op}{b}="), label: c.to_string() }
+                PromptRow::text(format!("{a}{op}{b}="), c.to_string())
             }
             Generator::Str { min_len, max_len, alphabet, sort } => {
                 let len = *min_len + rng.below((*max_len - *min_len + 1) as u64) as usize;
@@ -47,7 +43,7 @@ impl Generator {
                 } else {
                     t.reverse();
                 }
-                TaskItem { prompt: format!("{}>", s.iter().collect::<String>()), label: t.into_iter().collect() }
+                PromptRow::text(format!("{}>", s.iter().collect::<String>()), t.into_iter().collect())
             }
         }
     }
@@ -68,38 +64,35 @@ impl Generator {
             Generator::Str { alphabet, .. } => alphabet.iter().copied().chain(['>']).collect(),
         }
     }
-
-    /// Longest prompt and answer in characters.
-    fn max_lens(&self) -> (usize, usize) {
-        match self {
-            Generator::Arith { digits, op } => {
-                let d = *digits as usize;
-                (2 * d + 2, if *op == '+' { d + 1 } else { 2 * d })
-            }
-            Generator::Str { max_len, .. } => (*max_len + 1, *max_len),
-        }
-    }
 }
 
 enum TrainSource {
     Generated { generator: Generator, test_prompts: HashSet<String> },
-    List(Vec<TaskItem>),
+    List(Vec<PromptRow>),
 }
 
 /// A task ready to run: tokenizer, held-out test items, and a deterministic train stream.
 pub struct TaskSet {
-    pub tokenizer: CharTokenizer,
-    pub test: Vec<TaskItem>,
+    pub tokenizer: Tokenizer,
+    pub test: Vec<PromptRow>,
     train: TrainSource,
     partial_credit: bool,
-    max_prompt_chars: usize,
-    max_answer_chars: usize,
+    /// Longest prompt (with its special tokens) and longest gold answer (with the stop token), in
+    /// tokens, over the test split and the train items (a generator's train stream: over a sample).
+    max_prompt_tokens: usize,
+    max_answer_tokens: usize,
     /// Problems reported while loading (skipped malformed lines), to show the user.
     pub warnings: Vec<String>,
 }
 
 impl TaskSet {
+    /// The task of `spec` with the built-in character tokenizer, or `hf` (a model directory's
+    /// tokenizer) when the run starts from a Hugging Face checkpoint.
     pub fn build(spec: &TaskSpec) -> Result<TaskSet, RunError> {
+        Self::build_with(spec, None)
+    }
+
+    pub fn build_with(spec: &TaskSpec, hf: Option<HfTokenizer>) -> Result<TaskSet, RunError> {
         let generator = match &spec.kind {
             TaskKind::Addition { digits } => Generator::Arith { digits: *digits, op: '+' },
             TaskKind::Multiplication { digits } => Generator::Arith { digits: *digits, op: '*' },
@@ -118,8 +111,14 @@ impl TaskSet {
                     sort: matches!(spec.kind, TaskKind::Sort { .. }),
                 }
             }
-            TaskKind::Jsonl { path, prompt_field, label_field, test_path, on_error } => {
-                return Self::from_jsonl(spec, path, prompt_field, label_field, test_path.as_deref(), *on_error)
+            TaskKind::Data { path, prompt_field, label_field, test_path, on_error } => {
+                let settings = |p: &std::path::Path| prompts::DataSettings {
+                    path: p.to_path_buf(),
+                    prompt_field: prompt_field.clone(),
+                    label_field: label_field.clone(),
+                    on_error: *on_error,
+                };
+                return Self::from_rows(spec, &settings(path), test_path.as_deref().map(settings).as_ref(), hf);
             }
         };
         // Never hold out more than half of a small problem space: training needs the rest.
@@ -132,34 +131,39 @@ impl TaskSet {
         while test.len() < want && attempts < 1000 * want + 1000 {
             attempts += 1;
             let item = generator.sample(&mut rng);
-            if seen.insert(item.prompt.clone()) {
+            if seen.insert(item.prompt_key().to_string()) {
                 test.push(item);
             }
         }
-        let (max_prompt_chars, max_answer_chars) = generator.max_lens();
+        let tokenizer = match hf {
+            Some(t) => Tokenizer::Hf(Box::new(t)),
+            None => Tokenizer::Char(CharTokenizer::new(generator.chars())),
+        };
+        // The longest problems: the test split plus a sample of the train stream.
+        let mut probe = Rng::derived(spec.split.seed, "length-probe", 0);
+        let sample: Vec<PromptRow> = (0..1000).map(|_| generator.sample(&mut probe)).collect();
+        let (max_prompt_tokens, max_answer_tokens) = max_lens(&tokenizer, test.iter().chain(&sample))?;
         Ok(TaskSet {
-            tokenizer: CharTokenizer::new(generator.chars()),
+            tokenizer,
             test,
             train: TrainSource::Generated { generator, test_prompts: seen },
             partial_credit: spec.partial_credit,
-            max_prompt_chars,
-            max_answer_chars,
+            max_prompt_tokens,
+            max_answer_tokens,
             warnings: Vec::new(),
         })
     }
 
-    fn from_jsonl(
+    fn from_rows(
         spec: &TaskSpec,
-        path: &std::path::Path,
-        prompt_field: &str,
-        label_field: &str,
-        test_path: Option<&std::path::Path>,
-        on_error: crate::spec::OnError,
+        train: &prompts::DataSettings,
+        test: Option<&prompts::DataSettings>,
+        hf: Option<HfTokenizer>,
     ) -> Result<TaskSet, RunError> {
         let mut warnings = Vec::new();
-        let mut items = jsonl::read(path, prompt_field, label_field, on_error, &mut warnings)?;
-        let test = match test_path {
-            Some(tp) => jsonl::read(tp, prompt_field, label_field, on_error, &mut warnings)?,
+        let mut items = prompts::read(train, &mut warnings)?;
+        let test = match test {
+            Some(t) => prompts::read(t, &mut warnings)?,
             None => {
                 let mut rng = Rng::derived(spec.split.seed, "test-split", 0);
                 rng.shuffle(&mut items);
@@ -167,10 +171,10 @@ impl TaskSet {
                 items.drain(..n).collect()
             }
         };
-        // Disjoint splits: a train line whose prompt is also a test prompt is dropped.
-        let test_prompts: HashSet<&str> = test.iter().map(|t| t.prompt.as_str()).collect();
+        // Disjoint splits: a train row whose prompt is also a test prompt is dropped.
+        let test_prompts: HashSet<&str> = test.iter().map(|t| t.prompt_key()).collect();
         let before = items.len();
-        items.retain(|t| !test_prompts.contains(t.prompt.as_str()));
+        items.retain(|t| !test_prompts.contains(t.prompt_key()));
         if items.len() < before {
             warnings.push(format!("{} train prompt(s) also in the test split were dropped", before - items.len()));
         }
@@ -179,36 +183,55 @@ impl TaskSet {
                 E_DATA_FILE,
                 format!(
                     "{}: needs at least one usable train and one test prompt (train {}, test {})",
-                    path.display(),
+                    train.path.display(),
                     items.len(),
                     test.len()
                 ),
             ));
         }
+        let tokenizer = match hf {
+            Some(t) => Tokenizer::Hf(Box::new(t)),
+            None => {
+                if let Some(chat) = items.iter().chain(&test).find(|r| matches!(r.prompt, Prompt::Chat(_))) {
+                    return Err(RunError::new(
+                        E_DATA_FILE,
+                        format!("{}: a chat prompt (a list of messages) needs a chat template", chat.origin),
+                    )
+                    .with_help("start from a Hugging Face model (`hf { path = ... }`) whose tokenizer has a chat template, or give string prompts"));
+                }
+                let text = |r: &PromptRow| format!("{}{}", r.prompt_key(), r.label_text());
+                Tokenizer::Char(CharTokenizer::new(
+                    items.iter().chain(&test).flat_map(|r| text(r).chars().collect::<Vec<_>>()),
+                ))
+            }
+        };
+        let (max_prompt_tokens, max_answer_tokens) = max_lens(&tokenizer, items.iter().chain(&test))?;
         // Train items stay in file order; `train_batch` shuffles per epoch from the seed.
-        let tokenizer =
-            CharTokenizer::new(items.iter().chain(test.iter()).flat_map(|t| t.prompt.chars().chain(t.label.chars())));
-        let max_prompt_chars = items.iter().chain(test.iter()).map(|t| t.prompt.chars().count()).max().unwrap_or(0);
-        let max_answer_chars = items.iter().chain(test.iter()).map(|t| t.label.chars().count()).max().unwrap_or(0);
         Ok(TaskSet {
             tokenizer,
             test,
             train: TrainSource::List(items),
             partial_credit: spec.partial_credit,
-            max_prompt_chars,
-            max_answer_chars,
+            max_prompt_tokens,
+            max_answer_tokens,
             warnings,
         })
     }
 
-    /// Longest prompt in tokens (with BOS) and longest gold answer in tokens (with EOS).
+    /// Longest prompt in tokens (with its special tokens) and longest gold answer in tokens (with
+    /// the stop token).
     pub fn max_token_lens(&self) -> (usize, usize) {
-        (self.max_prompt_chars + 1, self.max_answer_chars + 1)
+        (self.max_prompt_tokens, self.max_answer_tokens)
+    }
+
+    /// The ids that end a response.
+    pub fn stop_tokens(&self) -> Vec<TokenId> {
+        self.tokenizer.special().stop
     }
 
     /// The `n` train problems of RL step (or SFT step) `index` of stream `purpose`: a pure function
     /// of (seed, purpose, index), so a resumed run draws exactly what an uninterrupted one would.
-    pub fn train_batch(&self, seed: u64, purpose: &str, index: u64, n: usize) -> Vec<TaskItem> {
+    pub fn train_batch(&self, seed: u64, purpose: &str, index: u64, n: usize) -> Vec<PromptRow> {
         match &self.train {
             TrainSource::Generated { generator, test_prompts } => {
                 let mut rng = Rng::derived(seed, purpose, index);
@@ -219,7 +242,7 @@ impl TaskSet {
                     attempts += 1;
                     // Bounded rejection: the test split is at most half the space. After many
                     // misses (impossible in practice) accept rather than loop forever.
-                    if !test_prompts.contains(&item.prompt) || attempts > 1000 * n {
+                    if !test_prompts.contains(item.prompt_key()) || attempts > 1000 * n {
                         out.push(item);
                     }
                 }
@@ -247,11 +270,26 @@ impl TaskSet {
         }
     }
 
-    /// Reward of a response: 1 for an exact match that ended with EOS, else 0 — or, with partial
-    /// credit, the fraction of matching positions (capped below 1 unless exact).
-    pub fn reward(&self, item: &TaskItem, response: &str, finish: FinishReason) -> f32 {
-        verify(&item.label, response, finish, self.partial_credit)
+    pub fn partial_credit(&self) -> bool {
+        self.partial_credit
     }
+}
+
+/// The longest prompt and gold answer of `rows` in tokens, as the executors encode them.
+fn max_lens<'a>(tokenizer: &Tokenizer, rows: impl Iterator<Item = &'a PromptRow>) -> Result<(usize, usize), RunError> {
+    let (mut p, mut a) = (0, 0);
+    for r in rows {
+        let at = |e: RunError| {
+            if r.origin.is_empty() {
+                e
+            } else {
+                RunError { message: format!("{}: {}", r.origin, e.message), ..e }
+            }
+        };
+        p = p.max(tokenizer.encode_prompt(&r.prompt).map_err(at)?.len());
+        a = a.max(tokenizer.encode_answer(&r.label_text()).map_err(at)?.len());
+    }
+    Ok((p, a))
 }
 
 /// The verifier (public for tests and other backends).
@@ -287,13 +325,13 @@ mod tests {
     fn arithmetic_is_correct_and_splits_are_disjoint() {
         let t = TaskSet::build(&spec(TaskKind::Addition { digits: 2 })).unwrap();
         assert_eq!(t.test.len(), 50);
-        let test: HashSet<_> = t.test.iter().map(|i| i.prompt.clone()).collect();
+        let test: HashSet<_> = t.test.iter().map(|i| i.prompt_key().to_string()).collect();
         for step in 0..20 {
             for item in t.train_batch(9, "rollout", step, 16) {
-                assert!(!test.contains(&item.prompt));
-                let (a, b) = item.prompt.trim_end_matches('=').split_once('+').unwrap();
+                assert!(!test.contains(item.prompt_key()));
+                let (a, b) = item.prompt_key().trim_end_matches('=').split_once('+').unwrap();
                 let s: u64 = a.parse::<u64>().unwrap() + b.parse::<u64>().unwrap();
-                assert_eq!(item.label, s.to_string());
+                assert_eq!(item.label_text(), s.to_string());
             }
         }
         assert_eq!(t.train_batch(9, "rollout", 4, 8), t.train_batch(9, "rollout", 4, 8));
@@ -302,8 +340,8 @@ mod tests {
         // 100 problems: at most half are held out.
         assert_eq!(m.test.len(), 50);
         for item in m.train_batch(1, "r", 0, 30) {
-            let (a, b) = item.prompt.trim_end_matches('=').split_once('*').unwrap();
-            assert_eq!(item.label, (a.parse::<u64>().unwrap() * b.parse::<u64>().unwrap()).to_string());
+            let (a, b) = item.prompt_key().trim_end_matches('=').split_once('*').unwrap();
+            assert_eq!(item.label_text(), (a.parse::<u64>().unwrap() * b.parse::<u64>().unwrap()).to_string());
         }
     }
 
@@ -311,16 +349,16 @@ mod tests {
     fn string_tasks() {
         let r = TaskSet::build(&spec(TaskKind::Reverse { min_len: 2, max_len: 4, alphabet: "abc".into() })).unwrap();
         for item in r.train_batch(1, "r", 0, 10) {
-            let p: String = item.prompt.trim_end_matches('>').chars().rev().collect();
-            assert_eq!(p, item.label);
+            let p: String = item.prompt_key().trim_end_matches('>').chars().rev().collect();
+            assert_eq!(p, item.label_text());
         }
         let s = TaskSet::build(&spec(TaskKind::Sort { min_len: 3, max_len: 3, alphabet: "cab".into() })).unwrap();
         // 27 problems: 13 held out.
         assert_eq!(s.test.len(), 13);
         let item = &s.test[0];
-        let mut c: Vec<char> = item.prompt.trim_end_matches('>').chars().collect();
+        let mut c: Vec<char> = item.prompt_key().trim_end_matches('>').chars().collect();
         c.sort();
-        assert_eq!(c.into_iter().collect::<String>(), item.label);
+        assert_eq!(c.into_iter().collect::<String>(), item.label_text());
         assert_eq!(s.tokenizer.vocab_size(), 3 + 4);
     }
 

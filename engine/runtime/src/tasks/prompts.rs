@@ -74,6 +74,34 @@ impl Prompt {
 }
 
 impl PromptRow {
+    /// A row of a built-in task: a string prompt and its answer.
+    pub fn text(prompt: String, label: String) -> PromptRow {
+        PromptRow {
+            prompt: Prompt::Text(prompt),
+            label: Value::String(label),
+            metadata: Map::new(),
+            origin: String::new(),
+        }
+    }
+
+    /// The prompt's identity for disjoint splits: the string, or the messages' JSON.
+    pub fn prompt_key(&self) -> &str {
+        match &self.prompt {
+            Prompt::Text(s) => s,
+            Prompt::Chat(m) => &m.json,
+        }
+    }
+
+    /// The label as text (the gold answer of SFT and exact match): a string as is, any other JSON
+    /// as its text, `null` as "".
+    pub fn label_text(&self) -> String {
+        match &self.label {
+            Value::String(s) => s.clone(),
+            Value::Null => String::new(),
+            other => other.to_string(),
+        }
+    }
+
     /// What a reward receives for a response to this row.
     pub fn reward_input(&self, sample_id: String, response: String, finish: FinishReason) -> RewardInput {
         RewardInput {

@@ -14,6 +14,15 @@ use std::path::{Path, PathBuf};
 /// End-of-turn tokens of common chat models, looked up in the vocabulary.
 const END_OF_TURN: [&str; 5] = ["<|im_end|>", "<|eot_id|>", "<end_of_turn>", "<|end|>", "<|eot|>"];
 
+/// The files of a model directory that make up its tokenizer.
+pub const TOKENIZER_FILES: [&str; 5] = [
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+    "generation_config.json",
+];
+
 pub struct HfTokenizer {
     inner: tokenizers::Tokenizer,
     special: SpecialTokens,
@@ -95,6 +104,18 @@ impl HfTokenizer {
             chat,
             dir: dir.to_path_buf(),
         })
+    }
+
+    /// Copies the tokenizer's files from its model directory into `dir` (an exported model),
+    /// keeping any `dir` already has.
+    pub fn copy_files(&self, dir: &Path) -> Result<(), RunError> {
+        for name in TOKENIZER_FILES {
+            let (from, to) = (self.dir.join(name), dir.join(name));
+            if from.is_file() && !to.exists() {
+                std::fs::copy(&from, &to).map_err(|e| RunError::io(crate::E_OUT_DIR, "cannot copy", &from, e))?;
+            }
+        }
+        Ok(())
     }
 
     pub fn vocab_size(&self) -> usize {

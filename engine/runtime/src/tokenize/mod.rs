@@ -93,6 +93,17 @@ impl Tokenizer {
     }
 }
 
+impl Tokenizer {
+    /// Writes the tokenizer beside a saved model: the character tokenizer as tokenizer.json, a
+    /// Hugging Face one as its model directory's tokenizer files (files already there are kept).
+    pub fn save(&self, dir: &std::path::Path) -> Result<(), RunError> {
+        match self {
+            Tokenizer::Char(t) => crate::exec::write_json(&dir.join("tokenizer.json"), t),
+            Tokenizer::Hf(t) => t.copy_files(dir),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -44,7 +44,7 @@ pub(super) fn export(policy: &Policy, dir: &Path, source: Option<&HfMeta>) -> Re
     Ok(())
 }
 
-fn fill(policy: &Policy, tmp: &Path, source: Option<&HfMeta>) -> Result<(), RunError> {
+pub(crate) fn fill(policy: &Policy, tmp: &Path, source: Option<&HfMeta>) -> Result<(), RunError> {
     policy.save(tmp)?;
     let Some(src) = source else { return Ok(()) };
     // The source's own config.json, so every field transformers knows and we do not survives;

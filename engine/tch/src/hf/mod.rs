@@ -15,7 +15,7 @@ mod load;
 pub use config::{config_json, parse_config, Architecture, HfConfig};
 
 use crate::model::Policy;
-use miles_runtime::RunError;
+use miles_runtime::{ModelConfig, RunError};
 use std::path::{Path, PathBuf};
 
 /// Files of a model directory that are not weights nor config.json, copied through on export.
@@ -53,6 +53,26 @@ pub struct HfMeta {
     pub carried_files: Vec<String>,
 }
 
+/// The first size or layout field where a loaded config and the run spec's model disagree (the
+/// fields `miles check` reads from config.json); rotary and norm constants come from the
+/// directory alone.
+pub fn first_difference(loaded: &ModelConfig, spec: &ModelConfig) -> Option<&'static str> {
+    let fields: [(&'static str, bool); 11] = [
+        ("vocab_size", loaded.vocab_size == spec.vocab_size),
+        ("d_model", loaded.d_model == spec.d_model),
+        ("n_layers", loaded.n_layers == spec.n_layers),
+        ("n_heads", loaded.n_heads == spec.n_heads),
+        ("n_kv_heads", loaded.n_kv_heads == spec.n_kv_heads),
+        ("head_dim", loaded.head_dim() == spec.head_dim()),
+        ("d_ff", loaded.d_ff == spec.d_ff),
+        ("qkv_bias", loaded.qkv_bias == spec.qkv_bias),
+        ("o_bias", loaded.o_bias == spec.o_bias),
+        ("qk_norm", loaded.qk_norm == spec.qk_norm),
+        ("tie_embeddings", loaded.tie_embeddings == spec.tie_embeddings),
+    ];
+    fields.into_iter().find(|(_, same)| !same).map(|(f, _)| f)
+}
+
 impl Policy {
     /// Loads a Hugging Face model directory. `max_len` bounds the sequences the policy accepts
     /// (rotary tables and KV caches are sized by it); None = the model's max_position_embeddings.
@@ -65,5 +85,11 @@ impl Policy {
     /// float32) and tokenizer/generation files are carried through.
     pub fn export_hf(&self, dir: &Path, source: Option<&HfMeta>) -> Result<(), RunError> {
         export::export(self, dir, source)
+    }
+
+    /// Writes this policy as a Hugging Face directory into an existing (temporary) `dir`, with
+    /// `source`'s config.json and tokenizer files carried through as `export_hf` does.
+    pub fn write_hf(&self, dir: &Path, source: Option<&HfMeta>) -> Result<(), RunError> {
+        export::fill(self, dir, source)
     }
 }
