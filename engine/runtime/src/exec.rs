@@ -40,7 +40,6 @@ pub fn run_with(spec: &RunSpec, opts: &RunOptions, backend: &dyn Backend) -> Res
     let (mut engine, mut trainer) = backend.create(spec)?;
     let mut reward = crate::reward::spec::build_run_reward(spec)?;
     let mut eval_reward = crate::reward::spec::build_run_reward(spec)?;
-    let mut tally = RewardTally::default();
     let mut transport: Box<dyn WeightTransport> = Box::new(LocalHandoff);
 
     let start = match outs.resume_from.take() {
@@ -95,6 +94,8 @@ pub fn run_with(spec: &RunSpec, opts: &RunOptions, backend: &dyn Backend) -> Res
         let scored: Vec<(&PromptRow, &[TokenId], FinishReason)> =
             samples.iter().map(|s| (&items[s.prompt_index], &s.response[..], s.finish)).collect();
         let outcomes = score_responses(reward.as_mut(), &task, &format!("step{step}"), &scored)?;
+        // Counts of this step's samples (a resumed run writes the same rows).
+        let mut tally = RewardTally::default();
         tally.add(&outcomes);
         // A dropped sample leaves the batch; its group keeps the others.
         let kept: Vec<(&Sample, f32)> =

@@ -82,8 +82,8 @@ fn grpo_from_an_hf_directory_with_a_command_reward_exports_a_reloadable_model() 
     assert_eq!(r.steps_done, 2);
     let m = metrics(&out);
     let last = m.last().unwrap();
-    // Every sample went through the Python program: 4 prompts x 4 samples per step.
-    assert_eq!(last["reward/scored"], serde_json::json!(32.0), "{last}");
+    // Every sample of the step went through the Python program: 4 prompts x 4 samples.
+    assert_eq!(last["reward/scored"], serde_json::json!(16.0), "{last}");
     assert_eq!(last["reward/dropped"], serde_json::json!(0.0));
 
     // The export is a Hugging Face directory: the fixture's config.json and tokenizer files carried
