@@ -91,9 +91,16 @@ pub fn run_with(spec: &RunSpec, opts: &RunOptions, backend: &dyn Backend) -> Res
         let gen_tokens: usize = samples.iter().map(|s| s.response.len()).sum();
 
         let t_reward = Instant::now();
-        let scored: Vec<(&PromptRow, &[TokenId], FinishReason)> =
-            samples.iter().map(|s| (&items[s.prompt_index], &s.response[..], s.finish)).collect();
-        let outcomes = score_responses(reward.as_mut(), &task, &format!("step{step}"), &scored)?;
+        let mut nth = vec![0usize; items.len()];
+        let scored: Vec<Scored> = samples
+            .iter()
+            .map(|s| {
+                let j = nth[s.prompt_index];
+                nth[s.prompt_index] += 1;
+                (format!("step{step}/p{}/s{j}", s.prompt_index), &items[s.prompt_index], &s.response[..], s.finish)
+            })
+            .collect();
+        let outcomes = score_responses(reward.as_mut(), &task, &scored)?;
         // Counts of this step's samples (a resumed run writes the same rows).
         let mut tally = RewardTally::default();
         tally.add(&outcomes);
@@ -512,9 +519,11 @@ pub(crate) fn evaluate(
     let prompts = items.iter().map(|it| task.tokenizer.encode_prompt(&it.prompt)).collect::<Result<Vec<_>, _>>()?;
     let params = SamplingParams::greedy(spec.rollout.max_new_tokens).with_stop(task.stop_tokens());
     let samples = engine.generate(&prompts, 1, &params)?;
-    let scored: Vec<(&PromptRow, &[TokenId], FinishReason)> =
-        samples.iter().map(|s| (items[s.prompt_index], &s.response[..], s.finish)).collect();
-    let outcomes = score_responses(reward, task, "eval", &scored)?;
+    let scored: Vec<Scored> = samples
+        .iter()
+        .map(|s| (format!("eval/p{}", s.prompt_index), items[s.prompt_index], &s.response[..], s.finish))
+        .collect();
+    let outcomes = score_responses(reward, task, &scored)?;
     let len: usize = samples.iter().map(|s| s.response.len()).sum();
     let n = samples.len().max(1) as f64;
     Ok((eval_score(&outcomes), len as f64 / n))
@@ -527,18 +536,19 @@ pub(crate) fn eval_score(outcomes: &[RewardOutcome]) -> f64 {
     full as f64 / outcomes.len().max(1) as f64
 }
 
-/// Scores responses (row, response ids, finish) with `reward`, in order. Sample ids are
-/// `<prefix>/<index>`: what a failing reward's message names.
+/// A response to score: its sample id (what a failing reward's message names, e.g.
+/// `step12/p3/s1`), its prompt row, its ids and how it ended.
+pub(crate) type Scored<'a> = (String, &'a PromptRow, &'a [TokenId], FinishReason);
+
+/// Scores responses with `reward`, in order.
 pub(crate) fn score_responses(
     reward: &mut dyn BatchReward,
     task: &TaskSet,
-    prefix: &str,
-    responses: &[(&PromptRow, &[TokenId], FinishReason)],
+    responses: &[Scored],
 ) -> Result<Vec<RewardOutcome>, RunError> {
     let inputs: Vec<_> = responses
         .iter()
-        .enumerate()
-        .map(|(k, (row, ids, finish))| row.reward_input(format!("{prefix}/{k}"), task.tokenizer.decode(ids), *finish))
+        .map(|(id, row, ids, finish)| row.reward_input(id.clone(), task.tokenizer.decode(ids), *finish))
         .collect();
     let out = reward.score_batch(&inputs)?;
     if out.len() != inputs.len() {

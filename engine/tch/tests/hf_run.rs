@@ -113,7 +113,8 @@ fn a_failing_reward_program_stops_the_run_naming_the_stage_and_sample() {
     let d = tmp("bad");
     let e = miles_tch::run(&spec(&d, 1, Some(command_reward(&["nan"]))), &opts(&d.join("out"))).unwrap_err();
     assert_eq!(e.code, "E0517", "{e}");
-    assert!(e.message.contains("reward `judge`"), "{e}");
+    // The step-0 evaluation scores with the same reward, so it is the first to fail.
+    assert!(e.message.contains("reward `judge` failed on sample eval/p0"), "{e}");
     // Under `drop`, the same program's failures leave the batch and are counted, never silent.
     let mut dropping = command_reward(&["nan"]);
     if let RewardSpec::Command { on_error, .. } = &mut dropping {

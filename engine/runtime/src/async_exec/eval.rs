@@ -73,10 +73,14 @@ pub(super) fn evaluate_stream(
             return Err(RunError::internal("the rollout engine lost evaluation requests"));
         }
     }
-    let scored: Vec<(&PromptRow, &[TokenId], FinishReason)> =
-        items.iter().zip(&responses).filter_map(|(row, r)| r.as_ref().map(|(ids, f)| (*row, &ids[..], *f))).collect();
-    let outcomes = crate::exec::score_responses(reward, task, "eval", &scored)?;
-    let len: usize = scored.iter().map(|s| s.1.len()).sum();
+    let scored: Vec<crate::exec::Scored> = items
+        .iter()
+        .zip(&responses)
+        .enumerate()
+        .filter_map(|(i, (row, r))| r.as_ref().map(|(ids, f)| (format!("eval/p{i}"), *row, &ids[..], *f)))
+        .collect();
+    let outcomes = crate::exec::score_responses(reward, task, &scored)?;
+    let len: usize = scored.iter().map(|s| s.2.len()).sum();
     let n = items.len().max(1) as f64;
     Ok((crate::exec::eval_score(&outcomes), len as f64 / n))
 }

@@ -271,13 +271,12 @@ impl Generator<'_> {
             None
         } else {
             let samples: Vec<StreamSample> = samples.into_iter().flatten().collect();
-            let responses: Vec<_> = samples.iter().map(|s| (&item, &s.response[..], s.finish)).collect();
-            let outcomes = crate::exec::score_responses(
-                self.reward.as_mut(),
-                self.task,
-                &format!("prompt{}", prompt.id),
-                &responses,
-            )?;
+            let responses: Vec<crate::exec::Scored> = samples
+                .iter()
+                .enumerate()
+                .map(|(j, s)| (format!("prompt{}/s{j}", prompt.id), &item, &s.response[..], s.finish))
+                .collect();
+            let outcomes = crate::exec::score_responses(self.reward.as_mut(), self.task, &responses)?;
             // A dropped sample leaves its group; the others keep their rewards.
             let kept: (Vec<StreamSample>, Vec<f32>) =
                 samples.into_iter().zip(&outcomes).filter_map(|(s, o)| o.reward().map(|r| (s, r))).unzip();
