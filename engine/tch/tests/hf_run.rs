@@ -137,3 +137,69 @@ fn a_config_changed_after_check_is_refused() {
     assert!(e.message.contains("n_layers differs"), "{e}");
     let _ = std::fs::remove_dir_all(&d);
 }
+
+/// A reward service on 127.0.0.1 (real sockets, HTTP/1.1): scores 1 when the response's last
+/// character is a digit. Returns its URL and a count of the samples it scored.
+fn reward_service() -> (String, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    use std::io::{BufRead, BufReader, Read, Write};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}/score", listener.local_addr().unwrap());
+    let scored = std::sync::Arc::new(AtomicUsize::new(0));
+    let counter = scored.clone();
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(mut conn) = conn else { continue };
+            let mut r = BufReader::new(conn.try_clone().unwrap());
+            let mut len = 0;
+            loop {
+                let mut line = String::new();
+                if r.read_line(&mut line).unwrap_or(0) == 0 || line == "\r\n" {
+                    break;
+                }
+                if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+                    len = v.trim().parse().unwrap();
+                }
+            }
+            let mut body = vec![0; len];
+            r.read_exact(&mut body).unwrap();
+            let req: Value = serde_json::from_slice(&body).unwrap();
+            let samples = req["samples"].as_array().unwrap();
+            counter.fetch_add(samples.len(), Ordering::SeqCst);
+            let scores: Vec<f64> = samples
+                .iter()
+                .map(|s| s["response"].as_str().unwrap().ends_with(|c: char| c.is_ascii_digit()) as u8 as f64)
+                .collect();
+            let answer = serde_json::json!({"id": req["id"], "scores": scores}).to_string();
+            let _ = write!(
+                conn,
+                "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{answer}",
+                answer.len()
+            );
+        }
+    });
+    (url, scored)
+}
+
+#[test]
+fn http_reward_scores_a_run() {
+    let d = tmp("http");
+    let (url, scored) = reward_service();
+    let reward = RewardSpec::Http {
+        name: "rm".into(),
+        url,
+        concurrency: 2,
+        batch_size: 5,
+        timeout_s: 10.0,
+        retries: 1,
+        on_error: OnRewardError::Stop,
+    };
+    let out = d.join("out");
+    miles_tch::run(&spec(&d, 2, Some(reward)), &opts(&out)).unwrap();
+    let m = metrics(&out);
+    assert_eq!(m.last().unwrap()["reward/scored"], serde_json::json!(16.0));
+    // Two steps of 16 samples plus the evaluations at steps 0 and 2 (8 prompts each): every
+    // sample, rollouts and evaluations, went to the service.
+    assert_eq!(scored.load(std::sync::atomic::Ordering::SeqCst), 2 * 16 + 2 * 8);
+    let _ = std::fs::remove_dir_all(&d);
+}
