@@ -56,6 +56,20 @@ impl<'r> Mapper<'r> {
     }
 }
 
+/// The sizes both model schemas (`transformer`, `hf`) name alike.
+fn decoder_sizes(r: &Record) -> DecoderSizes {
+    let n = |name: &str| rec_u64(r, name) as usize;
+    DecoderSizes {
+        vocab_size: n("vocab"),
+        d_model: n("d_model"),
+        n_layers: n("layers"),
+        n_heads: n("heads"),
+        n_kv_heads: n("kv_heads"),
+        d_ff: n("d_ff"),
+        max_len: n("max_len"),
+    }
+}
+
 fn rec_u64(r: &Record, name: &str) -> u64 {
     r.get(name).and_then(Value::as_q).map(|q| q.to_f64().max(0.0).round() as u64).unwrap_or(0)
 }
@@ -141,42 +155,17 @@ pub fn run_spec(recipe: &CompiledRecipe) -> Result<RunSpec, Vec<Diagnostic>> {
             };
             hf = Some(HfModelSpec { path: rec_str(r, "path").into() });
             ModelConfig {
-                vocab_size: rec_u64(r, "vocab") as usize,
-                d_model: rec_u64(r, "d_model") as usize,
-                n_layers: rec_u64(r, "layers") as usize,
-                n_heads: rec_u64(r, "heads") as usize,
-                n_kv_heads: rec_u64(r, "kv_heads") as usize,
-                d_ff: rec_u64(r, "d_ff") as usize,
-                max_len: rec_u64(r, "max_len") as usize,
                 rope_theta,
                 norm_eps: 1e-6,
-                init_std: 0.02,
                 head_dim: Some(rec_u64(r, "head_dim") as usize),
                 qkv_bias: flag("qkv_bias"),
                 o_bias: flag("o_bias"),
                 qk_norm: flag("qk_norm"),
                 tie_embeddings: flag("tie_embeddings"),
-                rope_scaling: None,
+                ..ModelConfig::decoder(decoder_sizes(r))
             }
         }
-        Some(r) if r.schema_name == "transformer" => ModelConfig {
-            vocab_size: rec_u64(r, "vocab") as usize,
-            d_model: rec_u64(r, "d_model") as usize,
-            n_layers: rec_u64(r, "layers") as usize,
-            n_heads: rec_u64(r, "heads") as usize,
-            n_kv_heads: rec_u64(r, "kv_heads") as usize,
-            d_ff: rec_u64(r, "d_ff") as usize,
-            max_len: rec_u64(r, "max_len") as usize,
-            rope_theta: 10000.0,
-            norm_eps: 1e-5,
-            init_std: 0.02,
-            head_dim: None,
-            qkv_bias: false,
-            o_bias: false,
-            qk_norm: false,
-            tie_embeddings: false,
-            rope_scaling: None,
-        },
+        Some(r) if r.schema_name == "transformer" => ModelConfig::decoder(decoder_sizes(r)),
         other => {
             let span = other.map(|r| r.span).unwrap_or(rollout.name_span);
             m.unsupported(

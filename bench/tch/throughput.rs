@@ -3,7 +3,7 @@
 //!
 //! `cargo bench -p miles-tch --bench throughput` (add `-- --threads N` to pin libtorch threads).
 
-use miles_runtime::{ModelConfig, SamplingParams, TrainSpec, Trajectory};
+use miles_runtime::{DecoderSizes, ModelConfig, SamplingParams, TrainSpec, Trajectory};
 use miles_tch::model::Policy;
 use miles_tch::train::TchTrainer;
 use std::time::Instant;
@@ -14,7 +14,7 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 fn cfg(d: usize, layers: usize, max_len: usize) -> ModelConfig {
-    ModelConfig {
+    ModelConfig::decoder(DecoderSizes {
         vocab_size: 16,
         d_model: d,
         n_layers: layers,
@@ -22,16 +22,7 @@ fn cfg(d: usize, layers: usize, max_len: usize) -> ModelConfig {
         n_kv_heads: 2,
         d_ff: 3 * d,
         max_len,
-        rope_theta: 10000.0,
-        norm_eps: 1e-5,
-        init_std: 0.02,
-        head_dim: None,
-        qkv_bias: false,
-        o_bias: false,
-        qk_norm: false,
-        tie_embeddings: false,
-        rope_scaling: None,
-    }
+    })
 }
 
 fn prompts(n: usize, len: usize) -> Vec<Vec<u32>> {

@@ -175,7 +175,42 @@ pub struct ModelConfig {
     pub rope_scaling: Option<RopeScaling>,
 }
 
+/// The sizes of a Llama-style decoder, as a recipe's `transformer` gives them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DecoderSizes {
+    pub vocab_size: usize,
+    pub d_model: usize,
+    pub n_layers: usize,
+    pub n_heads: usize,
+    pub n_kv_heads: usize,
+    pub d_ff: usize,
+    pub max_len: usize,
+}
+
 impl ModelConfig {
+    /// A plain decoder of these sizes: rotary theta 10000, no biases, no q/k norm, untied,
+    /// every later field at its default.
+    pub fn decoder(s: DecoderSizes) -> ModelConfig {
+        ModelConfig {
+            vocab_size: s.vocab_size,
+            d_model: s.d_model,
+            n_layers: s.n_layers,
+            n_heads: s.n_heads,
+            n_kv_heads: s.n_kv_heads,
+            d_ff: s.d_ff,
+            max_len: s.max_len,
+            rope_theta: default_rope_theta(),
+            norm_eps: default_norm_eps(),
+            init_std: default_init_std(),
+            head_dim: None,
+            qkv_bias: false,
+            o_bias: false,
+            qk_norm: false,
+            tie_embeddings: false,
+            rope_scaling: None,
+        }
+    }
+
     /// Width of one attention head.
     pub fn head_dim(&self) -> usize {
         self.head_dim.unwrap_or(self.d_model / self.n_heads.max(1))
