@@ -11,6 +11,7 @@ pub mod env;
 pub mod error;
 pub mod exec;
 pub mod http_client;
+pub mod line_child;
 pub mod progress;
 pub mod reward;
 pub mod rng;

@@ -17,20 +17,16 @@
 //! started afresh for the next call. Its stderr is kept (the last few KiB) to quote.
 
 use super::{Action, EnvFault, Environment, StepResult, Task};
-use crate::reward::{truncate, truncate_tail};
+use crate::line_child::LineChild;
+use crate::reward::truncate;
 use crate::{RunError, E_SPEC};
 use serde_json::{json, Value};
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader, Read, Write};
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{self, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-
-const STDERR_TAIL: usize = 2048;
-const MAX_LINE: u64 = 64 << 20;
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct JsonlSpec {
@@ -51,20 +47,11 @@ pub struct JsonlEnv {
 }
 
 struct Proc {
-    child: Mutex<Child>,
-    requests: Mutex<Sender<String>>,
+    program: Mutex<LineChild>,
     /// Calls waiting for their answer, by request id.
     pending: Arc<Mutex<HashMap<u64, Sender<Reply>>>>,
     /// Why the program is unusable (it exited, its stdout broke); set once.
     dead: Arc<Mutex<Option<String>>>,
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let mut c = self.child.lock().unwrap_or_else(|p| p.into_inner());
-        let _ = c.kill();
-        let _ = c.wait();
-    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -100,72 +87,27 @@ impl JsonlEnv {
     }
 
     fn start(&self) -> Result<Proc, EnvFault> {
-        let mut cmd = Command::new(&self.spec.argv[0]);
-        cmd.args(&self.spec.argv[1..]).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
-        if let Some(dir) = &self.spec.cwd {
-            cmd.current_dir(dir);
-        }
-        let mut child =
-            cmd.spawn().map_err(|e| EnvFault::Crashed(format!("cannot start `{}`: {e}", self.spec.argv.join(" "))))?;
-        self.starts.fetch_add(1, Ordering::Relaxed);
-        let (Some(stdin), Some(stdout), Some(stderr)) = (child.stdin.take(), child.stdout.take(), child.stderr.take())
-        else {
-            return Err(EnvFault::Crashed("no pipes to the program".into()));
-        };
         let pending: Arc<Mutex<HashMap<u64, Sender<Reply>>>> = Arc::default();
         let dead: Arc<Mutex<Option<String>>> = Arc::default();
-        let tail: Arc<Mutex<String>> = Arc::default();
-        // Request lines go through a writer thread so a program that stops reading blocks no caller.
-        let (requests, rx_req) = mpsc::channel::<String>();
-        std::thread::spawn(move || {
-            let mut stdin = stdin;
-            for line in rx_req {
-                let ok =
-                    stdin.write_all(line.as_bytes()).and_then(|_| stdin.write_all(b"\n")).and_then(|_| stdin.flush());
-                if ok.is_err() {
-                    break;
-                }
-            }
-        });
-        let (p2, d2, t2) = (pending.clone(), dead.clone(), tail.clone());
-        std::thread::spawn(move || {
-            let mut out = BufReader::new(stdout);
-            let why = loop {
-                let mut buf = Vec::new();
-                match (&mut out).take(MAX_LINE).read_until(b'\n', &mut buf) {
-                    Ok(0) => break "exited".to_string(),
-                    Ok(_) if !buf.ends_with(b"\n") && buf.len() as u64 >= MAX_LINE => {
-                        break format!("answered a line longer than {MAX_LINE} bytes")
-                    }
-                    Ok(_) => route(&p2, &String::from_utf8_lossy(&buf)),
-                    Err(e) => break format!("stdout unreadable: {e}"),
-                }
-            };
-            // Give the exiting program a moment so its last words reach the stderr tail.
-            std::thread::sleep(Duration::from_millis(50));
-            let last = lock(&t2).trim_end().to_string();
-            let what = if last.is_empty() { why } else { format!("{why}; stderr ends: {}", truncate_tail(&last, 400)) };
-            *lock(&d2) = Some(what.clone());
-            fail_pending(&p2, &EnvFault::Crashed(what));
-        });
-        let keep = tail;
-        std::thread::spawn(move || {
-            let mut err = BufReader::new(stderr);
-            let mut buf = [0u8; 4096];
-            while let Ok(n) = err.read(&mut buf) {
-                if n == 0 {
-                    break;
-                }
-                let mut t = lock(&keep);
-                t.push_str(&String::from_utf8_lossy(&buf[..n]));
-                if t.len() > 2 * STDERR_TAIL {
-                    let cut = t.len() - STDERR_TAIL;
-                    let cut = (cut..t.len()).find(|&i| t.is_char_boundary(i)).unwrap_or(t.len());
-                    t.drain(..cut);
-                }
-            }
-        });
-        Ok(Proc { child: Mutex::new(child), requests: Mutex::new(requests), pending, dead })
+        let (p1, p2, d2) = (pending.clone(), pending.clone(), dead.clone());
+        let program = LineChild::spawn(
+            &self.spec.argv,
+            self.spec.cwd.as_deref(),
+            move |line| {
+                route(&p1, &line);
+                true
+            },
+            move |end, stderr| {
+                // Give the exiting program a moment so its last words reach the stderr tail.
+                std::thread::sleep(Duration::from_millis(50));
+                let what = stderr.quote_after(end.describe("exited"));
+                *lock(&d2) = Some(what.clone());
+                fail_pending(&p2, &EnvFault::Crashed(what));
+            },
+        )
+        .map_err(|e| EnvFault::Crashed(format!("cannot start `{}`: {e}", self.spec.argv.join(" "))))?;
+        self.starts.fetch_add(1, Ordering::Relaxed);
+        Ok(Proc { program: Mutex::new(program), pending, dead })
     }
 
     /// One request and its answer (an object without `error`).
@@ -175,7 +117,7 @@ impl JsonlEnv {
         request["id"] = json!(id);
         let (tx, rx) = mpsc::channel();
         lock(&proc.pending).insert(id, tx);
-        if lock(&proc.requests).send(request.to_string()).is_err() {
+        if lock(&proc.program).stdin.send(request.to_string()).is_err() {
             lock(&proc.pending).remove(&id);
             return Err(EnvFault::Crashed("its stdin is closed".into()));
         }
@@ -276,7 +218,7 @@ impl Environment for JsonlEnv {
     fn close(&self, episode: &str) {
         if let Ok(p) = self.running() {
             let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-            let _ = lock(&p.requests).send(json!({"id": id, "op": "close", "episode": episode}).to_string());
+            let _ = lock(&p.program).stdin.send(json!({"id": id, "op": "close", "episode": episode}).to_string());
         }
     }
 }
@@ -289,7 +231,7 @@ mod tests {
     fn python() -> Option<&'static str> {
         ["python3", "python"]
             .into_iter()
-            .find(|p| Command::new(p).arg("-c").arg("pass").status().is_ok_and(|s| s.success()))
+            .find(|p| std::process::Command::new(p).arg("-c").arg("pass").status().is_ok_and(|s| s.success()))
     }
 
     /// A Python environment: `37*59=?`-style echo with misbehaviours picked by the action text.

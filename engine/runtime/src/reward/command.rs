@@ -6,18 +6,12 @@
 
 use super::protocol::{self, BatchFault};
 use super::{settle_all, BatchReward, OnRewardError, RewardInput, RewardOutcome};
+use crate::line_child::{LineChild, StdoutEnd};
 use crate::RunError;
-use std::io::{BufRead, BufReader, Read, Write};
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
-use std::sync::{Arc, Mutex};
+use std::process::Child;
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
 use std::time::Duration;
-
-/// How much of the program's stderr a failure quotes.
-const STDERR_TAIL: usize = 2048;
-/// The longest answer line read (a line past it fails the batch instead of filling memory).
-const MAX_LINE: u64 = 64 << 20;
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct CommandSpec {
@@ -41,18 +35,9 @@ pub struct CommandReward {
 }
 
 struct Running {
-    child: Child,
-    /// Request lines go through a writer thread so a program that stops reading cannot block us.
-    requests: Sender<String>,
+    program: LineChild,
+    /// Answer lines, or why stdout ended early (an end of file just disconnects).
     lines: Receiver<Result<String, String>>,
-    stderr: Arc<Mutex<String>>,
-}
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 impl CommandReward {
@@ -64,13 +49,20 @@ impl CommandReward {
     }
 
     fn start(&mut self) -> Result<Running, RunError> {
-        let mut cmd = Command::new(&self.spec.argv[0]);
-        cmd.args(&self.spec.argv[1..]).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
-        if let Some(dir) = &self.spec.cwd {
-            cmd.current_dir(dir);
-        }
+        let (tx, lines) = mpsc::channel();
+        let end_tx = tx.clone();
+        let program = LineChild::spawn(
+            &self.spec.argv,
+            self.spec.cwd.as_deref(),
+            move |line| tx.send(Ok(line)).is_ok(),
+            move |end, _| {
+                if end != StdoutEnd::Closed {
+                    let _ = end_tx.send(Err(end.describe("closed its stdout")));
+                }
+            },
+        )
         // A program that cannot start at all is a setting to fix, whatever the policy.
-        let mut child = cmd.spawn().map_err(|e| {
+        .map_err(|e| {
             RunError::new(
                 super::E_REWARD,
                 format!("reward `{}`: cannot start `{}`: {e}", self.spec.name, self.spec.argv.join(" ")),
@@ -78,73 +70,7 @@ impl CommandReward {
             .with_help("`command` is a program and its arguments, run without a shell; check the program is on PATH")
         })?;
         self.starts += 1;
-        let (stdin, stdout, stderr) = match (child.stdin.take(), child.stdout.take(), child.stderr.take()) {
-            (Some(i), Some(o), Some(e)) => (i, o, e),
-            _ => {
-                return Err(RunError::new(
-                    super::E_REWARD,
-                    format!("reward `{}`: no pipes to the program", self.spec.name),
-                ))
-            }
-        };
-        let (requests, rx_req) = mpsc::channel::<String>();
-        std::thread::spawn(move || {
-            let mut stdin = stdin;
-            for line in rx_req {
-                if stdin
-                    .write_all(line.as_bytes())
-                    .and_then(|_| stdin.write_all(b"\n"))
-                    .and_then(|_| stdin.flush())
-                    .is_err()
-                {
-                    break;
-                }
-            }
-        });
-        let (tx_lines, lines) = mpsc::channel();
-        std::thread::spawn(move || {
-            let mut out = BufReader::new(stdout);
-            loop {
-                let mut buf = Vec::new();
-                match (&mut out).take(MAX_LINE).read_until(b'\n', &mut buf) {
-                    Ok(0) => break,
-                    Ok(_) if !buf.ends_with(b"\n") && buf.len() as u64 >= MAX_LINE => {
-                        let _ = tx_lines.send(Err(format!("answered a line longer than {MAX_LINE} bytes")));
-                        break;
-                    }
-                    Ok(_) => {
-                        let line = String::from_utf8_lossy(&buf).into_owned();
-                        if tx_lines.send(Ok(line)).is_err() {
-                            break;
-                        }
-                    }
-                    Err(e) => {
-                        let _ = tx_lines.send(Err(format!("stdout unreadable: {e}")));
-                        break;
-                    }
-                }
-            }
-        });
-        let tail = Arc::new(Mutex::new(String::new()));
-        let keep = tail.clone();
-        std::thread::spawn(move || {
-            let mut err = BufReader::new(stderr);
-            let mut buf = [0u8; 4096];
-            while let Ok(n) = err.read(&mut buf) {
-                if n == 0 {
-                    break;
-                }
-                if let Ok(mut t) = keep.lock() {
-                    t.push_str(&String::from_utf8_lossy(&buf[..n]));
-                    if t.len() > 2 * STDERR_TAIL {
-                        let cut = t.len() - STDERR_TAIL;
-                        let cut = (cut..t.len()).find(|&i| t.is_char_boundary(i)).unwrap_or(t.len());
-                        t.drain(..cut);
-                    }
-                }
-            }
-        });
-        Ok(Running { child, requests, lines, stderr: tail })
+        Ok(Running { program, lines })
     }
 
     /// One round trip; `Err` fails every sample of the batch. The program is left running only
@@ -158,7 +84,7 @@ impl CommandReward {
         let name = self.spec.name.clone();
         let timeout = self.spec.timeout;
         let run = self.running.as_mut().expect("started above");
-        let answer = match run.requests.send(protocol::request(id, items)) {
+        let answer = match run.program.stdin.send(protocol::request(id, items)) {
             Err(_) => Err(BatchFault::new("its stdin is closed")),
             Ok(()) => match run.lines.recv_timeout(timeout) {
                 Ok(Ok(line)) => protocol::parse_answer(&name, id, items, &line),
@@ -174,11 +100,11 @@ impl CommandReward {
             Err(mut fault) => {
                 let mut run = self.running.take().expect("started above");
                 // Give an exiting program a moment so its status and last words are known.
-                let status = wait_briefly(&mut run.child);
+                let status = wait_briefly(&mut run.program.child);
                 if let Some(status) = status {
                     fault.what = format!("exited ({status}) — {}", fault.what);
                 }
-                let tail = run.stderr.lock().map(|t| t.trim_end().to_string()).unwrap_or_default();
+                let tail = run.program.stderr_tail();
                 if !tail.is_empty() {
                     fault.what = format!("{}; stderr ends: {}", fault.what, super::truncate_tail(&tail, 400));
                 }
@@ -311,7 +237,7 @@ mod tests {
     fn the_program_is_killed_on_drop() {
         let mut r = reward("ok", OnRewardError::Stop, 20_000);
         r.score_batch(&batch()[..1]).unwrap();
-        let pid = r.running.as_ref().unwrap().child.id();
+        let pid = r.running.as_ref().unwrap().program.child.id();
         drop(r);
         // Reaped by Drop: no process with that id is ours any more.
         let alive =

@@ -1,0 +1,153 @@
+//! A program the run speaks to in lines of text (a `command_reward`, a `jsonl` environment):
+//! started without a shell, its stdin fed by a writer thread (a program that stops reading blocks
+//! no caller), its stdout read line by line on a thread of its own (each line at most
+//! `MAX_LINE` bytes, so a runaway answer cannot fill memory), and the last few KiB of its stderr
+//! kept to quote when it fails. The process is killed when the `LineChild` is dropped.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc::{self, Sender};
+use std::sync::{Arc, Mutex};
+
+/// How much of the program's stderr a failure quotes.
+pub const STDERR_TAIL: usize = 2048;
+/// The longest line read from the program.
+pub const MAX_LINE: u64 = 64 << 20;
+
+pub struct LineChild {
+    pub child: Child,
+    /// Lines to the program's stdin (the newline is added).
+    pub stdin: Sender<String>,
+    stderr: Arc<Mutex<String>>,
+}
+
+/// Why the program's stdout ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StdoutEnd {
+    /// End of file: the program closed it or exited.
+    Closed,
+    /// A line longer than `MAX_LINE`.
+    TooLong,
+    Unreadable(String),
+}
+
+impl StdoutEnd {
+    /// What a failure message says; `closed` names the end of file ("exited", "closed its stdout").
+    pub fn describe(&self, closed: &str) -> String {
+        match self {
+            StdoutEnd::Closed => closed.to_string(),
+            StdoutEnd::TooLong => format!("answered a line longer than {MAX_LINE} bytes"),
+            StdoutEnd::Unreadable(e) => format!("stdout unreadable: {e}"),
+        }
+    }
+}
+
+impl LineChild {
+    /// Starts `argv` in `cwd`. Each stdout line goes to `on_line` (which returns false to stop
+    /// reading); when stdout ends, `on_end` gets why and the program's stderr tail so far.
+    pub fn spawn(
+        argv: &[String],
+        cwd: Option<&Path>,
+        mut on_line: impl FnMut(String) -> bool + Send + 'static,
+        on_end: impl FnOnce(StdoutEnd, &StderrTail) + Send + 'static,
+    ) -> std::io::Result<LineChild> {
+        let (program, args) = argv.split_first().ok_or_else(|| std::io::Error::other("no program given"))?;
+        let mut cmd = Command::new(program);
+        cmd.args(args).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
+        if let Some(dir) = cwd {
+            cmd.current_dir(dir);
+        }
+        let mut child = cmd.spawn()?;
+        let (Some(stdin), Some(stdout), Some(stderr)) = (child.stdin.take(), child.stdout.take(), child.stderr.take())
+        else {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(std::io::Error::other("no pipes to the program"));
+        };
+        let (tx, rx) = mpsc::channel::<String>();
+        std::thread::spawn(move || {
+            let mut stdin = stdin;
+            for line in rx {
+                let ok =
+                    stdin.write_all(line.as_bytes()).and_then(|_| stdin.write_all(b"\n")).and_then(|_| stdin.flush());
+                if ok.is_err() {
+                    break;
+                }
+            }
+        });
+        let tail = StderrTail(Arc::new(Mutex::new(String::new())));
+        let keep = tail.clone();
+        std::thread::spawn(move || {
+            let mut err = BufReader::new(stderr);
+            let mut buf = [0u8; 4096];
+            while let Ok(n) = err.read(&mut buf) {
+                if n == 0 {
+                    break;
+                }
+                keep.push(&String::from_utf8_lossy(&buf[..n]));
+            }
+        });
+        let seen = tail.clone();
+        std::thread::spawn(move || {
+            let mut out = BufReader::new(stdout);
+            let end = loop {
+                let mut buf = Vec::new();
+                match (&mut out).take(MAX_LINE).read_until(b'\n', &mut buf) {
+                    Ok(0) => break StdoutEnd::Closed,
+                    Ok(_) if !buf.ends_with(b"\n") && buf.len() as u64 >= MAX_LINE => break StdoutEnd::TooLong,
+                    Ok(_) => {
+                        if !on_line(String::from_utf8_lossy(&buf).into_owned()) {
+                            return;
+                        }
+                    }
+                    Err(e) => break StdoutEnd::Unreadable(e.to_string()),
+                }
+            };
+            on_end(end, &seen);
+        });
+        Ok(LineChild { child, stdin: tx, stderr: tail.0 })
+    }
+
+    /// The last `STDERR_TAIL` bytes or so of the program's stderr, trimmed.
+    pub fn stderr_tail(&self) -> String {
+        StderrTail(self.stderr.clone()).text()
+    }
+}
+
+impl Drop for LineChild {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The end of a program's stderr, shared with the thread that reads it.
+#[derive(Clone)]
+pub struct StderrTail(Arc<Mutex<String>>);
+
+impl StderrTail {
+    fn push(&self, text: &str) {
+        let mut t = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        t.push_str(text);
+        if t.len() > 2 * STDERR_TAIL {
+            let cut = t.len() - STDERR_TAIL;
+            let cut = (cut..t.len()).find(|&i| t.is_char_boundary(i)).unwrap_or(t.len());
+            t.drain(..cut);
+        }
+    }
+
+    pub fn text(&self) -> String {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).trim_end().to_string()
+    }
+
+    /// `what`, followed by the stderr's last words when there are any.
+    pub fn quote_after(&self, what: String) -> String {
+        let last = self.text();
+        if last.is_empty() {
+            what
+        } else {
+            format!("{what}; stderr ends: {}", crate::reward::truncate_tail(&last, 400))
+        }
+    }
+}
