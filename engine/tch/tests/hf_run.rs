@@ -203,3 +203,14 @@ fn http_reward_scores_a_run() {
     assert_eq!(scored.load(std::sync::atomic::Ordering::SeqCst), 2 * 16 + 2 * 8);
     let _ = std::fs::remove_dir_all(&d);
 }
+
+#[test]
+fn a_tokenizer_larger_than_the_embeddings_is_refused_before_training() {
+    let d = tmp("vocab");
+    let mut s = spec(&d, 1, None);
+    s.model.vocab_size = 100;
+    let e = miles_tch::run(&s, &opts(&d.join("out"))).unwrap_err();
+    assert_eq!(e.code, "E0503", "{e}");
+    assert!(e.message.contains("vocab_size 100 does not cover the task tokenizer's 500 tokens"), "{e}");
+    let _ = std::fs::remove_dir_all(&d);
+}
