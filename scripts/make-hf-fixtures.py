@@ -11,6 +11,9 @@ Regenerate (by hand, from the repository root; needs network access to the packa
 
 Everything is seeded, but a different torch/transformers/tokenizers version may produce different
 bytes; the tests only need the references to agree with the weights written beside them.
+The tokenizers are trained on the repository's docs/ and recipes/ (see `corpus`), so after those
+change every architecture's tokenizer and references are rewritten too (each directory stays
+self-consistent; restore the ones you did not mean to change with `git checkout`).
 Versions used last: see tests/fixtures/hf/VERSIONS.json.
 
 Layout (one directory per architecture, each loadable by `AutoModelForCausalLM.from_pretrained`
@@ -22,7 +25,10 @@ and `AutoTokenizer.from_pretrained`):
            chat template (bos added by the tokenizer's post-processor, <|eot_id|> ends a turn)
   qwen2/, qwen3/ have config.json in the transformers 5 form (rope_parameters, dtype).
   qwen2/   Qwen2ForCausalLM: QKV bias, TIED embeddings, weights saved in bf16, vocab_size larger
-           than the tokenizer (padded rows, as in real Qwen checkpoints), ChatML template with tools
+           than the tokenizer (padded rows, as in real Qwen checkpoints), ChatML template with tools,
+           tokenizer.json with the Qwen2 pipeline real checkpoints ship (NFC, digits split one by
+           one): transformers builds a Qwen2Tokenizer by class for model_type qwen2 and ignores the
+           file's pipeline, so the file must carry the same one
   qwen3/   Qwen3ForCausalLM: q/k RMSNorm, explicit head_dim != hidden/heads, untied, fp32,
            ChatML template with tools
 
@@ -33,7 +39,8 @@ and `AutoTokenizer.from_pretrained`):
            attention_mask[:,t] and attention_mask[:,t+1] are both 1). Compare only real positions.
   <arch>/reference/tokenizer.json
            [{text, ids (add_special_tokens=true), ids_no_special, tokens, decoded,
-             decoded_skip_special}]
+             decoded_skip_special}]   computed by transformers' AutoTokenizer; every id list is
+           checked to equal what `tokenizers.Tokenizer.from_file(<arch>/tokenizer.json)` gives
   <arch>/reference/chat.json
            [{name, messages, tools?, add_generation_prompt, text, ids}]   ids = encode(text,
            add_special_tokens=false): the template itself renders bos where it wants one.
@@ -48,7 +55,7 @@ from pathlib import Path
 import torch
 import transformers
 import tokenizers
-from tokenizers import Tokenizer, models, pre_tokenizers, decoders, trainers, processors
+from tokenizers import Regex, Tokenizer, models, normalizers, pre_tokenizers, decoders, trainers, processors
 from safetensors.torch import save_file
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -57,6 +64,10 @@ SEED = 1234
 
 LLAMA3_SPECIALS = ["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"]
 CHATML_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+
+# The split of Qwen2/Qwen2.5 checkpoints' tokenizer.json (and of transformers' Qwen2Tokenizer):
+# GPT-2's, except that \p{N} takes ONE digit.
+QWEN2_PRETOKENIZE_REGEX = r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
 
 # Llama-3 structure: bos once, then a header per message, content trimmed, <|eot_id|> ends a turn.
 LLAMA3_TEMPLATE = (
@@ -203,9 +214,19 @@ def corpus():
     return texts
 
 
-def train_bpe(specials, vocab_size):
+def train_bpe(specials, vocab_size, qwen2=False):
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    if qwen2:
+        # As real Qwen2 checkpoints ship it; trained with it, so no merge joins two digits.
+        tok.normalizer = normalizers.NFC()
+        tok.pre_tokenizer = pre_tokenizers.Sequence(
+            [
+                pre_tokenizers.Split(Regex(QWEN2_PRETOKENIZE_REGEX), behavior="isolated", invert=False),
+                pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False),
+            ]
+        )
+    else:
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
@@ -242,7 +263,7 @@ def write_tokenizer(d: Path, kind: str):
             "chat_template": LLAMA3_TEMPLATE,
         }
     else:
-        tok = train_bpe(CHATML_SPECIALS, 500)
+        tok = train_bpe(CHATML_SPECIALS, 500, qwen2=kind == "qwen2")
         cfg = {
             "tokenizer_class": "PreTrainedTokenizerFast",
             "bos_token": None,
@@ -319,9 +340,20 @@ def reference_tokenizer(d: Path, supports_tools: bool):
     from transformers import AutoTokenizer
 
     tk = AutoTokenizer.from_pretrained(str(d))
+    # What a loader of tokenizer.json alone (ours: the Rust `tokenizers` crate) computes.
+    own = Tokenizer.from_file(str(d / "tokenizer.json"))
+
+    def agree(text, ids, add_special_tokens, what):
+        got = own.encode(text, add_special_tokens=add_special_tokens).ids
+        assert got == ids, (
+            f"{d}: {what} {text!r}: tokenizer.json gives {got}, transformers' {type(tk).__name__} {ids}"
+        )
+
     out = []
     for s in TOKENIZER_STRINGS:
         ids = tk(s, add_special_tokens=True)["input_ids"]
+        agree(s, ids, True, "ids")
+        agree(s, tk(s, add_special_tokens=False)["input_ids"], False, "ids_no_special")
         out.append(
             {
                 "text": s,
@@ -344,6 +376,7 @@ def reference_tokenizer(d: Path, supports_tools: bool):
             if tools:
                 entry["tools"] = tools
             entry["ids"] = tk(text, add_special_tokens=False)["input_ids"]
+            agree(text, entry["ids"], False, f"chat {name}")
             chats.append(entry)
     (d / "reference" / "chat.json").write_text(json.dumps(chats, indent=1, ensure_ascii=False) + "\n")
 
@@ -467,7 +500,7 @@ def main():
         Qwen2Config,
         Qwen2ForCausalLM,
         dict(common, vocab_size=512, rms_norm_eps=1e-6, tie_word_embeddings=True, rope_theta=1000000.0),
-        "chatml",
+        "qwen2",
         torch.bfloat16,
         False,
         True,

@@ -168,34 +168,6 @@ mod tests {
 
     const ARCHS: [&str; 3] = ["llama", "qwen2", "qwen3"];
 
-    /// FIXME(fixtures): qwen2's reference ids were made by transformers 5's `AutoTokenizer`, which
-    /// builds a Qwen2 tokenizer by class (digits split one by one) instead of the fixture's
-    /// tokenizer.json (GPT-2 pre-tokenizer, as qwen3's, which is the same file and matches).
-    /// Python's `tokenizers.Tokenizer.from_file` (0.23.3) gives our ids for these. Real Qwen2
-    /// checkpoints ship the digit-splitting pre-tokenizer in tokenizer.json, so both agree there.
-    /// Drop entries once scripts/make-hf-fixtures.py gives qwen2 that pre-tokenizer.
-    const KNOWN_QWEN2_DIGIT_CASES: [&str; 10] = [
-        "qwen2 \"numbers 12345 3.14159 -7\" ids",
-        "qwen2 \"numbers 12345 3.14159 -7\" ids_no_special",
-        "qwen2 \"system_user\" ids",
-        "qwen2 \"system_user\" ids",
-        "qwen2 \"system_user_assistant\" ids",
-        "qwen2 \"system_user_assistant\" ids",
-        "qwen2 \"multi_turn\" ids",
-        "qwen2 \"multi_turn\" ids",
-        "qwen2 \"tool_call\" ids",
-        "qwen2 \"tool_call\" ids",
-    ];
-
-    fn unexpected(wrong: Vec<(String, String)>, known: &[&str]) -> Vec<String> {
-        let keys: Vec<&str> = wrong.iter().map(|(k, _)| k.as_str()).collect();
-        let known: Vec<&str> = known.to_vec();
-        if keys == known {
-            return Vec::new();
-        }
-        wrong.into_iter().map(|(k, detail)| format!("{k}: {detail}")).collect()
-    }
-
     fn dir(arch: &str) -> PathBuf {
         PathBuf::from(format!("{}/../../tests/fixtures/hf/{arch}", env!("CARGO_MANIFEST_DIR")))
     }
@@ -229,12 +201,11 @@ mod tests {
                 for (what, got, want) in checks {
                     n += 1;
                     if got != want {
-                        wrong.push((format!("{arch} {text:?} {what}"), format!("got {got:?}, want {want:?}")));
+                        wrong.push(format!("{arch} {text:?} {what}: got {got:?}, want {want:?}"));
                     }
                 }
             }
         }
-        let wrong = unexpected(wrong, &KNOWN_QWEN2_DIGIT_CASES[..2]);
         assert!(wrong.is_empty(), "{} of {n} differ:\n{}", wrong.len(), wrong.join("\n"));
         assert_eq!(n, 3 * 16 * 4);
     }
@@ -260,19 +231,18 @@ mod tests {
                 n += 1;
                 match t.render_chat(c["messages"].get(), &options) {
                     Ok(text) if text != want => {
-                        wrong.push((format!("{arch} {name} text"), format!("rendered\n{text:?}\nwant\n{want:?}")))
+                        wrong.push(format!("{arch} {name} text: rendered\n{text:?}\nwant\n{want:?}"))
                     }
                     Ok(text) => {
                         let ids = t.encode(&text, false).unwrap();
                         if ids != want_ids {
-                            wrong.push((format!("{arch} {name} ids"), format!("{ids:?}, want {want_ids:?}")));
+                            wrong.push(format!("{arch} {name} ids: {ids:?}, want {want_ids:?}"));
                         }
                     }
-                    Err(e) => wrong.push((format!("{arch} {name} text"), e.to_string())),
+                    Err(e) => wrong.push(format!("{arch} {name} text: {e}")),
                 }
             }
         }
-        let wrong = unexpected(wrong, &KNOWN_QWEN2_DIGIT_CASES[2..]);
         assert!(wrong.is_empty(), "{} of {n} differ:\n{}", wrong.len(), wrong.join("\n"));
         assert_eq!(n, 10 + 12 + 12);
     }
