@@ -73,6 +73,8 @@ pub struct Program {
     pub modules: Vec<Module>,
     /// The modules named on the command line (or opened in the editor).
     pub entries: Vec<u32>,
+    /// The packages the build resolved imports through (empty outside a package).
+    pub packages: Packages,
 }
 
 impl Program {
@@ -106,6 +108,12 @@ impl Program {
         names.dedup();
         names
     }
+    /// The module key `import path` names from module `from_key`, through this build's
+    /// packages; `None` where the import is refused (E0110, E0111).
+    pub fn import_key(&self, from_key: &str, path: &str) -> Option<String> {
+        resolve_import_in(&self.packages, from_key, path).ok()
+    }
+
     pub fn module_by_key(&self, key: &str) -> Option<u32> {
         self.modules.iter().position(|m| m.key == key).map(|i| i as u32)
     }
@@ -171,7 +179,7 @@ pub struct Packages {
     pub roots: Vec<PackageRoot>,
 }
 
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Default)]
 pub struct PackageRoot {
     pub name: String,
     /// The directory holding its `miles.toml`, normalised like module keys (`.` for the project
@@ -179,6 +187,9 @@ pub struct PackageRoot {
     pub root: String,
     /// Declared dependencies: the package names `import NAME/...` may use from inside it.
     pub dependencies: Vec<String>,
+    /// Its modules as `import NAME/...` names them (`grpo/base`), for an editor's completion;
+    /// empty unless the builder listed them (`miles_package::project::list_modules`).
+    pub modules: Vec<String>,
 }
 
 impl Packages {
@@ -212,8 +223,8 @@ pub fn load_with(
     cache: &ParseCache,
     diags: &mut Vec<Diagnostic>,
 ) -> Program {
-    let mut loader =
-        Loader { fs, packages, program: Program::default(), by_key: HashMap::new(), stack: Vec::new(), diags, cache };
+    let program = Program { packages: packages.clone(), ..Program::default() };
+    let mut loader = Loader { fs, packages, program, by_key: HashMap::new(), stack: Vec::new(), diags, cache };
     for p in PRELUDE {
         loader.load(p, None);
     }

@@ -10,6 +10,7 @@ fn packages() -> Packages {
         name: name.into(),
         root: root.into(),
         dependencies: deps.iter().map(|d| d.to_string()).collect(),
+        modules: Vec::new(),
     };
     Packages {
         roots: vec![
