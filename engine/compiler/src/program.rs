@@ -247,6 +247,43 @@ struct Loader<'a> {
     cache: &'a ParseCache,
 }
 
+impl Loader<'_> {
+    /// E0101 for a module that cannot be read; in another package than the importing module's,
+    /// it names the package and the module path under its root (and the nearest module it has,
+    /// when the build listed them).
+    fn unreadable(&self, key: &str, from: Option<Span>, why: &str) -> Diagnostic {
+        let importer = self.stack.last().and_then(|(k, _)| self.packages.owner(k)).map(|o| o.name.as_str());
+        let package = self.packages.owner(key).filter(|o| Some(o.name.as_str()) != importer);
+        let mut d = match package {
+            Some(o) => {
+                let module = key.strip_prefix(o.root.as_str()).unwrap_or(key).trim_start_matches('/');
+                let module = module.strip_suffix(".miles").unwrap_or(module);
+                let mut d = Diagnostic::error(
+                    "E0101",
+                    format!("package `{}` has no module `{module}` (cannot read {key}: {why})", o.name),
+                );
+                match did_you_mean(module, o.modules.iter().map(String::as_str)) {
+                    Some(s) => {
+                        let s = format!("{}/{s}", o.name);
+                        d = d.with_help(format!("did you mean `{s}`?"));
+                        if let Some(sp) = from {
+                            d = d.with_fix(format!("replace with `{s}`"), sp, s);
+                        }
+                    }
+                    None => d = d.with_help(format!("module paths are relative to the package's root, {}", o.root)),
+                }
+                d
+            }
+            None => Diagnostic::error("E0101", format!("cannot read module `{key}`: {why}"))
+                .with_help("paths are relative to the importing file; the `.miles` extension is implied"),
+        };
+        if let Some(sp) = from {
+            d = d.with_primary(sp, "imported here");
+        }
+        d
+    }
+}
+
 pub fn stdlib_source(key: &str) -> Option<&'static str> {
     STDLIB.iter().find(|(k, _)| *k == key).map(|(_, s)| *s)
 }
@@ -320,13 +357,7 @@ impl Loader<'_> {
                     text
                 }
                 Err(why) => {
-                    let mut d = Diagnostic::error("E0101", format!("cannot read module `{key}`: {why}"));
-                    if let Some(sp) = from {
-                        d = d.with_primary(sp, "imported here");
-                    }
-                    self.diags.push(
-                        d.with_help("paths are relative to the importing file; the `.miles` extension is implied"),
-                    );
+                    self.diags.push(self.unreadable(key, from, &why));
                     return None;
                 }
             }
