@@ -185,7 +185,11 @@ fn main_loop(c: &Connection, st: &mut State, watch_rx: &Receiver<notify::Result<
             recv(c.receiver) -> m => match m { Ok(m) => Some(m), Err(_) => return },
             recv(watch_rx) -> ev => {
                 if let Ok(Ok(ev)) = ev {
-                    on_disk_change(st, &ev.paths);
+                    // Reads change nothing, and every check opens the files it imports: acting on
+                    // them would check again, forever.
+                    if !ev.kind.is_access() {
+                        on_disk_change(st, &ev.paths);
+                    }
                 }
                 None
             },

@@ -231,6 +231,20 @@ impl Client {
         }
     }
 
+    /// How many diagnostics publications arrive within `window` (others are kept).
+    pub fn publications_within(&mut self, window: Duration) -> usize {
+        let deadline = Instant::now() + window;
+        let mut n = 0;
+        while let Ok(m) = self.conn.receiver.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+            match m {
+                Message::Notification(x) if x.method == "textDocument/publishDiagnostics" => n += 1,
+                Message::Notification(x) => self.notifications.push(x),
+                _ => {}
+            }
+        }
+        n
+    }
+
     /// Replaces the main document's text (full sync), bumping its version.
     pub fn change(&mut self, version: i32, changes: Value) {
         let u = self.main_uri();
