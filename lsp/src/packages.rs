@@ -33,12 +33,16 @@ enum Built {
 }
 
 /// Every project the session has built, by root (a module-key directory).
-#[derive(Default)]
 pub struct Projects {
+    cache: Cache,
     builds: HashMap<String, Built>,
 }
 
 impl Projects {
+    pub fn new(cache: Cache) -> Projects {
+        Projects { cache, builds: HashMap::new() }
+    }
+
     /// Forgets every build: `miles.toml` or `miles.lock` changed.
     pub fn clear(&mut self) {
         self.builds.clear();
@@ -67,11 +71,11 @@ impl Projects {
     }
 
     fn build(&mut self, root: &str) -> &Built {
-        self.builds.entry(root.to_string()).or_insert_with(|| build(root))
+        self.builds.entry(root.to_string()).or_insert_with(|| build(root, &self.cache))
     }
 }
 
-fn build(root: &str) -> Built {
+fn build(root: &str, cache: &Cache) -> Built {
     let mut sources = Sources::default();
     let p = match project::open(root, &mut sources) {
         Ok(p) => p,
@@ -80,7 +84,7 @@ fn build(root: &str) -> Built {
             return Built::Failed { fallback: Packages::default(), dependencies: None, error };
         }
     };
-    match project::build(&p, &Cache::from_env(), &Mode::Frozen, &mut sources) {
+    match project::build(&p, cache, &Mode::Frozen, &mut sources) {
         Ok(mut b) => {
             project::list_modules(&mut b.map);
             Built::Ok(b.map)

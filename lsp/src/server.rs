@@ -21,6 +21,7 @@ use lsp_types::*;
 use miles_compiler::fs::{normalize, DiskFs, MemoryFs, OverlayFs};
 use miles_compiler::{FileId, ParseCache, Severity, Span};
 use miles_ide::{self as ide, Analysis, CompletionKind as CK, DefKind, TokenKind};
+use miles_package::cache::Cache;
 use std::collections::{HashMap, HashSet};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
@@ -34,6 +35,8 @@ pub struct Config {
     pub std_dir: Option<PathBuf>,
     /// Watch imported files on disk and re-check when they change.
     pub watch: bool,
+    /// The package source cache; `None` finds it as the CLI does (`$MILES_HOME`, ...).
+    pub package_cache: Option<PathBuf>,
     /// Fault injection for the tests of the panic guard: the next request or notification of
     /// this method panics inside its guarded handler, as a compiler bug would.
     pub panic_once_on: Option<String>,
@@ -41,7 +44,7 @@ pub struct Config {
 
 impl Default for Config {
     fn default() -> Config {
-        Config { std_dir: None, watch: true, panic_once_on: None }
+        Config { std_dir: None, watch: true, package_cache: None, panic_once_on: None }
     }
 }
 
@@ -160,7 +163,7 @@ pub fn serve(connection: Connection, config: Config) -> Result<(), String> {
         overlay: MemoryFs::new(),
         analyses: HashMap::new(),
         parsed: ParseCache::new(),
-        projects: Projects::default(),
+        projects: Projects::new(config.package_cache.clone().map_or_else(Cache::from_env, |home| Cache { home })),
         std_dir,
         dirty: false,
         watcher,

@@ -6,7 +6,10 @@
 mod support;
 
 use insta::assert_snapshot;
+use miles_package::cache::Cache;
+use miles_package::project::{self, Mode};
 use serde_json::{json, Value};
+use std::path::Path;
 use support::*;
 
 const PLATFORM: &str = r#"//- platform/miles.toml
@@ -114,5 +117,56 @@ fn a_dependency_not_fetched_is_one_diagnostic_until_the_manifest_changes() {
 fn a_broken_manifest_is_one_diagnostic_with_its_line() {
     let mut c = Client::start(&team(RECIPE, "{ path = "));
     assert_snapshot!("broken_manifest", diagnostics(&mut c));
+    c.shutdown();
+}
+
+fn git(dir: &Path, args: &[&str]) {
+    let config =
+        ["user.name=t", "user.email=t@t", "init.defaultBranch=main", "tag.gpgsign=false", "commit.gpgsign=false"];
+    let out = std::process::Command::new("git")
+        .current_dir(dir)
+        .args(config.iter().flat_map(|c| ["-c", c]))
+        .args(args)
+        .output()
+        .expect("git runs");
+    assert!(out.status.success(), "git {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// A git dependency, fetched (as `miles check` or `miles fetch` would) while the editor is open:
+/// the watcher sees the new lock, and definitions lead into the cache.
+#[test]
+fn a_fetched_git_dependency_leads_into_the_cache() {
+    let unfetched = r#"{ git = "file:///nonexistent/platform.git", tag = "v1.0.0" }"#;
+    let mut c = Client::start_with(&team(RECIPE, unfetched), true);
+    assert!(diagnostics(&mut c).contains("E0114"));
+
+    let platform = c.fx.path("platform");
+    git(&platform, &["init", "-q"]);
+    git(&platform, &["add", "-A"]);
+    git(&platform, &["commit", "-qm", "v1.0.0"]);
+    git(&platform, &["tag", "v1.0.0"]);
+    let manifest = c.fx.path("team/miles.toml");
+    let url = format!("file://{}", platform.display());
+    let text = std::fs::read_to_string(&manifest).expect("manifest").replace("file:///nonexistent/platform.git", &url);
+    std::fs::write(&manifest, text).expect("write");
+    let home = c.fx.path(".miles-home");
+    let mut sources = miles_compiler::Sources::default();
+    let p = project::open(&c.fx.path("team").to_string_lossy(), &mut sources).expect("manifest");
+    project::build(&p, &Cache { home: home.clone() }, &Mode::Locked, &mut sources).expect("fetches");
+    // Each change on disk is a publication; the last one follows the lock.
+    let mut shown = diagnostics(&mut c);
+    for _ in 0..20 {
+        if shown.is_empty() {
+            break;
+        }
+        shown = diagnostics(&mut c);
+    }
+    assert_eq!(shown, "");
+
+    let d = at(&mut c, "textDocument/definition", 2, 30);
+    let target = d["uri"].as_str().unwrap_or("").to_string();
+    let path = lsp_types::Url::parse(&target).ok().and_then(|u| u.to_file_path().ok()).unwrap_or_default();
+    assert!(path.starts_with(home.join("src")) && path.ends_with("grpo/base.miles"), "{}", path.display());
+    assert_eq!(c.range_text(&target, &d["range"]), "grpo_base");
     c.shutdown();
 }
