@@ -5,7 +5,7 @@
 //! The editor never writes `miles.lock` nor fetches (`Mode::Frozen`). A build is kept per project
 //! root until `miles.toml` or `miles.lock` changes (`Projects::clear`). A failed build (a missing
 //! cache entry, a broken manifest) becomes one diagnostic on the document's first import of a
-//! dependency (or its first line), in place of the unresolved-import errors it causes.
+//! dependency (or its first line), in place of the errors that follow from it.
 
 use miles_compiler::fs::FileSystem;
 use miles_compiler::program::{PackageRoot, Packages};
