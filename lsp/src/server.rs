@@ -163,7 +163,7 @@ pub fn serve(connection: Connection, config: Config) -> Result<(), String> {
         overlay: MemoryFs::new(),
         analyses: HashMap::new(),
         parsed: ParseCache::new(),
-        projects: Projects::new(config.package_cache.clone().map_or_else(Cache::from_env, |home| Cache { home })),
+        projects: Projects::new(package_cache(&config)),
         std_dir,
         dirty: false,
         watcher,
@@ -174,6 +174,12 @@ pub fn serve(connection: Connection, config: Config) -> Result<(), String> {
     };
     main_loop(&connection, &mut st, &watch_rx);
     Ok(())
+}
+
+/// The package cache, as an absolute path: its files' module keys become `file://` locations.
+fn package_cache(config: &Config) -> Cache {
+    let home = config.package_cache.clone().unwrap_or_else(|| Cache::from_env().home);
+    Cache { home: std::path::absolute(&home).unwrap_or(home) }
 }
 
 fn log(c: &Connection, msg: &str) {
