@@ -4,7 +4,7 @@
 use crate::diagnostics::emit;
 use crate::files::DiskFs;
 use crate::DiagFormat;
-use miles_compiler::{Diagnostic, Program, Sources};
+use miles_compiler::{Program, Sources};
 use miles_package::project::Mode;
 use miles_package::testing;
 
@@ -27,17 +27,15 @@ pub fn run(args: Args) -> u8 {
     let outcomes = testing::run(&p, &b.map, &DiskFs);
     let mut failed = 0;
     for o in &outcomes {
-        let what = format!("{}{}", o.test.file, o.test.recipe.as_ref().map(|r| format!(" ({r})")).unwrap_or_default());
-        if o.passed {
-            println!("test {what} ... ok");
-        } else {
+        let what = o.name();
+        if let Some(d) = o.diagnostic() {
             failed += 1;
             println!("test {what} ... FAILED");
-            let d = Diagnostic::error("E0119", format!("library test {what} failed: {}", o.why))
-                .with_help("fix the rule or the test's expectation in miles.toml");
             emit(&Sources::default(), &[d], DiagFormat::Auto);
             let Program { sources, .. } = &o.compilation.program;
             emit(sources, &o.compilation.diagnostics, DiagFormat::Auto);
+        } else {
+            println!("test {what} ... ok");
         }
     }
     println!("{}: {} passed, {failed} failed", if failed == 0 { "ok" } else { "FAILED" }, outcomes.len() - failed);

@@ -226,8 +226,8 @@ fn cases() {
 }
 
 /// Codes that need a package build (a manifest, a lock, git): a single-file case cannot raise
-/// them. engine/package/tests and tests/packages.rs make E0110-E0118 fire; FIXME: no test yet
-/// makes `miles test` report E0119 (a library test that fails).
+/// them. engine/package/tests and tests/packages.rs make E0110-E0119 fire (E0119, a library
+/// test that fails: `a_failing_library_test_is_e0119`).
 const PACKAGE_CODES: &[&str] =
     &["E0110", "E0111", "E0112", "E0113", "E0114", "E0115", "E0116", "E0117", "E0118", "E0119"];
 

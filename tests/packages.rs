@@ -128,6 +128,13 @@ fn add_check_update_fetch_vendor_test_doc() {
     assert_eq!(code, 0, "{text}");
     let md = std::fs::read_to_string(lib.join("out/platform.md")).expect("md");
     assert!(md.contains("### recipe `grpo_base`") && md.contains("house rule 1.1"), "{md}");
+    // A test whose expectation is not met: the too-fast recipe breaks the rule it was to pass.
+    let manifest = std::fs::read_to_string(lib.join("miles.toml")).expect("manifest");
+    write(&lib.join("miles.toml"), &manifest.replace("expect = \"fail\"\ncheck = \"house rule\"", "expect = \"pass\""));
+    let (code, text) = miles(&lib, &home, &["test"]);
+    assert_eq!(code, 1, "{text}");
+    assert!(text.contains("test tests/too_fast.miles ... FAILED") && text.contains("E0119"), "{text}");
+    assert!(text.contains("FAILED: 1 passed, 1 failed"), "{text}");
 
     // An import escaping the root.
     write(&team.join("recipes/escape.miles"), "import ../../platform/grpo/base\n");

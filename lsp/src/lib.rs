@@ -9,6 +9,7 @@
 //! a document opened from there is analysed as the stdlib module it is, not as a user file.
 
 pub mod convert;
+mod packages;
 mod server;
 pub mod stdfiles;
 

@@ -11,6 +11,7 @@
 //! layer becomes an error answer (or a log line) and the editor session lives on.
 
 use crate::convert::{apply_change, LineIndex};
+use crate::packages::{self, Projects};
 use crate::stdfiles;
 use crossbeam_channel::{select, Receiver};
 use lsp_server::{Connection, ErrorCode, Message, Notification, Request, Response};
@@ -18,8 +19,9 @@ use lsp_types::notification::Notification as _;
 use lsp_types::request::Request as _;
 use lsp_types::*;
 use miles_compiler::fs::{normalize, DiskFs, MemoryFs, OverlayFs};
-use miles_compiler::{compile_cached, FileId, Options, ParseCache, Severity, Span};
+use miles_compiler::{FileId, ParseCache, Severity, Span};
 use miles_ide::{self as ide, Analysis, CompletionKind as CK, DefKind, TokenKind};
+use miles_package::cache::Cache;
 use std::collections::{HashMap, HashSet};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
@@ -33,6 +35,8 @@ pub struct Config {
     pub std_dir: Option<PathBuf>,
     /// Watch imported files on disk and re-check when they change.
     pub watch: bool,
+    /// The package source cache; `None` finds it as the CLI does (`$MILES_HOME`, ...).
+    pub package_cache: Option<PathBuf>,
     /// Fault injection for the tests of the panic guard: the next request or notification of
     /// this method panics inside its guarded handler, as a compiler bug would.
     pub panic_once_on: Option<String>,
@@ -40,7 +44,7 @@ pub struct Config {
 
 impl Default for Config {
     fn default() -> Config {
-        Config { std_dir: None, watch: true, panic_once_on: None }
+        Config { std_dir: None, watch: true, package_cache: None, panic_once_on: None }
     }
 }
 
@@ -55,6 +59,8 @@ struct State {
     analyses: HashMap<Url, Analysis>,
     /// Parsed modules shared by every compilation of the session.
     parsed: ParseCache,
+    /// Package builds by project root, until a `miles.toml` or `miles.lock` changes.
+    projects: Projects,
     std_dir: PathBuf,
     /// Diagnostics need republishing (text or files on disk changed).
     dirty: bool,
@@ -157,6 +163,7 @@ pub fn serve(connection: Connection, config: Config) -> Result<(), String> {
         overlay: MemoryFs::new(),
         analyses: HashMap::new(),
         parsed: ParseCache::new(),
+        projects: Projects::new(package_cache(&config)),
         std_dir,
         dirty: false,
         watcher,
@@ -167,6 +174,12 @@ pub fn serve(connection: Connection, config: Config) -> Result<(), String> {
     };
     main_loop(&connection, &mut st, &watch_rx);
     Ok(())
+}
+
+/// The package cache, as an absolute path: its files' module keys become `file://` locations.
+fn package_cache(config: &Config) -> Cache {
+    let home = config.package_cache.clone().unwrap_or_else(|| Cache::from_env().home);
+    Cache { home: std::path::absolute(&home).unwrap_or(home) }
 }
 
 fn log(c: &Connection, msg: &str) {
@@ -181,7 +194,11 @@ fn main_loop(c: &Connection, st: &mut State, watch_rx: &Receiver<notify::Result<
             recv(c.receiver) -> m => match m { Ok(m) => Some(m), Err(_) => return },
             recv(watch_rx) -> ev => {
                 if let Ok(Ok(ev)) = ev {
-                    on_disk_change(st, &ev.paths);
+                    // Reads change nothing, and every check opens the files it imports: acting on
+                    // them would check again, forever.
+                    if !ev.kind.is_access() {
+                        on_disk_change(st, &ev.paths);
+                    }
                 }
                 None
             },
@@ -293,6 +310,12 @@ fn guarded<T>(st: &mut State, method: &str, f: impl FnOnce(&mut State) -> T) -> 
 }
 
 fn on_disk_change(st: &mut State, paths: &[PathBuf]) {
+    if paths.iter().any(|p| is_project_file(p)) {
+        st.projects.clear();
+        st.analyses.clear();
+        st.dirty = true;
+        return;
+    }
     let open: HashSet<PathBuf> = st.docs.keys().filter_map(|u| u.to_file_path().ok()).collect();
     if paths.iter().any(|p| p.extension().is_some_and(|e| e == "miles") && !open.contains(p)) {
         st.analyses.clear();
@@ -331,7 +354,7 @@ fn analysis<'s>(st: &'s mut State, uri: &Url) -> Option<&'s Analysis> {
         st.docs.get(uri)?;
         let key = key_of(st, uri);
         let fs = OverlayFs { base: &DiskFs, overlay: &st.overlay };
-        let c = compile_cached(&fs, std::slice::from_ref(&key), &Options::default(), &st.parsed);
+        let c = packages::compile(&mut st.projects, &fs, &key, &st.parsed);
         st.analyses.insert(uri.clone(), Analysis::new(c));
         update_watches(st, uri);
     }
@@ -349,6 +372,7 @@ fn update_watches(st: &mut State, uri: &Url) {
         .iter()
         .filter(|m| !m.is_std)
         .filter_map(|m| Path::new(&m.key).parent().map(Path::to_path_buf))
+        .chain(st.projects.roots().map(PathBuf::from))
         .filter(|d| d.is_absolute() && d.is_dir())
         .collect();
     let Some(w) = st.watcher.as_mut() else { return };
@@ -409,9 +433,23 @@ fn on_did_close(st: &mut State, params: serde_json::Value) {
     }
 }
 
-fn on_files_changed(st: &mut State, _params: serde_json::Value) {
+/// `didChangeWatchedFiles` and `didSave`: every analysis may be stale; a package build only when
+/// a `miles.toml` or `miles.lock` is among the files.
+fn on_files_changed(st: &mut State, params: serde_json::Value) {
+    let changes = params["changes"].as_array().into_iter().flatten().map(|c| &c["uri"]);
+    let uris = changes.chain([&params["textDocument"]["uri"]]);
+    let paths: Vec<PathBuf> =
+        uris.filter_map(|u| Url::parse(u.as_str()?).ok()).filter_map(|u| u.to_file_path().ok()).collect();
+    if paths.iter().any(|p| is_project_file(p)) {
+        st.projects.clear();
+    }
     st.analyses.clear();
     st.dirty = true;
+}
+
+/// A package's manifest or lock: its change changes what imports resolve to.
+fn is_project_file(path: &Path) -> bool {
+    path.file_name().and_then(|n| n.to_str()).is_some_and(|n| packages::PROJECT_FILES.contains(&n))
 }
 
 // ---- diagnostics -------------------------------------------------------------------------

@@ -310,6 +310,22 @@ fn formatting_a_document() {
     c.shutdown();
 }
 
+/// Compiling opens the imported files; the watcher reports those reads, which must not start
+/// another check (each check would read them again, forever).
+#[test]
+fn reading_imported_files_does_not_recheck() {
+    let mut c = Client::start_with(&recipe(""), true);
+    let u = c.main_uri();
+    assert_eq!(render_diagnostics(&c.diagnostics(&u)), "");
+    assert_eq!(c.publications_within(std::time::Duration::from_millis(500)), 0);
+    // A change is checked (a few events, a few publications), then the server is quiet again.
+    std::fs::write(c.fx.path("lib/common.miles"), "const peak_lr = 3e-4\nconst answer_tokens = 4.tokens\n")
+        .expect("write");
+    assert!(c.publications_within(std::time::Duration::from_millis(500)) > 0, "the change is checked");
+    assert_eq!(c.publications_within(std::time::Duration::from_millis(500)), 0);
+    c.shutdown();
+}
+
 #[test]
 fn imported_file_changed_on_disk_is_rechecked() {
     let mut c = Client::start_with(&recipe(""), true);

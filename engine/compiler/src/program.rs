@@ -73,6 +73,8 @@ pub struct Program {
     pub modules: Vec<Module>,
     /// The modules named on the command line (or opened in the editor).
     pub entries: Vec<u32>,
+    /// The packages the build resolved imports through (empty outside a package).
+    pub packages: Packages,
 }
 
 impl Program {
@@ -106,6 +108,12 @@ impl Program {
         names.dedup();
         names
     }
+    /// The module key `import path` names from module `from_key`, through this build's
+    /// packages; `None` where the import is refused (E0110, E0111).
+    pub fn import_key(&self, from_key: &str, path: &str) -> Option<String> {
+        resolve_import_in(&self.packages, from_key, path).ok()
+    }
+
     pub fn module_by_key(&self, key: &str) -> Option<u32> {
         self.modules.iter().position(|m| m.key == key).map(|i| i as u32)
     }
@@ -171,7 +179,7 @@ pub struct Packages {
     pub roots: Vec<PackageRoot>,
 }
 
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Default)]
 pub struct PackageRoot {
     pub name: String,
     /// The directory holding its `miles.toml`, normalised like module keys (`.` for the project
@@ -179,6 +187,9 @@ pub struct PackageRoot {
     pub root: String,
     /// Declared dependencies: the package names `import NAME/...` may use from inside it.
     pub dependencies: Vec<String>,
+    /// Its modules as `import NAME/...` names them (`grpo/base`), for an editor's completion;
+    /// empty unless the builder listed them (`miles_package::project::list_modules`).
+    pub modules: Vec<String>,
 }
 
 impl Packages {
@@ -212,8 +223,8 @@ pub fn load_with(
     cache: &ParseCache,
     diags: &mut Vec<Diagnostic>,
 ) -> Program {
-    let mut loader =
-        Loader { fs, packages, program: Program::default(), by_key: HashMap::new(), stack: Vec::new(), diags, cache };
+    let program = Program { packages: packages.clone(), ..Program::default() };
+    let mut loader = Loader { fs, packages, program, by_key: HashMap::new(), stack: Vec::new(), diags, cache };
     for p in PRELUDE {
         loader.load(p, None);
     }
@@ -234,6 +245,43 @@ struct Loader<'a> {
     stack: Vec<(String, Option<Span>)>,
     diags: &'a mut Vec<Diagnostic>,
     cache: &'a ParseCache,
+}
+
+impl Loader<'_> {
+    /// E0101 for a module that cannot be read; in another package than the importing module's,
+    /// it names the package and the module path under its root (and the nearest module it has,
+    /// when the build listed them).
+    fn unreadable(&self, key: &str, from: Option<Span>, why: &str) -> Diagnostic {
+        let importer = self.stack.last().and_then(|(k, _)| self.packages.owner(k)).map(|o| o.name.as_str());
+        let package = self.packages.owner(key).filter(|o| Some(o.name.as_str()) != importer);
+        let mut d = match package {
+            Some(o) => {
+                let module = key.strip_prefix(o.root.as_str()).unwrap_or(key).trim_start_matches('/');
+                let module = module.strip_suffix(".miles").unwrap_or(module);
+                let mut d = Diagnostic::error(
+                    "E0101",
+                    format!("package `{}` has no module `{module}` (cannot read {key}: {why})", o.name),
+                );
+                match did_you_mean(module, o.modules.iter().map(String::as_str)) {
+                    Some(s) => {
+                        let s = format!("{}/{s}", o.name);
+                        d = d.with_help(format!("did you mean `{s}`?"));
+                        if let Some(sp) = from {
+                            d = d.with_fix(format!("replace with `{s}`"), sp, s);
+                        }
+                    }
+                    None => d = d.with_help(format!("module paths are relative to the package's root, {}", o.root)),
+                }
+                d
+            }
+            None => Diagnostic::error("E0101", format!("cannot read module `{key}`: {why}"))
+                .with_help("paths are relative to the importing file; the `.miles` extension is implied"),
+        };
+        if let Some(sp) = from {
+            d = d.with_primary(sp, "imported here");
+        }
+        d
+    }
 }
 
 pub fn stdlib_source(key: &str) -> Option<&'static str> {
@@ -309,13 +357,7 @@ impl Loader<'_> {
                     text
                 }
                 Err(why) => {
-                    let mut d = Diagnostic::error("E0101", format!("cannot read module `{key}`: {why}"));
-                    if let Some(sp) = from {
-                        d = d.with_primary(sp, "imported here");
-                    }
-                    self.diags.push(
-                        d.with_help("paths are relative to the importing file; the `.miles` extension is implied"),
-                    );
+                    self.diags.push(self.unreadable(key, from, &why));
                     return None;
                 }
             }

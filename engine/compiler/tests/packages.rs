@@ -10,6 +10,7 @@ fn packages() -> Packages {
         name: name.into(),
         root: root.into(),
         dependencies: deps.iter().map(|d| d.to_string()).collect(),
+        modules: Vec::new(),
     };
     Packages {
         roots: vec![
@@ -49,6 +50,33 @@ fn escaping_the_root_or_an_undeclared_package_is_an_error() {
     let fs = MemoryFs::with(&escape);
     let c = miles_compiler::compile(&fs, &["team/x.miles".to_string()], &Options::default());
     assert!(!c.has_errors());
+}
+
+/// A module a dependency does not have names the package and the path under its root; where the
+/// build listed the package's modules (the language server does), the nearest is offered.
+#[test]
+fn a_missing_package_module_names_the_package() {
+    let fs = MemoryFs::with(&[
+        ("team/x.miles", "import platform/grpo/bas\n"),
+        ("/cache/src/platform-abc/grpo/base.miles", "const lr = 1e-4\n"),
+    ]);
+    let entry = ["team/x.miles".to_string()];
+    let mut map = packages();
+    let c = compile_in(&fs, &entry, &Options::default(), &map);
+    let d = c.diagnostics.iter().find(|d| d.is_error()).expect("an error");
+    assert_eq!(d.code, "E0101");
+    assert!(d.message.starts_with("package `platform` has no module `grpo/bas` (cannot read "), "{}", d.message);
+    assert_eq!(d.help.as_deref(), Some("module paths are relative to the package's root, /cache/src/platform-abc"));
+    map.roots[1].modules = vec!["grpo/base".into(), "clusters".into()];
+    let c = compile_in(&fs, &entry, &Options::default(), &map);
+    let d = c.diagnostics.iter().find(|d| d.is_error()).expect("an error");
+    assert_eq!(d.help.as_deref(), Some("did you mean `platform/grpo/base`?"));
+    assert_eq!(d.fixes.iter().map(|f| f.replacement.as_str()).collect::<Vec<_>>(), ["platform/grpo/base"]);
+    // Inside one package, the message is the relative import's.
+    let fs = MemoryFs::with(&[("team/x.miles", "import ./nope\n")]);
+    let c = compile_in(&fs, &entry, &Options::default(), &map);
+    let d = c.diagnostics.iter().find(|d| d.is_error()).expect("an error");
+    assert!(d.message.starts_with("cannot read module `team/nope.miles`"), "{}", d.message);
 }
 
 #[test]

@@ -103,13 +103,24 @@ pub fn completions(a: &Analysis, file: FileId, offset: usize) -> Vec<Completion>
     if trimmed.starts_with("import ") || trimmed == "import" {
         if let Some(brace) = prefix.find('{') {
             let path = prefix["import".len() + prefix.find("import").unwrap_or(0)..brace].trim();
-            let key = miles_compiler::program::resolve_import(&p.module(m).key, path);
-            if let Some(t) = p.module_by_key(&key) {
+            if let Some(t) = p.import_key(&p.module(m).key, path).and_then(|k| p.module_by_key(&k)) {
                 for (name, r) in sorted(&p.module(t).own) {
                     out.push(item_completion(p, name, *r));
                 }
             }
             return out;
+        }
+        // In a package: the modules of the packages this one declares (`platform/grpo/base`).
+        if let Some(owner) = p.packages.owner(&p.module(m).key) {
+            for dep in owner.dependencies.iter().filter_map(|d| p.packages.get(d)) {
+                for module in &dep.modules {
+                    out.push(
+                        Completion::new(format!("{}/{module}", dep.name), CompletionKind::Module)
+                            .detail(format!("module of package `{}`", dep.name))
+                            .sort(4),
+                    );
+                }
+            }
         }
         for (key, _) in STDLIB {
             if *key != "std/prelude" && *key != "std/stages" {
@@ -590,6 +601,28 @@ mod tests {
     #[test]
     fn import_paths() {
         assert_snapshot!(check("import std/$0\n"));
+    }
+
+    /// In a package, `import ` offers the declared dependencies' modules; `{` their names.
+    #[test]
+    fn package_module_paths() {
+        let deps = crate::fixture::packages(&["clusters", "grpo/base"]);
+        let fixture = "//- team/main.miles\nimport platform/$0\n//- deps/platform/grpo/base.miles\nconst lr = 1e-4\n";
+        let (a, file, offset) = crate::fixture::at_cursor_in(fixture, &deps);
+        let mut items = super::completions(&a, file, offset);
+        items.retain(|c| c.sort == 4);
+        let shown: Vec<String> = items.iter().map(|c| format!("{} {:?}", c.label, c.detail)).collect();
+        assert_eq!(
+            shown,
+            [
+                "platform/clusters Some(\"module of package `platform`\")",
+                "platform/grpo/base Some(\"module of package `platform`\")"
+            ]
+        );
+        let fixture = "//- team/main.miles\nimport platform/grpo/base { $0 }\n//- deps/platform/grpo/base.miles\nconst lr = 1e-4\n";
+        let (a, file, offset) = crate::fixture::at_cursor_in(fixture, &deps);
+        let labels: Vec<String> = super::completions(&a, file, offset).into_iter().map(|c| c.label).collect();
+        assert_eq!(labels, ["lr"]);
     }
 
     #[test]

@@ -13,6 +13,7 @@
 
 use crate::Analysis;
 use miles_compiler::fs::MemoryFs;
+use miles_compiler::program::{PackageRoot, Packages};
 use miles_grammar::diag::{FileId, Span};
 
 pub struct Fixture {
@@ -55,6 +56,36 @@ impl Fixture {
         let c = miles_compiler::compile(&self.fs, &[entry.to_string()], &Default::default());
         Analysis::new(c)
     }
+}
+
+/// A package build for fixtures: `team` (root `team/`) depends on `platform` (root
+/// `deps/platform/`, modules listed as the language server lists them).
+pub fn packages(platform_modules: &[&str]) -> Packages {
+    Packages {
+        roots: vec![
+            PackageRoot {
+                name: "team".into(),
+                root: "team".into(),
+                dependencies: vec!["platform".into()],
+                ..Default::default()
+            },
+            PackageRoot {
+                name: "platform".into(),
+                root: "deps/platform".into(),
+                modules: platform_modules.iter().map(|m| m.to_string()).collect(),
+                ..Default::default()
+            },
+        ],
+    }
+}
+
+/// `at_cursor` in a package build.
+pub fn at_cursor_in(text: &str, packages: &Packages) -> (Analysis, FileId, usize) {
+    let fx = Fixture::parse(text);
+    let c = miles_compiler::compile_in(&fx.fs, std::slice::from_ref(&fx.main), &Default::default(), packages);
+    let a = Analysis::new(c);
+    let file = a.file_id(&fx.main).unwrap_or_default();
+    (a, file, fx.offset)
 }
 
 /// The entry file's analysis, the cursor's file and offset.

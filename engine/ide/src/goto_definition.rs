@@ -28,7 +28,7 @@ pub(crate) fn import_at(a: &Analysis, file: FileId, offset: usize) -> Option<Fil
     for item in &module.ast.items {
         if let ItemKind::Import(imp) = &item.kind {
             if imp.path_span.contains(offset) {
-                let key = miles_compiler::program::resolve_import(&module.key, &imp.path);
+                let key = a.program().import_key(&module.key, &imp.path)?;
                 return a.file_id(&key);
             }
         }
@@ -70,5 +70,24 @@ mod tests {
         model: main.miles:5:7-5:13 `policy`
         recipe setting: std/prelude `stop`
         ");
+    }
+
+    /// A package import: its path and its names lead into the dependency's files.
+    #[test]
+    fn into_a_package_dependency() {
+        let deps = crate::fixture::packages(&["grpo/base"]);
+        let lib = "//- deps/platform/grpo/base.miles\n/// The fleet's rate.\nconst lr = 1e-4\n";
+        let show = |main: &str| {
+            let (a, file, offset) = crate::fixture::at_cursor_in(&format!("//- team/main.miles\n{main}{lib}"), &deps);
+            match super::definition(&a, file, offset) {
+                Some(span) => format!("{} `{}`", loc(&a, span), text_of(&a, span)),
+                None => "(none)".into(),
+            }
+        };
+        assert_eq!(show("import platform/grpo/ba$0se\n"), "deps/platform/grpo/base.miles:1:1-1:1 ``");
+        assert_eq!(
+            show("import platform/grpo/base { lr }\nconst x = l$0r * 2\n"),
+            "deps/platform/grpo/base.miles:2:7-2:9 `lr`"
+        );
     }
 }

@@ -59,6 +59,16 @@ impl Cache {
         Ok(db)
     }
 
+    /// The bare mirror of `url` if the cache holds one; never clones (an editor's build).
+    pub fn cached_db(&self, url: &str) -> Option<PathBuf> {
+        Some(self.db_path(url)).filter(|d| d.is_dir())
+    }
+
+    /// The exported files of `commit` if the cache holds them; never fetches.
+    pub fn cached_source(&self, name: &str, url: &str, commit: &str) -> Option<PathBuf> {
+        Some(self.source_path(name, url, commit)).filter(|d| d.is_dir())
+    }
+
     pub fn source_path(&self, name: &str, url: &str, commit: &str) -> PathBuf {
         let c = &commit[..commit.len().min(12)];
         self.home.join("src").join(format!("{name}-{c}-{}", hash::short(url)))

@@ -30,6 +30,11 @@ pub enum Mode {
     Locked,
     /// Resolve again with fresh tags: every package (`None`) or only the named one.
     Update(Option<String>),
+    /// `Locked` for an editor: never writes `miles.lock` and never reaches a network. A lock
+    /// that is missing or stale is resolved in memory from what is already here (path
+    /// dependencies, the cache's mirrors and sources); anything not here is E0114 asking for
+    /// `miles fetch`.
+    Frozen,
 }
 
 pub struct Package {
@@ -44,8 +49,9 @@ pub struct Build {
     pub packages: Vec<Package>,
     /// The map the compiler resolves imports through.
     pub map: Packages,
-    /// The lock as it stands after the build (written when it changed).
+    /// The lock as it stands after the build (written when it changed, unless `Mode::Frozen`).
     pub lock: Lock,
+    /// Whether `lock` differs from `miles.lock` on disk.
     pub lock_changed: bool,
 }
 
@@ -117,27 +123,32 @@ pub fn build(project: &Project, cache: &Cache, mode: &Mode, sources: &mut Source
         Err(_) => None,
     };
     let lock = match (&old, mode) {
-        (Some(l), Mode::Locked) if lock_matches(&project.manifest, l) => l.clone(),
+        (Some(l), Mode::Locked | Mode::Frozen) if lock_matches(&project.manifest, l) => l.clone(),
         _ => {
             let pins: BTreeMap<String, Pin> = match (mode, &old) {
                 (Mode::Update(None), _) | (_, None) => BTreeMap::new(),
                 (Mode::Update(Some(n)), Some(l)) => pins_of(l, Some(n)),
-                (Mode::Locked, Some(l)) => pins_of(l, None),
+                (Mode::Locked | Mode::Frozen, Some(l)) => pins_of(l, None),
             };
             let mut index = GitIndex {
                 cache,
                 project_root: project.root.clone(),
                 refresh: matches!(mode, Mode::Update(_)),
+                offline: *mode == Mode::Frozen,
                 refreshed: HashSet::new(),
                 sources,
             };
-            let resolved = resolve::resolve(&project.manifest, &mut index, &pins)?;
+            let resolved = resolve::resolve(&project.manifest, &mut index, &pins).map_err(|d| match mode {
+                // Offline, an unreachable repository is one not fetched yet.
+                Mode::Frozen if d.code == "E0114" => d.with_help(FETCH_HELP),
+                _ => d,
+            })?;
             let mut packages = Vec::new();
             for r in resolved {
                 let (source, reference, commit, hash) = match &r.origin {
                     Origin::Path(dir) => (format!("path+{dir}"), None, None, None),
                     Origin::Git { url, reference, commit } => {
-                        let dir = fetch(cache, &r.name, url, commit)?;
+                        let dir = source(cache, mode, &r.name, url, commit)?;
                         let h = hash::tree(&dir).map_err(|e| io_error(&r.name, &e))?;
                         (format!("git+{url}"), Some(reference.clone()), Some(commit.clone()), Some(h))
                     }
@@ -162,7 +173,7 @@ pub fn build(project: &Project, cache: &Cache, mode: &Mode, sources: &mut Source
         } else if let (Some(url), Some(commit)) = (l.source.strip_prefix("git+"), &l.commit) {
             // `miles vendor` copies: used instead of the cache, checked against the same hash.
             let vendored = Path::new(&project.root).join(VENDOR).join(&l.name);
-            let dir = if vendored.is_dir() { vendored } else { fetch(cache, &l.name, url, commit)? };
+            let dir = if vendored.is_dir() { vendored } else { source(cache, mode, &l.name, url, commit)? };
             let found = hash::tree(&dir).map_err(|e| io_error(&l.name, &e))?;
             if let Some(want) = &l.hash {
                 if *want != found {
@@ -191,20 +202,35 @@ pub fn build(project: &Project, cache: &Cache, mode: &Mode, sources: &mut Source
         name: project.manifest.name.clone(),
         root: project.root.clone(),
         dependencies: project.manifest.dependencies.keys().cloned().collect(),
+        modules: Vec::new(),
     }];
     roots.extend(packages.iter().map(|p| PackageRoot {
         name: p.name.clone(),
         root: p.root.clone(),
         dependencies: p.locked.dependencies.clone(),
+        modules: Vec::new(),
     }));
     let lock_changed = old.as_ref() != Some(&lock);
-    if lock_changed {
+    if lock_changed && *mode != Mode::Frozen {
         write_atomic(Path::new(&lock_path), lock.render().as_bytes()).map_err(|e| {
             Diagnostic::error("E0114", format!("cannot write {lock_path}: {e}"))
                 .with_help("check the directory is writable")
         })?;
     }
     Ok(Build { packages, map: Packages { roots }, lock, lock_changed })
+}
+
+/// Lists each dependency's modules (`grpo/base` for `grpo/base.miles`): what an editor offers
+/// after `import NAME/`. The project's own root (the first) is left out: its modules are
+/// imported by relative paths, and it may be large.
+pub fn list_modules(map: &mut Packages) {
+    for r in map.roots.iter_mut().skip(1) {
+        let mut files = Vec::new();
+        // An unreadable directory offers nothing; the build itself reports what is missing.
+        let _ = hash::walk(Path::new(&r.root), Path::new(&r.root), &mut files);
+        r.modules = files.iter().filter_map(|f| f.strip_suffix(".miles")).map(str::to_string).collect();
+        r.modules.sort();
+    }
 }
 
 fn pins_of(lock: &Lock, except: Option<&String>) -> BTreeMap<String, Pin> {
@@ -214,6 +240,21 @@ fn pins_of(lock: &Lock, except: Option<&String>) -> BTreeMap<String, Pin> {
         .filter_map(|p| p.commit.clone().map(|commit| (p.name.clone(), Pin { commit })))
         .collect()
 }
+
+/// The files of a locked revision: fetched when missing, except in `Mode::Frozen`.
+fn source(cache: &Cache, mode: &Mode, name: &str, url: &str, commit: &str) -> Result<PathBuf, Diagnostic> {
+    if *mode != Mode::Frozen {
+        return fetch(cache, name, url, commit);
+    }
+    cache.cached_source(name, url, commit).ok_or_else(|| not_fetched(name, &format!("{url} at {commit}")))
+}
+
+/// What an offline build (`Mode::Frozen`) says when the cache lacks something.
+fn not_fetched(name: &str, what: &str) -> Diagnostic {
+    Diagnostic::error("E0114", format!("`{name}` ({what}) is not in the cache")).with_help(FETCH_HELP)
+}
+
+const FETCH_HELP: &str = "run `miles fetch` in the package (the editor never fetches)";
 
 fn fetch(cache: &Cache, name: &str, url: &str, commit: &str) -> Result<PathBuf, Diagnostic> {
     cache.source(name, url, commit).map_err(|why| {
@@ -281,12 +322,17 @@ struct GitIndex<'a> {
     project_root: String,
     /// Fetch each repository once before reading its tags (`miles update`).
     refresh: bool,
+    /// Read only what the cache holds (`Mode::Frozen`).
+    offline: bool,
     refreshed: HashSet<String>,
     sources: &'a mut Sources,
 }
 
 impl GitIndex<'_> {
     fn db(&mut self, url: &str) -> Result<PathBuf, String> {
+        if self.offline {
+            return self.cache.cached_db(url).ok_or_else(|| "not in the cache: run `miles fetch`".to_string());
+        }
         let refresh = self.refresh && self.refreshed.insert(url.to_string());
         self.cache.db(url, refresh)
     }
@@ -302,7 +348,8 @@ impl Index for GitIndex<'_> {
         git::commit_of(&db, reference)
     }
     fn manifest_at(&mut self, name: &str, url: &str, commit: &str) -> Result<Manifest, Diagnostic> {
-        let dir = fetch(self.cache, name, url, commit)?;
+        let mode = if self.offline { Mode::Frozen } else { Mode::Locked };
+        let dir = source(self.cache, &mode, name, url, commit)?;
         read_manifest(&dir.to_string_lossy(), self.sources)
     }
     fn manifest_in(&mut self, dir: &str) -> Result<Manifest, Diagnostic> {

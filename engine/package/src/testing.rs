@@ -5,7 +5,7 @@ use crate::manifest::{Expect, TestCase};
 use crate::project::Project;
 use miles_compiler::fs::{join, FileSystem};
 use miles_compiler::program::Packages;
-use miles_compiler::{compile_in, Compilation, Options, Severity};
+use miles_compiler::{compile_in, Compilation, Diagnostic, Options, Severity};
 
 pub struct Outcome {
     pub test: TestCase,
@@ -13,6 +13,22 @@ pub struct Outcome {
     /// Why it failed, in one line.
     pub why: String,
     pub compilation: Compilation,
+}
+
+impl Outcome {
+    /// The test as `miles test` names it: its file, and its recipe when it names one.
+    pub fn name(&self) -> String {
+        let recipe = self.test.recipe.as_ref().map(|r| format!(" ({r})")).unwrap_or_default();
+        format!("{}{recipe}", self.test.file)
+    }
+
+    /// A failed test as the one diagnostic `miles test` reports (E0119); `None` when it passed.
+    pub fn diagnostic(&self) -> Option<Diagnostic> {
+        (!self.passed).then(|| {
+            Diagnostic::error("E0119", format!("library test {} failed: {}", self.name(), self.why))
+                .with_help("fix the rule or the test's expectation in miles.toml")
+        })
+    }
 }
 
 /// Whether an error of `c` is the one `check` names: its code, its rule's name, or words of its

@@ -235,3 +235,72 @@ fn bad_inputs_are_diagnostics_with_codes() {
     assert_eq!(sources.line_col(e.primary.expect("span").span).0, 4);
     let _ = std::fs::remove_dir_all(&t);
 }
+
+/// An editor's build (`Mode::Frozen`) writes nothing and reaches nothing: with an empty cache a
+/// git dependency is E0114 asking for `miles fetch`; once fetched it builds from the lock, or
+/// without one from the cache's mirror; a path dependency needs neither.
+#[test]
+fn frozen_builds_never_write_or_fetch() {
+    let t = tmp("frozen");
+    let url = library(&t);
+    let team = project(&t, &format!("platform = {{ git = \"{url}\", version = \"^1.0\" }}"));
+    let lock = t.join("team/miles.lock");
+    let cache = Cache { home: t.join("cache") };
+    let mut sources = Sources::default();
+    let p = project::open(&team, &mut sources).expect("manifest");
+    let e = project::build(&p, &cache, &Mode::Frozen, &mut sources).err().expect("nothing cached");
+    assert_eq!(e.code, "E0114", "{e:?}");
+    assert!(e.message.contains("`platform`") && e.help.as_deref().unwrap_or("").contains("miles fetch"), "{e:?}");
+    assert!(cache_entries(&cache).is_empty() && !lock.exists(), "an editor's build wrote something");
+
+    // `miles fetch` (a locked build) fills the cache; the editor then builds from the lock.
+    project::build(&p, &cache, &Mode::Locked, &mut sources).expect("fetches");
+    let written = std::fs::read_to_string(&lock).expect("lock");
+    let b = project::build(&p, &cache, &Mode::Frozen, &mut sources).expect("builds offline");
+    assert!(!b.lock_changed && b.packages[0].version == "1.0.0");
+    assert_eq!(std::fs::read_to_string(&lock).expect("lock"), written);
+
+    // No lock: resolved in memory from the cached mirror, and not written.
+    std::fs::remove_file(&lock).expect("rm lock");
+    let mut b = project::build(&p, &cache, &Mode::Frozen, &mut sources).expect("resolves offline");
+    assert!(b.lock_changed && !lock.exists());
+    project::list_modules(&mut b.map);
+    assert_eq!(b.map.get("platform").expect("platform").modules, ["grpo/base", "tests/too_fast"]);
+    assert!(b.map.roots[0].modules.is_empty(), "the project's own modules are not listed");
+
+    // A path dependency: no lock, no cache.
+    let team = project(&t, "platform = { path = \"../platform\" }");
+    let p = project::open(&team, &mut sources).expect("manifest");
+    let empty = Cache { home: t.join("empty-cache") };
+    let b = project::build(&p, &empty, &Mode::Frozen, &mut sources).expect("path dependency");
+    assert!(b.map.get("platform").expect("platform").root.ends_with("/platform") && !lock.exists());
+    assert!(cache_entries(&empty).is_empty());
+    let _ = std::fs::remove_dir_all(&t);
+}
+
+/// A library test whose expectation is not met is E0119, naming the test and why.
+#[test]
+fn a_failing_library_test_is_e0119() {
+    let t = tmp("e0119");
+    library(&t);
+    let lib = t.join("platform");
+    // The too-fast recipe breaks the house rule, so a test expecting it to pass fails.
+    write(
+        &lib.join("miles.toml"),
+        &manifest("1.0.0").replace("expect = \"fail\"\ncheck = \"house rule\"", "expect = \"pass\""),
+    );
+    let mut sources = Sources::default();
+    let p = project::open(&lib.to_string_lossy(), &mut sources).expect("manifest");
+    let b = project::build(&p, &Cache { home: t.join("cache") }, &Mode::Locked, &mut sources).expect("no deps");
+    let outcomes = testing::run(&p, &b.map, &Disk);
+    assert_eq!(outcomes.len(), 1);
+    let d = outcomes[0].diagnostic().expect("the test fails");
+    assert_eq!(d.code, "E0119");
+    assert!(
+        d.message.starts_with("library test tests/too_fast.miles failed: expected to pass, failed with E")
+            && d.message.contains("house rule"),
+        "{}",
+        d.message
+    );
+    let _ = std::fs::remove_dir_all(&t);
+}

@@ -120,12 +120,13 @@ impl Client {
         Client::start_config(fixture, miles_lsp::Config { watch, ..Default::default() })
     }
 
-    /// Starts a server with `config` (its stdlib directory is the fixture's).
+    /// Starts a server with `config` (its stdlib directory and package cache are the fixture's).
     pub fn start_config(fixture: &str, config: miles_lsp::Config) -> Client {
         let fx = Fixture::parse(fixture);
         let (server, client) = Connection::memory();
         let std_dir = fx.dir.join(".std");
-        let config = miles_lsp::Config { std_dir: Some(std_dir.clone()), ..config };
+        let package_cache = config.package_cache.clone().or_else(|| Some(fx.dir.join(".miles-home")));
+        let config = miles_lsp::Config { std_dir: Some(std_dir.clone()), package_cache, ..config };
         let thread = std::thread::spawn(move || {
             let _ = miles_lsp::serve(server, config);
         });
@@ -229,6 +230,20 @@ impl Client {
                 Err(e) => panic!("no diagnostics for {uri} within 20 s: {e}"),
             }
         }
+    }
+
+    /// How many diagnostics publications arrive within `window` (others are kept).
+    pub fn publications_within(&mut self, window: Duration) -> usize {
+        let deadline = Instant::now() + window;
+        let mut n = 0;
+        while let Ok(m) = self.conn.receiver.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+            match m {
+                Message::Notification(x) if x.method == "textDocument/publishDiagnostics" => n += 1,
+                Message::Notification(x) => self.notifications.push(x),
+                _ => {}
+            }
+        }
+        n
     }
 
     /// Replaces the main document's text (full sync), bumping its version.
