@@ -425,14 +425,14 @@ fn reward_spec(m: &mut Mapper, r: &StageNode) -> Option<RewardSpec> {
     let name = r.name.clone();
     match r.kind.as_str() {
         "verify" => {
-            let schema = match text("schema") {
+            let schema = match text("schema_text") {
                 None => None,
                 Some(t) => match serde_json::from_str(&t) {
                     Ok(v) => Some(v),
                     Err(e) => {
-                        let span = param_span(r, "schema");
+                        let span = param_span(r, "schema_text");
                         m.diags.push(
-                            Diagnostic::error("E0511", format!("`schema` is not valid JSON: {e}"))
+                            Diagnostic::error("E0511", format!("`schema_text` is not valid JSON: {e}"))
                                 .with_primary(span, "a JSON schema, as text"),
                         );
                         None

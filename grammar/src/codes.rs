@@ -242,6 +242,15 @@ than it declares.",
         explanation: "`--set key=value` or an amended field in `extends` names a path that does \
 not exist in the recipe, or the value does not parse.",
     },
+    Code {
+        code: "E0210",
+        title: "cannot read a file the recipe names",
+        explanation: "A recipe names a file that `miles check` reads, and it cannot be read or \
+does not say what it must: a Hugging Face model directory's config.json (`hf { path = ... }`) that \
+is missing, not JSON, of an architecture the embedded backend does not load (Llama, Mistral, \
+Qwen2, Qwen3), or without a size the model needs. The message names the file and the key; paths \
+are relative to the directory `miles` runs in.",
+    },
     // ---- E03xx: checks and the stage graph ---------------------------------------------------
     Code {
         code: "E0301",

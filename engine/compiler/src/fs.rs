@@ -10,6 +10,12 @@ use std::sync::Mutex;
 pub trait FileSystem: Send + Sync {
     /// The bytes of a file, or a message saying why it cannot be read.
     fn read(&self, path: &str) -> Result<Vec<u8>, String>;
+
+    /// Whether a file (or directory) is there, without reading it (a checkpoint shard may be
+    /// gigabytes).
+    fn exists(&self, path: &str) -> bool {
+        self.read(path).is_ok()
+    }
 }
 
 /// The real disk, read-only: the one implementation that touches it (the CLI and the language
@@ -30,6 +36,10 @@ impl FileSystem for DiskFs {
             return Err(format!("it is {} bytes; the limit is {MAX_READ}", meta.len()));
         }
         std::fs::read(path).map_err(|e| e.to_string())
+    }
+
+    fn exists(&self, path: &str) -> bool {
+        std::fs::metadata(path).is_ok()
     }
 }
 
@@ -93,6 +103,10 @@ pub struct OverlayFs<'a> {
 impl FileSystem for OverlayFs<'_> {
     fn read(&self, path: &str) -> Result<Vec<u8>, String> {
         self.overlay.read(path).or_else(|_| self.base.read(path))
+    }
+
+    fn exists(&self, path: &str) -> bool {
+        self.overlay.exists(path) || self.base.exists(path)
     }
 }
 

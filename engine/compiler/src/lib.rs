@@ -6,6 +6,7 @@ pub mod capability;
 pub mod eval;
 pub mod fs;
 pub mod graph;
+pub mod hf;
 pub mod num;
 pub mod program;
 pub mod recipe;
@@ -79,7 +80,7 @@ pub fn compile_with(
     let mut program = program::load_with(fs, entries, packages, cache, &mut diags);
     let overrides = parse_overrides(&mut program, &opts.overrides, &mut diags);
     let (recipes, references) = {
-        let mut ev = Eval::new(&program);
+        let mut ev = Eval::with_fs(&program, fs);
         let mut recipes = Vec::new();
         // Every item of the user's modules is checked; the standard library is checked where used.
         let user_modules: Vec<u32> = (0..program.modules.len() as u32).filter(|m| !program.module(*m).is_std).collect();

@@ -293,6 +293,37 @@ fn model_spec(r: &Record) -> Option<ModelSpec> {
                 qk_rope_head_dim: None,
             })
         }
+        // A Hugging Face directory: the sizes `miles check` read from its config.json, the
+        // parameters counted there (biases, q/k norms and tied embeddings included).
+        "hf" => {
+            let d = u64_of(r, "d_model")?;
+            let layers = u64_of(r, "layers")?;
+            let heads = u64_of(r, "heads")?.max(1);
+            let kv = u64_of(r, "kv_heads")?;
+            let params = u64_of(r, "params")?;
+            let arch = match r.get("config") {
+                Some(Value::Map(m)) => m.get("architecture").and_then(|v| v.as_str()).unwrap_or("hf").to_string(),
+                _ => "hf".into(),
+            };
+            Some(ModelSpec {
+                name: format!("{arch} {layers}x{d}"),
+                params,
+                active_params: params,
+                layers,
+                dense_layers: 0,
+                hidden_size: d,
+                heads,
+                kv_heads: kv,
+                head_dim: u64_of(r, "head_dim")?,
+                vocab: u64_of(r, "vocab")?,
+                experts: 0,
+                top_k: 0,
+                max_context: u64_of(r, "max_len")?,
+                attention: if kv == heads { Attention::Mha } else { Attention::Gqa },
+                kv_lora_rank: None,
+                qk_rope_head_dim: None,
+            })
+        }
         _ => None,
     }
 }

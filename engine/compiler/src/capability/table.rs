@@ -94,7 +94,12 @@ const TASKS: &[&str] = &["arithmetic_is_correct_and_splits_are_disjoint", "strin
 const DESCRIBES: &str = "read by `miles plan`; a run on this machine does not depend on it";
 
 /// Built-in prompt sets the runtime generates or reads.
-const RUNNABLE_PROMPTS: &[&str] = &["addition", "multiplication", "reverse", "sort", "jsonl"];
+const RUNNABLE_PROMPTS: &[&str] = &["addition", "multiplication", "reverse", "sort", "jsonl", "parquet"];
+/// Tests of runs that start from a Hugging Face directory with data files and reward stages.
+const BYO: &[&str] =
+    &["hf_recipe_runs_end_to_end", "grpo_from_an_hf_directory_with_a_command_reward_exports_a_reloadable_model"];
+const BYO_PARQUET: &[&str] = &["a_parquet_and_verify_recipe_runs_and_a_bad_directory_is_a_check_error"];
+const HF_WHERE: &str = "a Hugging Face model is loaded by the embedded backend in `miles run`; worker processes and URL engines do not load one yet";
 
 fn prompts_json(v: &Value, split: &str) -> Option<serde_json::Value> {
     let r = v.as_record()?;
@@ -114,7 +119,7 @@ fn rule_rollout_prompts(_: &Ctx, f: &FieldValue) -> Option<String> {
     let r = f.value.as_record()?;
     if !RUNNABLE_PROMPTS.contains(&r.schema_name.as_str()) {
         return Some(format!(
-            "prompts from `{}`: the runtime reads the built-in tasks (std/tasks/arith, std/tasks/strings) and `jsonl {{ ... }}`",
+            "prompts from `{}`: the runtime reads the built-in tasks (std/tasks/arith, std/tasks/strings), `jsonl {{ ... }}` and `parquet {{ ... }}`",
             r.schema_name
         ));
     }
@@ -178,7 +183,7 @@ pub const TABLE: &[Entry] = &[
     e("sft", "batch", Support::All, "", &["sft_lowers_the_loss_and_init_is_deterministic"]),
     e("sft", "warmup", Support::All, "", &["lr_schedules"]),
     e("generate", "", Support::All, "", TRAINS),
-    e("generate", "prompts", Support::Rule(rule_rollout_prompts), "built-in tasks and jsonl, train split", &["jsonl_task_runs_end_to_end"]),
+    e("generate", "prompts", Support::Rule(rule_rollout_prompts), "built-in tasks, jsonl and parquet, train split", &["jsonl_task_runs_end_to_end"]),
     e("generate", "samples_per_prompt", Support::All, "", &["grpo_advantages_by_hand"]),
     e("generate", "max_new_tokens", Support::All, "", &["clear_errors_before_training"]),
     e("generate", "max_prompt_tokens", Support::All, "a prompt set whose longest prompt exceeds it stops before training", &["clear_errors_before_training"]),
@@ -191,6 +196,22 @@ pub const TABLE: &[Entry] = &[
     e("generate", "routing_replay", Support::Refused(&["false"]), "R3 needs a mixture-of-experts policy, which the embedded backend does not train yet: remove `routing_replay`", &[]),
     e("exact_match", "", Support::All, "", &["verifier"]),
     e("exact_match", "partial_credit", Support::All, "", &["verifier"]),
+    e("verify", "", Support::All, "scored by the executor, whatever runs the stages", BYO_PARQUET),
+    e("verify", "kind", Support::All, "", &["verifiers_score_batches_and_name_bad_labels"]),
+    e("verify", "pattern", Support::All, "", &["verifiers_score_batches_and_name_bad_labels"]),
+    e("verify", "schema_text", Support::All, "", &["verifiers_score_batches_and_name_bad_labels"]),
+    e("verify", "on_error", Support::All, "", BYO_PARQUET),
+    e("command_reward", "", Support::All, "scored by the executor, whatever runs the stages", BYO),
+    e("command_reward", "command", Support::All, "", BYO),
+    e("command_reward", "timeout", Support::All, "", &["malformed_answers_and_timeouts_follow_the_policy"]),
+    e("command_reward", "on_error", Support::All, "", &["a_failing_reward_program_stops_the_run_naming_the_stage_and_sample"]),
+    e("http_reward", "", Support::All, "scored by the executor, whatever runs the stages", &["http_reward_scores_a_run"]),
+    e("http_reward", "url", Support::All, "", &["http_reward_scores_a_run"]),
+    e("http_reward", "concurrency", Support::All, "", &["batches_are_split_and_concurrency_is_bounded"]),
+    e("http_reward", "batch_size", Support::All, "", &["http_reward_scores_a_run"]),
+    e("http_reward", "timeout", Support::All, "", &["timeouts_malformed_answers_and_dead_services_follow_the_policy"]),
+    e("http_reward", "retries", Support::All, "", &["server_errors_are_retried"]),
+    e("http_reward", "on_error", Support::All, "", &["http_reward_scores_a_run"]),
     e("env_reward", "", Support::Refused(&[]), "environment rewards (agentic multi-turn) are not executed yet: use `exact_match`", &[]),
     e("env_reward", "env", Support::Refused(&[]), "see `env_reward`", &[]),
     e("env_reward", "concurrency", Support::Refused(&[]), "see `env_reward`", &[]),
@@ -310,6 +331,11 @@ pub const TABLE: &[Entry] = &[
     e("transformer", "d_ff", Support::All, "", &["save_load_round_trips_bit_for_bit"]),
     e("transformer", "vocab", Support::All, "", &["clear_errors_before_training"]),
     e("transformer", "max_len", Support::All, "", &["clear_errors_before_training"]),
+    e("hf", "", Support::Only(&[E], &[]), HF_WHERE, BYO),
+    e("hf", "path", Support::Only(&[E], &[]), HF_WHERE, BYO),
+    e("hf", "config", Support::Only(&[E], &[]), "read from the directory; a run refuses a config.json changed since `miles check`", &["a_config_changed_after_check_is_refused"]),
+    e("hf", "max_len", Support::Only(&[E], &[]), HF_WHERE, BYO),
+    e("hf", "*", Support::Only(&[E], &[]), "read from config.json; set only to restate it", BYO),
     e("llm", "", Support::Refused(&[]), "catalog models are planned for GPU clusters; the embedded backend trains a `transformer { ... }`", &[]),
     e("llm", "*", Support::Describes, DESCRIBES, &[]),
     e("gpu", "*", Support::Describes, DESCRIBES, &[]),
@@ -318,10 +344,18 @@ pub const TABLE: &[Entry] = &[
     e("jsonl", "path", Support::All, "", &["jsonl_task_runs_end_to_end"]),
     e("jsonl", "prompt_field", Support::All, "", &["jsonl_task_runs_end_to_end"]),
     e("jsonl", "label_field", Support::All, "", &["jsonl_task_runs_end_to_end"]),
-    e("jsonl", "on_error", Support::All, "", &["skip_stop_and_missing"]),
+    e("jsonl", "on_error", Support::All, "", &["malformed_rows_name_file_and_line"]),
     e("jsonl", "split", Support::All, "train for rollout and SFT, test for evaluation (see those rules)", &["jsonl_task_runs_end_to_end"]),
     e("jsonl", "test_size", Support::All, "", &["jsonl_task_runs_end_to_end"]),
     e("jsonl", "split_seed", Support::All, "", &["jsonl_task_runs_end_to_end"]),
+    e("parquet", "", Support::All, "", BYO_PARQUET),
+    e("parquet", "path", Support::All, "", BYO_PARQUET),
+    e("parquet", "prompt_field", Support::All, "", &["strings_chats_and_passthrough_fields"]),
+    e("parquet", "label_field", Support::All, "", &["strings_chats_and_passthrough_fields"]),
+    e("parquet", "on_error", Support::All, "", &["malformed_rows_name_file_and_line"]),
+    e("parquet", "split", Support::All, "train for rollout and SFT, test for evaluation (see those rules)", BYO_PARQUET),
+    e("parquet", "test_size", Support::All, "", BYO_PARQUET),
+    e("parquet", "split_seed", Support::All, "", BYO_PARQUET),
     e("addition", "digits", Support::All, "", TASKS),
     e("addition", "split", Support::All, "", TASKS),
     e("addition", "test_size", Support::All, "", TASKS),

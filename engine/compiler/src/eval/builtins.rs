@@ -14,12 +14,23 @@ pub enum Builtin {
     Floor,
     ModelOf,
     Has,
+    Exists,
+    HfConfig,
 }
 
 impl Builtin {
     /// Every builtin, in the order they are listed to users.
-    pub const ALL: [Builtin; 7] =
-        [Builtin::Min, Builtin::Max, Builtin::Len, Builtin::Ceil, Builtin::Floor, Builtin::ModelOf, Builtin::Has];
+    pub const ALL: [Builtin; 9] = [
+        Builtin::Min,
+        Builtin::Max,
+        Builtin::Len,
+        Builtin::Ceil,
+        Builtin::Floor,
+        Builtin::ModelOf,
+        Builtin::Has,
+        Builtin::Exists,
+        Builtin::HfConfig,
+    ];
 
     pub fn all() -> impl Iterator<Item = Builtin> {
         Builtin::ALL.into_iter()
@@ -44,6 +55,8 @@ impl Builtin {
             Builtin::Floor => "floor",
             Builtin::ModelOf => "model_of",
             Builtin::Has => "has",
+            Builtin::Exists => "exists",
+            Builtin::HfConfig => "hf_config",
         }
     }
 
@@ -57,6 +70,8 @@ impl Builtin {
             Builtin::Floor => "floor(x)",
             Builtin::ModelOf => "model_of(stage)",
             Builtin::Has => "has(record, \"field\")",
+            Builtin::Exists => "exists(path)",
+            Builtin::HfConfig => "hf_config(dir)",
         }
     }
 
@@ -70,6 +85,12 @@ impl Builtin {
             Builtin::Floor => "the largest integer not above x",
             Builtin::ModelOf => "the model a stage runs, found upstream",
             Builtin::Has => "whether the record has the field",
+            Builtin::Exists => "whether the file or directory is there (paths relative to where `miles` runs)",
+            Builtin::HfConfig => {
+                "a Hugging Face model directory's config.json as the embedded backend reads it: architecture, \
+                 layers, d_model, heads, kv_heads, head_dim, d_ff, vocab, max_len, tie_embeddings, qkv_bias, \
+                 o_bias, qk_norm, rope_theta, experts, params"
+            }
         }
     }
 
@@ -161,6 +182,32 @@ impl<'p> Eval<'p> {
                 };
                 Some(Value::Bool(yes))
             }
+            Builtin::Exists | Builtin::HfConfig => {
+                if args.len() != 1 {
+                    return arity_err(self, "one argument");
+                }
+                let (path, at) = match &args[0] {
+                    (Value::Str(p), at) => (p.clone(), *at),
+                    (other, at) => {
+                        self.report(
+                            Diagnostic::error("E0201", format!("`{name}` needs a path, found {}", other.type_name()))
+                                .with_primary(*at, "here"),
+                        );
+                        return None;
+                    }
+                };
+                let Some(fs) = self.fs else {
+                    self.report(
+                        Diagnostic::error("E0210", format!("`{name}` cannot read files here"))
+                            .with_primary(span, "no file system in this evaluation"),
+                    );
+                    return None;
+                };
+                if b == Builtin::Exists {
+                    return Some(Value::Bool(fs.exists(&path)));
+                }
+                self.hf_config(&path, at)
+            }
             Builtin::ModelOf => {
                 if args.len() != 1 {
                     return arity_err(self, "one argument");
@@ -177,6 +224,35 @@ impl<'p> Eval<'p> {
                     );
                     None
                 })
+            }
+        }
+    }
+}
+
+impl Eval<'_> {
+    /// `dir/config.json` as the `hf` schema reads it (memoised per directory); a failure is one
+    /// E0210 at `at`, where the directory was written.
+    fn hf_config(&mut self, dir: &str, at: Span) -> R<Value> {
+        let fs = self.fs?;
+        let file = crate::fs::join(dir, "config.json");
+        let read = self.hf_configs.entry(dir.to_string()).or_insert_with(|| {
+            let bytes = fs.read(&file).map_err(|e| format!("cannot read {file}: {e}"))?;
+            let text = String::from_utf8(bytes).map_err(|_| format!("{file} is not UTF-8 text"))?;
+            crate::hf::config_map(&text).map_err(|why| format!("{file}: {why}"))
+        });
+        match read.clone() {
+            Ok(m) => Some(Value::Map(m)),
+            Err(why) => {
+                let missing = why.starts_with("cannot read");
+                self.report(
+                    Diagnostic::error("E0210", why)
+                        .with_primary(at, if missing { "no model directory here" } else { "this model directory" })
+                        .with_help(
+                            "`path` is a Hugging Face model directory (config.json, model.safetensors or its shards, \
+                             tokenizer.json), relative to where `miles` runs; docs/models.md lists what is read",
+                        ),
+                );
+                None
             }
         }
     }

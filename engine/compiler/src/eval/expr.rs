@@ -108,7 +108,8 @@ impl<'p> Eval<'p> {
                     Value::Builtin(b) => {
                         let mut vals = Vec::with_capacity(args.len());
                         for a in args {
-                            vals.push((self.eval(&a.value, env, None)?, a.value.span));
+                            let v = self.eval(&a.value, env, None)?;
+                            vals.push((v, self.origin_span(&a.value, env)));
                         }
                         self.builtin(b, vals, e.span)
                     }
@@ -240,6 +241,18 @@ impl<'p> Eval<'p> {
                 Some(fv) => Some(fv.value.clone()),
                 None => {
                     self.unknown_field(rec.schema, field);
+                    None
+                }
+            },
+            Value::Map(m) => match m.get(&field.name) {
+                Some(v) => Some(v.clone()),
+                None => {
+                    let keys: Vec<&str> = m.keys().map(String::as_str).collect();
+                    self.report(
+                        Diagnostic::error("E0105", format!("the map has no key `{}`", field.name))
+                            .with_primary(field.span, "no such key")
+                            .with_help(format!("its keys: {}", keys.join(", "))),
+                    );
                     None
                 }
             },

@@ -6,7 +6,7 @@
 use super::checks::out_of_range;
 use super::{Env, Eval, R};
 use crate::value::{FieldValue, ItemRef, Value};
-use miles_grammar::ast::{Expr, FieldDecl};
+use miles_grammar::ast::{Expr, ExprKind, FieldDecl};
 use miles_grammar::diag::{Diagnostic, Span};
 use std::collections::BTreeMap;
 
@@ -102,6 +102,22 @@ impl<'p> Eval<'p> {
         match owner {
             Owner::Record(f) => Some(&mut self.frames[f].state),
             Owner::Instance(i) => Some(&mut self.recipe.as_mut()?.instances[i].state),
+        }
+    }
+
+    /// Where the value of `e` was written: for a bare name of a field the user set on the record
+    /// or stage being evaluated, the user's value (so a builtin's error points into the recipe,
+    /// not at the stdlib default that passed the field on); else `e` itself.
+    pub(super) fn origin_span(&self, e: &Expr, env: Env) -> Span {
+        let ExprKind::Name(id) = &e.kind else { return e.span };
+        let owner = match env {
+            Env::Record(f) => Owner::Record(f),
+            Env::Instance(i) => Owner::Instance(i),
+            _ => return e.span,
+        };
+        match self.computed_field(owner, &id.name) {
+            Some(fv) if !fv.defaulted => fv.span,
+            _ => e.span,
         }
     }
 

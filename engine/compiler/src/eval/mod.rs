@@ -102,6 +102,10 @@ pub struct Eval<'p> {
     quiet: u32,
     /// Every named reference resolved, for the language server (use span -> definition span).
     pub references: Vec<(Span, Span)>,
+    /// Files builtins read (`hf_config`, `exists`); none: those builtins report they cannot.
+    fs: Option<&'p dyn crate::fs::FileSystem>,
+    /// `hf_config` results by directory, so a model used by several stages is read once.
+    hf_configs: HashMap<String, Result<BTreeMap<String, Value>, String>>,
 }
 
 /// `None` means "failed, and already reported" (or, while quiet, would have been).
@@ -122,7 +126,14 @@ impl<'p> Eval<'p> {
             recipe: None,
             quiet: 0,
             references: Vec::new(),
+            fs: None,
+            hf_configs: HashMap::new(),
         }
+    }
+
+    /// An evaluator whose builtins may read files through `fs` (a model's config.json).
+    pub fn with_fs(program: &'p Program, fs: &'p dyn crate::fs::FileSystem) -> Eval<'p> {
+        Eval { fs: Some(fs), ..Eval::new(program) }
     }
 
     pub fn report(&mut self, d: Diagnostic) {

@@ -110,3 +110,59 @@ fn internal_errors_say_they_are_bugs_in_miles() {
     assert_eq!(d.message, "internal error: the prelude declares no `x` schema");
     assert!(d.help.as_deref().is_some_and(|h| h.contains("bug in miles")));
 }
+
+/// A recipe over an `hf` model whose files live in `files` (path -> text).
+fn check_hf(files: &[(&str, &str)], model_dir: &str) -> Compilation {
+    let src = format!(
+        r#"
+model policy = hf {{ path = "{model_dir}" }}
+recipe r {{
+    rollout = generate(policy) {{ prompts = jsonl {{ path = "d.jsonl" }} }}
+    reward = command_reward(rollout) {{ command = ["python3", "v.py"] }}
+    train = grpo(rollout, reward) {{ rollout_batch = 16, global_batch = 128 }}
+    sync = weights(train -> rollout)
+    stop = 10.steps
+}}
+"#
+    );
+    let mut all = vec![("a.miles", src.as_str())];
+    all.extend_from_slice(files);
+    let fs = MemoryFs::with(&all);
+    compile(&fs, &["a.miles".to_string()], &Options::default())
+}
+
+const QWEN3_CONFIG: &str = include_str!("../../../../tests/fixtures/hf/qwen3/config.json");
+
+#[test]
+fn an_hf_model_is_read_from_its_config_at_check_time() {
+    let files = [("m/config.json", QWEN3_CONFIG), ("m/tokenizer.json", "{}"), ("m/model.safetensors", ""), ("d.jsonl", "")];
+    let c = check_hf(&files, "m");
+    assert_eq!(errors(&c), Vec::<String>::new());
+    let g = &c.recipe("r").expect("compiles").graph;
+    let m = g.nodes().find(|n| n.name == "train").and_then(|n| n.model.clone()).expect("a model");
+    let field = |k: &str| m.get(k).map(|v| v.to_string()).unwrap_or_default();
+    assert_eq!(
+        ["layers", "d_model", "heads", "kv_heads", "head_dim", "d_ff", "vocab", "max_len", "params"].map(field),
+        ["2", "64", "4", "2", "24", "96", "500", "128", "138144"]
+    );
+}
+
+#[test]
+fn what_an_hf_directory_lacks_is_an_error_at_the_users_line() {
+    // No directory at all: one E0210 on the path the user wrote (not in the stdlib).
+    let c = check_hf(&[("d.jsonl", "")], "models/nope");
+    let errs: Vec<&Diagnostic> = c.diagnostics.iter().filter(|d| d.is_error()).collect();
+    assert_eq!(errs.len(), 1, "{:?}", errors(&c));
+    assert_eq!(errs[0].code, "E0210");
+    assert!(errs[0].message.contains("models/nope/config.json"), "{}", errs[0].message);
+    let at = errs[0].primary.as_ref().expect("a primary label").span;
+    let text = &c.program.sources.get(at.file).expect("a source").text[at.start as usize..at.end as usize];
+    assert_eq!(text, "\"models/nope\"");
+
+    // A directory without its tokenizer and weights, and a missing prompt file: each a check.
+    let c = check_hf(&[("m/config.json", QWEN3_CONFIG)], "m");
+    let msgs = errors(&c).join("\n");
+    assert!(msgs.contains("no tokenizer.json"), "{msgs}");
+    assert!(msgs.contains("no model.safetensors"), "{msgs}");
+    assert!(msgs.contains("the prompt file is not there"), "{msgs}");
+}

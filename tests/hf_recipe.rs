@@ -1,0 +1,109 @@
+//! End to end through the built binary: recipes that start from a Hugging Face directory check,
+//! plan and run, and leave a Hugging Face directory behind. `recipes/grpo-hf.miles` (the qwen3
+//! fixture, chat prompts from JSONL, a Python `command_reward`) and a Parquet + `verify` variant on
+//! the qwen2 fixture; what the directory lacks is a `miles check` error at the user's line.
+
+mod common;
+
+use common::process::{output, temp_dir};
+use serde_json::Value;
+use std::process::Output;
+use std::time::Duration;
+
+fn miles(args: &[&str]) -> Output {
+    output(common::process::miles().args(args), Duration::from_secs(300))
+}
+
+fn text(o: &Output) -> String {
+    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+}
+
+fn json_file(path: &std::path::Path) -> Value {
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+#[test]
+fn hf_recipe_runs_end_to_end() {
+    let r = "recipes/grpo-hf.miles";
+    let o = miles(&["check", r]);
+    assert!(o.status.success(), "{}", text(&o));
+    let o = miles(&["plan", r]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(text(&o).contains("qwen3"), "the plan names the model it read: {}", text(&o));
+
+    let d = temp_dir("hf-recipe");
+    let out = d.join("run");
+    let o = miles(&["run", r, "--steps", "2", "--out", out.to_str().unwrap(), "--progress", "plain", "--threads", "1"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let spec = json_file(&out.join("spec.json"));
+    assert_eq!(spec["hf"]["path"], "tests/fixtures/hf/qwen3");
+    assert_eq!(spec["reward"]["type"], "command");
+    assert_eq!(spec["reward"]["name"], "reward");
+    let metrics = std::fs::read_to_string(out.join("metrics.jsonl")).unwrap();
+    let last: Value = serde_json::from_str(metrics.lines().last().unwrap()).unwrap();
+    assert_eq!(last["step"], 2);
+    assert_eq!(last["reward/scored"], 128.0, "every sample went through the Python program: {last}");
+    let config = json_file(&out.join("model/config.json"));
+    assert_eq!(config["architectures"][0], "Qwen3ForCausalLM");
+    assert!(out.join("model/tokenizer.json").is_file());
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+/// The qwen2 fixture (tied embeddings, QKV bias) with string prompts from Parquet, scored by the
+/// built-in math verifier.
+fn parquet_recipe(model_path: &str, data_path: &str) -> String {
+    format!(
+        r#"
+model policy = hf {{ path = "{model_path}" }}
+recipe byo {{
+    rollout = generate(policy) {{
+        prompts = parquet {{ path = "{data_path}", prompt_field = "prompt", label_field = "answer", test_size = 1 }}
+        samples_per_prompt = 4
+        max_prompt_tokens = 32.tokens
+        max_new_tokens = 3.tokens
+    }}
+    reward = verify(rollout) {{ kind = math, on_error = zero }}
+    train  = grpo(rollout, reward) {{ rollout_batch = 2, global_batch = 8, micro_batch = 8, lr = 1e-4 }}
+    sync   = weights(train -> rollout) {{ transport = local }}
+    eval   = evaluate(rollout) {{ prompts = parquet {{ path = "{data_path}", prompt_field = "prompt", label_field = "answer", split = test, test_size = 1 }}, every = 1.steps }}
+    stop   = 1.steps
+}}
+"#
+    )
+}
+
+#[test]
+fn a_parquet_and_verify_recipe_runs_and_a_bad_directory_is_a_check_error() {
+    let d = temp_dir("hf-parquet");
+    std::fs::create_dir_all(&d).unwrap();
+    let recipe = d.join("byo.miles");
+    std::fs::write(&recipe, parquet_recipe("tests/fixtures/hf/qwen2", "tests/fixtures/data/prompts.parquet")).unwrap();
+    let out = d.join("run");
+    let o = miles(&[
+        "run",
+        recipe.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+        "--progress",
+        "plain",
+        "--threads",
+        "1",
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let spec = json_file(&out.join("spec.json"));
+    assert_eq!(spec["reward"]["type"], "verifier");
+    assert_eq!(spec["reward"]["kind"], "math");
+    assert_eq!(spec["reward"]["on_error"], "zero");
+    assert!(spec["model"]["tie_embeddings"].as_bool().unwrap(), "{}", spec["model"]);
+    assert_eq!(json_file(&out.join("model/config.json"))["architectures"][0], "Qwen2ForCausalLM");
+
+    // A directory that is not there and a data file that is not there: both at `miles check`
+    // time, at the lines that name them, before anything starts.
+    std::fs::write(&recipe, parquet_recipe("models/not-here", "data/missing.parquet")).unwrap();
+    let o = miles(&["check", recipe.to_str().unwrap()]);
+    assert!(!o.status.success());
+    let t = text(&o);
+    assert!(t.contains("models/not-here"), "{t}");
+    assert!(t.contains("data/missing.parquet"), "{t}");
+    let _ = std::fs::remove_dir_all(&d);
+}
