@@ -19,7 +19,7 @@ pub use program::{ParseCache, Program, Sources};
 pub use recipe::{CompiledRecipe, Override};
 
 use eval::Eval;
-use miles_grammar::ast::{Ident, ItemKind};
+use miles_grammar::ast::{self, ExprKind, Ident, ItemKind};
 use value::ItemRef;
 
 #[derive(Clone, Debug, Default)]
@@ -79,6 +79,7 @@ pub fn compile_with(
     let mut diags = Vec::new();
     let mut program = program::load_with(fs, entries, packages, cache, &mut diags);
     let overrides = parse_overrides(&mut program, &opts.overrides, &mut diags);
+    let overrides = override_items(&mut program, overrides, &mut diags);
     let (recipes, references) = {
         let mut ev = Eval::with_fs(&program, fs);
         let mut recipes = Vec::new();
@@ -169,6 +170,67 @@ fn sort_diagnostics(diags: &mut Vec<Diagnostic>) {
         (s.file, s.start, s.end, d.code)
     });
     diags.dedup_by(|a, b| a.code == b.code && a.primary == b.primary && a.message == b.message);
+}
+
+/// `--set policy.path="..."`: an override whose head names a `model` or `cluster` of the user's
+/// modules sets that field of the item's record literal (replacing the field or adding it) before
+/// anything is evaluated. The others are the recipe's (stages and settings).
+fn override_items(program: &mut Program, overrides: Vec<Override>, diags: &mut Vec<Diagnostic>) -> Vec<Override> {
+    let mut rest = Vec::new();
+    for o in overrides {
+        let target = program.modules.iter().position(|m| {
+            !m.is_std
+                && m.ast.items.iter().any(
+                    |it| matches!(&it.kind, ItemKind::Model(b) | ItemKind::Cluster(b) if b.name.name == o.path[0].name),
+                )
+        });
+        let Some(m) = target else {
+            rest.push(o);
+            continue;
+        };
+        if o.path.len() != 2 {
+            diags.push(
+                Diagnostic::error(
+                    "E0209",
+                    format!("`{}` is a model or cluster: set one of its fields", o.path[0].name),
+                )
+                .with_primary(o.span, "expected `name.field`")
+                .with_help(format!("example: --set {}.path=\"...\"", o.path[0].name)),
+            );
+            continue;
+        }
+        let ast = std::sync::Arc::make_mut(&mut program.modules[m].ast);
+        for it in &mut ast.items {
+            let (ItemKind::Model(b) | ItemKind::Cluster(b)) = &mut it.kind else { continue };
+            if b.name.name != o.path[0].name {
+                continue;
+            }
+            let ExprKind::Record { fields, .. } = &mut b.value.kind else {
+                diags.push(
+                    Diagnostic::error(
+                        "E0209",
+                        format!("`{}` is not written as a record: its fields cannot be set", b.name.name),
+                    )
+                    .with_primary(o.span, "this override")
+                    .with_secondary(b.value.span, "defined here"),
+                );
+                break;
+            };
+            let field = &o.path[1];
+            let binding = ast::Binding {
+                doc: None,
+                path: ast::Path { segments: vec![field.clone()], span: o.span },
+                value: o.value.clone(),
+                span: o.span,
+            };
+            match fields.iter_mut().find(|f| f.path.segments.len() == 1 && f.path.segments[0].name == field.name) {
+                Some(existing) => *existing = binding,
+                None => fields.push(binding),
+            }
+            break;
+        }
+    }
+    rest
 }
 
 fn parse_overrides(program: &mut Program, raw: &[(String, String)], diags: &mut Vec<Diagnostic>) -> Vec<Override> {

@@ -135,7 +135,8 @@ const QWEN3_CONFIG: &str = include_str!("../../../../tests/fixtures/hf/qwen3/con
 
 #[test]
 fn an_hf_model_is_read_from_its_config_at_check_time() {
-    let files = [("m/config.json", QWEN3_CONFIG), ("m/tokenizer.json", "{}"), ("m/model.safetensors", ""), ("d.jsonl", "")];
+    let files =
+        [("m/config.json", QWEN3_CONFIG), ("m/tokenizer.json", "{}"), ("m/model.safetensors", ""), ("d.jsonl", "")];
     let c = check_hf(&files, "m");
     assert_eq!(errors(&c), Vec::<String>::new());
     let g = &c.recipe("r").expect("compiles").graph;
@@ -165,4 +166,20 @@ fn what_an_hf_directory_lacks_is_an_error_at_the_users_line() {
     assert!(msgs.contains("no tokenizer.json"), "{msgs}");
     assert!(msgs.contains("no model.safetensors"), "{msgs}");
     assert!(msgs.contains("the prompt file is not there"), "{msgs}");
+}
+
+#[test]
+fn set_overrides_a_models_field() {
+    let files = [("a.miles", RECIPE), ("m/config.json", QWEN3_CONFIG)];
+    let fs = MemoryFs::with(&files);
+    let opts = Options { overrides: vec![("policy.layers".into(), "3".into())], ..Options::default() };
+    let c = compile(&fs, &["a.miles".to_string()], &opts);
+    assert_eq!(errors(&c), Vec::<String>::new());
+    let g = &c.recipe("r").expect("compiles").graph;
+    let m = g.nodes().find(|n| n.name == "train").and_then(|n| n.model.clone()).expect("a model");
+    assert_eq!(m.get("layers").map(|v| v.to_string()), Some("3".into()));
+    // A model's name alone is not a field path.
+    let opts = Options { overrides: vec![("policy".into(), "3".into())], ..Options::default() };
+    let c = compile(&fs, &["a.miles".to_string()], &opts);
+    assert_eq!(errors(&c), vec!["E0209: `policy` is a model or cluster: set one of its fields".to_string()]);
 }
