@@ -136,7 +136,7 @@ fn options(case: &Case) -> Options {
     opts
 }
 
-fn snapshot_text(c: &Compilation, opts: &Options) -> String {
+fn snapshot_text(c: &Compilation, opts: &Options, files: &[(String, Vec<u8>)]) -> String {
     let errors = c.diagnostics.iter().filter(|d| d.is_error()).count();
     let warnings = c.diagnostics.len() - errors;
     let mut s = String::new();
@@ -147,7 +147,12 @@ fn snapshot_text(c: &Compilation, opts: &Options) -> String {
     s.push_str(&render(&c.program.sources, &c.diagnostics));
     // The value of every constant, model and cluster of the entry file (evaluated again on the
     // compiled program; its diagnostics were reported above).
-    let mut ev = Eval::new(&c.program);
+    // The case's files, as it was compiled with them (`hf { path }` reads a config.json).
+    let fs = miles_compiler::fs::MemoryFs::new();
+    for (p, bytes) in files {
+        fs.insert(p, bytes.clone());
+    }
+    let mut ev = Eval::with_fs(&c.program, &fs);
     for &m in &c.program.entries {
         for (index, item) in c.program.module(m).ast.items.iter().enumerate() {
             if let ItemKind::Const(_) | ItemKind::Model(_) | ItemKind::Cluster(_) = &item.kind {
@@ -190,7 +195,7 @@ fn cases() {
             }
         }
         collect_std_checks(&c, &mut std_checks);
-        let text = snapshot_text(&c, &opts);
+        let text = snapshot_text(&c, &opts, &case.files);
         let mut settings = insta::Settings::clone_current();
         settings.set_snapshot_path(cases_dir().join("snapshots"));
         settings.set_prepend_module_to_snapshot(false);
