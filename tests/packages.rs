@@ -143,3 +143,55 @@ fn add_check_update_fetch_vendor_test_doc() {
     assert!(text.contains("E0110"), "{text}");
     let _ = std::fs::remove_dir_all(&t);
 }
+
+/// A platform's `[[rule]]` reaches every recipe of a project that depends on it, on the stdlib
+/// stage kind it names, whatever the recipe calls the stage; the project's own rules apply too,
+/// and a rule naming no stage kind is a manifest error.
+#[test]
+fn house_rules_in_a_manifest_apply_to_every_recipe_of_the_build() {
+    let d = std::env::temp_dir().join(format!("miles-house-rules-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    let home = d.join("home");
+    write(
+        &d.join("platform/miles.toml"),
+        "[package]\nname = \"platform\"\nversion = \"1.0.0\"\n\n[[rule]]\nstage = \"grpo\"\ncheck = \"lr <= 1e-4\"\nmessage = \"house rule: GRPO learning rates above 1e-4 diverge on our models\"\nhelp = \"lower lr\"\n",
+    );
+    write(&d.join("platform/empty.miles"), "// Nothing but the rule in miles.toml.\n");
+    let team_toml = |own_rule: &str| {
+        format!("[package]\nname = \"team\"\nversion = \"0.1.0\"\n\n[dependencies]\nplatform = {{ path = \"../platform\" }}\n{own_rule}")
+    };
+    write(&d.join("team/miles.toml"), &team_toml(""));
+    let recipe = |lr: &str, samples: u32| {
+        format!(
+            "import std/tasks/arith\nmodel policy = transformer {{ layers = 1, d_model = 32, heads = 2, vocab = arith.vocab }}\nrecipe r {{\n    gen = generate(policy) {{ prompts = arith.addition {{}}, samples_per_prompt = {samples} }}\n    score = exact_match(gen)\n    learner = grpo(gen, score) {{ rollout_batch = 16, global_batch = {}, lr = {lr} }}\n    sync = weights(learner -> gen)\n    stop = 10.steps\n}}\n",
+            16 * samples
+        )
+    };
+    let team = d.join("team");
+    write(&team.join("r.miles"), &recipe("3e-4", 8));
+    let (code, out) = miles(&team, &home, &["check", "r.miles"]);
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("house rule: GRPO learning rates above 1e-4 diverge on our models"), "{out}");
+    assert!(out.contains("platform/miles.toml:5"), "the rule is named where it is declared: {out}");
+    assert!(out.contains("learner"), "the failing stage is the recipe's `learner`: {out}");
+
+    write(&team.join("r.miles"), &recipe("1e-4", 8));
+    let (code, out) = miles(&team, &home, &["check", "r.miles"]);
+    assert_eq!(code, 0, "{out}");
+
+    // The project's own rule, on another kind, as a warning.
+    let own = "\n[[rule]]\nstage = \"generate\"\ncheck = \"samples_per_prompt >= 16\"\nmessage = \"team rule: groups of 16\"\nwarn = true\n";
+    write(&team.join("miles.toml"), &team_toml(own));
+    let (code, out) = miles(&team, &home, &["check", "r.miles"]);
+    assert_eq!(code, 0, "a warning does not fail the check: {out}");
+    assert!(out.contains("team rule: groups of 16") && out.contains("team/miles.toml:8"), "{out}");
+    write(&team.join("r.miles"), &recipe("1e-4", 16));
+    let (code, out) = miles(&team, &home, &["check", "r.miles"]);
+    assert!(code == 0 && !out.contains("team rule"), "{out}");
+
+    write(&team.join("miles.toml"), &team_toml("\n[[rule]]\nstage = \"gpro\"\ncheck = \"lr < 1\"\n"));
+    let (code, out) = miles(&team, &home, &["check", "r.miles"]);
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("names no stage kind `gpro`") && out.contains("did you mean `grpo`?"), "{out}");
+    let _ = std::fs::remove_dir_all(&d);
+}

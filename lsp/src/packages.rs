@@ -98,7 +98,11 @@ fn build(root: &str, cache: &Cache) -> Built {
                 ..Default::default()
             };
             let error = Box::new(located(&sources, d));
-            Built::Failed { fallback: Packages { roots: vec![own] }, dependencies: Some(dependencies), error }
+            Built::Failed {
+                fallback: Packages { roots: vec![own], ..Default::default() },
+                dependencies: Some(dependencies),
+                error,
+            }
         }
     }
 }

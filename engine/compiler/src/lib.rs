@@ -80,6 +80,7 @@ pub fn compile_with(
     let mut program = program::load_with(fs, entries, packages, cache, &mut diags);
     let overrides = parse_overrides(&mut program, &opts.overrides, &mut diags);
     let overrides = override_items(&mut program, overrides, &mut diags);
+    program.house_rules = parse_house_rules(&mut program, &mut diags);
     let (recipes, references) = {
         let mut ev = Eval::with_fs(&program, fs);
         let mut recipes = Vec::new();
@@ -231,6 +232,54 @@ fn override_items(program: &mut Program, overrides: Vec<Override>, diags: &mut V
         }
     }
     rest
+}
+
+/// The build's house rules (`[[rule]]` in a manifest) as checks: each check's text becomes a source
+/// named by where it is declared, so its diagnostics render like any other. A rule naming no
+/// stdlib stage kind is an error at the manifest's rule.
+fn parse_house_rules(program: &mut Program, diags: &mut Vec<Diagnostic>) -> Vec<program::HouseCheck> {
+    let kinds: Vec<String> = program
+        .modules
+        .iter()
+        .filter(|m| m.is_std)
+        .flat_map(|m| m.ast.items.iter())
+        .filter_map(|it| match &it.kind {
+            ItemKind::Stage(s) => Some(s.name.name.clone()),
+            _ => None,
+        })
+        .collect();
+    let mut out = Vec::new();
+    for rule in program.packages.rules.clone() {
+        let file = program.sources.add(rule.origin.clone(), rule.check.clone());
+        let whole = Span::new(file, 0, rule.check.len());
+        if !kinds.contains(&rule.stage) {
+            let mut d = Diagnostic::error(
+                "E0112",
+                format!("invalid miles.toml: house rule {} names no stage kind `{}`", rule.origin, rule.stage),
+            )
+            .with_primary(whole, "this rule's check")
+            .with_help(format!("`stage` is a stdlib stage kind: {}", kinds.join(", ")));
+            if let Some(s) = suggest::did_you_mean(&rule.stage, kinds.iter().map(String::as_str)) {
+                d = d.with_help(format!("did you mean `{s}`?"));
+            }
+            diags.push(d);
+            continue;
+        }
+        let (expr, ds) = miles_grammar::parse_expr(file, &rule.check);
+        diags.extend(ds);
+        let Some(expr) = expr else { continue };
+        let lit = |t: Option<String>| t.map(|value| ast::StrLit { value, span: whole });
+        let check = ast::Check {
+            doc: None,
+            warn: rule.warn,
+            expr,
+            message: lit(rule.message),
+            help: lit(rule.help),
+            span: whole,
+        };
+        out.push(program::HouseCheck { stage: rule.stage, check, origin: rule.origin });
+    }
+    out
 }
 
 fn parse_overrides(program: &mut Program, raw: &[(String, String)], diags: &mut Vec<Diagnostic>) -> Vec<Override> {

@@ -75,6 +75,8 @@ pub struct Program {
     pub entries: Vec<u32>,
     /// The packages the build resolved imports through (empty outside a package).
     pub packages: Packages,
+    /// The packages' house rules, parsed (`Packages::rules`).
+    pub house_rules: Vec<HouseCheck>,
 }
 
 impl Program {
@@ -177,6 +179,33 @@ pub fn load_cached(
 #[derive(Clone, Debug, Default)]
 pub struct Packages {
     pub roots: Vec<PackageRoot>,
+    /// House rules the build's manifests attach to stdlib stage kinds (`[[rule]]`).
+    pub rules: Vec<HouseRule>,
+}
+
+/// A rule a package's manifest attaches to a stdlib stage kind (`[[rule]]` in miles.toml): it is
+/// checked on every instance of that kind in every recipe of a build that includes the package
+/// (the project's own, and its dependencies': a platform team's rules reach its users).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct HouseRule {
+    /// The stage kind, e.g. `grpo`.
+    pub stage: String,
+    /// A Bool expression over the stage's fields and ports, as a stage kind's own checks.
+    pub check: String,
+    pub message: Option<String>,
+    pub help: Option<String>,
+    /// A failure is a warning (E0309) instead of an error.
+    pub warn: bool,
+    /// Where it is declared, e.g. `platform/miles.toml:12`; names the rule in diagnostics.
+    pub origin: String,
+}
+
+/// A house rule parsed: its check's text is a source of its own, named by its origin.
+#[derive(Clone, Debug)]
+pub struct HouseCheck {
+    pub stage: String,
+    pub check: miles_grammar::ast::Check,
+    pub origin: String,
 }
 
 #[derive(Clone, Debug, Default)]

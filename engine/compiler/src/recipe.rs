@@ -418,6 +418,14 @@ pub fn compile_recipe(ev: &mut Eval, r: ItemRef, overrides: &[Override]) -> Opti
         for c in &checks {
             ev.run_check(c, Env::Instance(i), span, kind, &[]);
         }
+        // House rules of the build's manifests, on instances of the stdlib kind they name.
+        if ev.program.module(kind.module).is_std {
+            let name = ev.decl_name(kind);
+            let house: Vec<_> = ev.program.house_rules.iter().filter(|h| h.stage == name).cloned().collect();
+            for h in &house {
+                ev.run_check_as(&h.check, Env::Instance(i), span, h.origin.clone(), &[]);
+            }
+        }
     }
     for (c, module, owner) in &g.checks {
         let labels = if *owner != r { inherited_rule_labels(ev, &g, c, *owner, &recipe_name) } else { Vec::new() };

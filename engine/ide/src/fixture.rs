@@ -76,6 +76,7 @@ pub fn packages(platform_modules: &[&str]) -> Packages {
                 ..Default::default()
             },
         ],
+        ..Default::default()
     }
 }
 

@@ -31,6 +31,29 @@ pub struct Manifest {
     pub license: Option<String>,
     pub dependencies: BTreeMap<String, Dependency>,
     pub tests: Vec<TestCase>,
+    /// House rules on stdlib stage kinds (`[[rule]]`), with the line of each.
+    pub rules: Vec<RuleDecl>,
+}
+
+/// `[[rule]]`: a check on every instance of a stdlib stage kind, in every recipe of a build that
+/// includes this package (docs/packages.md).
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RuleDecl {
+    /// The stage kind: `grpo`, `generate`, ...
+    pub stage: String,
+    /// A Bool expression over the stage's fields, in the recipe language: `lr <= 1e-4`.
+    pub check: String,
+    #[serde(default)]
+    pub message: Option<String>,
+    #[serde(default)]
+    pub help: Option<String>,
+    /// A failure warns instead of failing the check.
+    #[serde(default)]
+    pub warn: bool,
+    /// 1-based line of its `[[rule]]` header.
+    #[serde(skip)]
+    pub line: usize,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -100,6 +123,8 @@ struct Raw {
     dependencies: BTreeMap<String, RawDep>,
     #[serde(default, rename = "test")]
     tests: Vec<TestCase>,
+    #[serde(default, rename = "rule")]
+    rules: Vec<RuleDecl>,
 }
 
 #[derive(Deserialize)]
@@ -200,6 +225,13 @@ impl Manifest {
             };
             dependencies.insert(name, dep);
         }
+        // Each rule's line: the n-th `[[rule]]` header (toml keeps the array's order).
+        let headers: Vec<usize> =
+            text.lines().enumerate().filter(|(_, l)| l.trim() == "[[rule]]").map(|(i, _)| i + 1).collect();
+        let mut rules = raw.rules;
+        for (r, line) in rules.iter_mut().zip(headers) {
+            r.line = line;
+        }
         Ok(Manifest {
             name: raw.package.name,
             version,
@@ -207,6 +239,7 @@ impl Manifest {
             license: raw.package.license,
             dependencies,
             tests: raw.tests,
+            rules,
         })
     }
 

@@ -210,6 +210,13 @@ pub fn build(project: &Project, cache: &Cache, mode: &Mode, sources: &mut Source
         dependencies: p.locked.dependencies.clone(),
         modules: Vec::new(),
     }));
+    // House rules: the project's own and every dependency's (a platform's rules reach its users).
+    let mut rules = house_rules(&project.manifest);
+    for p in &packages {
+        let mut scratch = Sources::default();
+        let m = read_manifest(&p.root, &mut scratch)?;
+        rules.extend(house_rules(&m));
+    }
     let lock_changed = old.as_ref() != Some(&lock);
     if lock_changed && *mode != Mode::Frozen {
         write_atomic(Path::new(&lock_path), lock.render().as_bytes()).map_err(|e| {
@@ -217,7 +224,22 @@ pub fn build(project: &Project, cache: &Cache, mode: &Mode, sources: &mut Source
                 .with_help("check the directory is writable")
         })?;
     }
-    Ok(Build { packages, map: Packages { roots }, lock, lock_changed })
+    Ok(Build { packages, map: Packages { roots, rules }, lock, lock_changed })
+}
+
+/// A manifest's `[[rule]]`s for the compiler, each named `PACKAGE/miles.toml:LINE`.
+fn house_rules(m: &Manifest) -> Vec<miles_compiler::program::HouseRule> {
+    m.rules
+        .iter()
+        .map(|r| miles_compiler::program::HouseRule {
+            stage: r.stage.clone(),
+            check: r.check.clone(),
+            message: r.message.clone(),
+            help: r.help.clone(),
+            warn: r.warn,
+            origin: format!("{}/{}:{}", m.name, manifest::FILE, r.line),
+        })
+        .collect()
 }
 
 /// Lists each dependency's modules (`grpo/base` for `grpo/base.miles`): what an editor offers

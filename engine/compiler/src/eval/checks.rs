@@ -18,6 +18,20 @@ impl<'p> Eval<'p> {
         owner: ItemRef,
         labels: &[(Span, String)],
     ) -> bool {
+        let rule = self.decl_path(owner);
+        self.run_check_as(check, env, primary, rule, labels)
+    }
+
+    /// `run_check` for a rule declared outside the language (a manifest's house rule): `rule`
+    /// names it in the diagnostic.
+    pub fn run_check_as(
+        &mut self,
+        check: &ast::Check,
+        env: Env,
+        primary: Span,
+        rule: String,
+        labels: &[(Span, String)],
+    ) -> bool {
         let v = self.eval(&check.expr, env, Some(&Type::Bool));
         match v {
             Some(Value::Bool(true)) => true,
@@ -51,7 +65,7 @@ impl<'p> Eval<'p> {
                 if !help.is_empty() {
                     d = d.with_help(help);
                 }
-                d = d.with_rule(self.decl_path(owner), check.span);
+                d = d.with_rule(rule, check.span);
                 self.report(d);
                 false
             }
