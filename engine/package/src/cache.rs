@@ -92,6 +92,7 @@ impl Cache {
             std::fs::create_dir_all(&tmp).map_err(|e| e.to_string())?;
             git::run(Some(&db), &["archive", "--format=tar", "-o", &tar.to_string_lossy(), commit])?;
             run_tar(&tar, &tmp)?;
+            read_only(&tmp)?;
             std::fs::rename(&tmp, &dest).map_err(|e| e.to_string())
         })();
         let _ = std::fs::remove_file(&tar);
@@ -104,6 +105,21 @@ impl Cache {
         }
         Ok(dest)
     }
+}
+
+/// Marks every file of an exported source read-only: an editor that opens a dependency's file
+/// (go to definition) cannot change what `miles.lock`'s hash pins. The directories stay writable,
+/// so the entry can still be deleted to fetch it again.
+fn read_only(dir: &Path) -> Result<(), String> {
+    let mut files = Vec::new();
+    crate::hash::walk(dir, dir, &mut files).map_err(|e| e.to_string())?;
+    for rel in files {
+        let path = dir.join(&rel);
+        let mut perm = std::fs::metadata(&path).map_err(|e| e.to_string())?.permissions();
+        perm.set_readonly(true);
+        std::fs::set_permissions(&path, perm).map_err(|e| format!("{}: {e}", path.display()))?;
+    }
+    Ok(())
 }
 
 fn run_tar(tar: &Path, into: &Path) -> Result<(), String> {

@@ -169,8 +169,16 @@ fn lock_pins_update_moves_and_the_new_rule_fails_with_its_home() {
     let outcomes = testing::run(&lib, &lib_build.map, &Disk);
     assert!(outcomes.len() == 1 && outcomes[0].passed, "{}", outcomes[0].why);
 
+    // Cached sources are read-only (an editor's go to definition opens them), yet deletable.
+    let cached = z.join("grpo/base.miles");
+    assert!(std::fs::metadata(&cached).expect("cached file").permissions().readonly());
+
     // Tampering with the cached copy is caught, with the package and both hashes.
-    std::fs::write(z.join("grpo/base.miles"), "// edited\n").expect("tamper");
+    let mut perm = std::fs::metadata(&cached).expect("cached file").permissions();
+    #[allow(clippy::permissions_set_readonly_false)]
+    perm.set_readonly(false);
+    std::fs::set_permissions(&cached, perm).expect("chmod");
+    std::fs::write(&cached, "// edited\n").expect("tamper");
     let e = project::build(&p, &clean, &Mode::Locked, &mut sources).err().expect("mismatch");
     assert_eq!(e.code, "E0116");
     assert!(e.message.contains("`platform`") && e.message.matches("sha256:").count() == 2, "{}", e.message);
