@@ -107,3 +107,68 @@ fn a_parquet_and_verify_recipe_runs_and_a_bad_directory_is_a_check_error() {
     assert!(t.contains("data/missing.parquet"), "{t}");
     let _ = std::fs::remove_dir_all(&d);
 }
+
+/// The same hf recipe with its stages in worker processes (a trainer and a rollout engine, weights
+/// broadcast over shared memory) trains exactly as in one process: the workers load the same
+/// directory, and the saved model carries its config and tokenizer.
+#[test]
+fn an_hf_recipe_in_worker_processes_equals_the_in_process_run() {
+    let d = temp_dir("hf-workers");
+    std::fs::create_dir_all(&d).unwrap();
+    let recipe = |launcher: &str, transport: &str| {
+        format!(
+            r#"
+model policy = hf {{ path = "tests/fixtures/hf/qwen3" }}
+recipe w {{
+    rollout = generate(policy) {{
+        prompts = jsonl {{ path = "recipes/data/add.jsonl", prompt_field = "messages", label_field = "answer", test_size = 20 }}
+        samples_per_prompt = 4
+        max_prompt_tokens = 32.tokens
+        max_new_tokens = 4.tokens
+    }}
+    reward = verify(rollout) {{ kind = exact }}
+    train = grpo(rollout, reward) {{ rollout_batch = 4, global_batch = 16, micro_batch = 16, lr = 1e-3 }}
+    sync = weights(train -> rollout) {{ transport = {transport} }}
+    eval = evaluate(rollout) {{ prompts = jsonl {{ path = "recipes/data/add.jsonl", prompt_field = "messages", label_field = "answer", split = test, test_size = 20 }}, every = 1.steps }}
+    {launcher}
+    stop = 2.steps
+}}
+"#
+        )
+    };
+    let metrics = |dir: &std::path::Path| -> Vec<Value> {
+        std::fs::read_to_string(dir.join("metrics.jsonl"))
+            .unwrap()
+            .lines()
+            .map(|l| {
+                let mut v: Value = serde_json::from_str(l).unwrap();
+                v.as_object_mut().unwrap().retain(|k, _| !k.starts_with("perf/") && k != "weight_version");
+                v
+            })
+            .collect()
+    };
+    let mut runs = Vec::new();
+    for (name, launcher, transport) in
+        [("inproc", "", "local"), ("workers", "launcher = local_processes { engines = 1 }", "broadcast")]
+    {
+        let file = d.join(format!("{name}.miles"));
+        std::fs::write(&file, recipe(launcher, transport)).unwrap();
+        let out = d.join(name);
+        let o = miles(&[
+            "run",
+            file.to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+            "--progress",
+            "plain",
+            "--threads",
+            "1",
+        ]);
+        assert!(o.status.success(), "{name}: {}", text(&o));
+        runs.push(out);
+    }
+    assert_eq!(metrics(&runs[0]), metrics(&runs[1]));
+    assert_eq!(json_file(&runs[1].join("model/config.json"))["architectures"][0], "Qwen3ForCausalLM");
+    assert!(runs[1].join("model/tokenizer.json").is_file());
+    let _ = std::fs::remove_dir_all(&d);
+}

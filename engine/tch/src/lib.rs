@@ -44,8 +44,9 @@ fn guard<T>(what: &str, f: impl FnOnce() -> Result<T, RunError>) -> Result<T, Ru
 pub struct TchBackend;
 
 /// The policy a run starts from: the spec's Hugging Face directory, else a seeded init. The
-/// directory must still say what `miles check` read from it (`spec.model`).
-fn initial_policy(spec: &RunSpec) -> Result<(Policy, Option<hf::HfMeta>), RunError> {
+/// directory must still say what `miles check` read from it (`spec.model`). Worker processes
+/// build their stages with it too, so a distributed run starts from the same weights.
+pub fn initial_policy(spec: &RunSpec) -> Result<(Policy, Option<hf::HfMeta>), RunError> {
     let Some(h) = &spec.hf else { return Ok((Policy::init(&spec.model, spec.seed), None)) };
     let (policy, meta) = Policy::load_hf(&h.path, Some(spec.model.max_len))?;
     if let Some(field) = hf::first_difference(&policy.cfg, &spec.model) {

@@ -65,15 +65,18 @@ fn factory() -> Factory {
     Arc::new(|role: Role, spec: &RunSpec, threads: Option<usize>| -> Result<Hosted, RunError> {
         miles_runtime::Backend::set_threads(&miles_tch::TchBackend, threads);
         spec.validate()?;
-        let policy = std::panic::catch_unwind(|| Policy::init(&spec.model, spec.seed))
-            .map_err(|_| RunError::new(miles_runtime::E_BACKEND, "model init failed in libtorch"))?;
+        let (policy, source) = std::panic::catch_unwind(|| miles_tch::initial_policy(spec))
+            .map_err(|_| RunError::new(miles_runtime::E_BACKEND, "model init failed in libtorch"))??;
         Ok(match role {
             Role::Rollout => {
                 Hosted::Rollout(Box::new(miles_tch::TchEngine::new(policy)) as Box<dyn RolloutEngine + Send>)
             }
-            Role::Trainer => Hosted::Trainer(
-                Box::new(miles_tch::train::TchTrainer::new(policy, spec.train.clone())) as Box<dyn Trainer + Send>
-            ),
+            Role::Trainer => {
+                let mut trainer = miles_tch::train::TchTrainer::new(policy, spec.train.clone());
+                // The saved model carries the source directory's config and tokenizer files.
+                trainer.source = source;
+                Hosted::Trainer(Box::new(trainer) as Box<dyn Trainer + Send>)
+            }
         })
     })
 }

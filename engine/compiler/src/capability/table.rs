@@ -99,7 +99,7 @@ const RUNNABLE_PROMPTS: &[&str] = &["addition", "multiplication", "reverse", "so
 const BYO: &[&str] =
     &["hf_recipe_runs_end_to_end", "grpo_from_an_hf_directory_with_a_command_reward_exports_a_reloadable_model"];
 const BYO_PARQUET: &[&str] = &["a_parquet_and_verify_recipe_runs_and_a_bad_directory_is_a_check_error"];
-const HF_WHERE: &str = "a Hugging Face model is loaded by the embedded backend in `miles run`; worker processes and URL engines do not load one yet";
+const HF_WHERE: &str = "a Hugging Face model is loaded by the embedded backend, in `miles run` or in worker processes; a run whose rollout is served by URL does not load one yet";
 
 fn prompts_json(v: &Value, split: &str) -> Option<serde_json::Value> {
     let r = v.as_record()?;
@@ -331,11 +331,11 @@ pub const TABLE: &[Entry] = &[
     e("transformer", "d_ff", Support::All, "", &["save_load_round_trips_bit_for_bit"]),
     e("transformer", "vocab", Support::All, "", &["clear_errors_before_training"]),
     e("transformer", "max_len", Support::All, "", &["clear_errors_before_training"]),
-    e("hf", "", Support::Only(&[E], &[]), HF_WHERE, BYO),
-    e("hf", "path", Support::Only(&[E], &[]), HF_WHERE, BYO),
-    e("hf", "config", Support::Only(&[E], &[]), "read from the directory; a run refuses a config.json changed since `miles check`", &["a_config_changed_after_check_is_refused"]),
-    e("hf", "max_len", Support::Only(&[E], &[]), HF_WHERE, BYO),
-    e("hf", "*", Support::Only(&[E], &[]), "read from config.json; set only to restate it", BYO),
+    e("hf", "", Support::Only(&[E, W], &[]), HF_WHERE, BYO),
+    e("hf", "path", Support::Only(&[E, W], &[]), HF_WHERE, BYO),
+    e("hf", "config", Support::Only(&[E, W], &[]), "read from the directory; a run refuses a config.json changed since `miles check`", &["a_config_changed_after_check_is_refused"]),
+    e("hf", "max_len", Support::Only(&[E, W], &[]), HF_WHERE, BYO),
+    e("hf", "*", Support::Only(&[E, W], &[]), "read from config.json; set only to restate it", BYO),
     e("llm", "", Support::Refused(&[]), "catalog models are planned for GPU clusters; the embedded backend trains a `transformer { ... }`", &[]),
     e("llm", "*", Support::Describes, DESCRIBES, &[]),
     e("gpu", "*", Support::Describes, DESCRIBES, &[]),
