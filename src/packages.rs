@@ -27,6 +27,7 @@ fn failed(sources: Sources, d: Diagnostic) -> Compilation {
         diagnostics: vec![d],
         recipes: Vec::new(),
         references: Vec::new(),
+        item_values: Default::default(),
     }
 }
 

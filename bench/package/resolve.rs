@@ -31,6 +31,7 @@ fn manifest(i: usize) -> Manifest {
         license: None,
         dependencies,
         tests: vec![],
+        rules: vec![],
     }
 }
 

@@ -36,6 +36,9 @@ pub struct Compilation {
     pub recipes: Vec<CompiledRecipe>,
     /// Every resolved reference: (use span, definition span), for go-to-definition.
     pub references: Vec<(Span, Span)>,
+    /// The values of the user modules' constants, models and clusters, as evaluated here (with
+    /// the files builtins read, which an editor's later evaluations do not have).
+    pub item_values: std::collections::HashMap<ItemRef, value::Value>,
 }
 
 impl Compilation {
@@ -81,6 +84,7 @@ pub fn compile_with(
     let overrides = parse_overrides(&mut program, &opts.overrides, &mut diags);
     let overrides = override_items(&mut program, overrides, &mut diags);
     program.house_rules = parse_house_rules(&mut program, &mut diags);
+    let mut item_values = std::collections::HashMap::new();
     let (recipes, references) = {
         let mut ev = Eval::with_fs(&program, fs);
         let mut recipes = Vec::new();
@@ -91,7 +95,9 @@ pub fn compile_with(
                 let r = ItemRef { module: m, index: index as u32 };
                 match &item.kind {
                     ItemKind::Const(_) | ItemKind::Model(_) | ItemKind::Cluster(_) => {
-                        ev.item_value(r);
+                        if let Some(v) = ev.item_value(r) {
+                            item_values.insert(r, v);
+                        }
                     }
                     ItemKind::Schema(_) | ItemKind::Stage(_) => {
                         for f in ev.decl_fields(r) {
@@ -161,7 +167,7 @@ pub fn compile_with(
         (recipes, ev.references)
     };
     sort_diagnostics(&mut diags);
-    Compilation { program, diagnostics: diags, recipes, references }
+    Compilation { program, diagnostics: diags, recipes, references, item_values }
 }
 
 /// Source order, so reports read top to bottom; duplicates (same code and span) dropped.

@@ -18,6 +18,7 @@ fn packages() -> Packages {
             root("platform", "/cache/src/platform-abc", &[]),
             root("other", "/cache/src/other-def", &[]),
         ],
+        ..Packages::default()
     }
 }
 

@@ -124,9 +124,28 @@ fn describe_def(a: &Analysis, def: &Def, at: Option<(FileId, usize)>) -> String 
                 }
             }
             if let Some(r) = def.item {
-                let mut ev = Eval::new(p);
-                if let Some(v) = ev.item_value(r) {
+                // The compilation's value first: it read the files an `hf` model names.
+                let v = a.compilation.item_values.get(&r).cloned().or_else(|| Eval::new(p).item_value(r));
+                if let Some(v) = v {
                     extra.push(format!("{} = `{}`", value_type_name(&v), v));
+                    // A record's every field, defaults and derived ones included (an `hf`
+                    // model's sizes come from its config.json); a map shows its size only.
+                    if let Value::Record(rec) = &v {
+                        let lines: Vec<String> = rec
+                            .fields
+                            .iter()
+                            .map(|(k, fv)| {
+                                let shown = match &fv.value {
+                                    Value::Map(m) => format!("{{ {} keys }}", m.len()),
+                                    x => x.to_string(),
+                                };
+                                format!("{k} = {shown}{}", if fv.defaulted { "   (default)" } else { "" })
+                            })
+                            .collect();
+                        if lines.len() > 1 {
+                            extra.push(format!("```miles\n{}\n```", lines.join("\n")));
+                        }
+                    }
                 }
             }
         }
@@ -381,6 +400,15 @@ mod tests {
     #[test]
     fn on_a_stage_instance_lists_parameters() {
         assert_snapshot!(check(&recipe("").replace("exact_match(rollout)", "exact_match(roll$0out)")));
+    }
+
+    /// An `hf` model's sizes come from its config.json, read at check time: the editor shows them.
+    #[test]
+    fn on_an_hf_model_shows_what_its_config_says() {
+        let config = include_str!("../../../tests/fixtures/hf/qwen3/config.json");
+        assert_snapshot!(check(&format!(
+            "//- main.miles\nmodel pol$0icy = hf {{ path = \"m\" }}\n//- m/config.json\n{config}\n//- m/tokenizer.json\n{{}}\n//- m/model.safetensors\n\n"
+        )));
     }
 
     #[test]
