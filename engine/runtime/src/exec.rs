@@ -40,6 +40,10 @@ pub fn run_with(spec: &RunSpec, opts: &RunOptions, backend: &dyn Backend) -> Res
     let (mut engine, mut trainer) = backend.create(spec)?;
     let mut reward = crate::reward::spec::build_run_reward(spec)?;
     let mut eval_reward = crate::reward::spec::build_run_reward(spec)?;
+    let env = match &spec.env {
+        Some(e) => Some(crate::env::rollout::EnvRunner::new(e, spec.model.max_len, spec.train.std_norm)?),
+        None => None,
+    };
     let mut transport: Box<dyn WeightTransport> = Box::new(LocalHandoff);
 
     let start = match outs.resume_from.take() {
@@ -58,7 +62,10 @@ pub fn run_with(spec: &RunSpec, opts: &RunOptions, backend: &dyn Backend) -> Res
             &mut outs,
             engine.as_mut(),
             |e, w| e.load_weights(&w),
-            |e| evaluate(spec, &task, eval_reward.as_mut(), e),
+            |e| match &env {
+                Some(env) => env.evaluate(&task, e, eval_rows(spec, &task), spec.rollout.max_new_tokens),
+                None => evaluate(spec, &task, eval_reward.as_mut(), e),
+            },
             Map::new(),
             |_| Ok(()),
         )?,
@@ -86,51 +93,78 @@ pub fn run_with(spec: &RunSpec, opts: &RunOptions, backend: &dyn Backend) -> Res
         let prompts = items.iter().map(|it| task.tokenizer.encode_prompt(&it.prompt)).collect::<Result<Vec<_>, _>>()?;
         let params = SamplingParams::rollout(r, derive_seed(spec.seed, "sampling", step)).with_stop(task.stop_tokens());
         let t_gen = Instant::now();
-        let samples = engine.generate(&prompts, r.samples_per_prompt, &params)?;
-        let gen_s = t_gen.elapsed().as_secs_f64();
-        let gen_tokens: usize = samples.iter().map(|s| s.response.len()).sum();
+        let (gen_s, gen_tokens, n_responses, n_stopped, rewards, groups, batch, extra, t_reward) = match &env {
+            Some(env) => {
+                // Episodes: generation and the environment interleave turn by turn.
+                let prefix = format!("step{step}");
+                let eb = env.step(&task, engine.as_mut(), &items, r.samples_per_prompt, &params, &prefix)?;
+                let gen_s = t_gen.elapsed().as_secs_f64();
+                if eb.batch.is_empty() {
+                    return Err(RunError::new(
+                        E_TIMEOUT,
+                        format!("step {step}: every episode ended by an environment fault and was dropped"),
+                    )
+                    .with_help("see rollout/episode_end/* in metrics.jsonl; or train on faulted episodes (on_env_error = score)"));
+                }
+                let (tokens, n, stopped) = (eb.sampled_tokens, eb.episodes, eb.stopped);
+                (gen_s, tokens, n, stopped, eb.rewards, eb.groups, eb.batch, eb.metrics, Instant::now())
+            }
+            None => {
+                let samples = engine.generate(&prompts, r.samples_per_prompt, &params)?;
+                let gen_s = t_gen.elapsed().as_secs_f64();
+                let gen_tokens: usize = samples.iter().map(|s| s.response.len()).sum();
 
-        let t_reward = Instant::now();
-        let mut nth = vec![0usize; items.len()];
-        let scored: Vec<Scored> = samples
-            .iter()
-            .map(|s| {
-                let j = nth[s.prompt_index];
-                nth[s.prompt_index] += 1;
-                (format!("step{step}/p{}/s{j}", s.prompt_index), &items[s.prompt_index], &s.response[..], s.finish)
-            })
-            .collect();
-        let outcomes = score_responses(reward.as_mut(), &task, &scored)?;
-        // Counts of this step's samples (a resumed run writes the same rows).
-        let mut tally = RewardTally::default();
-        tally.add(&outcomes);
-        // A dropped sample leaves the batch; its group keeps the others.
-        let kept: Vec<(&Sample, f32)> =
-            samples.iter().zip(&outcomes).filter_map(|(s, o)| o.reward().map(|r| (s, r))).collect();
-        let rewards: Vec<f32> = kept.iter().map(|k| k.1).collect();
-        let groups: Vec<usize> = kept.iter().map(|k| k.0.prompt_index).collect();
-        let adv = grpo_advantages(&rewards, &groups, spec.train.std_norm);
-        let batch: Vec<Trajectory> = kept
-            .iter()
-            .zip(&adv)
-            .map(|(&(s, reward), &advantage)| Trajectory {
-                prompt: prompts[s.prompt_index].clone(),
-                response: s.response.clone(),
-                rollout_logprobs: s.logprobs.clone(),
-                loss_mask: vec![1.0; s.response.len()],
-                reward,
-                advantage,
-                group: s.prompt_index,
-                weight_version: s.weight_version,
-            })
-            .collect();
-        if batch.is_empty() {
-            return Err(RunError::new(
-                crate::reward::E_REWARD,
-                format!("step {step}: the reward `{}` dropped every sample of the batch", reward.name()),
-            )
-            .with_help("the reward failed on every sample: fix it, or set `on_error = zero`"));
-        }
+                let t_reward = Instant::now();
+                let mut nth = vec![0usize; items.len()];
+                let scored: Vec<Scored> = samples
+                    .iter()
+                    .map(|s| {
+                        let j = nth[s.prompt_index];
+                        nth[s.prompt_index] += 1;
+                        (
+                            format!("step{step}/p{}/s{j}", s.prompt_index),
+                            &items[s.prompt_index],
+                            &s.response[..],
+                            s.finish,
+                        )
+                    })
+                    .collect();
+                let outcomes = score_responses(reward.as_mut(), &task, &scored)?;
+                // Counts of this step's samples (a resumed run writes the same rows).
+                let mut tally = RewardTally::default();
+                tally.add(&outcomes);
+                // A dropped sample leaves the batch; its group keeps the others.
+                let kept: Vec<(&Sample, f32)> =
+                    samples.iter().zip(&outcomes).filter_map(|(s, o)| o.reward().map(|r| (s, r))).collect();
+                let rewards: Vec<f32> = kept.iter().map(|k| k.1).collect();
+                let groups: Vec<usize> = kept.iter().map(|k| k.0.prompt_index).collect();
+                let adv = grpo_advantages(&rewards, &groups, spec.train.std_norm);
+                let batch: Vec<Trajectory> = kept
+                    .iter()
+                    .zip(&adv)
+                    .map(|(&(s, reward), &advantage)| Trajectory {
+                        prompt: prompts[s.prompt_index].clone(),
+                        response: s.response.clone(),
+                        rollout_logprobs: s.logprobs.clone(),
+                        loss_mask: vec![1.0; s.response.len()],
+                        reward,
+                        advantage,
+                        group: s.prompt_index,
+                        weight_version: s.weight_version,
+                    })
+                    .collect();
+                if batch.is_empty() {
+                    return Err(RunError::new(
+                        crate::reward::E_REWARD,
+                        format!("step {step}: the reward `{}` dropped every sample of the batch", reward.name()),
+                    )
+                    .with_help("the reward failed on every sample: fix it, or set `on_error = zero`"));
+                }
+                let extra: Vec<(String, f64)> = tally.metrics().iter().map(|(k, v)| (k.to_string(), *v)).collect();
+                let stopped = samples.iter().filter(|s| s.finish == FinishReason::Stop).count();
+                (gen_s, gen_tokens, samples.len(), stopped, rewards, groups, batch, extra, t_reward)
+            }
+        };
         let lrs = step_lrs(spec, step);
         let reward_s = t_reward.elapsed().as_secs_f64();
         let t_train = Instant::now();
@@ -142,7 +176,7 @@ pub fn run_with(spec: &RunSpec, opts: &RunOptions, backend: &dyn Backend) -> Res
         let sync_s = t_sync.elapsed().as_secs_f64();
 
         let n = rewards.len().max(1) as f64;
-        let n_samples = samples.len().max(1) as f64;
+        let n_samples = n_responses.max(1) as f64;
         let reward_mean = rewards.iter().map(|&x| x as f64).sum::<f64>() / n;
         let flat_groups = count_flat_groups(&rewards, &groups);
         let mut row = Map::new();
@@ -150,20 +184,22 @@ pub fn run_with(spec: &RunSpec, opts: &RunOptions, backend: &dyn Backend) -> Res
         row.insert("weight_version".into(), json!(engine.weight_version()));
         row.insert("rollout/reward_mean".into(), json!(reward_mean));
         row.insert("rollout/solved_frac".into(), json!(rewards.iter().filter(|&&x| x >= 1.0).count() as f64 / n));
-        row.insert("rollout/response_len".into(), json!(gen_tokens as f64 / samples.len().max(1) as f64));
-        row.insert(
-            "rollout/stop_frac".into(),
-            json!(samples.iter().filter(|s| s.finish == FinishReason::Stop).count() as f64 / n_samples),
-        );
+        row.insert("rollout/response_len".into(), json!(gen_tokens as f64 / n_samples));
+        row.insert("rollout/stop_frac".into(), json!(n_stopped as f64 / n_samples));
         row.insert("rollout/flat_group_frac".into(), json!(flat_groups as f64 / r.rollout_batch as f64));
-        for (k, v) in tally.metrics() {
-            row.insert(k.into(), json!(v));
+        for (k, v) in &extra {
+            row.insert(k.clone(), json!(v));
         }
         insert_train_stats(&mut row, &ts, &lrs);
         let do_eval = step == spec.steps || (spec.eval.every > 0 && step % spec.eval.every == 0);
         if do_eval {
             let t0 = Instant::now();
-            let acc = evaluate(spec, &task, eval_reward.as_mut(), engine.as_mut())?;
+            let acc = match &env {
+                Some(env) => {
+                    env.evaluate(&task, engine.as_mut(), eval_rows(spec, &task), spec.rollout.max_new_tokens)?
+                }
+                None => evaluate(spec, &task, eval_reward.as_mut(), engine.as_mut())?,
+            };
             row.insert("eval/accuracy".into(), json!(acc.0));
             row.insert("eval/response_len".into(), json!(acc.1));
             row.insert("perf/eval_s".into(), json!(t0.elapsed().as_secs_f64()));
@@ -409,7 +445,8 @@ pub(crate) fn build_task(spec: &RunSpec) -> Result<TaskSet, RunError> {
         Some(h) => Some(crate::tokenize::HfTokenizer::load(&h.path)?),
         None => None,
     };
-    let task = TaskSet::build_with(&spec.task, hf)?;
+    let extra = spec.env.as_ref().map(|e| e.alphabet()).unwrap_or("");
+    let task = TaskSet::build_for(&spec.task, hf, extra)?;
     for w in &task.warnings {
         eprintln!("warning: {w}");
     }
@@ -527,6 +564,11 @@ pub(crate) fn evaluate(
     let len: usize = samples.iter().map(|s| s.response.len()).sum();
     let n = samples.len().max(1) as f64;
     Ok((eval_score(&outcomes), len as f64 / n))
+}
+
+/// The test rows an evaluation plays (the first `eval.prompts`).
+fn eval_rows<'t>(spec: &RunSpec, task: &'t TaskSet) -> &'t [PromptRow] {
+    &task.test[..spec.eval.prompts.max(1).min(task.test.len())]
 }
 
 /// Held-out score of greedy responses: the fraction the reward scores 1 (exact match: accuracy);

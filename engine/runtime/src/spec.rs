@@ -24,6 +24,9 @@
 //!                                  and chat template (`model` must match its config.json)
 //!   reward: Option<RewardSpec>     verifier | command | http (reward::spec); None = the task's
 //!                                  exact match
+//!   env: Option<EnvRunSpec>       episodes against an environment (env::spec): {env: {type:
+//!                                  calculator|jsonl|openenv, ...}, max_turns = 4, turn_timeout_s,
+//!                                  episode_timeout_s, concurrency, tool_format, reward, on_env_error}
 //!   sft: Option<SftSpec>           warm-up before RL: {steps, lr, batch, warmup_steps = 0}
 //!   rollout: RolloutSpec
 //!     rollout_batch (prompts/step), samples_per_prompt, max_new_tokens,
@@ -71,6 +74,10 @@ pub struct RunSpec {
     /// The reward stage; None: the task's exact-match verifier.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reward: Option<crate::reward::RewardSpec>,
+    /// Multi-turn episodes against an environment instead of single responses; the
+    /// environment's reward replaces `reward` (docs/agents.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub env: Option<crate::env::spec::EnvRunSpec>,
     /// Optional supervised warm-up on the train split before RL (random policies rarely earn a
     /// reward, and GRPO learns nothing from groups whose rewards are all equal).
     #[serde(default)]
@@ -728,6 +735,12 @@ impl RunSpec {
                     "per-group refill needs room for a whole group (samples_per_prompt samples)",
                 );
             }
+        }
+        if self.env.is_some() && !self.schedule.is_sync() {
+            return bad("env", "episodes run under the sync schedule today (set schedule = sync)");
+        }
+        if self.env.is_some() && self.reward.is_some() {
+            return bad("reward", "an episode's reward comes from its environment: give one or the other");
         }
         if self.eval.mode == EvalMode::External && self.eval.command.as_deref().is_none_or(|c| c.trim().is_empty()) {
             return bad("eval.command", "external evaluation needs a command");

@@ -28,11 +28,14 @@ use std::sync::mpsc::{self, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct JsonlSpec {
     pub name: String,
     /// Program and arguments, not through a shell: `["python3", "env.py"]`.
+    #[serde(rename = "command")]
     pub argv: Vec<String>,
+    #[serde(default)]
     pub cwd: Option<PathBuf>,
 }
 

@@ -11,6 +11,7 @@ pub mod calculator;
 pub mod episode;
 pub mod jsonl;
 pub mod openenv;
+pub mod rollout;
 pub mod spec;
 pub mod tools;
 mod ws;

@@ -28,16 +28,19 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct OpenEnvSpec {
     pub name: String,
     /// Base URL of the server: `http://host:port` (`ws://` is accepted too).
     pub url: String,
     /// Field of the action object the model's text goes in (`None`: the first tool call's
     /// arguments are the action).
+    #[serde(default)]
     pub action_field: Option<String>,
     /// Field of the observation object shown to the model (`None`: its only string field, else
     /// the object as JSON).
+    #[serde(default)]
     pub observation_field: Option<String>,
 }
 

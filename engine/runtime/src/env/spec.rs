@@ -6,11 +6,87 @@ use super::openenv::OpenEnvSpec;
 use super::{Calculator, Environment, JsonlEnv, OpenEnv};
 use crate::RunError;
 
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
 pub enum EnvSpec {
     Calculator(CalculatorSpec),
     Jsonl(JsonlSpec),
+    #[serde(rename = "openenv")]
     OpenEnv(OpenEnvSpec),
+}
+
+/// A run whose rollouts are multi-turn episodes against an environment (the run spec's `env`):
+/// which environment, and the limits and reward rules of an episode.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EnvRunSpec {
+    pub env: EnvSpec,
+    #[serde(default = "default_max_turns")]
+    pub max_turns: usize,
+    #[serde(default = "default_turn_timeout_s")]
+    pub turn_timeout_s: f64,
+    #[serde(default = "default_episode_timeout_s")]
+    pub episode_timeout_s: f64,
+    /// Environment calls in flight at once.
+    #[serde(default = "default_concurrency")]
+    pub concurrency: usize,
+    #[serde(default)]
+    pub tool_format: super::ToolFormat,
+    #[serde(default)]
+    pub reward: super::RewardMode,
+    #[serde(default)]
+    pub on_env_error: super::OnEnvError,
+}
+
+fn default_max_turns() -> usize {
+    4
+}
+fn default_turn_timeout_s() -> f64 {
+    30.0
+}
+fn default_episode_timeout_s() -> f64 {
+    600.0
+}
+fn default_concurrency() -> usize {
+    16
+}
+
+impl EnvRunSpec {
+    /// The episode driver's limits; `max_context` is the model's longest sequence.
+    pub fn limits(&self, max_context: usize) -> Result<super::EpisodeLimits, RunError> {
+        let secs = |name: &str, s: f64| {
+            std::time::Duration::try_from_secs_f64(s).ok().filter(|d| !d.is_zero()).ok_or_else(|| {
+                RunError::new(
+                    crate::E_SPEC,
+                    format!("run spec field `env.{name}`: must be a positive number of seconds"),
+                )
+            })
+        };
+        if self.max_turns == 0 || self.concurrency == 0 {
+            return Err(RunError::new(
+                crate::E_SPEC,
+                "run spec field `env.max_turns`/`env.concurrency`: must be at least 1",
+            ));
+        }
+        Ok(super::EpisodeLimits {
+            max_turns: self.max_turns,
+            turn_timeout: secs("turn_timeout_s", self.turn_timeout_s)?,
+            episode_timeout: secs("episode_timeout_s", self.episode_timeout_s)?,
+            max_context,
+            concurrency: self.concurrency,
+            tool_format: self.tool_format,
+            reward: self.reward,
+            on_env_error: self.on_env_error,
+        })
+    }
+
+    /// Characters a character-level tokenizer needs for this environment's observations.
+    pub fn alphabet(&self) -> &'static str {
+        match self.env {
+            EnvSpec::Calculator(_) => super::calculator::ALPHABET,
+            _ => "",
+        }
+    }
 }
 
 impl EnvSpec {

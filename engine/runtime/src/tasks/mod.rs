@@ -93,6 +93,12 @@ impl TaskSet {
     }
 
     pub fn build_with(spec: &TaskSpec, hf: Option<HfTokenizer>) -> Result<TaskSet, RunError> {
+        Self::build_for(spec, hf, "")
+    }
+
+    /// `build_with`, a character tokenizer also covering `extra_chars` (what an environment's
+    /// observations may hold).
+    pub fn build_for(spec: &TaskSpec, hf: Option<HfTokenizer>, extra_chars: &str) -> Result<TaskSet, RunError> {
         let generator = match &spec.kind {
             TaskKind::Addition { digits } => Generator::Arith { digits: *digits, op: '+' },
             TaskKind::Multiplication { digits } => Generator::Arith { digits: *digits, op: '*' },
@@ -118,7 +124,13 @@ impl TaskSet {
                     label_field: label_field.clone(),
                     on_error: *on_error,
                 };
-                return Self::from_rows(spec, &settings(path), test_path.as_deref().map(settings).as_ref(), hf);
+                return Self::from_rows(
+                    spec,
+                    &settings(path),
+                    test_path.as_deref().map(settings).as_ref(),
+                    hf,
+                    extra_chars,
+                );
             }
         };
         // Never hold out more than half of a small problem space: training needs the rest.
@@ -137,7 +149,7 @@ impl TaskSet {
         }
         let tokenizer = match hf {
             Some(t) => Tokenizer::Hf(Box::new(t)),
-            None => Tokenizer::Char(CharTokenizer::new(generator.chars())),
+            None => Tokenizer::Char(CharTokenizer::new(generator.chars().into_iter().chain(extra_chars.chars()))),
         };
         // The longest problems: the test split plus a sample of the train stream.
         let mut probe = Rng::derived(spec.split.seed, "length-probe", 0);
@@ -159,6 +171,7 @@ impl TaskSet {
         train: &prompts::DataSettings,
         test: Option<&prompts::DataSettings>,
         hf: Option<HfTokenizer>,
+        extra_chars: &str,
     ) -> Result<TaskSet, RunError> {
         let mut warnings = Vec::new();
         let mut items = prompts::read(train, &mut warnings)?;
@@ -200,9 +213,8 @@ impl TaskSet {
                     .with_help("start from a Hugging Face model (`hf { path = ... }`) whose tokenizer has a chat template, or give string prompts"));
                 }
                 let text = |r: &PromptRow| format!("{}{}", r.prompt_key(), r.label_text());
-                Tokenizer::Char(CharTokenizer::new(
-                    items.iter().chain(&test).flat_map(|r| text(r).chars().collect::<Vec<_>>()),
-                ))
+                let chars = items.iter().chain(&test).flat_map(|r| text(r).chars().collect::<Vec<_>>());
+                Tokenizer::Char(CharTokenizer::new(chars.chain(extra_chars.chars())))
             }
         };
         let (max_prompt_tokens, max_answer_tokens) = max_lens(&tokenizer, items.iter().chain(&test))?;

@@ -1,0 +1,145 @@
+//! A step of RL as episodes: `n` episodes per prompt row against the run's environment, each turn
+//! sampled by the rollout engine (one batched `generate` per turn), each episode's TITO session
+//! turned into trajectories whose loss mask covers only the sampled ids, and group-relative
+//! advantages over the episodes of one row. Evaluation plays one greedy episode per test row.
+
+use super::episode::{metrics, run_episodes, EpisodeLimits, EpisodeResult, TurnSample};
+use super::spec::EnvRunSpec;
+use super::{Environment, Task};
+use crate::backend::{grpo_advantages, RolloutEngine, SamplingParams, Trajectory};
+use crate::rng::derive_seed;
+use crate::session::ChatCodec;
+use crate::tasks::{PromptRow, TaskSet, TokenId};
+use crate::RunError;
+use serde_json::Value;
+
+/// What a step's episodes give the trainer and the metrics.
+pub struct EpisodeBatch {
+    pub batch: Vec<Trajectory>,
+    /// One per episode that trains (`on_env_error = drop` leaves faulted ones out).
+    pub rewards: Vec<f32>,
+    pub groups: Vec<usize>,
+    /// Sampled tokens, episodes, and episodes whose last turn ended on a stop token.
+    pub sampled_tokens: usize,
+    pub episodes: usize,
+    pub stopped: usize,
+    /// `rollout/episode_end/*`, `rollout/turns`, `rollout/tool_use_rate`, `tito/retokenize_mismatch`...
+    pub metrics: Vec<(String, f64)>,
+}
+
+/// The run's environment, its episode limits and the chat codec of its tokenizer.
+pub struct EnvRunner {
+    pub env: Box<dyn Environment>,
+    pub limits: EpisodeLimits,
+    /// Divide group-centred rewards by the group's std (the trainer's `std_norm`).
+    pub std_norm: bool,
+}
+
+impl EnvRunner {
+    pub fn new(run: &EnvRunSpec, max_context: usize, std_norm: bool) -> Result<EnvRunner, RunError> {
+        Ok(EnvRunner { env: run.env.build()?, limits: run.limits(max_context)?, std_norm })
+    }
+
+    /// Plays `n` episodes of each row; `params` samples every turn (its seed varies per turn).
+    pub fn play(
+        &self,
+        task: &TaskSet,
+        engine: &mut dyn RolloutEngine,
+        rows: &[PromptRow],
+        n: usize,
+        params: &SamplingParams,
+        prefix: &str,
+    ) -> Result<Vec<(usize, EpisodeResult)>, RunError> {
+        let codec = ChatCodec::new(&task.tokenizer, None)
+            .map_err(|e| RunError::new(crate::E_SPEC, format!("the tokenizer cannot frame observations: {e}")))?;
+        let mut tasks = Vec::with_capacity(rows.len() * n);
+        let mut groups = Vec::with_capacity(rows.len() * n);
+        for (i, row) in rows.iter().enumerate() {
+            for j in 0..n {
+                tasks.push(Task {
+                    episode: format!("{prefix}/p{i}/e{j}"),
+                    prompt: row.prompt.to_json(),
+                    label: row.label.clone(),
+                    metadata: Value::Object(row.metadata.clone()),
+                    seed: derive_seed(params.seed, "episode", (i * n + j) as u64),
+                });
+                groups.push(i);
+            }
+        }
+        let mut turn = 0u64;
+        let mut generate = |contexts: &[Vec<TokenId>]| -> Result<Vec<TurnSample>, RunError> {
+            turn += 1;
+            let p = SamplingParams { seed: derive_seed(params.seed, "turn", turn), ..params.clone() };
+            let mut samples = engine.generate(contexts, 1, &p)?;
+            samples.sort_by_key(|s| s.prompt_index);
+            Ok(samples
+                .into_iter()
+                .map(|s| {
+                    let versions = vec![s.weight_version; s.response.len()];
+                    TurnSample { ids: s.response, logprobs: s.logprobs, versions, finish: s.finish }
+                })
+                .collect())
+        };
+        let results = run_episodes(self.env.as_ref(), &tasks, &codec, &self.limits, &mut generate)?;
+        Ok(groups.into_iter().zip(results).collect())
+    }
+
+    /// A training step's batch from `n` episodes per row.
+    pub fn step(
+        &self,
+        task: &TaskSet,
+        engine: &mut dyn RolloutEngine,
+        rows: &[PromptRow],
+        n: usize,
+        params: &SamplingParams,
+        prefix: &str,
+    ) -> Result<EpisodeBatch, RunError> {
+        let played = self.play(task, engine, rows, n, params, prefix)?;
+        let results: Vec<EpisodeResult> = played.iter().map(|(_, r)| r.clone()).collect();
+        let kept: Vec<(usize, &EpisodeResult, f32)> = played
+            .iter()
+            .filter_map(|(g, r)| r.training_reward(self.limits.on_env_error).map(|w| (*g, r, w)))
+            .collect();
+        let rewards: Vec<f32> = kept.iter().map(|k| k.2).collect();
+        let groups: Vec<usize> = kept.iter().map(|k| k.0).collect();
+        let adv = grpo_advantages(&rewards, &groups, self.std_norm);
+        let mut batch = Vec::new();
+        let mut sampled_tokens = 0;
+        for ((g, r, reward), a) in kept.iter().zip(&adv) {
+            for t in r.session.trajectories() {
+                sampled_tokens += t.sampled_tokens();
+                batch.push(t.to_trajectory(*reward, *a, *g));
+            }
+        }
+        let stopped = results.iter().filter(|r| r.end == super::EndReason::Done).count();
+        Ok(EpisodeBatch {
+            batch,
+            rewards,
+            groups,
+            sampled_tokens,
+            episodes: results.len(),
+            stopped,
+            metrics: metrics(&results),
+        })
+    }
+
+    /// Held-out success (the share of episodes whose reward reaches 1) and mean sampled tokens per
+    /// episode, one greedy episode per test row.
+    pub fn evaluate(
+        &self,
+        task: &TaskSet,
+        engine: &mut dyn RolloutEngine,
+        rows: &[PromptRow],
+        max_new_tokens: usize,
+    ) -> Result<(f64, f64), RunError> {
+        let params = SamplingParams::greedy(max_new_tokens).with_stop(task.stop_tokens());
+        let played = self.play(task, engine, rows, 1, &params, "eval")?;
+        let n = played.len().max(1) as f64;
+        let solved = played.iter().filter(|(_, r)| r.reward >= 1.0).count() as f64;
+        let tokens: usize = played
+            .iter()
+            .map(|(_, r)| r.session.trajectories().iter().map(|t| t.sampled_tokens()).sum::<usize>())
+            .sum();
+        Ok((solved / n, tokens as f64 / n))
+    }
+}

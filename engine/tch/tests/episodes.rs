@@ -1,0 +1,102 @@
+//! RL on multi-turn episodes: the executor plays each prompt as an episode against the built-in
+//! calculator environment (the model may call `<tool>calc ...</tool>` and read the result before
+//! answering), trains on the TITO sessions' trajectories (observation ids masked out), and
+//! reports how the episodes ended.
+
+use miles_runtime::env::spec::{EnvRunSpec, EnvSpec};
+use miles_runtime::env::{OnEnvError, RewardMode, ToolFormat};
+use miles_runtime::{ProgressMode, RunOptions, RunSpec};
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+
+fn tmp(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("miles-episodes-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    d
+}
+
+fn opts(dir: &Path) -> RunOptions {
+    let mut o = RunOptions::new(dir);
+    o.progress = ProgressMode::Off;
+    o.threads = Some(1);
+    o
+}
+
+fn spec() -> RunSpec {
+    let mut s = RunSpec::from_json(include_str!("../../runtime/tests/data/tiny.json")).unwrap();
+    s.steps = 2;
+    s.model.vocab_size = 64;
+    s.model.max_len = 64;
+    s.rollout.max_new_tokens = 8;
+    s.eval.prompts = 8;
+    s.env = Some(EnvRunSpec {
+        env: EnvSpec::Calculator(Default::default()),
+        max_turns: 3,
+        turn_timeout_s: 10.0,
+        episode_timeout_s: 60.0,
+        concurrency: 4,
+        tool_format: ToolFormat::Tag,
+        reward: RewardMode::Final,
+        on_env_error: OnEnvError::Drop,
+    });
+    s
+}
+
+fn metrics(dir: &Path) -> Vec<Value> {
+    std::fs::read_to_string(dir.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+#[test]
+fn a_run_of_calculator_episodes_trains_and_reports_how_episodes_ended() {
+    let d = tmp("run");
+    let s = spec();
+    let r = miles_tch::run(&s, &opts(&d)).unwrap();
+    assert_eq!(r.steps_done, 2);
+    let m = metrics(&d);
+    let last = m.last().unwrap();
+    // 4 prompts x 4 episodes, each ended for a reason the metrics count.
+    let ends: f64 = last
+        .as_object()
+        .unwrap()
+        .iter()
+        .filter(|(k, _)| k.starts_with("rollout/episode_end/"))
+        .map(|(_, v)| v.as_f64().unwrap())
+        .sum();
+    assert_eq!(ends, 16.0, "{last}");
+    for k in ["rollout/turns", "rollout/tool_use_rate", "tito/retokenize_mismatch", "train/loss", "eval/accuracy"] {
+        assert!(last.get(k).is_some(), "{k} missing: {last}");
+    }
+    // The same seed gives the same episodes.
+    let d2 = tmp("run2");
+    miles_tch::run(&s, &opts(&d2)).unwrap();
+    let strip = |rows: Vec<Value>| -> Vec<Value> {
+        rows.into_iter()
+            .map(|mut v| {
+                v.as_object_mut().unwrap().retain(|k, _| !k.starts_with("perf/"));
+                v
+            })
+            .collect()
+    };
+    assert_eq!(strip(metrics(&d)), strip(metrics(&d2)));
+    for x in [d, d2] {
+        let _ = std::fs::remove_dir_all(x);
+    }
+}
+
+#[test]
+fn episodes_need_the_sync_schedule_and_no_second_reward() {
+    let mut s = spec();
+    s.reward = Some(miles_runtime::reward::RewardSpec::Verifier {
+        name: "v".into(),
+        kind: "exact".into(),
+        pattern: None,
+        schema: None,
+        on_error: Default::default(),
+    });
+    let e = miles_tch::run(&s, &opts(&tmp("two"))).unwrap_err();
+    assert!(e.message.contains("an episode's reward comes from its environment"), "{e}");
+}
