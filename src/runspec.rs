@@ -342,6 +342,8 @@ pub fn run_spec(recipe: &CompiledRecipe) -> Result<RunSpec, Vec<Diagnostic>> {
         task,
         hf,
         reward,
+        // Recipes cannot say `env` yet (`env_reward` is refused by `miles check`).
+        env: None,
         sft,
         rollout: rollout_spec,
         train: train_spec,
