@@ -264,68 +264,48 @@ fn model_spec(r: &Record) -> Option<ModelSpec> {
         }),
         // The embedded backend's decoder: parameters counted from its shape (docs/plan.md).
         "transformer" => {
-            let d = u64_of(r, "d_model")?;
-            let layers = u64_of(r, "layers")?;
-            let heads = u64_of(r, "heads")?.max(1);
-            let kv = u64_of(r, "kv_heads")?;
-            let ff = u64_of(r, "d_ff")?;
-            let vocab = u64_of(r, "vocab")?;
-            let hd = d / heads;
+            let (d, heads, kv) = (u64_of(r, "d_model")?, u64_of(r, "heads")?.max(1), u64_of(r, "kv_heads")?);
+            let (ff, vocab, hd) = (u64_of(r, "d_ff")?, u64_of(r, "vocab")?, d / heads);
             let attn = d * heads * hd + 2 * d * kv * hd + heads * hd * d;
-            let mlp = 3 * d * ff;
-            let params = 2 * vocab * d + layers * (attn + mlp + 2 * d) + d;
-            Some(ModelSpec {
-                name: format!("transformer {layers}x{d}"),
-                params,
-                active_params: params,
-                layers,
-                dense_layers: 0,
-                hidden_size: d,
-                heads,
-                kv_heads: kv,
-                head_dim: hd,
-                vocab,
-                experts: 0,
-                top_k: 0,
-                max_context: u64_of(r, "max_len")?,
-                attention: if kv == heads { Attention::Mha } else { Attention::Gqa },
-                kv_lora_rank: None,
-                qk_rope_head_dim: None,
-            })
+            let params = 2 * vocab * d + u64_of(r, "layers")? * (attn + 3 * d * ff + 2 * d) + d;
+            decoder_spec(r, "transformer", params, hd)
         }
         // A Hugging Face directory: the sizes `miles check` read from its config.json, the
         // parameters counted there (biases, q/k norms and tied embeddings included).
         "hf" => {
-            let d = u64_of(r, "d_model")?;
-            let layers = u64_of(r, "layers")?;
-            let heads = u64_of(r, "heads")?.max(1);
-            let kv = u64_of(r, "kv_heads")?;
-            let params = u64_of(r, "params")?;
             let arch = match r.get("config") {
                 Some(Value::Map(m)) => m.get("architecture").and_then(|v| v.as_str()).unwrap_or("hf").to_string(),
                 _ => "hf".into(),
             };
-            Some(ModelSpec {
-                name: format!("{arch} {layers}x{d}"),
-                params,
-                active_params: params,
-                layers,
-                dense_layers: 0,
-                hidden_size: d,
-                heads,
-                kv_heads: kv,
-                head_dim: u64_of(r, "head_dim")?,
-                vocab: u64_of(r, "vocab")?,
-                experts: 0,
-                top_k: 0,
-                max_context: u64_of(r, "max_len")?,
-                attention: if kv == heads { Attention::Mha } else { Attention::Gqa },
-                kv_lora_rank: None,
-                qk_rope_head_dim: None,
-            })
+            decoder_spec(r, &arch, u64_of(r, "params")?, u64_of(r, "head_dim")?)
         }
         _ => None,
     }
+}
+
+/// A dense decoder's plan input from the fields `transformer` and `hf` share (layers, d_model,
+/// heads, kv_heads, vocab, max_len), named `<name> <layers>x<d_model>`.
+fn decoder_spec(r: &Record, name: &str, params: u64, head_dim: u64) -> Option<ModelSpec> {
+    let (layers, d, heads, kv) =
+        (u64_of(r, "layers")?, u64_of(r, "d_model")?, u64_of(r, "heads")?.max(1), u64_of(r, "kv_heads")?);
+    Some(ModelSpec {
+        name: format!("{name} {layers}x{d}"),
+        params,
+        active_params: params,
+        layers,
+        dense_layers: 0,
+        hidden_size: d,
+        heads,
+        kv_heads: kv,
+        head_dim,
+        vocab: u64_of(r, "vocab")?,
+        experts: 0,
+        top_k: 0,
+        max_context: u64_of(r, "max_len")?,
+        attention: if kv == heads { Attention::Mha } else { Attention::Gqa },
+        kv_lora_rank: None,
+        qk_rope_head_dim: None,
+    })
 }
 
 fn precision_of(s: &str) -> Precision {

@@ -90,81 +90,43 @@ pub fn run_with(spec: &RunSpec, opts: &RunOptions, backend: &dyn Backend) -> Res
         let t_step = Instant::now();
         let r = &spec.rollout;
         let items = task.train_batch(spec.seed, "rollout", step, r.rollout_batch);
-        let prompts = items.iter().map(|it| task.tokenizer.encode_prompt(&it.prompt)).collect::<Result<Vec<_>, _>>()?;
         let params = SamplingParams::rollout(r, derive_seed(spec.seed, "sampling", step)).with_stop(task.stop_tokens());
         let t_gen = Instant::now();
-        let (gen_s, gen_tokens, n_responses, n_stopped, rewards, groups, batch, extra, t_reward) = match &env {
+        let (sb, gen_s, t_reward) = match &env {
             Some(env) => {
                 // Episodes: generation and the environment interleave turn by turn.
-                let prefix = format!("step{step}");
-                let eb = env.step(&task, engine.as_mut(), &items, r.samples_per_prompt, &params, &prefix)?;
-                let gen_s = t_gen.elapsed().as_secs_f64();
-                if eb.batch.is_empty() {
-                    return Err(RunError::new(
-                        E_TIMEOUT,
-                        format!("step {step}: every episode ended by an environment fault and was dropped"),
-                    )
-                    .with_help("see rollout/episode_end/* in metrics.jsonl; or train on faulted episodes (on_env_error = score)"));
-                }
-                let (tokens, n, stopped) = (eb.sampled_tokens, eb.episodes, eb.stopped);
-                (gen_s, tokens, n, stopped, eb.rewards, eb.groups, eb.batch, eb.metrics, Instant::now())
+                let sb =
+                    env.step(&task, engine.as_mut(), &items, r.samples_per_prompt, &params, &format!("step{step}"))?;
+                (sb, t_gen.elapsed().as_secs_f64(), Instant::now())
             }
             None => {
+                let prompts =
+                    items.iter().map(|it| task.tokenizer.encode_prompt(&it.prompt)).collect::<Result<Vec<_>, _>>()?;
                 let samples = engine.generate(&prompts, r.samples_per_prompt, &params)?;
                 let gen_s = t_gen.elapsed().as_secs_f64();
-                let gen_tokens: usize = samples.iter().map(|s| s.response.len()).sum();
-
                 let t_reward = Instant::now();
-                let mut nth = vec![0usize; items.len()];
-                let scored: Vec<Scored> = samples
-                    .iter()
-                    .map(|s| {
-                        let j = nth[s.prompt_index];
-                        nth[s.prompt_index] += 1;
-                        (
-                            format!("step{step}/p{}/s{j}", s.prompt_index),
-                            &items[s.prompt_index],
-                            &s.response[..],
-                            s.finish,
-                        )
-                    })
-                    .collect();
-                let outcomes = score_responses(reward.as_mut(), &task, &scored)?;
-                // Counts of this step's samples (a resumed run writes the same rows).
-                let mut tally = RewardTally::default();
-                tally.add(&outcomes);
-                // A dropped sample leaves the batch; its group keeps the others.
-                let kept: Vec<(&Sample, f32)> =
-                    samples.iter().zip(&outcomes).filter_map(|(s, o)| o.reward().map(|r| (s, r))).collect();
-                let rewards: Vec<f32> = kept.iter().map(|k| k.1).collect();
-                let groups: Vec<usize> = kept.iter().map(|k| k.0.prompt_index).collect();
-                let adv = grpo_advantages(&rewards, &groups, spec.train.std_norm);
-                let batch: Vec<Trajectory> = kept
-                    .iter()
-                    .zip(&adv)
-                    .map(|(&(s, reward), &advantage)| Trajectory {
-                        prompt: prompts[s.prompt_index].clone(),
-                        response: s.response.clone(),
-                        rollout_logprobs: s.logprobs.clone(),
-                        loss_mask: vec![1.0; s.response.len()],
-                        reward,
-                        advantage,
-                        group: s.prompt_index,
-                        weight_version: s.weight_version,
-                    })
-                    .collect();
-                if batch.is_empty() {
-                    return Err(RunError::new(
-                        crate::reward::E_REWARD,
-                        format!("step {step}: the reward `{}` dropped every sample of the batch", reward.name()),
-                    )
-                    .with_help("the reward failed on every sample: fix it, or set `on_error = zero`"));
-                }
-                let extra: Vec<(String, f64)> = tally.metrics().iter().map(|(k, v)| (k.to_string(), *v)).collect();
-                let stopped = samples.iter().filter(|s| s.finish == FinishReason::Stop).count();
-                (gen_s, gen_tokens, samples.len(), stopped, rewards, groups, batch, extra, t_reward)
+                let sb = single_turn_batch(spec, &task, reward.as_mut(), &items, &prompts, &samples, step)?;
+                (sb, gen_s, t_reward)
             }
         };
+        if sb.batch.is_empty() {
+            let e = match &env {
+                Some(_) => RunError::new(
+                    E_TIMEOUT,
+                    format!("step {step}: every episode ended by an environment fault and was dropped"),
+                )
+                .with_help(
+                    "see rollout/episode_end/* in metrics.jsonl; or train on faulted episodes (on_env_error = score)",
+                ),
+                None => RunError::new(
+                    crate::reward::E_REWARD,
+                    format!("step {step}: the reward `{}` dropped every sample of the batch", reward.name()),
+                )
+                .with_help("the reward failed on every sample: fix it, or set `on_error = zero`"),
+            };
+            return Err(e);
+        }
+        let StepBatch { batch, rewards, groups, sampled_tokens: gen_tokens, responses, stopped, metrics: extra } = sb;
         let lrs = step_lrs(spec, step);
         let reward_s = t_reward.elapsed().as_secs_f64();
         let t_train = Instant::now();
@@ -176,7 +138,7 @@ pub fn run_with(spec: &RunSpec, opts: &RunOptions, backend: &dyn Backend) -> Res
         let sync_s = t_sync.elapsed().as_secs_f64();
 
         let n = rewards.len().max(1) as f64;
-        let n_samples = n_responses.max(1) as f64;
+        let n_samples = responses.max(1) as f64;
         let reward_mean = rewards.iter().map(|&x| x as f64).sum::<f64>() / n;
         let flat_groups = count_flat_groups(&rewards, &groups);
         let mut row = Map::new();
@@ -185,7 +147,7 @@ pub fn run_with(spec: &RunSpec, opts: &RunOptions, backend: &dyn Backend) -> Res
         row.insert("rollout/reward_mean".into(), json!(reward_mean));
         row.insert("rollout/solved_frac".into(), json!(rewards.iter().filter(|&&x| x >= 1.0).count() as f64 / n));
         row.insert("rollout/response_len".into(), json!(gen_tokens as f64 / n_samples));
-        row.insert("rollout/stop_frac".into(), json!(n_stopped as f64 / n_samples));
+        row.insert("rollout/stop_frac".into(), json!(stopped as f64 / n_samples));
         row.insert("rollout/flat_group_frac".into(), json!(flat_groups as f64 / r.rollout_batch as f64));
         for (k, v) in &extra {
             row.insert(k.clone(), json!(v));
@@ -564,6 +526,74 @@ pub(crate) fn evaluate(
     let len: usize = samples.iter().map(|s| s.response.len()).sum();
     let n = samples.len().max(1) as f64;
     Ok((eval_score(&outcomes), len as f64 / n))
+}
+
+/// What one RL step's rollout gives the trainer and the metrics: single responses or episodes.
+pub struct StepBatch {
+    pub batch: Vec<Trajectory>,
+    /// One per trained response (episode); a dropped one leaves its group.
+    pub rewards: Vec<f32>,
+    pub groups: Vec<usize>,
+    /// Sampled tokens, responses (episodes), and those that ended on a stop token.
+    pub sampled_tokens: usize,
+    pub responses: usize,
+    pub stopped: usize,
+    /// Extra columns of the step's metrics row (reward counts, episode ends, ...).
+    pub metrics: Vec<(String, f64)>,
+}
+
+/// A step of single responses: scored by the run's reward (sample ids `step12/p3/s1`), dropped
+/// samples left out of their group, group-relative advantages.
+fn single_turn_batch(
+    spec: &RunSpec,
+    task: &TaskSet,
+    reward: &mut dyn BatchReward,
+    items: &[PromptRow],
+    prompts: &[Vec<TokenId>],
+    samples: &[Sample],
+    step: u64,
+) -> Result<StepBatch, RunError> {
+    let mut nth = vec![0usize; items.len()];
+    let scored: Vec<Scored> = samples
+        .iter()
+        .map(|s| {
+            let j = nth[s.prompt_index];
+            nth[s.prompt_index] += 1;
+            (format!("step{step}/p{}/s{j}", s.prompt_index), &items[s.prompt_index], &s.response[..], s.finish)
+        })
+        .collect();
+    let outcomes = score_responses(reward, task, &scored)?;
+    // Counts of this step's samples (a resumed run writes the same rows).
+    let mut tally = RewardTally::default();
+    tally.add(&outcomes);
+    let kept: Vec<(&Sample, f32)> =
+        samples.iter().zip(&outcomes).filter_map(|(s, o)| o.reward().map(|r| (s, r))).collect();
+    let rewards: Vec<f32> = kept.iter().map(|k| k.1).collect();
+    let groups: Vec<usize> = kept.iter().map(|k| k.0.prompt_index).collect();
+    let adv = grpo_advantages(&rewards, &groups, spec.train.std_norm);
+    let batch = kept
+        .iter()
+        .zip(&adv)
+        .map(|(&(s, reward), &advantage)| Trajectory {
+            prompt: prompts[s.prompt_index].clone(),
+            response: s.response.clone(),
+            rollout_logprobs: s.logprobs.clone(),
+            loss_mask: vec![1.0; s.response.len()],
+            reward,
+            advantage,
+            group: s.prompt_index,
+            weight_version: s.weight_version,
+        })
+        .collect();
+    Ok(StepBatch {
+        batch,
+        rewards,
+        groups,
+        sampled_tokens: samples.iter().map(|s| s.response.len()).sum(),
+        responses: samples.len(),
+        stopped: samples.iter().filter(|s| s.finish == FinishReason::Stop).count(),
+        metrics: tally.metrics().iter().map(|(k, v)| (k.to_string(), *v)).collect(),
+    })
 }
 
 /// The test rows an evaluation plays (the first `eval.prompts`).

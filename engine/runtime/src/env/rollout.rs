@@ -6,26 +6,13 @@
 use super::episode::{metrics, run_episodes, EpisodeLimits, EpisodeResult, TurnSample};
 use super::spec::EnvRunSpec;
 use super::{Environment, Task};
-use crate::backend::{grpo_advantages, RolloutEngine, SamplingParams, Trajectory};
+use crate::backend::{grpo_advantages, RolloutEngine, SamplingParams};
+use crate::exec::StepBatch;
 use crate::rng::derive_seed;
 use crate::session::ChatCodec;
 use crate::tasks::{PromptRow, TaskSet, TokenId};
 use crate::RunError;
 use serde_json::Value;
-
-/// What a step's episodes give the trainer and the metrics.
-pub struct EpisodeBatch {
-    pub batch: Vec<Trajectory>,
-    /// One per episode that trains (`on_env_error = drop` leaves faulted ones out).
-    pub rewards: Vec<f32>,
-    pub groups: Vec<usize>,
-    /// Sampled tokens, episodes, and episodes whose last turn ended on a stop token.
-    pub sampled_tokens: usize,
-    pub episodes: usize,
-    pub stopped: usize,
-    /// `rollout/episode_end/*`, `rollout/turns`, `rollout/tool_use_rate`, `tito/retokenize_mismatch`...
-    pub metrics: Vec<(String, f64)>,
-}
 
 /// The run's environment, its episode limits and the chat codec of its tokenizer.
 pub struct EnvRunner {
@@ -49,7 +36,7 @@ impl EnvRunner {
         n: usize,
         params: &SamplingParams,
         prefix: &str,
-    ) -> Result<Vec<(usize, EpisodeResult)>, RunError> {
+    ) -> Result<(Vec<usize>, Vec<EpisodeResult>), RunError> {
         let codec = ChatCodec::new(&task.tokenizer, None)
             .map_err(|e| RunError::new(crate::E_SPEC, format!("the tokenizer cannot frame observations: {e}")))?;
         let mut tasks = Vec::with_capacity(rows.len() * n);
@@ -81,7 +68,7 @@ impl EnvRunner {
                 .collect())
         };
         let results = run_episodes(self.env.as_ref(), &tasks, &codec, &self.limits, &mut generate)?;
-        Ok(groups.into_iter().zip(results).collect())
+        Ok((groups, results))
     }
 
     /// A training step's batch from `n` episodes per row.
@@ -93,11 +80,11 @@ impl EnvRunner {
         n: usize,
         params: &SamplingParams,
         prefix: &str,
-    ) -> Result<EpisodeBatch, RunError> {
-        let played = self.play(task, engine, rows, n, params, prefix)?;
-        let results: Vec<EpisodeResult> = played.iter().map(|(_, r)| r.clone()).collect();
-        let kept: Vec<(usize, &EpisodeResult, f32)> = played
+    ) -> Result<StepBatch, RunError> {
+        let (groups_of, results) = self.play(task, engine, rows, n, params, prefix)?;
+        let kept: Vec<(usize, &EpisodeResult, f32)> = groups_of
             .iter()
+            .zip(&results)
             .filter_map(|(g, r)| r.training_reward(self.limits.on_env_error).map(|w| (*g, r, w)))
             .collect();
         let rewards: Vec<f32> = kept.iter().map(|k| k.2).collect();
@@ -112,12 +99,12 @@ impl EnvRunner {
             }
         }
         let stopped = results.iter().filter(|r| r.end == super::EndReason::Done).count();
-        Ok(EpisodeBatch {
+        Ok(StepBatch {
             batch,
             rewards,
             groups,
             sampled_tokens,
-            episodes: results.len(),
+            responses: results.len(),
             stopped,
             metrics: metrics(&results),
         })
@@ -133,13 +120,10 @@ impl EnvRunner {
         max_new_tokens: usize,
     ) -> Result<(f64, f64), RunError> {
         let params = SamplingParams::greedy(max_new_tokens).with_stop(task.stop_tokens());
-        let played = self.play(task, engine, rows, 1, &params, "eval")?;
-        let n = played.len().max(1) as f64;
-        let solved = played.iter().filter(|(_, r)| r.reward >= 1.0).count() as f64;
-        let tokens: usize = played
-            .iter()
-            .map(|(_, r)| r.session.trajectories().iter().map(|t| t.sampled_tokens()).sum::<usize>())
-            .sum();
+        let (_, results) = self.play(task, engine, rows, 1, &params, "eval")?;
+        let n = results.len().max(1) as f64;
+        let solved = results.iter().filter(|r| r.reward >= 1.0).count() as f64;
+        let tokens: usize = results.iter().map(|r| r.session.sampled_tokens()).sum();
         Ok((solved / n, tokens as f64 / n))
     }
 }

@@ -209,6 +209,11 @@ impl Session {
         self.checkpoints.len() - 1
     }
 
+    /// Ids the policy sampled in this session (each turn once, rolled-back turns left out).
+    pub fn sampled_tokens(&self) -> usize {
+        self.checkpoints.iter().filter(|c| !c.dropped).map(|c| c.output.len()).sum()
+    }
+
     /// One trajectory per leaf (a live checkpoint no live checkpoint extends), in order.
     pub fn trajectories(&self) -> Vec<SessionTrajectory> {
         let mut has_child = vec![false; self.checkpoints.len()];

@@ -14,13 +14,20 @@ use std::path::{Path, PathBuf};
 /// End-of-turn tokens of common chat models, looked up in the vocabulary.
 const END_OF_TURN: [&str; 5] = ["<|im_end|>", "<|eot_id|>", "<end_of_turn>", "<|end|>", "<|eot|>"];
 
-/// The files of a model directory that make up its tokenizer.
-pub const TOKENIZER_FILES: [&str; 5] = [
+/// Files of a model directory that are not weights nor config.json: the tokenizer's, the chat
+/// template's and the generation settings. An export carries them through (engine/tch's
+/// `export_hf`), and a saved model gets them copied (`copy_files`).
+pub const CARRIED_FILES: [&str; 10] = [
+    "generation_config.json",
     "tokenizer.json",
     "tokenizer_config.json",
     "special_tokens_map.json",
+    "added_tokens.json",
     "chat_template.jinja",
-    "generation_config.json",
+    "chat_template.json",
+    "tokenizer.model",
+    "vocab.json",
+    "merges.txt",
 ];
 
 pub struct HfTokenizer {
@@ -109,7 +116,7 @@ impl HfTokenizer {
     /// Copies the tokenizer's files from its model directory into `dir` (an exported model),
     /// keeping any `dir` already has.
     pub fn copy_files(&self, dir: &Path) -> Result<(), RunError> {
-        for name in TOKENIZER_FILES {
+        for name in CARRIED_FILES {
             let (from, to) = (self.dir.join(name), dir.join(name));
             if from.is_file() && !to.exists() {
                 std::fs::copy(&from, &to).map_err(|e| RunError::io(crate::E_OUT_DIR, "cannot copy", &from, e))?;

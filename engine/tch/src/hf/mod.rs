@@ -18,19 +18,7 @@ use crate::model::Policy;
 use miles_runtime::{ModelConfig, RunError};
 use std::path::{Path, PathBuf};
 
-/// Files of a model directory that are not weights nor config.json, copied through on export.
-pub const CARRIED_FILES: [&str; 10] = [
-    "generation_config.json",
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "added_tokens.json",
-    "chat_template.jinja",
-    "chat_template.json",
-    "tokenizer.model",
-    "vocab.json",
-    "merges.txt",
-];
+pub use miles_runtime::tokenize::hf::CARRIED_FILES;
 
 /// What a loaded directory says beyond the `ModelConfig`: what the tokenizer and sampler need,
 /// and where to copy the tokenizer files from on export.
