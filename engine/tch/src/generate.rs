@@ -34,14 +34,17 @@ pub fn generate(
     let seqs: Vec<Vec<i64>> = prompts.iter().map(|p| p.iter().map(|&t| t as i64).collect()).collect();
     let (tokens, valid, positions, lp) = left_pad(&seqs);
     // The left-padded prompt block ends at column lp; new tokens follow. Positions never exceed
-    // max_len - 1: a row reaching that length stops with `length`.
-    let max_new = params.max_new_tokens.min(max_len - longest);
+    // max_len - 1: a row reaching that length stops with `length`. Each row has its own budget,
+    // so one long context (an episode's later turn) does not cut the others' short.
+    let shortest = prompts.iter().map(|p| p.len()).min().unwrap_or(0);
+    let max_new = params.max_new_tokens.min(max_len - shortest);
     let cap = lp + max_new as i64;
     let p = prompts.len() as i64;
     let bsz = p * n as i64;
     let rows: Vec<i64> = (0..p).flat_map(|i| std::iter::repeat_n(i, n)).collect();
     let rows_t = Tensor::from_slice(&rows);
     let prompt_len: Vec<i64> = rows.iter().map(|&i| seqs[i as usize].len() as i64).collect();
+    let row_budget: Vec<usize> = prompt_len.iter().map(|&l| params.max_new_tokens.min(max_len - l as usize)).collect();
 
     let key_valid = Tensor::zeros([bsz, cap], (Kind::Bool, Device::Cpu));
     key_valid.narrow(1, 0, lp).copy_(&valid.index_select(0, &rows_t));
@@ -91,6 +94,8 @@ pub fn generate(
             if params.stop_tokens.contains(&tok) {
                 out[i].finish = FinishReason::Stop;
                 done[i] = true;
+            } else if out[i].response.len() >= row_budget[i] {
+                done[i] = true;
             }
         }
         if done.iter().all(|&d| d) || t + 1 == max_new {
@@ -98,7 +103,8 @@ pub fn generate(
         }
         let col = lp + t as i64;
         let next_t = Tensor::from_slice(&next).view([bsz, 1]);
-        let pos: Vec<i64> = prompt_len.iter().map(|&l| l + t as i64).collect();
+        // A finished row keeps feeding PAD; its position stays inside the rotary table.
+        let pos: Vec<i64> = prompt_len.iter().map(|&l| (l + t as i64).min(max_len as i64 - 1)).collect();
         let pos_t = Tensor::from_slice(&pos).view([bsz, 1]);
         let _ = key_valid.narrow(1, col, 1).fill_(1);
         all_tokens.narrow(1, col, 1).copy_(&next_t);

@@ -4,7 +4,7 @@ mod common;
 
 use miles_runtime::rng::Rng;
 use miles_runtime::tasks::EOS;
-use miles_runtime::{ModelConfig, SamplingParams, TrainSpec, Trainer};
+use miles_runtime::{FinishReason, ModelConfig, SamplingParams, TrainSpec, Trainer};
 use miles_tch::model::{left_pad, Policy};
 use miles_tch::train::{kl_k3, pg_terms, TchTrainer};
 use tch::Tensor;
@@ -130,6 +130,27 @@ fn kv_cache_and_full_recompute_sample_the_same() {
     let other = SamplingParams { seed: 3, ..params };
     let d = miles_tch::generate::generate(&policy, &prompts(), 2, &other, 0, true).unwrap();
     assert_ne!(a, d);
+}
+
+/// A long context in the batch (an episode's later turn) leaves the others their whole
+/// `max_new_tokens`: each row stops at the model's length on its own, and greedy rows sample what
+/// they sample alone.
+#[test]
+fn each_row_of_a_ragged_batch_has_its_own_length_budget() {
+    one_thread();
+    let policy = Policy::init(&cfg(), 5);
+    let max_len = cfg().max_len;
+    let params = SamplingParams { stop_tokens: vec![], ..SamplingParams::greedy(12) };
+    let short = vec![1, 4, 5];
+    let long: Vec<_> = std::iter::once(1).chain((0..max_len - 5).map(|i| 4 + (i % 6) as u32)).collect();
+    let both = miles_tch::generate::generate(&policy, &[short.clone(), long.clone()], 1, &params, 0, true).unwrap();
+    assert_eq!(both[0].response.len(), 12, "the short row keeps its budget");
+    assert_eq!(both[1].response.len(), max_len - long.len(), "the long row stops at max_len");
+    assert!(both.iter().all(|s| s.finish == FinishReason::Length));
+    let alone = miles_tch::generate::generate(&policy, &[short], 1, &params, 0, true).unwrap();
+    assert_eq!(alone[0].response, both[0].response);
+    let recompute = miles_tch::generate::generate(&policy, std::slice::from_ref(&long), 1, &params, 0, false).unwrap();
+    assert_eq!(recompute[0].response, both[1].response);
 }
 
 #[test]
