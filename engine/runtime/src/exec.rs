@@ -482,12 +482,39 @@ pub(crate) fn run_sft(
     progress: &mut Progress,
 ) -> Result<(), RunError> {
     progress.note(&format!("SFT warm-up: {} steps", sft.steps));
+    // With an environment, the examples are the turns of its gold episodes (env::demo).
+    let demos = match &spec.env {
+        Some(e) => Some((e.env.build()?, e.limits(spec.model.max_len)?)),
+        None => None,
+    };
     for k in 0..sft.steps {
         let items = task.train_batch(spec.seed, "sft", k, sft.batch);
-        let batch = items
-            .iter()
-            .map(|it| Ok((task.tokenizer.encode_prompt(&it.prompt)?, task.tokenizer.encode_answer(&it.label_text())?)))
-            .collect::<Result<Vec<_>, RunError>>()?;
+        let batch = match &demos {
+            Some((env, limits)) => {
+                let codec = crate::session::ChatCodec::new(&task.tokenizer, None).map_err(|e| {
+                    RunError::new(crate::E_SPEC, format!("the tokenizer cannot frame observations: {e}"))
+                })?;
+                let tasks: Vec<_> = crate::env::rollout::tasks_of(&items, 1, derive_seed(spec.seed, "sft", k), "sft")
+                    .into_iter()
+                    .map(|(_, t)| t)
+                    .collect();
+                crate::env::demo::demonstration_pairs(
+                    env.as_ref(),
+                    &tasks,
+                    &codec,
+                    limits.tool_format,
+                    limits.max_turns,
+                    limits.max_context,
+                    limits.turn_timeout,
+                )?
+            }
+            None => items
+                .iter()
+                .map(|it| {
+                    Ok((task.tokenizer.encode_prompt(&it.prompt)?, task.tokenizer.encode_answer(&it.label_text())?))
+                })
+                .collect::<Result<Vec<_>, RunError>>()?,
+        };
         let lr = schedule(sft.lr, sft.warmup_steps, crate::spec::Decay::None, 0.0, k, sft.steps);
         let st = trainer.train_sft(&batch, lr)?;
         if !st.loss.is_finite() {

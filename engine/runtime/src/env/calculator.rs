@@ -19,11 +19,14 @@ pub struct CalculatorSpec {
     pub digits: u32,
     /// Reward of each well-formed tool call (0 = only the answer counts).
     pub tool_reward: f32,
+    /// Share of the demonstrations that call the tool; the others answer at once (right, as if
+    /// by heart). A policy that cannot multiply then learns from RL that the tool pays.
+    pub demo_tool_rate: f32,
 }
 
 impl Default for CalculatorSpec {
     fn default() -> Self {
-        CalculatorSpec { digits: 2, tool_reward: 0.0 }
+        CalculatorSpec { digits: 2, tool_reward: 0.0, demo_tool_rate: 1.0 }
     }
 }
 
@@ -115,6 +118,26 @@ impl Environment for Calculator {
 
     fn close(&self, episode: &str) {
         self.open.lock().unwrap_or_else(|p| p.into_inner()).remove(episode);
+    }
+
+    /// The expert: call the tool on the question's expression, then answer with its result; or,
+    /// for a `1 - demo_tool_rate` share of the tasks (by the episode's seed), answer at once.
+    fn demonstrate(&self, task: &Task, observations: &[String]) -> Option<String> {
+        match observations {
+            [question] => {
+                let by_heart = Rng::derived(task.seed, "demo_tool", 0).next_f64() >= self.spec.demo_tool_rate as f64;
+                if by_heart {
+                    return self.question(task).ok().map(|(_, answer)| answer.to_string());
+                }
+                let expr = question.trim().trim_end_matches('?').trim_end_matches('=').trim();
+                Some(format!("<tool>calc {expr}</tool>"))
+            }
+            [.., last] => {
+                let v = last.strip_prefix("<result>")?.strip_suffix("</result>")?;
+                Some(v.to_string())
+            }
+            [] => None,
+        }
     }
 }
 
@@ -243,7 +266,7 @@ mod tests {
 
     #[test]
     fn an_episode_with_the_tool() {
-        let env = Calculator::new(CalculatorSpec { digits: 2, tool_reward: 0.1 });
+        let env = Calculator::new(CalculatorSpec { tool_reward: 0.1, ..Default::default() });
         let t = Duration::from_secs(1);
         let q = env.reset(&task("e1", 7), t).unwrap();
         let (a, b) = q.trim_end_matches("=?").split_once('*').unwrap();
@@ -270,6 +293,32 @@ mod tests {
         assert_eq!((r.reward, r.terminated), (Some(1.0), true));
         env.close("e1");
         assert!(matches!(env.step("e1", &act("1"), t), Err(EnvFault::Error(_))));
+    }
+
+    #[test]
+    fn demonstrations_call_the_tool_at_the_rate_asked() {
+        let t = Duration::from_secs(1);
+        let first_turns = |rate: f32| -> Vec<String> {
+            let env = Calculator::new(CalculatorSpec { demo_tool_rate: rate, ..Default::default() });
+            (0..200)
+                .map(|i| {
+                    let task = task("d", i);
+                    let q = env.reset(&task, t).unwrap();
+                    env.demonstrate(&task, &[q]).unwrap()
+                })
+                .collect()
+        };
+        assert!(first_turns(1.0).iter().all(|a| a.starts_with("<tool>calc ")));
+        let half = first_turns(0.5);
+        let calls = half.iter().filter(|a| a.starts_with("<tool>")).count();
+        assert!((70..=130).contains(&calls), "{calls} of 200");
+        // An answer by heart is the right one; after a call, the result is copied.
+        let env = Calculator::new(CalculatorSpec { demo_tool_rate: 0.0, ..Default::default() });
+        let row = Task { episode: "d".into(), prompt: json!("6*7="), label: json!("42"), metadata: json!({}), seed: 0 };
+        assert_eq!(env.demonstrate(&row, &["6*7=".into()]).as_deref(), Some("42"));
+        let obs = ["6*7=".to_string(), "<result>42</result>".to_string()];
+        assert_eq!(env.demonstrate(&row, &obs).as_deref(), Some("42"));
+        assert_eq!(env.demonstrate(&row, &["6*7=".into(), "<error>x</error>".into()]), None);
     }
 
     #[test]

@@ -513,7 +513,7 @@ mod tests {
     #[test]
     fn limits_end_episodes() {
         let t = tok();
-        let env = Calculator::new(CalculatorSpec { digits: 2, tool_reward: 0.5 });
+        let env = Calculator::new(CalculatorSpec { tool_reward: 0.5, ..Default::default() });
         let three = EpisodeLimits { max_turns: 3, reward: RewardMode::Sum, ..EpisodeLimits::default() };
         let r = one(&t, &env, &three, "<tool>calc 1+1</tool>", FinishReason::Stop);
         assert_eq!((r.end, r.turns, r.tool_calls, r.reward), (EndReason::MaxTurns, 3, 3, 1.5));

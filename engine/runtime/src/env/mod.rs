@@ -8,6 +8,7 @@
 //! docs/agents.md.
 
 pub mod calculator;
+pub mod demo;
 pub mod episode;
 pub mod jsonl;
 pub mod openenv;
@@ -104,6 +105,12 @@ pub trait Environment: Send + Sync {
     fn step(&self, episode: &str, action: &Action, timeout: Duration) -> Result<StepResult, EnvFault>;
     /// The episode is over (ended normally or not): free its state. Best effort, never fails.
     fn close(&self, episode: &str);
+    /// The next turn of a gold episode (what an expert would say), given the observations so far
+    /// (the first one, then one per earlier turn): SFT warms a policy up on these before RL.
+    /// `None`: this environment has no demonstrations.
+    fn demonstrate(&self, _task: &Task, _observations: &[String]) -> Option<String> {
+        None
+    }
 }
 
 /// Why an episode ended: `rollout/episode_end/<name>` counts them.

@@ -14,6 +14,27 @@ use crate::tasks::{PromptRow, TaskSet, TokenId};
 use crate::RunError;
 use serde_json::Value;
 
+/// `n` episodes of each row (with the row's index, its group): ids `{prefix}/p{row}/e{j}`, seeds
+/// derived from `seed`.
+pub fn tasks_of(rows: &[PromptRow], n: usize, seed: u64, prefix: &str) -> Vec<(usize, Task)> {
+    let mut tasks = Vec::with_capacity(rows.len() * n);
+    for (i, row) in rows.iter().enumerate() {
+        for j in 0..n {
+            tasks.push((
+                i,
+                Task {
+                    episode: format!("{prefix}/p{i}/e{j}"),
+                    prompt: row.prompt.to_json(),
+                    label: row.label.clone(),
+                    metadata: Value::Object(row.metadata.clone()),
+                    seed: derive_seed(seed, "episode", (i * n + j) as u64),
+                },
+            ));
+        }
+    }
+    tasks
+}
+
 /// The run's environment, its episode limits and the chat codec of its tokenizer.
 pub struct EnvRunner {
     pub env: Box<dyn Environment>,
@@ -39,20 +60,7 @@ impl EnvRunner {
     ) -> Result<(Vec<usize>, Vec<EpisodeResult>), RunError> {
         let codec = ChatCodec::new(&task.tokenizer, None)
             .map_err(|e| RunError::new(crate::E_SPEC, format!("the tokenizer cannot frame observations: {e}")))?;
-        let mut tasks = Vec::with_capacity(rows.len() * n);
-        let mut groups = Vec::with_capacity(rows.len() * n);
-        for (i, row) in rows.iter().enumerate() {
-            for j in 0..n {
-                tasks.push(Task {
-                    episode: format!("{prefix}/p{i}/e{j}"),
-                    prompt: row.prompt.to_json(),
-                    label: row.label.clone(),
-                    metadata: Value::Object(row.metadata.clone()),
-                    seed: derive_seed(params.seed, "episode", (i * n + j) as u64),
-                });
-                groups.push(i);
-            }
-        }
+        let (groups, tasks): (Vec<usize>, Vec<Task>) = tasks_of(rows, n, params.seed, prefix).into_iter().unzip();
         let mut turn = 0u64;
         let mut generate = |contexts: &[Vec<TokenId>]| -> Result<Vec<TurnSample>, RunError> {
             turn += 1;
