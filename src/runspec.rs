@@ -114,12 +114,12 @@ pub fn run_spec(recipe: &CompiledRecipe) -> Result<RunSpec, Vec<Diagnostic>> {
     for node in recipe.graph.nodes() {
         match node.kind.as_str() {
             "generate" | "grpo" | "ppo" | "sft" | "weights" | "evaluate" | "checkpoint" | "exact_match" | "verify"
-            | "command_reward" | "http_reward" => {}
+            | "command_reward" | "http_reward" | "env_reward" => {}
             other => m.unsupported(
                 node.name_span,
                 format!("a `{other}` stage"),
-                "the embedded backend runs sft, generate, exact_match, verify, command_reward, http_reward, grpo, \
-                 weights, evaluate and checkpoint",
+                "the embedded backend runs sft, generate, exact_match, verify, command_reward, http_reward, env_reward, \
+                 grpo, weights, evaluate and checkpoint",
             ),
         }
     }
@@ -225,7 +225,9 @@ pub fn run_spec(recipe: &CompiledRecipe) -> Result<RunSpec, Vec<Diagnostic>> {
     let test_size =
         prompts.as_ref().and_then(|p| p.get("test_size")).and_then(Value::as_i64).unwrap_or(200).max(1) as usize;
     let partial_credit = m.upstream_reward(train);
-    let reward = m.upstream(train, PortKind::Scores).and_then(|r| reward_spec(&mut m, r));
+    let scores = m.upstream(train, PortKind::Scores);
+    let reward = scores.and_then(|r| reward_spec(&mut m, r));
+    let env = scores.filter(|r| r.kind == "env_reward").and_then(env_spec);
     let split_seed =
         prompts.as_ref().and_then(|p| p.get("split_seed")).and_then(Value::as_i64).unwrap_or(1234).max(0) as u64;
     let task = TaskSpec { kind: task_kind, split: SplitSpec { test_size, seed: split_seed }, partial_credit };
@@ -342,8 +344,7 @@ pub fn run_spec(recipe: &CompiledRecipe) -> Result<RunSpec, Vec<Diagnostic>> {
         task,
         hf,
         reward,
-        // Recipes cannot say `env` yet (`env_reward` is refused by `miles check`).
-        env: None,
+        env,
         sft,
         rollout: rollout_spec,
         train: train_spec,
@@ -467,6 +468,59 @@ fn reward_spec(m: &mut Mapper, r: &StageNode) -> Option<RewardSpec> {
         }),
         _ => None,
     }
+}
+
+/// An `env_reward` stage as the run spec's episodes: its environment, limits and reward rules.
+fn env_spec(r: &StageNode) -> Option<miles_runtime::env::spec::EnvRunSpec> {
+    use miles_runtime::env::calculator::CalculatorSpec;
+    use miles_runtime::env::jsonl::JsonlSpec;
+    use miles_runtime::env::openenv::OpenEnvSpec;
+    use miles_runtime::env::spec::{EnvRunSpec, EnvSpec};
+    use miles_runtime::env::{OnEnvError, RewardMode, ToolFormat};
+    let e = r.param("env").and_then(Value::as_record)?;
+    let text = |name: &str| e.get(name).and_then(|v| v.as_str()).map(str::to_string);
+    let env = match e.schema_name.as_str() {
+        "calculator" => EnvSpec::Calculator(CalculatorSpec {
+            digits: rec_u64(e, "digits") as u32,
+            tool_reward: e.get("tool_reward").and_then(Value::as_f64).unwrap_or(0.0) as f32,
+            demo_tool_rate: e.get("demo_tool_rate").and_then(Value::as_f64).unwrap_or(1.0) as f32,
+        }),
+        "command_env" => EnvSpec::Jsonl(JsonlSpec {
+            name: r.name.clone(),
+            argv: match e.get("command") {
+                Some(Value::List(items)) => items.iter().filter_map(|v| v.as_str().map(str::to_string)).collect(),
+                _ => Vec::new(),
+            },
+            cwd: None,
+        }),
+        "openenv" => EnvSpec::OpenEnv(OpenEnvSpec {
+            name: r.name.clone(),
+            url: text("url").unwrap_or_default(),
+            action_field: text("action_field"),
+            observation_field: text("observation_field"),
+        }),
+        _ => return None,
+    };
+    let secs = |name: &str, default: f64| r.param(name).and_then(Value::as_q).map_or(default, |q| q.to_f64());
+    Some(EnvRunSpec {
+        env,
+        max_turns: r.param("max_turns").and_then(Value::as_i64).unwrap_or(4).max(1) as usize,
+        turn_timeout_s: secs("turn_timeout", 30.0),
+        episode_timeout_s: secs("timeout", 600.0),
+        concurrency: r.param("concurrency").and_then(Value::as_i64).unwrap_or(64).max(1) as usize,
+        tool_format: match r.param("tool_format").and_then(Value::as_enum) {
+            Some("hermes") => ToolFormat::Hermes,
+            _ => ToolFormat::Tag,
+        },
+        reward: match r.param("reward").and_then(Value::as_enum) {
+            Some("sum") => RewardMode::Sum,
+            _ => RewardMode::Final,
+        },
+        on_env_error: match r.param("on_env_error").and_then(Value::as_enum) {
+            Some("score") => OnEnvError::Score,
+            _ => OnEnvError::Drop,
+        },
+    })
 }
 
 /// The recipe's `launcher` setting and `weights` stage as the distributed part of the run spec

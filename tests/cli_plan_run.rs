@@ -154,7 +154,7 @@ fn run_refuses_what_the_embedded_backend_cannot_do_all_at_once() {
     let o = miles(&["run", "recipes/glm5-agentic.miles"]);
     assert_eq!(o.status.code(), Some(1), "{}", text(&o));
     let t = text(&o);
-    for what in ["sglang", "megatron", "env_reward"] {
+    for what in ["sglang", "megatron"] {
         assert!(t.contains(what), "missing {what}: {t}");
     }
     assert!(t.contains("E0511"));
@@ -178,5 +178,103 @@ fn the_run_spec_carries_the_recipes_stage_names() {
         (&stages["rollout"], &stages["train"], &stages["eval"]),
         (&"rollout".into(), &"learner".into(), &"eval".into())
     );
+    std::fs::remove_dir_all(&d).ok();
+}
+
+fn metrics_rows(dir: &Path) -> Vec<serde_json::Value> {
+    let text = std::fs::read_to_string(dir.join("metrics.jsonl")).unwrap();
+    text.lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+}
+
+/// recipes/agent-laptop.miles as users run it: checked, planned with its episodes, and a few steps
+/// of calculator episodes trained, with the episode metrics written.
+#[test]
+fn the_agent_recipe_checks_plans_and_runs() {
+    let recipe = "recipes/agent-laptop.miles";
+    let o = miles(&["check", recipe]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let o = miles(&["plan", recipe]);
+    let t = text(&o);
+    assert!(t.contains("Episodes (calculator environment)") && t.contains("up to 3 turns x 28 sampled tokens"), "{t}");
+    let d = temp_dir("agent");
+    let out = d.join("run");
+    let o = miles(&[
+        "run",
+        recipe,
+        "--out",
+        out.to_str().unwrap(),
+        "--threads",
+        "1",
+        "--set",
+        "warmup.steps=20.steps",
+        "--set",
+        "stop=2.steps",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let rows = metrics_rows(&out);
+    let last = rows.last().unwrap();
+    for k in ["rollout/tool_use_rate", "rollout/turns", "tito/retokenize_mismatch", "rollout/episode_end/done"] {
+        assert!(last.get(k).is_some(), "{k} missing: {last}");
+    }
+    assert!(rows.iter().any(|r| r.get("sft/loss").is_some()), "the warm-up trained on demonstrations");
+    assert!(out.join("model/model.safetensors").exists());
+    std::fs::remove_dir_all(&d).ok();
+}
+
+/// An environment written in Python (tests/fixtures/envs/guess_env.py, JSON lines) drives a run:
+/// every episode is reset and stepped by the program, none ends by an environment fault.
+#[test]
+fn a_python_environment_drives_a_run_end_to_end() {
+    let d = temp_dir("pyenv");
+    let script = std::fs::canonicalize("tests/fixtures/envs/guess_env.py").unwrap();
+    let recipe = d.join("guess.miles");
+    std::fs::write(
+        &recipe,
+        format!(
+            r#"
+import std/tasks/arith
+model policy = transformer {{ layers = 1, d_model = 32, heads = 2, vocab = 64, max_len = 48 }}
+recipe guess {{
+    rollout = generate(policy) {{
+        prompts = arith.multiplication {{ digits = 1, test_size = 20 }}
+        samples_per_prompt = 4
+        max_prompt_tokens = 8.tokens
+        max_new_tokens = 6.tokens
+    }}
+    reward = env_reward(rollout) {{
+        env = command_env {{ command = ["python3", "{}"] }}
+        max_turns = 3
+        concurrency = 4
+        turn_timeout = 20.s
+    }}
+    train  = grpo(rollout, reward) {{ rollout_batch = 4, global_batch = 16, micro_batch = 16, lr = 1e-3 }}
+    sync   = weights(train -> rollout) {{ transport = local }}
+    eval   = evaluate(rollout) {{ prompts = arith.multiplication {{ digits = 1, split = test, test_size = 20 }}, every = 1.steps, limit = 20 }}
+    stop   = 2.steps
+}}
+"#,
+            script.display()
+        ),
+    )
+    .unwrap();
+    let o = miles(&["check", recipe.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let out = d.join("run");
+    let o = miles(&["run", recipe.to_str().unwrap(), "--out", out.to_str().unwrap(), "--threads", "1"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let rows = metrics_rows(&out);
+    let last = rows.last().unwrap();
+    let ends: f64 = last
+        .as_object()
+        .unwrap()
+        .iter()
+        .filter(|(k, _)| k.starts_with("rollout/episode_end/"))
+        .map(|(_, v)| v.as_f64().unwrap())
+        .sum();
+    assert_eq!(ends, 16.0, "4 questions x 4 episodes, each ended for a reason: {last}");
+    // The program served every reset and step: no episode ended by an environment fault.
+    let faults: Vec<&String> = last.as_object().unwrap().keys().filter(|k| k.contains("episode_end/env_")).collect();
+    assert!(faults.is_empty(), "{faults:?}: {last}");
+    assert!(last["rollout/turns"].as_f64().unwrap() >= 1.0, "{last}");
     std::fs::remove_dir_all(&d).ok();
 }

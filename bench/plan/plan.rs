@@ -87,6 +87,7 @@ fn input(gpus: u64) -> PlanInput {
             steps_per_rollout: None,
         },
         r3: Spanned::new(false),
+        episodes: None,
         assumptions: Assumptions::default(),
     }
 }

@@ -23,6 +23,16 @@ pub fn plan_input(recipe: &CompiledRecipe) -> PlanInput {
     let mut syncs = Vec::new();
     let mut batch = Batch::default();
     let mut r3 = Spanned::new(false);
+    let episodes = episodes_of(g);
+    let assumptions = Assumptions::default();
+    // With episodes, a rollout's (and its trainer's) sequence is a whole episode.
+    let as_episode = |(prompt, response): (Spanned<u64>, Spanned<u64>), model: Option<&ModelSpec>| match &episodes {
+        Some(e) => {
+            let n = e.tokens(&assumptions, model.map(|m| m.max_context));
+            (prompt, Spanned { value: n.saturating_sub(prompt.value), span: response.span })
+        }
+        None => (prompt, response),
+    };
     for node in g.nodes() {
         if node.kind == "weights" {
             syncs.push(sync_of(node));
@@ -45,7 +55,7 @@ pub fn plan_input(recipe: &CompiledRecipe) -> PlanInput {
                 if engine.schema_name == "sglang" && engine.get("url").is_none_or(|u| *u == Value::None) {
                     stage.gpus = Some(gpu_request(engine));
                 }
-                let (prompt, response) = lengths(g, node);
+                let (prompt, response) = as_episode(lengths(g, node), stage.model.as_ref());
                 stage.engine = Some(engine_of(engine, prompt, response));
             }
             if let Some((v, s)) = param_bool(node, "routing_replay") {
@@ -55,8 +65,10 @@ pub fn plan_input(recipe: &CompiledRecipe) -> PlanInput {
             }
         }
         if role.trains() {
-            let (prompt, response) =
-                upstream_rollout(g, node).map(|r| lengths(g, r)).unwrap_or((Spanned::new(0), Spanned::new(0)));
+            let (prompt, response) = as_episode(
+                upstream_rollout(g, node).map(|r| lengths(g, r)).unwrap_or((Spanned::new(0), Spanned::new(0))),
+                stage.model.as_ref(),
+            );
             let seq_len = Spanned::new(prompt.value + response.value);
             if let Some(backend) = rec(node, "backend") {
                 if matches!(backend.schema_name.as_str(), "megatron" | "fsdp") {
@@ -101,8 +113,32 @@ pub fn plan_input(recipe: &CompiledRecipe) -> PlanInput {
         schedule,
         batch,
         r3,
-        assumptions: Assumptions::default(),
+        episodes,
+        assumptions,
     }
+}
+
+/// The episodes of a rollout scored by an environment (`env_reward`): its turn limit, and what an
+/// observation of a built-in environment adds (the calculator's `<result>N</result>`, one token
+/// per character on the embedded char tokenizer).
+fn episodes_of(g: &StageGraph) -> Option<Episodes> {
+    let node = g.nodes().find(|n| n.kind == "env_reward")?;
+    let env = rec(node, "env");
+    let observation_tokens = match env.map(|e| e.schema_name.as_str()) {
+        Some("calculator") => {
+            let digits = env.and_then(|e| int_of(e, "digits")).map_or(2, |d| d.0);
+            Some("<result></result>".len() as u64 + 2 * digits)
+        }
+        _ => None,
+    };
+    let (prompt, turn) = upstream_rollout(g, node).map(|r| lengths(g, r)).unwrap_or_default();
+    Some(Episodes {
+        env: env.map_or_else(|| "?".into(), |e| e.schema_name.clone()),
+        max_turns: param_int(node, "max_turns").unwrap_or(Spanned::new(4)),
+        observation_tokens,
+        prompt_tokens: prompt.value,
+        turn_tokens: turn.value,
+    })
 }
 
 fn spanned<T>(value: T, span: Option<Span>) -> Spanned<T> {

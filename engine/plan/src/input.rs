@@ -110,9 +110,41 @@ pub struct PlanInput {
     /// R3 rollout routing replay: the engine returns every token's routed experts.
     #[serde(default)]
     pub r3: Spanned<bool>,
+    /// Multi-turn episodes, when an environment scores the rollout (`env_reward`).
+    #[serde(default)]
+    pub episodes: Option<Episodes>,
     /// Modelling constants; every estimate lists the ones it used.
     #[serde(default)]
     pub assumptions: Assumptions,
+}
+
+/// A rollout whose samples are multi-turn episodes: up to `max_turns` sampled turns of the
+/// rollout's `max_new_tokens`, each but the last followed by an observation.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Episodes {
+    /// The environment's schema (`calculator`, `openenv`...).
+    pub env: String,
+    pub max_turns: Spanned<u64>,
+    /// Tokens one observation adds; `None`: `assumptions.observation_tokens`.
+    #[serde(default)]
+    pub observation_tokens: Option<u64>,
+    /// The rollout's max_prompt_tokens and max_new_tokens (per turn).
+    pub prompt_tokens: u64,
+    pub turn_tokens: u64,
+}
+
+impl Episodes {
+    pub fn observation(&self, a: &Assumptions) -> u64 {
+        self.observation_tokens.unwrap_or(a.observation_tokens)
+    }
+
+    /// Tokens of the longest episode: the prompt, every turn, the observations between turns;
+    /// at most `max_context` (the model's) when known.
+    pub fn tokens(&self, a: &Assumptions, max_context: Option<u64>) -> u64 {
+        let t = self.max_turns.value.max(1);
+        let n = self.prompt_tokens + t * self.turn_tokens + (t - 1) * self.observation(a);
+        max_context.filter(|&c| c > 0).map_or(n, |c| n.min(c))
+    }
 }
 
 /// The machines a recipe runs on: node pools of one GPU kind each (several pools make a mixed
@@ -542,6 +574,9 @@ pub struct Assumptions {
     /// Bytes the buffer keeps per token of a trajectory besides R3 data: token id (4),
     /// sampling log-prob (4), loss mask (1).
     pub buffer_bytes_per_token: f64,
+    /// Tokens an environment's observation adds per turn when the environment does not say
+    /// (a tool result or a terminal's output, with the chat template's delimiters).
+    pub observation_tokens: u64,
 }
 
 impl Default for Assumptions {
@@ -557,6 +592,7 @@ impl Default for Assumptions {
             disk_bandwidth: 25e9,
             requantize_s: 0.0,
             buffer_bytes_per_token: 9.0,
+            observation_tokens: 512,
         }
     }
 }

@@ -21,6 +21,7 @@ pub struct Plan {
     pub syncs: Vec<SyncReport>,
     pub step: Option<StepReport>,
     pub batch: Option<BatchReport>,
+    pub episodes: Option<EpisodeReport>,
     pub buffer: Option<BufferReport>,
     pub graph: Graph,
     pub diagnostics: Vec<Diagnostic>,
@@ -216,6 +217,30 @@ pub struct BatchReport {
     pub micro_batches_per_step: Option<u64>,
     /// Tokens per optimizer step (global_batch x seq_len).
     pub tokens_per_step: Option<u64>,
+}
+
+/// A multi-turn episode's token arithmetic (docs/plan.md, "Episodes").
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct EpisodeReport {
+    pub env: String,
+    pub max_turns: u64,
+    pub prompt_tokens: u64,
+    /// Sampled tokens per turn at most (the rollout's max_new_tokens).
+    pub turn_tokens: u64,
+    pub observation_tokens: u64,
+    /// Whether `observation_tokens` is the planner's assumption (the environment does not say).
+    pub observation_assumed: bool,
+    /// The longest trajectory: prompt, every turn and the observations between them, capped by
+    /// the model's context when it is known.
+    pub tokens_per_episode: u64,
+    /// Tokens the policy samples in the longest episode (the turns that fit the context).
+    pub sampled_tokens: u64,
+    /// Tokens prefilled over an episode when each turn's context is the last one plus the new
+    /// observation (TITO: the ids never change, so the engine's prefix cache holds).
+    pub prefill_tito: u64,
+    /// Tokens prefilled when each turn re-renders and re-tokenises the conversation (the ids can
+    /// change, so no prefix can be trusted).
+    pub prefill_retokenize: u64,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize)]

@@ -9,6 +9,7 @@ use placement::trainer_unit;
 use trainer::TrainFacts;
 
 mod batch;
+mod episodes;
 mod layout;
 mod placement;
 mod rollout;
@@ -102,6 +103,7 @@ pub fn plan(input: &PlanInput) -> Plan {
     let mut cx = Ctx { input, pools, total_gpus: gpu, diags: early };
 
     let batch = batch::resolve_batch(&mut cx);
+    let episodes = episodes::plan_episodes(&cx);
     layout::validate_layouts(&mut cx);
     let placed = placement::place(&mut cx);
 
@@ -251,6 +253,7 @@ pub fn plan(input: &PlanInput) -> Plan {
         syncs,
         step,
         batch,
+        episodes,
         buffer,
         graph: input.graph.clone(),
         diagnostics,

@@ -290,6 +290,24 @@ pub fn render_sections(p: &Plan) -> String {
         );
     }
 
+    if let Some(e) = &p.episodes {
+        let _ = writeln!(o, "\nEpisodes ({} environment)", e.env);
+        let _ = writeln!(
+            o,
+            "  up to {} turns x {} sampled tokens, {} observation tokens between turns{}: up to {} tokens per episode",
+            e.max_turns,
+            count(e.turn_tokens),
+            count(e.observation_tokens),
+            if e.observation_assumed { " (assumed)" } else { "" },
+            count(e.tokens_per_episode)
+        );
+        let _ = writeln!(
+            o,
+            "  prefill per episode: {} tokens with TITO (the prefix cache holds), {} re-tokenising each turn",
+            count(e.prefill_tito),
+            count(e.prefill_retokenize)
+        );
+    }
     o
 }
 

@@ -132,11 +132,60 @@ fn rule_rollout_prompts(_: &Ctx, f: &FieldValue) -> Option<String> {
 }
 
 fn rule_sft_data(cx: &Ctx, f: &FieldValue) -> Option<String> {
+    if let Some(env) = env_of(cx).and_then(Value::as_record).filter(|e| e.schema_name != "calculator") {
+        return Some(format!(
+            "with an environment, SFT trains on its demonstrations (gold episodes), and `{}` gives none: remove the `sft` stage",
+            env.schema_name
+        ));
+    }
     let want = rollout_prompts(cx).and_then(|p| prompts_json(p, "train"));
     if want.is_some() && prompts_json(&f.value, "train") == want {
         return None;
     }
     Some("SFT warms up on the rollout's prompt set (its train split): give `sft` the same `data` as the rollout's `prompts`".into())
+}
+
+/// Tests of recipes whose rollouts are episodes against an environment.
+const EPISODES: &[&str] =
+    &["a_run_of_calculator_episodes_trains_and_reports_how_episodes_ended", "the_agent_recipe_checks_plans_and_runs"];
+const PY_ENV: &[&str] = &["a_python_environment_drives_a_run_end_to_end"];
+/// The environment schemas the runtime plays (std/prelude).
+const RUNNABLE_ENVS: &[&str] = &["calculator", "command_env", "openenv"];
+
+/// The environment of the recipe's `env_reward` stage, if any.
+fn env_of<'c>(cx: &'c Ctx) -> Option<&'c Value> {
+    cx.stages("env_reward").first().and_then(|s| s.param("env"))
+}
+
+fn rule_env(cx: &Ctx, f: &FieldValue) -> Option<String> {
+    let r = f.value.as_record()?;
+    if !RUNNABLE_ENVS.contains(&r.schema_name.as_str()) {
+        return Some(format!(
+            "an environment `{}`: the runtime plays `calculator`, `command_env {{ command = [...] }}` (any program speaking JSON lines) and `openenv {{ url = ... }}`",
+            r.schema_name
+        ));
+    }
+    let schedule = cx.recipe.settings.as_record().and_then(|s| s.get("schedule")).and_then(Value::as_record);
+    match schedule.map(|s| s.schema_name.as_str()) {
+        None | Some("sync") => None,
+        Some(s) => Some(format!(
+            "episodes are played under the sync schedule today (this recipe says `{s}`): set schedule = sync"
+        )),
+    }
+}
+
+fn rule_session(cx: &Ctx, f: &FieldValue) -> Option<String> {
+    // `session = none` asks for nothing; a session needs episodes to hold.
+    f.value.as_record()?;
+    env_of(cx).is_none().then(|| {
+        "a TITO session holds multi-turn episodes, and this rollout's samples are single turns: remove `session`, or score the rollout with `env_reward`".into()
+    })
+}
+
+fn rule_tito_rule(_: &Ctx, f: &FieldValue) -> Option<String> {
+    (f.value.as_enum() == Some("branching")).then(|| {
+        "the episode driver grows one context per episode (`linear`); branching from earlier checkpoints is kept by the session but no environment asks for it yet: use rule = linear".into()
+    })
 }
 
 fn rule_eval_prompts(cx: &Ctx, f: &FieldValue) -> Option<String> {
@@ -191,7 +240,7 @@ pub const TABLE: &[Entry] = &[
     e("generate", "top_p", Support::All, "", &["kv_cache_and_full_recompute_sample_the_same"]),
     e("generate", "top_k", Support::All, "", &["kv_cache_and_full_recompute_sample_the_same"]),
     e("generate", "engine", Support::All, "the engine's own schema says where it runs", &["remote_stages_generate_train_and_sync_weights_with_every_transport"]),
-    e("generate", "session", Support::Refused(&["none"]), "TITO sessions (multi-turn) are not executed by the runtime yet: remove `session`", &[]),
+    e("generate", "session", Support::Rule(rule_session), "", EPISODES),
     e("generate", "partial_rollout", Support::Refused(&["false"]), "partial rollouts are not executed yet: remove `partial_rollout` (fully_async's `pause = in_place` keeps requests across updates)", &[]),
     e("generate", "routing_replay", Support::Refused(&["false"]), "R3 needs a mixture-of-experts policy, which the embedded backend does not train yet: remove `routing_replay`", &[]),
     e("exact_match", "", Support::All, "", &["verifier"]),
@@ -212,10 +261,15 @@ pub const TABLE: &[Entry] = &[
     e("http_reward", "timeout", Support::All, "", &["timeouts_malformed_answers_and_dead_services_follow_the_policy"]),
     e("http_reward", "retries", Support::All, "", &["server_errors_are_retried"]),
     e("http_reward", "on_error", Support::All, "", &["http_reward_scores_a_run"]),
-    e("env_reward", "", Support::Refused(&[]), "environment rewards (agentic multi-turn) are not executed yet: use `exact_match`", &[]),
-    e("env_reward", "env", Support::Refused(&[]), "see `env_reward`", &[]),
-    e("env_reward", "concurrency", Support::Refused(&[]), "see `env_reward`", &[]),
-    e("env_reward", "timeout", Support::Refused(&[]), "see `env_reward`", &[]),
+    e("env_reward", "", Support::Only(&[E], &[]), "episodes are played by `miles run` in one process: drop the launcher / URL engine", EPISODES),
+    e("env_reward", "env", Support::Rule(rule_env), "the runtime plays `calculator`, `command_env` and `openenv` environments under the sync schedule", EPISODES),
+    e("env_reward", "max_turns", Support::All, "", &["limits_end_episodes"]),
+    e("env_reward", "concurrency", Support::All, "", &["many_episodes_over_one_process"]),
+    e("env_reward", "turn_timeout", Support::All, "", &["environment_faults_end_their_episode_not_the_run"]),
+    e("env_reward", "timeout", Support::All, "", &["environment_faults_end_their_episode_not_the_run"]),
+    e("env_reward", "tool_format", Support::All, "", &["hermes_calls"]),
+    e("env_reward", "reward", Support::All, "", &["limits_end_episodes"]),
+    e("env_reward", "on_env_error", Support::All, "", &["environment_faults_end_their_episode_not_the_run"]),
     e("grpo", "", Support::All, "", TRAINS),
     e("grpo", "rollout_batch", Support::All, "", TRAINS),
     e("grpo", "global_batch", Support::All, "", &["micro_batches_accumulate_to_the_full_batch_gradient"]),
@@ -320,8 +374,19 @@ pub const TABLE: &[Entry] = &[
     e("adam", "state", Support::Refused(&["on_gpu"]), "optimizer-state offload is a GPU-cluster setting (the embedded trainer keeps it in memory): remove `state`", &[]),
     e("lora", "", Support::Refused(&[]), "LoRA is not trained by the embedded backend yet", &[]),
     e("lora", "*", Support::Refused(&[]), "see `lora`", &[]),
-    e("tito", "", Support::Refused(&[]), "TITO sessions are not executed yet", &[]),
-    e("tito", "*", Support::Refused(&[]), "see `tito`", &[]),
+    e("tito", "", Support::All, "`generate.session` says when a session is executed", EPISODES),
+    e("tito", "rule", Support::Rule(rule_tito_rule), "", &["pairs_are_the_contexts_the_episode_driver_shows"]),
+    // ---- environments ---------------------------------------------------------------------------
+    e("calculator", "", Support::All, "", EPISODES),
+    e("calculator", "tool_reward", Support::All, "", &["an_episode_with_the_tool"]),
+    e("calculator", "digits", Support::All, "", &["questions_from_data_rows"]),
+    e("calculator", "demo_tool_rate", Support::All, "", &["demonstrations_call_the_tool_at_the_rate_asked"]),
+    e("command_env", "", Support::All, "", PY_ENV),
+    e("command_env", "command", Support::All, "", PY_ENV),
+    e("openenv", "", Support::All, "", &["episodes_against_a_real_openenv_server"]),
+    e("openenv", "url", Support::All, "", &["episodes_against_a_real_openenv_server"]),
+    e("openenv", "action_field", Support::All, "", &["episodes_against_a_real_openenv_server"]),
+    e("openenv", "observation_field", Support::All, "", &["episodes_against_a_real_openenv_server"]),
     // ---- models and data ------------------------------------------------------------------------
     e("transformer", "", Support::All, "", TRAINS),
     e("transformer", "layers", Support::All, "", &["save_load_round_trips_bit_for_bit"]),

@@ -181,25 +181,34 @@ pub(super) fn plan_engine(
             format!("{:.1} ms per step, {:.0} tokens/s per engine x {} engines", step_s * 1e3, engine_tps, engines),
         ],
     };
+    // An episode decodes only its turns and prefills its prompt and observations once (TITO keeps
+    // the prefix cache valid); the environment's own time is not modelled.
+    let episode = super::episodes::plan_episodes(cx);
+    let (decoded, prefilled) = match &episode {
+        Some(ep) => (ep.sampled_tokens, ep.prefill_tito),
+        None => (e.response_len.value, e.prompt_len.value),
+    };
     let rollout_time = batch.filter(|_| decode_batch > 0).map(|b| {
         let samples = b.samples_per_rollout as f64;
-        let gen = samples * e.response_len.value as f64;
+        let gen = samples * decoded as f64;
         let prefill = div(
-            samples * e.prompt_len.value as f64 * 2.0 * m.active_params as f64,
+            samples * prefilled as f64 * 2.0 * m.active_params as f64,
             gpus as f64 * peak_flops(g, p) * a.train_mfu,
         );
         let waves = div(samples, (decode_batch * engines) as f64).ceil().max(1.0);
-        let latency = waves * e.response_len.value as f64 * step_s;
+        let latency = waves * decoded as f64 * step_s;
+        let what = match &episode {
+            Some(ep) => format!(
+                "{} episodes x {} sampled tokens ({} turns of {}); environment time not counted",
+                b.samples_per_rollout, decoded, ep.max_turns, ep.turn_tokens
+            ),
+            None => format!("{} samples x {} response tokens", b.samples_per_rollout, decoded),
+        };
         Estimate {
             seconds: div(gen, fleet_tps).max(latency) + prefill,
             assumptions: vec![
-                format!("{} samples x {} response tokens", b.samples_per_rollout, e.response_len.value),
-                format!(
-                    "at least {} wave(s) of {} decode steps of {:.1} ms",
-                    waves,
-                    e.response_len.value,
-                    step_s * 1e3
-                ),
+                what,
+                format!("at least {} wave(s) of {} decode steps of {:.1} ms", waves, decoded, step_s * 1e3),
                 format!(
                     "prefill {:.1} s at MFU {:.0}%; every response assumed full length",
                     prefill,
