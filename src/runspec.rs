@@ -227,7 +227,7 @@ pub fn run_spec(recipe: &CompiledRecipe) -> Result<RunSpec, Vec<Diagnostic>> {
     let partial_credit = m.upstream_reward(train);
     let scores = m.upstream(train, PortKind::Scores);
     let reward = scores.and_then(|r| reward_spec(&mut m, r));
-    let env = scores.filter(|r| r.kind == "env_reward").and_then(env_spec);
+    let env = scores.filter(|r| r.kind == "env_reward").and_then(|r| env_spec(r, rollout));
     let split_seed =
         prompts.as_ref().and_then(|p| p.get("split_seed")).and_then(Value::as_i64).unwrap_or(1234).max(0) as u64;
     let task = TaskSpec { kind: task_kind, split: SplitSpec { test_size, seed: split_seed }, partial_credit };
@@ -470,13 +470,15 @@ fn reward_spec(m: &mut Mapper, r: &StageNode) -> Option<RewardSpec> {
     }
 }
 
-/// An `env_reward` stage as the run spec's episodes: its environment, limits and reward rules.
-fn env_spec(r: &StageNode) -> Option<miles_runtime::env::spec::EnvRunSpec> {
+/// An `env_reward` stage as the run spec's episodes: its environment, limits and reward rules,
+/// with the TITO rule of the rollout's `session`.
+fn env_spec(r: &StageNode, rollout: &StageNode) -> Option<miles_runtime::env::spec::EnvRunSpec> {
     use miles_runtime::env::calculator::CalculatorSpec;
     use miles_runtime::env::jsonl::JsonlSpec;
     use miles_runtime::env::openenv::OpenEnvSpec;
     use miles_runtime::env::spec::{EnvRunSpec, EnvSpec};
     use miles_runtime::env::{OnEnvError, RewardMode, ToolFormat};
+    use miles_runtime::session::Rule;
     let e = r.param("env").and_then(Value::as_record)?;
     let text = |name: &str| e.get(name).and_then(|v| v.as_str()).map(str::to_string);
     let env = match e.schema_name.as_str() {
@@ -520,6 +522,11 @@ fn env_spec(r: &StageNode) -> Option<miles_runtime::env::spec::EnvRunSpec> {
             Some("score") => OnEnvError::Score,
             _ => OnEnvError::Drop,
         },
+        session: match rollout.param("session").and_then(Value::as_record).and_then(|t| t.get("rule")) {
+            Some(v) if v.as_enum() == Some("branching") => Rule::Branching,
+            _ => Rule::Linear,
+        },
+        compact_keep_turns: r.param("compact").and_then(Value::as_record).map(|c| rec_u64(c, "keep_turns") as usize),
     })
 }
 

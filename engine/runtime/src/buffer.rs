@@ -25,9 +25,51 @@ pub struct Group {
     pub prompt_tokens: Vec<TokenId>,
     pub samples: Vec<StreamSample>,
     pub rewards: Vec<f32>,
+    /// A group of multi-turn episodes: what a sample needs besides its ids. `None` for single
+    /// responses (each sample is `prompt_tokens` + its response, every response id trained on).
+    pub episodes: Option<EpisodeParts>,
+}
+
+/// Per sample of a group of episodes: the sample's own first prompt (an environment may show
+/// each episode something else) and loss mask (observation ids 0); and how each episode went
+/// (its session left out), for the step's `rollout/episode_end/*` metrics.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct EpisodeParts {
+    pub prompts: Vec<Vec<TokenId>>,
+    pub masks: Vec<Vec<f32>>,
+    /// The episode each sample is a trajectory of (a compacted episode has several; its samples
+    /// are adjacent).
+    pub episode_of: Vec<usize>,
+    pub results: Vec<crate::env::EpisodeResult>,
 }
 
 impl Group {
+    /// Sample `i`'s prompt and loss mask.
+    pub fn prompt_of(&self, i: usize) -> &[TokenId] {
+        self.episodes.as_ref().and_then(|e| e.prompts.get(i)).unwrap_or(&self.prompt_tokens)
+    }
+
+    /// The response (single sample or episode) sample `i` belongs to: advantages are one per
+    /// response, shared by an episode's trajectories.
+    pub fn response_of(&self, i: usize) -> usize {
+        self.episodes.as_ref().and_then(|e| e.episode_of.get(i).copied()).unwrap_or(i)
+    }
+
+    /// Tokens the policy sampled in sample `i` (an episode's observations are not).
+    pub fn sampled_len(&self, i: usize) -> usize {
+        match self.episodes.as_ref().and_then(|e| e.masks.get(i)) {
+            Some(m) => m.iter().filter(|&&x| x > 0.0).count(),
+            None => self.samples.get(i).map_or(0, |s| s.response.len()),
+        }
+    }
+
+    pub fn mask_of(&self, i: usize) -> Vec<f32> {
+        match self.episodes.as_ref().and_then(|e| e.masks.get(i)) {
+            Some(m) => m.clone(),
+            None => vec![1.0; self.samples.get(i).map_or(0, |s| s.response.len())],
+        }
+    }
+
     /// The oldest weight version any of its tokens was sampled under: staleness counts from it.
     pub fn oldest_version(&self) -> u64 {
         self.samples.iter().map(|s| s.oldest_version()).min().unwrap_or(0)
@@ -201,7 +243,7 @@ mod tests {
                 aborted: false,
             })
             .collect();
-        Group { prompt: p, prompt_tokens: vec![1], samples, rewards: rewards.to_vec() }
+        Group { prompt: p, prompt_tokens: vec![1], samples, rewards: rewards.to_vec(), episodes: None }
     }
 
     fn serve(src: &mut PromptSource, buf: &mut Buffer) -> Pending {

@@ -2,6 +2,7 @@
 //! sync weights, with evaluation, atomic checkpoints, exact resume and metrics.jsonl.
 
 use crate::backend::*;
+use crate::env::rollout::EnvRunner;
 use crate::progress::Progress;
 use crate::reward::{BatchReward, RewardOutcome, RewardTally};
 use crate::rng::derive_seed;
@@ -40,10 +41,7 @@ pub fn run_with(spec: &RunSpec, opts: &RunOptions, backend: &dyn Backend) -> Res
     let (mut engine, mut trainer) = backend.create(spec)?;
     let mut reward = crate::reward::spec::build_run_reward(spec)?;
     let mut eval_reward = crate::reward::spec::build_run_reward(spec)?;
-    let env = match &spec.env {
-        Some(e) => Some(crate::env::rollout::EnvRunner::new(e, spec.model.max_len, spec.train.std_norm)?),
-        None => None,
-    };
+    let env = EnvRunner::for_run(spec)?;
     let mut transport: Box<dyn WeightTransport> = Box::new(LocalHandoff);
 
     let start = match outs.resume_from.take() {
@@ -62,10 +60,7 @@ pub fn run_with(spec: &RunSpec, opts: &RunOptions, backend: &dyn Backend) -> Res
             &mut outs,
             engine.as_mut(),
             |e, w| e.load_weights(&w),
-            |e| match &env {
-                Some(env) => env.evaluate(&task, e, eval_rows(spec, &task), spec.rollout.max_new_tokens),
-                None => evaluate(spec, &task, eval_reward.as_mut(), e),
-            },
+            |e| evaluate(spec, &task, eval_reward.as_mut(), env.as_ref(), e),
             Map::new(),
             |_| Ok(()),
         )?,
@@ -95,9 +90,9 @@ pub fn run_with(spec: &RunSpec, opts: &RunOptions, backend: &dyn Backend) -> Res
         let (sb, gen_s, t_reward) = match &env {
             Some(env) => {
                 // Episodes: generation and the environment interleave turn by turn.
-                let sb =
-                    env.step(&task, engine.as_mut(), &items, r.samples_per_prompt, &params, &format!("step{step}"))?;
-                (sb, t_gen.elapsed().as_secs_f64(), Instant::now())
+                let (groups, results) =
+                    env.play(&task, engine.as_mut(), &items, r.samples_per_prompt, &params, &format!("step{step}"))?;
+                (env.batch(&groups, &results), t_gen.elapsed().as_secs_f64(), Instant::now())
             }
             None => {
                 let prompts =
@@ -156,12 +151,7 @@ pub fn run_with(spec: &RunSpec, opts: &RunOptions, backend: &dyn Backend) -> Res
         let do_eval = step == spec.steps || (spec.eval.every > 0 && step % spec.eval.every == 0);
         if do_eval {
             let t0 = Instant::now();
-            let acc = match &env {
-                Some(env) => {
-                    env.evaluate(&task, engine.as_mut(), eval_rows(spec, &task), spec.rollout.max_new_tokens)?
-                }
-                None => evaluate(spec, &task, eval_reward.as_mut(), engine.as_mut())?,
-            };
+            let acc = evaluate(spec, &task, eval_reward.as_mut(), env.as_ref(), engine.as_mut())?;
             row.insert("eval/accuracy".into(), json!(acc.0));
             row.insert("eval/response_len".into(), json!(acc.1));
             row.insert("perf/eval_s".into(), json!(t0.elapsed().as_secs_f64()));
@@ -534,14 +524,20 @@ pub(crate) fn run_sft(
     Ok(())
 }
 
-/// Greedy exact-match accuracy and mean response length on the first `eval.prompts` test items.
+/// Held-out success and mean sampled tokens on the first `eval.prompts` test items: greedy
+/// responses scored by the run's reward, or, in a run with an environment, one greedy episode per
+/// item. Every executor and evaluation mode measures through here.
 pub(crate) fn evaluate(
     spec: &RunSpec,
     task: &TaskSet,
     reward: &mut dyn BatchReward,
+    env: Option<&EnvRunner>,
     engine: &mut dyn RolloutEngine,
 ) -> Result<(f64, f64), RunError> {
-    let items: Vec<&PromptRow> = task.test.iter().take(spec.eval.prompts.max(1)).collect();
+    if let Some(env) = env {
+        return env.evaluate(task, engine, eval_rows(spec, task), spec.rollout.max_new_tokens);
+    }
+    let items: Vec<&PromptRow> = eval_rows(spec, task).iter().collect();
     let prompts = items.iter().map(|it| task.tokenizer.encode_prompt(&it.prompt)).collect::<Result<Vec<_>, _>>()?;
     let params = SamplingParams::greedy(spec.rollout.max_new_tokens).with_stop(task.stop_tokens());
     let samples = engine.generate(&prompts, 1, &params)?;

@@ -736,8 +736,8 @@ impl RunSpec {
                 );
             }
         }
-        if self.env.is_some() && !self.schedule.is_sync() {
-            return bad("env", "episodes run under the sync schedule today (set schedule = sync)");
+        if let Some(e) = &self.env {
+            e.limits(self.model.max_len)?;
         }
         if self.env.is_some() && self.reward.is_some() {
             return bad("reward", "an episode's reward comes from its environment: give one or the other");

@@ -60,6 +60,37 @@ impl StreamSample {
     pub fn oldest_version(&self) -> u64 {
         self.versions.iter().map(|v| v.version).min().unwrap_or(0)
     }
+
+    /// The weight version of each response token.
+    pub fn token_versions(&self) -> Vec<u64> {
+        let mut out = Vec::with_capacity(self.response.len());
+        let mut spans = self.versions.iter().peekable();
+        let mut current = self.versions.first().map_or(0, |v| v.version);
+        for k in 0..self.response.len() {
+            while let Some(v) = spans.next_if(|v| v.from_token <= k) {
+                current = v.version;
+            }
+            out.push(current);
+        }
+        out
+    }
+}
+
+impl VersionSpan {
+    /// Spans of a version per token (one span per run of equal versions; one span at version 0
+    /// for no tokens).
+    pub fn of_tokens(versions: &[u64]) -> Vec<VersionSpan> {
+        let mut spans: Vec<VersionSpan> = Vec::new();
+        for (k, &v) in versions.iter().enumerate() {
+            if spans.last().is_none_or(|s| s.version != v) {
+                spans.push(VersionSpan { version: v, from_token: k });
+            }
+        }
+        if spans.is_empty() {
+            spans.push(VersionSpan { version: 0, from_token: 0 });
+        }
+        spans
+    }
 }
 
 pub trait StreamEngine: Send {
@@ -163,6 +194,66 @@ impl<E: RolloutEngine + Send> StreamEngine for BatchedStream<E> {
     }
 }
 
+/// A [`StreamEngine`] lent as a batch [`RolloutEngine`] (evaluation episodes on the generation
+/// thread's engine): `generate` submits every sample, steps the engine until all are back, and
+/// returns them grouped. The engine must have nothing else in flight; request ids start at
+/// `base_id`.
+pub struct StreamAsBatch<'a> {
+    pub engine: &'a mut dyn StreamEngine,
+    pub base_id: u64,
+}
+
+impl RolloutEngine for StreamAsBatch<'_> {
+    fn generate(
+        &mut self,
+        prompts: &[Vec<TokenId>],
+        n: usize,
+        params: &SamplingParams,
+    ) -> Result<Vec<crate::Sample>, RunError> {
+        let total = prompts.len() * n;
+        let mut out: Vec<Option<crate::Sample>> = vec![None; total];
+        let (mut next, mut done) = (0usize, 0usize);
+        while done < total {
+            while next < total && self.engine.in_flight() < self.engine.slots().max(1) {
+                let seed = crate::rng::derive_seed(params.seed, "sample", next as u64);
+                let req = GenRequest {
+                    id: self.base_id + next as u64,
+                    prompt: prompts[next / n].clone(),
+                    params: SamplingParams { seed, ..params.clone() },
+                };
+                self.engine.submit(req)?;
+                next += 1;
+            }
+            for s in self.engine.step()? {
+                let Some(k) = s.id.checked_sub(self.base_id).map(|k| k as usize).filter(|k| *k < total) else {
+                    continue;
+                };
+                let weight_version = s.oldest_version();
+                out[k] = Some(crate::Sample {
+                    prompt_index: k / n,
+                    response: s.response,
+                    logprobs: s.logprobs,
+                    finish: s.finish,
+                    weight_version,
+                });
+                done += 1;
+            }
+            if self.engine.in_flight() == 0 && next >= total && done < total {
+                return Err(RunError::internal("the rollout engine lost requests"));
+            }
+        }
+        Ok(out.into_iter().flatten().collect())
+    }
+
+    fn weight_version(&self) -> u64 {
+        self.engine.weight_version()
+    }
+
+    fn load_weights(&mut self, weights: &WeightSnapshot) -> Result<(), RunError> {
+        self.engine.load_weights(weights)
+    }
+}
+
 fn same_settings(a: &SamplingParams, b: &SamplingParams) -> bool {
     a.max_new_tokens == b.max_new_tokens
         && a.temperature == b.temperature
@@ -170,4 +261,34 @@ fn same_settings(a: &SamplingParams, b: &SamplingParams) -> bool {
         && a.top_k == b.top_k
         && a.stop_tokens == b.stop_tokens
         && a.greedy == b.greedy
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample(len: usize, versions: Vec<VersionSpan>) -> StreamSample {
+        StreamSample {
+            id: 0,
+            response: vec![1; len],
+            logprobs: vec![0.0; len],
+            finish: FinishReason::Stop,
+            versions,
+            aborted: false,
+        }
+    }
+
+    #[test]
+    fn versions_per_token_and_back() {
+        let spans = vec![VersionSpan { version: 3, from_token: 0 }, VersionSpan { version: 4, from_token: 2 }];
+        let s = sample(5, spans.clone());
+        assert_eq!(s.token_versions(), vec![3, 3, 4, 4, 4]);
+        assert_eq!(VersionSpan::of_tokens(&s.token_versions()), spans);
+        // An update before the first token: the sample's tokens are all of the newer version.
+        let late =
+            sample(2, vec![VersionSpan { version: 1, from_token: 0 }, VersionSpan { version: 2, from_token: 0 }]);
+        assert_eq!(late.token_versions(), vec![2, 2]);
+        assert_eq!(VersionSpan::of_tokens(&[]), vec![VersionSpan { version: 0, from_token: 0 }]);
+        assert_eq!(VersionSpan::of_tokens(&[5, 5, 6, 5]).len(), 3);
+    }
 }

@@ -38,6 +38,8 @@ fn spec() -> RunSpec {
         tool_format: ToolFormat::Tag,
         reward: RewardMode::Final,
         on_env_error: OnEnvError::Drop,
+        session: Default::default(),
+        compact_keep_turns: None,
     });
     s
 }
@@ -87,8 +89,66 @@ fn a_run_of_calculator_episodes_trains_and_reports_how_episodes_ended() {
     }
 }
 
+/// Sum of `key` over every row that has it.
+fn total(rows: &[Value], key: &str) -> f64 {
+    rows.iter().filter_map(|r| r.get(key).and_then(Value::as_f64)).sum()
+}
+
 #[test]
-fn episodes_need_the_sync_schedule_and_no_second_reward() {
+fn fully_async_episodes_refill_per_episode_and_keep_per_token_versions() {
+    // Episodes under fully_async: each turn is one request of the streaming engine, an episode's
+    // next turn is queued as soon as the environment answers, and weights are swapped in place
+    // while episodes are in flight, so some episodes are sampled under two weight versions.
+    let d = tmp("async");
+    let mut s = spec();
+    s.steps = 4;
+    // A warm-up on the calculator's demonstrations, so that episodes call the tool and take
+    // several turns.
+    s.sft = Some(miles_runtime::spec::SftSpec { steps: 150, lr: 3e-3, batch: 32, warmup_steps: 10 });
+    s.rollout.max_new_tokens = 24;
+    s.model.d_model = 64;
+    s.model.d_ff = 128;
+    s.model.n_layers = 2;
+    s.schedule = miles_runtime::schedule::ScheduleSpec::FullyAsync(miles_runtime::schedule::AsyncSpec {
+        max_concurrent: 6,
+        buffer_capacity: 8,
+        max_staleness: 4,
+        stall_timeout_s: 60.0,
+        ..Default::default()
+    });
+    s.eval.every = 2;
+    let r = miles_tch::run(&s, &opts(&d)).unwrap();
+    assert_eq!(r.steps_done, 4);
+    let m = metrics(&d);
+    let steps: Vec<&Value> = m.iter().filter(|r| r.get("train/loss").is_some()).collect();
+    assert_eq!(steps.len(), 4, "{m:?}");
+    for row in &steps {
+        // Every episode drawn ended for a reason, and 4 groups of 4 episodes were trained per step
+        // (a dropped episode would leave its group).
+        let ends: f64 = row
+            .as_object()
+            .unwrap()
+            .iter()
+            .filter(|(k, _)| k.starts_with("rollout/episode_end/"))
+            .map(|(_, v)| v.as_f64().unwrap())
+            .sum();
+        assert_eq!(ends, 16.0, "{row}");
+        assert!(row["rollout/turns"].as_f64().unwrap() > 1.5, "episodes of several turns: {row}");
+        assert!(row["rollout/tool_use_rate"].as_f64().unwrap() > 0.5, "{row}");
+        assert!(row.get("tito/retokenize_mismatch").is_some(), "{row}");
+        // Sampled tokens only: an observation is not a response token.
+        assert!(row["rollout/response_len"].as_f64().unwrap() <= 3.0 * 24.0, "{row}");
+    }
+    assert!(total(&m, "rollout/fully_async/weight_swaps") >= 3.0, "{m:?}");
+    assert!(total(&m, "rollout/fully_async/samples_spanning_versions") > 0.0, "no episode saw an update: {m:?}");
+    // Evaluations play greedy episodes on the shared engine (the first, step 2, and the last).
+    let evals: Vec<&Value> = m.iter().filter(|r| r.get("eval/accuracy").is_some()).collect();
+    assert!(evals.len() >= 3, "{m:?}");
+    let _ = std::fs::remove_dir_all(d);
+}
+
+#[test]
+fn episodes_need_no_second_reward() {
     let mut s = spec();
     s.reward = Some(miles_runtime::reward::RewardSpec::Verifier {
         name: "v".into(),

@@ -148,6 +148,14 @@ fn rule_sft_data(cx: &Ctx, f: &FieldValue) -> Option<String> {
 /// Tests of recipes whose rollouts are episodes against an environment.
 const EPISODES: &[&str] =
     &["a_run_of_calculator_episodes_trains_and_reports_how_episodes_ended", "the_agent_recipe_checks_plans_and_runs"];
+/// ... and under the asynchronous schedules.
+const EPISODES_ASYNC: &[&str] = &[
+    "a_run_of_calculator_episodes_trains_and_reports_how_episodes_ended",
+    "the_agent_recipe_checks_plans_and_runs",
+    "fully_async_episodes_refill_per_episode_and_keep_per_token_versions",
+];
+/// Tests of compacted episodes (a new TITO chain per compaction).
+const COMPACTION: &[&str] = &["a_compacted_episode_branches_into_a_new_chain", "compacted_episodes_train_end_to_end"];
 const PY_ENV: &[&str] = &["a_python_environment_drives_a_run_end_to_end"];
 /// The environment schemas the runtime plays (std/prelude).
 const RUNNABLE_ENVS: &[&str] = &["calculator", "command_env", "openenv"];
@@ -157,21 +165,14 @@ fn env_of<'c>(cx: &'c Ctx) -> Option<&'c Value> {
     cx.stages("env_reward").first().and_then(|s| s.param("env"))
 }
 
-fn rule_env(cx: &Ctx, f: &FieldValue) -> Option<String> {
+fn rule_env(_: &Ctx, f: &FieldValue) -> Option<String> {
     let r = f.value.as_record()?;
-    if !RUNNABLE_ENVS.contains(&r.schema_name.as_str()) {
-        return Some(format!(
+    (!RUNNABLE_ENVS.contains(&r.schema_name.as_str())).then(|| {
+        format!(
             "an environment `{}`: the runtime plays `calculator`, `command_env {{ command = [...] }}` (any program speaking JSON lines) and `openenv {{ url = ... }}`",
             r.schema_name
-        ));
-    }
-    let schedule = cx.recipe.settings.as_record().and_then(|s| s.get("schedule")).and_then(Value::as_record);
-    match schedule.map(|s| s.schema_name.as_str()) {
-        None | Some("sync") => None,
-        Some(s) => Some(format!(
-            "episodes are played under the sync schedule today (this recipe says `{s}`): set schedule = sync"
-        )),
-    }
+        )
+    })
 }
 
 fn rule_session(cx: &Ctx, f: &FieldValue) -> Option<String> {
@@ -179,12 +180,6 @@ fn rule_session(cx: &Ctx, f: &FieldValue) -> Option<String> {
     f.value.as_record()?;
     env_of(cx).is_none().then(|| {
         "a TITO session holds multi-turn episodes, and this rollout's samples are single turns: remove `session`, or score the rollout with `env_reward`".into()
-    })
-}
-
-fn rule_tito_rule(_: &Ctx, f: &FieldValue) -> Option<String> {
-    (f.value.as_enum() == Some("branching")).then(|| {
-        "the episode driver grows one context per episode (`linear`); branching from earlier checkpoints is kept by the session but no environment asks for it yet: use rule = linear".into()
     })
 }
 
@@ -262,7 +257,7 @@ pub const TABLE: &[Entry] = &[
     e("http_reward", "retries", Support::All, "", &["server_errors_are_retried"]),
     e("http_reward", "on_error", Support::All, "", &["http_reward_scores_a_run"]),
     e("env_reward", "", Support::Only(&[E], &[]), "episodes are played by `miles run` in one process: drop the launcher / URL engine", EPISODES),
-    e("env_reward", "env", Support::Rule(rule_env), "the runtime plays `calculator`, `command_env` and `openenv` environments under the sync schedule", EPISODES),
+    e("env_reward", "env", Support::Rule(rule_env), "the runtime plays `calculator`, `command_env` and `openenv` environments, under every schedule", EPISODES_ASYNC),
     e("env_reward", "max_turns", Support::All, "", &["limits_end_episodes"]),
     e("env_reward", "concurrency", Support::All, "", &["many_episodes_over_one_process"]),
     e("env_reward", "turn_timeout", Support::All, "", &["environment_faults_end_their_episode_not_the_run"]),
@@ -270,6 +265,7 @@ pub const TABLE: &[Entry] = &[
     e("env_reward", "tool_format", Support::All, "", &["hermes_calls"]),
     e("env_reward", "reward", Support::All, "", &["limits_end_episodes"]),
     e("env_reward", "on_env_error", Support::All, "", &["environment_faults_end_their_episode_not_the_run"]),
+    e("env_reward", "compact", Support::All, "", COMPACTION),
     e("grpo", "", Support::All, "", TRAINS),
     e("grpo", "rollout_batch", Support::All, "", TRAINS),
     e("grpo", "global_batch", Support::All, "", &["micro_batches_accumulate_to_the_full_batch_gradient"]),
@@ -374,8 +370,10 @@ pub const TABLE: &[Entry] = &[
     e("adam", "state", Support::Refused(&["on_gpu"]), "optimizer-state offload is a GPU-cluster setting (the embedded trainer keeps it in memory): remove `state`", &[]),
     e("lora", "", Support::Refused(&[]), "LoRA is not trained by the embedded backend yet", &[]),
     e("lora", "*", Support::Refused(&[]), "see `lora`", &[]),
+    e("compaction", "", Support::All, "", COMPACTION),
+    e("compaction", "keep_turns", Support::All, "", COMPACTION),
     e("tito", "", Support::All, "`generate.session` says when a session is executed", EPISODES),
-    e("tito", "rule", Support::Rule(rule_tito_rule), "", &["pairs_are_the_contexts_the_episode_driver_shows"]),
+    e("tito", "rule", Support::All, "", &["pairs_are_the_contexts_the_episode_driver_shows", "a_compacted_episode_branches_into_a_new_chain"]),
     // ---- environments ---------------------------------------------------------------------------
     e("calculator", "", Support::All, "", EPISODES),
     e("calculator", "tool_reward", Support::All, "", &["an_episode_with_the_tool"]),

@@ -4,12 +4,13 @@
 
 use super::{timeout_err, EvalMode};
 use crate::backend::*;
+use crate::env::rollout::EnvRunner;
 use crate::exec::{write_dir_atomically, Metrics};
 use crate::reward::BatchReward;
 use crate::schedule::AsyncSpec;
 use crate::spec::RunSpec;
-use crate::stream::{GenRequest, StreamEngine};
-use crate::tasks::{PromptRow, TaskSet, TokenId};
+use crate::stream::{StreamAsBatch, StreamEngine};
+use crate::tasks::TaskSet;
 use crate::*;
 use serde_json::{json, Map, Value};
 use std::path::{Path, PathBuf};
@@ -42,47 +43,18 @@ pub(super) fn write_eval_row(metrics: &mut Metrics, r: &EvalResult, now: u64) ->
     Ok(r.metrics.iter().find(|(k, _)| k == "accuracy").map(|(_, v)| *v))
 }
 
-/// Held-out score (`exec::eval_score`) and mean response length on the first `eval.prompts` test
-/// items, through the streaming interface (in chunks of the engine's slots).
+/// Held-out success on the shared streaming engine (`exec::evaluate`, episodes included): its
+/// requests go in as the engine has slots, with ids far above the generation thread's (which is
+/// idle while this runs: a caller drains or aborts generation first).
 pub(super) fn evaluate_stream(
     spec: &RunSpec,
     task: &TaskSet,
     reward: &mut dyn BatchReward,
+    env: Option<&EnvRunner>,
     engine: &mut dyn StreamEngine,
 ) -> Result<(f64, f64), RunError> {
-    let items: Vec<&PromptRow> = task.test.iter().take(spec.eval.prompts.max(1)).collect();
-    let params = SamplingParams::greedy(spec.rollout.max_new_tokens).with_stop(task.stop_tokens());
-    // Ids far above the generation thread's (which is idle while this runs).
-    let base = u64::MAX / 2;
-    let mut next = 0usize;
-    let mut responses: Vec<Option<(Vec<TokenId>, FinishReason)>> = vec![None; items.len()];
-    let mut done = 0usize;
-    while done < items.len() {
-        while next < items.len() && engine.in_flight() < engine.slots().max(1) {
-            let prompt = task.tokenizer.encode_prompt(&items[next].prompt)?;
-            engine.submit(GenRequest { id: base + next as u64, prompt, params: params.clone() })?;
-            next += 1;
-        }
-        for s in engine.step()? {
-            // Only our own requests (a caller drains or aborts generation first).
-            let Some(i) = s.id.checked_sub(base).map(|i| i as usize).filter(|i| *i < items.len()) else { continue };
-            responses[i] = Some((s.response, s.finish));
-            done += 1;
-        }
-        if engine.in_flight() == 0 && next >= items.len() && done < items.len() {
-            return Err(RunError::internal("the rollout engine lost evaluation requests"));
-        }
-    }
-    let scored: Vec<crate::exec::Scored> = items
-        .iter()
-        .zip(&responses)
-        .enumerate()
-        .filter_map(|(i, (row, r))| r.as_ref().map(|(ids, f)| (format!("eval/p{i}"), *row, &ids[..], *f)))
-        .collect();
-    let outcomes = crate::exec::score_responses(reward, task, &scored)?;
-    let len: usize = scored.iter().map(|s| s.2.len()).sum();
-    let n = items.len().max(1) as f64;
-    Ok((crate::exec::eval_score(&outcomes), len as f64 / n))
+    let mut batch = StreamAsBatch { engine, base_id: u64::MAX / 2 };
+    crate::exec::evaluate(spec, task, reward, env, &mut batch)
 }
 
 /// Snapshot and external evaluations, which run beside training.
@@ -128,6 +100,7 @@ impl EvalRunner {
                 let task = task.clone();
                 let spec = spec.clone();
                 let mut reward = crate::reward::spec::build_run_reward(&spec)?;
+                let env = EnvRunner::for_run(&spec)?;
                 std::thread::Builder::new()
                     .name("miles-eval".into())
                     .spawn(move || {
@@ -136,7 +109,9 @@ impl EvalRunner {
                             let t0 = Instant::now();
                             let res = engine
                                 .load_weights(&w)
-                                .and_then(|_| crate::exec::evaluate(&spec, &task, reward.as_mut(), engine.as_mut()))
+                                .and_then(|_| {
+                                    crate::exec::evaluate(&spec, &task, reward.as_mut(), env.as_ref(), engine.as_mut())
+                                })
                                 .map(|acc| EvalResult {
                                     step,
                                     metrics: acc_metrics(acc),

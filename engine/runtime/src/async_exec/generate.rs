@@ -2,14 +2,26 @@
 //! prompts while the buffer has room (and the staleness gate allows), keeps up to
 //! `max_concurrent` samples in flight, scores finished groups into the buffer, swaps weights
 //! between two engine steps as `pause` says, and runs shared-engine evaluations.
+//!
+//! In a run with an environment a sample is a multi-turn episode: each of its turns is one
+//! request, and when a turn comes back the episode records it (TITO), the environment steps (the
+//! turns that finished in one engine step call it concurrently) and the episode's next turn is
+//! queued at once, so a slot freed by one episode's turn goes to whichever episode is ready
+//! (per-sample refill fills it when an episode ends). A weight update between two turns, or
+//! within one (in-place pause), is recorded per token. The group goes to the buffer when its last
+//! episode ends.
 
 use super::eval::{acc_metrics, evaluate_stream, EvalResult};
 use super::{timeout_err, Shared, State};
 use crate::backend::*;
 use crate::buffer::Group;
+use crate::env::episode::parallel;
+use crate::env::rollout::{buffered_group, tasks_of, EnvRunner};
+use crate::env::{Action, EnvFault, Episode, EpisodeResult, StepResult, TurnSample};
 use crate::reward::BatchReward;
 use crate::rng::derive_seed;
 use crate::schedule::{AsyncSpec, DropAction, PauseMode, Refill};
+use crate::session::ChatCodec;
 use crate::source::{Pending, Served};
 use crate::spec::RunSpec;
 use crate::stream::{GenRequest, StreamEngine, StreamSample};
@@ -35,6 +47,29 @@ struct Building {
     /// Requests not yet submitted (per-sample refill starts them as slots free up).
     unsubmitted: VecDeque<usize>,
     aborted: bool,
+    /// The group's episodes, in a run with an environment.
+    play: Option<Playing>,
+}
+
+/// The episodes of a group, one per sample.
+struct Playing {
+    /// Live episodes (`None` once over).
+    live: Vec<Option<Episode>>,
+    /// What each episode's turn in flight is conditioned on.
+    ctx: Vec<Vec<TaskId>>,
+    /// Turns sampled so far per episode (seeds each turn's stream).
+    turns: Vec<u64>,
+    results: Vec<Option<EpisodeResult>>,
+    /// Episodes over (a result, or abandoned after an abort).
+    over: usize,
+}
+
+/// A turn that came back and acts on the environment.
+struct EnvWork {
+    pid: u64,
+    j: usize,
+    action: Action,
+    call: crate::env::episode::EnvCall,
 }
 
 type TaskId = crate::tasks::TokenId;
@@ -51,6 +86,10 @@ struct Generator<'a> {
     requests: HashMap<u64, (u64, usize)>,
     next_request: u64,
     slots: usize,
+    /// The run's environment and the codec of its tokenizer (episodes), else `None`.
+    env: Option<(EnvRunner, ChatCodec<'a>)>,
+    /// Groups in a row whose every episode ended by an environment fault and was dropped.
+    faulted_in_a_row: usize,
 }
 
 pub(super) fn generation_loop(
@@ -70,6 +109,11 @@ pub(super) fn generation_loop(
         requests: HashMap::new(),
         next_request: 0,
         slots: engine.slots().min(cfg.max_concurrent).max(1),
+        env: match EnvRunner::for_run(spec)? {
+            Some(env) => Some((env, EnvRunner::codec(task)?)),
+            None => None,
+        },
+        faulted_in_a_row: 0,
     };
     let stall = Duration::from_secs_f64(cfg.stall_timeout_s);
     let mut blocked_since: Option<Instant> = None;
@@ -82,6 +126,7 @@ pub(super) fn generation_loop(
             (st.stop, st.weights.is_some(), st.eval_requests.front().copied())
         };
         if stop {
+            g.abandon_episodes();
             return Ok(());
         }
         let mut hold_admission = false;
@@ -113,7 +158,8 @@ pub(super) fn generation_loop(
             // Shared-engine evaluation: no new generation while the requests in flight finish.
             if engine.in_flight() == 0 && g.building.is_empty() {
                 let t0 = Instant::now();
-                let acc = evaluate_stream(spec, task, g.reward.as_mut(), engine)?;
+                let env = g.env.as_ref().map(|e| &e.0);
+                let acc = evaluate_stream(spec, task, g.reward.as_mut(), env, engine)?;
                 let mut st = shared.lock();
                 st.eval_requests.pop_front();
                 st.eval_results.push(EvalResult {
@@ -165,9 +211,7 @@ pub(super) fn generation_loop(
             st.counters.samples += finished.len() as u64;
             st.counters.tokens += finished.iter().map(|s| s.response.len() as u64).sum::<u64>();
         }
-        for s in finished {
-            g.finish_sample(shared, s)?;
-        }
+        g.finish_samples(shared, engine, finished)?;
     }
 }
 
@@ -181,11 +225,19 @@ impl Generator<'_> {
 
     fn submit(&mut self, engine: &mut dyn StreamEngine, pid: u64, j: usize) -> Result<(), RunError> {
         let Some(b) = self.building.get(&pid) else { return Ok(()) };
-        let params = self.params(&b.prompt, j);
+        let mut params = self.params(&b.prompt, j);
+        let prompt = match &b.play {
+            // An episode's turn: its own context, and a stream of its own per turn.
+            Some(p) => {
+                params.seed = derive_seed(params.seed, "turn", p.turns[j]);
+                p.ctx[j].clone()
+            }
+            None => b.tokens.clone(),
+        };
         let id = self.next_request;
         self.next_request += 1;
         self.requests.insert(id, (pid, j));
-        engine.submit(GenRequest { id, prompt: b.tokens.clone(), params })
+        engine.submit(GenRequest { id, prompt, params })
     }
 
     /// Starts work while there are free slots: samples of admitted groups first, then new groups
@@ -230,45 +282,193 @@ impl Generator<'_> {
             };
             let item = prompt_item(self.task, self.spec.seed, p.id);
             let tokens = self.task.tokenizer.encode_prompt(&item.prompt)?;
-            self.building.insert(
-                p.id,
-                Building {
-                    prompt: p,
-                    item,
-                    tokens,
-                    samples: vec![None; n],
-                    unsubmitted: (0..n).collect(),
-                    aborted: false,
-                },
-            );
+            let play = self.start_episodes(&p, &item);
+            let unsubmitted: VecDeque<usize> = match &play {
+                Some(pl) => (0..n).filter(|&j| pl.live[j].is_some()).collect(),
+                None => (0..n).collect(),
+            };
+            let pid = p.id;
+            let b = Building { prompt: p, item, tokens, samples: vec![None; n], unsubmitted, aborted: false, play };
+            self.building.insert(pid, b);
             if self.cfg.refill == Refill::PerGroup {
-                for j in 0..n {
-                    self.submit(engine, p.id, j)?;
-                }
-                if let Some(b) = self.building.get_mut(&p.id) {
-                    b.unsubmitted.clear();
+                let todo = self.building.get_mut(&pid).map(|b| std::mem::take(&mut b.unsubmitted)).unwrap_or_default();
+                for j in todo {
+                    self.submit(engine, pid, j)?;
                 }
             }
+            // Every episode may have ended at its reset (a failing environment).
+            self.group_done(shared, pid)?;
         }
     }
 
-    /// Records a finished sample; a group whose samples are all in is scored (outside the lock: a
-    /// reward may be a slow program) and goes to the buffer.
-    fn finish_sample(&mut self, shared: &Shared, s: StreamSample) -> Result<(), RunError> {
-        let Some((pid, j)) = self.requests.remove(&s.id) else { return Ok(()) };
-        let Some(b) = self.building.get_mut(&pid) else { return Ok(()) };
-        if s.aborted {
-            b.aborted = true;
+    /// A group's episodes, reset (concurrently, within the environment's limits); `None` in a run
+    /// without an environment.
+    fn start_episodes(&self, p: &Pending, item: &PromptRow) -> Option<Playing> {
+        let (env, codec) = self.env.as_ref()?;
+        let n = self.spec.rollout.samples_per_prompt;
+        // Ids unique per try of a prompt, seeds a function of the prompt and the try.
+        let seed = derive_seed(derive_seed(self.spec.seed, "episodes-async", p.id), "try", p.retries as u64);
+        let tasks = tasks_of(std::slice::from_ref(item), n, seed, &format!("prompt{}/try{}", p.id, p.retries));
+        let started: Vec<std::sync::Mutex<Option<Episode>>> = (0..n).map(|_| std::sync::Mutex::new(None)).collect();
+        let all: Vec<usize> = (0..n).collect();
+        parallel(&all, env.limits.concurrency, |j| {
+            let e = Episode::start(env.env.as_ref(), tasks[j].1.clone(), codec, &env.limits);
+            *started[j].lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
+        });
+        let mut play = Playing {
+            live: Vec::with_capacity(n),
+            ctx: vec![Vec::new(); n],
+            turns: vec![0; n],
+            results: vec![None; n],
+            over: 0,
+        };
+        for (j, m) in started.into_iter().enumerate() {
+            let mut e = m.into_inner().unwrap_or_else(|p| p.into_inner())?;
+            if e.wants_turn(&env.limits) {
+                play.ctx[j] = e.context();
+                play.live.push(Some(e));
+            } else {
+                play.results[j] = Some(e.finish(env.env.as_ref(), codec, &env.limits));
+                play.over += 1;
+                play.live.push(None);
+            }
         }
-        b.samples[j] = Some(s);
-        if b.samples.iter().any(Option::is_none) {
+        Some(play)
+    }
+
+    /// Records what an engine step finished: single responses, or episode turns (each recorded,
+    /// the environment stepped for those that act, the episode's next turn queued or its result
+    /// kept); a group whose samples are all in is scored and goes to the buffer.
+    fn finish_samples(
+        &mut self,
+        shared: &Shared,
+        engine: &mut dyn StreamEngine,
+        finished: Vec<StreamSample>,
+    ) -> Result<(), RunError> {
+        let mut work: Vec<EnvWork> = Vec::new();
+        let mut touched: Vec<u64> = Vec::new();
+        for s in finished {
+            let Some((pid, j)) = self.requests.remove(&s.id) else { continue };
+            let Some(b) = self.building.get_mut(&pid) else { continue };
+            if s.aborted {
+                b.aborted = true;
+            }
+            let Some(play) = b.play.as_mut() else {
+                b.samples[j] = Some(s);
+                touched.push(pid);
+                continue;
+            };
+            let Some((env, codec)) = self.env.as_ref() else { continue };
+            let Some(mut e) = play.live[j].take() else { continue };
+            touched.push(pid);
+            if b.aborted {
+                // The group is served again (or dropped): its episodes end here.
+                e.abandon(env.env.as_ref());
+                play.over += 1;
+                continue;
+            }
+            let turn =
+                TurnSample { versions: s.token_versions(), ids: s.response, logprobs: s.logprobs, finish: s.finish };
+            play.turns[j] += 1;
+            if let Some(action) = e.record(std::mem::take(&mut play.ctx[j]), turn, codec, &env.limits)? {
+                work.push(EnvWork { pid, j, call: e.env_call(&env.limits), action });
+            }
+            play.live[j] = Some(e);
+        }
+        // The environment calls of this step's turns, concurrently and outside the shared lock.
+        if !work.is_empty() {
+            if let Some((env, codec)) = self.env.as_ref() {
+                let answers: Vec<std::sync::Mutex<Option<Result<StepResult, EnvFault>>>> =
+                    work.iter().map(|_| std::sync::Mutex::new(None)).collect();
+                let all: Vec<usize> = (0..work.len()).collect();
+                parallel(&all, env.limits.concurrency, |k| {
+                    let r = work[k].call.run(env.env.as_ref(), &work[k].action, &env.limits);
+                    *answers[k].lock().unwrap_or_else(|p| p.into_inner()) = Some(r);
+                });
+                for (w, a) in work.into_iter().zip(answers) {
+                    let Some(r) = a.into_inner().unwrap_or_else(|p| p.into_inner()) else { continue };
+                    let Some(play) = self.building.get_mut(&w.pid).and_then(|b| b.play.as_mut()) else { continue };
+                    if let Some(e) = play.live[w.j].as_mut() {
+                        e.apply(r, w.action, codec, &env.limits);
+                    }
+                }
+            }
+        }
+        // Episodes that go on queue their next turn; the others end.
+        touched.sort_unstable();
+        touched.dedup();
+        for &pid in &touched {
+            let mut next = Vec::new();
+            if let (Some(b), Some((env, codec))) = (self.building.get_mut(&pid), self.env.as_ref()) {
+                if let Some(play) = b.play.as_mut() {
+                    for j in 0..play.live.len() {
+                        let Some(mut e) = play.live[j].take() else { continue };
+                        if self.requests.values().any(|&(p, k)| p == pid && k == j) || b.unsubmitted.contains(&j) {
+                            play.live[j] = Some(e); // a turn of it is still in flight or queued
+                        } else if !b.aborted && e.wants_turn(&env.limits) {
+                            play.ctx[j] = e.context();
+                            play.live[j] = Some(e);
+                            next.push(j);
+                        } else {
+                            play.results[j] = Some(e.finish(env.env.as_ref(), codec, &env.limits));
+                            play.over += 1;
+                        }
+                    }
+                }
+            }
+            for j in next {
+                match self.cfg.refill {
+                    Refill::PerSample => {
+                        if let Some(b) = self.building.get_mut(&pid) {
+                            b.unsubmitted.push_back(j);
+                        }
+                    }
+                    Refill::PerGroup => self.submit(engine, pid, j)?,
+                }
+            }
+            self.group_done(shared, pid)?;
+        }
+        Ok(())
+    }
+
+    /// A group whose samples (episodes) are all in is scored (outside the lock: a reward may be a
+    /// slow program) and goes to the buffer; an aborted one is served again or dropped.
+    fn group_done(&mut self, shared: &Shared, pid: u64) -> Result<(), RunError> {
+        let Some(b) = self.building.get(&pid) else { return Ok(()) };
+        let complete = match &b.play {
+            Some(p) => p.over == p.live.len(),
+            None => b.samples.iter().all(Option::is_some),
+        };
+        if !complete {
             return Ok(());
         }
-        let Some(Building { prompt, item, tokens, samples, aborted, .. }) = self.building.remove(&pid) else {
+        let Some(Building { prompt, item, tokens, samples, aborted, play, .. }) = self.building.remove(&pid) else {
             return Ok(());
         };
         let scored = if aborted {
             None
+        } else if let Some(play) = play {
+            let on_env_error = self.env.as_ref().map(|e| e.0.limits.on_env_error).unwrap_or_default();
+            let results: Vec<EpisodeResult> = play.results.into_iter().flatten().collect();
+            let (samples, rewards, parts) = buffered_group(results, on_env_error);
+            if samples.is_empty() {
+                self.faulted_in_a_row += 1;
+                if self.faulted_in_a_row >= self.spec.rollout.rollout_batch.max(1) {
+                    return Err(RunError::new(
+                        E_TIMEOUT,
+                        format!(
+                            "{} groups in a row: every episode ended by an environment fault and was dropped",
+                            self.faulted_in_a_row
+                        ),
+                    )
+                    .with_help(
+                        "see rollout/episode_end/* in metrics.jsonl; or train on faulted episodes (on_env_error = score)",
+                    ));
+                }
+            } else {
+                self.faulted_in_a_row = 0;
+            }
+            Some((samples, rewards, Some(parts)))
         } else {
             let samples: Vec<StreamSample> = samples.into_iter().flatten().collect();
             let responses: Vec<crate::exec::Scored> = samples
@@ -280,15 +480,16 @@ impl Generator<'_> {
             // A dropped sample leaves its group; the others keep their rewards.
             let kept: (Vec<StreamSample>, Vec<f32>) =
                 samples.into_iter().zip(&outcomes).filter_map(|(s, o)| o.reward().map(|r| (s, r))).unzip();
-            Some(kept)
+            Some((kept.0, kept.1, None))
         };
         let mut st = shared.lock();
         let State { buffer, source, .. } = &mut *st;
         match scored {
             None => buffer.abort(prompt, self.cfg.on_abort, source),
-            Some((samples, _)) if samples.is_empty() => buffer.abort(prompt, DropAction::Discard, source),
-            Some((samples, rewards)) => {
-                buffer.finish(Group { prompt, prompt_tokens: tokens, samples, rewards }, self.cfg.filter, source);
+            Some((samples, ..)) if samples.is_empty() => buffer.abort(prompt, DropAction::Discard, source),
+            Some((samples, rewards, episodes)) => {
+                let g = Group { prompt, prompt_tokens: tokens, samples, rewards, episodes };
+                buffer.finish(g, self.cfg.filter, source);
             }
         }
         drop(st);
@@ -296,10 +497,23 @@ impl Generator<'_> {
         Ok(())
     }
 
+    /// Frees every live episode's state in the environment (the run stops, or a pause aborts).
+    fn abandon_episodes(&mut self) {
+        let Some((env, _)) = self.env.as_ref() else { return };
+        for b in self.building.values_mut() {
+            if let Some(p) = b.play.as_mut() {
+                for e in p.live.iter_mut().filter_map(Option::take) {
+                    e.abandon(env.env.as_ref());
+                }
+            }
+        }
+    }
+
     /// Aborts every request in flight (and every admitted group) for a retract/abort pause.
     fn abort_all(&mut self, shared: &Shared, engine: &mut dyn StreamEngine, action: DropAction) {
         let _ = engine.abort_all();
         self.requests.clear();
+        self.abandon_episodes();
         let mut st = shared.lock();
         let State { buffer, source, .. } = &mut *st;
         for (_, b) in std::mem::take(&mut self.building) {

@@ -152,6 +152,7 @@ pub(crate) fn run(
     let task = Arc::new(task);
     // Evaluations on this thread (the first and the last); the generation thread builds its own.
     let mut main_reward = crate::reward::spec::build_run_reward(spec)?;
+    let main_env = crate::env::rollout::EnvRunner::for_run(spec)?;
 
     let (start, version, source) = match outs.resume_from.take() {
         Some((dir, st)) => {
@@ -189,7 +190,7 @@ pub(crate) fn run(
                     e.bind_thread(opts.threads);
                     Ok(())
                 },
-                |e| evaluate_stream(spec, &task, main_reward.as_mut(), e),
+                |e| evaluate_stream(spec, &task, main_reward.as_mut(), main_env.as_ref(), e),
                 row,
                 |d| write_json(&d.join(ASYNC_FILE), &snap),
             )?;
@@ -296,7 +297,7 @@ pub(crate) fn run(
                     w.version = version;
                     engine.load_weights(&w)?;
                 }
-                let acc = evaluate_stream(spec, &task, main_reward.as_mut(), engine.as_mut())?;
+                let acc = evaluate_stream(spec, &task, main_reward.as_mut(), main_env.as_ref(), engine.as_mut())?;
                 Some(EvalResult { step, metrics: acc_metrics(acc), seconds: t0.elapsed().as_secs_f64() })
             }
             _ => {

@@ -60,17 +60,23 @@ pub(super) fn train_loop(
 
         let t_reward = Instant::now();
         let mut batch = Vec::new();
+        // One reward per response (an episode's trajectories share theirs), and the response of
+        // each trajectory: group-relative advantages count each response once.
         let mut rewards = Vec::new();
         let mut group_of = Vec::new();
+        let mut response_of = Vec::new();
         for (gi, g) in groups.iter().enumerate() {
-            for (s, &rw) in g.samples.iter().zip(&g.rewards) {
-                rewards.push(rw);
-                group_of.push(gi);
+            for (i, (s, &rw)) in g.samples.iter().zip(&g.rewards).enumerate() {
+                if i == 0 || g.response_of(i) != g.response_of(i - 1) {
+                    rewards.push(rw);
+                    group_of.push(gi);
+                }
+                response_of.push(rewards.len() - 1);
                 batch.push(Trajectory {
-                    prompt: g.prompt_tokens.clone(),
+                    prompt: g.prompt_of(i).to_vec(),
                     response: s.response.clone(),
                     rollout_logprobs: s.logprobs.clone(),
-                    loss_mask: vec![1.0; s.response.len()],
+                    loss_mask: g.mask_of(i),
                     reward: rw,
                     advantage: 0.0,
                     group: gi,
@@ -79,8 +85,8 @@ pub(super) fn train_loop(
             }
         }
         let adv = grpo_advantages(&rewards, &group_of, spec.train.std_norm);
-        for (t, a) in batch.iter_mut().zip(adv) {
-            t.advantage = a;
+        for (t, &k) in batch.iter_mut().zip(&response_of) {
+            t.advantage = adv[k];
         }
         let reward_s = t_reward.elapsed().as_secs_f64();
         let lrs = step_lrs(spec, *step);
@@ -142,7 +148,8 @@ pub(super) fn train_loop(
         results.extend(evals.poll()?);
         let n = rewards.len().max(1) as f64;
         let reward_mean = rewards.iter().map(|&x| x as f64).sum::<f64>() / n;
-        let gen_tokens: usize = groups.iter().flat_map(|g| &g.samples).map(|s| s.response.len()).sum();
+        let gen_tokens: usize =
+            groups.iter().map(|g| (0..g.samples.len()).map(|i| g.sampled_len(i)).sum::<usize>()).sum();
         let staleness: Vec<u64> = groups.iter().map(|g| g.staleness(version)).collect();
         let mut hist = vec![0u64; staleness.iter().copied().max().map_or(0, |m| m as usize + 1)];
         for &s in &staleness {
@@ -161,6 +168,13 @@ pub(super) fn train_loop(
             json!(groups.iter().flat_map(|g| &g.samples).filter(|s| s.finish == FinishReason::Stop).count() as f64 / n),
         );
         row.insert("rollout/flat_group_frac".into(), json!(flat as f64 / groups.len().max(1) as f64));
+        if spec.env.is_some() {
+            let episodes: Vec<crate::env::EpisodeResult> =
+                groups.iter().filter_map(|g| g.episodes.as_ref()).flat_map(|e| e.results.iter().cloned()).collect();
+            for (k, v) in crate::env::episode::metrics(&episodes) {
+                row.insert(k, json!(v));
+            }
+        }
         let fa = |k: &str| format!("rollout/fully_async/{k}");
         row.insert(fa("queue_size"), json!(queue));
         row.insert(fa("groups_in_flight"), json!(in_flight_groups));

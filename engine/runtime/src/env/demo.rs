@@ -105,6 +105,7 @@ mod tests {
             tool_format: ToolFormat::Tag,
             reward: RewardMode::Final,
             on_env_error: OnEnvError::Drop,
+            ..EpisodeLimits::default()
         }
     }
 

@@ -6,8 +6,15 @@
 //! delimiters). An episode ends when the environment says so, at the turn limit, when the model's
 //! turn ends by length, when the next observation would overflow the context, at its deadline, or
 //! when the environment fails (`EndReason`); only the policy failing stops the run.
+//!
+//! Compaction (`EpisodeLimits::compact`): instead of ending at a full context, the driver acts as
+//! a harness that compacts its context (as Claude Code-style agents do): the next turn sees the
+//! first observation, the last `keep_turns` turns with the observations after them (their ids as
+//! sampled and as tokenised, never re-tokenised) and the new observation. That context does not
+//! extend the last turn, so the session must use the `branching` rule: the compacted turn starts a
+//! new chain, and each chain is a trajectory of its own.
 
-use super::{Action, EndReason, EnvFault, Environment, Task, ToolFormat};
+use super::{Action, EndReason, EnvFault, Environment, StepResult, Task, ToolFormat};
 use crate::backend::FinishReason;
 use crate::session::{message_key, output_key, retokenize, ChatCodec, MessageKey, Role, Rule, Session};
 use crate::tasks::TokenId;
@@ -55,6 +62,11 @@ pub struct EpisodeLimits {
     pub tool_format: ToolFormat,
     pub reward: RewardMode,
     pub on_env_error: OnEnvError,
+    /// The TITO rule of each episode's session.
+    pub rule: Rule,
+    /// Compact a full context, keeping this many of the last turns (`None`: the episode ends by
+    /// `context_overflow`). Needs `rule = Branching`.
+    pub compact: Option<usize>,
 }
 
 impl Default for EpisodeLimits {
@@ -68,6 +80,8 @@ impl Default for EpisodeLimits {
             tool_format: ToolFormat::Tag,
             reward: RewardMode::Final,
             on_env_error: OnEnvError::Drop,
+            rule: Rule::Linear,
+            compact: None,
         }
     }
 }
@@ -103,6 +117,8 @@ pub struct EpisodeResult {
     pub observation_tokens: usize,
     /// Tokens a re-tokenising path would have got wrong on this episode.
     pub retokenize_mismatch: usize,
+    /// Times the context was compacted.
+    pub compactions: usize,
 }
 
 impl EpisodeResult {
@@ -115,8 +131,26 @@ impl EpisodeResult {
     }
 }
 
-/// Everything a live episode carries between turns.
-struct Live {
+/// One episode as it is played: its TITO session, the conversation so far, and why it ended.
+/// `run_episodes` drives a batch of them turn by turn; the asynchronous executor drives each on
+/// its own (a finished turn steps the environment and starts the next turn at once).
+/// A turn of the conversation as compaction may keep it.
+struct Compacted {
+    /// The first kept turn; how many were asked to be kept.
+    from: usize,
+    keep: usize,
+    ids: Vec<TokenId>,
+    path: Vec<MessageKey>,
+}
+
+struct KeptTurn {
+    output: Vec<TokenId>,
+    output_key: MessageKey,
+    observation: Vec<TokenId>,
+    observation_key: MessageKey,
+}
+
+pub struct Episode {
     task: Task,
     start: Instant,
     first: String,
@@ -124,8 +158,18 @@ struct Live {
     /// The conversation so far (message keys), and the ids not yet sampled on.
     path: Vec<MessageKey>,
     pending: Vec<TokenId>,
-    /// Decoded earlier turns and the observations after them, for the naive path.
+    /// Decoded earlier turns and the observations after them, for the naive path: the
+    /// conversation as the next turn sees it (compaction drops what it leaves out).
     history: Vec<(String, Role, String)>,
+    /// The first prompt's ids, and each turn of the conversation the next turn sees: its sampled
+    /// ids and the observation ids after them, with their message keys (what compaction keeps).
+    first_ids: Vec<TokenId>,
+    kept: Vec<KeptTurn>,
+    /// `pending` is the whole context of the next turn (after a compaction), not a suffix.
+    fresh: bool,
+    compactions: usize,
+    /// Entries of `history` the last sampled turn saw.
+    seen: usize,
     rewards: Vec<f32>,
     turns: usize,
     tool_calls: usize,
@@ -135,11 +179,198 @@ struct Live {
     reset_ok: bool,
 }
 
-impl Live {
-    fn context(&self) -> Vec<TokenId> {
+impl Episode {
+    /// Resets the environment for `task`: the first observation becomes the prompt of the first
+    /// turn, or the episode ends (a fault, an observation that fills the context).
+    pub fn start(env: &dyn Environment, task: Task, codec: &ChatCodec, limits: &EpisodeLimits) -> Episode {
+        let mut e = Episode::new(task, limits.rule);
+        e.reset(env, codec, limits);
+        e
+    }
+
+    fn new(task: Task, rule: Rule) -> Episode {
+        Episode {
+            task,
+            start: Instant::now(),
+            first: String::new(),
+            session: Session::new(rule),
+            path: Vec::new(),
+            pending: Vec::new(),
+            history: Vec::new(),
+            first_ids: Vec::new(),
+            kept: Vec::new(),
+            fresh: false,
+            compactions: 0,
+            seen: 0,
+            rewards: Vec::new(),
+            turns: 0,
+            tool_calls: 0,
+            bad_tool_calls: 0,
+            observation_tokens: 0,
+            end: None,
+            reset_ok: false,
+        }
+    }
+
+    fn reset(&mut self, env: &dyn Environment, codec: &ChatCodec, limits: &EpisodeLimits) {
+        match env.reset(&self.task, limits.turn_timeout.min(limits.episode_timeout)) {
+            Err(f) => self.end(f.reason(), Some(f.what().to_string())),
+            Ok(obs) => {
+                self.reset_ok = true;
+                match codec.first_prompt(&obs) {
+                    Err(e) => self
+                        .end(EndReason::EnvMalformed, Some(format!("the first observation cannot be tokenised: {e}"))),
+                    Ok(ids) if ids.len() >= limits.max_context => self.end(EndReason::ContextOverflow, None),
+                    Ok(ids) => {
+                        self.path.push(message_key("user", obs.as_bytes()));
+                        self.first = obs;
+                        self.first_ids = ids.clone();
+                        self.pending = ids;
+                    }
+                }
+            }
+        }
+    }
+
+    pub fn task(&self) -> &Task {
+        &self.task
+    }
+
+    /// Whether the episode wants another turn; one whose deadline passed ends here.
+    pub fn wants_turn(&mut self, limits: &EpisodeLimits) -> bool {
+        if self.end.is_some() {
+            return false;
+        }
+        if self.left(limits).is_none() {
+            self.end(EndReason::EpisodeTimeout, None);
+            return false;
+        }
+        true
+    }
+
+    pub fn is_over(&self) -> bool {
+        self.end.is_some()
+    }
+
+    /// What the next turn is conditioned on: the last turn's context and output, then the new
+    /// observation's ids.
+    pub fn context(&self) -> Vec<TokenId> {
+        if self.fresh {
+            return self.pending.clone();
+        }
         match self.session.checkpoints.last() {
             Some(c) => c.prompt.iter().chain(&c.output).chain(&self.pending).copied().collect(),
             None => self.pending.clone(),
+        }
+    }
+
+    /// Records a sampled turn (`ctx` is what it was conditioned on). Returns the action for the
+    /// environment; `None` when the episode ended (by length) or the turn's tool call did not
+    /// parse (the error is shown to the model as the next observation, not sent).
+    pub fn record(
+        &mut self,
+        ctx: Vec<TokenId>,
+        s: TurnSample,
+        codec: &ChatCodec,
+        limits: &EpisodeLimits,
+    ) -> Result<Option<Action>, RunError> {
+        let path = self.path.clone();
+        let at = self
+            .session
+            .attach(&path)
+            .map_err(|e| RunError::new(crate::E_BACKEND, format!("episode {}: {e}", self.task.episode)))?;
+        self.session.record(at, &path, ctx, s.ids.clone(), s.logprobs, s.versions, s.finish);
+        self.seen = self.history.len();
+        self.path.push(output_key(&s.ids));
+        self.kept.push(KeptTurn {
+            output_key: output_key(&s.ids),
+            output: s.ids.clone(),
+            observation: Vec::new(),
+            observation_key: 0,
+        });
+        self.pending.clear();
+        self.fresh = false;
+        self.turns += 1;
+        if s.finish == FinishReason::Length {
+            self.end(EndReason::Length, None);
+            return Ok(None);
+        }
+        let text = codec.decode(&s.ids);
+        match limits.tool_format.parse(&text) {
+            Ok(calls) => {
+                self.tool_calls += calls.len();
+                Ok(Some(Action { text, tool_calls: calls }))
+            }
+            Err(bad) => {
+                // A bad tool call is shown to the model, not sent to the environment.
+                self.bad_tool_calls += 1;
+                let obs = format!("<error>{bad}</error>");
+                self.observe(codec, limits, Role::Tool, text, obs);
+                Ok(None)
+            }
+        }
+    }
+
+    /// What an environment call for this episode needs, taken out so the call holds no lock.
+    pub fn env_call(&self, limits: &EpisodeLimits) -> EnvCall {
+        EnvCall { episode: self.task.episode.clone(), left: self.left(limits) }
+    }
+
+    /// Applies what the environment answered to `action`.
+    pub fn apply(
+        &mut self,
+        r: Result<StepResult, EnvFault>,
+        action: Action,
+        codec: &ChatCodec,
+        limits: &EpisodeLimits,
+    ) {
+        match r {
+            Err(EnvFault::Timeout(_)) if self.left(limits).is_none() => self.end(EndReason::EpisodeTimeout, None),
+            Err(f) => self.end(f.reason(), Some(f.what().to_string())),
+            Ok(step) => {
+                self.rewards.extend(step.reward);
+                if step.terminated {
+                    self.end(EndReason::Done, None);
+                } else if step.truncated {
+                    self.end(EndReason::Truncated, None);
+                } else {
+                    let role = if action.tool_calls.is_empty() { Role::User } else { Role::Tool };
+                    self.observe(codec, limits, role, action.text, step.observation);
+                }
+            }
+        }
+    }
+
+    /// The episode's result; frees its state in the environment.
+    pub fn finish(self, env: &dyn Environment, codec: &ChatCodec, limits: &EpisodeLimits) -> EpisodeResult {
+        if self.reset_ok {
+            env.close(&self.task.episode);
+        }
+        let (end, fault) = self.end.clone().unwrap_or((EndReason::Done, None));
+        let reward = match limits.reward {
+            RewardMode::Final => self.rewards.last().copied().unwrap_or(0.0),
+            RewardMode::Sum => self.rewards.iter().sum(),
+        };
+        let mismatch = naive_mismatch(&self, codec);
+        EpisodeResult {
+            task: self.task,
+            session: self.session,
+            reward,
+            end,
+            fault,
+            turns: self.turns,
+            tool_calls: self.tool_calls,
+            bad_tool_calls: self.bad_tool_calls,
+            observation_tokens: self.observation_tokens,
+            retokenize_mismatch: mismatch,
+            compactions: self.compactions,
+        }
+    }
+
+    /// Frees the episode's state in the environment without a result (the run is stopping).
+    pub fn abandon(&self, env: &dyn Environment) {
+        if self.reset_ok {
+            env.close(&self.task.episode);
         }
     }
 
@@ -152,10 +383,102 @@ impl Live {
     fn left(&self, limits: &EpisodeLimits) -> Option<Duration> {
         limits.episode_timeout.checked_sub(self.start.elapsed()).filter(|d| !d.is_zero())
     }
+
+    /// Appends an observation after the last turn, or ends the episode at the turn limit or when
+    /// it would overflow the context.
+    fn observe(&mut self, codec: &ChatCodec, limits: &EpisodeLimits, role: Role, action_text: String, obs: String) {
+        if self.turns >= limits.max_turns {
+            return self.end(EndReason::MaxTurns, None);
+        }
+        let ids = match codec.observation(role, &obs) {
+            Ok(ids) => ids,
+            Err(e) => {
+                return self.end(EndReason::EnvMalformed, Some(format!("an observation cannot be tokenised: {e}")))
+            }
+        };
+        let key = message_key(if role == Role::Tool { "tool" } else { "user" }, obs.as_bytes());
+        let used = self.session.checkpoints.last().map_or(0, |c| c.prompt.len() + c.output.len());
+        let compacted = match limits.compact {
+            _ if used + ids.len() < limits.max_context => None,
+            Some(keep) if self.session.rule == Rule::Branching => {
+                let c = self.compacted(keep, &ids, key);
+                if c.ids.len() >= limits.max_context {
+                    return self.end(EndReason::ContextOverflow, None);
+                }
+                Some(c)
+            }
+            _ => return self.end(EndReason::ContextOverflow, None),
+        };
+        self.observation_tokens += ids.len();
+        if let Some(last) = self.kept.last_mut() {
+            last.observation = ids.clone();
+            last.observation_key = key;
+        }
+        match compacted {
+            None => {
+                self.history.push((action_text, role, obs));
+                self.path.push(key);
+                self.pending = ids;
+            }
+            Some(c) => {
+                self.compactions += 1;
+                self.kept.drain(..c.from);
+                // The naive path re-renders what the next turn sees: the kept turns (an
+                // observation kept without its turn follows an empty one).
+                self.history.push((if c.keep == 0 { String::new() } else { action_text }, role, obs));
+                let dropped = self.history.len().saturating_sub(self.kept.len().max(1));
+                self.history.drain(..dropped);
+                self.path = c.path;
+                self.pending = c.ids;
+                self.fresh = true;
+            }
+        }
+    }
+
+    /// The next turn's context after a compaction keeping the last `keep` turns (the newest one is
+    /// the turn just sampled, answered by the observation `obs`): the first observation, those
+    /// turns with the observations after them, and `obs`. Its path starts with a key of its own,
+    /// so no checkpoint's conversation is a prefix of it and the next turn starts a new chain.
+    fn compacted(&self, keep: usize, obs: &[TokenId], obs_key: MessageKey) -> Compacted {
+        let from = self.kept.len().saturating_sub(keep);
+        let mut ids = self.first_ids.clone();
+        let mut path = vec![
+            message_key("compaction", &(self.compactions as u64 + 1).to_le_bytes()),
+            message_key("user", self.first.as_bytes()),
+        ];
+        let newest = self.kept.len().saturating_sub(1);
+        for (i, t) in self.kept.iter().enumerate().skip(from) {
+            ids.extend(&t.output);
+            path.push(t.output_key);
+            if i < newest {
+                ids.extend(&t.observation);
+                path.push(t.observation_key);
+            }
+        }
+        ids.extend(obs);
+        path.push(obs_key);
+        Compacted { from, keep, ids, path }
+    }
+}
+
+/// One environment step of one episode: within the turn's timeout and what is left of the
+/// episode's.
+pub struct EnvCall {
+    episode: String,
+    left: Option<Duration>,
+}
+
+impl EnvCall {
+    pub fn run(&self, env: &dyn Environment, action: &Action, limits: &EpisodeLimits) -> Result<StepResult, EnvFault> {
+        match self.left {
+            None => Err(EnvFault::Timeout("the episode's deadline passed".into())),
+            Some(left) => env.step(&self.episode, action, limits.turn_timeout.min(left)),
+        }
+    }
 }
 
 /// Runs `f(i)` for every index in `todo` on at most `concurrency` threads.
-fn parallel<F: Fn(usize) + Sync>(todo: &[usize], concurrency: usize, f: F) {
+pub(crate) fn parallel<F: Fn(usize) + Sync>(todo: &[usize], concurrency: usize, f: F) {
     let next = AtomicUsize::new(0);
     std::thread::scope(|s| {
         for _ in 0..concurrency.clamp(1, todo.len().max(1)) {
@@ -177,65 +500,24 @@ pub fn run_episodes(
     limits: &EpisodeLimits,
     generate: &mut Policy,
 ) -> Result<Vec<EpisodeResult>, RunError> {
-    let lives: Vec<Mutex<Live>> = tasks
-        .iter()
-        .map(|t| {
-            Mutex::new(Live {
-                task: t.clone(),
-                start: Instant::now(),
-                first: String::new(),
-                session: Session::new(Rule::Linear),
-                path: Vec::new(),
-                pending: Vec::new(),
-                history: Vec::new(),
-                rewards: Vec::new(),
-                turns: 0,
-                tool_calls: 0,
-                bad_tool_calls: 0,
-                observation_tokens: 0,
-                end: None,
-                reset_ok: false,
-            })
-        })
-        .collect();
+    let lives: Vec<Mutex<Episode>> = tasks.iter().map(|t| Mutex::new(Episode::new(t.clone(), limits.rule))).collect();
     let lock = |i: usize| lives[i].lock().unwrap_or_else(|p| p.into_inner());
     let all: Vec<usize> = (0..tasks.len()).collect();
     parallel(&all, limits.concurrency, |i| {
-        let task = lock(i).task.clone();
-        let r = env.reset(&task, limits.turn_timeout.min(limits.episode_timeout));
-        let mut l = lock(i);
-        match r {
-            Err(f) => l.end(f.reason(), Some(f.what().to_string())),
-            Ok(obs) => {
-                l.reset_ok = true;
-                match codec.first_prompt(&obs) {
-                    Err(e) => {
-                        l.end(EndReason::EnvMalformed, Some(format!("the first observation cannot be tokenised: {e}")))
-                    }
-                    Ok(ids) if ids.len() >= limits.max_context => l.end(EndReason::ContextOverflow, None),
-                    Ok(ids) => {
-                        l.path.push(message_key("user", obs.as_bytes()));
-                        l.first = obs;
-                        l.pending = ids;
-                    }
-                }
-            }
-        }
+        // The reset call runs outside the lock of every other episode.
+        let mut e = Episode::new(lock(i).task.clone(), limits.rule);
+        e.reset(env, codec, limits);
+        *lock(i) = e;
     });
     loop {
         let mut active = Vec::new();
         let mut contexts = Vec::new();
         for i in 0..lives.len() {
             let mut l = lock(i);
-            if l.end.is_some() {
-                continue;
+            if l.wants_turn(limits) {
+                active.push(i);
+                contexts.push(l.context());
             }
-            if l.left(limits).is_none() {
-                l.end(EndReason::EpisodeTimeout, None);
-                continue;
-            }
-            active.push(i);
-            contexts.push(l.context());
         }
         if active.is_empty() {
             break;
@@ -245,13 +527,7 @@ pub fn run_episodes(
             failed => {
                 // The run stops: free every episode the environment holds first.
                 for i in 0..lives.len() {
-                    let (open, episode) = {
-                        let l = lock(i);
-                        (l.reset_ok, l.task.episode.clone())
-                    };
-                    if open {
-                        env.close(&episode);
-                    }
+                    lock(i).abandon(env);
                 }
                 return Err(match failed {
                     Err(e) => e,
@@ -266,118 +542,37 @@ pub fn run_episodes(
         let mut stepping = Vec::new();
         let mut actions: BTreeMap<usize, Action> = BTreeMap::new();
         for ((&i, ctx), s) in active.iter().zip(contexts).zip(samples) {
-            let mut l = lock(i);
-            let path = l.path.clone();
-            let at = match l.session.attach(&path) {
-                Ok(at) => at,
-                Err(e) => return Err(RunError::new(crate::E_BACKEND, format!("episode {}: {e}", l.task.episode))),
-            };
-            l.session.record(at, &path, ctx, s.ids.clone(), s.logprobs, s.versions, s.finish);
-            l.path.push(output_key(&s.ids));
-            l.pending.clear();
-            l.turns += 1;
-            if s.finish == FinishReason::Length {
-                l.end(EndReason::Length, None);
-                continue;
-            }
-            let text = codec.decode(&s.ids);
-            match limits.tool_format.parse(&text) {
-                Ok(calls) => {
-                    l.tool_calls += calls.len();
-                    actions.insert(i, Action { text, tool_calls: calls });
-                    stepping.push(i);
-                }
-                Err(bad) => {
-                    // A bad tool call is shown to the model, not sent to the environment.
-                    l.bad_tool_calls += 1;
-                    let obs = format!("<error>{bad}</error>");
-                    observe(&mut l, codec, limits, Role::Tool, text, obs);
-                }
+            if let Some(a) = lock(i).record(ctx, s, codec, limits)? {
+                actions.insert(i, a);
+                stepping.push(i);
             }
         }
+        let answers: Vec<Mutex<Option<Result<StepResult, EnvFault>>>> =
+            (0..lives.len()).map(|_| Mutex::new(None)).collect();
         parallel(&stepping, limits.concurrency, |i| {
-            let (episode, left) = {
-                let l = lock(i);
-                (l.task.episode.clone(), l.left(limits))
-            };
-            let action = &actions[&i];
-            let r = match left {
-                None => Err(EnvFault::Timeout("the episode's deadline passed".into())),
-                Some(left) => env.step(&episode, action, limits.turn_timeout.min(left)),
-            };
-            let mut l = lock(i);
-            match r {
-                Err(EnvFault::Timeout(_)) if l.left(limits).is_none() => l.end(EndReason::EpisodeTimeout, None),
-                Err(f) => l.end(f.reason(), Some(f.what().to_string())),
-                Ok(step) => {
-                    l.rewards.extend(step.reward);
-                    if step.terminated {
-                        l.end(EndReason::Done, None);
-                    } else if step.truncated {
-                        l.end(EndReason::Truncated, None);
-                    } else {
-                        let role = if action.tool_calls.is_empty() { Role::User } else { Role::Tool };
-                        observe(&mut l, codec, limits, role, action.text.clone(), step.observation);
-                    }
-                }
-            }
+            // The environment call runs without holding the episode's lock.
+            let call = lock(i).env_call(limits);
+            let r = call.run(env, &actions[&i], limits);
+            *answers[i].lock().unwrap_or_else(|p| p.into_inner()) = Some(r);
         });
+        for i in stepping {
+            let r = answers[i].lock().unwrap_or_else(|p| p.into_inner()).take();
+            if let (Some(r), Some(a)) = (r, actions.remove(&i)) {
+                lock(i).apply(r, a, codec, limits);
+            }
+        }
     }
-    let results = lives
+    Ok(lives
         .into_iter()
-        .map(|m| {
-            let l = m.into_inner().unwrap_or_else(|p| p.into_inner());
-            if l.reset_ok {
-                env.close(&l.task.episode);
-            }
-            let (end, fault) = l.end.clone().unwrap_or((EndReason::Done, None));
-            let reward = match limits.reward {
-                RewardMode::Final => l.rewards.last().copied().unwrap_or(0.0),
-                RewardMode::Sum => l.rewards.iter().sum(),
-            };
-            let mismatch = naive_mismatch(&l, codec);
-            EpisodeResult {
-                task: l.task,
-                session: l.session,
-                reward,
-                end,
-                fault,
-                turns: l.turns,
-                tool_calls: l.tool_calls,
-                bad_tool_calls: l.bad_tool_calls,
-                observation_tokens: l.observation_tokens,
-                retokenize_mismatch: mismatch,
-            }
-        })
-        .collect();
-    Ok(results)
-}
-
-/// Appends an observation after the last turn, or ends the episode at the turn limit or when it
-/// would overflow the context.
-fn observe(l: &mut Live, codec: &ChatCodec, limits: &EpisodeLimits, role: Role, action_text: String, obs: String) {
-    if l.turns >= limits.max_turns {
-        return l.end(EndReason::MaxTurns, None);
-    }
-    let ids = match codec.observation(role, &obs) {
-        Ok(ids) => ids,
-        Err(e) => return l.end(EndReason::EnvMalformed, Some(format!("an observation cannot be tokenised: {e}"))),
-    };
-    let used = l.session.checkpoints.last().map_or(0, |c| c.prompt.len() + c.output.len());
-    if used + ids.len() >= limits.max_context {
-        return l.end(EndReason::ContextOverflow, None);
-    }
-    l.observation_tokens += ids.len();
-    l.path.push(message_key(if role == Role::Tool { "tool" } else { "user" }, obs.as_bytes()));
-    l.pending = ids;
-    l.history.push((action_text, role, obs));
+        .map(|m| m.into_inner().unwrap_or_else(|p| p.into_inner()).finish(env, codec, limits))
+        .collect())
 }
 
 /// The re-tokenising path's error on the episode's last turn (0 before any turn).
-fn naive_mismatch(l: &Live, codec: &ChatCodec) -> usize {
+fn naive_mismatch(l: &Episode, codec: &ChatCodec) -> usize {
     let Some(last) = l.session.checkpoints.last() else { return 0 };
-    let before = l.session.checkpoints.len() - 1;
-    let Ok(naive) = codec.naive_ids(&l.first, &l.history[..before.min(l.history.len())], &last.output) else {
+    // The turns before the last one, as the last turn saw them (after any compaction).
+    let Ok(naive) = codec.naive_ids(&l.first, &l.history[..l.seen.min(l.history.len())], &last.output) else {
         return 0;
     };
     let tito: Vec<TokenId> = last.prompt.iter().chain(&last.output).copied().collect();
@@ -387,7 +582,7 @@ fn naive_mismatch(l: &Live, codec: &ChatCodec) -> usize {
 /// The run's metrics over finished episodes: `rollout/episode_end/<reason>` (counts),
 /// `rollout/turns` (mean), `rollout/tool_use_rate` (episodes with a tool call),
 /// `rollout/tool_calls`, `rollout/bad_tool_calls`, `rollout/observation_tokens` (sums),
-/// `rollout/episode_reward` (mean) and `tito/retokenize_mismatch` (sum).
+/// `rollout/episode_reward` (mean), `tito/retokenize_mismatch` and `rollout/compactions` (sums).
 pub fn metrics(results: &[EpisodeResult]) -> Vec<(String, f64)> {
     let n = results.len().max(1) as f64;
     let mut m: Vec<(String, f64)> = Vec::new();
@@ -405,6 +600,7 @@ pub fn metrics(results: &[EpisodeResult]) -> Vec<(String, f64)> {
     m.push(("rollout/observation_tokens".into(), sum(&|e| e.observation_tokens as f64)));
     m.push(("rollout/episode_reward".into(), sum(&|e| e.reward as f64) / n));
     m.push(("tito/retokenize_mismatch".into(), sum(&|e| e.retokenize_mismatch as f64)));
+    m.push(("rollout/compactions".into(), sum(&|e| e.compactions as f64)));
     m
 }
 
@@ -496,6 +692,95 @@ mod tests {
         assert!(m.contains(&("rollout/episode_end/done".into(), 3.0)));
         assert!(m.contains(&("rollout/tool_use_rate".into(), 1.0)));
         assert!(m.contains(&("tito/retokenize_mismatch".into(), 0.0)));
+    }
+
+    #[test]
+    fn a_buffered_group_carries_each_episodes_prompt_mask_and_reward() {
+        // The asynchronous buffer's view of a group (env::rollout::buffered_group): what the
+        // trainer gets for an episode is its TITO trajectory, observations masked.
+        let t = tok();
+        let codec = ChatCodec::new(&t, None).unwrap();
+        let env = Calculator::new(CalculatorSpec::default());
+        let mut rs = run_episodes(&env, &tasks(3), &codec, &EpisodeLimits::default(), &mut solver(&t)).unwrap();
+        rs[2].end = EndReason::EnvCrashed;
+        let (samples, rewards, parts) = crate::env::rollout::buffered_group(rs.clone(), OnEnvError::Drop);
+        assert_eq!((samples.len(), rewards, parts.results.len()), (2, vec![1.0, 1.0], 3));
+        for (i, s) in samples.iter().enumerate() {
+            let tr = &rs[i].session.trajectories()[0];
+            assert_eq!((&s.response, &parts.prompts[i], &parts.masks[i]), (&tr.response, &tr.prompt, &tr.loss_mask));
+            assert_eq!(parts.masks[i].iter().filter(|m| **m == 0.0).count(), rs[i].observation_tokens);
+            assert_eq!(
+                (s.finish, s.oldest_version(), s.token_versions().len()),
+                (FinishReason::Stop, 7, s.response.len())
+            );
+        }
+        let (kept, ..) = crate::env::rollout::buffered_group(rs, OnEnvError::Score);
+        assert_eq!((kept.len(), kept[2].finish), (3, FinishReason::Length));
+    }
+
+    #[test]
+    fn a_compacted_episode_branches_into_a_new_chain() {
+        // Every turn calls the tool; the context holds the question and about two calls with
+        // their results. Compaction keeps the first observation and the last turn, so each
+        // compaction starts a new TITO chain (branching) whose prompt is exactly those ids.
+        let t = tok();
+        let codec = ChatCodec::new(&t, None).unwrap();
+        let env = Calculator::new(CalculatorSpec::default());
+        let call = "<tool>calc 1+1</tool>";
+        let limits = EpisodeLimits {
+            max_turns: 6,
+            max_context: 64,
+            rule: Rule::Branching,
+            compact: Some(1),
+            ..EpisodeLimits::default()
+        };
+        let r = one(&t, &env, &limits, call, FinishReason::Stop);
+        assert_eq!((r.end, r.turns), (EndReason::MaxTurns, 6), "{r:?}");
+        assert!(r.compactions >= 2, "{}", r.compactions);
+        let chains = r.session.trajectories();
+        assert_eq!(chains.len(), r.compactions + 1);
+        let first = &r.session.checkpoints[0].prompt;
+        let turn = say(&t, call, FinishReason::Stop).ids;
+        let obs = codec.observation(Role::Tool, "<result>2</result>").unwrap();
+        for c in &chains[1..] {
+            // First observation, the kept turn, its result: ids as sampled and as tokenised once.
+            let want: Vec<TokenId> = first.iter().chain(&turn).chain(&obs).copied().collect();
+            assert_eq!(c.prompt, want);
+        }
+        // No turn was asked with a context of the model's length or more.
+        assert!(r.session.checkpoints.iter().all(|c| c.prompt.len() < 64));
+        // Every sampled turn is trained on exactly once, in one chain or another.
+        let sampled: usize = chains.iter().map(|c| c.sampled_tokens()).sum();
+        assert_eq!(sampled, 6 * turn.len());
+        assert_eq!(r.retokenize_mismatch, 0);
+        // Without compaction (or under the linear rule, which cannot start a new chain), the
+        // same episode ends when its context is full.
+        for l in [EpisodeLimits { compact: None, ..limits.clone() }, EpisodeLimits { rule: Rule::Linear, ..limits }] {
+            let r = one(&t, &env, &l, call, FinishReason::Stop);
+            assert_eq!((r.end, r.compactions, r.session.trajectories().len()), (EndReason::ContextOverflow, 0, 1));
+        }
+    }
+
+    #[test]
+    fn compaction_keeping_no_turn_shows_the_question_and_the_last_observation() {
+        let t = tok();
+        let codec = ChatCodec::new(&t, None).unwrap();
+        let env = Calculator::new(CalculatorSpec::default());
+        let call = "<tool>calc 1+1</tool>";
+        let limits = EpisodeLimits {
+            max_turns: 3,
+            max_context: 40,
+            rule: Rule::Branching,
+            compact: Some(0),
+            ..EpisodeLimits::default()
+        };
+        let r = one(&t, &env, &limits, call, FinishReason::Stop);
+        assert_eq!(r.end, EndReason::MaxTurns);
+        let obs = codec.observation(Role::Tool, "<result>2</result>").unwrap();
+        let first = &r.session.checkpoints[0].prompt;
+        let want: Vec<TokenId> = first.iter().chain(&obs).copied().collect();
+        assert_eq!(r.session.checkpoints[1].prompt, want);
+        assert_eq!(r.session.checkpoints[1].parent, None);
     }
 
     fn one(

@@ -18,7 +18,7 @@ pub mod tools;
 mod ws;
 
 pub use calculator::Calculator;
-pub use episode::{run_episodes, EpisodeLimits, EpisodeResult, OnEnvError, RewardMode, TurnSample};
+pub use episode::{run_episodes, Episode, EpisodeLimits, EpisodeResult, OnEnvError, RewardMode, TurnSample};
 pub use jsonl::JsonlEnv;
 pub use openenv::OpenEnv;
 pub use spec::EnvSpec;

@@ -48,6 +48,18 @@ impl EnvRunner {
         Ok(EnvRunner { env: run.env.build()?, limits: run.limits(max_context)?, std_norm })
     }
 
+    /// The run's environment (`None` when its samples are single responses). Each thread that
+    /// plays episodes builds its own (a `command_env` starts one process each).
+    pub fn for_run(spec: &crate::spec::RunSpec) -> Result<Option<EnvRunner>, RunError> {
+        spec.env.as_ref().map(|e| EnvRunner::new(e, spec.model.max_len, spec.train.std_norm)).transpose()
+    }
+
+    /// The chat codec episodes are framed with (the run's tokenizer, no system prompt).
+    pub fn codec(task: &TaskSet) -> Result<ChatCodec<'_>, RunError> {
+        ChatCodec::new(&task.tokenizer, None)
+            .map_err(|e| RunError::new(crate::E_SPEC, format!("the tokenizer cannot frame observations: {e}")))
+    }
+
     /// Plays `n` episodes of each row; `params` samples every turn (its seed varies per turn).
     pub fn play(
         &self,
@@ -58,8 +70,7 @@ impl EnvRunner {
         params: &SamplingParams,
         prefix: &str,
     ) -> Result<(Vec<usize>, Vec<EpisodeResult>), RunError> {
-        let codec = ChatCodec::new(&task.tokenizer, None)
-            .map_err(|e| RunError::new(crate::E_SPEC, format!("the tokenizer cannot frame observations: {e}")))?;
+        let codec = Self::codec(task)?;
         let (groups, tasks): (Vec<usize>, Vec<Task>) = tasks_of(rows, n, params.seed, prefix).into_iter().unzip();
         let mut turn = 0u64;
         let mut generate = |contexts: &[Vec<TokenId>]| -> Result<Vec<TurnSample>, RunError> {
@@ -79,20 +90,11 @@ impl EnvRunner {
         Ok((groups, results))
     }
 
-    /// A training step's batch from `n` episodes per row.
-    pub fn step(
-        &self,
-        task: &TaskSet,
-        engine: &mut dyn RolloutEngine,
-        rows: &[PromptRow],
-        n: usize,
-        params: &SamplingParams,
-        prefix: &str,
-    ) -> Result<StepBatch, RunError> {
-        let (groups_of, results) = self.play(task, engine, rows, n, params, prefix)?;
+    /// A training step's batch from played episodes (`play`'s groups and results).
+    pub fn batch(&self, groups_of: &[usize], results: &[EpisodeResult]) -> StepBatch {
         let kept: Vec<(usize, &EpisodeResult, f32)> = groups_of
             .iter()
-            .zip(&results)
+            .zip(results)
             .filter_map(|(g, r)| r.training_reward(self.limits.on_env_error).map(|w| (*g, r, w)))
             .collect();
         let rewards: Vec<f32> = kept.iter().map(|k| k.2).collect();
@@ -107,15 +109,15 @@ impl EnvRunner {
             }
         }
         let stopped = results.iter().filter(|r| r.end == super::EndReason::Done).count();
-        Ok(StepBatch {
+        StepBatch {
             batch,
             rewards,
             groups,
             sampled_tokens,
             responses: results.len(),
             stopped,
-            metrics: metrics(&results),
-        })
+            metrics: metrics(results),
+        }
     }
 
     /// Held-out success (the share of episodes whose reward reaches 1) and mean sampled tokens per
@@ -134,4 +136,43 @@ impl EnvRunner {
         let tokens: usize = results.iter().map(|r| r.session.sampled_tokens()).sum();
         Ok((solved / n, tokens as f64 / n))
     }
+}
+
+/// A finished group of episodes as the asynchronous buffer holds it: one sample per trajectory of
+/// each episode that trains (one per TITO chain: a compacted episode has several), carrying the
+/// episode's reward, with its
+/// own prompt and loss mask (observation ids 0); every episode's result is kept for the step's
+/// metrics. A sample's finish is `Stop` when its episode ended `done`.
+pub fn buffered_group(
+    results: Vec<EpisodeResult>,
+    on_env_error: super::OnEnvError,
+) -> (Vec<crate::stream::StreamSample>, Vec<f32>, crate::buffer::EpisodeParts) {
+    use crate::stream::{StreamSample, VersionSpan};
+    let mut samples = Vec::new();
+    let mut rewards = Vec::new();
+    let mut parts = crate::buffer::EpisodeParts::default();
+    for (k, r) in results.iter().enumerate() {
+        let Some(reward) = r.training_reward(on_env_error) else { continue };
+        let finish = if r.end == super::EndReason::Done {
+            crate::backend::FinishReason::Stop
+        } else {
+            crate::backend::FinishReason::Length
+        };
+        for t in r.session.trajectories() {
+            samples.push(StreamSample {
+                id: 0,
+                versions: VersionSpan::of_tokens(&t.versions),
+                response: t.response,
+                logprobs: t.logprobs,
+                finish,
+                aborted: false,
+            });
+            rewards.push(reward);
+            parts.prompts.push(t.prompt);
+            parts.masks.push(t.loss_mask);
+            parts.episode_of.push(k);
+        }
+    }
+    parts.results = results;
+    (samples, rewards, parts)
 }

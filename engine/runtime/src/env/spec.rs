@@ -36,6 +36,13 @@ pub struct EnvRunSpec {
     pub reward: super::RewardMode,
     #[serde(default)]
     pub on_env_error: super::OnEnvError,
+    /// The TITO rule of each episode's session (`linear` unless the recipe's `tito` says).
+    #[serde(default)]
+    pub session: crate::session::Rule,
+    /// Compact a full context to the first observation and the last this many turns, instead of
+    /// ending the episode (`None`). Needs `session = branching`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compact_keep_turns: Option<usize>,
 }
 
 fn default_max_turns() -> usize {
@@ -68,6 +75,12 @@ impl EnvRunSpec {
                 "run spec field `env.max_turns`/`env.concurrency`: must be at least 1",
             ));
         }
+        if self.compact_keep_turns.is_some() && self.session != crate::session::Rule::Branching {
+            return Err(RunError::new(
+                crate::E_SPEC,
+                "run spec field `env.compact_keep_turns`: compaction needs `env.session = branching` (a compacted context does not extend the last turn)",
+            ));
+        }
         Ok(super::EpisodeLimits {
             max_turns: self.max_turns,
             turn_timeout: secs("turn_timeout_s", self.turn_timeout_s)?,
@@ -77,6 +90,8 @@ impl EnvRunSpec {
             tool_format: self.tool_format,
             reward: self.reward,
             on_env_error: self.on_env_error,
+            rule: self.session,
+            compact: self.compact_keep_turns,
         })
     }
 
