@@ -40,6 +40,10 @@ impl<'r> Mapper<'r> {
     fn stage_by_kind(&self, pred: impl Fn(&StageNode) -> bool) -> Vec<&'r StageNode> {
         self.g.nodes().filter(|n| pred(n)).collect()
     }
+    /// The first stage of `kind`, in graph order.
+    fn first_of_kind(&self, kind: &str) -> Option<&'r StageNode> {
+        self.g.nodes().find(|n| n.kind == kind)
+    }
     fn upstream(&self, node: &StageNode, port: PortKind) -> Option<&'r StageNode> {
         node.inputs.values().find_map(|v| match v {
             Value::Stage(n) => self.g.node(n).filter(|up| up.output == Some(port)),
@@ -233,7 +237,7 @@ pub fn run_spec(recipe: &CompiledRecipe) -> Result<RunSpec, Vec<Diagnostic>> {
     let task = TaskSpec { kind: task_kind, split: SplitSpec { test_size, seed: split_seed }, partial_credit };
 
     // SFT warm-up: an sft stage feeding the rollout's policy.
-    let sft = m.stage_by_kind(|n| n.kind == "sft").first().map(|s| {
+    let sft = m.first_of_kind("sft").map(|s| {
         let (steps, lr, batch, warmup) = (
             rec_steps(s, "steps"),
             s.param("lr").and_then(Value::as_f64).unwrap_or(1e-3),
@@ -287,8 +291,7 @@ pub fn run_spec(recipe: &CompiledRecipe) -> Result<RunSpec, Vec<Diagnostic>> {
         global_batch: m.u64(train, "global_batch") as usize,
     };
     let eval = m
-        .stage_by_kind(|n| n.kind == "evaluate")
-        .first()
+        .first_of_kind("evaluate")
         .map(|e| EvalSpec {
             every: rec_steps(e, "every"),
             prompts: e.param("limit").and_then(Value::as_i64).unwrap_or(200).max(1) as usize,
@@ -301,14 +304,13 @@ pub fn run_spec(recipe: &CompiledRecipe) -> Result<RunSpec, Vec<Diagnostic>> {
         })
         .unwrap_or_default();
     let checkpoint = m
-        .stage_by_kind(|n| n.kind == "checkpoint")
-        .first()
+        .first_of_kind("checkpoint")
         .map(|c| CheckpointSpec {
             every: rec_steps(c, "every"),
             keep: c.param("keep").and_then(Value::as_i64).unwrap_or(2).max(1) as usize,
         })
         .unwrap_or_default();
-    let sync = m.stage_by_kind(|n| n.kind == "weights").first().copied();
+    let sync = m.first_of_kind("weights");
     let mut distributed =
         settings.and_then(|s| s.get("launcher")).and_then(Value::as_record).and_then(|l| distributed_spec(l, sync));
     if !engine_urls.is_empty() {
@@ -355,7 +357,7 @@ pub fn run_spec(recipe: &CompiledRecipe) -> Result<RunSpec, Vec<Diagnostic>> {
         stages: StageNames {
             rollout: rollout.name.clone(),
             train: train.name.clone(),
-            eval: m.stage_by_kind(|n| n.kind == "evaluate").first().map_or_else(|| "eval".into(), |e| e.name.clone()),
+            eval: m.first_of_kind("evaluate").map_or_else(|| "eval".into(), |e| e.name.clone()),
         },
     })
 }

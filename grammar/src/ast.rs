@@ -322,13 +322,14 @@ pub enum ExprKind {
     Error,
 }
 
-impl Expr {
-    /// Calls `f` on each direct sub-expression, in source order (a call's callee, then each
-    /// argument and its arrow target; a record's base, then its field values). The match is
-    /// exhaustive on purpose: a new `ExprKind` does not compile until it says what its
-    /// children are, so no walker silently skips it.
-    pub fn for_each_child<'a>(&'a self, mut f: impl FnMut(&'a Expr)) {
-        match &self.kind {
+/// The one exhaustive list of an expression's children, in source order (a call's callee, then
+/// each argument and its arrow target; a record's base, then its field values), calling `$f` on
+/// each. A macro so that shared and mutable borrows share it: the patterns bind by reference or
+/// by mutable reference as `$kind` is borrowed. Exhaustive on purpose: a new `ExprKind` does not
+/// compile until it says what its children are, so no walker silently skips it.
+macro_rules! each_child {
+    ($kind:expr, $f:ident) => {
+        match $kind {
             ExprKind::Number(_)
             | ExprKind::Quantity { .. }
             | ExprKind::Str(_)
@@ -336,36 +337,65 @@ impl Expr {
             | ExprKind::None
             | ExprKind::Name(_)
             | ExprKind::Error => {}
-            ExprKind::List(items) => items.iter().for_each(f),
-            ExprKind::Map(entries) => entries.iter().for_each(|(_, v)| f(v)),
-            ExprKind::Field(base, _) => f(base),
+            ExprKind::List(items) => {
+                for item in items {
+                    $f(item);
+                }
+            }
+            ExprKind::Map(entries) => {
+                for (_, v) in entries {
+                    $f(v);
+                }
+            }
+            ExprKind::Field(base, _) => $f(base),
             ExprKind::Call { callee, args, .. } => {
-                f(callee);
-                for a in args {
-                    f(&a.value);
-                    if let Some(t) = &a.arrow_to {
-                        f(t);
+                $f(callee);
+                for Arg { value, arrow_to, .. } in args {
+                    $f(value);
+                    if let Some(t) = arrow_to {
+                        $f(t);
                     }
                 }
             }
             ExprKind::Record { base, fields, .. } => {
-                f(base);
-                fields.iter().for_each(|b| f(&b.value));
+                $f(base);
+                for Binding { value, .. } in fields {
+                    $f(value);
+                }
             }
             ExprKind::Binary { lhs, rhs, .. } => {
-                f(lhs);
-                f(rhs);
+                $f(lhs);
+                $f(rhs);
             }
-            ExprKind::Unary { expr, .. } | ExprKind::Paren(expr) => f(expr),
+            ExprKind::Unary { expr, .. } | ExprKind::Paren(expr) => $f(expr),
             ExprKind::If { cond, then, otherwise } => {
-                f(cond);
-                f(then);
-                f(otherwise);
+                $f(cond);
+                $f(then);
+                $f(otherwise);
             }
             ExprKind::Range { start, end, .. } => {
-                start.iter().chain(end.iter()).for_each(|x| f(x));
+                if let Some(start) = start {
+                    $f(start);
+                }
+                if let Some(end) = end {
+                    $f(end);
+                }
             }
         }
+    };
+}
+
+impl ExprKind {
+    /// `Expr::for_each_child` with mutable borrows: how a deep tree is taken apart (`depth.rs`).
+    pub(crate) fn for_each_child_mut(&mut self, mut f: impl FnMut(&mut Expr)) {
+        each_child!(self, f)
+    }
+}
+
+impl Expr {
+    /// Calls `f` on each direct sub-expression, in source order (see `each_child!`).
+    pub fn for_each_child<'a>(&'a self, mut f: impl FnMut(&'a Expr)) {
+        each_child!(&self.kind, f)
     }
 
     /// The direct sub-expressions, in source order (see `for_each_child`).

@@ -55,35 +55,9 @@ pub(crate) fn too_deep_expr(e: &Expr) -> bool {
     false
 }
 
-/// Moves the boxed and listed sub-expressions of `kind` into `out`, leaving leaves behind.
+/// Moves the sub-expressions of `kind` into `out`, leaving `Error` leaves in their place.
 fn take_children(kind: &mut ExprKind, out: &mut Vec<Expr>) {
-    let take = |b: &mut Box<Expr>| std::mem::replace(&mut **b, Expr { kind: ExprKind::Error, span: Span::default() });
-    match kind {
-        ExprKind::List(items) => out.append(items),
-        ExprKind::Map(entries) => out.extend(entries.drain(..).map(|(_, v)| v)),
-        ExprKind::Field(b, _) | ExprKind::Paren(b) | ExprKind::Unary { expr: b, .. } => out.push(take(b)),
-        ExprKind::Call { callee, args, .. } => {
-            out.push(take(callee));
-            for a in args.drain(..) {
-                out.push(a.value);
-                out.extend(a.arrow_to);
-            }
-        }
-        ExprKind::Record { base, fields, .. } => {
-            out.push(take(base));
-            out.extend(fields.drain(..).map(|b| b.value));
-        }
-        ExprKind::Binary { lhs, rhs, .. } => out.extend([take(lhs), take(rhs)]),
-        ExprKind::If { cond, then, otherwise } => out.extend([take(cond), take(then), take(otherwise)]),
-        ExprKind::Range { start, end, .. } => out.extend(start.take().into_iter().chain(end.take()).map(|b| *b)),
-        ExprKind::Number(_)
-        | ExprKind::Quantity { .. }
-        | ExprKind::Str(_)
-        | ExprKind::Bool(_)
-        | ExprKind::None
-        | ExprKind::Name(_)
-        | ExprKind::Error => {}
-    }
+    kind.for_each_child_mut(|c| out.push(std::mem::replace(c, Expr { kind: ExprKind::Error, span: Span::default() })));
 }
 
 /// A tree of any depth drops in a loop: the derived drop recursed once per level, and a

@@ -560,7 +560,7 @@ fn values_of_type(a: &Analysis, t: &Type) -> Vec<Completion> {
 
 #[cfg(test)]
 mod tests {
-    use crate::fixture::{at_cursor, recipe};
+    use crate::fixture::{after_a_syntax_error, at_cursor, recipe};
     use insta::assert_snapshot;
 
     /// One line per item, in the order an editor shows them: `label (kind sort)  detail`.
@@ -643,15 +643,6 @@ mod tests {
 
     #[test]
     fn survives_a_syntax_error_elsewhere() {
-        assert_snapshot!(check(
-            r#"const broken = [1, 2
-schema lr_schedule {
-    /// Peak learning rate.
-    peak: Float in 0..1 = 1e-4
-    warmup: Steps = 100.steps
-}
-const s = lr_schedule { $0 }
-"#
-        ));
+        assert_snapshot!(check(&after_a_syntax_error("const s = lr_schedule { $0 }")));
     }
 }

@@ -56,6 +56,15 @@ impl Fixture {
         let c = miles_compiler::compile(&self.fs, &[entry.to_string()], &Default::default());
         Analysis::new(c)
     }
+
+    /// One analysis per open document, as the language server keeps them: the cursor's document
+    /// first, then `open`; and the cursor's file id in the first.
+    pub fn open_documents(&self, open: &[&str]) -> (Vec<Analysis>, FileId) {
+        let docs = std::iter::once(self.main.as_str()).chain(open.iter().copied());
+        let analyses: Vec<Analysis> = docs.map(|d| self.analysis(d)).collect();
+        let file = analyses[0].file_id(&self.main).unwrap_or_default();
+        (analyses, file)
+    }
 }
 
 /// A package build for fixtures: `team` (root `team/`) depends on `platform` (root
@@ -152,6 +161,21 @@ recipe tiny {{
 const peak_lr = 3e-4
 /// Answer length in tokens.
 const answer_tokens = 2.tokens * 2
+"#
+    )
+}
+
+/// A file whose first item does not parse, then a schema and `last_line` (holding `$0`) that uses
+/// it: a feature must still answer in the items that parse.
+pub fn after_a_syntax_error(last_line: &str) -> String {
+    format!(
+        r#"const broken = [1, 2
+schema lr_schedule {{
+    /// Peak learning rate.
+    peak: Float in 0..1 = 1e-4
+    warmup: Steps = 100.steps
+}}
+{last_line}
 "#
     )
 }

@@ -55,11 +55,8 @@ mod tests {
     /// cursor's document first), one line each.
     pub fn check(fixture: &str, open: &[&str]) -> String {
         let fx = Fixture::parse(fixture);
-        let mut docs = vec![fx.main.clone()];
-        docs.extend(open.iter().map(|s| s.to_string()));
-        let analyses: Vec<crate::Analysis> = docs.iter().map(|d| fx.analysis(d)).collect();
+        let (analyses, file) = fx.open_documents(open);
         let refs: Vec<&crate::Analysis> = analyses.iter().collect();
-        let file = refs[0].file_id(&fx.main).unwrap_or_default();
         super::references(&refs, 0, file, fx.offset, true)
             .into_iter()
             .map(|f| format!("{} `{}`\n", loc(refs[f.analysis], f.span), text_of(refs[f.analysis], f.span)))

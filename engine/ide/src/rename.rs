@@ -52,11 +52,8 @@ mod tests {
     /// cursor's document first): one line per edit, or the refusal.
     fn check(fixture: &str, open: &[&str], new_name: &str) -> String {
         let fx = Fixture::parse(fixture);
-        let mut docs = vec![fx.main.clone()];
-        docs.extend(open.iter().map(|s| s.to_string()));
-        let analyses: Vec<crate::Analysis> = docs.iter().map(|d| fx.analysis(d)).collect();
+        let (analyses, file) = fx.open_documents(open);
         let refs: Vec<&crate::Analysis> = analyses.iter().collect();
-        let file = refs[0].file_id(&fx.main).unwrap_or_default();
         match super::rename(&refs, 0, file, fx.offset, new_name) {
             Ok(edits) => edits
                 .into_iter()

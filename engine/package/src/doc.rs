@@ -18,6 +18,13 @@ struct Entry {
     extra: Vec<String>,
 }
 
+impl Entry {
+    /// An item with its kind, name and doc only; each kind adds what it has.
+    fn new(kind: &'static str, name: &str, doc: String) -> Entry {
+        Entry { kind, name: name.to_string(), doc, fields: vec![], checks: vec![], extra: vec![] }
+    }
+}
+
 fn slice(text: &str, span: Span) -> String {
     text.get(span.start as usize..span.end as usize).unwrap_or("").trim().to_string()
 }
@@ -62,24 +69,15 @@ fn entries(text: &str) -> (String, Vec<Entry>) {
         let e = match &item.kind {
             ItemKind::Import(_) => continue,
             ItemKind::Const(c) => Entry {
-                kind: "const",
-                name: c.name.name.clone(),
-                doc: d,
-                fields: vec![],
-                checks: vec![],
                 extra: vec![format!(
                     "`{}{} = {}`",
                     c.name.name,
                     c.ty.as_ref().map(|t| format!(": {}", slice(text, t.span))).unwrap_or_default(),
                     slice(text, c.value.span)
                 )],
+                ..Entry::new("const", &c.name.name, d)
             },
             ItemKind::Enum(e) => Entry {
-                kind: "enum",
-                name: e.name.name.clone(),
-                doc: d,
-                fields: vec![],
-                checks: vec![],
                 extra: e
                     .members
                     .iter()
@@ -92,22 +90,16 @@ fn entries(text: &str) -> (String, Vec<Entry>) {
                         }
                     })
                     .collect(),
+                ..Entry::new("enum", &e.name.name, d)
             },
-            ItemKind::Interface(i) => {
-                Entry { kind: "interface", name: i.name.clone(), doc: d, fields: vec![], checks: vec![], extra: vec![] }
-            }
+            ItemKind::Interface(i) => Entry::new("interface", &i.name, d),
             ItemKind::Schema(s) => Entry {
-                kind: "schema",
-                name: s.name.name.clone(),
-                doc: d,
                 fields: fields(text, &s.fields),
                 checks: checks(text, &s.checks),
                 extra: s.interface.iter().map(|i| format!("is `{}`", i.name)).collect(),
+                ..Entry::new("schema", &s.name.name, d)
             },
             ItemKind::Stage(s) => Entry {
-                kind: "stage",
-                name: s.name.name.clone(),
-                doc: d,
                 fields: fields(text, &s.fields),
                 checks: checks(text, &s.checks),
                 extra: s
@@ -116,20 +108,12 @@ fn entries(text: &str) -> (String, Vec<Entry>) {
                     .map(|p| format!("input `{}: {}`", p.name.name, slice(text, p.ty.span)))
                     .chain(s.output.iter().map(|o| format!("output `{}`", slice(text, o.span))))
                     .collect(),
+                ..Entry::new("stage", &s.name.name, d)
             },
-            ItemKind::Model(b) | ItemKind::Cluster(b) => Entry {
-                kind: if matches!(item.kind, ItemKind::Model(_)) { "model" } else { "cluster" },
-                name: b.name.name.clone(),
-                doc: d,
-                fields: vec![],
-                checks: vec![],
-                extra: vec![],
-            },
+            ItemKind::Model(b) | ItemKind::Cluster(b) => {
+                Entry::new(if matches!(item.kind, ItemKind::Model(_)) { "model" } else { "cluster" }, &b.name.name, d)
+            }
             ItemKind::Recipe(r) => Entry {
-                kind: "recipe",
-                name: r.name.name.clone(),
-                doc: d,
-                fields: vec![],
                 checks: checks(text, &r.checks),
                 extra: r
                     .extends
@@ -144,6 +128,7 @@ fn entries(text: &str) -> (String, Vec<Entry>) {
                         )
                     }))
                     .collect(),
+                ..Entry::new("recipe", &r.name.name, d)
             },
         };
         out.push(e);

@@ -75,18 +75,26 @@ pub enum GitRef {
     Version(String),
 }
 
+impl GitRef {
+    /// The manifest key that names this reference (`tag`, `branch`, `rev` or `version`) and its
+    /// value: `miles.lock` and `miles add` spell a git source with the same keys.
+    pub fn key_value(&self) -> (&'static str, &str) {
+        match self {
+            GitRef::Tag(t) => ("tag", t),
+            GitRef::Branch(b) => ("branch", b),
+            GitRef::Rev(r) => ("rev", r),
+            GitRef::Version(v) => ("version", v),
+        }
+    }
+}
+
 impl Dependency {
     /// The dependency as `miles.lock` records its source: `path+DIR` or `git+URL?tag=v1`.
     pub fn source(&self) -> String {
         match self {
             Dependency::Path(p) => format!("path+{p}"),
             Dependency::Git { url, at } => {
-                let (k, v) = match at {
-                    GitRef::Tag(t) => ("tag", t),
-                    GitRef::Branch(b) => ("branch", b),
-                    GitRef::Rev(r) => ("rev", r),
-                    GitRef::Version(v) => ("version", v),
-                };
+                let (k, v) = at.key_value();
                 format!("git+{url}?{k}={v}")
             }
         }
@@ -249,12 +257,7 @@ impl Manifest {
         match dep {
             Dependency::Path(p) => format!("{name} = {{ path = {} }}", q(p)),
             Dependency::Git { url, at } => {
-                let (k, v) = match at {
-                    GitRef::Tag(t) => ("tag", t),
-                    GitRef::Branch(b) => ("branch", b),
-                    GitRef::Rev(r) => ("rev", r),
-                    GitRef::Version(v) => ("version", v),
-                };
+                let (k, v) = at.key_value();
                 format!("{name} = {{ git = {}, {k} = {} }}", q(url), q(v))
             }
         }

@@ -307,15 +307,7 @@ impl Policy {
                                                                                                                // Boolean mask (true = may attend) for libtorch's fused attention, built once per pass.
         let mask = allowed.unsqueeze(1); // [B, 1, T, S]
 
-        let flat_pos = positions.reshape([-1]);
-        let cos = self.cos.index_select(0, &flat_pos).view([b, 1, t, hd]);
-        let sin = self.sin.index_select(0, &flat_pos).view([b, 1, t, hd]);
-        let rope = |x: &Tensor| -> Tensor {
-            let x1 = x.narrow(-1, 0, hd / 2);
-            let x2 = x.narrow(-1, hd / 2, hd / 2);
-            let rot = Tensor::cat(&[&x2.neg(), &x1], -1);
-            x * &cos + rot * &sin
-        };
+        let rope = self.rotary(positions, b, t);
 
         let mut x = self.embed.index_select(0, &tokens.reshape([-1])).view([b, t, -1]);
         for (li, layer) in self.layers.iter().enumerate() {
@@ -353,13 +345,7 @@ impl Policy {
                 }
                 None => (k, v),
             };
-            let (k_all, v_all) = if kvh != h {
-                let g = h / kvh;
-                let rep = |x: &Tensor| x.unsqueeze(2).expand([b, kvh, g, s, hd], false).reshape([b, h, s, hd]);
-                (rep(&k_all), rep(&v_all))
-            } else {
-                (k_all, v_all)
-            };
+            let (k_all, v_all) = repeat_kv(k_all, v_all, [b, kvh, s, hd], h);
             // Fused attention (scale 1/sqrt(hd) by default).
             let att = Tensor::scaled_dot_product_attention(&q, &k_all, &v_all, Some(&mask), 0.0, false, None, false);
             let att = att.transpose(1, 2).contiguous().view([b, t, h * hd]);
@@ -398,14 +384,7 @@ impl Policy {
             .masked_fill(&allowed.logical_not().unsqueeze(1), f64::NEG_INFINITY);
         let flat_pos = positions.reshape([-1]);
         let flat_rows = rows.unsqueeze(1).expand([b, t], false).reshape([-1]);
-        let cos = self.cos.index_select(0, &flat_pos).view([b, 1, t, hd]);
-        let sin = self.sin.index_select(0, &flat_pos).view([b, 1, t, hd]);
-        let rope = |x: &Tensor| -> Tensor {
-            let x1 = x.narrow(-1, 0, hd / 2);
-            let x2 = x.narrow(-1, hd / 2, hd / 2);
-            let rot = Tensor::cat(&[&x2.neg(), &x1], -1);
-            x * &cos + rot * &sin
-        };
+        let rope = self.rotary(positions, b, t);
         let mut x = self.embed.index_select(0, &tokens.reshape([-1])).view([b, t, -1]);
         for (li, layer) in self.layers.iter().enumerate() {
             let xn = rms_norm(&x, &layer.ln1, cfg.norm_eps);
@@ -423,13 +402,7 @@ impl Policy {
             let _ = cache.v[li].index_put_(&[Some(&flat_rows), Some(&flat_pos)], &v.reshape([b * t, kvh, hd]), false);
             let k_all = cache.k[li].index_select(0, rows).narrow(1, 0, span).permute([0, 2, 1, 3]);
             let v_all = cache.v[li].index_select(0, rows).narrow(1, 0, span).permute([0, 2, 1, 3]);
-            let (k_all, v_all) = if kvh != h {
-                let g = h / kvh;
-                let rep = |x: &Tensor| x.unsqueeze(2).expand([b, kvh, g, span, hd], false).reshape([b, h, span, hd]);
-                (rep(&k_all), rep(&v_all))
-            } else {
-                (k_all, v_all)
-            };
+            let (k_all, v_all) = repeat_kv(k_all, v_all, [b, kvh, span, hd], h);
             let scores = q.matmul(&k_all.transpose(-2, -1)) * (1.0 / (hd as f64).sqrt()) + &mask;
             let att = scores.softmax(-1, Kind::Float).matmul(&v_all);
             let att = att.transpose(1, 2).contiguous().view([b, t, h * hd]);
@@ -440,6 +413,20 @@ impl Policy {
             x = x + mlp;
         }
         rms_norm(&x, &self.norm, cfg.norm_eps).linear::<Tensor>(&self.lm_head, None)
+    }
+
+    /// Rotary position embedding at `positions` [B, T]: rotates queries or keys [B, heads, T, hd].
+    fn rotary(&self, positions: &Tensor, b: i64, t: i64) -> impl Fn(&Tensor) -> Tensor {
+        let hd = self.cfg.head_dim() as i64;
+        let flat_pos = positions.reshape([-1]);
+        let cos = self.cos.index_select(0, &flat_pos).view([b, 1, t, hd]);
+        let sin = self.sin.index_select(0, &flat_pos).view([b, 1, t, hd]);
+        move |x: &Tensor| -> Tensor {
+            let x1 = x.narrow(-1, 0, hd / 2);
+            let x2 = x.narrow(-1, hd / 2, hd / 2);
+            let rot = Tensor::cat(&[&x2.neg(), &x1], -1);
+            x * &cos + rot * &sin
+        }
     }
 
     pub fn snapshot(&self, version: u64) -> Result<WeightSnapshot, RunError> {
@@ -527,6 +514,18 @@ pub(crate) fn load_named(
         p.f_copy_(src).map_err(backend_err)?;
     }
     Ok(())
+}
+
+/// Grouped-query attention: each of the `kvh` key/value heads [B, KVH, S, hd] serves `h / kvh`
+/// query heads, so keys and values are repeated to [B, H, S, hd] (returned as they are when
+/// `kvh == h`).
+fn repeat_kv(k: Tensor, v: Tensor, [b, kvh, s, hd]: [i64; 4], h: i64) -> (Tensor, Tensor) {
+    if kvh == h {
+        return (k, v);
+    }
+    let g = h / kvh;
+    let rep = |x: &Tensor| x.unsqueeze(2).expand([b, kvh, g, s, hd], false).reshape([b, h, s, hd]);
+    (rep(&k), rep(&v))
 }
 
 fn rms_norm(x: &Tensor, w: &Tensor, eps: f64) -> Tensor {

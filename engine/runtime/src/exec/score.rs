@@ -1,0 +1,72 @@
+//! Scoring: responses through the run's reward, and held-out evaluation (single responses or
+//! greedy episodes).
+
+use crate::backend::*;
+use crate::env::rollout::EnvRunner;
+use crate::reward::{BatchReward, RewardOutcome};
+use crate::spec::RunSpec;
+use crate::tasks::{PromptRow, TaskSet, TokenId};
+use super::*;
+
+/// Held-out success and mean sampled tokens on the first `eval.prompts` test items: greedy
+/// responses scored by the run's reward, or, in a run with an environment, one greedy episode per
+/// item. Every executor and evaluation mode measures through here.
+pub(crate) fn evaluate(
+    spec: &RunSpec,
+    task: &TaskSet,
+    reward: &mut dyn BatchReward,
+    env: Option<&EnvRunner>,
+    engine: &mut dyn RolloutEngine,
+) -> Result<(f64, f64), RunError> {
+    if let Some(env) = env {
+        return env.evaluate(task, engine, eval_rows(spec, task), spec.rollout.max_new_tokens);
+    }
+    let items: Vec<&PromptRow> = eval_rows(spec, task).iter().collect();
+    let prompts = items.iter().map(|it| task.tokenizer.encode_prompt(&it.prompt)).collect::<Result<Vec<_>, _>>()?;
+    let params = SamplingParams::greedy(spec.rollout.max_new_tokens).with_stop(task.stop_tokens());
+    let samples = engine.generate(&prompts, 1, &params)?;
+    let scored: Vec<Scored> = samples
+        .iter()
+        .map(|s| (format!("eval/p{}", s.prompt_index), items[s.prompt_index], &s.response[..], s.finish))
+        .collect();
+    let outcomes = score_responses(reward, task, &scored)?;
+    let len: usize = samples.iter().map(|s| s.response.len()).sum();
+    let n = samples.len().max(1) as f64;
+    Ok((eval_score(&outcomes), len as f64 / n))
+}
+
+/// The test rows an evaluation plays (the first `eval.prompts`).
+fn eval_rows<'t>(spec: &RunSpec, task: &'t TaskSet) -> &'t [PromptRow] {
+    &task.test[..spec.eval.prompts.max(1).min(task.test.len())]
+}
+
+/// Held-out score of greedy responses: the fraction the reward scores 1 (exact match: accuracy);
+/// a dropped sample counts as 0 here, so a failing reward never raises the score.
+pub(crate) fn eval_score(outcomes: &[RewardOutcome]) -> f64 {
+    let full = outcomes.iter().filter(|o| o.reward().is_some_and(|r| r >= 1.0)).count();
+    full as f64 / outcomes.len().max(1) as f64
+}
+
+/// A response to score: its sample id (what a failing reward's message names, e.g.
+/// `step12/p3/s1`), its prompt row, its ids and how it ended.
+pub(crate) type Scored<'a> = (String, &'a PromptRow, &'a [TokenId], FinishReason);
+
+/// Scores responses with `reward`, in order.
+pub(crate) fn score_responses(
+    reward: &mut dyn BatchReward,
+    task: &TaskSet,
+    responses: &[Scored],
+) -> Result<Vec<RewardOutcome>, RunError> {
+    let inputs: Vec<_> = responses
+        .iter()
+        .map(|(id, row, ids, finish)| row.reward_input(id.clone(), task.tokenizer.decode(ids), *finish))
+        .collect();
+    let out = reward.score_batch(&inputs)?;
+    if out.len() != inputs.len() {
+        return Err(RunError::new(
+            crate::reward::E_REWARD,
+            format!("reward `{}` returned {} results for {} samples", reward.name(), out.len(), inputs.len()),
+        ));
+    }
+    Ok(out)
+}

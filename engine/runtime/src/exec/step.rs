@@ -1,0 +1,122 @@
+//! One RL step's pieces both executors share: the learning rates, training with a non-finite
+//! check, the wall-time limit, and the step's metrics columns.
+
+use crate::backend::*;
+use crate::spec::{RunOptions, RunSpec};
+use serde_json::{json, Map, Value};
+use std::path::PathBuf;
+use std::time::Instant;
+use super::*;
+
+/// Refuses to start step `step + 1` after the run's wall-time limit (`--max-wall`).
+pub(crate) fn check_wall_time(opts: &RunOptions, started: Instant, step: u64) -> Result<(), RunError> {
+    match opts.max_wall {
+        Some(limit) if started.elapsed() > limit => Err(RunError::new(
+            E_TIMEOUT,
+            format!("the run's wall-time limit ({:.0} s) expired after step {step}", limit.as_secs_f64()),
+        )
+        .with_help("resume with --resume to continue from the last checkpoint")),
+        _ => Ok(()),
+    }
+}
+
+/// The learning rate of each optimizer step of RL step `step` (1-based).
+pub(crate) fn step_lrs(spec: &RunSpec, step: u64) -> Vec<f64> {
+    let per_step = spec.optimizer_steps_per_rl_step() as u64;
+    let total = per_step * spec.steps;
+    (0..per_step).map(|j| lr_at(&spec.train, (step - 1) * per_step + j, total)).collect()
+}
+
+/// One RL training step; a NaN/infinite loss or gradient stops the run (E0505) naming the last
+/// good checkpoint.
+pub(crate) fn train_checked(
+    trainer: &mut dyn Trainer,
+    batch: &[Trajectory],
+    lrs: &[f64],
+    temperature: f64,
+    step: u64,
+    last_ckpt: &Option<PathBuf>,
+) -> Result<TrainStats, RunError> {
+    let ts = trainer.train_rl(batch, lrs, temperature).map_err(|e| {
+        if e.code == E_NONFINITE {
+            non_finite(step, last_ckpt)
+        } else {
+            e
+        }
+    })?;
+    if !ts.loss.is_finite() || !ts.grad_norm.is_finite() {
+        return Err(non_finite(step, last_ckpt));
+    }
+    Ok(ts)
+}
+
+/// The `train/*` columns of a step's metrics row.
+pub(crate) fn insert_train_stats(row: &mut Map<String, Value>, ts: &TrainStats, lrs: &[f64]) {
+    row.insert("train/loss".into(), json!(ts.loss));
+    row.insert("train/grad_norm".into(), json!(ts.grad_norm));
+    row.insert("train/entropy".into(), json!(ts.entropy));
+    row.insert("train/clip_frac".into(), json!(ts.clip_frac));
+    row.insert("train/kl".into(), json!(ts.kl));
+    row.insert("train/logp_diff".into(), json!(ts.logp_diff));
+    row.insert("train/tis_weight".into(), json!(ts.tis_weight));
+    row.insert("train/lr".into(), json!(lrs.last().copied().unwrap_or(0.0)));
+    row.insert("train/tokens".into(), json!(ts.tokens));
+}
+
+/// Seconds a step spent in each phase.
+pub(crate) struct StepTimes {
+    /// Generation (async: seconds the engine was busy since the last step).
+    pub(crate) gen_s: f64,
+    pub(crate) reward_s: f64,
+    pub(crate) train_s: f64,
+    pub(crate) sync_s: f64,
+    pub(crate) step_s: f64,
+}
+
+/// The `perf/*` columns of a step's metrics row: where the step's time goes (bench/peers profiles
+/// it): generation, scoring and advantages, training (split by the backend into log-prob
+/// recompute, forward, backward, optimizer), and the token counts behind the rates. step_s minus
+/// these is orchestration (and eval).
+pub(crate) fn insert_perf(
+    row: &mut Map<String, Value>,
+    ts: &TrainStats,
+    t: &StepTimes,
+    gen_tokens: u64,
+    trained: usize,
+    sync_bytes: usize,
+) {
+    row.insert("perf/gen_tokens_per_s".into(), json!(gen_tokens as f64 / t.gen_s.max(1e-9)));
+    row.insert("perf/train_tokens_per_s".into(), json!(trained as f64 / t.train_s.max(1e-9)));
+    row.insert("perf/sync_s".into(), json!(t.sync_s));
+    row.insert("perf/sync_bytes".into(), json!(sync_bytes));
+    row.insert("perf/gen_s".into(), json!(t.gen_s));
+    row.insert("perf/reward_s".into(), json!(t.reward_s));
+    row.insert("perf/train_s".into(), json!(t.train_s));
+    row.insert("perf/logprob_s".into(), json!(ts.logprob_s));
+    row.insert("perf/forward_s".into(), json!(ts.forward_s));
+    row.insert("perf/backward_s".into(), json!(ts.backward_s));
+    row.insert("perf/optimizer_s".into(), json!(ts.optimizer_s));
+    row.insert("perf/gen_tokens".into(), json!(gen_tokens));
+    row.insert("perf/trained_tokens".into(), json!(trained));
+    row.insert("perf/step_s".into(), json!(t.step_s));
+}
+
+pub(crate) fn non_finite(step: u64, last: &Option<PathBuf>) -> RunError {
+    let kept = match last {
+        Some(d) => format!("the last good checkpoint is {}", d.display()),
+        None => "no checkpoint was written before it".to_string(),
+    };
+    RunError::new(E_NONFINITE, format!("loss or gradient became NaN/infinite at step {step}; the run stopped ({kept})"))
+        .with_help("lower train.lr, set train.grad_clip, or set train.tis_cap")
+}
+
+pub(crate) fn count_flat_groups(rewards: &[f32], groups: &[usize]) -> usize {
+    let mut first: std::collections::BTreeMap<usize, (f32, bool)> = Default::default();
+    for (&r, &g) in rewards.iter().zip(groups) {
+        let e = first.entry(g).or_insert((r, true));
+        if e.0 != r {
+            e.1 = false;
+        }
+    }
+    first.values().filter(|v| v.1).count()
+}
