@@ -112,7 +112,11 @@ fn plan_compiled(args: &Args, c: &miles_compiler::Compilation) -> u8 {
             }
             print!("{out}");
         }
-        PlanFormat::Json => println!("{}", miles_plan::render_json(&plan)),
+        // Diagnostics as `check --format json` gives them: path, line and column.
+        PlanFormat::Json => {
+            let located = crate::diagnostics::to_json(&c.program.sources, &plan.diagnostics)["diagnostics"].clone();
+            println!("{}", miles_plan::render_json_located(&plan, located))
+        }
     }
     if let Some(g) = args.graph {
         match g {

@@ -60,7 +60,13 @@ fn plan_writes_json_html_and_a_plan_file() {
 
     let json = miles(&["plan", "recipes/glm5-agentic.miles", "--format", "json"]);
     let v: serde_json::Value = serde_json::from_slice(&json.stdout).expect("plan JSON");
-    assert_eq!(v["format_version"], 1);
+    assert_eq!(v["format_version"], 2);
+    // Findings are located as `check --format json` locates them.
+    let o = miles(&["plan", "recipes/glm5-agentic.miles", "--set", "train.optimizer.state=on_gpu", "--format", "json"]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("plan JSON");
+    let d = &v["diagnostics"][0];
+    let at = &d["primary"]["location"];
+    assert!(d["code"].is_string() && at["file"].is_string() && at["line"].is_u64(), "{d}");
 }
 
 #[test]
@@ -70,12 +76,15 @@ fn plan_exit_codes_follow_the_findings() {
         miles(&["plan", "recipes/glm5-agentic.miles", "--set", "train.optimizer.state=on_gpu", "--detailed-exitcode"]);
     assert_eq!(o.status.code(), Some(1), "{}", text(&o));
     assert!(text(&o).contains("E0401") && text(&o).contains("stream_from_disk"), "{}", text(&o));
-    // Too many concurrent requests for the KV cache: a warning, exit 2 with --detailed-exitcode.
+    // More samples in flight per engine than its KV cache holds (fully_async keeps
+    // max_concurrent in flight over the engines): a warning, exit 2 with --detailed-exitcode.
     let o = miles(&[
         "plan",
         "recipes/glm5-agentic.miles",
         "--set",
         "rollout.engine.max_concurrent=500",
+        "--set",
+        "schedule.max_concurrent=2000",
         "--detailed-exitcode",
     ]);
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));

@@ -65,3 +65,49 @@ fn explicit_and_automatic_gpu_placement() {
     assert!(codes(&p).is_empty(), "{}", miles_plan::render_text(&p));
     assert!(miles_plan::render_text(&p).contains("32 rollout"));
 }
+
+/// Issue #17's new-user recipe (tests/plans/qwen3-4b-colocated.miles): Qwen3-4B GRPO, colocated
+/// FSDP on one 8-H100 node. It plans without warnings (32 samples per engine fit the KV cache),
+/// and the colocated memory is added up: both actors do not fit at once, so the eviction is priced.
+#[test]
+fn qwen3_4b_colocated_new_user_recipe() {
+    let p = plan("tests/plans/qwen3-4b-colocated.miles", &[]);
+    assert_eq!((p.summary.errors, p.summary.warnings), (0, 0), "{}", miles_plan::render_text(&p));
+    let c = p.colocation.as_ref().expect("colocation");
+    assert!(!c.fits_resident && p.step.as_ref().is_some_and(|s| s.switch_s > 0.0));
+    insta::assert_snapshot!("qwen3_4b_colocated.txt", miles_plan::render_text(&p));
+}
+
+/// The rollout model of the reference run (issue #17, item 2), one mechanism at a time on the
+/// planner's input: DSA's sparse reads, the recipe's prefix-cache hit rate, per-sample refill.
+#[test]
+fn glm5_reference_rollout_mechanisms() {
+    let c = compile(&Disk, &["recipes/glm5-agentic.miles".to_string()], &Options::default());
+    assert!(!c.has_errors(), "{:#?}", c.diagnostics);
+    let input = miles_plan::plan_input(&c.recipes[0]);
+    let rollout_s = |i: &miles_plan::PlanInput| {
+        let p = miles_plan::plan(i);
+        p.rollouts[0].rollout_time.as_ref().map_or(0.0, |e| e.seconds)
+    };
+    let base = rollout_s(&input);
+
+    // GLM-5.2 is a DSA model in the catalog: dense attention reads the whole context's latent.
+    assert_eq!(input.stages[0].model.as_ref().and_then(|m| m.sparse_topk), Some(2048));
+    let mut dense = input.clone();
+    dense.stages[0].model.as_mut().expect("model").sparse_topk = None;
+    assert!(rollout_s(&dense) > 1.3 * base, "dense {} vs sparse {base}", rollout_s(&dense));
+
+    // A hit rate, when given: the reference run's 96% (§9.2) prefills less than each context
+    // once (TITO's default), no cache at all more.
+    let with_hit = |h: f64| {
+        let mut i = input.clone();
+        i.stages[0].engine.as_mut().expect("engine").prefix_cache_hit = Some(miles_plan::Spanned::new(h));
+        rollout_s(&i)
+    };
+    assert!(with_hit(0.96) < base && base < with_hit(0.0), "{} {base} {}", with_hit(0.96), with_hit(0.0));
+
+    // Waves of a synchronous batch wait for their last sample; fully_async refills per sample.
+    let mut sync = input.clone();
+    sync.schedule.mode.value = miles_plan::ScheduleMode::Sync;
+    assert!(rollout_s(&sync) > base, "sync {} vs fully_async {base}", rollout_s(&sync));
+}

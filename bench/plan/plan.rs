@@ -36,6 +36,7 @@ fn input(gpus: u64) -> PlanInput {
                     kv_precision: None,
                     mem_fraction: Spanned::new(0.85),
                     max_concurrent: None,
+                    prefix_cache_hit: None,
                     prompt_len: Spanned::new(8192),
                     response_len: Spanned::new(24576),
                 }),
@@ -79,6 +80,7 @@ fn input(gpus: u64) -> PlanInput {
             mode: Spanned::new(ScheduleMode::FullyAsync),
             max_staleness: Some(Spanned::new(4)),
             buffer_capacity: None,
+            max_concurrent: None,
         },
         batch: Batch {
             rollout_batch: Some(Spanned::new(64)),

@@ -369,6 +369,13 @@ node than the node has. Stream it from disk instead, or shard it over more GPUs.
         explanation: "A stage that runs an engine or a trainer has no model, so its memory and \
 time cannot be planned. Give it a model from `std/models` or an `llm { ... }` record.",
     },
+    Code {
+        code: "E0410",
+        title: "stage kind not planned",
+        explanation: "A warning: a stage runs a model but its kind is none the planner knows (a \
+stage kind declared in the recipe's own modules, such as a teacher), so the plan gives it no \
+GPUs, no memory and no time. Plan its GPUs yourself, or run the model behind a reward service.",
+    },
     // ---- E05xx: running and data ----------------------------------------------------------
     Code {
         code: "E0501",

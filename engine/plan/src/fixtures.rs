@@ -23,6 +23,9 @@ pub fn glm5() -> ModelSpec {
         attention: Attention::Mla,
         kv_lora_rank: Some(512),
         qk_rope_head_dim: Some(64),
+        sparse_topk: None,
+        index_head_dim: None,
+        update_requantize_s: None,
     }
 }
 

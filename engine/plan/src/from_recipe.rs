@@ -138,6 +138,7 @@ fn episodes_of(g: &StageGraph) -> Option<Episodes> {
         observation_tokens,
         prompt_tokens: prompt.value,
         turn_tokens: turn.value,
+        compact_keep_turns: rec(node, "compact").map(|c| int_of(c, "keep_turns").map_or(1, |k| k.0)),
     })
 }
 
@@ -297,6 +298,9 @@ fn model_spec(r: &Record) -> Option<ModelSpec> {
             },
             kv_lora_rank: u64_of(r, "kv_lora_rank"),
             qk_rope_head_dim: u64_of(r, "qk_rope_head_dim"),
+            sparse_topk: u64_of(r, "sparse_topk"),
+            index_head_dim: u64_of(r, "index_head_dim"),
+            update_requantize_s: f64_of(r, "update_requantize"),
         }),
         // The embedded backend's decoder: parameters counted from its shape (docs/plan.md).
         "transformer" => {
@@ -341,6 +345,9 @@ fn decoder_spec(r: &Record, name: &str, params: u64, head_dim: u64) -> Option<Mo
         attention: if kv == heads { Attention::Mha } else { Attention::Gqa },
         kv_lora_rank: None,
         qk_rope_head_dim: None,
+        sparse_topk: None,
+        index_head_dim: None,
+        update_requantize_s: None,
     })
 }
 
@@ -390,6 +397,8 @@ fn engine_of(r: &Record, prompt_len: Spanned<u64>, response_len: Spanned<u64>) -
             .map(|v| spanned(v, field_span(r, "mem_fraction")))
             .unwrap_or(Spanned::new(0.85)),
         max_concurrent: int_of(r, "max_concurrent").map(|(v, s)| spanned(v, s)),
+        // Read when an engine schema declares it (std's `sglang` does not yet: docs/plan.md).
+        prefix_cache_hit: f64_of(r, "prefix_cache_hit").map(|v| spanned(v, field_span(r, "prefix_cache_hit"))),
         prompt_len,
         response_len,
     }
@@ -472,6 +481,7 @@ fn schedule_of(v: &Value, span: Span, defaulted: bool) -> Schedule {
         mode: spanned(mode, (!defaulted).then_some(span)),
         max_staleness: int("max_staleness"),
         buffer_capacity: int("buffer_capacity"),
+        max_concurrent: if mode == ScheduleMode::FullyAsync { int("max_concurrent") } else { None },
     }
 }
 

@@ -385,7 +385,7 @@ fn estimates(o: &mut String, p: &Plan) {
             r.gpus_per_engine,
             count(r.kv_tokens_per_engine),
             r.sequences_per_engine,
-            count(r.tokens_per_s.seconds as u64)
+            count(r.tokens_per_s.per_s as u64)
         );
     }
     for s in &p.syncs {

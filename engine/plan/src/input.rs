@@ -131,6 +131,10 @@ pub struct Episodes {
     /// The rollout's max_prompt_tokens and max_new_tokens (per turn).
     pub prompt_tokens: u64,
     pub turn_tokens: u64,
+    /// `env_reward.compact`: a full context is compacted to the prompt and this many last turns
+    /// (`None`: the episode ends when its context is full).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compact_keep_turns: Option<u64>,
 }
 
 impl Episodes {
@@ -266,6 +270,16 @@ pub struct ModelSpec {
     /// MLA: width of the decoupled rotary key, also cached.
     #[serde(default)]
     pub qk_rope_head_dim: Option<u64>,
+    /// DSA: tokens each query attends to (`None`: dense attention).
+    #[serde(default)]
+    pub sparse_topk: Option<u64>,
+    /// DSA: width of the indexer key cached per token and layer.
+    #[serde(default)]
+    pub index_head_dim: Option<u64>,
+    /// Seconds of on-GPU requantisation the engines need after each weight update (Kimi K2:
+    /// 0.884 s, Miles Tab. 8); `None`: `assumptions.requantize_s`.
+    #[serde(default)]
+    pub update_requantize_s: Option<f64>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -389,6 +403,9 @@ pub struct Engine {
     /// Concurrent requests per engine the recipe asks for.
     #[serde(default)]
     pub max_concurrent: Option<Spanned<u64>>,
+    /// Share of prompt tokens found in the prefix cache (`None`: each context prefilled once).
+    #[serde(default)]
+    pub prefix_cache_hit: Option<Spanned<f64>>,
     /// Tokens.
     pub prompt_len: Spanned<u64>,
     /// Tokens.
@@ -531,6 +548,9 @@ pub struct Schedule {
     /// Groups the buffer may hold.
     #[serde(default)]
     pub buffer_capacity: Option<Spanned<u64>>,
+    /// Samples in flight across the fleet (fully_async's `max_concurrent`).
+    #[serde(default)]
+    pub max_concurrent: Option<Spanned<u64>>,
 }
 
 /// The four batch figures; the planner derives a missing one from the other three.
@@ -562,10 +582,16 @@ pub struct Assumptions {
     pub decode_mfu: f64,
     /// Share of link bandwidth a bulk transfer reaches.
     pub link_efficiency: f64,
-    /// Weight sync: fixed cost per layer of a broadcast update, s (fitted to Table 8).
-    pub broadcast_layer_s: f64,
-    /// Weight sync: fixed cost per layer of a P2P, disk-delta or local update, s (fitted).
+    /// Share of the GPU-host link an offload to host memory reaches (fitted to Miles §3.2).
+    pub offload_link_efficiency: f64,
+    /// Weight sync: fixed cost of one broadcast bucket, s (fitted to Table 8; docs/plan.md).
+    pub bucket_latency_s: f64,
+    /// Weight sync: fixed cost per layer of a P2P or disk-delta update, s (fitted to Table 8).
     pub p2p_layer_s: f64,
+    /// NCCL's ring step, bytes (NCCL_BUFFSIZE / NCCL_STEPS).
+    pub nccl_chunk_bytes: f64,
+    /// Latency of one NCCL ring hop beyond its chunk's transfer, s.
+    pub nccl_hop_latency_s: f64,
     /// Local NVMe bandwidth per node when the GPU spec gives none, bytes/s.
     pub disk_bandwidth: f64,
     /// Seconds of on-GPU requantisation after each weight update (Kimi K2's FP8 checkpoint
@@ -587,8 +613,11 @@ impl Default for Assumptions {
             decode_bandwidth_efficiency: 0.70,
             decode_mfu: 0.40,
             link_efficiency: 0.80,
-            broadcast_layer_s: crate::time::BROADCAST_LAYER_S,
+            offload_link_efficiency: crate::plan::OFFLOAD_LINK_EFFICIENCY,
+            bucket_latency_s: crate::time::BUCKET_LATENCY_S,
             p2p_layer_s: crate::time::P2P_LAYER_S,
+            nccl_chunk_bytes: crate::time::NCCL_CHUNK_BYTES,
+            nccl_hop_latency_s: crate::time::NCCL_HOP_LATENCY_S,
             disk_bandwidth: 25e9,
             requantize_s: 0.0,
             buffer_bytes_per_token: 9.0,

@@ -22,5 +22,5 @@ pub use html::render_html;
 pub use input::*;
 pub use output::*;
 pub use plan::plan;
-pub use render::{render_diagnostics, render_json, render_sections, render_text, summary_line};
+pub use render::{render_diagnostics, render_json, render_json_located, render_sections, render_text, summary_line};
 pub use units::gb;

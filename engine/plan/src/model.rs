@@ -198,6 +198,12 @@ pub(crate) fn kv_bytes_per_token(m: &ModelSpec, group: u64, kv: Precision) -> f6
     }
 }
 
+/// DSA's indexer cache per token on one GPU: an FP8 key of `index_head_dim` and its FP32 scale
+/// per layer (DeepSeek-V3.2's layout, which GLM-5 shares); 0 without sparse attention.
+pub(crate) fn indexer_bytes_per_token(m: &ModelSpec) -> f64 {
+    m.index_head_dim.filter(|_| m.sparse_topk.is_some()).map_or(0.0, |d| m.layers as f64 * (d as f64 + 4.0))
+}
+
 /// Rollout weight bytes on one GPU of an engine: the experts are split over all `tp` GPUs (by
 /// EP or TP), the rest over the attention group (`tp / dp`): data-parallel attention
 /// replicates it `dp` times.
@@ -246,6 +252,9 @@ mod tests {
             attention: Attention::Gqa,
             kv_lora_rank: None,
             qk_rope_head_dim: None,
+            sparse_topk: None,
+            index_head_dim: None,
+            update_requantize_s: None,
         }
     }
 
@@ -318,6 +327,10 @@ mod tests {
     fn kv_cache_per_token() {
         // MLA: 78 layers x (512 + 64) x 2 bytes = 89,856 bytes, whatever the TP.
         assert_eq!(kv_bytes_per_token(&glm5(), 8, Precision::Bf16), 89_856.0);
+        // DSA's indexer: an FP8 key of 128 and a 4-byte scale per layer, only for a sparse model.
+        assert_eq!(indexer_bytes_per_token(&glm5()), 0.0);
+        let dsa = ModelSpec { sparse_topk: Some(2048), index_head_dim: Some(128), ..glm5() };
+        assert_eq!(indexer_bytes_per_token(&dsa), 78.0 * 132.0);
         // GQA: 32 layers x 2 x (8 heads / TP2 = 4) x 128 x 2 bytes = 65,536.
         assert_eq!(kv_bytes_per_token(&llama8b(), 2, Precision::Bf16), 65_536.0);
         // TP16 > 8 KV heads: one head per GPU (replicated).

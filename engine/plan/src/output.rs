@@ -5,7 +5,7 @@ use miles_grammar::diag::Diagnostic;
 use serde::Serialize;
 
 /// Bumped whenever a field of [`Plan`] changes meaning or disappears (adding fields does not).
-pub const FORMAT_VERSION: u32 = 1;
+pub const FORMAT_VERSION: u32 = 2;
 
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Plan {
@@ -23,6 +23,8 @@ pub struct Plan {
     pub batch: Option<BatchReport>,
     pub episodes: Option<EpisodeReport>,
     pub buffer: Option<BufferReport>,
+    /// Colocated placement: whether both actors fit at once, else the priced eviction.
+    pub colocation: Option<ColocationReport>,
     pub graph: Graph,
     pub diagnostics: Vec<Diagnostic>,
     pub summary: Summary,
@@ -144,6 +146,13 @@ pub struct Estimate {
     pub assumptions: Vec<String>,
 }
 
+/// A rate estimate (tokens per second) with the assumptions it used.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Rate {
+    pub per_s: f64,
+    pub assumptions: Vec<String>,
+}
+
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct RolloutReport {
     pub stage: String,
@@ -161,7 +170,7 @@ pub struct RolloutReport {
     /// Concurrent sequences per engine assumed for throughput.
     pub decode_batch: u64,
     /// Generated tokens per second, whole fleet.
-    pub tokens_per_s: Estimate,
+    pub tokens_per_s: Rate,
     /// Wall time to generate one rollout batch.
     pub rollout_time: Option<Estimate>,
 }
@@ -186,6 +195,23 @@ pub struct SyncReport {
     pub alternatives: Vec<TransportEstimate>,
 }
 
+/// Colocated rollout and training on the same GPUs (docs/plan.md, "Colocated placement").
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ColocationReport {
+    /// Rollout plus training memory per GPU, were both resident.
+    pub resident_bytes: u64,
+    pub usable_bytes: u64,
+    pub fits_resident: bool,
+    /// Bytes per GPU evicted (and reloaded) at each pair of switches.
+    pub offload_bytes: u64,
+    pub offload_s: f64,
+    pub reload_s: f64,
+    /// What the step pays per rollout step: 0 when both fit, else offload + reload.
+    pub switch: Estimate,
+    /// switch / step.
+    pub share_of_step: Option<f64>,
+}
+
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct StepReport {
     pub mode: ScheduleMode,
@@ -195,7 +221,9 @@ pub struct StepReport {
     pub train_step: Estimate,
     pub sync_s: f64,
     pub offload_s: f64,
-    /// rollout + train + sync (+ offload): one step when nothing overlaps.
+    /// Colocated: evicting and reloading the idle actor (0 elsewhere, or when both fit).
+    pub switch_s: f64,
+    /// rollout + train + sync (+ offload, + switch): one step when nothing overlaps.
     pub sync_step_s: f64,
     /// max(rollout, train + offload) + sync: one step when generation and training overlap.
     pub async_step_s: f64,
@@ -241,6 +269,8 @@ pub struct EpisodeReport {
     /// Tokens prefilled when each turn re-renders and re-tokenises the conversation (the ids can
     /// change, so no prefix can be trusted).
     pub prefill_retokenize: u64,
+    /// Compactions in the longest episode (each starts a new TITO chain, prefilled whole).
+    pub compactions: u64,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize)]

@@ -8,7 +8,10 @@ use miles_grammar::diag::{Diagnostic, Span};
 use placement::trainer_unit;
 use trainer::TrainFacts;
 
+pub use colocate::OFFLOAD_LINK_EFFICIENCY;
+
 mod batch;
+mod colocate;
 mod episodes;
 mod layout;
 mod placement;
@@ -111,6 +114,7 @@ pub fn plan(input: &PlanInput) -> Plan {
     let mut memory = Vec::new();
     let mut rollouts = Vec::new();
     let mut train_facts: Vec<TrainFacts> = Vec::new();
+    let mut engine_leftover = 0u64;
     for (i, st) in input.stages.iter().enumerate() {
         let pl = &placed[i];
         let errors_before = cx.errors();
@@ -152,6 +156,15 @@ pub fn plan(input: &PlanInput) -> Plan {
             if e.ep.value > 1 {
                 layout.push_str(&format!(" EP{}", e.ep.value));
             }
+            // GPUs no whole engine fits on (TP not dividing them) stay idle during rollout.
+            let unused =
+                if pl.placed == Where::Host { 0 } else { gpus.saturating_sub(engines.saturating_mul(e.tp.value)) };
+            if unused > 0 && e.tp.value > 0 && engines > 0 && !pl.error {
+                layout.push_str(&format!(" ({unused} GPU{} unused)", if unused == 1 { "" } else { "s" }));
+                if pl.shares_with.is_empty() {
+                    engine_leftover += unused;
+                }
+            }
             if !pl.error && pl.placed != Where::Shared {
                 if let Some(r) = rollout::plan_engine(&mut cx, st, e, pl, engines, batch.as_ref(), &mut memory) {
                     rollouts.push(r);
@@ -189,7 +202,11 @@ pub fn plan(input: &PlanInput) -> Plan {
     }
 
     let syncs = sync::plan_syncs(&mut cx, &placed, &train_facts, &rollouts);
-    let step = step::plan_step(&cx, batch.as_ref(), &train_facts, &rollouts, &syncs);
+    let mut colocation = colocate::plan_colocation(&cx, &memory);
+    let step = step::plan_step(&cx, batch.as_ref(), &train_facts, &rollouts, &syncs, colocation.as_ref());
+    if let (Some(c), Some(st)) = (colocation.as_mut(), step.as_ref()) {
+        c.share_of_step = Some(crate::model::div(c.switch.seconds, st.step.seconds));
+    }
     let buffer = step::plan_buffer(&cx, batch.as_ref());
     let gpu_map = placement::gpu_map(&cx, &placed);
 
@@ -210,7 +227,8 @@ pub fn plan(input: &PlanInput) -> Plan {
             None => by_role.push(RoleGpus { roles, gpus: n }),
         }
     }
-    let idle_gpus = gpu_map.iter().filter(|s| s.stages.is_empty()).map(|s| s.last - s.first + 1).sum();
+    let idle_gpus =
+        gpu_map.iter().filter(|s| s.stages.is_empty()).map(|s| s.last - s.first + 1).sum::<u64>() + engine_leftover;
     let errors = cx.errors();
     let diagnostics = std::mem::take(&mut cx.diags);
     let warnings = diagnostics.len() - errors;
@@ -255,6 +273,7 @@ pub fn plan(input: &PlanInput) -> Plan {
         batch,
         episodes,
         buffer,
+        colocation,
         graph: input.graph.clone(),
         diagnostics,
     }

@@ -4,7 +4,7 @@
 
 use crate::input::{PlacementMode, Role, ScheduleMode};
 use crate::output::*;
-use crate::units::{count, gb, secs};
+use crate::units::{count, gb, gb_fixed, secs};
 use miles_grammar::diag::Severity;
 use std::fmt::Write;
 
@@ -193,7 +193,7 @@ pub fn render_sections(p: &Plan) -> String {
             let _ = writeln!(
                 o,
                 "    est. {} tokens/s at {} concurrent per engine",
-                count(r.tokens_per_s.seconds as u64),
+                count(r.tokens_per_s.per_s as u64),
                 r.decode_batch
             );
             if let Some(t) = &r.rollout_time {
@@ -236,6 +236,29 @@ pub fn render_sections(p: &Plan) -> String {
         }
     }
 
+    if let Some(c) = &p.colocation {
+        let _ = writeln!(o, "\nColocated placement");
+        let _ = writeln!(
+            o,
+            "  both resident: {} per GPU of {} usable: {}",
+            gb_fixed(c.resident_bytes as f64),
+            gb_fixed(c.usable_bytes as f64),
+            if c.fits_resident { "fits, no eviction" } else { "does not fit, the idle actor is evicted" }
+        );
+        let _ = writeln!(
+            o,
+            "  {}: {} per GPU, offload {} + reload {}{}",
+            if c.fits_resident { "eviction (not needed)" } else { "eviction per step" },
+            gb_fixed(c.offload_bytes as f64),
+            secs(c.offload_s),
+            secs(c.reload_s),
+            c.share_of_step.map_or(String::new(), |s| format!(" = {:.1}% of the step", s * 100.0))
+        );
+        for a in &c.switch.assumptions {
+            let _ = writeln!(o, "    - {a}");
+        }
+    }
+
     if let Some(st) = &p.step {
         let _ = writeln!(o, "\nTime per step (estimates)");
         let _ = writeln!(o, "  rollout   {:>8}", secs(st.rollout_s));
@@ -243,6 +266,10 @@ pub fn render_sections(p: &Plan) -> String {
             writeln!(o, "  train     {:>8}  ({} per optimizer step)", secs(st.train_s), secs(st.train_step.seconds));
         if st.offload_s > 0.0 {
             let _ = writeln!(o, "  offload   {:>8}", secs(st.offload_s));
+        }
+        if st.switch_s > 0.0 {
+            let _ =
+                writeln!(o, "  evict     {:>8}  (colocated: offload + reload of the idle actor)", secs(st.switch_s));
         }
         let _ = writeln!(o, "  sync      {:>8}", secs(st.sync_s));
         let _ = writeln!(
@@ -307,6 +334,13 @@ pub fn render_sections(p: &Plan) -> String {
             count(e.prefill_tito),
             count(e.prefill_retokenize)
         );
+        if e.compactions > 0 {
+            let _ = writeln!(
+                o,
+                "  the context fills: {} compaction(s) per episode, each a new TITO chain prefilled whole",
+                e.compactions
+            );
+        }
     }
     o
 }
@@ -336,6 +370,20 @@ pub fn render_json(p: &Plan) -> String {
     // Serialising plain structs of numbers and strings cannot fail; keep the signature total.
     serde_json::to_string_pretty(p)
         .unwrap_or_else(|e| format!("{{\"format_version\": {FORMAT_VERSION}, \"error\": \"{e}\"}}"))
+}
+
+/// The plan as JSON with its `diagnostics` replaced by `located`: the same findings as the
+/// CLI's `check --format json` writes them (path, line and column, which only the caller's
+/// source map knows), so tools read one shape from both verbs.
+pub fn render_json_located(p: &Plan, located: serde_json::Value) -> String {
+    let mut v = match serde_json::to_value(p) {
+        Ok(v) => v,
+        Err(_) => return render_json(p),
+    };
+    if let Some(o) = v.as_object_mut() {
+        o.insert("diagnostics".into(), located);
+    }
+    serde_json::to_string_pretty(&v).unwrap_or_else(|_| render_json(p))
 }
 
 pub(crate) fn role_colour(r: Option<Role>) -> &'static str {

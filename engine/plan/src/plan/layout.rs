@@ -64,6 +64,21 @@ pub(super) fn validate_layouts(cx: &mut Ctx) {
                 );
             }
         }
+        if st.trainer.is_none() && st.engine.is_none() && st.model.is_some() && !KNOWN_KINDS.contains(&st.kind.as_str())
+        {
+            cx.warning(
+                "E0410",
+                format!(
+                    "{}: stage kind `{}` runs {} but the planner does not know the kind: no GPUs, memory or time planned for it",
+                    st.name,
+                    st.kind,
+                    st.model.as_ref().map_or("a model", |m| m.name.as_str())
+                ),
+                st.span,
+                "planned on the host, with nothing counted",
+                Some("give its model GPUs of its own outside the plan, or serve it behind `http_reward`".into()),
+            );
+        }
         if (st.trainer.is_some() || st.engine.is_some()) && st.model.is_none() {
             cx.error(
                 "E0409",
@@ -75,6 +90,22 @@ pub(super) fn validate_layouts(cx: &mut Ctx) {
         }
     }
 }
+
+/// The std/stages kinds the planner places (rewards and checkpoints run on the host by design).
+const KNOWN_KINDS: &[&str] = &[
+    "sft",
+    "generate",
+    "exact_match",
+    "verify",
+    "command_reward",
+    "http_reward",
+    "env_reward",
+    "grpo",
+    "ppo",
+    "weights",
+    "evaluate",
+    "checkpoint",
+];
 
 /// Reports each of `fields` that is 0 (E0404).
 fn no_zeros(cx: &mut Ctx, st: &Stage, fields: impl IntoIterator<Item = (&'static str, Spanned<u64>)>) {

@@ -47,12 +47,15 @@ pub(super) fn plan_engine(
     let budget = g.hbm as f64 * e.mem_fraction.value;
     let kv = budget - weights;
     let group = (tp / dp).max(1);
-    let per_token = model::kv_bytes_per_token(m, group, kvp);
+    // DSA's indexer keys sit in the KV cache beside the latent.
+    let latent_per_token = model::kv_bytes_per_token(m, group, kvp);
+    let indexer_per_token = model::indexer_bytes_per_token(m);
+    let per_token = latent_per_token + indexer_per_token;
     let kv_tokens = if kv > 0.0 { (dp as f64 * div(kv, per_token)).floor() } else { 0.0 };
     let seq = e.prompt_len.value.saturating_add(e.response_len.value);
     let sequences = if seq == 0 { 0 } else { (kv_tokens / seq as f64) as u64 };
     let fits = kv > 0.0 && sequences > 0;
-    tp_domain_warning(cx, st, "engine", tp, e.tp.span, g);
+    tp_domain_warning(cx, st, "engine", tp, e.tp.span, g, gpus);
     if kv <= 0.0 {
         let mut fixes = Vec::new();
         let mut t2 = tp * 2;
@@ -98,13 +101,20 @@ pub(super) fn plan_engine(
             Some("fixes: larger TP, `kv_precision = fp8_blockwise`, shorter responses".into()),
         );
     }
-    if let Some(mc) = e.max_concurrent {
-        if fits && mc.value > sequences {
+    // Requests an engine actually has in flight: its share of the rollout batch (or of the
+    // schedule's samples in flight), at most what the recipe allows per engine.
+    let in_flight = in_flight_per_engine(cx.input, batch, engines);
+    let demand = match (e.max_concurrent.map(|m| m.value), in_flight) {
+        (Some(mc), Some(f)) => Some(mc.min(f)),
+        (mc, f) => mc.or(f),
+    };
+    if let (Some(mc), Some(want)) = (e.max_concurrent, demand) {
+        if fits && want > sequences {
             cx.warning(
                 "E0407",
                 format!(
-                    "{}: {} concurrent requests per engine asked, the KV cache holds {} sequences of {} tokens",
-                    st.name, mc.value, sequences, seq
+                    "{}: {} concurrent requests per engine, the KV cache holds {} sequences of {} tokens",
+                    st.name, want, sequences, seq
                 ),
                 mc.span.or(st.span),
                 "requests beyond this wait or are retracted",
@@ -143,15 +153,18 @@ pub(super) fn plan_engine(
         offload: None,
     });
     // Throughput: decode at the batch the KV cache allows (or the recipe asks for, if smaller).
-    let decode_batch = e.max_concurrent.map_or(sequences, |mc| mc.value.min(sequences));
+    let decode_batch = demand.map_or(sequences, |d| d.min(sequences));
     let split = model::param_split(m);
     let ctx_avg = e.prompt_len.value as f64 + e.response_len.value as f64 / 2.0;
+    // Sparse attention reads the latent of its top-k tokens, and every indexer key to pick them.
+    let attended = m.sparse_topk.map_or(ctx_avg, |k| ctx_avg.min(k as f64));
+    let kv_read_per_sequence = attended * latent_per_token + ctx_avg * indexer_per_token;
     let d = DecodeShape {
         batch: decode_batch as f64,
         dense_weight_bytes: div(split.other, group as f64) * p.bytes(),
         expert_weight_bytes: div(split.routed, tp as f64) * p.bytes(),
         experts_touched: model::experts_touched(m, decode_batch),
-        kv_read_bytes: div(decode_batch as f64, dp as f64) * ctx_avg * per_token,
+        kv_read_bytes: div(decode_batch as f64, dp as f64) * kv_read_per_sequence,
         hbm_bw: g.hbm_bandwidth,
         bw_efficiency: a.decode_bandwidth_efficiency,
         flops: div(2.0 * m.active_params as f64 * decode_batch as f64, tp as f64),
@@ -161,10 +174,16 @@ pub(super) fn plan_engine(
     let (step_s, compute_bound) = time::decode_step_s(&d);
     let engine_tps = div(decode_batch as f64, step_s);
     let fleet_tps = engine_tps * engines as f64;
-    let tokens_per_s = Estimate {
-        seconds: fleet_tps,
+    let tokens_per_s = Rate {
+        per_s: fleet_tps,
         assumptions: vec![
-            format!("{} sequences per engine decode together, average context {:.0} tokens", decode_batch, ctx_avg),
+            match m.sparse_topk {
+                Some(k) => format!(
+                    "{} sequences per engine decode together, average context {:.0} tokens; sparse attention reads {} of them (+ indexer keys)",
+                    decode_batch, ctx_avg, attended.min(k as f64)
+                ),
+                None => format!("{} sequences per engine decode together, average context {:.0} tokens", decode_batch, ctx_avg),
+            },
             format!(
                 "a step reads {} of weights ({:.0}% of experts touched) + {} of KV per GPU",
                 gb_fixed(d.dense_weight_bytes + d.expert_weight_bytes * d.experts_touched),
@@ -184,9 +203,15 @@ pub(super) fn plan_engine(
     // An episode decodes only its turns and prefills its prompt and observations once (TITO keeps
     // the prefix cache valid); the environment's own time is not modelled.
     let episode = super::episodes::plan_episodes(cx);
-    let (decoded, prefilled) = match &episode {
-        Some(ep) => (ep.sampled_tokens, ep.prefill_tito),
-        None => (e.response_len.value, e.prompt_len.value),
+    // A prefix-cache hit rate, when the recipe gives one, applies to every prompt token a
+    // request carries (a turn's prompt is the whole context so far); else each context is
+    // prefilled once.
+    let hit = e.prefix_cache_hit.map(|h| h.value.clamp(0.0, 1.0));
+    let (decoded, prefilled) = match (&episode, hit) {
+        (Some(ep), Some(h)) => (ep.sampled_tokens, ((1.0 - h) * ep.prefill_retokenize as f64).round() as u64),
+        (Some(ep), None) => (ep.sampled_tokens, ep.prefill_tito),
+        (None, Some(h)) => (e.response_len.value, ((1.0 - h) * e.prompt_len.value as f64).round() as u64),
+        (None, None) => (e.response_len.value, e.prompt_len.value),
     };
     let rollout_time = batch.filter(|_| decode_batch > 0).map(|b| {
         let samples = b.samples_per_rollout as f64;
@@ -196,7 +221,10 @@ pub(super) fn plan_engine(
             gpus as f64 * peak_flops(g, p) * a.train_mfu,
         );
         let waves = div(samples, (decode_batch * engines) as f64).ceil().max(1.0);
-        let latency = waves * decoded as f64 * step_s;
+        // A batch generated in waves waits for each wave's last sample; fully_async refills a
+        // slot as soon as a sample ends, so only throughput bounds it.
+        let refilled = cx.input.schedule.mode.value == ScheduleMode::FullyAsync;
+        let latency = if refilled { 0.0 } else { waves * decoded as f64 * step_s };
         let what = match &episode {
             Some(ep) => format!(
                 "{} episodes x {} sampled tokens ({} turns of {}); environment time not counted",
@@ -208,9 +236,18 @@ pub(super) fn plan_engine(
             seconds: div(gen, fleet_tps).max(latency) + prefill,
             assumptions: vec![
                 what,
-                format!("at least {} wave(s) of {} decode steps of {:.1} ms", waves, decoded, step_s * 1e3),
+                if refilled {
+                    format!(
+                        "slots refilled per sample (fully_async): throughput-bound, {:.1} ms per decode step",
+                        step_s * 1e3
+                    )
+                } else {
+                    format!("at least {} wave(s) of {} decode steps of {:.1} ms", waves, decoded, step_s * 1e3)
+                },
                 format!(
-                    "prefill {:.1} s at MFU {:.0}%; every response assumed full length",
+                    "prefill {} tokens per sample{} in {:.1} s at MFU {:.0}%; every response assumed full length",
+                    crate::units::count(prefilled),
+                    hit.map_or(String::new(), |h| format!(" ({:.0}% prefix-cache hits)", h * 100.0)),
                     prefill,
                     a.train_mfu * 100.0
                 ),
@@ -231,4 +268,15 @@ pub(super) fn plan_engine(
         tokens_per_s,
         rollout_time,
     })
+}
+
+/// Samples one engine has in flight: the rollout batch (sync, one_step_off) or the schedule's
+/// `max_concurrent` (fully_async, refilled per sample), spread evenly over the engines.
+pub(super) fn in_flight_per_engine(input: &PlanInput, batch: Option<&BatchReport>, engines: u64) -> Option<u64> {
+    let samples = batch.map(|b| b.samples_per_rollout);
+    let fleet = match (input.schedule.mode.value, input.schedule.max_concurrent) {
+        (ScheduleMode::FullyAsync, Some(mc)) => Some(mc.value),
+        _ => samples,
+    }?;
+    Some(fleet.div_ceil(engines.max(1)))
 }

@@ -13,6 +13,7 @@ pub(super) fn plan_step(
     trains: &[TrainFacts],
     rollouts: &[RolloutReport],
     syncs: &[SyncReport],
+    colocation: Option<&ColocationReport>,
 ) -> Option<StepReport> {
     let b = batch?;
     let t = trains.first()?;
@@ -23,7 +24,8 @@ pub(super) fn plan_step(
     let offload_s = t.offload_s * spr;
     let sync_s = syncs.first().map_or(0.0, |s| s.estimate.seconds);
     let colocated = cx.input.placement.mode.value == PlacementMode::Colocated;
-    let sync_step_s = rollout_s + train_s + offload_s + sync_s;
+    let switch_s = colocation.map_or(0.0, |c| c.switch.seconds);
+    let sync_step_s = rollout_s + train_s + offload_s + sync_s + switch_s;
     // Colocated stages alternate, so nothing overlaps whatever the schedule says.
     let async_step_s = if colocated { sync_step_s } else { rollout_s.max(train_s + offload_s) + sync_s };
     let mode = cx.input.schedule.mode.value;
@@ -35,6 +37,7 @@ pub(super) fn plan_step(
         train_step: t.step.clone(),
         sync_s,
         offload_s,
+        switch_s,
         sync_step_s,
         async_step_s,
         step: Estimate {
@@ -46,6 +49,11 @@ pub(super) fn plan_step(
                     "generation overlaps training; the weight update pauses generation".into()
                 },
                 format!("{} optimizer step(s) per rollout step", b.steps_per_rollout),
+                if colocated {
+                    format!("colocated: {:.1} s per step evicting and reloading the idle actor", switch_s)
+                } else {
+                    "disaggregated: no eviction".into()
+                },
             ],
         },
     })

@@ -22,25 +22,48 @@ pub(super) fn plan_syncs(
         else {
             continue; // the stage graph checks name the missing end; nothing to estimate
         };
-        let rollout_gpu = input.stages.iter().position(|x| x.name == s.to).and_then(|i| cx.device(&placed[i].ranges));
+        let ri = input.stages.iter().position(|x| x.name == s.to);
+        let ti = input.stages.iter().position(|x| x.name == s.from);
+        let rollout_gpu = ri.and_then(|i| cx.device(&placed[i].ranges));
         let hbm_bw = rollout_gpu.map_or(0.0, |g| g.hbm_bandwidth);
         let network_bw = rollout_gpu.map_or(t.network_bw, |g| g.network_bandwidth.min(t.network_bw));
+        let scaleup_bw = rollout_gpu.map_or(t.scaleup_bw, |g| g.scaleup_bandwidth.min(t.scaleup_bw));
+        let domain = rollout_gpu.map_or(1, |g| g.scaleup_domain.max(1));
+        // The ring stays on NVLink only when every trainer and rollout GPU is in one node.
+        let nodes: Vec<u64> = [ti, ri]
+            .into_iter()
+            .flatten()
+            .flat_map(|i| placed[i].ranges.iter().flat_map(|r| [cx.node_of(r.first), cx.node_of(r.last)]))
+            .collect();
+        let one_domain = !nodes.is_empty() && nodes.iter().all(|&n| n == nodes[0]);
+        // An FP8 (or FP4) engine receives its own format: the trainer quantises before sending.
+        let engine_precision = ri.and_then(|i| input.stages[i].engine.as_ref()).map(|e| e.precision.value);
+        let bytes_per_param = engine_precision.map_or(t.precision.bytes(), |p| p.bytes().min(t.precision.bytes()));
         let shape = SyncShape {
-            bytes: t.params * t.precision.bytes(),
+            bytes: t.params * bytes_per_param,
             layers: t.layers,
             bucket: s.bucket.value.max(1) as f64,
             train_gpus: t.gpus,
             train_pp: t.pp,
+            train_shards: t.shards,
+            gather_in_domain: t.shards <= domain.min(t.gpus_per_node.max(1)),
             engines: r.engines,
             gpus_per_engine: r.gpus_per_engine,
+            one_domain,
             network_bw,
+            scaleup_bw,
             gpus_per_node: t.gpus_per_node,
             disk_bw: t.disk_bw,
             hbm_bw,
             link_efficiency: a.link_efficiency,
-            broadcast_layer_s: a.broadcast_layer_s,
+            bucket_latency_s: a.bucket_latency_s,
             p2p_layer_s: a.p2p_layer_s,
-            requantize_s: a.requantize_s,
+            nccl_chunk_bytes: a.nccl_chunk_bytes,
+            nccl_hop_latency_s: a.nccl_hop_latency_s,
+            requantize_s: ti
+                .and_then(|i| input.stages[i].model.as_ref())
+                .and_then(|m| m.update_requantize_s)
+                .unwrap_or(a.requantize_s),
         };
         let colocated = input.placement.mode.value == PlacementMode::Colocated;
         let est = |tr: Transport| match tr {

@@ -21,6 +21,9 @@ pub(super) struct TrainFacts {
     pub(super) step: Estimate,
     pub(super) offload_s: f64,
     pub(super) network_bw: f64,
+    pub(super) scaleup_bw: f64,
+    /// TP x EP: the ways one layer is split (what a broadcast source gathers).
+    pub(super) shards: u64,
     pub(super) gpus_per_node: u64,
     pub(super) disk_bw: f64,
 }
@@ -274,7 +277,7 @@ pub(super) fn plan_trainer(
         cx.diags.push(d);
     }
     if let Some(g) = device {
-        tp_domain_warning(cx, st, "trainer", l.tp, t.tp.span, g);
+        tp_domain_warning(cx, st, "trainer", l.tp, t.tp.span, g, gpus);
     }
     memory.push(MemoryReport {
         stage: st.name.clone(),
@@ -331,6 +334,8 @@ pub(super) fn plan_trainer(
         step,
         offload_s: offload_report.map_or(0.0, |o| o.per_step.seconds),
         network_bw: device.map_or(0.0, |g| g.network_bandwidth),
+        scaleup_bw: device.map_or(0.0, |g| g.scaleup_bandwidth),
+        shards: l.tp.max(1) * l.ep.max(1),
         gpus_per_node: device.map_or(1, |g| g.gpus_per_node),
         disk_bw,
     })
@@ -395,7 +400,8 @@ pub(super) fn train_fixes(
     }
     if l.backend != Backend::Embedded && (offload == OptimizerOffload::OnGpu || l.backend == Backend::Fsdp) {
         // More data-parallel replicas shard the optimizer state (and, under FSDP, everything).
-        for k in [2u64, 4, 8, 16] {
+        // Only layouts the cluster can hold.
+        for k in [2u64, 4, 8, 16].into_iter().filter(|k| gpus.saturating_mul(*k) <= cx.total_gpus) {
             let l2 = Layout { dp: l.dp * k, ..*l };
             let x = train_mem(m, &l2, t, global, t.recompute.value).on_gpu(offload);
             if x <= usable {
@@ -404,7 +410,8 @@ pub(super) fn train_fixes(
             }
         }
     }
-    if t.recompute.value != Recompute::Full {
+    // `recompute` is a field of `megatron` only (std/prelude): offer it to no other backend.
+    if l.backend == Backend::Megatron && t.recompute.value != Recompute::Full {
         let x = train_mem(m, l, t, global, Recompute::Full).on_gpu(offload);
         fixes.push(format!("`recompute = full`: {} per GPU ({})", gb_fixed(x), verdict(x)));
     }
@@ -413,13 +420,23 @@ pub(super) fn train_fixes(
         let x = train_mem(m, &l2, t, global, t.recompute.value).on_gpu(offload);
         fixes.push(format!("PP{} DP{} on the same GPUs: {} per GPU ({})", l2.pp, l2.dp, gb_fixed(x), verdict(x)));
     }
-    let _ = cx;
     fixes
 }
 
-pub(super) fn tp_domain_warning(cx: &mut Ctx, st: &Stage, what: &str, tp: u64, span: Option<Span>, g: &GpuSpec) {
+/// E0406 when a TP group's all-reduces would cross the scale-out network: TP larger than the
+/// NVLink domain, or a TP that does not divide it on a stage wider than one domain (groups laid
+/// out in order then straddle domains). Within one domain a non-dividing TP only idles GPUs.
+pub(super) fn tp_domain_warning(
+    cx: &mut Ctx,
+    st: &Stage,
+    what: &str,
+    tp: u64,
+    span: Option<Span>,
+    g: &GpuSpec,
+    stage_gpus: u64,
+) {
     let domain = g.scaleup_domain.max(1);
-    if tp > domain || !domain.is_multiple_of(tp.max(1)) {
+    if tp > domain || (!domain.is_multiple_of(tp.max(1)) && stage_gpus > domain) {
         cx.warning(
             "E0406",
             format!("{}: {what} TP{tp} spans NVLink domains of {domain} {} GPUs", st.name, g.name),
