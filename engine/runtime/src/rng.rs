@@ -15,14 +15,36 @@ fn splitmix(x: &mut u64) -> u64 {
     z ^ (z >> 31)
 }
 
+/// FNV-1a (64-bit): a hash that is the same in every process, build and version (std's is
+/// not), for seeds, message keys, routing and prefix statistics. Bytes and token ids are folded in
+/// one at a time (a token id as one value, not its bytes). The language crates keep their own
+/// (engine/compiler/src/fs.rs): they do not depend on the runtime.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Fnv1a(pub u64);
+
+impl Default for Fnv1a {
+    fn default() -> Self {
+        Fnv1a(0xcbf2_9ce4_8422_2325)
+    }
+}
+
+impl Fnv1a {
+    pub fn value(self, x: u64) -> Fnv1a {
+        Fnv1a((self.0 ^ x).wrapping_mul(0x0100_0000_01b3))
+    }
+
+    pub fn bytes<'b>(self, bytes: impl IntoIterator<Item = &'b u8>) -> Fnv1a {
+        bytes.into_iter().fold(self, |h, &b| h.value(b as u64))
+    }
+
+    pub fn tokens<'t>(self, tokens: impl IntoIterator<Item = &'t crate::tasks::TokenId>) -> Fnv1a {
+        tokens.into_iter().fold(self, |h, &t| h.value(t as u64))
+    }
+}
+
 /// FNV-1a of a purpose label, mixed into derived seeds so streams for different purposes differ.
 fn label_hash(label: &str) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in label.bytes() {
-        h ^= b as u64;
-        h = h.wrapping_mul(0x0100_0000_01b3);
-    }
-    h
+    Fnv1a::default().bytes(label.as_bytes()).0
 }
 
 /// The seed of the stream for `purpose` at `index` (e.g. a step) under master seed `seed`.
@@ -93,6 +115,15 @@ impl Rng {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn fnv1a_is_the_reference_hash() {
+        // The published FNV-1a 64 test vectors: "", "a" and "foobar".
+        assert_eq!(Fnv1a::default().0, 0xcbf2_9ce4_8422_2325);
+        assert_eq!(Fnv1a::default().bytes(b"a").0, 0xaf63_dc4c_8601_ec8c);
+        assert_eq!(Fnv1a::default().bytes(b"foobar").0, 0x8594_4171_f739_67e8);
+        // A token id is one value: 97 as a token folds like the byte b'a'.
+        assert_eq!(Fnv1a::default().tokens(&[97]).0, Fnv1a::default().bytes(b"a").0);
+    }
     use super::*;
 
     #[test]

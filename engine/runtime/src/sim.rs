@@ -67,12 +67,7 @@ fn sleep(s: f64) {
 }
 
 fn difficulty(prompt: &[TokenId]) -> f64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for &t in prompt {
-        h ^= t as u64;
-        h = h.wrapping_mul(0x0100_0000_01b3);
-    }
-    Rng::new(h).next_f64()
+    Rng::new(crate::rng::Fnv1a::default().tokens(prompt).0).next_f64()
 }
 
 /// The whole response of one sample, decided when it starts (only its timing is simulated).

@@ -322,11 +322,11 @@ impl PrefixStats {
         if self.seen.len() > 1_000_000 {
             self.seen.clear();
         }
-        let mut h: u64 = 0xcbf29ce484222325;
+        let mut h = miles_runtime::rng::Fnv1a::default();
         let mut cached = 0;
         for (i, &t) in prompt.iter().enumerate() {
-            h = (h ^ t as u64).wrapping_mul(0x100000001b3);
-            if !self.seen.insert(h) && cached == i {
+            h = h.value(t as u64);
+            if !self.seen.insert(h.0) && cached == i {
                 cached = i + 1;
             }
         }

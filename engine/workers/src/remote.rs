@@ -538,10 +538,7 @@ impl RemoteEngine {
 /// Affinity: the same prompt always goes to the same engine (its prefix cache stays warm), and a
 /// group's n samples are never split.
 pub fn route(prompt: &[TokenId], engines: usize) -> usize {
-    let mut h: u64 = 0xcbf29ce484222325;
-    for &t in prompt {
-        h = (h ^ t as u64).wrapping_mul(0x100000001b3);
-    }
+    let h = miles_runtime::rng::Fnv1a::default().tokens(prompt).0;
     (h % engines.max(1) as u64) as usize
 }
 

@@ -1,13 +1,13 @@
 //! Writes that survive a kill (write then rename), checkpoints with exact resume, and the final
 //! model.
 
+use super::*;
 use crate::backend::*;
 use crate::spec::RunSpec;
 use crate::tasks::TaskSet;
 use std::fs;
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use super::*;
 
 pub(crate) const STATE_FILE: &str = "state.json";
 

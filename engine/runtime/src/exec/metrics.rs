@@ -1,10 +1,10 @@
 //! metrics.jsonl (appended and flushed per step, cut back on resume) and its TensorBoard copy.
 
+use super::*;
 use serde_json::{Map, Value};
 use std::fs;
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use super::*;
 
 /// metrics.jsonl: one JSON object per line, appended and flushed per step. On resume, lines of
 /// steps after the checkpoint (and a torn last line from a kill) are dropped first.

@@ -2,6 +2,7 @@
 //! holds another run), the task, a fresh run's opening (SFT, reference, first weights, step-0
 //! evaluation and checkpoint), a resumed run's position, and the summary.
 
+use super::*;
 use crate::backend::*;
 use crate::progress::Progress;
 use crate::spec::{RunOptions, RunSpec, Summary};
@@ -10,7 +11,6 @@ use serde_json::{json, Map, Value};
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
-use super::*;
 
 /// What both executors write as a run goes, opened before the backend starts.
 pub(crate) struct Outputs {

@@ -1,12 +1,12 @@
 //! Scoring: responses through the run's reward, and held-out evaluation (single responses or
 //! greedy episodes).
 
+use super::*;
 use crate::backend::*;
 use crate::env::rollout::EnvRunner;
 use crate::reward::{BatchReward, RewardOutcome};
 use crate::spec::RunSpec;
 use crate::tasks::{PromptRow, TaskSet, TokenId};
-use super::*;
 
 /// Held-out success and mean sampled tokens on the first `eval.prompts` test items: greedy
 /// responses scored by the run's reward, or, in a run with an environment, one greedy episode per

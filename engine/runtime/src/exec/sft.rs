@@ -1,12 +1,12 @@
 //! The SFT warm-up before RL: on the task's demonstrations, or an environment's gold episodes.
 
+use super::*;
 use crate::backend::*;
 use crate::progress::Progress;
 use crate::rng::derive_seed;
 use crate::spec::RunSpec;
 use crate::tasks::TaskSet;
 use serde_json::{json, Map};
-use super::*;
 
 pub(crate) fn run_sft(
     spec: &RunSpec,

@@ -1,12 +1,12 @@
 //! One RL step's pieces both executors share: the learning rates, training with a non-finite
 //! check, the wall-time limit, and the step's metrics columns.
 
+use super::*;
 use crate::backend::*;
 use crate::spec::{RunOptions, RunSpec};
 use serde_json::{json, Map, Value};
 use std::path::PathBuf;
 use std::time::Instant;
-use super::*;
 
 /// Refuses to start step `step + 1` after the run's wall-time limit (`--max-wall`).
 pub(crate) fn check_wall_time(opts: &RunOptions, started: Instant, step: u64) -> Result<(), RunError> {

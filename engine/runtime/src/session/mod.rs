@@ -35,12 +35,7 @@ pub enum Rule {
 pub type MessageKey = u64;
 
 pub fn message_key(role: &str, content: &[u8]) -> MessageKey {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in role.as_bytes().iter().chain([&0u8]).chain(content) {
-        h ^= *b as u64;
-        h = h.wrapping_mul(0x0100_0000_01b3);
-    }
-    h
+    crate::rng::Fnv1a::default().bytes(role.as_bytes().iter().chain([&0u8]).chain(content)).0
 }
 
 /// The key of a sampled turn.
