@@ -2,7 +2,6 @@
 //! model.
 
 use super::*;
-use crate::backend::*;
 use crate::spec::RunSpec;
 use crate::tasks::TaskSet;
 use std::fs;

@@ -3,7 +3,6 @@
 //! evaluation and checkpoint), a resumed run's position, and the summary.
 
 use super::*;
-use crate::backend::*;
 use crate::progress::Progress;
 use crate::spec::{RunOptions, RunSpec, Summary};
 use crate::tasks::TaskSet;

@@ -2,7 +2,6 @@
 //! greedy episodes).
 
 use super::*;
-use crate::backend::*;
 use crate::env::rollout::EnvRunner;
 use crate::reward::{BatchReward, RewardOutcome};
 use crate::spec::RunSpec;

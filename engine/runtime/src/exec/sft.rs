@@ -1,7 +1,6 @@
 //! The SFT warm-up before RL: on the task's demonstrations, or an environment's gold episodes.
 
 use super::*;
-use crate::backend::*;
 use crate::progress::Progress;
 use crate::rng::derive_seed;
 use crate::spec::RunSpec;

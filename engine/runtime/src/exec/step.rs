@@ -2,7 +2,6 @@
 //! check, the wall-time limit, and the step's metrics columns.
 
 use super::*;
-use crate::backend::*;
 use crate::spec::{RunOptions, RunSpec};
 use serde_json::{json, Map, Value};
 use std::path::PathBuf;
