@@ -454,16 +454,8 @@ impl Generator<'_> {
             if samples.is_empty() {
                 self.faulted_in_a_row += 1;
                 if self.faulted_in_a_row >= self.spec.rollout.rollout_batch.max(1) {
-                    return Err(RunError::new(
-                        E_TIMEOUT,
-                        format!(
-                            "{} groups in a row: every episode ended by an environment fault and was dropped",
-                            self.faulted_in_a_row
-                        ),
-                    )
-                    .with_help(
-                        "see rollout/episode_end/* in metrics.jsonl; or train on faulted episodes (on_env_error = score)",
-                    ));
+                    let what = format!("{} groups in a row", self.faulted_in_a_row);
+                    return Err(crate::env::rollout::all_episodes_faulted(&what));
                 }
             } else {
                 self.faulted_in_a_row = 0;

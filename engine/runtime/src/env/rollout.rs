@@ -138,6 +138,13 @@ impl EnvRunner {
     }
 }
 
+/// The run stops: in `what` (a step, or groups in a row), every episode ended by an environment
+/// fault and `on_env_error = drop` left nothing to train on.
+pub fn all_episodes_faulted(what: &str) -> RunError {
+    RunError::new(crate::E_TIMEOUT, format!("{what}: every episode ended by an environment fault and was dropped"))
+        .with_help("see rollout/episode_end/* in metrics.jsonl; or train on faulted episodes (on_env_error = score)")
+}
+
 /// A finished group of episodes as the asynchronous buffer holds it: one sample per trajectory of
 /// each episode that trains (one per TITO chain: a compacted episode has several), carrying the
 /// episode's reward, with its

@@ -110,13 +110,7 @@ pub fn run_with(spec: &RunSpec, opts: &RunOptions, backend: &dyn Backend) -> Res
         };
         if sb.batch.is_empty() {
             let e = match &env {
-                Some(_) => RunError::new(
-                    E_TIMEOUT,
-                    format!("step {step}: every episode ended by an environment fault and was dropped"),
-                )
-                .with_help(
-                    "see rollout/episode_end/* in metrics.jsonl; or train on faulted episodes (on_env_error = score)",
-                ),
+                Some(_) => crate::env::rollout::all_episodes_faulted(&format!("step {step}")),
                 None => RunError::new(
                     crate::reward::E_REWARD,
                     format!("step {step}: the reward `{}` dropped every sample of the batch", reward.name()),
