@@ -111,3 +111,40 @@ fn glm5_reference_rollout_mechanisms() {
     sync.schedule.mode.value = miles_plan::ScheduleMode::Sync;
     assert!(rollout_s(&sync) > base, "sync {} vs fully_async {base}", rollout_s(&sync));
 }
+
+/// Issue #14's new-user recipe (tests/plans/qwen3-30b-a3b-lora.miles): Qwen3-30B-A3B GRPO with
+/// `lora { rank = 16 }` on 8 H100 for training. As a full fine-tune (`train.lora = none`) the rank
+/// does not fit; with LoRA the same frozen base fits because gradients and Adam state exist for the
+/// adapters only, and a weight update moves the adapters, not the 61 GB model.
+#[test]
+fn qwen3_30b_a3b_lora_fits_because_only_adapters_train_and_sync() {
+    let file = "tests/plans/qwen3-30b-a3b-lora.miles";
+    let lora = plan(file, &[]);
+    let full = plan(file, &[("train.lora", "none")]);
+    let text = miles_plan::render_text(&lora);
+    assert_eq!((lora.summary.errors, lora.summary.warnings), (0, 0), "{text}");
+    assert!(full.diagnostics.iter().any(|d| d.code == "E0401"), "{}", miles_plan::render_text(&full));
+    let train = |p: &miles_plan::Plan| p.memory.iter().find(|m| m.stage == "train").cloned().expect("train memory");
+    let item = |m: &miles_plan::MemoryReport, n: &str| m.items.iter().find(|i| i.name == n).map(|i| i.bytes);
+    let (l, f) = (train(&lora), train(&full));
+    assert!(l.fits && !f.fits, "{text}");
+    // The base and the activations are the same; gradients and optimizer state are the adapters'.
+    assert_eq!(item(&l, "weights"), item(&f, "weights"));
+    assert_eq!(item(&l, "activations"), item(&f, "activations"));
+    assert!(item(&f, "adapters").is_none());
+    let r = l.lora.as_ref().expect("lora report");
+    // 48 layers x rank 16 x (q 2048+4096, k 2048+512, v 2048+512, o 4096+2048).
+    assert_eq!((r.params_per_adapter, r.params), (13_369_344, 13_369_344));
+    // TP2 splits the attention adapters; DP4 x TP2 = 8 ranks share their Adam state.
+    assert_eq!(item(&l, "gradients"), Some(13_369_344 / 2 * 4));
+    assert_eq!(item(&l, "optimizer"), Some(13_369_344 / 8 * 12));
+    assert_eq!(
+        (r.full_finetune.gradients, r.full_finetune.optimizer),
+        (item(&f, "gradients").unwrap_or(0), item(&f, "optimizer").unwrap_or(0))
+    );
+    // The update: 26.7 MB of BF16 adapters instead of 61 GB of weights.
+    assert_eq!(lora.syncs[0].bytes, 13_369_344 * 2);
+    assert_eq!(full.syncs[0].bytes, 61_000_000_000);
+    insta::assert_snapshot!("qwen3_30b_a3b_lora.txt", text);
+    insta::assert_snapshot!("qwen3_30b_a3b_lora.json", miles_plan::render_json(&lora));
+}

@@ -62,6 +62,7 @@ fn input(gpus: u64) -> PlanInput {
                     seq_len: Spanned::new(32768),
                     recompute: Spanned::new(Recompute::Full),
                     optimizer_offload: Spanned::new(OptimizerOffload::StreamFromDisk),
+                    lora: None,
                 }),
                 span: None,
             },

@@ -26,6 +26,7 @@ pub fn glm5() -> ModelSpec {
         sparse_topk: None,
         index_head_dim: None,
         update_requantize_s: None,
+        intermediate_size: None,
     }
 }
 

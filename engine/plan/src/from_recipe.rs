@@ -301,6 +301,7 @@ fn model_spec(r: &Record) -> Option<ModelSpec> {
             sparse_topk: u64_of(r, "sparse_topk"),
             index_head_dim: u64_of(r, "index_head_dim"),
             update_requantize_s: f64_of(r, "update_requantize"),
+            intermediate_size: None,
         }),
         // The embedded backend's decoder: parameters counted from its shape (docs/plan.md).
         "transformer" => {
@@ -348,6 +349,7 @@ fn decoder_spec(r: &Record, name: &str, params: u64, head_dim: u64) -> Option<Mo
         sparse_topk: None,
         index_head_dim: None,
         update_requantize_s: None,
+        intermediate_size: u64_of(r, "d_ff"),
     })
 }
 
@@ -444,7 +446,20 @@ fn trainer_of(node: &StageNode, b: &Record, seq_len: Spanned<u64>, offload: Opti
         seq_len,
         recompute,
         optimizer_offload,
+        lora: rec(node, "lora").map(|r| lora_of(r, param_span(node, "lora"))),
     }
+}
+
+/// `lora { rank, adapters, target_modules }`; a module named twice is counted once.
+fn lora_of(r: &Record, span: Option<Span>) -> Lora {
+    let int = |name: &str| int_of(r, name).map(|(v, s)| spanned(v, s)).unwrap_or(Spanned::new(1));
+    let mut target_modules = match r.get("target_modules") {
+        Some(Value::List(items)) => items.iter().filter_map(|v| v.as_enum().and_then(LoraTarget::from_name)).collect(),
+        _ => default_lora_targets(),
+    };
+    target_modules.sort();
+    target_modules.dedup();
+    Lora { rank: int("rank"), adapters: int("adapters"), target_modules, span }
 }
 
 fn sync_of(node: &StageNode) -> WeightSync {

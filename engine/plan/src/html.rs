@@ -314,6 +314,7 @@ fn stage_graph(o: &mut String, p: &Plan) {
 fn item_colour(name: &str) -> &'static str {
     match name {
         "weights" => "#2563eb",
+        "adapters" => "#0ea5e9",
         "gradients" => "#7c3aed",
         "optimizer" => "#dc2626",
         "activations" => "#f59e0b",

@@ -280,6 +280,11 @@ pub struct ModelSpec {
     /// 0.884 s, Miles Tab. 8); `None`: `assumptions.requantize_s`.
     #[serde(default)]
     pub update_requantize_s: Option<f64>,
+    /// Width of a dense layer's MLP (`d_ff`, Hugging Face's `intermediate_size`), where the model
+    /// record gives it (`transformer`, `hf`; `schema llm` has no such field): LoRA on the MLP.
+    /// `None`: derived from the parameter count (docs/plan.md, "LoRA").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub intermediate_size: Option<u64>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -469,6 +474,77 @@ pub struct Trainer {
     pub seq_len: Spanned<u64>,
     pub recompute: Spanned<Recompute>,
     pub optimizer_offload: Spanned<OptimizerOffload>,
+    /// Low-rank adapters (`lora = lora { ... }`): the base is frozen; only adapters train and sync.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lora: Option<Lora>,
+}
+
+/// A linear layer LoRA wraps in every transformer layer (std/prelude's `LoraTarget`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LoraTarget {
+    QProj,
+    KProj,
+    VProj,
+    OProj,
+    GateProj,
+    UpProj,
+    DownProj,
+}
+
+impl LoraTarget {
+    pub const ALL: [LoraTarget; 7] = [
+        LoraTarget::QProj,
+        LoraTarget::KProj,
+        LoraTarget::VProj,
+        LoraTarget::OProj,
+        LoraTarget::GateProj,
+        LoraTarget::UpProj,
+        LoraTarget::DownProj,
+    ];
+    /// The module's name (PEFT's `target_modules`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LoraTarget::QProj => "q_proj",
+            LoraTarget::KProj => "k_proj",
+            LoraTarget::VProj => "v_proj",
+            LoraTarget::OProj => "o_proj",
+            LoraTarget::GateProj => "gate_proj",
+            LoraTarget::UpProj => "up_proj",
+            LoraTarget::DownProj => "down_proj",
+        }
+    }
+    pub fn from_name(s: &str) -> Option<LoraTarget> {
+        LoraTarget::ALL.into_iter().find(|t| t.as_str() == s)
+    }
+    /// The short name plans print (`q` for `q_proj`).
+    pub fn short(self) -> &'static str {
+        self.as_str().trim_end_matches("_proj")
+    }
+    /// An MLP projection (on the routed experts of an MoE model).
+    pub fn is_mlp(self) -> bool {
+        matches!(self, LoraTarget::GateProj | LoraTarget::UpProj | LoraTarget::DownProj)
+    }
+}
+
+/// std/prelude's `schema lora`, as far as memory and weight sync depend on it (`alpha` does not).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Lora {
+    pub rank: Spanned<u64>,
+    /// Adapters trained at once on the one frozen base (multi-LoRA).
+    #[serde(default = "one")]
+    pub adapters: Spanned<u64>,
+    /// The wrapped modules; `None` in JSON: the stdlib's default (the attention projections).
+    #[serde(default = "default_lora_targets")]
+    pub target_modules: Vec<LoraTarget>,
+    /// Where the recipe wrote `lora { ... }`.
+    #[serde(default, serialize_with = "opt_span", deserialize_with = "de_opt_span")]
+    pub span: Option<Span>,
+}
+
+/// PEFT's common choice for Llama-family models, std/prelude's default: q, k, v, o.
+pub fn default_lora_targets() -> Vec<LoraTarget> {
+    vec![LoraTarget::QProj, LoraTarget::KProj, LoraTarget::VProj, LoraTarget::OProj]
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, Default)]

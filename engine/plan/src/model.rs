@@ -2,7 +2,7 @@
 //! and divisions go through `div` so a zero that slips through gives 0, never a panic or NaN.
 //! docs/plan.md derives each formula.
 
-use crate::input::{Attention, Backend, ModelSpec, Precision, Recompute};
+use crate::input::{Attention, Backend, Lora, LoraTarget, ModelSpec, Precision, Recompute};
 
 /// `a / b`, 0 when `b` is 0.
 pub(crate) fn div(a: f64, b: f64) -> f64 {
@@ -83,7 +83,12 @@ pub(crate) struct RankParams {
 }
 
 pub(crate) fn rank_params(m: &ModelSpec, l: &Layout) -> RankParams {
-    let s = param_split(m);
+    shard_params(param_split(m), l)
+}
+
+/// The rank's share of parameters split into routed experts and the rest: the base model's, or
+/// LoRA adapters', which are laid out like the layers they wrap.
+pub(crate) fn shard_params(s: ParamSplit, l: &Layout) -> RankParams {
     match l.backend {
         Backend::Megatron => {
             let (tp, pp, cp, dp, ep) = (l.tp as f64, l.pp as f64, l.cp as f64, l.dp as f64, l.ep as f64);
@@ -100,10 +105,10 @@ pub(crate) fn rank_params(m: &ModelSpec, l: &Layout) -> RankParams {
         Backend::Fsdp => {
             // FSDP shards parameters, gradients and optimizer state over all data-parallel ranks.
             let world = (l.dp * l.tp * l.pp * l.cp) as f64;
-            let shard = div(m.params as f64, world);
+            let shard = div(s.routed + s.other, world);
             RankParams { local: shard, optimizer: shard }
         }
-        Backend::Embedded => RankParams { local: m.params as f64, optimizer: m.params as f64 },
+        Backend::Embedded => RankParams { local: s.routed + s.other, optimizer: s.routed + s.other },
     }
 }
 
@@ -120,25 +125,123 @@ pub(crate) fn optimizer_bytes_per_param(p: Precision) -> f64 {
 /// Weight, gradient and optimizer bytes on one rank.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub(crate) struct StateBytes {
+    /// The model's weights (with LoRA: the frozen base).
     pub weights: f64,
+    /// LoRA adapter weights, all adapters (0 for a full fine-tune).
+    pub adapters: f64,
     pub gradients: f64,
     pub optimizer: f64,
 }
 
-pub(crate) fn state_bytes(m: &ModelSpec, l: &Layout) -> StateBytes {
-    let rp = rank_params(m, l);
+/// The base model's weight bytes on one rank.
+fn base_weight_bytes(m: &ModelSpec, l: &Layout) -> f64 {
     let wb = l.precision.bytes();
-    let mut weights = rp.local * wb;
+    let mut weights = rank_params(m, l).local * wb;
     if l.backend == Backend::Fsdp {
         // FSDP gathers one layer's full weights for compute and prefetches the next.
         weights += 2.0 * div(m.params as f64, m.layers as f64) * wb;
     }
+    weights
+}
+
+/// Full fine-tuning, or with `lora` a frozen base (weights only) plus the adapters, whose
+/// gradients and optimizer state are the only ones (all `adapters` of them, laid out like the
+/// layers they wrap).
+pub(crate) fn state_bytes(m: &ModelSpec, l: &Layout, lora: Option<&Lora>) -> StateBytes {
+    let trained = match lora {
+        None => rank_params(m, l),
+        Some(lo) => {
+            let a = lora_params(m, lo);
+            let n = lo.adapters.value.max(1) as f64;
+            shard_params(ParamSplit { routed: a.routed * n, other: a.other * n }, l)
+        }
+    };
     StateBytes {
-        weights,
+        weights: base_weight_bytes(m, l),
+        adapters: if lora.is_some() { trained.local * l.precision.bytes() } else { 0.0 },
         // Gradients accumulate in FP32 (Megatron's main_grad buffer; FSDP's reduce dtype).
-        gradients: rp.local * 4.0,
-        optimizer: rp.optimizer * optimizer_bytes_per_param(l.precision),
+        gradients: trained.local * 4.0,
+        optimizer: trained.optimizer * optimizer_bytes_per_param(l.precision),
     }
+}
+
+/// Width of one routed expert's MLP in an MoE model: one expert in one MoE layer is
+/// (P - A) / (E - k) / MoE layers parameters, 3 x d_model x width of them (SwiGLU gate, up, down).
+pub(crate) fn expert_width(m: &ModelSpec) -> f64 {
+    let per_expert = div(param_split(m).routed, m.experts as f64);
+    div(per_expert, moe_layers(m) as f64 * 3.0 * m.hidden_size as f64)
+}
+
+/// Width of a dense layer's MLP: the model's `intermediate_size` when given, else what is left
+/// of a layer's parameters after attention, once one vocab x d_model embedding is set aside:
+/// ((P - vocab d) / layers - attention) / 3 d (an overestimate when the embeddings are untied).
+pub(crate) fn dense_mlp_width(m: &ModelSpec) -> f64 {
+    if let Some(f) = m.intermediate_size {
+        return f as f64;
+    }
+    let (h, layers) = (m.hidden_size as f64, m.layers as f64);
+    let attention = 2.0 * h * (m.heads * m.head_dim) as f64 + 2.0 * h * (m.kv_heads * m.head_dim) as f64;
+    let per_layer = div(m.params as f64 - m.vocab as f64 * h, layers);
+    div(per_layer - attention, 3.0 * h).max(0.0)
+}
+
+/// (in, out) features of a wrapped linear layer; `mlp` is the MLP width it belongs to.
+pub(crate) fn lora_shape(m: &ModelSpec, t: LoraTarget, mlp: f64) -> (f64, f64) {
+    let h = m.hidden_size as f64;
+    let (q, kv) = ((m.heads * m.head_dim) as f64, (m.kv_heads * m.head_dim) as f64);
+    match t {
+        LoraTarget::QProj => (h, q),
+        LoraTarget::KProj | LoraTarget::VProj => (h, kv),
+        LoraTarget::OProj => (q, h),
+        LoraTarget::GateProj | LoraTarget::UpProj => (h, mlp),
+        LoraTarget::DownProj => (mlp, h),
+    }
+}
+
+/// Linear layers one target wraps in the whole model, and their MLP width: one per layer for an
+/// attention projection; for an MLP projection one per dense layer, and in an MoE model one per
+/// routed expert of each MoE layer (PEFT wraps every expert's own linear layer). The dense layers
+/// of an MoE model count only when the model gives their width (`intermediate_size`).
+pub(crate) fn lora_instances(m: &ModelSpec, t: LoraTarget) -> Vec<(f64, f64, bool)> {
+    if !t.is_mlp() {
+        return vec![(m.layers as f64, 0.0, false)];
+    }
+    if param_split(m).routed > 0.0 {
+        let mut v = vec![((moe_layers(m) * m.experts) as f64, expert_width(m), true)];
+        if let Some(f) = m.intermediate_size.filter(|_| m.dense_layers > 0) {
+            v.push((m.dense_layers as f64, f as f64, false));
+        }
+        v
+    } else {
+        vec![(m.layers as f64, dense_mlp_width(m), false)]
+    }
+}
+
+/// One adapter's parameters on one target: rank x (in + out) per wrapped linear layer (A is
+/// rank x in, B out x rank), split into those on routed experts and the rest.
+pub(crate) fn lora_target_params(m: &ModelSpec, t: LoraTarget, rank: u64) -> ParamSplit {
+    let mut s = ParamSplit { routed: 0.0, other: 0.0 };
+    for (n, mlp, expert) in lora_instances(m, t) {
+        let (i, o) = lora_shape(m, t, mlp);
+        let p = n * rank as f64 * (i + o);
+        if expert {
+            s.routed += p;
+        } else {
+            s.other += p;
+        }
+    }
+    s
+}
+
+/// One adapter's parameters over its target modules.
+pub(crate) fn lora_params(m: &ModelSpec, lora: &Lora) -> ParamSplit {
+    let mut s = ParamSplit { routed: 0.0, other: 0.0 };
+    for &t in &lora.target_modules {
+        let p = lora_target_params(m, t, lora.rank.value);
+        s.routed += p.routed;
+        s.other += p.other;
+    }
+    s
 }
 
 /// Activation bytes of one transformer layer for one micro-batch on one rank
@@ -255,6 +358,7 @@ mod tests {
             sparse_topk: None,
             index_head_dim: None,
             update_requantize_s: None,
+            intermediate_size: None,
         }
     }
 
@@ -280,7 +384,7 @@ mod tests {
         // domain.md §9: 32 training GPUs, TP2 PP4 CP4 EP8 -> 744e9 x 12 / 32 = 279 GB.
         let l = layout(Backend::Megatron, 2, 4, 4, 8, 1);
         assert_eq!((l.etp(), l.edp()), (1, 1));
-        let b = state_bytes(&glm5(), &l);
+        let b = state_bytes(&glm5(), &l, None);
         assert!(close(b.optimizer, 279.0e9, 1e-9), "{}", b.optimizer);
         // Weights: 17.29e9 / 8 + 726.71e9 / 32 = 24.87e9 params, 2 bytes each.
         assert!(close(b.weights, 49.74e9, 1e-3), "{}", b.weights);
@@ -291,7 +395,7 @@ mod tests {
     fn dense_megatron_distributed_optimizer_is_6_plus_12_over_d() {
         // Megatron docs: 6 + 12/d bytes per parameter with the distributed optimizer.
         let l = layout(Backend::Megatron, 1, 1, 1, 1, 8);
-        let b = state_bytes(&llama8b(), &l);
+        let b = state_bytes(&llama8b(), &l, None);
         let p = 8.03e9;
         assert!(close(b.weights + b.gradients + b.optimizer, p * (6.0 + 12.0 / 8.0), 1e-12));
     }
@@ -299,11 +403,11 @@ mod tests {
     #[test]
     fn fsdp_and_embedded() {
         let m = llama8b();
-        let b = state_bytes(&m, &layout(Backend::Fsdp, 1, 1, 1, 1, 8));
+        let b = state_bytes(&m, &layout(Backend::Fsdp, 1, 1, 1, 1, 8), None);
         assert!(close(b.optimizer, 8.03e9 * 12.0 / 8.0, 1e-12));
         assert!(close(b.weights, 8.03e9 * 2.0 / 8.0 + 2.0 * 8.03e9 / 32.0 * 2.0, 1e-12));
         let l = Layout { precision: Precision::Fp32, ..layout(Backend::Embedded, 1, 1, 1, 1, 1) };
-        let b = state_bytes(&m, &l);
+        let b = state_bytes(&m, &l, None);
         assert_eq!((b.weights, b.gradients, b.optimizer), (8.03e9 * 4.0, 8.03e9 * 4.0, 8.03e9 * 8.0));
     }
 
@@ -363,11 +467,110 @@ mod tests {
         assert_eq!(experts_touched(&llama8b(), 3), 1.0);
     }
 
+    /// Qwen3-30B-A3B as std/models has it (config.json: 48 layers, hidden 2048, 32 Q / 4 KV heads
+    /// of 128, 128 experts of width 768, top 8).
+    fn qwen3_30b() -> ModelSpec {
+        ModelSpec {
+            name: "Qwen3-30B-A3B".into(),
+            params: 30_500_000_000,
+            active_params: 3_300_000_000,
+            layers: 48,
+            hidden_size: 2048,
+            heads: 32,
+            kv_heads: 4,
+            vocab: 151_936,
+            experts: 128,
+            top_k: 8,
+            max_context: 40_960,
+            ..llama8b()
+        }
+    }
+
+    fn lora(rank: u64, adapters: u64, targets: &[LoraTarget]) -> Lora {
+        Lora { rank: rank.into(), adapters: adapters.into(), target_modules: targets.to_vec(), span: None }
+    }
+
+    const QKVO: &[LoraTarget] = &[LoraTarget::QProj, LoraTarget::KProj, LoraTarget::VProj, LoraTarget::OProj];
+    const MLP: &[LoraTarget] = &[LoraTarget::GateProj, LoraTarget::UpProj, LoraTarget::DownProj];
+
+    #[test]
+    fn lora_attention_adapters_are_rank_times_in_plus_out_per_layer() {
+        // q 2048 -> 4096, k and v 2048 -> 512, o 4096 -> 2048: 17,408 x rank 16 x 48 layers.
+        let a = lora_params(&qwen3_30b(), &lora(16, 1, QKVO));
+        assert_eq!((a.other, a.routed), (13_369_344.0, 0.0));
+        let q = lora_target_params(&qwen3_30b(), LoraTarget::QProj, 16);
+        assert_eq!(q.other, 48.0 * 16.0 * (2048.0 + 4096.0));
+    }
+
+    #[test]
+    fn lora_on_moe_mlp_wraps_every_routed_expert() {
+        // One expert of one layer: (30.5e9 - 3.3e9) / 120 / 48 = 4.72M = 3 x 2048 x width, so
+        // width 768.6 (config.json: moe_intermediate_size 768).
+        let m = qwen3_30b();
+        assert!(close(expert_width(&m), 768.0, 1e-3), "{}", expert_width(&m));
+        let a = lora_params(&m, &lora(16, 1, MLP));
+        assert_eq!(a.other, 0.0);
+        assert!(close(a.routed, 3.0 * 16.0 * (2048.0 + 768.6) * 128.0 * 48.0, 1e-4), "{}", a.routed);
+        // A dense model wraps one MLP per layer, of the width the record gives or the params leave.
+        let dense = lora_params(&llama8b(), &lora(8, 1, &[LoraTarget::DownProj]));
+        assert_eq!(dense.routed, 0.0);
+        let given = ModelSpec { intermediate_size: Some(14_336), ..llama8b() };
+        assert_eq!(lora_params(&given, &lora(8, 1, &[LoraTarget::DownProj])).other, 32.0 * 8.0 * (14_336.0 + 4096.0));
+        // Qwen3-4B (tied embeddings): the width left by its parameters is within 0.2% of 9728.
+        let qwen3_4b = ModelSpec {
+            params: 4_020_000_000,
+            active_params: 4_020_000_000,
+            layers: 36,
+            hidden_size: 2560,
+            heads: 32,
+            kv_heads: 8,
+            vocab: 151_936,
+            ..llama8b()
+        };
+        assert!(close(dense_mlp_width(&qwen3_4b), 9728.0, 2e-3), "{}", dense_mlp_width(&qwen3_4b));
+    }
+
+    #[test]
+    fn lora_freezes_the_base_same_weights_no_base_gradients_or_optimizer() {
+        // Megatron TP2 EP8 DP4 on 8 GPUs: the same model with and without LoRA.
+        let (m, l) = (qwen3_30b(), layout(Backend::Megatron, 2, 1, 1, 8, 4));
+        let full = state_bytes(&m, &l, None);
+        let lo = state_bytes(&m, &l, Some(&lora(16, 1, QKVO)));
+        assert_eq!(lo.weights, full.weights);
+        assert_eq!(full.adapters, 0.0);
+        // Attention adapters split like attention: by TP2; their optimizer state also by DP4.
+        let local = 13_369_344.0 / 2.0;
+        assert_eq!((lo.adapters, lo.gradients, lo.optimizer), (local * 2.0, local * 4.0, local / 4.0 * 12.0));
+        assert!(full.gradients > 17e9 && full.optimizer > 45e9, "{full:?}");
+        // Expert adapters split like the experts: by EP8.
+        let e = state_bytes(&m, &l, Some(&lora(16, 1, &[LoraTarget::UpProj])));
+        let up = lora_target_params(&m, LoraTarget::UpProj, 16).routed;
+        assert!(close(e.gradients, up / 8.0 * 4.0, 1e-12), "{e:?}");
+    }
+
+    #[test]
+    fn two_adapters_double_adapter_state_not_the_base() {
+        let (m, l) = (qwen3_30b(), layout(Backend::Fsdp, 1, 1, 1, 1, 8));
+        let one = state_bytes(&m, &l, Some(&lora(16, 1, QKVO)));
+        let two = state_bytes(&m, &l, Some(&lora(16, 2, QKVO)));
+        assert_eq!(two.weights, one.weights);
+        assert_eq!(
+            (two.adapters, two.gradients, two.optimizer),
+            (2.0 * one.adapters, 2.0 * one.gradients, 2.0 * one.optimizer)
+        );
+    }
+
     #[test]
     fn div_by_zero_is_zero() {
         assert_eq!(div(1.0, 0.0), 0.0);
         let l = layout(Backend::Megatron, 1, 1, 1, 1, 1);
         let m = ModelSpec { layers: 0, hidden_size: 0, ..llama8b() };
         assert!(activation_bytes(&m, &Layout { pp: 0, cp: 0, ..l }, 0, 0, Some(0), Recompute::Full).is_finite());
+        let all = lora(16, 1, &LoraTarget::ALL);
+        let moe = ModelSpec { layers: 0, hidden_size: 0, ..qwen3_30b() };
+        for m in [&m, &moe] {
+            let a = lora_params(m, &all);
+            assert!(a.routed.is_finite() && a.other.is_finite() && a.other >= 0.0, "{a:?}");
+        }
     }
 }

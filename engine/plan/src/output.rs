@@ -128,6 +128,51 @@ pub struct MemoryReport {
     pub total: u64,
     pub fits: bool,
     pub offload: Option<OffloadReport>,
+    /// A LoRA trainer's adapters (absent for a full fine-tune).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lora: Option<LoraReport>,
+}
+
+/// LoRA on a training stage (docs/plan.md, "LoRA"): the adapters' sizes, what a weight update
+/// moves, and the full fine-tune this rank would hold without them.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct LoraReport {
+    pub rank: u64,
+    /// Adapters trained at once on the one base (multi-LoRA).
+    pub adapters: u64,
+    pub target_modules: Vec<String>,
+    /// One adapter's parameters per target module.
+    pub targets: Vec<TargetParams>,
+    pub params_per_adapter: u64,
+    /// All adapters.
+    pub params: u64,
+    /// Bytes a weight update moves: every adapter, in the trainer's precision.
+    pub sync_bytes: u64,
+    /// The adapters in words, as the text plan prints them.
+    pub summary: String,
+    pub full_finetune: FullFinetune,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct TargetParams {
+    /// `q_proj`, `gate_proj`...
+    pub module: String,
+    /// One adapter's parameters on this module, whole model.
+    pub params: u64,
+    /// Linear layers wrapped: one per layer, or per routed expert of every MoE layer.
+    pub wrapped_layers: u64,
+    /// Whether they wrap routed experts.
+    pub on_experts: bool,
+}
+
+/// Bytes per rank of the same stage without LoRA.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct FullFinetune {
+    pub weights: u64,
+    pub gradients: u64,
+    pub optimizer: u64,
+    /// On the GPU, under the stage's optimizer offload.
+    pub total: u64,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -188,8 +233,11 @@ pub struct SyncReport {
     pub to: String,
     pub transport: Transport,
     pub bucket: u64,
-    /// Bytes of converted weights every rollout engine receives.
+    /// Bytes of converted weights every rollout engine receives (with LoRA: the adapters).
     pub bytes: u64,
+    /// Whether only LoRA adapters move (the base is frozen); written only when true.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub lora: bool,
     pub estimate: Estimate,
     /// The same update by the other transports the placement allows.
     pub alternatives: Vec<TransportEstimate>,

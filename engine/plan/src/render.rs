@@ -165,6 +165,18 @@ pub fn render_sections(p: &Plan) -> String {
                 "DOES NOT FIT".into()
             };
             let _ = writeln!(o, "    {:16} {:>9}  {}", "total", gb(m.total), verdict);
+            if let Some(l) = &m.lora {
+                let f = &l.full_finetune;
+                let _ = writeln!(
+                    o,
+                    "    {:16} {:>9}  a full fine-tune: weights {}, gradients {}, optimizer {}",
+                    "without LoRA",
+                    gb(f.total),
+                    gb(f.weights),
+                    gb(f.gradients),
+                    gb(f.optimizer)
+                );
+            }
             if let Some(off) = &m.offload {
                 let _ = writeln!(
                     o,
@@ -222,9 +234,10 @@ pub fn render_sections(p: &Plan) -> String {
         for s in &p.syncs {
             let _ = writeln!(
                 o,
-                "  {}: {} of weights {} -> {} by {}: est. {}",
+                "  {}: {} of {} {} -> {} by {}: est. {}",
                 s.name,
                 gb(s.bytes),
+                if s.lora { "adapters" } else { "weights" },
                 s.from,
                 s.to,
                 s.transport.as_str(),

@@ -5,7 +5,7 @@
 
 use crate::model::div;
 use crate::output::Estimate;
-use crate::units::{gb_fixed, gbs};
+use crate::units::{bytes_fixed, gb_fixed, gbs};
 
 /// Broadcast: fixed cost of one bucket, s: the update call to every engine, the engines'
 /// `load_weights` of the bucket and the barrier before the next one (buckets do not overlap:
@@ -26,8 +26,10 @@ pub const NCCL_HOP_LATENCY_S: f64 = 5e-6;
 /// What a weight update moves, and over how wide a fleet.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub(crate) struct SyncShape {
-    /// Bytes of the converted model as the engines receive it.
+    /// Bytes of the converted model as the engines receive it (with LoRA: the adapters).
     pub bytes: f64,
+    /// What moves, in words: `weights`, or `adapter weights` under LoRA.
+    pub what: &'static str,
     pub layers: u64,
     pub bucket: f64,
     /// Trainer GPUs and pipeline stages (one broadcast source per stage).
@@ -92,8 +94,9 @@ pub(crate) fn broadcast(s: &SyncShape) -> Estimate {
         seconds,
         assumptions: vec![
             format!(
-                "{} of weights in {} buckets of {}; {} sources (one per pipeline stage), buckets serialised at the engines",
-                gb_fixed(s.bytes),
+                "{} of {} in {} buckets of {}; {} sources (one per pipeline stage), buckets serialised at the engines",
+                bytes_fixed(s.bytes),
+                s.what,
                 buckets,
                 gb_fixed(s.bucket),
                 s.train_pp.max(1)
@@ -148,9 +151,9 @@ pub(crate) fn p2p(s: &SyncShape) -> Estimate {
             format!("{} trainer GPUs send to {} engines of {} GPUs", s.train_gpus, s.engines, s.gpus_per_engine),
             format!(
                 "busiest NIC moves {} (send {}, receive {}) by RDMA at {}: {:.1} s",
-                gb_fixed(busiest),
-                gb_fixed(send),
-                gb_fixed(recv),
+                bytes_fixed(busiest),
+                bytes_fixed(send),
+                bytes_fixed(recv),
                 gbs(bw),
                 div(busiest, bw)
             ),
@@ -179,9 +182,9 @@ pub(crate) fn disk_delta(s: &SyncShape) -> Estimate {
     Estimate {
         seconds,
         assumptions: vec![
-            format!("delta = full weights ({}), checksummed, no compression", gb_fixed(s.bytes)),
+            format!("delta = full {} ({}), checksummed, no compression", s.what, bytes_fixed(s.bytes)),
             format!("written by {} trainer nodes at {} each", train_nodes, gbs(s.disk_bw)),
-            format!("each rollout node reads {} at the slower of its disk and network", gb_fixed(read_bytes)),
+            format!("each rollout node reads {} at the slower of its disk and network", bytes_fixed(read_bytes)),
             format!("{:.3} s per layer to patch and reload (P2P's per-layer cost)", s.p2p_layer_s),
         ],
     }
@@ -196,7 +199,7 @@ pub(crate) fn local(s: &SyncShape) -> Estimate {
     Estimate {
         seconds,
         assumptions: vec![
-            format!("{} per GPU copied in HBM (read + write)", gb_fixed(per_gpu)),
+            format!("{} per GPU copied in HBM (read + write)", bytes_fixed(per_gpu)),
             format!("{} buckets x {:.1} ms fixed (broadcast's per-bucket call)", buckets, s.bucket_latency_s * 1e3),
         ],
     }
@@ -246,6 +249,7 @@ mod tests {
     /// on TP16 engines (65 GB per GPU); GLM-5's arrive in BF16 on TP32 engines (46 GB per GPU).
     fn shape(params: f64, bytes_per_param: f64, layers: u64, gpus_per_engine: u64, requantize_s: f64) -> SyncShape {
         SyncShape {
+            what: "weights",
             bytes: params * bytes_per_param,
             layers,
             bucket: 1e9,

@@ -28,6 +28,20 @@ pub(crate) fn count(n: u64) -> String {
     }
 }
 
+/// A parameter count with one decimal and a k, M or B suffix (`6.3M`, `1.69B`).
+pub(crate) fn params(n: u64) -> String {
+    let x = n as f64;
+    if n >= 1_000_000_000 {
+        format!("{:.2}B", x / 1e9)
+    } else if n >= 1_000_000 {
+        format!("{:.1}M", x / 1e6)
+    } else if n >= 1_000 {
+        format!("{:.1}k", x / 1e3)
+    } else {
+        n.to_string()
+    }
+}
+
 /// Seconds with the precision a reader needs: `-` when unknown, ms below a second.
 pub(crate) fn secs(s: f64) -> String {
     if !s.is_finite() || s == 0.0 {
@@ -47,6 +61,15 @@ pub(crate) fn gb_fixed(bytes: f64) -> String {
     format!("{:.1} GB", bytes / 1e9)
 }
 
+/// [`gb_fixed`], or MB with one decimal below 0.1 GB (a LoRA update is megabytes).
+pub(crate) fn bytes_fixed(bytes: f64) -> String {
+    if bytes > 0.0 && bytes < 1e8 {
+        format!("{:.1} MB", bytes / 1e6)
+    } else {
+        gb_fixed(bytes)
+    }
+}
+
 /// Bytes per second, whole GB/s.
 pub(crate) fn gbs(bytes_per_s: f64) -> String {
     format!("{:.0} GB/s", bytes_per_s / 1e9)
@@ -63,6 +86,14 @@ mod tests {
         assert_eq!(gb(74_300_000_000), "74.3 GB");
         assert_eq!(gb(245_000_000_000), "245 GB");
         assert_eq!(gb_fixed(279e9), "279.0 GB");
+        assert_eq!(
+            (bytes_fixed(53.5e6), bytes_fixed(0.1e9), bytes_fixed(0.0)),
+            ("53.5 MB".into(), "0.1 GB".into(), "0.0 GB".into())
+        );
         assert_eq!(gbs(80e9), "80 GB/s");
+        assert_eq!(
+            [params(950), params(6_300_000), params(13_369_344), params(1_690_000_000)],
+            ["950", "6.3M", "13.4M", "1.69B"]
+        );
     }
 }

@@ -228,3 +228,107 @@ fn json_diagnostics_can_be_located() {
     assert_eq!(v["rollouts"], plain["rollouts"]);
     assert_eq!(v["format_version"], plain["format_version"]);
 }
+
+/// Qwen3-30B-A3B GRPO on 8 + 8 H100 (Megatron TP2 EP8) with `lora`; `LORA` and `ENGINE` vary.
+fn qwen3_30b_lora(lora: &str, engine: &str) -> String {
+    format!(
+        r#"
+import std/hardware {{ h100 }}
+import std/models {{ qwen3_30b_a3b }}
+import std/tasks/arith
+cluster fleet = h100 * 16
+recipe r on fleet {{
+    rollout = generate(qwen3_30b_a3b) {{
+        prompts = arith.addition {{}}
+        samples_per_prompt = 8
+        max_new_tokens = 4096.tokens
+        engine = {engine}
+    }}
+    reward = exact_match(rollout)
+    train = grpo(rollout, reward) {{
+        rollout_batch = 32
+        global_batch = 256
+        backend = megatron {{ gpus = 8, tp = 2, ep = 8 }}
+        {lora}
+    }}
+    sync = weights(train -> rollout) {{ transport = broadcast }}
+}}
+"#
+    )
+}
+
+fn train_items(p: &Plan) -> Vec<(String, u64)> {
+    let m = p.memory.iter().find(|m| m.stage == "train").expect("train memory");
+    m.items.iter().map(|i| (i.name.clone(), i.bytes)).collect()
+}
+
+fn item(p: &Plan, name: &str) -> u64 {
+    train_items(p).into_iter().find(|(n, _)| n == name).map_or(0, |(_, b)| b)
+}
+
+/// Multi-LoRA: two adapters hold twice the adapter weights, gradients and Adam state, and a
+/// weight update moves both; the frozen base and the activations are the same.
+#[test]
+fn two_adapters_double_adapter_state_and_sync_not_the_base() {
+    const E: &str = "sglang { gpus = 8, tp = 2 }";
+    let one = planned(&qwen3_30b_lora("lora = lora { rank = 16 }", E));
+    let two = planned(&qwen3_30b_lora("lora = lora { rank = 16, adapters = 2 }", E));
+    for name in ["weights", "activations"] {
+        assert_eq!(item(&two, name), item(&one, name), "{name}");
+    }
+    for name in ["adapters", "gradients", "optimizer"] {
+        let (a, b) = (item(&one, name), item(&two, name));
+        assert!(a > 0 && b.abs_diff(2 * a) <= 1, "{name}: {a} then {b}");
+    }
+    assert_eq!(two.syncs[0].bytes, 2 * one.syncs[0].bytes);
+    let r = |p: &Plan| p.memory.iter().find_map(|m| m.lora.clone()).expect("lora report");
+    assert_eq!((r(&two).params, r(&two).params_per_adapter), (2 * r(&one).params, r(&one).params));
+    assert!(render_text(&two).contains("2 adapters x q,k,v,o rank 16 x 48 layers: 26.7M params (13.4M each)"));
+}
+
+/// A LoRA update moves the adapters, unquantised: an FP8 engine receives its FP8 base only
+/// once, so the update is the adapters' BF16 bytes, not the model's FP8 bytes; without LoRA the
+/// same sync moves the whole model in the engine's format.
+#[test]
+fn lora_sync_moves_adapter_bytes_in_the_trainer_precision() {
+    const FP8: &str = "sglang { gpus = 8, tp = 2, precision = fp8_blockwise }";
+    let lora = planned(&qwen3_30b_lora("lora = lora { rank = 16 }", FP8));
+    let full = planned(&qwen3_30b_lora("", FP8));
+    let params = lora.memory.iter().find_map(|m| m.lora.as_ref()).expect("lora report").params;
+    assert_eq!(params, 13_369_344);
+    assert_eq!(lora.syncs[0].bytes, params * 2);
+    assert!(lora.syncs[0].lora && !full.syncs[0].lora);
+    assert!(full.syncs[0].bytes > 30_000_000_000, "{}", full.syncs[0].bytes);
+    assert!(lora.syncs[0].estimate.seconds < full.syncs[0].estimate.seconds / 10.0);
+    let text = render_text(&lora);
+    assert!(text.contains("26.7 MB of adapters train -> rollout"), "{text}");
+    let v: serde_json::Value = serde_json::from_str(&render_json(&lora)).expect("json");
+    assert_eq!(v["syncs"][0]["bytes"], params * 2);
+    assert_eq!(v["memory"][1]["lora"]["sync_bytes"], params * 2);
+}
+
+/// Without LoRA the same recipe has no adapter item, its gradients and optimizer state are the
+/// whole model's, and it does not fit; with LoRA on the MLP too (every routed expert wrapped),
+/// the adapters are most of the trained state and still fit.
+#[test]
+fn memory_items_with_and_without_lora_on_one_model() {
+    const E: &str = "sglang { gpus = 8, tp = 2 }";
+    let full = planned(&qwen3_30b_lora("", E));
+    let names: Vec<String> = train_items(&full).into_iter().map(|(n, _)| n).collect();
+    assert_eq!(names, ["weights", "gradients", "optimizer", "activations"]);
+    assert!(codes(&full).contains(&"E0401"), "{}", render_text(&full));
+    let all = planned(&qwen3_30b_lora(
+        "lora = lora { rank = 16, target_modules = [q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj] }",
+        E,
+    ));
+    let names: Vec<String> = train_items(&all).into_iter().map(|(n, _)| n).collect();
+    assert_eq!(names, ["weights", "adapters", "gradients", "optimizer", "activations"]);
+    assert!(!codes(&all).contains(&"E0401"), "{}", render_text(&all));
+    let r = all.memory.iter().find_map(|m| m.lora.clone()).expect("lora report");
+    let experts: Vec<&str> = r.targets.iter().filter(|t| t.on_experts).map(|t| t.module.as_str()).collect();
+    assert_eq!(experts, ["gate_proj", "up_proj", "down_proj"]);
+    // 48 MoE layers x 128 experts each wrapped.
+    assert!(r.targets.iter().filter(|t| t.on_experts).all(|t| t.wrapped_layers == 48 * 128));
+    assert_eq!(item(&all, "weights"), item(&full, "weights"));
+    assert!(item(&all, "gradients") < item(&full, "gradients") / 10);
+}

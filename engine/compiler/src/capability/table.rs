@@ -369,6 +369,7 @@ pub const TABLE: &[Entry] = &[
     e("adam", "decay", Support::All, "", &["lr_schedules"]),
     e("adam", "state", Support::Refused(&["on_gpu"]), "optimizer-state offload is a GPU-cluster setting (the embedded trainer keeps it in memory): remove `state`", &[]),
     e("lora", "", Support::Refused(&[]), "LoRA is not trained by the embedded backend yet", &[]),
+    e("lora", "target_modules", Support::Refused(&[]), "see `lora`", &[]),
     e("lora", "*", Support::Refused(&[]), "see `lora`", &[]),
     e("compaction", "", Support::All, "", COMPACTION),
     e("compaction", "keep_turns", Support::All, "", COMPACTION),

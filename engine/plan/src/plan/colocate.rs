@@ -48,7 +48,7 @@ pub(super) fn plan_colocation(cx: &Ctx, memory: &[MemoryReport]) -> Option<Coloc
     let usable = tm.usable.min(rm.capacity) as f64;
     let gpu = input.cluster.pools.first().map(|p| &p.gpu)?;
     let sw = Switch {
-        train_state: item(tm, "weights") + item(tm, "optimizer"),
+        train_state: item(tm, "weights") + item(tm, "adapters") + item(tm, "optimizer"),
         engine_weights: item(rm, "weights"),
         host_link: gpu.host_link_bandwidth,
         offload_efficiency: a.offload_link_efficiency,

@@ -151,6 +151,7 @@ pub(super) fn plan_engine(
         total: (weights + kv.max(0.0)) as u64,
         fits,
         offload: None,
+        lora: None,
     });
     // Throughput: decode at the batch the KV cache allows (or the recipe asks for, if smaller).
     let decode_batch = demand.map_or(sequences, |d| d.min(sequences));

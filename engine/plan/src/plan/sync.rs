@@ -39,8 +39,19 @@ pub(super) fn plan_syncs(
         // An FP8 (or FP4) engine receives its own format: the trainer quantises before sending.
         let engine_precision = ri.and_then(|i| input.stages[i].engine.as_ref()).map(|e| e.precision.value);
         let bytes_per_param = engine_precision.map_or(t.precision.bytes(), |p| p.bytes().min(t.precision.bytes()));
+        // With LoRA only the adapters move, unquantised (the frozen base is never re-sent, so the
+        // engines have nothing to requantise).
+        let bytes = match &t.lora {
+            Some(lo) => lo.sync_bytes as f64,
+            None => t.params * bytes_per_param,
+        };
+        let requantize_s = ti
+            .and_then(|i| input.stages[i].model.as_ref())
+            .and_then(|m| m.update_requantize_s)
+            .unwrap_or(a.requantize_s);
         let shape = SyncShape {
-            bytes: t.params * bytes_per_param,
+            bytes,
+            what: if t.lora.is_some() { "adapter weights" } else { "weights" },
             layers: t.layers,
             bucket: s.bucket.value.max(1) as f64,
             train_gpus: t.gpus,
@@ -60,17 +71,27 @@ pub(super) fn plan_syncs(
             p2p_layer_s: a.p2p_layer_s,
             nccl_chunk_bytes: a.nccl_chunk_bytes,
             nccl_hop_latency_s: a.nccl_hop_latency_s,
-            requantize_s: ti
-                .and_then(|i| input.stages[i].model.as_ref())
-                .and_then(|m| m.update_requantize_s)
-                .unwrap_or(a.requantize_s),
+            requantize_s: if t.lora.is_some() { 0.0 } else { requantize_s },
         };
         let colocated = input.placement.mode.value == PlacementMode::Colocated;
-        let est = |tr: Transport| match tr {
-            Transport::Broadcast => time::broadcast(&shape),
-            Transport::P2p => time::p2p(&shape),
-            Transport::DiskDelta => time::disk_delta(&shape),
-            Transport::Local => time::local(&shape),
+        let est = |tr: Transport| {
+            let mut e = match tr {
+                Transport::Broadcast => time::broadcast(&shape),
+                Transport::P2p => time::p2p(&shape),
+                Transport::DiskDelta => time::disk_delta(&shape),
+                Transport::Local => time::local(&shape),
+            };
+            if let Some(lo) = &t.lora {
+                e.assumptions.insert(
+                    0,
+                    format!(
+                        "LoRA: only the adapters move ({}), in {}; the frozen base stays on the engines",
+                        lo.summary,
+                        t.precision.as_str()
+                    ),
+                );
+            }
+            e
         };
         let chosen = if colocated { Transport::Local } else { s.transport.value };
         let others: &[Transport] =
@@ -82,6 +103,7 @@ pub(super) fn plan_syncs(
             transport: chosen,
             bucket: s.bucket.value,
             bytes: shape.bytes as u64,
+            lora: t.lora.is_some(),
             estimate: est(chosen),
             alternatives: others
                 .iter()

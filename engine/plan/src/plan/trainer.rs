@@ -7,7 +7,7 @@ use crate::input::*;
 use crate::model::{self, div, Layout};
 use crate::output::*;
 use crate::time;
-use crate::units::gb_fixed;
+use crate::units::{gb_fixed, params as param_count};
 use miles_grammar::diag::{Diagnostic, Span};
 
 #[derive(Clone, Debug)]
@@ -26,6 +26,8 @@ pub(super) struct TrainFacts {
     pub(super) shards: u64,
     pub(super) gpus_per_node: u64,
     pub(super) disk_bw: f64,
+    /// With LoRA, what a weight update moves: every adapter's parameters (the base is frozen).
+    pub(super) lora: Option<LoraReport>,
 }
 
 pub(super) fn peak_flops(g: &GpuSpec, p: Precision) -> f64 {
@@ -39,6 +41,7 @@ pub(super) fn peak_flops(g: &GpuSpec, p: Precision) -> f64 {
 
 pub(super) struct TrainMem {
     weights: f64,
+    adapters: f64,
     gradients: f64,
     optimizer: f64,
     activations: f64,
@@ -49,7 +52,7 @@ impl TrainMem {
     fn on_gpu(&self, offload: OptimizerOffload) -> f64 {
         let opt = if offload == OptimizerOffload::OnGpu { self.optimizer } else { 0.0 };
         let buf = if offload == OptimizerOffload::StreamFromDisk { self.stream_buffer } else { 0.0 };
-        self.weights + self.gradients + opt + self.activations + buf
+        self.weights + self.adapters + self.gradients + opt + self.activations + buf
     }
 }
 
@@ -60,12 +63,13 @@ pub(super) fn train_mem(
     global_batch: Option<u64>,
     recompute: Recompute,
 ) -> TrainMem {
-    let s = model::state_bytes(m, l);
+    let s = model::state_bytes(m, l, t.lora.as_ref());
     let micro = global_batch.map(|g| g / (l.dp * t.micro_batch.value).max(1));
     let act = model::activation_bytes(m, l, t.seq_len.value, t.micro_batch.value, micro, recompute);
     let layers_per_stage = m.layers.div_ceil(l.pp.max(1)).max(1) as f64;
     TrainMem {
         weights: s.weights,
+        adapters: s.adapters,
         gradients: s.gradients,
         optimizer: s.optimizer,
         activations: act,
@@ -209,22 +213,40 @@ pub(super) fn plan_trainer(
         }
     };
 
+    let lora = t.lora.as_ref().map(|lo| lora_report(m, &l, t, lo, global, recompute));
+    let only = if lora.is_some() { ", adapters only" } else { "" };
     let opt_note = match offload {
         OptimizerOffload::OnGpu => format!(
-            "FP32 master + 2 Adam moments, {} B/param, sharded over {} ranks",
+            "FP32 master + 2 Adam moments, {} B/param{only}, sharded over {} ranks",
             model::optimizer_bytes_per_param(l.precision),
             optimizer_shards(&l)
         ),
         OptimizerOffload::Cpu => format!("{} kept in host memory", gb_fixed(mem.optimizer)),
         OptimizerOffload::StreamFromDisk => format!("{} streamed from disk", gb_fixed(mem.optimizer)),
     };
-    let mut items = vec![
-        MemItem {
-            name: "weights".into(),
-            bytes: mem.weights as u64,
-            note: format!("{} x {} B", l.precision.as_str(), l.precision.bytes()),
+    let weights_note = format!("{} x {} B", l.precision.as_str(), l.precision.bytes());
+    let mut items = vec![MemItem {
+        name: "weights".into(),
+        bytes: mem.weights as u64,
+        note: if lora.is_some() {
+            format!("frozen base, {weights_note}: no gradients, no optimizer state")
+        } else {
+            weights_note
         },
-        MemItem { name: "gradients".into(), bytes: mem.gradients as u64, note: "FP32 accumulation buffer".into() },
+    }];
+    if let Some(r) = &lora {
+        items.push(MemItem {
+            name: "adapters".into(),
+            bytes: mem.adapters as u64,
+            note: format!("{}, {}", r.summary, l.precision.as_str()),
+        });
+    }
+    items.extend([
+        MemItem {
+            name: "gradients".into(),
+            bytes: mem.gradients as u64,
+            note: if lora.is_some() { "FP32, adapters only".into() } else { "FP32 accumulation buffer".into() },
+        },
         MemItem {
             name: "optimizer".into(),
             bytes: if offload == OptimizerOffload::OnGpu { mem.optimizer as u64 } else { 0 },
@@ -241,7 +263,7 @@ pub(super) fn plan_trainer(
                 recompute_name(recompute)
             ),
         },
-    ];
+    ]);
     if offload == OptimizerOffload::StreamFromDisk {
         items.push(MemItem {
             name: "stream_buffer".into(),
@@ -289,6 +311,7 @@ pub(super) fn plan_trainer(
         items,
         fits,
         offload: offload_report.clone(),
+        lora: lora.clone(),
     });
 
     // Step time from FLOPs and MFU.
@@ -338,7 +361,69 @@ pub(super) fn plan_trainer(
         shards: l.tp.max(1) * l.ep.max(1),
         gpus_per_node: device.map_or(1, |g| g.gpus_per_node),
         disk_bw,
+        lora,
     })
+}
+
+/// The adapters by name and size, and the full fine-tune this rank would hold without them.
+fn lora_report(
+    m: &ModelSpec,
+    l: &Layout,
+    t: &Trainer,
+    lo: &Lora,
+    global: Option<u64>,
+    recompute: Recompute,
+) -> LoraReport {
+    let rank = lo.rank.value;
+    let adapters = lo.adapters.value.max(1);
+    let targets: Vec<TargetParams> = lo
+        .target_modules
+        .iter()
+        .map(|&tm| {
+            let p = model::lora_target_params(m, tm, rank);
+            let wrapped: f64 = model::lora_instances(m, tm).iter().map(|i| i.0).sum();
+            TargetParams {
+                module: tm.as_str().into(),
+                params: (p.routed + p.other) as u64,
+                wrapped_layers: wrapped as u64,
+                on_experts: p.routed > 0.0,
+            }
+        })
+        .collect();
+    let per_adapter: u64 = targets.iter().map(|x| x.params).sum();
+    let params = per_adapter.saturating_mul(adapters);
+    let names: Vec<&str> = lo.target_modules.iter().map(|x| x.short()).collect();
+    let experts = if targets.iter().any(|x| x.on_experts) {
+        format!(" (MLP on all {} routed experts)", m.experts)
+    } else {
+        String::new()
+    };
+    let summary = format!(
+        "{adapters} adapter{} x {} rank {rank} x {} layers{experts}: {} params{}",
+        if adapters == 1 { "" } else { "s" },
+        names.join(","),
+        m.layers,
+        param_count(params),
+        if adapters > 1 { format!(" ({} each)", param_count(per_adapter)) } else { String::new() }
+    );
+    let full = Trainer { lora: None, ..t.clone() };
+    let f = train_mem(m, l, &full, global, recompute);
+    LoraReport {
+        rank,
+        adapters,
+        target_modules: lo.target_modules.iter().map(|x| x.as_str().to_string()).collect(),
+        targets,
+        params_per_adapter: per_adapter,
+        params,
+        sync_bytes: (params as f64 * l.precision.bytes()) as u64,
+        summary,
+        full_finetune: FullFinetune {
+            weights: f.weights as u64,
+            gradients: f.gradients as u64,
+            optimizer: f.optimizer as u64,
+            total: f.on_gpu(t.optimizer_offload.value) as u64,
+        },
+    }
 }
 
 pub(super) fn optimizer_shards(l: &Layout) -> u64 {
