@@ -54,6 +54,9 @@ fn generate(dir: &std::path::Path) -> (String, usize, usize) {
 struct Client {
     conn: Connection,
     id: i32,
+    /// Diagnostics that came while a response was awaited, by version: the server may publish
+    /// an edit's diagnostics before it answers the request that followed the edit.
+    early: std::collections::HashMap<i64, Value>,
 }
 
 impl Client {
@@ -67,6 +70,11 @@ impl Client {
         loop {
             match self.conn.receiver.recv_timeout(Duration::from_secs(30)) {
                 Ok(Message::Response(r)) if r.id == id => return r.result.unwrap_or(Value::Null),
+                Ok(Message::Notification(n)) if n.method == "textDocument/publishDiagnostics" => {
+                    if let Some(v) = n.params["version"].as_i64() {
+                        self.early.insert(v, n.params);
+                    }
+                }
                 Ok(_) => {}
                 Err(e) => panic!("no response: {e}"),
             }
@@ -83,7 +91,12 @@ impl Client {
                 "text": new }] }),
         );
     }
-    fn diagnostics_for_version(&self, version: i32) -> Value {
+    fn diagnostics_for_version(&mut self, version: i32) -> Value {
+        if let Some(d) = self.early.remove(&i64::from(version)) {
+            self.early.clear();
+            return d;
+        }
+        self.early.clear();
         loop {
             match self.conn.receiver.recv_timeout(Duration::from_secs(30)) {
                 Ok(Message::Notification(n))
@@ -114,7 +127,7 @@ fn main() {
     let (server, conn) = Connection::memory();
     let config = miles_lsp::Config { std_dir: Some(dir.join(".std")), watch: false, ..Default::default() };
     let thread = std::thread::spawn(move || miles_lsp::serve(server, config));
-    let mut c = Client { conn, id: 0 };
+    let mut c = Client { conn, id: 0, early: Default::default() };
     let uri = lsp_types::Url::from_file_path(dir.join("main.miles")).map(|u| u.to_string()).unwrap_or_default();
     let _ = c.request("initialize", json!({ "capabilities": {} }));
     c.notify("initialized", json!({}));

@@ -206,7 +206,8 @@ pub enum TypeExprKind {
     Optional(Box<TypeExpr>),
 }
 
-#[derive(Clone, Debug, PartialEq, Serialize)]
+/// `Clone` is written out in `depth.rs`: it copies a tree of any depth in a loop.
+#[derive(Debug, PartialEq, Serialize)]
 pub struct Expr {
     pub kind: ExprKind,
     pub span: Span,
@@ -386,8 +387,9 @@ macro_rules! each_child {
 }
 
 impl ExprKind {
-    /// `Expr::for_each_child` with mutable borrows: how a deep tree is taken apart (`depth.rs`).
-    pub(crate) fn for_each_child_mut(&mut self, mut f: impl FnMut(&mut Expr)) {
+    /// `Expr::for_each_child` with mutable borrows: how a deep tree is taken apart (`depth.rs`)
+    /// and a parsed chunk moved (`shift.rs`).
+    pub(crate) fn for_each_child_mut<'a>(&'a mut self, mut f: impl FnMut(&'a mut Expr)) {
         each_child!(self, f)
     }
 }

@@ -12,8 +12,10 @@ pub mod fmt;
 mod keywords;
 mod lex;
 mod parse;
+mod shift;
 
 pub use depth::{MAX_DEPTH, MAX_EXPR_DEPTH};
 pub use keywords::{CONTEXTUAL_KEYWORDS, ITEM_KEYWORDS, KEYWORDS};
 pub use lex::{collect_comments, unescape};
+pub use parse::chunks::{parse_cached, ChunkCache};
 pub use parse::{parse, parse_expr, MAX_FILE_BYTES};

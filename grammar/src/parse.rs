@@ -9,6 +9,7 @@ use pest::iterators::Pair;
 use pest::Parser;
 use pest_derive::Parser;
 
+pub(crate) mod chunks;
 mod exprs;
 mod items;
 mod recover;
@@ -24,35 +25,66 @@ pub const MAX_FILE_BYTES: usize = 8 << 20;
 /// threads, the language server) get a temporary larger one instead of an overflow.
 const PARSE_STACK: usize = 16 << 20;
 
+/// Parses a file, chunk by chunk (`parse/chunks.rs`; the result is that of parsing it whole).
 pub fn parse(file: FileId, src: &str) -> (SourceFile, Vec<Diagnostic>) {
-    let mut b = Builder { file, src, diags: Vec::new() };
-    let comments = crate::collect_comments(file, src);
-    if src.len() > MAX_FILE_BYTES {
-        b.diags.push(
-            Diagnostic::error("E0006", format!("file is {} bytes; the limit is {} bytes", src.len(), MAX_FILE_BYTES))
-                .with_primary(Span::new(file, 0, 0), "file too large")
-                .with_help("split it into modules and `import` them"),
-        );
-        return (SourceFile { items: Vec::new(), comments }, b.diags);
-    }
-    if let Some(at) = too_deep_brackets(src) {
-        b.diags.push(
-            Diagnostic::error("E0003", format!("brackets nest more than {MAX_DEPTH} levels deep"))
-                .with_primary(Span::new(file, at, at + 1), "this bracket is too deep")
-                .with_help("flatten the expression; no recipe needs this much nesting"),
-        );
-        return (SourceFile { items: Vec::new(), comments }, b.diags);
-    }
-    let items = stacker::maybe_grow(PARSE_STACK, PARSE_STACK, || parse_items(&mut b));
-    (SourceFile { items, comments }, b.diags)
+    chunks::parse_chunked(file, src, None)
 }
 
-/// Parses a whole file with the grammar and builds its items.
-fn parse_items(b: &mut Builder<'_>) -> Vec<Item> {
+/// The checks every parse makes on the whole text first: size (E0006) and bracket depth
+/// (E0003). `Some` is the refusal, a tree with no items.
+fn refuse(file: FileId, src: &str) -> Option<Vec<Diagnostic>> {
+    if src.len() > MAX_FILE_BYTES {
+        return Some(vec![Diagnostic::error(
+            "E0006",
+            format!("file is {} bytes; the limit is {} bytes", src.len(), MAX_FILE_BYTES),
+        )
+        .with_primary(Span::new(file, 0, 0), "file too large")
+        .with_help("split it into modules and `import` them")]);
+    }
+    if let Some(at) = too_deep_brackets(src) {
+        return Some(vec![Diagnostic::error("E0003", format!("brackets nest more than {MAX_DEPTH} levels deep"))
+            .with_primary(Span::new(file, at, at + 1), "this bracket is too deep")
+            .with_help("flatten the expression; no recipe needs this much nesting")]);
+    }
+    None
+}
+
+/// `parse` without cutting the text into chunks: the reference the chunked parse must equal.
+#[cfg(test)]
+pub(crate) fn parse_whole(file: FileId, src: &str) -> (SourceFile, Vec<Diagnostic>) {
+    let comments = crate::collect_comments(file, src);
+    if let Some(diags) = refuse(file, src) {
+        return (SourceFile { items: Vec::new(), comments }, diags);
+    }
+    let parsed = parse_text(file, src, usize::MAX);
+    (SourceFile { items: parsed.items, comments }, parsed.diags)
+}
+
+/// What parsing one text (a whole file or one chunk of it) gives.
+pub(crate) struct TextParse {
+    pub(crate) items: Vec<Item>,
+    pub(crate) diags: Vec<Diagnostic>,
+    /// The parse looked at the end of the text (see `Builder::sig_end`): text after it could
+    /// change the result, so the text is not a chunk of its own.
+    pub(crate) hit_end: bool,
+    /// pest itself failed (a bug, or its stack guard): the text's items are all dropped.
+    pub(crate) failed: bool,
+}
+
+/// Parses `src` with the grammar and builds its items; spans are offsets into `src`.
+/// `sig_end` is where the last significant (non-trivia) text of `src` ends.
+pub(crate) fn parse_text(file: FileId, src: &str, sig_end: usize) -> TextParse {
+    let mut b = Builder { file, src, diags: Vec::new(), sig_end, hit_end: false, depth: 0 };
+    let (items, failed) = stacker::maybe_grow(PARSE_STACK, PARSE_STACK, || parse_items(&mut b));
+    TextParse { items, diags: b.diags, hit_end: b.hit_end, failed }
+}
+
+/// Parses a whole text with the grammar and builds its items; `true` if pest failed.
+fn parse_items(b: &mut Builder<'_>) -> (Vec<Item>, bool) {
     match MilesParser::parse(Rule::file, b.src) {
         Ok(mut pairs) => match pairs.next() {
-            Some(file_pair) => b.file(file_pair),
-            None => Vec::new(),
+            Some(file_pair) => (b.file(file_pair), false),
+            None => (Vec::new(), false),
         },
         // The grammar has a catch-all at every level, so this is a bug (or pest's own stack
         // guard); report it, don't panic.
@@ -70,14 +102,14 @@ fn parse_items(b: &mut Builder<'_>) -> Vec<Item> {
                     .with_primary(Span::new(b.file, at, at), "here")
             };
             b.diags.push(d);
-            Vec::new()
+            (Vec::new(), true)
         }
     }
 }
 
 /// Parses one expression (used for `--set key=value` and by tools).
 pub fn parse_expr(file: FileId, src: &str) -> (Option<Expr>, Vec<Diagnostic>) {
-    let mut b = Builder { file, src, diags: Vec::new() };
+    let mut b = Builder { file, src, diags: Vec::new(), sig_end: usize::MAX, hit_end: false, depth: 0 };
     if too_deep_brackets(src).is_some() || src.len() > MAX_FILE_BYTES {
         b.diags.push(
             Diagnostic::error("E0003", "expression too deep or too long").with_primary(Span::new(file, 0, 0), "here"),
@@ -108,6 +140,13 @@ struct Builder<'s> {
     file: FileId,
     src: &'s str,
     diags: Vec<Diagnostic>,
+    /// Where the last significant text of `src` ends. Recovery that reaches it (a `}` accepted
+    /// as missing at the end, a skipped line running to the end, a probe that read that far)
+    /// sets `hit_end`: in a longer text the same place could read differently.
+    sig_end: usize,
+    hit_end: bool,
+    /// How deep `expr` is nested, so the stack is checked only every few levels.
+    depth: u32,
 }
 
 /// Which list a junk line sat in: decides what the parser expected there.

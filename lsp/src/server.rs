@@ -189,10 +189,16 @@ fn log(c: &Connection, msg: &str) {
 }
 
 fn main_loop(c: &Connection, st: &mut State, watch_rx: &Receiver<notify::Result<notify::Event>>) {
+    // Without a watcher the channel is disconnected and would be ready at once, every time: the
+    // loop would spin on it, taking a core from the compilations it waits for.
+    let mut watch_rx = watch_rx.clone();
     loop {
         let msg = select! {
             recv(c.receiver) -> m => match m { Ok(m) => Some(m), Err(_) => return },
             recv(watch_rx) -> ev => {
+                if ev.is_err() {
+                    watch_rx = crossbeam_channel::never();
+                }
                 if let Ok(Ok(ev)) = ev {
                     // Reads change nothing, and every check opens the files it imports: acting on
                     // them would check again, forever.

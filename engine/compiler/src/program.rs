@@ -123,8 +123,10 @@ impl Program {
 
 /// Parsed modules kept from one compilation to the next, so an editor that compiles on every
 /// keystroke parses the standard library once per process and each other file only when its
-/// text changed. A tree is reused only for the same module key, the same text and the same
-/// `FileId` (its spans carry the id; ids follow load order, which stays put while the imports do).
+/// text changed, and then only the top-level items whose text changed (the file's chunks,
+/// `miles_grammar::ChunkCache`). A tree is reused whole only for the same module key, the same
+/// text and the same `FileId` (its spans carry the id; ids follow load order, which stays put
+/// while the imports do); chunks are reused at any place and id, their spans moved.
 #[derive(Default)]
 pub struct ParseCache {
     parsed: Mutex<HashMap<String, Parsed>>,
@@ -135,6 +137,8 @@ struct Parsed {
     text: String,
     ast: Arc<SourceFile>,
     diags: Vec<Diagnostic>,
+    /// The chunks of `text`, for the next text of this module.
+    chunks: miles_grammar::ChunkCache,
 }
 
 impl ParseCache {
@@ -144,18 +148,31 @@ impl ParseCache {
 
     /// The tree and parse diagnostics of `text`, loaded as `key` at `file`.
     fn parse(&self, key: &str, file: FileId, text: &str) -> (Arc<SourceFile>, Vec<Diagnostic>) {
-        if let Ok(m) = self.parsed.lock() {
+        // The entry leaves the map while its text is parsed, so the lock is not held for that
+        // long; a concurrent parse of the same module only misses the chunks.
+        let mut chunks = miles_grammar::ChunkCache::new();
+        if let Ok(mut m) = self.parsed.lock() {
             if let Some(p) = m.get(key).filter(|p| p.file == file && p.text == text) {
                 return (p.ast.clone(), p.diags.clone());
             }
+            if let Some(p) = m.remove(key) {
+                chunks = p.chunks;
+            }
         }
-        let (ast, diags) = miles_grammar::parse(file, text);
+        let (ast, diags) = miles_grammar::parse_cached(file, text, &mut chunks);
         let ast = Arc::new(ast);
         if let Ok(mut m) = self.parsed.lock() {
-            let entry = Parsed { file, text: text.to_string(), ast: ast.clone(), diags: diags.clone() };
+            let entry = Parsed { file, text: text.to_string(), ast: ast.clone(), diags: diags.clone(), chunks };
             m.insert(key.to_string(), entry);
         }
         (ast, diags)
+    }
+
+    /// How many chunk texts have been parsed for `key` (a test hook: reuse shows as a count
+    /// that does not grow).
+    #[cfg(test)]
+    fn chunk_parses(&self, key: &str) -> usize {
+        self.parsed.lock().ok().and_then(|m| m.get(key).map(|p| p.chunks.parses())).unwrap_or(0)
     }
 }
 
@@ -551,4 +568,52 @@ pub fn resolve_import_in(packages: &Packages, from_key: &str, path: &str) -> Res
         }
     }
     Ok(key)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fs::MemoryFs;
+
+    /// The entry module's tree and the load's diagnostics, loading through `cache` (or not).
+    fn load_main(text: &str, cache: Option<&ParseCache>) -> (SourceFile, Vec<Diagnostic>, String) {
+        let fs = MemoryFs::with(&[("main.miles", text), ("lib.miles", "const one = 1\n")]);
+        let mut diags = Vec::new();
+        let entries = ["main.miles".to_string()];
+        let p = match cache {
+            Some(c) => load_cached(&fs, &entries, &mut diags, c),
+            None => load(&fs, &entries, &mut diags),
+        };
+        let m = p.module(p.entries[0]);
+        ((*m.ast).clone(), diags, m.key.clone())
+    }
+
+    #[test]
+    fn an_edit_reparses_only_the_items_it_changed() {
+        let mut text = String::from("import ./lib\n\n");
+        for i in 0..20 {
+            text.push_str(&format!("/// Item {i}.\nconst c{i} = lib.one + {i}\n\n"));
+        }
+        text.push_str("recipe r {\n    x = c3 +\n}\n");
+        let cache = ParseCache::new();
+        let (first, _, key) = load_main(&text, Some(&cache));
+        let parsed = cache.chunk_parses(&key);
+        assert_eq!(parsed, 22, "one chunk per item");
+        assert_eq!(first, load_main(&text, None).0);
+        // Longer in the middle, then shorter near the start, then a broken line: each edit
+        // reparses one chunk, and everything after it moves.
+        let mut edits = vec![text.replace("const c7 = lib.one + 7", "const c7 = lib.one + 7000 * 2")];
+        edits.push(edits[0].replace("const c1 = lib.one + 1", "const c1 = 1"));
+        edits.push(edits[1].replace("const c12 = lib.one + 12", "const c12 = lib.one +"));
+        for (n, edited) in edits.iter().enumerate() {
+            let cached = load_main(edited, Some(&cache));
+            assert_eq!(cache.chunk_parses(&key), parsed + n + 1, "edit {n}");
+            let fresh = load_main(edited, None);
+            assert!(cached.0 == fresh.0 && cached.1 == fresh.1, "edit {n}: cached parse differs");
+        }
+        // The same text again: the whole tree is reused, nothing is parsed.
+        let again = load_main(&edits[2], Some(&cache));
+        assert_eq!(cache.chunk_parses(&key), parsed + edits.len());
+        assert!(again.1 == load_main(&edits[2], None).1);
+    }
 }

@@ -9,6 +9,12 @@ use crate::diag::{Diagnostic, Span};
 use crate::lex::unescape;
 use pest::iterators::Pair;
 
+/// How often (in levels of `expr`) the stack is checked, and what each check makes sure is
+/// left: room for that many levels.
+const STACK_CHECK_EVERY: u32 = 8;
+const STACK_RED_ZONE: usize = STACK_CHECK_EVERY as usize * (64 << 10);
+const STACK_GROW: usize = 4 << 20;
+
 impl Builder<'_> {
     /// Refuses (E0003) every expression of `item` deeper than `MAX_EXPR_DEPTH`.
     pub(super) fn limit_item_depth(&mut self, item: &mut Item) {
@@ -48,9 +54,18 @@ impl Builder<'_> {
     }
 
     pub(super) fn expr(&mut self, p: Pair<'_, Rule>) -> Expr {
-        // Brackets nest at most MAX_DEPTH deep, but a debug build's frames are large: grow the
-        // stack rather than overflow it.
-        stacker::maybe_grow(64 << 10, 1 << 20, || self.expr_inner(p))
+        // Expressions nest up to MAX_EXPR_DEPTH deep and a debug build's frames are large: grow
+        // the stack rather than overflow it. Checking costs a call, so it is done every
+        // STACK_CHECK_EVERY levels (the outermost included), with a red zone for that many
+        // levels (64 KiB each).
+        self.depth += 1;
+        let e = if (self.depth - 1).is_multiple_of(STACK_CHECK_EVERY) {
+            stacker::maybe_grow(STACK_RED_ZONE, STACK_GROW, || self.expr_inner(p))
+        } else {
+            self.expr_inner(p)
+        };
+        self.depth -= 1;
+        e
     }
 
     fn expr_inner(&mut self, p: Pair<'_, Rule>) -> Expr {

@@ -23,6 +23,11 @@ impl Builder<'_> {
         let open_at =
             self.src[opened.range()].find(delim).map(|o| opened.start as usize + o).unwrap_or(opened.start as usize);
         let at = self.span(p);
+        // Accepted at the end of the text: in a longer one the next line might not begin an
+        // item, and the block would go on.
+        if at.start as usize >= self.sig_end {
+            self.hit_end = true;
+        }
         self.diags.push(
             Diagnostic::error("E0002", format!("unclosed `{delim}`"))
                 .with_primary(Span::new(self.file, open_at, open_at + 1), format!("this `{delim}` is never closed"))
@@ -35,6 +40,10 @@ impl Builder<'_> {
     pub(super) fn junk(&mut self, p: &Pair<'_, Rule>, kind: ListKind) {
         let span = self.span(p);
         let start = span.start as usize;
+        // Balanced brackets in a skipped line stop before the next item's line, or at the end.
+        if p.as_span().end() >= self.src.len() {
+            self.hit_end = true;
+        }
         let (probe, what) = match kind {
             ListKind::Items => (
                 Rule::probe_item,
@@ -47,10 +56,18 @@ impl Builder<'_> {
         pest::set_error_detail(true);
         let rest = &self.src[start..];
         let (at, expected) = match MilesParser::parse(probe, rest) {
-            Ok(_) => (start, Vec::new()),
+            Ok(_) => {
+                self.hit_end = true;
+                (start, Vec::new())
+            }
             Err(e) => {
                 let attempts = e.parse_attempts();
                 let pos = attempts.as_ref().map_or_else(|| error_at(&e), |a| a.max_position);
+                // What the probe expected depends on how far it read: past the last
+                // significant text, more text could change it.
+                if start + pos >= self.sig_end {
+                    self.hit_end = true;
+                }
                 let mut expected: Vec<String> = attempts
                     .map(|a| {
                         a.expected_tokens()

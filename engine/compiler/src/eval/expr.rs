@@ -7,13 +7,39 @@ use crate::types::{Iface, Type};
 use crate::value::{FieldValue, Value};
 use miles_grammar::ast::{self, BinOp, Expr, ExprKind, ItemKind, UnOp};
 use miles_grammar::diag::{Diagnostic, Span};
+use std::cell::Cell;
 use std::collections::BTreeMap;
+
+/// How often (in levels of `eval`) the stack is checked, and what each check makes sure is
+/// left: room for that many levels.
+const STACK_CHECK_EVERY: u32 = 8;
+const STACK_RED_ZONE: usize = STACK_CHECK_EVERY as usize * (64 << 10);
+const STACK_GROW: usize = 4 << 20;
+
+thread_local! {
+    /// How deep `eval` is nested on this thread (see `Eval::eval`).
+    static EVAL_DEPTH: Cell<u32> = const { Cell::new(0) };
+}
 
 impl<'p> Eval<'p> {
     pub fn eval(&mut self, e: &Expr, env: Env, expected: Option<&Type>) -> R<Value> {
         // Expressions nest up to miles_grammar::MAX_EXPR_DEPTH deep and a debug build's frames
-        // here are large: grow the stack rather than overflow it.
-        stacker::maybe_grow(64 << 10, 1 << 20, || self.eval_inner(e, env, expected))
+        // here are large: grow the stack rather than overflow it. Checking costs a call, so it
+        // is done every STACK_CHECK_EVERY levels (the outermost included), with a red zone for
+        // that many levels (64 KiB each). The count is per thread; a panic that skips the
+        // decrement only moves which levels are checked, never how often.
+        let depth = EVAL_DEPTH.with(|d| {
+            let n = d.get().wrapping_add(1);
+            d.set(n);
+            n
+        });
+        let v = if depth.wrapping_sub(1).is_multiple_of(STACK_CHECK_EVERY) {
+            stacker::maybe_grow(STACK_RED_ZONE, STACK_GROW, || self.eval_inner(e, env, expected))
+        } else {
+            self.eval_inner(e, env, expected)
+        };
+        EVAL_DEPTH.with(|d| d.set(d.get().wrapping_sub(1)));
+        v
     }
 
     fn eval_inner(&mut self, e: &Expr, env: Env, expected: Option<&Type>) -> R<Value> {
