@@ -230,6 +230,49 @@ fn the_agent_recipe_checks_plans_and_runs() {
     std::fs::remove_dir_all(&d).ok();
 }
 
+/// The agent recipe with compaction and the branching rule set from the command line: the plan
+/// models the compaction, the run spec carries both to the runtime, and a short run under
+/// fully_async trains on its episodes.
+#[test]
+fn a_compacting_agent_recipe_plans_and_runs_under_fully_async() {
+    let recipe = "recipes/agent-laptop.miles";
+    let sets = [
+        "--set",
+        "reward.compact=compaction { keep_turns = 1 }",
+        "--set",
+        "rollout.session=tito { rule = branching }",
+        "--set",
+        "schedule=fully_async { max_staleness = 1 }",
+    ];
+    let d = temp_dir("compact");
+    let plan = d.join("plan.json");
+    let mut args = vec!["plan", recipe, "--out", plan.to_str().unwrap()];
+    args.extend(sets);
+    let o = miles(&args);
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(0), "{t}");
+    assert!(t.contains("1 compaction(s) per episode"), "{t}");
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&plan).unwrap()).unwrap();
+    let env = &v["run_spec"]["env"];
+    assert_eq!((&env["session"], &env["compact_keep_turns"]), (&"branching".into(), &1.into()), "{env}");
+    // Under the linear rule, compaction is refused before anything runs.
+    let o = miles(&["check", recipe, "--set", "reward.compact=compaction {}"]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(text(&o).contains("needs a branching TITO session"), "{}", text(&o));
+    let out = d.join("run");
+    let mut args = vec!["run", recipe, "--out", out.to_str().unwrap(), "--threads", "1"];
+    args.extend(sets);
+    args.extend(["--set", "warmup.steps=20.steps", "--set", "stop=2.steps"]);
+    let o = miles(&args);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let rows = metrics_rows(&out);
+    let last = rows.iter().rev().find(|r| r.get("train/loss").is_some()).unwrap();
+    for k in ["rollout/compactions", "rollout/turns", "rollout/fully_async/weight_swaps"] {
+        assert!(last.get(k).is_some(), "{k} missing: {last}");
+    }
+    std::fs::remove_dir_all(&d).ok();
+}
+
 /// An environment written in Python (tests/fixtures/envs/guess_env.py, JSON lines) drives a run:
 /// every episode is reset and stepped by the program, none ends by an environment fault.
 #[test]

@@ -153,9 +153,14 @@ const EPISODES_ASYNC: &[&str] = &[
     "a_run_of_calculator_episodes_trains_and_reports_how_episodes_ended",
     "the_agent_recipe_checks_plans_and_runs",
     "fully_async_episodes_refill_per_episode_and_keep_per_token_versions",
+    "a_compacting_agent_recipe_plans_and_runs_under_fully_async",
 ];
 /// Tests of compacted episodes (a new TITO chain per compaction).
-const COMPACTION: &[&str] = &["a_compacted_episode_branches_into_a_new_chain", "compacted_episodes_train_end_to_end"];
+const COMPACTION: &[&str] = &[
+    "a_compacted_episode_branches_into_a_new_chain",
+    "compacted_episodes_train_end_to_end",
+    "a_compacting_agent_recipe_plans_and_runs_under_fully_async",
+];
 const PY_ENV: &[&str] = &["a_python_environment_drives_a_run_end_to_end"];
 /// The environment schemas the runtime plays (std/prelude).
 const RUNNABLE_ENVS: &[&str] = &["calculator", "command_env", "openenv"];
