@@ -69,6 +69,18 @@ fn plan_once(args: &Args, overrides: Vec<(String, String)>) -> (u8, Vec<std::pat
     (plan_compiled(args, &c), read)
 }
 
+/// The plan of a compiled recipe: the one path from recipe to planner input, shared by
+/// `miles plan` and `miles run` (which saves it as OUT/plan.json for `miles report`).
+pub fn make_plan(recipe: &miles_compiler::CompiledRecipe) -> miles_plan::Plan {
+    miles_plan::plan(&miles_plan::plan_input(recipe))
+}
+
+/// The plan as `miles plan --format json` prints it: diagnostics with path, line and column.
+pub fn plan_json(c: &miles_compiler::Compilation, plan: &miles_plan::Plan) -> String {
+    let located = crate::diagnostics::to_json(&c.program.sources, &plan.diagnostics)["diagnostics"].clone();
+    miles_plan::render_json_located(plan, located)
+}
+
 fn plan_compiled(args: &Args, c: &miles_compiler::Compilation) -> u8 {
     let (errors, _) = summary(&c.diagnostics);
     if errors > 0 {
@@ -80,8 +92,7 @@ fn plan_compiled(args: &Args, c: &miles_compiler::Compilation) -> u8 {
         Ok(r) => r,
         Err(code) => return code,
     };
-    let input = miles_plan::plan_input(recipe);
-    let plan = miles_plan::plan(&input);
+    let plan = make_plan(recipe);
     // Compiler warnings first, then the plan's own findings, all in one renderer.
     let mut diags = c.diagnostics.clone();
     diags.extend(plan.diagnostics.iter().cloned());
@@ -113,10 +124,7 @@ fn plan_compiled(args: &Args, c: &miles_compiler::Compilation) -> u8 {
             print!("{out}");
         }
         // Diagnostics as `check --format json` gives them: path, line and column.
-        PlanFormat::Json => {
-            let located = crate::diagnostics::to_json(&c.program.sources, &plan.diagnostics)["diagnostics"].clone();
-            println!("{}", miles_plan::render_json_located(&plan, located))
-        }
+        PlanFormat::Json => println!("{}", plan_json(c, &plan)),
     }
     if let Some(g) = args.graph {
         match g {

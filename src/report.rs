@@ -110,6 +110,14 @@ pub fn run(args: Args) -> u8 {
         written.push(file);
     }
     print!("{}", summary_table(&runs));
+    // Only runs that saved their plan (`miles run` writes DIR/plan.json) get the comparison.
+    for (d, r) in args.dirs.iter().zip(&runs) {
+        match load_plan(d) {
+            Ok(Some(plan)) => print!("{}", plan_vs_actual(&r.label, &plan, r)),
+            Ok(None) => {}
+            Err(e) => eprintln!("warning: no plan vs actual for {}: {e}", d.display()),
+        }
+    }
     for f in &written {
         println!("wrote {}", f.display());
     }
@@ -149,6 +157,82 @@ pub fn summary_table(runs: &[Run]) -> String {
             num(median(get("perf/gen_tokens_per_s").iter().map(|p| p.1).collect())),
             num(median(get("perf/train_tokens_per_s").iter().map(|p| p.1).collect())),
         ));
+    }
+    s
+}
+
+/// The plan `miles run` saved in a run directory; none for runs made before it did.
+pub fn load_plan(dir: &Path) -> Result<Option<serde_json::Value>, String> {
+    let path = dir.join("plan.json");
+    let text = match std::fs::read_to_string(&path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(format!("cannot read {}: {e}", path.display())),
+    };
+    let v: serde_json::Value =
+        serde_json::from_str(&text).map_err(|e| format!("{} is not valid JSON: {e}", path.display()))?;
+    // A `miles plan --out` file nests the plan under `plan`; accept either shape.
+    let plan = match v.get("plan") {
+        Some(p) if p.is_object() => p.clone(),
+        _ => v,
+    };
+    if !plan.is_object() || plan.get("format_version").is_none() {
+        return Err(format!("{} is not a miles plan (no `format_version`)", path.display()));
+    }
+    Ok(Some(plan))
+}
+
+/// The plan's memory for the process `miles run` measures: on a CPU cluster every stage on the
+/// host shares one process, so their totals add up; on GPUs, the largest rank.
+fn planned_memory(plan: &serde_json::Value) -> Option<(f64, &'static str)> {
+    let rows = plan.get("memory")?.as_array()?;
+    let total = |m: &serde_json::Value| m.get("total").and_then(|t| t.as_f64());
+    match plan.pointer("/cluster/host").and_then(|h| h.as_str()) {
+        Some(host) => {
+            let on_host: Vec<f64> = rows
+                .iter()
+                .filter(|m| m.get("device").and_then(|d| d.as_str()) == Some(host))
+                .filter_map(total)
+                .collect();
+            (!on_host.is_empty()).then(|| (on_host.iter().sum(), "host total"))
+        }
+        None => rows.iter().filter_map(total).reduce(f64::max).map(|m| (m, "largest rank")),
+    }
+}
+
+/// "Plan vs actual": each phase's estimate next to the median the run measured, and the plan's
+/// memory next to the measured peak RSS, with measured/plan ratios ("-" where either is missing).
+pub fn plan_vs_actual(label: &str, plan: &serde_json::Value, run: &Run) -> String {
+    let col = |k: &str| run.series.get(k).map(|s| s.iter().map(|p| p.1).collect::<Vec<_>>()).unwrap_or_default();
+    let secs = |x: Option<f64>| x.map(|v| format!("{v:.3} s")).unwrap_or_else(|| "-".into());
+    let ratio = |m: Option<f64>, p: Option<f64>| match (m, p) {
+        (Some(m), Some(p)) if p > 0.0 && (m / p).is_finite() => format!("x{:.2}", m / p),
+        _ => "-".into(),
+    };
+    let est = |ptr: &str| plan.pointer(ptr).and_then(|v| v.as_f64());
+    let mut s =
+        format!("\nPlan vs actual: {label}\n| phase | plan | measured (median) | measured/plan |\n|---|---|---|---|\n");
+    for (phase, ptr, metric) in [
+        ("rollout", "/step/rollout_s", "perf/gen_s"),
+        ("train", "/step/train_s", "perf/train_s"),
+        ("sync", "/step/sync_s", "perf/sync_s"),
+        ("step", "/step/step/seconds", "perf/step_s"),
+    ] {
+        let (p, m) = (est(ptr), median(col(metric)));
+        s.push_str(&format!("| {phase} | {} | {} | {} |\n", secs(p), secs(m), ratio(m, p)));
+    }
+    let gb = |x: Option<f64>| x.map(|v| format!("{:.1} MB", v / 1e6)).unwrap_or_else(|| "-".into());
+    let planned = planned_memory(plan);
+    let peak = col("perf/peak_rss_bytes").into_iter().reduce(f64::max);
+    s.push_str(&format!(
+        "| memory ({} vs peak RSS) | {} | {} | {} |\n",
+        planned.map_or("plan", |p| p.1),
+        gb(planned.map(|p| p.0)),
+        gb(peak),
+        ratio(peak, planned.map(|p| p.0))
+    ));
+    if plan.get("step").is_none_or(|v| v.is_null()) {
+        s.push_str("(the plan has no step-time estimate for this cluster)\n");
     }
     s
 }
@@ -275,5 +359,31 @@ mod tests {
         assert!(t.contains("| a | 20 | 20.0% | 50.0% | 60.0% | 0.700 | - | - |"), "{t}");
         let svg = svg_chart("t", &[("a", &[(0.0, 0.0), (1.0, 1.0)])]);
         assert!(svg.starts_with("<svg") && svg.contains("<polyline"));
+    }
+
+    #[test]
+    fn plan_vs_actual_ratios_and_bad_plans() {
+        let mut series = BTreeMap::new();
+        series.insert("perf/step_s".to_string(), vec![(1.0, 1.0), (2.0, 3.0), (3.0, 2.0)]);
+        series.insert("perf/peak_rss_bytes".to_string(), vec![(1.0, 1e8), (3.0, 3e8)]);
+        let run = Run { label: "a".into(), series, skipped: vec![] };
+        let plan = serde_json::json!({
+            "format_version": 1,
+            "cluster": {"host": "laptop"},
+            "memory": [{"device": "laptop", "total": 1e8}, {"device": "laptop", "total": 1e8}],
+            "step": {"rollout_s": 1.0, "train_s": 1.0, "sync_s": 0.0, "step": {"seconds": 4.0}},
+        });
+        let t = plan_vs_actual("a", &plan, &run);
+        assert!(t.contains("| step | 4.000 s | 2.000 s | x0.50 |"), "{t}");
+        assert!(t.contains("| memory (host total vs peak RSS) | 200.0 MB | 300.0 MB | x1.50 |"), "{t}");
+        assert!(t.contains("| sync | 0.000 s | - | - |"), "{t}");
+        let dir = std::env::temp_dir().join(format!("miles-report-plan-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        assert_eq!(load_plan(&dir), Ok(None));
+        std::fs::write(dir.join("plan.json"), "{\"format_version\": 1, \"memo").unwrap();
+        assert!(load_plan(&dir).unwrap_err().contains("plan.json is not valid JSON"));
+        std::fs::write(dir.join("plan.json"), "[1, 2]").unwrap();
+        assert!(load_plan(&dir).unwrap_err().contains("not a miles plan"));
+        std::fs::remove_dir_all(&dir).ok();
     }
 }

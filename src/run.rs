@@ -3,7 +3,7 @@
 //! executor with metrics, checkpoints and `--resume`; src/execute.rs).
 
 use crate::diagnostics::{emit, summary};
-use crate::files::DiskFs;
+use crate::files::{write_atomic, DiskFs};
 use crate::DiagFormat;
 use miles_compiler::Options;
 use miles_runtime::spec::RunSpec;
@@ -50,9 +50,9 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> u8 {
-    let (mut spec, name) = match &args.plan {
+    let (mut spec, name, plan) = match &args.plan {
         Some(path) => match crate::planfile::load_for_run(path) {
-            Ok(x) => x,
+            Ok((spec, name)) => (spec, name, saved_plan(path)),
             Err(code) => return code,
         },
         None => {
@@ -71,6 +71,19 @@ pub fn run(args: Args) -> u8 {
         return 0;
     }
     let out = args.out.clone().unwrap_or_else(|| PathBuf::from("runs").join(&name));
+    // The plan beside the metrics, before the engine starts, so `miles report` can set the
+    // estimates next to what the run measured (a run killed early still has it). Not over a
+    // run already there unless resuming it: the engine refuses that directory, and its plan
+    // must survive the refusal.
+    let holds_run = out.join("spec.json").exists() || out.join("metrics.jsonl").exists();
+    if let Some(plan) = plan.filter(|_| args.resume || !holds_run) {
+        let path = out.join("plan.json");
+        if let Err(e) =
+            std::fs::create_dir_all(&out).and_then(|_| write_atomic(&path.to_string_lossy(), plan.as_bytes()))
+        {
+            eprintln!("warning: cannot write {}: {e}; `miles report` will show no plan vs actual", path.display());
+        }
+    }
     // Training links libtorch, whose loading alone costs ~0.5 s; it runs in the sibling
     // `miles-engine` binary so that `miles check` and the other language verbs start instantly.
     let json = match serde_json::to_vec(&spec) {
@@ -99,8 +112,20 @@ pub fn run(args: Args) -> u8 {
     crate::engine::run_with_stdin(cmd, &json)
 }
 
-/// Compiles a recipe and maps it onto a run spec, rendering every diagnostic on failure.
-pub fn compile_spec(file: &str, set: &[String], recipe: Option<String>) -> Result<(RunSpec, String), u8> {
+/// The `plan` a `miles plan --out` file holds, as `miles plan --format json` prints it.
+fn saved_plan(path: &std::path::Path) -> Option<String> {
+    let text = std::fs::read_to_string(path).ok()?;
+    let v: serde_json::Value = serde_json::from_str(&text).ok()?;
+    v.get("plan").filter(|p| p.is_object()).and_then(|p| serde_json::to_string_pretty(p).ok())
+}
+
+/// Compiles a recipe and maps it onto a run spec, rendering every diagnostic on failure; also
+/// the recipe's plan as JSON (OUT/plan.json).
+pub fn compile_spec(
+    file: &str,
+    set: &[String],
+    recipe: Option<String>,
+) -> Result<(RunSpec, String, Option<String>), u8> {
     let overrides = crate::check::parse_sets(set).map_err(|e| {
         eprintln!("error: {e}");
         2u8
@@ -116,7 +141,7 @@ pub fn compile_spec(file: &str, set: &[String], recipe: Option<String>) -> Resul
     }
     let r = crate::graph::pick_recipe(&c, file)?;
     match crate::runspec::run_spec(r) {
-        Ok(spec) => Ok((spec, r.name.clone())),
+        Ok(spec) => Ok((spec, r.name.clone(), Some(crate::plan::plan_json(&c, &crate::plan::make_plan(r))))),
         Err(diags) => {
             emit(&c.program.sources, &diags, DiagFormat::Auto);
             eprintln!("miles run: not started: {} thing(s) the embedded backend cannot run", diags.len());

@@ -98,6 +98,29 @@ pub(crate) fn insert_perf(
     row.insert("perf/gen_tokens".into(), json!(gen_tokens));
     row.insert("perf/trained_tokens".into(), json!(trained));
     row.insert("perf/step_s".into(), json!(t.step_s));
+    // The high-water mark so far, so the last row is the run's peak (`miles report` compares it
+    // with the plan's memory).
+    if let Some(b) = peak_rss_bytes() {
+        row.insert("perf/peak_rss_bytes".into(), json!(b));
+    }
+}
+
+/// This process's peak resident set size in bytes (getrusage), none where it is unavailable.
+#[cfg(unix)]
+pub(crate) fn peak_rss_bytes() -> Option<u64> {
+    // SAFETY: getrusage only writes into the zeroed struct we own.
+    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut u) } != 0 {
+        return None;
+    }
+    let raw = u64::try_from(u.ru_maxrss).ok()?;
+    // Linux reports kilobytes, macOS bytes.
+    Some(if cfg!(target_os = "macos") { raw } else { raw * 1024 })
+}
+
+#[cfg(not(unix))]
+pub(crate) fn peak_rss_bytes() -> Option<u64> {
+    None
 }
 
 pub(crate) fn non_finite(step: u64, last: &Option<PathBuf>) -> RunError {
@@ -118,4 +141,16 @@ pub(crate) fn count_flat_groups(rewards: &[f32], groups: &[usize]) -> usize {
         }
     }
     first.values().filter(|v| v.1).count()
+}
+
+#[cfg(test)]
+mod tests {
+    #[cfg(unix)]
+    #[test]
+    fn peak_rss_is_at_least_a_touched_buffer() {
+        let buf = vec![1u8; 8 << 20];
+        let peak = super::peak_rss_bytes().expect("getrusage");
+        assert!(peak >= buf.len() as u64, "{peak}");
+        assert!(buf.iter().all(|&b| b == 1));
+    }
 }

@@ -1,0 +1,101 @@
+//! Plan versus actual, through the built binaries: `miles run` saves the recipe's plan as
+//! OUT/plan.json before the engine starts, the engine records its peak RSS, and `miles report`
+//! sets the two side by side. No timing thresholds here (the machine is noisy); bench/RESULTS.md
+//! has the measured ratios.
+
+mod common;
+
+use common::process::{output, temp_dir};
+use std::process::Output;
+use std::time::Duration;
+
+fn miles(args: &[&str]) -> Output {
+    output(common::process::miles().args(args), Duration::from_secs(300))
+}
+
+fn text(o: &Output) -> String {
+    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+}
+
+const TINY: &str = r#"
+import std/tasks/arith
+model policy = transformer { layers = 1, d_model = 32, heads = 2, vocab = arith.vocab, max_len = 16 }
+recipe tiny {
+    warmup  = sft(policy) { data = arith.addition { digits = 1, test_size = 20 }, steps = 5.steps, batch = 8 }
+    rollout = generate(warmup) {
+        prompts = arith.addition { digits = 1, test_size = 20 }
+        samples_per_prompt = 4
+        max_prompt_tokens = 8.tokens
+        max_new_tokens = 3.tokens
+    }
+    reward = exact_match(rollout)
+    train  = grpo(rollout, reward) { rollout_batch = 4, global_batch = 16, micro_batch = 16, lr = 1e-3 }
+    sync   = weights(train -> rollout) { transport = local }
+    stop   = 2.steps
+}
+"#;
+
+/// The ratio in the last column of the report row starting with `| {row}`.
+fn ratio(report: &str, row: &str) -> Option<f64> {
+    let line = report.lines().find(|l| l.starts_with(&format!("| {row}")))?;
+    let cell = line.trim_end_matches('|').rsplit('|').next()?.trim();
+    cell.strip_prefix('x')?.parse().ok()
+}
+
+#[test]
+fn a_run_saves_its_plan_and_the_report_compares_it() {
+    let d = temp_dir("plan-vs-actual");
+    let recipe = d.join("tiny.miles");
+    std::fs::write(&recipe, TINY).unwrap();
+    let run_dir = d.join("run");
+    let o = miles(&[
+        "run",
+        recipe.to_str().unwrap(),
+        "--out",
+        run_dir.to_str().unwrap(),
+        "--progress",
+        "off",
+        "--threads",
+        "1",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+
+    let plan: serde_json::Value = serde_json::from_slice(&std::fs::read(run_dir.join("plan.json")).unwrap()).unwrap();
+    assert_eq!(plan["recipe"], "tiny");
+    assert!(plan["memory"].as_array().is_some_and(|m| !m.is_empty()), "{plan}");
+    let metrics = std::fs::read_to_string(run_dir.join("metrics.jsonl")).unwrap();
+    let peak = metrics
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter_map(|v| v["perf/peak_rss_bytes"].as_u64())
+        .max();
+    // libtorch alone is tens of MB resident.
+    assert!(peak.is_some_and(|b| b > 10_000_000), "{metrics}");
+
+    let o = miles(&["report", run_dir.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let t = text(&o);
+    assert!(t.contains("Plan vs actual"), "{t}");
+    let mem = ratio(&t, "memory").unwrap_or_else(|| panic!("no memory ratio: {t}"));
+    assert!(mem.is_finite() && mem > 0.0, "{t}");
+    // Where the plan prices the step, its ratio is finite too.
+    if plan["step"].is_object() {
+        let step = ratio(&t, "step ").unwrap_or_else(|| panic!("no step ratio: {t}"));
+        assert!(step.is_finite() && step > 0.0, "{t}");
+    }
+
+    // A corrupt plan.json is named, and the rest of the report is still made.
+    std::fs::write(run_dir.join("plan.json"), "{\"format_version\": 2, \"mem").unwrap();
+    let o = miles(&["report", run_dir.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let t = text(&o);
+    assert!(t.contains("plan.json is not valid JSON") && !t.contains("Plan vs actual"), "{t}");
+    assert!(t.contains("| run | steps |"), "{t}");
+
+    // A run directory from before plan.json reports as it always did.
+    std::fs::remove_file(run_dir.join("plan.json")).unwrap();
+    let o = miles(&["report", run_dir.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert!(!text(&o).contains("Plan vs actual") && !text(&o).contains("warning"), "{}", text(&o));
+    std::fs::remove_dir_all(&d).ok();
+}
