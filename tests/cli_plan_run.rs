@@ -3,18 +3,8 @@
 
 mod common;
 
-use common::process::{output, temp_dir};
+use common::process::{run_miles as miles, temp_dir, text};
 use std::path::Path;
-use std::process::Output;
-use std::time::Duration;
-
-fn miles(args: &[&str]) -> Output {
-    output(common::process::miles().args(args), Duration::from_secs(300))
-}
-
-fn text(o: &Output) -> String {
-    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
-}
 
 /// A laptop recipe small enough to train for two steps in a second.
 const TINY: &str = r#"

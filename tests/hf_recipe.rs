@@ -5,18 +5,8 @@
 
 mod common;
 
-use common::process::{output, temp_dir};
+use common::process::{run_miles as miles, temp_dir, text};
 use serde_json::Value;
-use std::process::Output;
-use std::time::Duration;
-
-fn miles(args: &[&str]) -> Output {
-    output(common::process::miles().args(args), Duration::from_secs(300))
-}
-
-fn text(o: &Output) -> String {
-    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
-}
 
 fn json_file(path: &std::path::Path) -> Value {
     serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()

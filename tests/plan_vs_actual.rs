@@ -5,35 +5,7 @@
 
 mod common;
 
-use common::process::{output, temp_dir};
-use std::process::Output;
-use std::time::Duration;
-
-fn miles(args: &[&str]) -> Output {
-    output(common::process::miles().args(args), Duration::from_secs(300))
-}
-
-fn text(o: &Output) -> String {
-    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
-}
-
-const TINY: &str = r#"
-import std/tasks/arith
-model policy = transformer { layers = 1, d_model = 32, heads = 2, vocab = arith.vocab, max_len = 16 }
-recipe tiny {
-    warmup  = sft(policy) { data = arith.addition { digits = 1, test_size = 20 }, steps = 5.steps, batch = 8 }
-    rollout = generate(warmup) {
-        prompts = arith.addition { digits = 1, test_size = 20 }
-        samples_per_prompt = 4
-        max_prompt_tokens = 8.tokens
-        max_new_tokens = 3.tokens
-    }
-    reward = exact_match(rollout)
-    train  = grpo(rollout, reward) { rollout_batch = 4, global_batch = 16, micro_batch = 16, lr = 1e-3 }
-    sync   = weights(train -> rollout) { transport = local }
-    stop   = 2.steps
-}
-"#;
+use common::process::{run_miles as miles, temp_dir, text};
 
 /// The ratio in the last column of the report row starting with `| {row}`.
 fn ratio(report: &str, row: &str) -> Option<f64> {
@@ -46,7 +18,7 @@ fn ratio(report: &str, row: &str) -> Option<f64> {
 fn a_run_saves_its_plan_and_the_report_compares_it() {
     let d = temp_dir("plan-vs-actual");
     let recipe = d.join("tiny.miles");
-    std::fs::write(&recipe, TINY).unwrap();
+    std::fs::write(&recipe, common::tiny::tiny_recipe("transport = local", 2, &[])).unwrap();
     let run_dir = d.join("run");
     let o = miles(&[
         "run",

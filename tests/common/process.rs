@@ -110,6 +110,16 @@ pub fn output(cmd: &mut Command, limit: Duration) -> Output {
     Proc::spawn(cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped())).wait_output(limit)
 }
 
+/// The built `miles` with `args`, to its end (at most five minutes).
+pub fn run_miles(args: &[&str]) -> Output {
+    output(miles().args(args), Duration::from_secs(300))
+}
+
+/// A command's stdout then stderr, as text (what an assertion message shows).
+pub fn text(o: &Output) -> String {
+    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+}
+
 fn read_all(mut r: impl Read + Send + 'static) -> mpsc::Receiver<Vec<u8>> {
     let (tx, rx) = mpsc::channel();
     std::thread::spawn(move || {

@@ -61,14 +61,7 @@ fn a_run_of_calculator_episodes_trains_and_reports_how_episodes_ended() {
     let m = metrics(&d);
     let last = m.last().unwrap();
     // 4 prompts x 4 episodes, each ended for a reason the metrics count.
-    let ends: f64 = last
-        .as_object()
-        .unwrap()
-        .iter()
-        .filter(|(k, _)| k.starts_with("rollout/episode_end/"))
-        .map(|(_, v)| v.as_f64().unwrap())
-        .sum();
-    assert_eq!(ends, 16.0, "{last}");
+    assert_eq!(episode_ends(last), 16.0, "{last}");
     for k in ["rollout/turns", "rollout/tool_use_rate", "tito/retokenize_mismatch", "train/loss", "eval/accuracy"] {
         assert!(last.get(k).is_some(), "{k} missing: {last}");
     }
@@ -87,6 +80,12 @@ fn a_run_of_calculator_episodes_trains_and_reports_how_episodes_ended() {
     for x in [d, d2] {
         let _ = std::fs::remove_dir_all(x);
     }
+}
+
+/// Episodes a metrics row counts as ended, whatever the reason (`rollout/episode_end/*`).
+fn episode_ends(row: &Value) -> f64 {
+    let counts = row.as_object().into_iter().flatten().filter(|(k, _)| k.starts_with("rollout/episode_end/"));
+    counts.map(|(_, v)| v.as_f64().unwrap_or(0.0)).sum()
 }
 
 /// Sum of `key` over every row that has it.
@@ -125,14 +124,7 @@ fn fully_async_episodes_refill_per_episode_and_keep_per_token_versions() {
     for row in &steps {
         // Every episode drawn ended for a reason, and 4 groups of 4 episodes were trained per step
         // (a dropped episode would leave its group).
-        let ends: f64 = row
-            .as_object()
-            .unwrap()
-            .iter()
-            .filter(|(k, _)| k.starts_with("rollout/episode_end/"))
-            .map(|(_, v)| v.as_f64().unwrap())
-            .sum();
-        assert_eq!(ends, 16.0, "{row}");
+        assert_eq!(episode_ends(row), 16.0, "{row}");
         assert!(row["rollout/turns"].as_f64().unwrap() > 1.5, "episodes of several turns: {row}");
         assert!(row["rollout/tool_use_rate"].as_f64().unwrap() > 0.5, "{row}");
         assert!(row.get("tito/retokenize_mismatch").is_some(), "{row}");
