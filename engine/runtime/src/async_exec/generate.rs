@@ -346,21 +346,20 @@ impl Generator<'_> {
         finished: Vec<StreamSample>,
     ) -> Result<(), RunError> {
         let mut work: Vec<EnvWork> = Vec::new();
+        // Episode turns that came back (they go on or end below), and the groups to look at.
+        let mut returned: Vec<(u64, usize)> = Vec::new();
         let mut touched: Vec<u64> = Vec::new();
         for s in finished {
             let Some((pid, j)) = self.requests.remove(&s.id) else { continue };
             let Some(b) = self.building.get_mut(&pid) else { continue };
-            if s.aborted {
-                b.aborted = true;
-            }
+            touched.push(pid);
+            b.aborted |= s.aborted;
             let Some(play) = b.play.as_mut() else {
                 b.samples[j] = Some(s);
-                touched.push(pid);
                 continue;
             };
             let Some((env, codec)) = self.env.as_ref() else { continue };
             let Some(mut e) = play.live[j].take() else { continue };
-            touched.push(pid);
             if b.aborted {
                 // The group is served again (or dropped): its episodes end here.
                 e.abandon(env.env.as_ref());
@@ -374,61 +373,61 @@ impl Generator<'_> {
                 work.push(EnvWork { pid, j, call: e.env_call(&env.limits), action });
             }
             play.live[j] = Some(e);
+            returned.push((pid, j));
         }
+        let Some((env, codec)) = self.env.as_ref() else {
+            return touched.into_iter().try_for_each(|pid| self.group_done(shared, pid));
+        };
         // The environment calls of this step's turns, concurrently and outside the shared lock.
-        if !work.is_empty() {
-            if let Some((env, codec)) = self.env.as_ref() {
-                let answers: Vec<std::sync::Mutex<Option<Result<StepResult, EnvFault>>>> =
-                    work.iter().map(|_| std::sync::Mutex::new(None)).collect();
-                let all: Vec<usize> = (0..work.len()).collect();
-                parallel(&all, env.limits.concurrency, |k| {
-                    let r = work[k].call.run(env.env.as_ref(), &work[k].action, &env.limits);
-                    *answers[k].lock().unwrap_or_else(|p| p.into_inner()) = Some(r);
-                });
-                for (w, a) in work.into_iter().zip(answers) {
-                    let Some(r) = a.into_inner().unwrap_or_else(|p| p.into_inner()) else { continue };
-                    let Some(play) = self.building.get_mut(&w.pid).and_then(|b| b.play.as_mut()) else { continue };
-                    if let Some(e) = play.live[w.j].as_mut() {
-                        e.apply(r, w.action, codec, &env.limits);
-                    }
-                }
+        let answers: Vec<std::sync::Mutex<Option<Result<StepResult, EnvFault>>>> =
+            work.iter().map(|_| std::sync::Mutex::new(None)).collect();
+        let all: Vec<usize> = (0..work.len()).collect();
+        parallel(&all, env.limits.concurrency, |k| {
+            let r = work[k].call.run(env.env.as_ref(), &work[k].action, &env.limits);
+            *answers[k].lock().unwrap_or_else(|p| p.into_inner()) = Some(r);
+        });
+        for (w, a) in work.into_iter().zip(answers) {
+            let Some(r) = a.into_inner().unwrap_or_else(|p| p.into_inner()) else { continue };
+            let Some(play) = self.building.get_mut(&w.pid).and_then(|b| b.play.as_mut()) else { continue };
+            if let Some(e) = play.live[w.j].as_mut() {
+                e.apply(r, w.action, codec, &env.limits);
             }
         }
-        // Episodes that go on queue their next turn; the others end.
+        // Each episode whose turn came back queues its next turn or ends.
+        let mut submit_now = Vec::new();
+        for (pid, j) in returned {
+            let Some(b) = self.building.get_mut(&pid) else { continue };
+            let Some(play) = b.play.as_mut() else { continue };
+            let Some(mut e) = play.live[j].take() else { continue };
+            if !b.aborted && e.wants_turn(&env.limits) {
+                play.ctx[j] = e.context();
+                play.live[j] = Some(e);
+                match self.cfg.refill {
+                    Refill::PerSample => b.unsubmitted.push_back(j),
+                    Refill::PerGroup => submit_now.push((pid, j)),
+                }
+            } else {
+                play.results[j] = Some(e.finish(env.env.as_ref(), codec, &env.limits));
+                play.over += 1;
+            }
+        }
         touched.sort_unstable();
         touched.dedup();
-        for &pid in &touched {
-            let mut next = Vec::new();
-            if let (Some(b), Some((env, codec))) = (self.building.get_mut(&pid), self.env.as_ref()) {
-                if let Some(play) = b.play.as_mut() {
-                    for j in 0..play.live.len() {
-                        let Some(mut e) = play.live[j].take() else { continue };
-                        if self.requests.values().any(|&(p, k)| p == pid && k == j) || b.unsubmitted.contains(&j) {
-                            play.live[j] = Some(e); // a turn of it is still in flight or queued
-                        } else if !b.aborted && e.wants_turn(&env.limits) {
-                            play.ctx[j] = e.context();
-                            play.live[j] = Some(e);
-                            next.push(j);
-                        } else {
-                            play.results[j] = Some(e.finish(env.env.as_ref(), codec, &env.limits));
-                            play.over += 1;
-                        }
-                    }
+        // An aborted group's episodes waiting for a slot end now rather than being sampled.
+        for pid in &touched {
+            let Some(b) = self.building.get_mut(pid).filter(|b| b.aborted) else { continue };
+            let Some(play) = b.play.as_mut() else { continue };
+            for j in b.unsubmitted.drain(..) {
+                if let Some(e) = play.live[j].take() {
+                    e.abandon(env.env.as_ref());
+                    play.over += 1;
                 }
             }
-            for j in next {
-                match self.cfg.refill {
-                    Refill::PerSample => {
-                        if let Some(b) = self.building.get_mut(&pid) {
-                            b.unsubmitted.push_back(j);
-                        }
-                    }
-                    Refill::PerGroup => self.submit(engine, pid, j)?,
-                }
-            }
-            self.group_done(shared, pid)?;
         }
-        Ok(())
+        for (pid, j) in submit_now {
+            self.submit(engine, pid, j)?;
+        }
+        touched.into_iter().try_for_each(|pid| self.group_done(shared, pid))
     }
 
     /// A group whose samples (episodes) are all in is scored (outside the lock: a reward may be a
