@@ -87,6 +87,11 @@ fn check_exit_codes() {
     let r = miles(&["check", "recipes/grpo-arith.miles", "--set", "train.lr=fast"]);
     assert_eq!(r.code, Some(1), "{}", r.stderr);
     assert_eq!(miles(&["check", "recipes/grpo-arith.miles", "--set", "novalue"]).code, Some(2));
+    // A whole stage replaced by --set is a diagnostic (it once panicked), not a crash.
+    let r =
+        miles(&["check", "recipes/grpo-arith.miles", "--set", "reward=exact_match(rollout) { partial_credit = true }"]);
+    assert_eq!(r.code, Some(1), "{}", r.stderr);
+    assert!(r.stderr.contains("E0209") && r.stderr.contains("cannot replace the stage `reward`"), "{}", r.stderr);
 }
 
 #[test]

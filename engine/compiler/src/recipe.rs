@@ -252,7 +252,18 @@ pub fn compile_recipe(ev: &mut Eval, r: ItemRef, overrides: &[Override]) -> Opti
         let head = &a.path[0];
         if let Some(fields) = stage_fields.get_mut(&head.name) {
             let kind = kinds[&head.name];
-            let field = &a.path[1];
+            let Some(field) = a.path.get(1) else {
+                // `reward = ...` as an amendment or `--set`: a stage is amended field by field.
+                ev.report(
+                    Diagnostic::error("E0209", format!("cannot replace the stage `{}` with an amendment", head.name))
+                        .with_primary(a.span, "a stage is amended one field at a time")
+                        .with_help(format!(
+                            "set one of its fields (`{}.FIELD = ...`), or write a recipe that `extends` this one and binds `{}` anew",
+                            head.name, head.name
+                        )),
+                );
+                continue;
+            };
             if ev.decl_field(kind, &field.name).is_none() {
                 ev.unknown_field(kind, field);
                 continue;
