@@ -74,6 +74,73 @@ fn decoder_sizes(r: &Record) -> DecoderSizes {
     }
 }
 
+/// The task a prompt set (the rollout's `prompts`, or a multi-LoRA adapter's) names; None for a
+/// prompt set the runtime does not read.
+fn task_spec(prompts: Option<&Record>, partial_credit: bool) -> Option<TaskSpec> {
+    let p = prompts?;
+    let kind = match p.schema_name.as_str() {
+        "addition" => TaskKind::Addition { digits: rec_u64(p, "digits") as u32 },
+        "multiplication" => TaskKind::Multiplication { digits: rec_u64(p, "digits") as u32 },
+        kind @ ("reverse" | "sort") => {
+            let (min_len, max_len, alphabet) =
+                (rec_u64(p, "min_len") as usize, rec_u64(p, "max_len") as usize, rec_str(p, "alphabet"));
+            if kind == "reverse" {
+                TaskKind::Reverse { min_len, max_len, alphabet }
+            } else {
+                TaskKind::Sort { min_len, max_len, alphabet }
+            }
+        }
+        "jsonl" | "parquet" => TaskKind::Data {
+            path: rec_str(p, "path").into(),
+            prompt_field: rec_str(p, "prompt_field"),
+            label_field: rec_str(p, "label_field"),
+            test_path: None,
+            on_error: if p.get("on_error").and_then(Value::as_enum) == Some("stop") {
+                OnError::Stop
+            } else {
+                OnError::Skip
+            },
+        },
+        _ => return None,
+    };
+    let test_size = p.get("test_size").and_then(Value::as_i64).unwrap_or(200).max(1) as usize;
+    let split_seed = p.get("split_seed").and_then(Value::as_i64).unwrap_or(1234).max(0) as u64;
+    Some(TaskSpec { kind, split: SplitSpec { test_size, seed: split_seed }, partial_credit })
+}
+
+/// std/prelude's `lora` record (its fields all have defaults, so each is present); the `named`
+/// adapters' prompts become their tasks (the capability table refused any the runtime cannot read).
+fn lora_spec(r: &Record, seed: u64, partial_credit: bool) -> LoraSpec {
+    let f = |name: &str| r.get(name).and_then(Value::as_f64).unwrap_or(0.0);
+    let list = |name: &str| match r.get(name) {
+        Some(Value::List(items)) => items.clone(),
+        _ => Vec::new(),
+    };
+    let target_modules = list("target_modules").iter().filter_map(Value::as_enum).map(str::to_string).collect();
+    let adapters = list("named")
+        .iter()
+        .filter_map(Value::as_record)
+        .filter_map(|a| {
+            Some(AdapterSpec {
+                name: rec_str(a, "name"),
+                task: task_spec(
+                    a.get("prompts").and_then(Value::as_record),
+                    a.get("partial_credit").and_then(Value::as_bool).unwrap_or(partial_credit),
+                )?,
+                lr: a.get("lr").and_then(Value::as_f64),
+            })
+        })
+        .collect();
+    LoraSpec {
+        rank: rec_u64(r, "rank") as usize,
+        alpha: f("alpha"),
+        dropout: f("dropout"),
+        target_modules,
+        init_seed: seed,
+        adapters,
+    }
+}
+
 fn rec_u64(r: &Record, name: &str) -> u64 {
     r.get(name).and_then(Value::as_q).map(|q| q.to_f64().max(0.0).round() as u64).unwrap_or(0)
 }
@@ -139,9 +206,6 @@ pub fn run_spec(recipe: &CompiledRecipe) -> Result<RunSpec, Vec<Diagnostic>> {
         m.require_embedded(rollout, "engine", "embedded_engine", "engine");
     }
     m.require_embedded(train, "backend", "embedded_trainer", "trainer");
-    if train.param("lora").is_some_and(|v| *v != Value::None) {
-        m.unsupported(param_span(train, "lora"), "LoRA".into(), "remove `lora` to run here");
-    }
 
     // The model: a seeded `transformer`, or a Hugging Face directory whose config.json `miles
     // check` read (the `hf` schema's fields and its `config` map).
@@ -183,58 +247,18 @@ pub fn run_spec(recipe: &CompiledRecipe) -> Result<RunSpec, Vec<Diagnostic>> {
 
     // The task, from the rollout's prompts.
     let prompts = m.record(rollout, "prompts").cloned();
-    let task_kind = match prompts.as_ref().map(|p| p.schema_name.as_str()) {
-        Some("addition") => {
-            TaskKind::Addition { digits: rec_u64(prompts.as_ref().unwrap_or_else(|| unreachable!()), "digits") as u32 }
-        }
-        Some("multiplication") => {
-            TaskKind::Multiplication { digits: prompts.as_ref().map(|p| rec_u64(p, "digits")).unwrap_or(1) as u32 }
-        }
-        Some(kind @ ("reverse" | "sort")) => {
-            let p = prompts.as_ref().map(|p| (rec_u64(p, "min_len"), rec_u64(p, "max_len"), rec_str(p, "alphabet")));
-            let (min_len, max_len, alphabet) = p.unwrap_or((1, 1, String::new()));
-            if kind == "reverse" {
-                TaskKind::Reverse { min_len: min_len as usize, max_len: max_len as usize, alphabet }
-            } else {
-                TaskKind::Sort { min_len: min_len as usize, max_len: max_len as usize, alphabet }
-            }
-        }
-        Some("jsonl" | "parquet") => {
-            let p = prompts.as_ref().map(|p| {
-                (
-                    rec_str(p, "path"),
-                    rec_str(p, "prompt_field"),
-                    rec_str(p, "label_field"),
-                    p.get("on_error").and_then(Value::as_enum) == Some("stop"),
-                )
-            });
-            let (path, prompt_field, label_field, stop) = p.unwrap_or_default();
-            TaskKind::Data {
-                path: path.into(),
-                prompt_field,
-                label_field,
-                test_path: None,
-                on_error: if stop { OnError::Stop } else { OnError::Skip },
-            }
-        }
-        other => {
-            m.unsupported(
-                param_span(rollout, "prompts"),
-                format!("prompts from `{}`", other.unwrap_or("?")),
-                "use a built-in task (std/tasks/arith, std/tasks/strings), `jsonl { ... }` or `parquet { ... }`",
-            );
-            return Err(m.diags);
-        }
-    };
-    let test_size =
-        prompts.as_ref().and_then(|p| p.get("test_size")).and_then(Value::as_i64).unwrap_or(200).max(1) as usize;
     let partial_credit = m.upstream_reward(train);
+    let Some(task) = task_spec(prompts.as_ref(), partial_credit) else {
+        m.unsupported(
+            param_span(rollout, "prompts"),
+            format!("prompts from `{}`", prompts.as_ref().map_or("?", |p| p.schema_name.as_str())),
+            "use a built-in task (std/tasks/arith, std/tasks/strings), `jsonl { ... }` or `parquet { ... }`",
+        );
+        return Err(m.diags);
+    };
     let scores = m.upstream(train, PortKind::Scores);
     let reward = scores.and_then(|r| reward_spec(&mut m, r));
     let env = scores.filter(|r| r.kind == "env_reward").and_then(|r| env_spec(r, rollout));
-    let split_seed =
-        prompts.as_ref().and_then(|p| p.get("split_seed")).and_then(Value::as_i64).unwrap_or(1234).max(0) as u64;
-    let task = TaskSpec { kind: task_kind, split: SplitSpec { test_size, seed: split_seed }, partial_credit };
 
     // SFT warm-up: an sft stage feeding the rollout's policy.
     let sft = m.first_of_kind("sft").map(|s| {
@@ -289,6 +313,7 @@ pub fn run_spec(recipe: &CompiledRecipe) -> Result<RunSpec, Vec<Diagnostic>> {
         grad_clip: m.f64(train, "grad_clip"),
         micro_batch: m.u64(train, "micro_batch") as usize,
         global_batch: m.u64(train, "global_batch") as usize,
+        lora: m.record(train, "lora").map(|r| lora_spec(r, seed, partial_credit)),
     };
     let eval = m
         .first_of_kind("evaluate")

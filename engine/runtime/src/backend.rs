@@ -97,6 +97,19 @@ pub trait RolloutEngine {
     fn weight_version(&self) -> u64;
     /// Replaces the engine's weights (the receiving end of a weight transport).
     fn load_weights(&mut self, weights: &WeightSnapshot) -> Result<(), RunError>;
+
+    /// Multi-LoRA: the adapter the next `generate` samples with (one engine, one base, every
+    /// adapter). An engine without adapters serves only adapter 0.
+    fn select_adapter(&mut self, i: usize) -> Result<(), RunError> {
+        one_adapter(i)
+    }
+}
+
+fn one_adapter(i: usize) -> Result<(), RunError> {
+    match i {
+        0 => Ok(()),
+        _ => Err(RunError::new(crate::E_BACKEND, format!("adapter {i} selected; this backend serves one adapter"))),
+    }
 }
 
 /// A scored sample as the trainer consumes it.
@@ -193,7 +206,23 @@ pub trait Trainer {
     ) -> Result<Vec<Vec<f32>>, RunError>;
     /// Number of optimizer steps taken so far: the weight version.
     fn version(&self) -> u64;
+    /// The next weight update for the rollout engines, which hold the previous one: with LoRA
+    /// the adapters alone once the engines hold the base.
     fn export_weights(&self) -> Result<WeightSnapshot, RunError>;
+    /// Every weight, for a receiver that may hold none yet (a snapshot evaluation engine).
+    fn export_full_weights(&self) -> Result<WeightSnapshot, RunError> {
+        self.export_weights()
+    }
+    /// Bytes the last `export_weights` moved, when they did not travel in its snapshot (a trainer
+    /// in a worker process publishes straight to the engines and returns a receipt).
+    fn last_sync_bytes(&self) -> Option<u64> {
+        None
+    }
+
+    /// Multi-LoRA: the adapter the next `train_rl` trains; the others do not change.
+    fn select_adapter(&mut self, i: usize) -> Result<(), RunError> {
+        one_adapter(i)
+    }
     /// Writes weights, optimizer state and reference into `dir` (exists, empty).
     fn save(&self, dir: &Path) -> Result<(), RunError>;
     fn load(&mut self, dir: &Path) -> Result<(), RunError>;

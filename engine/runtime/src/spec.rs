@@ -446,6 +446,61 @@ pub struct TrainSpec {
     /// Samples per optimizer step; rollout_batch * samples_per_prompt / global_batch optimizer
     /// steps are taken per RL step.
     pub global_batch: usize,
+    /// Low-rank adapters for the RL phase: the base (after any SFT warm-up) is frozen and only
+    /// the adapters train and sync. None: full fine-tuning.
+    #[serde(default)]
+    pub lora: Option<LoraSpec>,
+}
+
+/// The linear layers of a Llama-family layer that LoRA can wrap, by their Hugging Face names.
+pub const LORA_TARGETS: [&str; 7] = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"];
+
+/// std/prelude's `schema lora` as the embedded backend runs it (PEFT's LoRA: W x + (alpha/r) B A x).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LoraSpec {
+    pub rank: usize,
+    pub alpha: f64,
+    /// Dropout on each wrapped layer's input to the adapter, in training passes only.
+    #[serde(default)]
+    pub dropout: f64,
+    /// Names from [`LORA_TARGETS`].
+    pub target_modules: Vec<String>,
+    /// Seeds the adapters' A matrices (the run's seed); B starts at zero, so the adapted policy
+    /// starts equal to the base.
+    #[serde(default)]
+    pub init_seed: u64,
+    /// Named adapters trained at once on the one base (multi-LoRA), each on its own prompts;
+    /// empty: one unnamed adapter on the rollout's prompts.
+    #[serde(default)]
+    pub adapters: Vec<AdapterSpec>,
+}
+
+/// One adapter of a multi-LoRA run: its prompts (scored by the run's reward) and learning rate.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AdapterSpec {
+    pub name: String,
+    pub task: TaskSpec,
+    /// None: the trainer's `lr`.
+    #[serde(default)]
+    pub lr: Option<f64>,
+}
+
+impl LoraSpec {
+    /// alpha / rank, the scale of the low-rank update.
+    pub fn scale(&self) -> f64 {
+        self.alpha / self.rank.max(1) as f64
+    }
+
+    /// The adapters' names: None for the one unnamed adapter.
+    pub fn names(&self) -> Vec<Option<&str>> {
+        if self.adapters.is_empty() {
+            vec![None]
+        } else {
+            self.adapters.iter().map(|a| Some(a.name.as_str())).collect()
+        }
+    }
 }
 
 fn default_beta1() -> f64 {
@@ -654,6 +709,48 @@ impl RunSpec {
         }
         if t.global_batch % t.micro_batch != 0 {
             return bad("train.global_batch", "must be a multiple of train.micro_batch");
+        }
+        if let Some(l) = &t.lora {
+            if l.rank == 0 || l.rank > m.d_model {
+                return bad("train.lora.rank", "must be between 1 and the model's d_model");
+            }
+            if !(l.alpha >= 0.0 && l.alpha.is_finite()) {
+                return bad("train.lora.alpha", "must be a finite number >= 0");
+            }
+            if !(0.0..1.0).contains(&l.dropout) {
+                return bad("train.lora.dropout", "must be in [0, 1)");
+            }
+            if l.target_modules.is_empty() {
+                return bad("train.lora.target_modules", "needs at least one module");
+            }
+            if let Some(x) = l.target_modules.iter().find(|x| !LORA_TARGETS.contains(&x.as_str())) {
+                return bad("train.lora.target_modules", &format!("`{x}` is not one of {}", LORA_TARGETS.join(", ")));
+            }
+            if !l.adapters.is_empty() && (!self.schedule.is_sync() || self.env.is_some()) {
+                return bad(
+                    "train.lora.adapters",
+                    "named adapters run under the sync schedule, on single-turn prompts",
+                );
+            }
+            for (i, a) in l.adapters.iter().enumerate() {
+                let valid =
+                    !a.name.is_empty() && a.name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
+                if !valid {
+                    return bad(
+                        "train.lora.adapters",
+                        &format!("adapter name `{}` must be letters, digits, _ or -", a.name),
+                    );
+                }
+                if l.adapters[..i].iter().any(|b| b.name == a.name) {
+                    return bad("train.lora.adapters", &format!("two adapters are named `{}`", a.name));
+                }
+                if a.lr.is_some_and(|lr| !(lr >= 0.0 && lr.is_finite())) {
+                    return bad(
+                        "train.lora.adapters",
+                        &format!("adapter `{}`: lr must be a finite number >= 0", a.name),
+                    );
+                }
+            }
         }
         let total = r.rollout_batch * r.samples_per_prompt;
         if total % t.global_batch != 0 {

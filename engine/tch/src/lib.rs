@@ -1,5 +1,5 @@
 //! The embedded libtorch backend of miles (CPU, fp32): a Llama-style policy, batched sampling with
-//! a KV cache, and GRPO/PPO and SFT training. Implements the traits of `miles-runtime`.
+//! a KV cache, GRPO/PPO and SFT training, and LoRA adapters (`lora`). Implements the traits of `miles-runtime`.
 //!
 //! Entry point for the CLI: [`run`] (a `RunSpec` plus `RunOptions`), or [`TchBackend`] with
 //! `miles_runtime::run_with`.
@@ -7,6 +7,7 @@
 pub mod cli;
 pub mod generate;
 pub mod hf;
+pub mod lora;
 pub mod model;
 pub mod stream;
 pub mod train;
@@ -47,8 +48,13 @@ pub struct TchBackend;
 /// directory must still say what `miles check` read from it (`spec.model`). Worker processes
 /// build their stages with it too, so a distributed run starts from the same weights.
 pub fn initial_policy(spec: &RunSpec) -> Result<(Policy, Option<hf::HfMeta>), RunError> {
-    let Some(h) = &spec.hf else { return Ok((Policy::init(&spec.model, spec.seed), None)) };
-    let (policy, meta) = Policy::load_hf(&h.path, Some(spec.model.max_len))?;
+    let Some(h) = &spec.hf else {
+        let mut policy = Policy::init(&spec.model, spec.seed);
+        policy.lora_spec = spec.train.lora.clone();
+        return Ok((policy, None));
+    };
+    let (mut policy, meta) = Policy::load_hf(&h.path, Some(spec.model.max_len))?;
+    policy.lora_spec = spec.train.lora.clone();
     if let Some(field) = hf::first_difference(&policy.cfg, &spec.model) {
         return Err(RunError::new(
             miles_runtime::E_CHECKPOINT,
@@ -146,6 +152,10 @@ impl RolloutEngine for TchEngine {
         self.version = weights.version;
         Ok(())
     }
+
+    fn select_adapter(&mut self, i: usize) -> Result<(), RunError> {
+        self.policy.select_adapter(i)
+    }
 }
 
 impl Trainer for train::TchTrainer {
@@ -182,7 +192,15 @@ impl Trainer for train::TchTrainer {
     }
 
     fn export_weights(&self) -> Result<WeightSnapshot, RunError> {
-        guard("weight export", || self.policy.snapshot(self.version()))
+        guard("weight export", || self.export())
+    }
+
+    fn export_full_weights(&self) -> Result<WeightSnapshot, RunError> {
+        guard("weight export", || self.export_full())
+    }
+
+    fn select_adapter(&mut self, i: usize) -> Result<(), RunError> {
+        train::TchTrainer::select_adapter(self, i)
     }
 
     fn save(&self, dir: &Path) -> Result<(), RunError> {

@@ -8,8 +8,11 @@
 //! no real token attends to a pad, so a sequence gives the same logits whatever it is batched
 //! with (up to float reduction order) — sampling and training see the same numbers.
 
+use crate::lora::{is_adapter_name, Adapters, Target};
 use miles_runtime::rng::Rng;
-use miles_runtime::{ModelConfig, NamedTensor, RopeScaling, RunError, WeightSnapshot, E_BACKEND, E_CHECKPOINT};
+use miles_runtime::{
+    LoraSpec, ModelConfig, NamedTensor, RopeScaling, RunError, WeightSnapshot, E_BACKEND, E_CHECKPOINT,
+};
 use std::path::Path;
 use tch::{Device, Kind, Tensor};
 
@@ -47,6 +50,13 @@ pub struct Policy {
     lm_head: Tensor,
     cos: Tensor,
     sin: Tensor,
+    /// The run's LoRA settings (`RunSpec.train.lora`): an engine needs them to take an adapter
+    /// update; the trainer attaches adapters from them when RL begins.
+    pub lora_spec: Option<LoraSpec>,
+    /// Attached adapters (one, or several on this one base: multi-LoRA); the active one's
+    /// low-rank terms are added by every wrapped layer (`crate::lora`). Empty: the base alone.
+    loras: Vec<Adapters>,
+    active: usize,
 }
 
 /// Per-layer key/value buffers of a batch, preallocated to the longest sequence so a decode step
@@ -257,7 +267,19 @@ impl Policy {
         let embed = get("model.embed_tokens.weight");
         // Tied: the same storage, so the output projection's gradient lands on the embedding.
         let lm_head = if cfg.tie_embeddings { embed.shallow_clone() } else { get("lm_head.weight") };
-        Policy { embed, norm: get("model.norm.weight"), lm_head, layers, cos, sin, cfg, params }
+        Policy {
+            embed,
+            norm: get("model.norm.weight"),
+            lm_head,
+            layers,
+            cos,
+            sin,
+            cfg,
+            params,
+            lora_spec: None,
+            loras: Vec::new(),
+            active: 0,
+        }
     }
 
     pub fn params(&self) -> &[(String, Tensor)] {
@@ -273,7 +295,60 @@ impl Policy {
     /// A detached deep copy (e.g. the frozen KL reference, or the engine's own weights).
     pub fn deep_copy(&self) -> Policy {
         let params = self.params.iter().map(|(n, t)| (n.clone(), t.detach().copy())).collect();
-        Policy::from_params(self.cfg.clone(), params)
+        let mut p = Policy::from_params(self.cfg.clone(), params);
+        p.lora_spec = self.lora_spec.clone();
+        p.loras = self.loras.iter().map(Adapters::deep_copy).collect();
+        p.active = self.active;
+        p
+    }
+
+    /// The active adapter, if any are attached.
+    pub fn lora(&self) -> Option<&Adapters> {
+        self.loras.get(self.active)
+    }
+
+    /// Which adapter forward passes apply (0 with none or one).
+    pub fn active_adapter(&self) -> usize {
+        self.active
+    }
+
+    /// Every attached adapter, in the order of `LoraSpec::names`.
+    pub fn adapters(&self) -> &[Adapters] {
+        &self.loras
+    }
+
+    /// Replaces the attached adapters (empty: the base alone); the first becomes active.
+    pub fn set_adapters(&mut self, adapters: Vec<Adapters>) {
+        self.loras = adapters;
+        self.active = 0;
+    }
+
+    /// Makes adapter `i` the one every forward pass applies.
+    pub fn select_adapter(&mut self, i: usize) -> Result<(), RunError> {
+        // Before RL attaches them, every adapter is zero: each may be selected and is the base.
+        let n = self.lora_spec.as_ref().map_or(1, |s| s.names().len()).max(self.loras.len());
+        if i >= n {
+            return Err(RunError::new(E_BACKEND, format!("adapter {i} selected, the policy has {}", self.loras.len())));
+        }
+        self.active = i;
+        Ok(())
+    }
+
+    /// `x W^T (+ bias)` for layer `li`'s `t`, plus its adapter's term when `t` is wrapped.
+    fn proj(&self, li: usize, t: Target, x: &Tensor, w: &Tensor, bias: Option<&Tensor>) -> Tensor {
+        let y = x.linear(w, bias);
+        match self.lora().and_then(|l| l.delta(li, t, x)) {
+            Some(d) => y + d,
+            None => y,
+        }
+    }
+
+    /// A concatenated GEMM's output `y` (q|k|v or gate|up) plus the wrapped parts' adapter terms.
+    fn add_deltas(&self, li: usize, y: Tensor, parts: &[(Target, i64)], x: &Tensor) -> Tensor {
+        match self.lora().and_then(|l| l.delta_cat(li, parts, x)) {
+            Some(d) => y + d,
+            None => y,
+        }
     }
 
     // `x = x + y` on purpose: tch's `+=` is in-place (add_), which would overwrite activations
@@ -321,6 +396,8 @@ impl Policy {
                 _ => None,
             };
             let qkv = xn.linear(&Tensor::cat(&[&layer.q, &layer.k, &layer.v], 0), qkv_bias.as_ref());
+            let qkv =
+                self.add_deltas(li, qkv, &[(Target::Q, h * hd), (Target::K, kvh * hd), (Target::V, kvh * hd)], &xn);
             let qk = qkv.narrow(-1, 0, (h + kvh) * hd).view([b, t, h + kvh, hd]);
             let qk = match (&layer.q_norm, &layer.k_norm) {
                 (Some(qn), Some(kn)) => Tensor::cat(
@@ -349,12 +426,14 @@ impl Policy {
             // Fused attention (scale 1/sqrt(hd) by default).
             let att = Tensor::scaled_dot_product_attention(&q, &k_all, &v_all, Some(&mask), 0.0, false, None, false);
             let att = att.transpose(1, 2).contiguous().view([b, t, h * hd]);
-            x = x + att.linear(&layer.o, layer.o_bias.as_ref());
+            x = x + self.proj(li, Target::O, &att, &layer.o, layer.o_bias.as_ref());
             let xn = rms_norm(&x, &layer.ln2, cfg.norm_eps);
             // One GEMM for gate and up.
             let ff = layer.gate.size()[0];
             let gu = xn.linear::<Tensor>(&Tensor::cat(&[&layer.gate, &layer.up], 0), None);
-            let mlp = (gu.narrow(-1, 0, ff).silu() * gu.narrow(-1, ff, ff)).linear::<Tensor>(&layer.down, None);
+            let gu = self.add_deltas(li, gu, &[(Target::Gate, ff), (Target::Up, ff)], &xn);
+            let act = gu.narrow(-1, 0, ff).silu() * gu.narrow(-1, ff, ff);
+            let mlp = self.proj(li, Target::Down, &act, &layer.down, None);
             x = x + mlp;
         }
         if let Some(c) = cache {
@@ -392,11 +471,17 @@ impl Policy {
                 Some(w) => rms_norm(&x, w, cfg.norm_eps),
                 None => x,
             };
-            let q = head_norm(xn.linear(&layer.q, layer.q_bias.as_ref()).view([b, t, h, hd]), &layer.q_norm);
-            let k = head_norm(xn.linear(&layer.k, layer.k_bias.as_ref()).view([b, t, kvh, hd]), &layer.k_norm);
+            let q = head_norm(
+                self.proj(li, Target::Q, &xn, &layer.q, layer.q_bias.as_ref()).view([b, t, h, hd]),
+                &layer.q_norm,
+            );
+            let k = head_norm(
+                self.proj(li, Target::K, &xn, &layer.k, layer.k_bias.as_ref()).view([b, t, kvh, hd]),
+                &layer.k_norm,
+            );
             let q = rope(&q.transpose(1, 2));
             let k = rope(&k.transpose(1, 2));
-            let v = xn.linear(&layer.v, layer.v_bias.as_ref()).view([b, t, kvh, hd]);
+            let v = self.proj(li, Target::V, &xn, &layer.v, layer.v_bias.as_ref()).view([b, t, kvh, hd]);
             let k_rows = k.transpose(1, 2).reshape([b * t, kvh, hd]);
             let _ = cache.k[li].index_put_(&[Some(&flat_rows), Some(&flat_pos)], &k_rows, false);
             let _ = cache.v[li].index_put_(&[Some(&flat_rows), Some(&flat_pos)], &v.reshape([b * t, kvh, hd]), false);
@@ -406,10 +491,11 @@ impl Policy {
             let scores = q.matmul(&k_all.transpose(-2, -1)) * (1.0 / (hd as f64).sqrt()) + &mask;
             let att = scores.softmax(-1, Kind::Float).matmul(&v_all);
             let att = att.transpose(1, 2).contiguous().view([b, t, h * hd]);
-            x = x + att.linear(&layer.o, layer.o_bias.as_ref());
+            x = x + self.proj(li, Target::O, &att, &layer.o, layer.o_bias.as_ref());
             let xn = rms_norm(&x, &layer.ln2, cfg.norm_eps);
-            let mlp = (xn.linear::<Tensor>(&layer.gate, None).silu() * xn.linear::<Tensor>(&layer.up, None))
-                .linear::<Tensor>(&layer.down, None);
+            let act = self.proj(li, Target::Gate, &xn, &layer.gate, None).silu()
+                * self.proj(li, Target::Up, &xn, &layer.up, None);
+            let mlp = self.proj(li, Target::Down, &act, &layer.down, None);
             x = x + mlp;
         }
         rms_norm(&x, &self.norm, cfg.norm_eps).linear::<Tensor>(&self.lm_head, None)
@@ -429,28 +515,71 @@ impl Policy {
         }
     }
 
+    /// Every weight: the base parameters, then the attached adapters (PEFT names).
     pub fn snapshot(&self, version: u64) -> Result<WeightSnapshot, RunError> {
-        let tensors = self
-            .params
-            .iter()
-            .map(|(n, t)| {
-                let data = Vec::<f32>::try_from(t.detach().reshape([-1])).map_err(backend_err)?;
-                Ok(NamedTensor { name: n.clone(), shape: t.size().iter().map(|&d| d as usize).collect(), data })
-            })
-            .collect::<Result<Vec<_>, RunError>>()?;
+        let adapters: Vec<(String, Tensor)> = self.loras.iter().flat_map(Adapters::named).collect();
+        let tensors = self.params.iter().chain(&adapters).map(|(n, t)| named_tensor(n, t)).collect::<Result<_, _>>()?;
         Ok(WeightSnapshot { version, tensors })
     }
 
-    /// Copies a snapshot into this policy's tensors (names and shapes must match).
+    /// The attached adapters alone: a LoRA weight update once the engines hold the base.
+    pub fn adapter_snapshot(&self, version: u64) -> Result<WeightSnapshot, RunError> {
+        let adapters: Vec<(String, Tensor)> = self.loras.iter().flat_map(Adapters::named).collect();
+        let tensors = adapters.iter().map(|(n, t)| named_tensor(n, t)).collect::<Result<_, _>>()?;
+        Ok(WeightSnapshot { version, tensors })
+    }
+
+    /// Attaches fresh adapters from `lora_spec`, one per adapter it names (no-op without one, or
+    /// when attached already).
+    pub fn attach_lora(&mut self) {
+        if let (true, Some(s)) = (self.loras.is_empty(), &self.lora_spec) {
+            self.loras = (0..s.names().len()).map(|i| Adapters::init(&self.cfg, s, i)).collect();
+            self.active = 0;
+        }
+    }
+
+    /// Loads adapter tensors (every attached adapter's, in order) from an update or checkpoint.
+    fn load_adapters(&mut self, tensors: &[NamedTensor], what: &str) -> Result<(), RunError> {
+        let mut rest = tensors;
+        for l in &mut self.loras {
+            let n = l.named().len().min(rest.len());
+            let (mine, more) = rest.split_at(n);
+            l.load(mine, what)?;
+            rest = more;
+        }
+        match rest.first() {
+            Some(t) => {
+                Err(RunError::new(E_BACKEND, format!("{what}: adapter tensor {} belongs to no adapter here", t.name)))
+            }
+            None => Ok(()),
+        }
+    }
+
+    /// Copies a snapshot into this policy: either every base parameter (names and shapes must
+    /// match), optionally followed by adapters, or adapters alone (a LoRA update: the base stays).
     pub fn load_snapshot(&mut self, w: &WeightSnapshot) -> Result<(), RunError> {
-        if w.tensors.len() != self.params.len() {
+        let split = w.tensors.iter().position(|t| is_adapter_name(&t.name)).unwrap_or(w.tensors.len());
+        let (base, adapters) = w.tensors.split_at(split);
+        if !adapters.is_empty() {
+            if self.lora_spec.is_none() {
+                return Err(RunError::new(
+                    E_BACKEND,
+                    format!("weight update {} carries LoRA adapters, but this policy has no LoRA settings", w.version),
+                ));
+            }
+            self.attach_lora();
+        }
+        if base.is_empty() && !adapters.is_empty() {
+            return self.load_adapters(adapters, &format!("weight update {}", w.version));
+        }
+        if base.len() != self.params.len() {
             return Err(RunError::new(
                 E_BACKEND,
-                format!("weight snapshot has {} tensors, the policy {}", w.tensors.len(), self.params.len()),
+                format!("weight snapshot has {} tensors, the policy {}", base.len(), self.params.len()),
             ));
         }
         let _g = tch::no_grad_guard();
-        for (nt, (name, p)) in w.tensors.iter().zip(self.params.iter_mut()) {
+        for (nt, (name, p)) in base.iter().zip(self.params.iter_mut()) {
             let shape: Vec<i64> = nt.shape.iter().map(|&d| d as i64).collect();
             if nt.name != *name || shape != p.size() {
                 return Err(RunError::new(
@@ -460,7 +589,32 @@ impl Policy {
             }
             p.f_copy_(&Tensor::from_slice(&nt.data).view(&shape[..])).map_err(backend_err)?;
         }
-        Ok(())
+        if adapters.is_empty() {
+            // A full update without adapters: the policy is the base alone (before RL began).
+            self.loras.clear();
+            return Ok(());
+        }
+        self.load_adapters(adapters, &format!("weight update {}", w.version))
+    }
+
+    /// The base with the active adapter merged in (`W + (alpha/r) B A`), adapters detached: what
+    /// a Hugging Face loader that knows no LoRA reads. A copy; `self` is unchanged.
+    pub fn merged(&self) -> Policy {
+        let Some(l) = self.lora() else { return self.deep_copy() };
+        let params = self
+            .params
+            .iter()
+            .map(|(n, t)| {
+                let t = match l.wraps(n) {
+                    Some((li, target)) => l.merged(li, target, t),
+                    None => t.detach().copy(),
+                };
+                (n.clone(), t)
+            })
+            .collect();
+        let mut p = Policy::from_params(self.cfg.clone(), params);
+        p.lora_spec = self.lora_spec.clone();
+        p
     }
 
     /// model.safetensors + config.json (a Hugging Face directory without tokenizer files) into
@@ -485,6 +639,11 @@ impl Policy {
             .map_err(|e| RunError::new(E_CHECKPOINT, format!("cannot read {}: {e}", path.display())))?;
         load_named(&mut self.params, read, path)
     }
+}
+
+fn named_tensor(name: &str, t: &Tensor) -> Result<NamedTensor, RunError> {
+    let data = Vec::<f32>::try_from(t.detach().reshape([-1])).map_err(backend_err)?;
+    Ok(NamedTensor { name: name.to_string(), shape: t.size().iter().map(|&d| d as usize).collect(), data })
 }
 
 /// Copies `read` into `dst` by name; every name must be present with the same shape.

@@ -4,7 +4,11 @@
 
 use crate::model::{backend_err, left_pad, load_named, Policy};
 use miles_runtime::tasks::TokenId;
-use miles_runtime::{Aggregation, RunError, SftStats, TrainSpec, TrainStats, Trajectory, E_CHECKPOINT, E_NONFINITE};
+use miles_runtime::{
+    Aggregation, NamedTensor, RunError, SftStats, TrainSpec, TrainStats, Trajectory, WeightSnapshot, E_CHECKPOINT,
+    E_NONFINITE,
+};
+use std::cell::Cell;
 use std::path::Path;
 use std::time::Instant;
 use tch::{Kind, Tensor};
@@ -137,22 +141,106 @@ pub struct TchTrainer {
     pub policy: Policy,
     reference: Option<Policy>,
     spec: TrainSpec,
-    adam: AdamState,
+    /// The optimizer state of what trains: the whole model, or one per adapter under LoRA (each
+    /// adapter steps, clips and counts its own Adam steps: multi-LoRA adapters never share one).
+    adam: Vec<AdamState>,
     version: u64,
     /// The Hugging Face directory the policy was loaded from: the saved model carries its
     /// config.json and tokenizer files through.
     pub source: Option<crate::hf::HfMeta>,
+    /// The engines may not hold this trainer's base weights (a fresh trainer, or one loaded from
+    /// a checkpoint): the next export sends the base with the adapters. Cleared by that export.
+    base_stale: Cell<bool>,
 }
 
+/// A checkpoint's adapters (PEFT names, as in `adapter_model.safetensors`).
+const ADAPTER_FILE: &str = "adapter_model.safetensors";
+
 impl TchTrainer {
-    pub fn new(policy: Policy, spec: TrainSpec) -> TchTrainer {
+    pub fn new(mut policy: Policy, spec: TrainSpec) -> TchTrainer {
+        policy.lora_spec = spec.lora.clone();
         policy.set_requires_grad(true);
-        let adam = AdamState::zeros(&policy);
-        TchTrainer { policy, reference: None, spec, adam, version: 0, source: None }
+        let adam = vec![AdamState::zeros(policy.params())];
+        TchTrainer { policy, reference: None, spec, adam, version: 0, source: None, base_stale: Cell::new(true) }
+    }
+
+    /// What the optimizer updates: the active adapter once LoRA is attached, else every parameter.
+    fn trainable(&self) -> Vec<(String, Tensor)> {
+        match self.policy.lora() {
+            Some(l) => l.named(),
+            None => self.policy.params().iter().map(|(n, t)| (n.clone(), t.shallow_clone())).collect(),
+        }
+    }
+
+    /// Every optimizer state's tensors with its names, in checkpoint order.
+    fn optimizer_tensors(&self) -> Vec<(String, Tensor)> {
+        let sets: Vec<Vec<(String, Tensor)>> = match self.policy.adapters() {
+            [] => vec![self.trainable()],
+            ads => ads.iter().map(|a| a.named()).collect(),
+        };
+        let mut named = Vec::new();
+        for (set, adam) in sets.iter().zip(&self.adam) {
+            for (i, (n, _)) in set.iter().enumerate() {
+                named.push((format!("exp_avg.{n}"), adam.m[i].shallow_clone()));
+                named.push((format!("exp_avg_sq.{n}"), adam.v[i].shallow_clone()));
+            }
+        }
+        named
+    }
+
+    /// Fresh optimizer state for what trains (every adapter's under LoRA).
+    fn fresh_optimizer(&mut self) {
+        self.adam = match self.policy.adapters() {
+            [] => vec![AdamState::zeros(self.policy.params())],
+            ads => ads.iter().map(|a| AdamState::zeros(&a.named())).collect(),
+        };
+    }
+
+    /// Multi-LoRA: the adapter the next `train_rl` trains (and every forward applies).
+    pub fn select_adapter(&mut self, i: usize) -> Result<(), RunError> {
+        self.begin_lora();
+        self.policy.select_adapter(i)
+    }
+
+    /// With LoRA, RL trains adapters on the base as it stands now (after any SFT warm-up): the
+    /// base is frozen and the optimizer restarts over the adapters alone. Since B starts at
+    /// zero the policy is unchanged, so engines sampling the base sample this policy exactly.
+    fn begin_lora(&mut self) {
+        if !self.policy.adapters().is_empty() || self.policy.lora_spec.is_none() {
+            return;
+        }
+        self.policy.set_requires_grad(false);
+        self.policy.attach_lora();
+        for l in self.policy.adapters() {
+            l.set_requires_grad(true);
+        }
+        self.fresh_optimizer();
+    }
+
+    /// Dropout on the adapters' inputs, in training forward passes only.
+    fn set_training(&self, on: bool) {
+        if let Some(l) = self.policy.lora() {
+            l.set_training(on);
+        }
+    }
+
+    /// A weight update: with LoRA attached and the engines holding the base, the adapters alone.
+    pub fn export(&self) -> Result<WeightSnapshot, RunError> {
+        if !self.policy.adapters().is_empty() && !self.base_stale.get() {
+            return self.policy.adapter_snapshot(self.version);
+        }
+        let w = self.policy.snapshot(self.version)?;
+        self.base_stale.set(false);
+        Ok(w)
+    }
+
+    /// Every weight, base and adapters, for a receiver that holds nothing yet.
+    pub fn export_full(&self) -> Result<WeightSnapshot, RunError> {
+        self.policy.snapshot(self.version)
     }
 
     fn zero_grad(&mut self) {
-        for (_, p) in self.policy.params() {
+        for (_, p) in self.trainable() {
             let mut g = p.grad();
             if g.defined() {
                 let _ = g.zero_();
@@ -164,7 +252,7 @@ impl TchTrainer {
     /// the weights untouched and is an error.
     fn optimizer_step(&mut self, lr: f64) -> Result<f64, RunError> {
         let _g = tch::no_grad_guard();
-        let params = self.policy.params();
+        let params = self.trainable();
         let grads: Vec<Tensor> = params
             .iter()
             .map(|(_, p)| {
@@ -184,16 +272,17 @@ impl TchTrainer {
         let clip = self.spec.grad_clip;
         let scale = if clip > 0.0 && norm > clip { clip / (norm + 1e-6) } else { 1.0 };
         let (b1, b2, eps, wd) = (self.spec.beta1, self.spec.beta2, self.spec.eps, self.spec.weight_decay);
-        self.adam.t += 1;
-        let t = self.adam.t as i32;
+        let adam = &mut self.adam[self.policy.lora().map_or(0, |_| self.policy.active_adapter())];
+        adam.t += 1;
+        let t = adam.t as i32;
         let bc1 = 1.0 - b1.powi(t);
         let bc2 = 1.0 - b2.powi(t);
         for (i, ((_, p), g)) in params.iter().zip(grads.iter()).enumerate() {
             let g = if scale != 1.0 { g * scale } else { g.shallow_clone() };
-            let m = &mut self.adam.m[i];
+            let m = &mut adam.m[i];
             let _ = m.g_mul_scalar_(b1);
             let _ = m.g_add_(&(&g * (1.0 - b1)));
-            let v = &mut self.adam.v[i];
+            let v = &mut adam.v[i];
             let _ = v.g_mul_scalar_(b2);
             let _ = v.g_add_(&(g.square() * (1.0 - b2)));
             let mut p = p.shallow_clone();
@@ -236,6 +325,7 @@ impl TchTrainer {
         lrs: &[f64],
         temperature: f64,
     ) -> Result<TrainStats, RunError> {
+        self.begin_lora();
         let micro = self.spec.micro_batch.max(1);
         // Phase timings for the profile (CPU ops are synchronous, so wall time is the op's time).
         let t_lp = Instant::now();
@@ -289,7 +379,9 @@ impl TchTrainer {
                 let roll_t = pk.align(&rollv);
                 let adv: Vec<f32> = chunk.iter().map(|t| t.advantage).collect();
                 let adv_t = Tensor::from_slice(&adv).view([chunk.len() as i64, 1]);
+                self.set_training(true);
                 let (lp, logp_all) = token_logprobs(&self.policy, &pk, temperature);
+                self.set_training(false);
                 let old_t = match &old {
                     Some(old) => {
                         let oldv: Vec<&[f32]> = (0..chunk.len()).map(|i| old[base + i].as_slice()).collect();
@@ -378,7 +470,9 @@ impl TchTrainer {
             let pr: Vec<&[TokenId]> = chunk.iter().map(|(p, _)| p.as_slice()).collect();
             let rs: Vec<&[TokenId]> = chunk.iter().map(|(_, a)| a.as_slice()).collect();
             let pk = pack(&pr, &rs, None);
+            self.set_training(true);
             let (lp, _) = token_logprobs(&self.policy, &pk, 1.0);
+            self.set_training(false);
             let loss = -(lp * &pk.mask).sum(Kind::Float) / total;
             let lv = loss.double_value(&[]);
             if !lv.is_finite() {
@@ -416,7 +510,7 @@ impl TchTrainer {
     }
 
     pub fn reset_optimizer(&mut self) {
-        self.adam = AdamState::zeros(&self.policy);
+        self.fresh_optimizer();
     }
 
     pub fn freeze_reference(&mut self) {
@@ -431,11 +525,14 @@ impl TchTrainer {
 
     pub fn save(&self, dir: &Path) -> Result<(), RunError> {
         self.policy.save(dir)?;
-        let mut named: Vec<(String, Tensor)> = Vec::new();
-        for (i, (n, _)) in self.policy.params().iter().enumerate() {
-            named.push((format!("exp_avg.{n}"), self.adam.m[i].shallow_clone()));
-            named.push((format!("exp_avg_sq.{n}"), self.adam.v[i].shallow_clone()));
+        if !self.policy.adapters().is_empty() {
+            let named: Vec<(String, Tensor)> =
+                self.policy.adapters().iter().flat_map(|l| l.named()).map(|(n, t)| (n, t.detach())).collect();
+            let p = dir.join(ADAPTER_FILE);
+            Tensor::write_safetensors(&named, &p)
+                .map_err(|e| RunError::new(E_CHECKPOINT, format!("cannot write {}: {e}", p.display())))?;
         }
+        let named = self.optimizer_tensors();
         let p = dir.join("optimizer.safetensors");
         Tensor::write_safetensors(&named, &p)
             .map_err(|e| RunError::new(E_CHECKPOINT, format!("cannot write {}: {e}", p.display())))?;
@@ -447,24 +544,29 @@ impl TchTrainer {
         }
         miles_runtime::exec::write_json(
             &dir.join("trainer.json"),
-            &serde_json::json!({"version": self.version, "adam_t": self.adam.t}),
+            &serde_json::json!({
+                "version": self.version,
+                "adam_t": self.adam[0].t,
+                "adam_steps": self.adam.iter().map(|a| a.t).collect::<Vec<_>>(),
+            }),
         )
     }
 
     pub fn load(&mut self, dir: &Path) -> Result<(), RunError> {
         self.policy.load_tensors(&dir.join("model.safetensors"))?;
+        self.base_stale.set(true);
+        self.load_adapters(dir)?;
         let p = dir.join("optimizer.safetensors");
         let read = Tensor::read_safetensors(&p)
             .map_err(|e| RunError::new(E_CHECKPOINT, format!("cannot read {}: {e}", p.display())))?;
-        let mut named: Vec<(String, Tensor)> = Vec::new();
-        for (i, (n, _)) in self.policy.params().iter().enumerate() {
-            named.push((format!("exp_avg.{n}"), self.adam.m[i].shallow_clone()));
-            named.push((format!("exp_avg_sq.{n}"), self.adam.v[i].shallow_clone()));
-        }
+        self.fresh_optimizer();
+        let mut named = self.optimizer_tensors();
         load_named(&mut named, read, &p)?;
         let rp = dir.join("reference.safetensors");
         if rp.exists() {
             let mut r = self.policy.deep_copy();
+            // The reference is the policy RL started from: no adapters.
+            r.set_adapters(Vec::new());
             r.load_tensors(&rp)?;
             r.set_requires_grad(false);
             self.reference = Some(r);
@@ -474,14 +576,82 @@ impl TchTrainer {
         let v: serde_json::Value =
             serde_json::from_str(&text).map_err(|e| RunError::new(E_CHECKPOINT, format!("{}: {e}", tp.display())))?;
         self.version = v["version"].as_u64().unwrap_or(0);
-        self.adam.t = v["adam_t"].as_u64().unwrap_or(0);
+        match v["adam_steps"].as_array() {
+            Some(ts) => {
+                for (a, t) in self.adam.iter_mut().zip(ts) {
+                    a.t = t.as_u64().unwrap_or(0);
+                }
+            }
+            None => self.adam[0].t = v["adam_t"].as_u64().unwrap_or(0),
+        }
         Ok(())
     }
 }
 
+impl TchTrainer {
+    /// A checkpoint taken after LoRA began holds the adapters: they are attached (the base
+    /// frozen) and loaded; one taken before holds none, and the trainer is back to full weights.
+    fn load_adapters(&mut self, dir: &Path) -> Result<(), RunError> {
+        let p = dir.join(ADAPTER_FILE);
+        if !p.exists() {
+            self.policy.set_adapters(Vec::new());
+            self.policy.set_requires_grad(true);
+            return Ok(());
+        }
+        if self.policy.lora_spec.is_none() {
+            return Err(RunError::new(
+                E_CHECKPOINT,
+                format!("{} holds LoRA adapters, but the recipe's trainer has no `lora`", p.display()),
+            )
+            .with_help("add the `lora` the run was started with, or resume from a checkpoint of a full fine-tune"));
+        }
+        let read = Tensor::read_safetensors(&p)
+            .map_err(|e| RunError::new(E_CHECKPOINT, format!("cannot read {}: {e}", p.display())))?;
+        let tensors = read
+            .into_iter()
+            .map(|(name, t)| {
+                let data = Vec::<f32>::try_from(t.to_kind(Kind::Float).reshape([-1])).map_err(backend_err)?;
+                Ok(NamedTensor { name, shape: t.size().iter().map(|&d| d as usize).collect(), data })
+            })
+            .collect::<Result<Vec<_>, RunError>>()?;
+        self.policy.set_adapters(Vec::new());
+        self.begin_lora();
+        // safetensors keeps names sorted; the adapters' own order is adapter by adapter, layer by
+        // layer.
+        let order: Vec<String> = self.policy.adapters().iter().flat_map(|l| l.named()).map(|(n, _)| n).collect();
+        let mut by_name: std::collections::HashMap<String, NamedTensor> =
+            tensors.into_iter().map(|t| (t.name.clone(), t)).collect();
+        let mut ordered = Vec::with_capacity(order.len());
+        for n in &order {
+            match by_name.remove(n) {
+                Some(t) => ordered.push(t),
+                None => {
+                    return Err(RunError::new(
+                        E_CHECKPOINT,
+                        format!(
+                            "{}: missing adapter {n}: the checkpoint's LoRA differs from the recipe's",
+                            p.display()
+                        ),
+                    ))
+                }
+            }
+        }
+        if let Some(extra) = by_name.keys().next() {
+            return Err(RunError::new(
+                E_CHECKPOINT,
+                format!("{}: adapter {extra} is not in the recipe's LoRA (other rank or target_modules)", p.display()),
+            ));
+        }
+        let snap = WeightSnapshot { version: 0, tensors: ordered };
+        self.policy
+            .load_snapshot(&snap)
+            .map_err(|e| RunError::new(E_CHECKPOINT, format!("{}: {}", p.display(), e.message)))
+    }
+}
+
 impl AdamState {
-    fn zeros(policy: &Policy) -> AdamState {
-        let z = || -> Vec<Tensor> { policy.params().iter().map(|(_, p)| p.detach().zeros_like()).collect() };
+    fn zeros(params: &[(String, Tensor)]) -> AdamState {
+        let z = || -> Vec<Tensor> { params.iter().map(|(_, p)| p.detach().zeros_like()).collect() };
         AdamState { m: z(), v: z(), t: 0 }
     }
 }

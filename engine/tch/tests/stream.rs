@@ -67,6 +67,7 @@ fn trainer_logprobs(policy: &Policy, samples: &[StreamSample], temperature: f64)
             grad_clip: 0.0,
             micro_batch: 8,
             global_batch: 8,
+            lora: None,
         },
     );
     let ps = prompts();

@@ -435,6 +435,10 @@ impl Trainer for RemoteTrainer {
         self.version
     }
 
+    fn last_sync_bytes(&self) -> Option<u64> {
+        self.fleet().last_report.as_ref().map(|r| r.bytes)
+    }
+
     /// Moves the weights trainer -> engines with the recipe's transport. The snapshot returned is
     /// a receipt (its version, no tensors): the bytes went straight from the trainer process to the
     /// engines, and `RemoteEngine::load_weights` activates that version on each.

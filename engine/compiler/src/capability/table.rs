@@ -101,6 +101,86 @@ const BYO: &[&str] =
 const BYO_PARQUET: &[&str] = &["a_parquet_and_verify_recipe_runs_and_a_bad_directory_is_a_check_error"];
 const HF_WHERE: &str = "a Hugging Face model is loaded by the embedded backend, in `miles run` or in worker processes; a run whose rollout is served by URL does not load one yet";
 
+/// Tests that show LoRA changes what a run does (adapters trained and synced, exported, resumed).
+const LORA_TESTS: &[&str] = &[
+    "lora_trains_only_the_adapters_and_syncs_adapter_bytes",
+    "lora_forward_matches_peft",
+    "lora_recipe_runs_exports_peft_and_resumes",
+    "lora_in_worker_processes_trains_bit_identically_to_in_process",
+];
+/// Tests that show several adapters train apart on their own tasks.
+const MULTI_LORA_TESTS: &[&str] =
+    &["multi_lora_adapters_train_apart", "a_multi_lora_recipe_runs_each_adapter_on_its_own_task"];
+const LORA_WHERE: &str = "LoRA runs on the embedded backend, in `miles run` or in worker processes; engines served by URL take no adapter updates yet";
+
+/// Why named adapters (multi-LoRA) cannot run on this recipe's target, if they cannot: they run
+/// in `miles run`'s own process, under `sync`, on single-turn prompts.
+fn multi_lora_refusal(cx: &Ctx, what: &str) -> Option<String> {
+    if cx.target != Target::Embedded {
+        return Some(format!(
+            "{what}: multi-LoRA runs in `miles run`'s own process; {} trains one adapter",
+            cx.target.describe()
+        ));
+    }
+    let schedule = cx.recipe.settings.as_record().and_then(|s| s.get("schedule")).and_then(Value::as_record);
+    if let Some(s) = schedule.filter(|s| s.schema_name != "sync") {
+        return Some(format!(
+            "{what}: multi-LoRA runs under the `sync` schedule (this recipe says `{}`)",
+            s.schema_name
+        ));
+    }
+    env_of(cx)
+        .is_some()
+        .then(|| format!("{what}: multi-LoRA trains single-turn prompts; episodes (`env_reward`) train one adapter"))
+}
+
+fn rule_lora_adapters(cx: &Ctx, f: &FieldValue) -> Option<String> {
+    let n = f.value.as_i64().filter(|&n| n > 1)?;
+    if let Some(why) = multi_lora_refusal(cx, &format!("`adapters = {n}`")) {
+        return Some(why);
+    }
+    let named =
+        cx.stages("grpo").first().and_then(|g| g.param("lora")).and_then(Value::as_record).and_then(|l| {
+            match l.get("named") {
+                Some(Value::List(items)) => Some(items.len()),
+                _ => None,
+            }
+        });
+    (named.unwrap_or(0) == 0).then(|| {
+        format!("`adapters = {n}` with no `named` adapters: name each one with its own prompts, `named = [adapter {{ name = \"a\", prompts = ... }}, ...]`")
+    })
+}
+
+fn rule_lora_named(cx: &Ctx, f: &FieldValue) -> Option<String> {
+    match &f.value {
+        Value::List(items) if !items.is_empty() => multi_lora_refusal(cx, "named adapters"),
+        _ => None,
+    }
+}
+
+/// An adapter's own partial credit changes how `exact_match` scores it; other rewards have none.
+fn rule_adapter_partial_credit(cx: &Ctx, f: &FieldValue) -> Option<String> {
+    if f.value == Value::None || !cx.stages("grpo").is_empty() && !cx.stages("exact_match").is_empty() {
+        return None;
+    }
+    Some("an adapter's `partial_credit` is how `exact_match` scores its answers, and this recipe's reward is another stage: remove it".into())
+}
+
+/// An adapter's prompts: what the rollout's may be (a runnable prompt set, its train split).
+fn rule_adapter_prompts(_: &Ctx, f: &FieldValue) -> Option<String> {
+    let r = f.value.as_record()?;
+    if !RUNNABLE_PROMPTS.contains(&r.schema_name.as_str()) {
+        return Some(format!(
+            "an adapter's prompts from `{}`: the runtime reads the built-in tasks, `jsonl` and `parquet`",
+            r.schema_name
+        ));
+    }
+    match r.get("split").and_then(Value::as_enum) {
+        Some("train") | None => None,
+        Some(s) => Some(format!("an adapter trains on its prompt set's train split (this one says `split = {s}`); evaluation reads the test split")),
+    }
+}
+
 fn prompts_json(v: &Value, split: &str) -> Option<serde_json::Value> {
     let r = v.as_record()?;
     let mut j = Value::Record(std::sync::Arc::new(r.clone())).to_json();
@@ -287,7 +367,7 @@ pub const TABLE: &[Entry] = &[
     e("grpo", "grad_clip", Support::All, "", &["micro_batches_accumulate_to_the_full_batch_gradient"]),
     e("grpo", "optimizer", Support::All, "", &["lr_schedules"]),
     e("grpo", "backend", Support::All, "the backend's own schema says where it runs", TRAINS),
-    e("grpo", "lora", Support::Refused(&["none"]), "LoRA is planned for GPU clusters but not trained by the embedded backend yet: remove `lora`", &[]),
+    e("grpo", "lora", Support::Only(&[E, W], &["none"]), LORA_WHERE, LORA_TESTS),
     e("ppo", "", Support::Refused(&[]), "PPO with a learned critic is not executed yet: use `grpo`", &[]),
     e("ppo", "rollout_batch", Support::Refused(&[]), "see `ppo`", &[]),
     e("ppo", "global_batch", Support::Refused(&[]), "see `ppo`", &[]),
@@ -373,9 +453,14 @@ pub const TABLE: &[Entry] = &[
     e("adam", "warmup", Support::All, "", &["lr_schedules"]),
     e("adam", "decay", Support::All, "", &["lr_schedules"]),
     e("adam", "state", Support::Refused(&["on_gpu"]), "optimizer-state offload is a GPU-cluster setting (the embedded trainer keeps it in memory): remove `state`", &[]),
-    e("lora", "", Support::Refused(&[]), "LoRA is not trained by the embedded backend yet", &[]),
-    e("lora", "target_modules", Support::Refused(&[]), "see `lora`", &[]),
-    e("lora", "*", Support::Refused(&[]), "see `lora`", &[]),
+    e("lora", "", Support::Only(&[E, W], &[]), LORA_WHERE, LORA_TESTS),
+    e("lora", "adapters", Support::Rule(rule_lora_adapters), "several named adapters in `miles run`'s own process, `sync` schedule, single-turn prompts", MULTI_LORA_TESTS),
+    e("lora", "named", Support::Rule(rule_lora_named), "named adapters (multi-LoRA) run in `miles run`'s own process, `sync` schedule, single-turn prompts", MULTI_LORA_TESTS),
+    e("adapter", "", Support::All, "one adapter of a multi-LoRA run", MULTI_LORA_TESTS),
+    e("adapter", "prompts", Support::Rule(rule_adapter_prompts), "built-in tasks, jsonl and parquet, train split", MULTI_LORA_TESTS),
+    e("adapter", "partial_credit", Support::Rule(rule_adapter_partial_credit), "partial credit is `exact_match`'s scoring", MULTI_LORA_TESTS),
+    e("adapter", "*", Support::All, "each adapter's name and learning rate", MULTI_LORA_TESTS),
+    e("lora", "*", Support::All, "rank, alpha, dropout and target_modules shape the adapters", LORA_TESTS),
     e("compaction", "", Support::All, "", COMPACTION),
     e("compaction", "keep_turns", Support::All, "", COMPACTION),
     e("tito", "", Support::All, "`generate.session` says when a session is executed", EPISODES),

@@ -146,7 +146,7 @@ impl EvalRunner {
         match self {
             EvalRunner::None => Ok(()),
             EvalRunner::Snapshot { stage, tx, outstanding, .. } => {
-                let w = transport.transfer(trainer.export_weights()?)?;
+                let w = transport.transfer(trainer.export_full_weights()?)?;
                 tx.send((step, Arc::new(w))).map_err(|_| {
                     RunError::new(E_BACKEND, format!("the evaluation thread (stage `{}`) has stopped", stage))
                 })?;

@@ -190,7 +190,7 @@ pub(crate) fn run(
                     e.bind_thread(opts.threads);
                     Ok(())
                 },
-                |e| evaluate_stream(spec, &task, main_reward.as_mut(), main_env.as_ref(), e),
+                |e, _| evaluate_stream(spec, &task, main_reward.as_mut(), main_env.as_ref(), e),
                 row,
                 |d| write_json(&d.join(ASYNC_FILE), &snap),
             )?;

@@ -25,7 +25,13 @@ pub(crate) struct CkptState {
 pub(crate) fn save_final_model(out: &Path, trainer: &dyn Trainer, task: &TaskSet) -> Result<(), RunError> {
     write_dir_atomically(&out.join("model"), |tmp| {
         trainer.save_model(tmp)?;
-        task.tokenizer.save(tmp)
+        task.tokenizer.save(tmp)?;
+        // A LoRA run's model has its frozen base beside it (`base/`): it gets the tokenizer too.
+        let base = tmp.join("base");
+        if base.is_dir() {
+            task.tokenizer.save(&base)?;
+        }
+        Ok(())
     })
 }
 

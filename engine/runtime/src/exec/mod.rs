@@ -18,6 +18,7 @@ use serde_json::{json, Map};
 use std::time::Instant;
 
 mod checkpoint;
+mod lanes;
 mod metrics;
 mod open;
 mod score;
@@ -36,6 +37,7 @@ pub fn run_with(spec: &RunSpec, opts: &RunOptions, backend: &dyn Backend) -> Res
     let started = Instant::now();
     spec.validate()?;
     let task = build_task(spec)?;
+    let mut lanes = lanes::lanes_of(spec)?;
     if !spec.schedule.is_sync() {
         return crate::async_exec::run(spec, opts, backend, task, started);
     }
@@ -64,7 +66,10 @@ pub fn run_with(spec: &RunSpec, opts: &RunOptions, backend: &dyn Backend) -> Res
             &mut outs,
             engine.as_mut(),
             |e, w| e.load_weights(&w),
-            |e| evaluate(spec, &task, eval_reward.as_mut(), env.as_ref(), e),
+            |e, row| match lanes.is_empty() {
+                true => evaluate(spec, &task, eval_reward.as_mut(), env.as_ref(), e),
+                false => lanes::evaluate_lanes(spec, &lanes, eval_reward.as_mut(), e, row),
+            },
             Map::new(),
             |_| Ok(()),
         )?,
@@ -74,6 +79,7 @@ pub fn run_with(spec: &RunSpec, opts: &RunOptions, backend: &dyn Backend) -> Res
     let out = &opts.out_dir;
 
     let mut last_reward = None;
+    let mut lane_step = None;
     let mut steps_this_run = 0u64;
     let mut stopped_early = false;
     while step < spec.steps {
@@ -92,6 +98,30 @@ pub fn run_with(spec: &RunSpec, opts: &RunOptions, backend: &dyn Backend) -> Res
         let params = SamplingParams::rollout(r, derive_seed(spec.seed, "sampling", step)).with_stop(task.stop_tokens());
         let t_gen = Instant::now();
         let (sb, gen_s, t_reward) = match &env {
+            _ if !lanes.is_empty() => {
+                let mut times = (0.0, 0.0, 0.0);
+                let (parts, cols) = lanes::step_lanes(
+                    spec,
+                    &mut lanes,
+                    engine.as_mut(),
+                    trainer.as_mut(),
+                    reward.as_mut(),
+                    step,
+                    &last_ckpt,
+                    &mut times,
+                )?;
+                lane_step = Some((lanes::merge(parts), cols, times));
+                let empty = StepBatch {
+                    batch: Vec::new(),
+                    rewards: Vec::new(),
+                    groups: Vec::new(),
+                    sampled_tokens: 0,
+                    responses: 0,
+                    stopped: 0,
+                    metrics: Vec::new(),
+                };
+                (empty, 0.0, Instant::now())
+            }
             Some(env) => {
                 // Episodes: generation and the environment interleave turn by turn.
                 let (groups, results) =
@@ -108,6 +138,11 @@ pub fn run_with(spec: &RunSpec, opts: &RunOptions, backend: &dyn Backend) -> Res
                 (sb, gen_s, t_reward)
             }
         };
+        // Multi-LoRA: the lanes generated, scored and trained already (each with its adapter).
+        let (sb, lane_train) = match lane_step.take() {
+            Some(((merged, ts, lrs), cols, times)) => (merged, Some((ts, lrs, cols, times))),
+            None => (sb, None),
+        };
         if sb.batch.is_empty() {
             let e = match &env {
                 Some(_) => crate::env::rollout::all_episodes_faulted(&format!("step {step}")),
@@ -120,11 +155,16 @@ pub fn run_with(spec: &RunSpec, opts: &RunOptions, backend: &dyn Backend) -> Res
             return Err(e);
         }
         let StepBatch { batch, rewards, groups, sampled_tokens: gen_tokens, responses, stopped, metrics: extra } = sb;
-        let lrs = step_lrs(spec, step);
-        let reward_s = t_reward.elapsed().as_secs_f64();
-        let t_train = Instant::now();
-        let ts = train_checked(trainer.as_mut(), &batch, &lrs, r.temperature, step, &last_ckpt)?;
-        let train_s = t_train.elapsed().as_secs_f64();
+        let (ts, lrs, lane_cols, gen_s, reward_s, train_s) = match lane_train {
+            Some((ts, lrs, cols, (g, rw, tr))) => (ts, lrs, cols, g, rw, tr),
+            None => {
+                let lrs = step_lrs(spec, step);
+                let reward_s = t_reward.elapsed().as_secs_f64();
+                let t_train = Instant::now();
+                let ts = train_checked(trainer.as_mut(), &batch, &lrs, r.temperature, step, &last_ckpt)?;
+                (ts, lrs, Map::new(), gen_s, reward_s, t_train.elapsed().as_secs_f64())
+            }
+        };
         let t_sync = Instant::now();
         let w = transport.transfer(trainer.export_weights()?)?;
         engine.load_weights(&w)?;
@@ -141,15 +181,22 @@ pub fn run_with(spec: &RunSpec, opts: &RunOptions, backend: &dyn Backend) -> Res
         row.insert("rollout/solved_frac".into(), json!(rewards.iter().filter(|&&x| x >= 1.0).count() as f64 / n));
         row.insert("rollout/response_len".into(), json!(gen_tokens as f64 / n_samples));
         row.insert("rollout/stop_frac".into(), json!(stopped as f64 / n_samples));
-        row.insert("rollout/flat_group_frac".into(), json!(flat_groups as f64 / r.rollout_batch as f64));
+        row.insert(
+            "rollout/flat_group_frac".into(),
+            json!(flat_groups as f64 / (r.rollout_batch * lanes.len().max(1)) as f64),
+        );
         for (k, v) in &extra {
             row.insert(k.clone(), json!(v));
         }
         insert_train_stats(&mut row, &ts, &lrs);
+        row.extend(lane_cols);
         let do_eval = step == spec.steps || (spec.eval.every > 0 && step % spec.eval.every == 0);
         if do_eval {
             let t0 = Instant::now();
-            let acc = evaluate(spec, &task, eval_reward.as_mut(), env.as_ref(), engine.as_mut())?;
+            let acc = match lanes.is_empty() {
+                true => evaluate(spec, &task, eval_reward.as_mut(), env.as_ref(), engine.as_mut())?,
+                false => lanes::evaluate_lanes(spec, &lanes, eval_reward.as_mut(), engine.as_mut(), &mut row)?,
+            };
             row.insert("eval/accuracy".into(), json!(acc.0));
             row.insert("eval/response_len".into(), json!(acc.1));
             row.insert("perf/eval_s".into(), json!(t0.elapsed().as_secs_f64()));
@@ -158,7 +205,8 @@ pub fn run_with(spec: &RunSpec, opts: &RunOptions, backend: &dyn Backend) -> Res
         }
         let trained: usize = batch.iter().map(|t| t.prompt.len() + t.response.len()).sum();
         let times = StepTimes { gen_s, reward_s, train_s, sync_s, step_s: t_step.elapsed().as_secs_f64() };
-        insert_perf(&mut row, &ts, &times, gen_tokens as u64, trained, w.bytes());
+        let sync_bytes = trainer.last_sync_bytes().map_or(w.bytes(), |b| b as usize);
+        insert_perf(&mut row, &ts, &times, gen_tokens as u64, trained, sync_bytes);
         metrics.write(&row)?;
         last_reward = Some(reward_mean);
         progress.step(step, reward_mean, gen_tokens as f64 / gen_s.max(1e-9), trained as f64 / train_s.max(1e-9));

@@ -94,7 +94,7 @@ pub(crate) fn start_fresh<E: ?Sized>(
     outs: &mut Outputs,
     engine: &mut E,
     load: impl FnOnce(&mut E, WeightSnapshot) -> Result<(), RunError>,
-    evaluate: impl FnOnce(&mut E) -> Result<(f64, f64), RunError>,
+    evaluate: impl FnOnce(&mut E, &mut Map<String, Value>) -> Result<(f64, f64), RunError>,
     mut row: Map<String, Value>,
     ckpt_files: impl FnOnce(&Path) -> Result<(), RunError>,
 ) -> Result<Position, RunError> {
@@ -107,7 +107,7 @@ pub(crate) fn start_fresh<E: ?Sized>(
     }
     load(engine, transport.transfer(trainer.export_weights()?)?)?;
     let t0 = Instant::now();
-    let acc = evaluate(engine)?;
+    let acc = evaluate(engine, &mut row)?;
     row.insert("step".into(), json!(0));
     row.insert("eval/accuracy".into(), json!(acc.0));
     row.insert("eval/response_len".into(), json!(acc.1));
@@ -124,12 +124,17 @@ pub(crate) fn start_fresh<E: ?Sized>(
 
 /// The task of a run, with the checks that need it (vocabulary, lengths).
 pub(crate) fn build_task(spec: &RunSpec) -> Result<TaskSet, RunError> {
+    build_task_for(spec, &spec.task)
+}
+
+/// `build_task` of another task of the run (a multi-LoRA adapter's), with the same checks.
+pub(crate) fn build_task_for(spec: &RunSpec, task_spec: &crate::spec::TaskSpec) -> Result<TaskSet, RunError> {
     let hf = match &spec.hf {
         Some(h) => Some(crate::tokenize::HfTokenizer::load(&h.path)?),
         None => None,
     };
     let extra = spec.env.as_ref().map(|e| e.alphabet()).unwrap_or("");
-    let task = TaskSet::build_for(&spec.task, hf, extra)?;
+    let task = TaskSet::build_for(task_spec, hf, extra)?;
     for w in &task.warnings {
         eprintln!("warning: {w}");
     }

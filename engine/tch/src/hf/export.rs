@@ -44,7 +44,33 @@ pub(super) fn export(policy: &Policy, dir: &Path, source: Option<&HfMeta>) -> Re
     Ok(())
 }
 
+/// With LoRA attached, `tmp` gets the merged model, and beside it `adapter/` (PEFT's adapter
+/// directory) and `base/` (the frozen base the adapter applies to, as a Hugging Face directory).
 pub(crate) fn fill(policy: &Policy, tmp: &Path, source: Option<&HfMeta>) -> Result<(), RunError> {
+    if policy.adapters().len() > 1 {
+        // Several adapters: the base itself, and one PEFT directory per adapter.
+        let mut base = policy.deep_copy();
+        base.set_adapters(Vec::new());
+        let root = tmp.join("adapters");
+        fs::create_dir(&root).map_err(|e| RunError::io(E_CHECKPOINT, "cannot create", &root, e))?;
+        for l in policy.adapters() {
+            let d = root.join(l.name.as_deref().unwrap_or("default"));
+            fs::create_dir(&d).map_err(|e| RunError::io(E_CHECKPOINT, "cannot create", &d, e))?;
+            l.write_peft(&d, Some("../.."))?;
+        }
+        return fill(&base, tmp, source);
+    }
+    if let Some(l) = policy.lora() {
+        let mut base = policy.deep_copy();
+        base.set_adapters(Vec::new());
+        let (base_dir, adapter_dir) = (tmp.join("base"), tmp.join("adapter"));
+        for d in [&base_dir, &adapter_dir] {
+            fs::create_dir(d).map_err(|e| RunError::io(E_CHECKPOINT, "cannot create", d, e))?;
+        }
+        fill(&base, &base_dir, source)?;
+        l.write_peft(&adapter_dir, Some("../base"))?;
+        return fill(&policy.merged(), tmp, source);
+    }
     policy.save(tmp)?;
     let Some(src) = source else { return Ok(()) };
     // The source's own config.json, so every field transformers knows and we do not survives;
