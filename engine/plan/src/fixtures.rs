@@ -27,6 +27,7 @@ pub fn glm5() -> ModelSpec {
         index_head_dim: None,
         update_requantize_s: None,
         intermediate_size: None,
+        tied_embeddings: None,
     }
 }
 

@@ -88,6 +88,7 @@ pub fn plan_input(recipe: &CompiledRecipe) -> PlanInput {
     }
     let placement = match settings.and_then(|s| s.fields.get("placement")) {
         Some(f) => Placement {
+            embedded: embedded_extras(g),
             mode: spanned(
                 if f.value.as_enum() == Some("colocated") {
                     PlacementMode::Colocated
@@ -97,7 +98,7 @@ pub fn plan_input(recipe: &CompiledRecipe) -> PlanInput {
                 (!f.defaulted).then_some(f.span),
             ),
         },
-        None => Placement::default(),
+        None => Placement { embedded: embedded_extras(g), ..Placement::default() },
     };
     let schedule = settings
         .and_then(|s| s.fields.get("schedule"))
@@ -140,6 +141,21 @@ fn episodes_of(g: &StageGraph) -> Option<Episodes> {
         turn_tokens: turn.value,
         compact_keep_turns: rec(node, "compact").map(|c| int_of(c, "keep_turns").map_or(1, |k| k.0)),
     })
+}
+
+/// What the embedded process holds besides the trainer: a KL reference (`kl_coef > 0` on a
+/// trainer), a snapshot evaluation's engine (`evaluate { mode = snapshot }`), the entropy's graph
+/// (`entropy_coef > 0`).
+fn embedded_extras(g: &StageGraph) -> EmbeddedExtras {
+    let positive = |n: &StageNode, name: &str| n.param(name).and_then(Value::as_f64).is_some_and(|v| v > 0.0);
+    let trainers = || g.nodes().filter(|n| role_of(n) == Role::Train);
+    EmbeddedExtras {
+        kl_reference: trainers().any(|n| positive(n, "kl_coef")),
+        eval_snapshot: g
+            .nodes()
+            .any(|n| role_of(n) == Role::Eval && n.param("mode").and_then(Value::as_enum) == Some("snapshot")),
+        entropy_in_loss: trainers().any(|n| positive(n, "entropy_coef")),
+    }
 }
 
 fn spanned<T>(value: T, span: Option<Span>) -> Spanned<T> {
@@ -302,6 +318,7 @@ fn model_spec(r: &Record) -> Option<ModelSpec> {
             index_head_dim: u64_of(r, "index_head_dim"),
             update_requantize_s: f64_of(r, "update_requantize"),
             intermediate_size: None,
+            tied_embeddings: None,
         }),
         // The embedded backend's decoder: parameters counted from its shape (docs/plan.md).
         "transformer" => {
@@ -309,16 +326,21 @@ fn model_spec(r: &Record) -> Option<ModelSpec> {
             let (ff, vocab, hd) = (u64_of(r, "d_ff")?, u64_of(r, "vocab")?, d / heads);
             let attn = d * heads * hd + 2 * d * kv * hd + heads * hd * d;
             let params = 2 * vocab * d + u64_of(r, "layers")? * (attn + 3 * d * ff + 2 * d) + d;
-            decoder_spec(r, "transformer", params, hd)
+            // The embedding and the LM head are two matrices (2 x vocab x d above).
+            decoder_spec(r, "transformer", params, hd).map(|m| ModelSpec { tied_embeddings: Some(false), ..m })
         }
         // A Hugging Face directory: the sizes `miles check` read from its config.json, the
         // parameters counted there (biases, q/k norms and tied embeddings included).
         "hf" => {
-            let arch = match r.get("config") {
-                Some(Value::Map(m)) => m.get("architecture").and_then(|v| v.as_str()).unwrap_or("hf").to_string(),
-                _ => "hf".into(),
+            let (arch, tied) = match r.get("config") {
+                Some(Value::Map(m)) => (
+                    m.get("architecture").and_then(|v| v.as_str()).unwrap_or("hf").to_string(),
+                    m.get("tie_embeddings").and_then(Value::as_bool),
+                ),
+                _ => ("hf".into(), None),
             };
             decoder_spec(r, &arch, u64_of(r, "params")?, u64_of(r, "head_dim")?)
+                .map(|m| ModelSpec { tied_embeddings: tied, ..m })
         }
         _ => None,
     }
@@ -350,6 +372,7 @@ fn decoder_spec(r: &Record, name: &str, params: u64, head_dim: u64) -> Option<Mo
         index_head_dim: None,
         update_requantize_s: None,
         intermediate_size: u64_of(r, "d_ff"),
+        tied_embeddings: None,
     })
 }
 
@@ -459,7 +482,10 @@ fn lora_of(r: &Record, span: Option<Span>) -> Lora {
     };
     target_modules.sort();
     target_modules.dedup();
-    Lora { rank: int("rank"), adapters: int("adapters"), target_modules, span }
+    // `dropout: Float in 0..1` (std/prelude); clamped so a value the checker let through cannot
+    // turn into negative or runaway memory.
+    let dropout = f64_of(r, "dropout").filter(|d| d.is_finite()).map_or(0.0, |d| d.clamp(0.0, 1.0));
+    Lora { rank: int("rank"), adapters: int("adapters"), target_modules, dropout, span }
 }
 
 fn sync_of(node: &StageNode) -> WeightSync {

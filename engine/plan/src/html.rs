@@ -318,6 +318,11 @@ fn item_colour(name: &str) -> &'static str {
         "gradients" => "#7c3aed",
         "optimizer" => "#dc2626",
         "activations" => "#f59e0b",
+        "critic_weights" => "#60a5fa",
+        "critic_gradients" => "#c084fc",
+        "critic_optimizer" => "#f87171",
+        "critic_activations" => "#fbbf24",
+        "lora_dropout" => "#fcd34d",
         "stream_buffer" => "#fb7185",
         "kv_cache" => "#10b981",
         _ => "#94a3b8",
@@ -405,11 +410,12 @@ fn estimates(o: &mut String, p: &Plan) {
     if let Some(st) = &p.step {
         let _ = write!(
             o,
-            "<tr><th>step</th><td>{} ({}): rollout {}, train {}, offload {}, sync {}</td></tr>",
+            "<tr><th>step</th><td>{} ({}): rollout {}, train {}{}, offload {}, sync {}</td></tr>",
             secs(st.step.seconds),
             st.mode.as_str(),
             secs(st.rollout_s),
             secs(st.train_s),
+            if st.critic_s > 0.0 { format!(" (critic {})", secs(st.critic_s)) } else { String::new() },
             secs(st.offload_s),
             secs(st.sync_s)
         );

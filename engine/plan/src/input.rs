@@ -285,6 +285,11 @@ pub struct ModelSpec {
     /// `None`: derived from the parameter count (docs/plan.md, "LoRA").
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub intermediate_size: Option<u64>,
+    /// Whether the LM head shares the token embedding's matrix (`transformer`: no; `hf`: its
+    /// config.json's `tie_word_embeddings`; `schema llm` has no such field). `None`: unknown.
+    /// Sizes PPO's critic, which drops the LM head (docs/plan.md, "PPO").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tied_embeddings: Option<bool>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -537,9 +542,18 @@ pub struct Lora {
     /// The wrapped modules; `None` in JSON: the stdlib's default (the attention projections).
     #[serde(default = "default_lora_targets")]
     pub target_modules: Vec<LoraTarget>,
+    /// Dropout on each wrapped layer's input to its adapter (PEFT's `lora_dropout`), in 0..1.
+    /// Above 0 the backward pass keeps the dropped copy of every wrapped layer's input
+    /// (docs/plan.md, "LoRA"). Absent in JSON: 0; not written when 0.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub dropout: f64,
     /// Where the recipe wrote `lora { ... }`.
     #[serde(default, serialize_with = "opt_span", deserialize_with = "de_opt_span")]
     pub span: Option<Span>,
+}
+
+fn is_zero(x: &f64) -> bool {
+    *x == 0.0
 }
 
 /// PEFT's common choice for Llama-family models, std/prelude's default: q, k, v, o.
@@ -560,6 +574,30 @@ pub enum PlacementMode {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, Default)]
 pub struct Placement {
     pub mode: Spanned<PlacementMode>,
+    /// On a CPU-only host every stage shares the one embedded process: what it holds there
+    /// besides the trainer, from the recipe (docs/plan.md, "The embedded process"). Absent in
+    /// JSON: nothing extra; not written when so.
+    #[serde(default, skip_serializing_if = "EmbeddedExtras::is_none")]
+    pub embedded: EmbeddedExtras,
+}
+
+/// What the embedded backend holds in its one process besides the trainer's own state, read from
+/// the recipe: each is a further copy of the weights, or tensors kept for the backward pass.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(default)]
+pub struct EmbeddedExtras {
+    /// `kl_coef > 0` on the trainer: a frozen reference copy of the policy (`freeze_reference`).
+    pub kl_reference: bool,
+    /// `evaluate { mode = snapshot }`: under an async schedule, a batch engine of its own.
+    pub eval_snapshot: bool,
+    /// `entropy_coef > 0`: the entropy's exp(log p) [tokens, vocab] is kept for the backward pass.
+    pub entropy_in_loss: bool,
+}
+
+impl EmbeddedExtras {
+    pub fn is_none(&self) -> bool {
+        *self == EmbeddedExtras::default()
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -644,6 +682,11 @@ pub struct Batch {
     pub steps_per_rollout: Option<Spanned<u64>>,
 }
 
+/// `Assumptions::embedded_process_bytes`' default (see there).
+pub const EMBEDDED_PROCESS_BYTES: f64 = 140.0e6;
+/// `Assumptions::embedded_autograd_scale`' default (see there).
+pub const EMBEDDED_AUTOGRAD_SCALE: f64 = 1.4;
+
 /// Modelling constants. Defaults are documented in docs/plan.md with their source.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
@@ -679,6 +722,17 @@ pub struct Assumptions {
     /// Tokens an environment's observation adds per turn when the environment does not say
     /// (a tool result or a terminal's output, with the chat template's delimiters).
     pub observation_tokens: u64,
+    /// Resident bytes of the embedded process before any model state: libtorch loaded, the
+    /// runtime, the task data. Measured: tests/plan_vs_actual.rs's tiny recipe (1 layer, d_model
+    /// 32, 17.5k parameters) peaks at 141-144 MB RSS (`perf/peak_rss_bytes`, release build, one
+    /// thread), of which its weights, gradients, optimizer state, engine copy and activations
+    /// account for 2.3 MB: 139-142 MB, taken as 140 MB.
+    pub embedded_process_bytes: f64,
+    /// The embedded trainer's peak over the tensors its forward pass keeps for backward
+    /// (`model::embedded_activation_bytes`): the backward pass's gradient buffers live beside
+    /// them, and glibc keeps freed blocks resident. The one constant calibrated against
+    /// `miles run` peaks (docs/plan.md, "The embedded process").
+    pub embedded_autograd_scale: f64,
 }
 
 impl Default for Assumptions {
@@ -698,6 +752,8 @@ impl Default for Assumptions {
             requantize_s: 0.0,
             buffer_bytes_per_token: 9.0,
             observation_tokens: 512,
+            embedded_process_bytes: EMBEDDED_PROCESS_BYTES,
+            embedded_autograd_scale: EMBEDDED_AUTOGRAD_SCALE,
         }
     }
 }

@@ -268,17 +268,225 @@ pub(crate) fn activation_bytes(
     micro_batches: Option<u64>,
     recompute: Recompute,
 ) -> f64 {
+    layer_stack_activation_bytes(m, l, seq_len, micro_batch, micro_batches, recompute)
+        + logits_bytes(m, l, seq_len, micro_batch)
+}
+
+/// `activation_bytes` without the logits: the layers' activations on the busiest rank (and,
+/// under full recomputation, the one layer being recomputed).
+pub(crate) fn layer_stack_activation_bytes(
+    m: &ModelSpec,
+    l: &Layout,
+    seq_len: u64,
+    micro_batch: u64,
+    micro_batches: Option<u64>,
+    recompute: Recompute,
+) -> f64 {
     let s = div(seq_len as f64, l.cp as f64);
     let (b, h, tp) = (micro_batch as f64, m.hidden_size as f64, l.tp as f64);
     let layers_per_stage = m.layers.div_ceil(l.pp.max(1)) as f64;
-    let in_flight = micro_batches.map_or(l.pp, |n| n.clamp(1, l.pp.max(1))) as f64;
+    let in_flight = in_flight(l, micro_batches);
     let per_layer = layer_activation_bytes(s, b, h, tp, recompute);
     let mut total = per_layer * layers_per_stage * in_flight;
     if recompute == Recompute::Full {
         total += layer_activation_bytes(s, b, h, tp, Recompute::Off);
     }
-    let logits = div(s * b * m.vocab as f64 * 4.0, tp);
-    total + logits
+    total
+}
+
+/// The FP32 logits of one micro-batch on the last pipeline stage, split over TP by the
+/// vocabulary-parallel head: s b vocab x 4 / TP.
+pub(crate) fn logits_bytes(m: &ModelSpec, l: &Layout, seq_len: u64, micro_batch: u64) -> f64 {
+    let s = div(seq_len as f64, l.cp as f64);
+    div(s * micro_batch as f64 * m.vocab as f64 * 4.0, l.tp as f64)
+}
+
+/// FP32 elements the embedded libtorch trainer (engine/tch) keeps for the backward pass per token
+/// of one transformer layer, counted from its forward (`Policy::forward`), with d = d_model,
+/// q = heads x head_dim, kv = kv_heads x head_dim, f = the MLP width, H heads and S keys
+/// (the sequence):
+/// - two RMSNorms, 2d each (x x rsqrt and the output);
+/// - the fused q|k|v GEMM's output, q + 2kv (its views stay alive through rotary);
+/// - rotary on q and k together, 2(q + kv) (the rotated half and the result);
+/// - grouped-query keys and values repeated to every head, 2q (0 when kv_heads = heads);
+/// - attention scores and their softmax, 2 H S (libtorch's CPU attention with a mask);
+/// - the attention output and its contiguous copy, 2q;
+/// - the two residual sums, 2d;
+/// - the fused gate|up output 2f, SiLU f and the gated product f.
+///
+/// Total 6d + 5q + 4kv (+ 2q) + 4f + 2 H S.
+pub(crate) fn embedded_layer_elements(m: &ModelSpec, seq_len: u64) -> f64 {
+    let d = m.hidden_size as f64;
+    let q = (m.heads * m.head_dim) as f64;
+    let kv = (m.kv_heads * m.head_dim) as f64;
+    let f = dense_mlp_width(m);
+    let repeat = if m.kv_heads < m.heads { 2.0 * q } else { 0.0 };
+    6.0 * d + 5.0 * q + 4.0 * kv + repeat + 4.0 * f + 2.0 * (m.heads * seq_len) as f64
+}
+
+/// FP32 elements per token above the layers: the embedding's output d, the final RMSNorm 2d, and
+/// three [tokens, vocab] tensors at the peak (the log-softmax autograd keeps, then the entropy's
+/// exp and product in the forward, or the two vocabulary-wide gradients in the backward), one
+/// more when the entropy is in the loss (its exp is then kept too).
+pub(crate) fn embedded_head_elements(m: &ModelSpec, entropy_in_loss: bool) -> f64 {
+    let vocab_tensors = if entropy_in_loss { 4.0 } else { 3.0 };
+    3.0 * m.hidden_size as f64 + vocab_tensors * m.vocab as f64
+}
+
+/// The embedded trainer's activation bytes for one micro-batch (it runs one at a time), before
+/// `Assumptions::embedded_autograd_scale`: tokens = micro-batch x seq, every layer's
+/// `embedded_layer_elements` plus the head's, 4 B each (FP32), plus the per-call concatenated
+/// q|k|v and gate|up weights each layer's GEMMs keep for their input gradient
+/// ((q + 2kv) d + 2 f d per layer).
+/// With LoRA each wrapped layer's adapter also keeps its A output (rank elements per token and
+/// adapter) for B's gradient.
+pub(crate) fn embedded_activation_bytes(
+    m: &ModelSpec,
+    seq_len: u64,
+    micro_batch: u64,
+    entropy_in_loss: bool,
+    lora: Option<&Lora>,
+) -> f64 {
+    let layers = m.layers as f64;
+    let adapters = lora
+        .map_or(0.0, |lo| (lo.target_modules.len() as u64 * lo.rank.value * lo.adapters.value.max(1)) as f64 * layers);
+    embedded_bytes(m, seq_len, micro_batch, embedded_head_elements(m, entropy_in_loss), adapters)
+}
+
+/// The embedded layers' activations for one micro-batch plus `head` and `adapters` FP32
+/// elements per token, with the concatenated weights; see `embedded_activation_bytes`.
+fn embedded_bytes(m: &ModelSpec, seq_len: u64, micro_batch: u64, head: f64, adapters: f64) -> f64 {
+    let tokens = (seq_len * micro_batch) as f64;
+    let layers = m.layers as f64;
+    let d = m.hidden_size as f64;
+    let (q, kv) = ((m.heads * m.head_dim) as f64, (m.kv_heads * m.head_dim) as f64);
+    let concat = layers * ((q + 2.0 * kv) * d + 2.0 * dense_mlp_width(m) * d);
+    let per_token = layers * embedded_layer_elements(m, seq_len) + head + adapters;
+    (tokens * per_token + concat) * 4.0
+}
+
+/// PPO's critic (docs/plan.md, "PPO"): a second model of the policy's architecture whose LM
+/// head (vocab x d_model) is replaced by a value head (d_model -> 1). Returns the LM head's
+/// parameters it drops: vocab x d_model when the embeddings are untied; 0 when they are tied
+/// (the head is the embedding, which the critic keeps) or when the model does not say
+/// (`tied_embeddings: None`, as `schema llm`), which counts the critic as large as it can be.
+pub(crate) fn critic_dropped_head(m: &ModelSpec) -> u64 {
+    if m.tied_embeddings == Some(false) {
+        m.vocab.saturating_mul(m.hidden_size)
+    } else {
+        0
+    }
+}
+
+/// The critic as a model to size: the policy's parameters (and active parameters) minus the
+/// dropped LM head plus the value head's d_model. Its routed experts are the policy's, so it
+/// shards exactly as the policy does under the same layout. For weights, gradients and optimizer
+/// state only (`state_bytes`): its other fields are the policy's.
+pub(crate) fn critic_spec(m: &ModelSpec) -> ModelSpec {
+    let (head, value) = (critic_dropped_head(m), m.hidden_size);
+    ModelSpec {
+        params: m.params.saturating_sub(head).saturating_add(value),
+        active_params: m.active_params.saturating_sub(head).saturating_add(value),
+        ..m.clone()
+    }
+}
+
+/// The critic's weights, gradients and optimizer state on one rank: a full fine-tune of
+/// `critic_spec` in the trainer's precision and layout (the critic is fully trained, whatever
+/// `lora` says of the policy).
+pub(crate) fn critic_state_bytes(m: &ModelSpec, l: &Layout) -> StateBytes {
+    state_bytes(&critic_spec(m), l, None)
+}
+
+/// The critic's training activations on the busiest rank: the policy's layers, no
+/// vocabulary-sized logits (its value head's output is one element per token, left out).
+pub(crate) fn critic_activation_bytes(
+    m: &ModelSpec,
+    l: &Layout,
+    seq_len: u64,
+    micro_batch: u64,
+    micro_batches: Option<u64>,
+    recompute: Recompute,
+) -> f64 {
+    layer_stack_activation_bytes(m, l, seq_len, micro_batch, micro_batches, recompute)
+}
+
+/// The critic's activations on the embedded trainer, before the autograd scale: every layer's
+/// `embedded_layer_elements` and the concatenated weights as for the policy, and above the
+/// layers only the embedding's output and the final RMSNorm (3 d per token): no vocabulary-wide
+/// tensors, no adapters.
+pub(crate) fn embedded_critic_activation_bytes(m: &ModelSpec, seq_len: u64, micro_batch: u64) -> f64 {
+    embedded_bytes(m, seq_len, micro_batch, 3.0 * m.hidden_size as f64, 0.0)
+}
+
+/// Micro-batches whose activations the busiest rank holds at once: `min(pp, micro-batches)`
+/// under 1F1B (all `pp` when the micro-batch count is unknown).
+pub(crate) fn in_flight(l: &Layout, micro_batches: Option<u64>) -> f64 {
+    micro_batches.map_or(l.pp, |n| n.clamp(1, l.pp.max(1))) as f64
+}
+
+/// Bytes of the wrapped layers' inputs LoRA dropout keeps for the backward pass, over the whole
+/// model for one micro-batch on one rank, before pipeline stages and recomputation (see
+/// `lora_dropout_bytes`). PEFT applies `lora_dropout` to each wrapped linear layer's input before
+/// the adapter's A; with dropout > 0 autograd keeps that dropped copy for A's weight gradient, one
+/// tensor of tokens x in features per wrapped layer in the training precision (with dropout 0 the
+/// adapter reuses the input the base layer already keeps: nothing extra).
+///
+/// Tokens on the rank: s b, s = seq_len / CP. Split over TP as the layer inputs are: under
+/// sequence parallelism a column-parallel layer's input (q, k, v, gate, up) is split along the
+/// sequence and a row-parallel one's (o, down) along its features, so both are s b in / TP.
+/// Routed experts see only the tokens routed to them: with uniform routing each of the E experts
+/// of a MoE layer gets k / E of the tokens, so the `lora_instances` count (E per MoE layer) x k/E
+/// leaves k x tokens per MoE layer. Experts are split over ETP (not TP): with EP > 1 (ETP 1) each
+/// rank receives k x its s b / TP tokens at full width; with EP 1 (ETP = TP) the TP group gathers
+/// the tokens, so gate and up see all k s b at width h and down k s b at f / TP. Both are
+/// k s b in x ETP / TP for gate and up, k s b in / TP for down.
+pub(crate) fn lora_dropout_model_bytes(m: &ModelSpec, l: &Layout, lora: &Lora, seq_len: u64, micro_batch: u64) -> f64 {
+    if lora.dropout <= 0.0 {
+        return 0.0;
+    }
+    let tokens = div(seq_len as f64, l.cp as f64) * micro_batch as f64;
+    let (tp, etp) = (l.tp as f64, l.etp() as f64);
+    let routed_share = div(m.top_k as f64, m.experts as f64);
+    let mut elems = 0.0;
+    for &t in &lora.target_modules {
+        for (n, mlp, expert) in lora_instances(m, t) {
+            let (i, _) = lora_shape(m, t, mlp);
+            elems += if !expert {
+                div(n * tokens * i, tp)
+            } else if t == LoraTarget::DownProj {
+                div(n * routed_share * tokens * i, tp)
+            } else {
+                div(n * routed_share * tokens * i * etp, tp)
+            };
+        }
+    }
+    elems * l.precision.bytes()
+}
+
+/// LoRA dropout's kept inputs on the busiest rank (0 without dropout). Like `activation_bytes`:
+/// the first pipeline stage's ceil(layers / p) layers (the model's bytes spread evenly over its
+/// layers) for each of the `min(p, micro-batches)` micro-batches in flight. Under full
+/// recomputation Megatron keeps only each layer's input and reruns the layer's forward in the
+/// backward pass, dropout included (its RNG state is restored), so the kept inputs exist for one
+/// layer of one micro-batch at a time: one average layer's, counted like the one layer of full
+/// activations `activation_bytes` adds while it is recomputed.
+pub(crate) fn lora_dropout_bytes(
+    m: &ModelSpec,
+    l: &Layout,
+    lora: &Lora,
+    seq_len: u64,
+    micro_batch: u64,
+    micro_batches: Option<u64>,
+    recompute: Recompute,
+) -> f64 {
+    let per_layer = div(lora_dropout_model_bytes(m, l, lora, seq_len, micro_batch), m.layers as f64);
+    match recompute {
+        Recompute::Off | Recompute::Selective => {
+            per_layer * m.layers.div_ceil(l.pp.max(1)) as f64 * in_flight(l, micro_batches)
+        }
+        Recompute::Full => per_layer,
+    }
 }
 
 /// KV-cache bytes of one token on one GPU of an engine whose attention is split over `group`
@@ -359,6 +567,7 @@ mod tests {
             index_head_dim: None,
             update_requantize_s: None,
             intermediate_size: None,
+            tied_embeddings: None,
         }
     }
 
@@ -487,7 +696,13 @@ mod tests {
     }
 
     fn lora(rank: u64, adapters: u64, targets: &[LoraTarget]) -> Lora {
-        Lora { rank: rank.into(), adapters: adapters.into(), target_modules: targets.to_vec(), span: None }
+        Lora {
+            rank: rank.into(),
+            adapters: adapters.into(),
+            target_modules: targets.to_vec(),
+            dropout: 0.0,
+            span: None,
+        }
     }
 
     const QKVO: &[LoraTarget] = &[LoraTarget::QProj, LoraTarget::KProj, LoraTarget::VProj, LoraTarget::OProj];
@@ -560,17 +775,180 @@ mod tests {
         );
     }
 
+    /// A dense model small enough to size by hand: 4 layers, h 64, q 4 x 16 = 64, kv 2 x 16 = 32,
+    /// MLP width 128.
+    fn tiny() -> ModelSpec {
+        ModelSpec {
+            params: 1_000_000,
+            active_params: 1_000_000,
+            layers: 4,
+            hidden_size: 64,
+            heads: 4,
+            kv_heads: 2,
+            head_dim: 16,
+            vocab: 1000,
+            intermediate_size: Some(128),
+            ..llama8b()
+        }
+    }
+
+    fn with_dropout(lo: Lora, dropout: f64) -> Lora {
+        Lora { dropout, ..lo }
+    }
+
+    #[test]
+    fn lora_dropout_keeps_each_wrapped_layers_input() {
+        let (m, l) = (tiny(), layout(Backend::Megatron, 1, 1, 1, 1, 1));
+        let all = with_dropout(lora(8, 1, &LoraTarget::ALL), 0.1);
+        // Input widths per layer: q, k, v, o, gate, up 64 each, down 128 = 512. seq 32 x
+        // micro-batch 2 = 64 tokens x 512 x 2 B (bf16) = 65,536 B per layer, x 4 layers.
+        let b = lora_dropout_bytes(&m, &l, &all, 32, 2, None, Recompute::Off);
+        assert_eq!(b, 4.0 * 64.0 * 512.0 * 2.0);
+        assert_eq!(b, 262_144.0);
+        // Linear in the micro-batch (and the same under `selective`).
+        assert_eq!(lora_dropout_bytes(&m, &l, &all, 32, 4, None, Recompute::Selective), 2.0 * b);
+        // Dropout 0: the adapter reuses the input the base layer keeps, nothing extra.
+        assert_eq!(lora_dropout_bytes(&m, &l, &with_dropout(all.clone(), 0.0), 32, 2, None, Recompute::Off), 0.0);
+        // Attention only: 4 x 64 per layer.
+        let qkvo = with_dropout(lora(8, 1, QKVO), 0.1);
+        assert_eq!(lora_dropout_bytes(&m, &l, &qkvo, 32, 2, None, Recompute::Off), 4.0 * 64.0 * 256.0 * 2.0);
+        // PP2: 2 layers per stage x 2 micro-batches in flight; CP2 and TP2 each halve it.
+        let pp = layout(Backend::Megatron, 1, 2, 1, 1, 1);
+        assert_eq!(lora_dropout_bytes(&m, &pp, &all, 32, 2, None, Recompute::Off), 2.0 * 2.0 * 65_536.0);
+        assert_eq!(lora_dropout_bytes(&m, &pp, &all, 32, 2, Some(1), Recompute::Off), 2.0 * 65_536.0);
+        let split = layout(Backend::Megatron, 2, 1, 2, 1, 1);
+        assert_eq!(lora_dropout_bytes(&m, &split, &all, 32, 2, None, Recompute::Off), b / 4.0);
+        // Full recomputation: one layer of one micro-batch, while it is recomputed.
+        assert_eq!(lora_dropout_bytes(&m, &pp, &all, 32, 2, None, Recompute::Full), 65_536.0);
+        // FP32 training: 4 B.
+        let fp32 = Layout { precision: Precision::Fp32, ..l };
+        assert_eq!(lora_dropout_bytes(&m, &fp32, &all, 32, 2, None, Recompute::Off), 2.0 * b);
+    }
+
+    #[test]
+    fn lora_dropout_on_experts_keeps_only_routed_tokens() {
+        // 2 MoE layers of 4 experts, top 2, h 64: one expert is (P - A) / (E - k) = 12,288
+        // params = 2 layers x 3 x 64 x 32, so width 32.
+        let m = ModelSpec {
+            params: 124_576,
+            active_params: 100_000,
+            layers: 2,
+            hidden_size: 64,
+            experts: 4,
+            top_k: 2,
+            intermediate_size: None,
+            ..tiny()
+        };
+        assert_eq!(expert_width(&m), 32.0);
+        let down = with_dropout(lora(8, 1, &[LoraTarget::DownProj]), 0.05);
+        // 8 wrapped experts x (16 tokens x 2/4) rows x 32 = 2 layers x k 2 x 16 tokens x 32, bf16.
+        let l = layout(Backend::Megatron, 1, 1, 1, 1, 1);
+        assert_eq!(lora_dropout_bytes(&m, &l, &down, 16, 1, None, Recompute::Off), 2.0 * 2.0 * 16.0 * 32.0 * 2.0);
+        assert_eq!(lora_dropout_bytes(&m, &l, &down, 16, 3, None, Recompute::Off), 3.0 * 4096.0);
+        // gate_proj reads h = 64. TP2 EP1 (ETP2): the TP group gathers the tokens, so every rank
+        // keeps all k x tokens at width h; TP2 EP2 (ETP1): its half of the tokens.
+        let gate = with_dropout(lora(8, 1, &[LoraTarget::GateProj]), 0.05);
+        let etp2 = layout(Backend::Megatron, 2, 1, 1, 1, 1);
+        assert_eq!(lora_dropout_bytes(&m, &etp2, &gate, 16, 1, None, Recompute::Off), 2.0 * 2.0 * 16.0 * 64.0 * 2.0);
+        let ep2 = layout(Backend::Megatron, 2, 1, 1, 2, 1);
+        assert_eq!(lora_dropout_bytes(&m, &ep2, &gate, 16, 1, None, Recompute::Off), 2.0 * 2.0 * 8.0 * 64.0 * 2.0);
+        // down_proj's input (width f) is split over ETP either way: k x tokens x f / TP.
+        assert_eq!(lora_dropout_bytes(&m, &etp2, &down, 16, 1, None, Recompute::Off), 2048.0);
+        assert_eq!(lora_dropout_bytes(&m, &ep2, &down, 16, 1, None, Recompute::Off), 2048.0);
+    }
+
+    #[test]
+    fn embedded_trainer_activations_by_hand() {
+        // tiny: d 64, q 4 x 16 = 64, kv 2 x 16 = 32, f 128, 4 heads, seq 8. Per token and layer:
+        // 6 x 64 + 5 x 64 + 4 x 32 + 2 x 64 (GQA repeat) + 4 x 128 + 2 x 4 x 8 = 1536.
+        let m = tiny();
+        assert_eq!(embedded_layer_elements(&m, 8), 1536.0);
+        // MHA: no repeated keys and values.
+        let mha = ModelSpec { kv_heads: 4, ..tiny() };
+        assert_eq!(embedded_layer_elements(&mha, 8), 1536.0 - 128.0 + 4.0 * 32.0);
+        // Head: 3 x 64 + 3 x vocab 1000; the entropy in the loss keeps one more vocab tensor.
+        assert_eq!(embedded_head_elements(&m, false), 3192.0);
+        assert_eq!(embedded_head_elements(&m, true), 4192.0);
+        // Micro-batch 2 x seq 8 = 16 tokens x (4 layers x 1536 + 3192) plus the concatenated
+        // weights 4 x (128 x 64 + 2 x 128 x 64) = 98,304, 4 B each.
+        let a = embedded_activation_bytes(&m, 8, 2, false, None);
+        assert_eq!(a, (16.0 * 9336.0 + 98_304.0) * 4.0);
+        assert_eq!(a, 990_720.0);
+        // LoRA rank 8 on all 7 targets: each keeps its A output, 7 x 8 x 4 layers per token.
+        let lo = lora(8, 1, &LoraTarget::ALL);
+        assert_eq!(embedded_activation_bytes(&m, 8, 2, false, Some(&lo)), 990_720.0 + 16.0 * 224.0 * 4.0);
+        // Linear in the micro-batch above the concatenated weights.
+        let b = embedded_activation_bytes(&m, 8, 4, false, None);
+        assert_eq!(b - a, 16.0 * 9336.0 * 4.0);
+    }
+
+    #[test]
+    fn ppo_critic_bytes_by_hand() {
+        // tiny, untied: 1,000,000 params - LM head 1000 x 64 + value head 64 = 936,064.
+        let m = ModelSpec { tied_embeddings: Some(false), ..tiny() };
+        assert_eq!(critic_dropped_head(&m), 64_000);
+        assert_eq!((critic_spec(&m).params, critic_spec(&m).active_params), (936_064, 936_064));
+        // Tied (the head is the embedding, kept) or not known: 1,000,064.
+        for tied in [Some(true), None] {
+            assert_eq!(critic_spec(&ModelSpec { tied_embeddings: tied, ..tiny() }).params, 1_000_064);
+        }
+        // Megatron TP1 PP1 DP1, bf16: 2 B weights, 4 B FP32 gradients, 12 B Adam state per param.
+        let l = layout(Backend::Megatron, 1, 1, 1, 1, 1);
+        let c = critic_state_bytes(&m, &l);
+        assert_eq!((c.weights, c.adapters, c.gradients, c.optimizer), (1_872_128.0, 0.0, 3_744_256.0, 11_232_768.0));
+        // TP2: weights and gradients halve; DP2 shards the optimizer state too.
+        let c = critic_state_bytes(&m, &layout(Backend::Megatron, 2, 1, 1, 1, 2));
+        assert_eq!((c.weights, c.gradients, c.optimizer), (936_064.0, 1_872_128.0, 2_808_192.0));
+        // FSDP over 2: a half of everything, plus two gathered layers (936,064 / 4 x 2 x 2 B).
+        let c = critic_state_bytes(&m, &layout(Backend::Fsdp, 1, 1, 1, 1, 2));
+        assert_eq!((c.weights, c.gradients, c.optimizer), (936_064.0 + 936_064.0, 1_872_128.0, 5_616_384.0));
+        // Embedded, FP32: 4 B weights, 4 B gradients, 8 B moments.
+        let fp32 = Layout { precision: Precision::Fp32, ..layout(Backend::Embedded, 1, 1, 1, 1, 1) };
+        let c = critic_state_bytes(&m, &fp32);
+        assert_eq!((c.weights, c.gradients, c.optimizer), (3_744_256.0, 3_744_256.0, 7_488_512.0));
+
+        // Activations: the policy's without the FP32 logits. seq 32, micro-batch 2, TP1, off:
+        // 34 x 32 x 2 x 64 = 139,264 B per layer x 4 layers; the logits are 64 x 1000 x 4 B.
+        let a = critic_activation_bytes(&m, &l, 32, 2, None, Recompute::Off);
+        assert_eq!(a, 4.0 * 139_264.0);
+        assert_eq!(activation_bytes(&m, &l, 32, 2, None, Recompute::Off), a + 256_000.0);
+        // Embedded, seq 8 x micro-batch 2 = 16 tokens: 4 layers x 1536 + 3 x 64 per token, plus
+        // the concatenated weights 98,304, 4 B each; the policy's head adds 3 x vocab per token.
+        let e = embedded_critic_activation_bytes(&m, 8, 2);
+        assert_eq!(e, (16.0 * (4.0 * 1536.0 + 192.0) + 98_304.0) * 4.0);
+        assert_eq!(e, 798_720.0);
+        assert_eq!(embedded_activation_bytes(&m, 8, 2, false, None), e + 16.0 * 3000.0 * 4.0);
+    }
+
+    #[test]
+    fn ppo_critic_of_an_moe_model_keeps_its_experts() {
+        // Subtracting the head from total and active leaves total - active, so the routed
+        // experts (and their sharding over EP) are the policy's.
+        let m = ModelSpec { tied_embeddings: Some(false), ..qwen3_30b() };
+        let c = critic_spec(&m);
+        assert_eq!(c.params, 30_500_000_000 - 151_936 * 2048 + 2048);
+        assert_eq!(param_split(&c).routed, param_split(&m).routed);
+        let l = layout(Backend::Megatron, 2, 1, 1, 8, 4);
+        let (p, q) = (state_bytes(&m, &l, None), critic_state_bytes(&m, &l));
+        // Only the dense part changes: by (head - d) / TP2 params on every rank.
+        let dense = (151_936.0 * 2048.0 - 2048.0) / 2.0;
+        assert!(close(p.weights - q.weights, dense * 2.0, 1e-9), "{p:?} {q:?}");
+        assert!(close(p.gradients - q.gradients, dense * 4.0, 1e-9), "{p:?} {q:?}");
+    }
+
     #[test]
     fn div_by_zero_is_zero() {
         assert_eq!(div(1.0, 0.0), 0.0);
         let l = layout(Backend::Megatron, 1, 1, 1, 1, 1);
         let m = ModelSpec { layers: 0, hidden_size: 0, ..llama8b() };
         assert!(activation_bytes(&m, &Layout { pp: 0, cp: 0, ..l }, 0, 0, Some(0), Recompute::Full).is_finite());
-        let all = lora(16, 1, &LoraTarget::ALL);
+        let all = with_dropout(lora(16, 1, &LoraTarget::ALL), 0.1);
         let moe = ModelSpec { layers: 0, hidden_size: 0, ..qwen3_30b() };
         for m in [&m, &moe] {
             let a = lora_params(m, &all);
             assert!(a.routed.is_finite() && a.other.is_finite() && a.other >= 0.0, "{a:?}");
+            let d = lora_dropout_bytes(m, &Layout { pp: 0, cp: 0, ..l }, &all, 0, 0, Some(0), Recompute::Off);
+            assert!(d.is_finite() && d >= 0.0, "{d}");
         }
     }
 }

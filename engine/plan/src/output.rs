@@ -267,6 +267,9 @@ pub struct StepReport {
     /// Training time per rollout step (all of its optimizer steps).
     pub train_s: f64,
     pub train_step: Estimate,
+    /// PPO: the critic's share of `train_s` (its values and value loss); absent without a critic.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub critic_s: f64,
     pub sync_s: f64,
     pub offload_s: f64,
     /// Colocated: evicting and reloading the idle actor (0 elsewhere, or when both fit).
@@ -277,6 +280,10 @@ pub struct StepReport {
     pub async_step_s: f64,
     /// The figure for the recipe's schedule.
     pub step: Estimate,
+}
+
+fn is_zero(x: &f64) -> bool {
+    *x == 0.0
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize)]

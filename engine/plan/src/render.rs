@@ -154,8 +154,10 @@ pub fn render_sections(p: &Plan) -> String {
         let _ = writeln!(o, "\nMemory per rank (one GPU, or the host on a CPU-only cluster)");
         for m in &p.memory {
             let _ = writeln!(o, "  {} ({}: {} capacity, {} usable)", m.stage, m.device, gb(m.capacity), gb(m.usable));
+            // 16 columns of names, wider only where a name needs it (PPO's `critic_activations`).
+            let w = m.items.iter().map(|i| i.name.len()).max().unwrap_or(0).max(16);
             for it in &m.items {
-                let _ = writeln!(o, "    {:16} {:>9}  {}", it.name, gb(it.bytes), it.note);
+                let _ = writeln!(o, "    {:w$} {:>9}  {}", it.name, gb(it.bytes), it.note);
             }
             let verdict = if m.fits {
                 format!("fits, {} free", gb(m.usable.saturating_sub(m.total)))
@@ -164,12 +166,12 @@ pub fn render_sections(p: &Plan) -> String {
             } else {
                 "DOES NOT FIT".into()
             };
-            let _ = writeln!(o, "    {:16} {:>9}  {}", "total", gb(m.total), verdict);
+            let _ = writeln!(o, "    {:w$} {:>9}  {}", "total", gb(m.total), verdict);
             if let Some(l) = &m.lora {
                 let f = &l.full_finetune;
                 let _ = writeln!(
                     o,
-                    "    {:16} {:>9}  a full fine-tune: weights {}, gradients {}, optimizer {}",
+                    "    {:w$} {:>9}  a full fine-tune: weights {}, gradients {}, optimizer {}",
                     "without LoRA",
                     gb(f.total),
                     gb(f.weights),
@@ -180,7 +182,7 @@ pub fn render_sections(p: &Plan) -> String {
             if let Some(off) = &m.offload {
                 let _ = writeln!(
                     o,
-                    "    {:16} {:>9}  est. {} per optimizer step",
+                    "    {:w$} {:>9}  est. {} per optimizer step",
                     off.mode,
                     gb(off.bytes_per_gpu),
                     secs(off.per_step.seconds)
@@ -277,6 +279,10 @@ pub fn render_sections(p: &Plan) -> String {
         let _ = writeln!(o, "  rollout   {:>8}", secs(st.rollout_s));
         let _ =
             writeln!(o, "  train     {:>8}  ({} per optimizer step)", secs(st.train_s), secs(st.train_step.seconds));
+        if st.critic_s > 0.0 {
+            let _ =
+                writeln!(o, "    critic  {:>8}  (in train: values + value loss of the PPO critic)", secs(st.critic_s));
+        }
         if st.offload_s > 0.0 {
             let _ = writeln!(o, "  offload   {:>8}", secs(st.offload_s));
         }

@@ -238,6 +238,22 @@ pub(crate) fn train_flops_per_token(active: f64, layers: f64, seq: f64, attn_wid
     dense + 6.0 * layers * seq * attn_width
 }
 
+/// PPO's critic per token, in the same FLOP model (docs/plan.md, "PPO"): 2 x its active
+/// parameters for the forward pass that computes the values (no grad), 6 x for the value loss's
+/// forward + backward (8 x under full recomputation), plus that pass's causal attention
+/// 6 x layers x seq x heads x head_dim.
+pub(crate) fn critic_flops_per_token(
+    critic_active: f64,
+    layers: f64,
+    seq: f64,
+    attn_width: f64,
+    full_recompute: bool,
+) -> f64 {
+    let values = 2.0 * critic_active;
+    let value_loss = if full_recompute { 8.0 } else { 6.0 } * critic_active;
+    values + value_loss + 6.0 * layers * seq * attn_width
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -379,5 +395,15 @@ mod tests {
         assert_eq!(train_flops_per_token(1e9, 0.0, 0.0, 0.0, false), 8e9);
         assert_eq!(train_flops_per_token(1e9, 0.0, 0.0, 0.0, true), 10e9);
         assert_eq!(train_flops_per_token(0.0, 2.0, 10.0, 3.0, false), 360.0);
+    }
+
+    #[test]
+    fn critic_flops() {
+        // 1B-parameter critic, no attention: 2 (values) + 6 (value loss fwd + bwd) per parameter.
+        assert_eq!(critic_flops_per_token(1e9, 0.0, 0.0, 0.0, false), 8e9);
+        // Full recomputation reruns the value loss's forward.
+        assert_eq!(critic_flops_per_token(1e9, 0.0, 0.0, 0.0, true), 10e9);
+        // Attention of the forward + backward: 6 x 2 layers x seq 10 x width 3.
+        assert_eq!(critic_flops_per_token(0.0, 2.0, 10.0, 3.0, false), 360.0);
     }
 }

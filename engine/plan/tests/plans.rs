@@ -75,3 +75,34 @@ fn json_round_trips_inputs_with_spans() {
     assert!(input.stages[0].gpus.and_then(|g| g.span).is_some());
     assert!(render_json(&plan(&input)).contains("\"format_version\": 2"));
 }
+
+#[test]
+fn embedded_process_items_by_hand() {
+    // cpu_laptop's tiny model (4 layers, d 128, 4 heads of 32, MHA, vocab 32, 1M params) with an
+    // MLP of width 256, a KL reference, and a snapshot evaluation under one_step_off.
+    let mut input = load("cpu_laptop");
+    for st in &mut input.stages {
+        if let Some(m) = st.model.as_mut() {
+            m.intermediate_size = Some(256);
+        }
+    }
+    input.placement.embedded =
+        miles_plan::EmbeddedExtras { kl_reference: true, eval_snapshot: true, entropy_in_loss: false };
+    input.schedule.mode = miles_plan::Spanned::new(miles_plan::ScheduleMode::OneStepOff);
+    let p = plan(&input);
+    // Per token and layer: 6 x 128 + 5 x 128 + 4 x 128 + 4 x 256 + 2 x 4 heads x seq 16 = 3072;
+    // head 3 x 128 + 3 x 32 = 480; 32 x 16 = 512 tokens; concatenated weights
+    // 4 x ((128 + 256) x 128 + 2 x 256 x 128) = 458,752; 4 B each, x1.4.
+    let act = (512.0 * (4.0 * 3072.0 + 480.0) + 458_752.0) * 4.0 * 1.4;
+    assert_eq!(act, 39_177_420.8);
+    assert_eq!(mem(&p, "warmup", "activations"), act as u64);
+    assert_eq!(mem(&p, "train", "activations"), act as u64);
+    // The first trainer row holds the process: the rollout engine, the snapshot eval engine and
+    // the KL reference, 1M fp32 parameters each, and the 140 MB base.
+    assert_eq!(mem(&p, "warmup", "weight_copies"), 12_000_000);
+    assert_eq!(mem(&p, "warmup", "embedded_process"), 140_000_000);
+    assert_eq!((mem(&p, "train", "weight_copies"), mem(&p, "train", "embedded_process")), (0, 0));
+    // A sync schedule evaluates on the rollout engine: no eval engine of its own.
+    input.schedule.mode = miles_plan::Spanned::new(miles_plan::ScheduleMode::Sync);
+    assert_eq!(mem(&plan(&input), "warmup", "weight_copies"), 8_000_000);
+}

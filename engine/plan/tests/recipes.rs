@@ -332,3 +332,169 @@ fn memory_items_with_and_without_lora_on_one_model() {
     assert_eq!(item(&all, "weights"), item(&full, "weights"));
     assert!(item(&all, "gradients") < item(&full, "gradients") / 10);
 }
+
+/// `lora { dropout = ... }` (PEFT's `lora_dropout`) keeps the dropped copy of each wrapped
+/// layer's input for the backward pass: its own memory item, in the total, absent at dropout 0.
+#[test]
+fn lora_dropout_keeps_the_wrapped_inputs() {
+    const E: &str = "sglang { gpus = 8, tp = 2 }";
+    let plain = planned(&qwen3_30b_lora("lora = lora { rank = 16 }", E));
+    let zero = planned(&qwen3_30b_lora("lora = lora { rank = 16, dropout = 0.0 }", E));
+    let drop = planned(&qwen3_30b_lora("lora = lora { rank = 16, dropout = 0.05 }", E));
+    assert_eq!(zero, plain);
+    assert!(train_items(&plain).iter().all(|(n, _)| n != "lora_dropout"));
+    // Per layer q, k, v read h = 2048, o reads 32 x 128 = 4096: 10,240 x 4608 tokens / TP2,
+    // x 48 layers x 1 micro-batch in flight (PP1), bf16.
+    let expected = 4608 * 10_240 / 2 * 48 * 2;
+    assert_eq!(item(&drop, "lora_dropout"), expected);
+    for name in ["weights", "adapters", "gradients", "optimizer", "activations"] {
+        assert_eq!(item(&drop, name), item(&plain, name), "{name}");
+    }
+    let total = |p: &Plan| p.memory.iter().find(|m| m.stage == "train").expect("train").total;
+    assert!(total(&drop).abs_diff(total(&plain) + expected) <= 1);
+    let text = render_text(&drop);
+    assert!(
+        text.contains("lora_dropout        2.3 GB  dropout 0.05: kept dropped input of each wrapped layer"),
+        "{text}"
+    );
+    let v: serde_json::Value = serde_json::from_str(&render_json(&drop)).expect("json");
+    assert_eq!(v["memory"][1]["items"][5]["name"], "lora_dropout");
+    assert_eq!(v["memory"][1]["items"][5]["bytes"], expected);
+    assert!(render_html(&drop).contains("lora_dropout 2.3 GB"));
+    // A full fine-tune has no adapters, so no dropout item: `without LoRA` is unchanged.
+    let full = |p: &Plan| p.memory.iter().find_map(|m| m.lora.clone()).expect("lora").full_finetune;
+    assert_eq!(full(&drop), full(&plain));
+}
+
+const CRITIC: [&str; 4] = ["critic_weights", "critic_gradients", "critic_optimizer", "critic_activations"];
+
+fn memory_of<'p>(p: &'p Plan, stage: &str) -> &'p MemoryReport {
+    p.memory.iter().find(|m| m.stage == stage).expect("memory report")
+}
+
+/// PPO (std/stages `ppo`) trains a learned critic beside the policy: a second Qwen3-4B with a
+/// value head, FSDP-sharded like the policy over DP8, fully trained. Its weights, gradients,
+/// Adam state and value-loss activations are lines of their own in text, JSON and HTML, in the
+/// total, and its values and value loss in the step time; GRPO of the same recipe has none.
+#[test]
+fn ppo_sizes_a_critic_grpo_does_not() {
+    let grpo = planned(&qwen3_4b(32, ENGINE, FSDP));
+    let ppo = planned(&qwen3_4b(32, ENGINE, FSDP).replace("grpo(", "ppo("));
+    let names = |p: &Plan| train_items(p).into_iter().map(|(n, _)| n).collect::<Vec<_>>();
+    assert_eq!(names(&grpo), ["weights", "gradients", "optimizer", "activations"]);
+    assert_eq!(
+        names(&ppo),
+        ["weights", "gradients", "optimizer", "activations"].into_iter().chain(CRITIC).collect::<Vec<_>>()
+    );
+    // The policy's own lines do not change.
+    for name in ["weights", "gradients", "optimizer", "activations"] {
+        assert_eq!(item(&ppo, name), item(&grpo, name), "{name}");
+    }
+    // std/models' Qwen3-4B does not say whether its embeddings are tied, so the LM head is
+    // counted (an upper bound): 4.02e9 + the value head's 2560 params. FSDP over 8, bf16:
+    // weights P/8 x 2 B + two gathered layers 2 x P/36 x 2 B; FP32 gradients P/8 x 4 B; Adam
+    // P/8 x 12 B.
+    let p = 4_020_002_560.0_f64;
+    let want = [p / 8.0 * 2.0 + 2.0 * p / 36.0 * 2.0, p / 8.0 * 4.0, p / 8.0 * 12.0];
+    for (name, want) in CRITIC.iter().zip(want) {
+        assert!((item(&ppo, name) as f64 - want).abs() <= 1.0, "{name}: {} vs {want}", item(&ppo, name));
+    }
+    // Activations: the policy's without the FP32 logits, 9216 tokens x 151,936 x 4 B (TP1).
+    let logits = 9216 * 151_936 * 4;
+    assert!(item(&ppo, "critic_activations").abs_diff(item(&ppo, "activations") - logits) <= 1);
+    // The total adds the critic's state; its activations come after the policy's are freed, so
+    // the peak holds the larger set (here the policy's).
+    let extra: u64 = CRITIC.iter().filter(|n| **n != "critic_activations").map(|n| item(&ppo, n)).sum();
+    assert!(memory_of(&ppo, "train").total.abs_diff(memory_of(&grpo, "train").total + extra) <= 4);
+
+    // Step time: the policy's plus the critic's 2 x (values) + 6 x (value loss) critic params
+    // per token, with the same attention term: nearly the policy's 8 x params again.
+    let (sg, sp) = (grpo.step.as_ref().expect("step"), ppo.step.as_ref().expect("step"));
+    assert_eq!(sg.critic_s, 0.0);
+    assert!((sp.train_s - sg.train_s - sp.critic_s).abs() < 1e-9, "{} {} {}", sp.train_s, sg.train_s, sp.critic_s);
+    let ratio = sp.critic_s / sg.train_s;
+    assert!((ratio - 1.0).abs() < 1e-5, "critic / policy time {ratio}");
+
+    let text = render_text(&ppo);
+    assert!(text.contains("critic_weights        1.5 GB  4.02B params: policy, embedding tying unknown"), "{text}");
+    assert!(text.contains("critic_activations   28.9 GB  value loss: seq 9216 / CP1"), "{text}");
+    assert!(text.contains("    critic    40.1 s  (in train: values + value loss of the PPO critic)"), "{text}");
+    let g = render_text(&grpo);
+    assert!(!g.contains("critic"), "{g}");
+    let v: serde_json::Value = serde_json::from_str(&render_json(&ppo)).expect("json");
+    let items = v["memory"][1]["items"].as_array().expect("items");
+    assert_eq!(items[4]["name"], "critic_weights");
+    assert_eq!(items[7]["name"], "critic_activations");
+    assert!(v["step"]["critic_s"].as_f64().is_some_and(|s| s > 0.0));
+    let why = v["step"]["train_step"]["assumptions"].as_array().expect("assumptions");
+    assert!(
+        why.iter().any(|a| a
+            .as_str()
+            .is_some_and(|a| a.starts_with("critic: ") && a.contains("2 x 4.02B params (values) + 6 x"))),
+        "{why:?}"
+    );
+    let vg: serde_json::Value = serde_json::from_str(&render_json(&grpo)).expect("json");
+    assert!(vg["step"].get("critic_s").is_none() && !render_json(&grpo).contains("critic"));
+    assert!(render_html(&ppo).contains("critic_optimizer 6.0 GB") && !render_html(&grpo).contains("critic"));
+}
+
+/// On the embedded CPU backend the critic is the policy's decoder (untied: its LM head is
+/// dropped) with the activations of the embedded formula less its vocabulary-wide tensors; with
+/// `lora` on the policy the critic still trains in full.
+#[test]
+fn embedded_ppo_critic() {
+    let src = |kind: &str, lora: &str| {
+        format!(
+            r#"
+import std/tasks/strings
+model policy = transformer {{ layers = 2, d_model = 64, heads = 4, kv_heads = 2, d_ff = 192, vocab = strings.vocab, max_len = 20 }}
+cluster laptop = local {{ cpus = 2 }}
+recipe r on laptop {{
+    rollout = generate(policy) {{
+        prompts = strings.reverse {{ min_len = 3, max_len = 6 }}
+        samples_per_prompt = 8
+        max_prompt_tokens = 8.tokens
+        max_new_tokens = 8.tokens
+    }}
+    reward = exact_match(rollout)
+    train = {kind}(rollout, reward) {{ rollout_batch = 32, global_batch = 256, micro_batch = 256 {lora} }}
+    sync = weights(train -> rollout) {{ transport = local }}
+}}
+"#
+        )
+    };
+    // `miles run` may not execute `ppo` on the embedded target yet (E0511); the plan is made anyway.
+    let plan_of = |src: &str| {
+        let c = compiled(src);
+        let errors: Vec<_> = c.diagnostics.iter().filter(|d| d.is_error() && d.code != "E0511").collect();
+        assert!(errors.is_empty(), "{errors:#?}");
+        let input = plan_input(&c.recipes[0]);
+        (plan(&input), input)
+    };
+    let (grpo, _) = plan_of(&src("grpo", ""));
+    let (ppo, input) = plan_of(&src("ppo", ""));
+    assert!(train_items(&grpo).iter().all(|(n, _)| !n.starts_with("critic")));
+    let m = input.stages.iter().find(|s| s.name == "train").and_then(|s| s.model.clone()).expect("model");
+    assert_eq!(m.tied_embeddings, Some(false));
+    // FP32 on the host: 4 B weights, 4 B gradients, 8 B of Adam moments per critic parameter.
+    let pc = (m.params - m.vocab * m.hidden_size + m.hidden_size) as f64;
+    assert_eq!(item(&ppo, "critic_weights"), (pc * 4.0) as u64);
+    assert_eq!(item(&ppo, "critic_gradients"), (pc * 4.0) as u64);
+    assert_eq!(item(&ppo, "critic_optimizer"), (pc * 8.0) as u64);
+    // 256 x 16 tokens; the policy's head keeps 3 vocab-wide FP32 tensors per token, the critic's none.
+    let scale = input.assumptions.embedded_autograd_scale;
+    let head = scale * (256.0 * 16.0) * 3.0 * m.vocab as f64 * 4.0;
+    let (a, c) = (item(&ppo, "activations") as f64, item(&ppo, "critic_activations") as f64);
+    assert!((a - c - head).abs() <= 2.0, "{a} - {c} vs {head}");
+    // The embedded process's other weight copies are the policy's, not the critic's.
+    assert_eq!(item(&ppo, "weight_copies"), item(&grpo, "weight_copies"));
+    let text = render_text(&ppo);
+    assert!(text.contains("no vocab-wide tensors") && text.contains(&format!("LM head {} x 64 dropped", m.vocab)));
+
+    // LoRA on the policy: the critic is the same full fine-tune.
+    let (lora, _) = plan_of(&src("ppo", ", lora = lora { rank = 8 }"));
+    for name in CRITIC {
+        assert_eq!(item(&lora, name), item(&ppo, name), "{name}");
+    }
+    assert!(render_text(&lora).contains("FP32 accumulation buffer, trained in full (LoRA is the policy's)"));
+}

@@ -48,7 +48,12 @@ pub(super) fn plan_colocation(cx: &Ctx, memory: &[MemoryReport]) -> Option<Coloc
     let usable = tm.usable.min(rm.capacity) as f64;
     let gpu = input.cluster.pools.first().map(|p| &p.gpu)?;
     let sw = Switch {
-        train_state: item(tm, "weights") + item(tm, "adapters") + item(tm, "optimizer"),
+        // PPO's critic is evicted with the policy (its items are absent without a critic).
+        train_state: item(tm, "weights")
+            + item(tm, "adapters")
+            + item(tm, "optimizer")
+            + item(tm, "critic_weights")
+            + item(tm, "critic_optimizer"),
         engine_weights: item(rm, "weights"),
         host_link: gpu.host_link_bandwidth,
         offload_efficiency: a.offload_link_efficiency,

@@ -35,6 +35,7 @@ pub(super) fn plan_step(
         rollout_s,
         train_s,
         train_step: t.step.clone(),
+        critic_s: t.critic_s * spr,
         sync_s,
         offload_s,
         switch_s,

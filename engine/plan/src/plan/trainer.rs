@@ -19,6 +19,8 @@ pub(super) struct TrainFacts {
     pub(super) layers: u64,
     pub(super) precision: Precision,
     pub(super) step: Estimate,
+    /// PPO: the critic's share of `step` (its values and value loss), 0 without a critic.
+    pub(super) critic_s: f64,
     pub(super) offload_s: f64,
     pub(super) network_bw: f64,
     pub(super) scaleup_bw: f64,
@@ -45,14 +47,90 @@ pub(super) struct TrainMem {
     gradients: f64,
     optimizer: f64,
     activations: f64,
+    /// LoRA dropout's kept copies of the wrapped layers' inputs (0 without dropout).
+    lora_dropout: f64,
     stream_buffer: f64,
+    /// The embedded process on a CPU-only host (0 elsewhere): its other copies of the weights
+    /// and its fixed resident base.
+    weight_copies: f64,
+    process: f64,
+    /// PPO's critic (0 without one): a full fine-tune of `model::critic_spec` under the policy's
+    /// layout, its optimizer state kept where the policy's is.
+    critic_weights: f64,
+    critic_gradients: f64,
+    critic_optimizer: f64,
+    critic_activations: f64,
 }
 
 impl TrainMem {
     fn on_gpu(&self, offload: OptimizerOffload) -> f64 {
-        let opt = if offload == OptimizerOffload::OnGpu { self.optimizer } else { 0.0 };
+        let on_gpu = offload == OptimizerOffload::OnGpu;
+        let opt = if on_gpu { self.optimizer } else { 0.0 };
         let buf = if offload == OptimizerOffload::StreamFromDisk { self.stream_buffer } else { 0.0 };
-        self.weights + self.adapters + self.gradients + opt + self.activations + buf
+        let critic_opt = if on_gpu { self.critic_optimizer } else { 0.0 };
+        self.weights
+            + self.adapters
+            + self.gradients
+            + opt
+            // The critic trains after the policy's passes have freed their graphs (the embedded
+            // trainer does; PPO trainers generally run the two losses as separate phases): the
+            // peak holds one of the two activation sets, not both.
+            + self.activations.max(self.critic_activations)
+            + self.lora_dropout
+            + buf
+            + self.weight_copies
+            + self.process
+            + self.critic_weights
+            + self.critic_gradients
+            + critic_opt
+    }
+
+    /// Optimizer state of the policy and the critic together: what an offload moves.
+    fn all_optimizer(&self) -> f64 {
+        self.optimizer + self.critic_optimizer
+    }
+}
+
+/// The embedded backend on a CPU-only host: the trainer shares one process with the rollout
+/// engine (and a snapshot evaluation's engine, and a KL reference), and its activations are
+/// libtorch's, not Megatron's (docs/plan.md, "The embedded process").
+#[derive(Clone, Copy, Debug)]
+pub(super) struct EmbeddedHost {
+    /// Other copies of the weights in the process, each named; like the process's fixed base,
+    /// counted on the first embedded trainer only (an SFT warm-up and the RL trainer that follows
+    /// it are one trainer in one process).
+    copies: [Option<&'static str>; 3],
+    entropy_in_loss: bool,
+    autograd_scale: f64,
+    process_bytes: f64,
+}
+
+impl EmbeddedHost {
+    fn new(cx: &Ctx, first: bool) -> EmbeddedHost {
+        let input = cx.input;
+        let e = input.placement.embedded;
+        let rollout = input.stages.iter().any(|s| s.role == Role::Rollout);
+        // An async schedule runs evaluation on an engine of its own when `mode = snapshot`; a
+        // sync one evaluates on the rollout engine.
+        let eval_engine = e.eval_snapshot && input.schedule.mode.value != ScheduleMode::Sync;
+        EmbeddedHost {
+            copies: if first {
+                [
+                    rollout.then_some("rollout engine"),
+                    eval_engine.then_some("snapshot eval engine"),
+                    e.kl_reference.then_some("KL reference"),
+                ]
+            } else {
+                [None; 3]
+            },
+            entropy_in_loss: e.entropy_in_loss,
+            autograd_scale: input.assumptions.embedded_autograd_scale,
+            process_bytes: if first { input.assumptions.embedded_process_bytes } else { 0.0 },
+        }
+    }
+
+    fn copy_names(&self) -> Vec<&'static str> {
+        self.copies.iter().flatten().copied().collect()
     }
 }
 
@@ -60,20 +138,55 @@ pub(super) fn train_mem(
     m: &ModelSpec,
     l: &Layout,
     t: &Trainer,
+    critic: bool,
     global_batch: Option<u64>,
     recompute: Recompute,
+    host: Option<&EmbeddedHost>,
 ) -> TrainMem {
     let s = model::state_bytes(m, l, t.lora.as_ref());
     let micro = global_batch.map(|g| g / (l.dp * t.micro_batch.value).max(1));
-    let act = model::activation_bytes(m, l, t.seq_len.value, t.micro_batch.value, micro, recompute);
+    let act = match host {
+        Some(h) => {
+            h.autograd_scale
+                * model::embedded_activation_bytes(
+                    m,
+                    t.seq_len.value,
+                    t.micro_batch.value,
+                    h.entropy_in_loss,
+                    t.lora.as_ref(),
+                )
+        }
+        None => model::activation_bytes(m, l, t.seq_len.value, t.micro_batch.value, micro, recompute),
+    };
+    let lora_dropout = t
+        .lora
+        .as_ref()
+        .map_or(0.0, |lo| model::lora_dropout_bytes(m, l, lo, t.seq_len.value, t.micro_batch.value, micro, recompute));
     let layers_per_stage = m.layers.div_ceil(l.pp.max(1)).max(1) as f64;
+    let critic_activations = match (critic, host) {
+        (false, _) => 0.0,
+        (true, Some(h)) => {
+            h.autograd_scale * model::embedded_critic_activation_bytes(m, t.seq_len.value, t.micro_batch.value)
+        }
+        (true, None) => model::critic_activation_bytes(m, l, t.seq_len.value, t.micro_batch.value, micro, recompute),
+    };
+    let critic = critic.then(|| model::critic_state_bytes(m, l));
+    let critic_optimizer = critic.map_or(0.0, |c| c.optimizer);
     TrainMem {
         weights: s.weights,
         adapters: s.adapters,
         gradients: s.gradients,
         optimizer: s.optimizer,
         activations: act,
-        stream_buffer: 2.0 * s.optimizer / layers_per_stage,
+        lora_dropout,
+        stream_buffer: 2.0 * (s.optimizer + critic_optimizer) / layers_per_stage,
+        // Each copy is a deep copy of the policy: base weights and any adapters.
+        weight_copies: host.map_or(0.0, |h| h.copy_names().len() as f64 * (s.weights + s.adapters)),
+        process: host.map_or(0.0, |h| h.process_bytes),
+        critic_weights: critic.map_or(0.0, |c| c.weights),
+        critic_gradients: critic.map_or(0.0, |c| c.gradients),
+        critic_optimizer,
+        critic_activations,
     }
 }
 
@@ -137,7 +250,15 @@ pub(super) fn plan_trainer(
     let global = batch.map(|b| b.global_batch);
     let recompute = t.recompute.value;
     let offload = t.optimizer_offload.value;
-    let mem = train_mem(m, &l, t, global, recompute);
+    let host = (on_host && l.backend == Backend::Embedded).then(|| {
+        // On a CPU-only host every trainer's memory row is the one embedded process's.
+        let first = !memory.iter().any(|r| r.role.trains());
+        EmbeddedHost::new(cx, first)
+    });
+    let host = host.as_ref();
+    // PPO (std/stages `ppo`) also trains a learned critic (docs/plan.md, "PPO").
+    let critic = st.kind == "ppo";
+    let mem = train_mem(m, &l, t, critic, global, recompute, host);
     let total = mem.on_gpu(offload);
     let fits = total <= usable;
 
@@ -179,12 +300,12 @@ pub(super) fn plan_trainer(
         OptimizerOffload::OnGpu => None,
         OptimizerOffload::StreamFromDisk => Some(OffloadReport {
             mode: "stream_from_disk".into(),
-            bytes_per_gpu: mem.optimizer as u64,
+            bytes_per_gpu: mem.all_optimizer() as u64,
             host_bytes_per_node: 0,
-            per_step: stream_cost(mem.optimizer),
+            per_step: stream_cost(mem.all_optimizer()),
         }),
         OptimizerOffload::Cpu => {
-            let host = mem.optimizer * gpn as f64;
+            let host = mem.all_optimizer() * gpn as f64;
             if let Some(hm) = device.and_then(|g| g.host_memory) {
                 if host > hm as f64 {
                     cx.warning(
@@ -206,14 +327,14 @@ pub(super) fn plan_trainer(
             }
             Some(OffloadReport {
                 mode: "cpu".into(),
-                bytes_per_gpu: mem.optimizer as u64,
+                bytes_per_gpu: mem.all_optimizer() as u64,
                 host_bytes_per_node: host as u64,
-                per_step: cpu_cost(mem.optimizer),
+                per_step: cpu_cost(mem.all_optimizer()),
             })
         }
     };
 
-    let lora = t.lora.as_ref().map(|lo| lora_report(m, &l, t, lo, global, recompute));
+    let lora = t.lora.as_ref().map(|lo| lora_report(m, &l, t, critic, lo, global, recompute, host));
     let only = if lora.is_some() { ", adapters only" } else { "" };
     let opt_note = match offload {
         OptimizerOffload::OnGpu => format!(
@@ -255,15 +376,63 @@ pub(super) fn plan_trainer(
         MemItem {
             name: "activations".into(),
             bytes: mem.activations as u64,
-            note: format!(
-                "seq {} / CP{}, micro-batch {}, recompute {}",
-                t.seq_len.value,
-                l.cp,
-                t.micro_batch.value,
-                recompute_name(recompute)
-            ),
+            note: match host {
+                Some(h) => format!(
+                    "libtorch autograd, fp32: seq {} x micro-batch {}, x{} for backward",
+                    t.seq_len.value, t.micro_batch.value, h.autograd_scale
+                ),
+                None => format!(
+                    "seq {} / CP{}, micro-batch {}, recompute {}",
+                    t.seq_len.value,
+                    l.cp,
+                    t.micro_batch.value,
+                    recompute_name(recompute)
+                ),
+            },
         },
     ]);
+    if critic {
+        items.extend(critic_items(m, &l, t, &mem, host));
+    }
+    if let Some(h) = host {
+        let names = h.copy_names();
+        if !names.is_empty() {
+            items.push(MemItem {
+                name: "weight_copies".into(),
+                bytes: mem.weight_copies as u64,
+                note: format!("{} x {}: {}", names.len(), l.precision.as_str(), names.join(", ")),
+            });
+        }
+        if h.process_bytes > 0.0 {
+            items.push(MemItem {
+                name: "embedded_process".into(),
+                bytes: mem.process as u64,
+                note: "libtorch, runtime and task data resident (measured)".into(),
+            });
+        }
+    }
+    if let Some(lo) = t.lora.as_ref().filter(|lo| lo.dropout > 0.0) {
+        let held = if recompute == Recompute::Full {
+            "one layer while it is recomputed".to_string()
+        } else {
+            let micro = global.map(|g| g / (l.dp * t.micro_batch.value).max(1));
+            let n = model::in_flight(&l, micro);
+            format!(
+                "{} layers x {n} micro-batch{} in flight",
+                m.layers.div_ceil(l.pp.max(1)),
+                if n == 1.0 { "" } else { "es" }
+            )
+        };
+        items.push(MemItem {
+            name: "lora_dropout".into(),
+            bytes: mem.lora_dropout as u64,
+            note: format!(
+                "dropout {}: kept dropped input of each wrapped layer, {held}, {}",
+                lo.dropout,
+                l.precision.as_str()
+            ),
+        });
+    }
     if offload == OptimizerOffload::StreamFromDisk {
         items.push(MemItem {
             name: "stream_buffer".into(),
@@ -273,7 +442,7 @@ pub(super) fn plan_trainer(
     }
     if !fits {
         let over = total - usable;
-        let fixes = train_fixes(cx, m, &l, t, global, &mem, usable, gpus, &stream_cost, &cpu_cost);
+        let fixes = train_fixes(cx, m, &l, t, critic, global, &mem, usable, gpus, &stream_cost, &cpu_cost);
         let mut d = Diagnostic::error(
             "E0401",
             format!(
@@ -293,7 +462,7 @@ pub(super) fn plan_trainer(
         }
         if offload == OptimizerOffload::OnGpu {
             if let Some(sp) = t.optimizer_offload.span {
-                d = d.with_secondary(sp, format!("optimizer state ({}) stays in HBM", gb_fixed(mem.optimizer)));
+                d = d.with_secondary(sp, format!("optimizer state ({}) stays in HBM", gb_fixed(mem.all_optimizer())));
             }
         }
         cx.diags.push(d);
@@ -329,8 +498,21 @@ pub(super) fn plan_trainer(
     };
     let tokens = global.map_or(0.0, |g| g as f64 * seq);
     let step_s = div(tokens * flops_tok, gpus as f64 * peak * a.train_mfu);
+    let critic_active = model::critic_spec(m).active_params as f64;
+    let critic_tok = if critic {
+        time::critic_flops_per_token(
+            critic_active,
+            m.layers as f64,
+            seq,
+            (m.heads * m.head_dim) as f64,
+            recompute == Recompute::Full,
+        )
+    } else {
+        0.0
+    };
+    let critic_s = div(tokens * critic_tok, gpus as f64 * peak * a.train_mfu);
     let step = Estimate {
-        seconds: step_s,
+        seconds: step_s + critic_s,
         assumptions: vec![
             format!("{:.3e} tokens per optimizer step (global batch x seq {})", tokens, t.seq_len.value),
             format!(
@@ -345,7 +527,18 @@ pub(super) fn plan_trainer(
                 l.precision.as_str(),
                 a.train_mfu * 100.0
             ),
-        ],
+        ]
+        .into_iter()
+        .chain(critic.then(|| {
+            format!(
+                "critic: {:.3e} FLOPs per token: 2 x {} params (values) + 6 x (value loss fwd + bwd){} + attention: {:.2} s of the step",
+                critic_tok,
+                param_count(critic_active as u64),
+                if recompute == Recompute::Full { " + 2 x (recompute)" } else { "" },
+                critic_s
+            )
+        }))
+        .collect(),
     };
     Some(TrainFacts {
         stage: st.name.clone(),
@@ -355,6 +548,7 @@ pub(super) fn plan_trainer(
         layers: m.layers,
         precision: l.precision,
         step,
+        critic_s,
         offload_s: offload_report.map_or(0.0, |o| o.per_step.seconds),
         network_bw: device.map_or(0.0, |g| g.network_bandwidth),
         scaleup_bw: device.map_or(0.0, |g| g.scaleup_bandwidth),
@@ -365,14 +559,78 @@ pub(super) fn plan_trainer(
     })
 }
 
+/// PPO's critic, item by item: weights, gradients, optimizer state (where the policy's is) and
+/// activations (docs/plan.md, "PPO").
+fn critic_items(m: &ModelSpec, l: &Layout, t: &Trainer, mem: &TrainMem, host: Option<&EmbeddedHost>) -> Vec<MemItem> {
+    let c = model::critic_spec(m);
+    let head = match m.tied_embeddings {
+        Some(false) => format!("LM head {} x {} dropped", m.vocab, m.hidden_size),
+        Some(true) => "tied embedding kept".to_string(),
+        None => "embedding tying unknown: LM head counted (upper bound)".to_string(),
+    };
+    let full = if t.lora.is_some() { ", trained in full (LoRA is the policy's)" } else { "" };
+    let offload = t.optimizer_offload.value;
+    vec![
+        MemItem {
+            name: "critic_weights".into(),
+            bytes: mem.critic_weights as u64,
+            note: format!(
+                "{} params: policy, {head}, + value head {}; {} x {} B",
+                param_count(c.params),
+                m.hidden_size,
+                l.precision.as_str(),
+                l.precision.bytes()
+            ),
+        },
+        MemItem {
+            name: "critic_gradients".into(),
+            bytes: mem.critic_gradients as u64,
+            note: format!("FP32 accumulation buffer{full}"),
+        },
+        MemItem {
+            name: "critic_optimizer".into(),
+            bytes: if offload == OptimizerOffload::OnGpu { mem.critic_optimizer as u64 } else { 0 },
+            note: match offload {
+                OptimizerOffload::OnGpu => format!(
+                    "its own Adam (critic_lr): FP32 master + 2 moments, {} B/param, sharded over {} ranks",
+                    model::optimizer_bytes_per_param(l.precision),
+                    optimizer_shards(l)
+                ),
+                OptimizerOffload::Cpu => format!("{} kept in host memory", gb_fixed(mem.critic_optimizer)),
+                OptimizerOffload::StreamFromDisk => format!("{} streamed from disk", gb_fixed(mem.critic_optimizer)),
+            },
+        },
+        MemItem {
+            name: "critic_activations".into(),
+            bytes: mem.critic_activations as u64,
+            note: match host {
+                Some(h) => format!(
+                    "value loss, libtorch fp32: seq {} x micro-batch {}, x{}; no vocab-wide tensors",
+                    t.seq_len.value, t.micro_batch.value, h.autograd_scale
+                ),
+                None => format!(
+                    "value loss: seq {} / CP{}, micro-batch {}, recompute {}; no logits",
+                    t.seq_len.value,
+                    l.cp,
+                    t.micro_batch.value,
+                    recompute_name(t.recompute.value)
+                ),
+            },
+        },
+    ]
+}
+
 /// The adapters by name and size, and the full fine-tune this rank would hold without them.
+#[allow(clippy::too_many_arguments)]
 fn lora_report(
     m: &ModelSpec,
     l: &Layout,
     t: &Trainer,
+    critic: bool,
     lo: &Lora,
     global: Option<u64>,
     recompute: Recompute,
+    host: Option<&EmbeddedHost>,
 ) -> LoraReport {
     let rank = lo.rank.value;
     let adapters = lo.adapters.value.max(1);
@@ -407,7 +665,7 @@ fn lora_report(
         if adapters > 1 { format!(" ({} each)", param_count(per_adapter)) } else { String::new() }
     );
     let full = Trainer { lora: None, ..t.clone() };
-    let f = train_mem(m, l, &full, global, recompute);
+    let f = train_mem(m, l, &full, critic, global, recompute, host);
     LoraReport {
         rank,
         adapters,
@@ -448,6 +706,7 @@ pub(super) fn train_fixes(
     m: &ModelSpec,
     l: &Layout,
     t: &Trainer,
+    critic: bool,
     global: Option<u64>,
     mem: &TrainMem,
     usable: f64,
@@ -470,7 +729,7 @@ pub(super) fn train_fixes(
             "`optimizer = adam {{ state = stream_from_disk }}`: {} per GPU ({}), est. +{:.1} s per step",
             gb_fixed(x),
             verdict(x),
-            stream_cost(mem.optimizer).seconds
+            stream_cost(mem.all_optimizer()).seconds
         ));
     }
     if offload != OptimizerOffload::Cpu {
@@ -479,8 +738,8 @@ pub(super) fn train_fixes(
             "`optimizer = adam {{ state = cpu }}`: {} per GPU ({}), needs {} host memory per GPU, est. +{:.1} s per step",
              gb_fixed(x),
             verdict(x),
-             gb_fixed(mem.optimizer),
-            cpu_cost(mem.optimizer).seconds
+             gb_fixed(mem.all_optimizer()),
+            cpu_cost(mem.all_optimizer()).seconds
         ));
     }
     if l.backend != Backend::Embedded && (offload == OptimizerOffload::OnGpu || l.backend == Backend::Fsdp) {
@@ -488,7 +747,7 @@ pub(super) fn train_fixes(
         // Only layouts the cluster can hold.
         for k in [2u64, 4, 8, 16].into_iter().filter(|k| gpus.saturating_mul(*k) <= cx.total_gpus) {
             let l2 = Layout { dp: l.dp * k, ..*l };
-            let x = train_mem(m, &l2, t, global, t.recompute.value).on_gpu(offload);
+            let x = train_mem(m, &l2, t, critic, global, t.recompute.value, None).on_gpu(offload);
             if x <= usable {
                 fixes.push(format!("{} GPUs for this stage (DP{}): {} per GPU", gpus * k, l2.dp, gb_fixed(x)));
                 break;
@@ -497,12 +756,12 @@ pub(super) fn train_fixes(
     }
     // `recompute` is a field of `megatron` only (std/prelude): offer it to no other backend.
     if l.backend == Backend::Megatron && t.recompute.value != Recompute::Full {
-        let x = train_mem(m, l, t, global, Recompute::Full).on_gpu(offload);
+        let x = train_mem(m, l, t, critic, global, Recompute::Full, None).on_gpu(offload);
         fixes.push(format!("`recompute = full`: {} per GPU ({})", gb_fixed(x), verdict(x)));
     }
     if l.backend == Backend::Megatron && m.layers >= 2 * l.pp && l.dp.is_multiple_of(2) {
         let l2 = Layout { pp: l.pp * 2, dp: l.dp / 2, ..*l };
-        let x = train_mem(m, &l2, t, global, t.recompute.value).on_gpu(offload);
+        let x = train_mem(m, &l2, t, critic, global, t.recompute.value, None).on_gpu(offload);
         fixes.push(format!("PP{} DP{} on the same GPUs: {} per GPU ({})", l2.pp, l2.dp, gb_fixed(x), verdict(x)));
     }
     fixes
