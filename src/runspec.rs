@@ -179,9 +179,6 @@ pub fn run_spec(recipe: &CompiledRecipe) -> Result<RunSpec, Vec<Diagnostic>> {
             "the embedded backend runs one rollout and one trainer",
         );
     }
-    if train.kind != "grpo" {
-        m.unsupported(train.name_span, format!("`{}` (a critic)", train.kind), "use grpo on the embedded backend");
-    }
     for node in recipe.graph.nodes() {
         match node.kind.as_str() {
             "generate" | "grpo" | "ppo" | "sft" | "weights" | "evaluate" | "checkpoint" | "exact_match" | "verify"
@@ -314,6 +311,13 @@ pub fn run_spec(recipe: &CompiledRecipe) -> Result<RunSpec, Vec<Diagnostic>> {
         micro_batch: m.u64(train, "micro_batch") as usize,
         global_batch: m.u64(train, "global_batch") as usize,
         lora: m.record(train, "lora").map(|r| lora_spec(r, seed, partial_credit)),
+        ppo: (train.kind == "ppo").then(|| PpoSpec {
+            critic_lr: m.f64(train, "critic_lr"),
+            gamma: m.f64(train, "gamma"),
+            lambda: m.f64(train, "lambda"),
+            value_clip: m.f64(train, "value_clip"),
+            rollout_logprobs: m.bool(train, "rollout_logprobs"),
+        }),
     };
     let eval = m
         .first_of_kind("evaluate")

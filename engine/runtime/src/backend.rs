@@ -157,6 +157,22 @@ pub struct TrainStats {
     pub backward_s: f64,
     #[serde(default)]
     pub optimizer_s: f64,
+    /// PPO: the critic's value loss (mean over tokens and optimizer steps), its mean value and
+    /// the explained variance of the returns; None for GRPO.
+    #[serde(default)]
+    pub critic: Option<CriticStats>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct CriticStats {
+    pub value_loss: f64,
+    pub value_mean: f64,
+    pub return_mean: f64,
+    /// 1 - Var(returns - values) / Var(returns), before the update.
+    pub explained_variance: f64,
+    pub grad_norm: f64,
+    /// Fraction of tokens whose clipped value term was active.
+    pub clip_frac: f64,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]

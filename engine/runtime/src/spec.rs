@@ -450,6 +450,29 @@ pub struct TrainSpec {
     /// the adapters train and sync. None: full fine-tuning.
     #[serde(default)]
     pub lora: Option<LoraSpec>,
+    /// PPO with a learned critic (std/stages `ppo`): per-token GAE advantages from the critic's
+    /// values replace the group-relative ones. None: GRPO.
+    #[serde(default)]
+    pub ppo: Option<PpoSpec>,
+}
+
+/// std/stages `ppo`'s critic and advantage settings.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PpoSpec {
+    /// The critic's own AdamW learning rate (on the run's LR schedule).
+    pub critic_lr: f64,
+    /// GAE discount and trace decay.
+    pub gamma: f64,
+    pub lambda: f64,
+    /// A value moves at most this far from the value it had when the batch was sampled (PPO's
+    /// clipped value loss); 0: no clipping.
+    #[serde(default)]
+    pub value_clip: f64,
+    /// The behaviour policy's log-probs are the rollout engine's (else the trainer's own, before
+    /// the update).
+    #[serde(default)]
+    pub rollout_logprobs: bool,
 }
 
 /// The linear layers of a Llama-family layer that LoRA can wrap, by their Hugging Face names.
@@ -709,6 +732,21 @@ impl RunSpec {
         }
         if t.global_batch % t.micro_batch != 0 {
             return bad("train.global_batch", "must be a multiple of train.micro_batch");
+        }
+        if let Some(p) = &t.ppo {
+            for (field, v) in [("critic_lr", p.critic_lr), ("value_clip", p.value_clip)] {
+                if !(v >= 0.0 && v.is_finite()) {
+                    return bad(&format!("train.ppo.{field}"), "must be a finite number >= 0");
+                }
+            }
+            for (field, v) in [("gamma", p.gamma), ("lambda", p.lambda)] {
+                if !(0.0..=1.0).contains(&v) {
+                    return bad(&format!("train.ppo.{field}"), "must be in [0, 1]");
+                }
+            }
+            if t.lora.is_some() {
+                return bad("train.lora", "PPO's critic with LoRA is not run yet");
+            }
         }
         if let Some(l) = &t.lora {
             if l.rank == 0 || l.rank > m.d_model {

@@ -1,10 +1,11 @@
 //! The embedded libtorch backend of miles (CPU, fp32): a Llama-style policy, batched sampling with
-//! a KV cache, GRPO/PPO and SFT training, and LoRA adapters (`lora`). Implements the traits of `miles-runtime`.
+//! a KV cache, GRPO, PPO with a learned critic (`critic`) and SFT training, and LoRA adapters (`lora`). Implements the traits of `miles-runtime`.
 //!
 //! Entry point for the CLI: [`run`] (a `RunSpec` plus `RunOptions`), or [`TchBackend`] with
 //! `miles_runtime::run_with`.
 
 pub mod cli;
+pub mod critic;
 pub mod generate;
 pub mod hf;
 pub mod lora;

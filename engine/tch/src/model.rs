@@ -362,6 +362,20 @@ impl Policy {
         tokens: &Tensor,
         positions: &Tensor,
         key_valid: &Tensor,
+        cache: Option<&mut KvCache>,
+    ) -> Tensor {
+        self.hidden(tokens, positions, key_valid, cache).linear::<Tensor>(&self.lm_head, None)
+    }
+
+    // `x = x + y` on purpose, as in `forward`.
+    #[allow(clippy::assign_op_pattern)]
+    /// The final normed hidden states [B, T, d_model] that `forward` projects to logits (PPO's
+    /// critic reads values from them).
+    pub fn hidden(
+        &self,
+        tokens: &Tensor,
+        positions: &Tensor,
+        key_valid: &Tensor,
         mut cache: Option<&mut KvCache>,
     ) -> Tensor {
         let (b, t) = tokens.size2().unwrap_or((0, 0));
@@ -439,7 +453,7 @@ impl Policy {
         if let Some(c) = cache {
             c.len = s;
         }
-        rms_norm(&x, &self.norm, cfg.norm_eps).linear::<Tensor>(&self.lm_head, None)
+        rms_norm(&x, &self.norm, cfg.norm_eps)
     }
 
     // `x = x + y` on purpose, as in `forward`.

@@ -2,11 +2,12 @@
 //! bonus, token/sequence aggregation), masked cross-entropy SFT, gradient accumulation over
 //! micro-batches, global-norm clipping and AdamW with our own (checkpointable) state.
 
+use crate::critic::{gae, to_vec, value_loss, whiten, Critic};
 use crate::model::{backend_err, left_pad, load_named, Policy};
 use miles_runtime::tasks::TokenId;
 use miles_runtime::{
-    Aggregation, NamedTensor, RunError, SftStats, TrainSpec, TrainStats, Trajectory, WeightSnapshot, E_CHECKPOINT,
-    E_NONFINITE,
+    Aggregation, CriticStats, NamedTensor, PpoSpec, RunError, SftStats, TrainSpec, TrainStats, Trajectory,
+    WeightSnapshot, E_CHECKPOINT, E_NONFINITE,
 };
 use std::cell::Cell;
 use std::path::Path;
@@ -131,10 +132,10 @@ pub fn kl_k3(logp: &Tensor, ref_logp: &Tensor) -> Tensor {
     d.exp() - &d - 1.0
 }
 
-struct AdamState {
-    m: Vec<Tensor>,
-    v: Vec<Tensor>,
-    t: u64,
+pub(crate) struct AdamState {
+    pub(crate) m: Vec<Tensor>,
+    pub(crate) v: Vec<Tensor>,
+    pub(crate) t: u64,
 }
 
 pub struct TchTrainer {
@@ -148,6 +149,8 @@ pub struct TchTrainer {
     /// The Hugging Face directory the policy was loaded from: the saved model carries its
     /// config.json and tokenizer files through.
     pub source: Option<crate::hf::HfMeta>,
+    /// PPO's critic, from the first RL step on (`crate::critic`).
+    pub critic: Option<Critic>,
     /// The engines may not hold this trainer's base weights (a fresh trainer, or one loaded from
     /// a checkpoint): the next export sends the base with the adapters. Cleared by that export.
     base_stale: Cell<bool>,
@@ -161,7 +164,16 @@ impl TchTrainer {
         policy.lora_spec = spec.lora.clone();
         policy.set_requires_grad(true);
         let adam = vec![AdamState::zeros(policy.params())];
-        TchTrainer { policy, reference: None, spec, adam, version: 0, source: None, base_stale: Cell::new(true) }
+        TchTrainer {
+            policy,
+            reference: None,
+            spec,
+            adam,
+            version: 0,
+            source: None,
+            critic: None,
+            base_stale: Cell::new(true),
+        }
     }
 
     /// What the optimizer updates: the active adapter once LoRA is attached, else every parameter.
@@ -251,49 +263,9 @@ impl TchTrainer {
     /// Global-norm clip then one AdamW step. Returns the pre-clip norm; a non-finite norm leaves
     /// the weights untouched and is an error.
     fn optimizer_step(&mut self, lr: f64) -> Result<f64, RunError> {
-        let _g = tch::no_grad_guard();
         let params = self.trainable();
-        let grads: Vec<Tensor> = params
-            .iter()
-            .map(|(_, p)| {
-                let g = p.grad();
-                if g.defined() {
-                    g
-                } else {
-                    p.zeros_like()
-                }
-            })
-            .collect();
-        let sq: f64 = grads.iter().map(|g| g.square().sum(Kind::Double).double_value(&[])).sum();
-        let norm = sq.sqrt();
-        if !norm.is_finite() {
-            return Err(RunError::new(E_NONFINITE, "gradient norm is NaN/infinite; weights were not updated"));
-        }
-        let clip = self.spec.grad_clip;
-        let scale = if clip > 0.0 && norm > clip { clip / (norm + 1e-6) } else { 1.0 };
-        let (b1, b2, eps, wd) = (self.spec.beta1, self.spec.beta2, self.spec.eps, self.spec.weight_decay);
         let adam = &mut self.adam[self.policy.lora().map_or(0, |_| self.policy.active_adapter())];
-        adam.t += 1;
-        let t = adam.t as i32;
-        let bc1 = 1.0 - b1.powi(t);
-        let bc2 = 1.0 - b2.powi(t);
-        for (i, ((_, p), g)) in params.iter().zip(grads.iter()).enumerate() {
-            let g = if scale != 1.0 { g * scale } else { g.shallow_clone() };
-            let m = &mut adam.m[i];
-            let _ = m.g_mul_scalar_(b1);
-            let _ = m.g_add_(&(&g * (1.0 - b1)));
-            let v = &mut adam.v[i];
-            let _ = v.g_mul_scalar_(b2);
-            let _ = v.g_add_(&(g.square() * (1.0 - b2)));
-            let mut p = p.shallow_clone();
-            // Decoupled weight decay, on matrices only (norm gains stay at their scale).
-            if wd > 0.0 && p.dim() >= 2 {
-                let _ = p.g_mul_scalar_(1.0 - lr * wd);
-            }
-            let denom = (&*v / bc2).sqrt() + eps;
-            let upd = &*m / denom * (lr / bc1);
-            let _ = p.g_sub_(&upd);
-        }
+        let norm = adam_step(&params, adam, &self.spec, lr)?;
         self.version += 1;
         Ok(norm)
     }
@@ -326,6 +298,9 @@ impl TchTrainer {
         temperature: f64,
     ) -> Result<TrainStats, RunError> {
         self.begin_lora();
+        if self.spec.ppo.is_some() && self.critic.is_none() {
+            self.critic = Some(Critic::from_policy(&self.policy));
+        }
         let micro = self.spec.micro_batch.max(1);
         // Phase timings for the profile (CPU ops are synchronous, so wall time is the op's time).
         let t_lp = Instant::now();
@@ -338,6 +313,12 @@ impl TchTrainer {
         let old = if on_policy { None } else { Some(Self::logprobs_of(&self.policy, batch, micro, temperature)?) };
         let reference = match (&self.reference, self.spec.kl_coef > 0.0) {
             (Some(r), true) => Some(Self::logprobs_of(r, batch, micro, temperature)?),
+            _ => None,
+        };
+        // PPO: per-token advantages and returns from the critic's values before any update.
+        let ppo = self.spec.ppo.clone();
+        let targets = match (&ppo, &self.critic) {
+            (Some(p), Some(c)) => Some(critic_targets(c, batch, micro, p)?),
             _ => None,
         };
         let mut st = TrainStats { logprob_s: t_lp.elapsed().as_secs_f64(), ..TrainStats::default() };
@@ -377,8 +358,13 @@ impl TchTrainer {
                 let pk = pack(&pr, &rs, Some(&ms));
                 let rollv: Vec<&[f32]> = chunk.iter().map(|t| t.rollout_logprobs.as_slice()).collect();
                 let roll_t = pk.align(&rollv);
-                let adv: Vec<f32> = chunk.iter().map(|t| t.advantage).collect();
-                let adv_t = Tensor::from_slice(&adv).view([chunk.len() as i64, 1]);
+                let adv_t = match &targets {
+                    Some(tg) => pk.align(&(0..chunk.len()).map(|i| tg.adv[base + i].as_slice()).collect::<Vec<_>>()),
+                    None => {
+                        let adv: Vec<f32> = chunk.iter().map(|t| t.advantage).collect();
+                        Tensor::from_slice(&adv).view([chunk.len() as i64, 1])
+                    }
+                };
                 self.set_training(true);
                 let (lp, logp_all) = token_logprobs(&self.policy, &pk, temperature);
                 self.set_training(false);
@@ -394,6 +380,9 @@ impl TchTrainer {
                         old_t
                     }
                 };
+                // PPO's `rollout_logprobs`: the behaviour policy is the sampler's.
+                let old_t =
+                    if ppo.as_ref().is_some_and(|p| p.rollout_logprobs) { roll_t.shallow_clone() } else { old_t };
                 let terms =
                     pg_terms(&lp, &old_t, &roll_t, &adv_t, self.spec.clip_low, self.spec.clip_high, self.spec.tis_cap);
                 // The entropy is a statistic unless it is in the loss: then no gradient graph.
@@ -447,6 +436,12 @@ impl TchTrainer {
             st.loss += loss_acc;
             st.grad_norm += norm;
             st.optimizer_steps += 1;
+        }
+        if let (Some(p), Some(tg)) = (&ppo, &targets) {
+            let mut critic = self.critic.take();
+            let res = critic.as_mut().map(|c| train_critic(c, &self.spec, p, batch, lrs, tg, micro));
+            self.critic = critic;
+            st.critic = res.transpose()?;
         }
         st.logp_diff = diff_sum / tok_total.max(1.0);
         let k = st.optimizer_steps.max(1) as f64;
@@ -542,12 +537,16 @@ impl TchTrainer {
             Tensor::write_safetensors(&named, &p)
                 .map_err(|e| RunError::new(E_CHECKPOINT, format!("cannot write {}: {e}", p.display())))?;
         }
+        if let Some(c) = &self.critic {
+            c.save(dir)?;
+        }
         miles_runtime::exec::write_json(
             &dir.join("trainer.json"),
             &serde_json::json!({
                 "version": self.version,
                 "adam_t": self.adam[0].t,
                 "adam_steps": self.adam.iter().map(|a| a.t).collect::<Vec<_>>(),
+                "critic_adam_t": self.critic.as_ref().map(|c| c.adam.t),
             }),
         )
     }
@@ -584,6 +583,7 @@ impl TchTrainer {
             }
             None => self.adam[0].t = v["adam_t"].as_u64().unwrap_or(0),
         }
+        self.critic = Critic::load(dir, &self.policy, v["critic_adam_t"].as_u64().unwrap_or(0))?;
         Ok(())
     }
 }
@@ -649,8 +649,174 @@ impl TchTrainer {
     }
 }
 
+/// PPO's targets for a batch: per response token, the advantage (GAE, whitened over the batch's
+/// trained tokens), the return and the value the critic gave before any update.
+struct CriticTargets {
+    adv: Vec<Vec<f32>>,
+    returns: Vec<Vec<f32>>,
+    values: Vec<Vec<f32>>,
+}
+
+fn critic_targets(c: &Critic, batch: &[Trajectory], micro: usize, p: &PpoSpec) -> Result<CriticTargets, RunError> {
+    let _g = tch::no_grad_guard();
+    let mut values = Vec::with_capacity(batch.len());
+    for chunk in batch.chunks(micro.max(1)) {
+        let pr: Vec<&[TokenId]> = chunk.iter().map(|t| t.prompt.as_slice()).collect();
+        let rs: Vec<&[TokenId]> = chunk.iter().map(|t| t.response.as_slice()).collect();
+        let pk = pack(&pr, &rs, None);
+        let v = c.values(&pk.tokens, &pk.positions, &pk.valid).narrow(1, 0, pk.width);
+        values.extend(pk.extract(&v)?);
+    }
+    let (mut adv, mut returns) = (Vec::with_capacity(batch.len()), Vec::with_capacity(batch.len()));
+    for (t, v) in batch.iter().zip(&values) {
+        let (a, r) = gae(v, t.reward, p.gamma, p.lambda);
+        adv.push(a);
+        returns.push(r);
+    }
+    let masks: Vec<&[f32]> = batch.iter().map(|t| t.loss_mask.as_slice()).collect();
+    whiten(&mut adv, &masks);
+    Ok(CriticTargets { adv, returns, values })
+}
+
+/// The critic's updates for a batch: the clipped value loss over the same optimizer steps as the
+/// policy's (slices of the batch), each step at `critic_lr` on the policy's LR schedule.
+#[allow(clippy::too_many_arguments)]
+fn train_critic(
+    c: &mut Critic,
+    spec: &TrainSpec,
+    p: &PpoSpec,
+    batch: &[Trajectory],
+    lrs: &[f64],
+    tg: &CriticTargets,
+    micro: usize,
+) -> Result<CriticStats, RunError> {
+    let mut cs = CriticStats::default();
+    // Statistics of the values before the update, over trained tokens.
+    let (mut n, mut vsum, mut rsum, mut rsq, mut esq, mut esum) = (0f64, 0f64, 0f64, 0f64, 0f64, 0f64);
+    for ((t, v), r) in batch.iter().zip(&tg.values).zip(&tg.returns) {
+        for ((&m, &v), &r) in t.loss_mask.iter().zip(v).zip(r) {
+            if m > 0.0 {
+                let (v, r) = (v as f64, r as f64);
+                n += 1.0;
+                vsum += v;
+                rsum += r;
+                rsq += r * r;
+                esum += r - v;
+                esq += (r - v) * (r - v);
+            }
+        }
+    }
+    let n1 = n.max(1.0);
+    cs.value_mean = vsum / n1;
+    cs.return_mean = rsum / n1;
+    let var_r = rsq / n1 - (rsum / n1).powi(2);
+    let var_e = esq / n1 - (esum / n1).powi(2);
+    cs.explained_variance = if var_r > 1e-12 { 1.0 - var_e / var_r } else { 0.0 };
+    let n_opt = lrs.len().max(1);
+    let per_opt = batch.len().div_ceil(n_opt);
+    let (mut clip_sum, mut steps) = (0f64, 0u64);
+    for (k, lr) in lrs.iter().enumerate() {
+        let (lo, hi) = (k * per_opt, ((k + 1) * per_opt).min(batch.len()));
+        if lo >= hi {
+            continue;
+        }
+        let slice = &batch[lo..hi];
+        let g_tokens: f64 =
+            slice.iter().map(|t| t.loss_mask.iter().map(|&m| m as f64).sum::<f64>()).sum::<f64>().max(1.0);
+        c.zero_grad();
+        let mut loss_acc = 0f64;
+        for (ci, chunk) in slice.chunks(micro.max(1)).enumerate() {
+            let base = lo + ci * micro.max(1);
+            let pr: Vec<&[TokenId]> = chunk.iter().map(|t| t.prompt.as_slice()).collect();
+            let rs: Vec<&[TokenId]> = chunk.iter().map(|t| t.response.as_slice()).collect();
+            let ms: Vec<&[f32]> = chunk.iter().map(|t| t.loss_mask.as_slice()).collect();
+            let pk = pack(&pr, &rs, Some(&ms));
+            let rows = |x: &[Vec<f32>]| -> Vec<Vec<f32>> { (0..chunk.len()).map(|i| x[base + i].clone()).collect() };
+            let (old_rows, ret_rows) = (rows(&tg.values), rows(&tg.returns));
+            let v_old = pk.align(&old_rows.iter().map(Vec::as_slice).collect::<Vec<_>>());
+            let ret = pk.align(&ret_rows.iter().map(Vec::as_slice).collect::<Vec<_>>());
+            let v = c.values(&pk.tokens, &pk.positions, &pk.valid).narrow(1, 0, pk.width);
+            let (vl, clipped) = value_loss(&v, &v_old, &ret, p.value_clip);
+            let loss = (vl * &pk.mask).sum(Kind::Float) / g_tokens;
+            let lv = loss.double_value(&[]);
+            if !lv.is_finite() {
+                c.zero_grad();
+                return Err(RunError::new(
+                    E_NONFINITE,
+                    "critic value loss is NaN/infinite; the critic was not updated",
+                ));
+            }
+            loss_acc += lv;
+            loss.backward();
+            clip_sum += to_vec(&(clipped * &pk.mask).sum(Kind::Float))?.first().copied().unwrap_or(0.0) as f64;
+        }
+        let ratio = if spec.lr > 0.0 { lr / spec.lr } else { 1.0 };
+        cs.grad_norm += adam_step(&c.params(), &mut c.adam, spec, p.critic_lr * ratio)?;
+        cs.value_loss += loss_acc;
+        steps += 1;
+    }
+    let k = steps.max(1) as f64;
+    cs.value_loss /= k;
+    cs.grad_norm /= k;
+    cs.clip_frac = clip_sum / n1;
+    Ok(cs)
+}
+
+/// Global-norm clip (`spec.grad_clip`) then one AdamW step of `params` with `adam`'s moments.
+/// Returns the pre-clip norm; a non-finite norm leaves the weights untouched and is an error. The
+/// policy's and PPO's critic's optimizers are both this one.
+pub(crate) fn adam_step(
+    params: &[(String, Tensor)],
+    adam: &mut AdamState,
+    spec: &TrainSpec,
+    lr: f64,
+) -> Result<f64, RunError> {
+    let _g = tch::no_grad_guard();
+    let grads: Vec<Tensor> = params
+        .iter()
+        .map(|(_, p)| {
+            let g = p.grad();
+            if g.defined() {
+                g
+            } else {
+                p.zeros_like()
+            }
+        })
+        .collect();
+    let sq: f64 = grads.iter().map(|g| g.square().sum(Kind::Double).double_value(&[])).sum();
+    let norm = sq.sqrt();
+    if !norm.is_finite() {
+        return Err(RunError::new(E_NONFINITE, "gradient norm is NaN/infinite; weights were not updated"));
+    }
+    let clip = spec.grad_clip;
+    let scale = if clip > 0.0 && norm > clip { clip / (norm + 1e-6) } else { 1.0 };
+    let (b1, b2, eps, wd) = (spec.beta1, spec.beta2, spec.eps, spec.weight_decay);
+    adam.t += 1;
+    let t = adam.t as i32;
+    let bc1 = 1.0 - b1.powi(t);
+    let bc2 = 1.0 - b2.powi(t);
+    for (i, ((_, p), g)) in params.iter().zip(grads.iter()).enumerate() {
+        let g = if scale != 1.0 { g * scale } else { g.shallow_clone() };
+        let m = &mut adam.m[i];
+        let _ = m.g_mul_scalar_(b1);
+        let _ = m.g_add_(&(&g * (1.0 - b1)));
+        let v = &mut adam.v[i];
+        let _ = v.g_mul_scalar_(b2);
+        let _ = v.g_add_(&(g.square() * (1.0 - b2)));
+        let mut p = p.shallow_clone();
+        // Decoupled weight decay, on matrices only (norm gains stay at their scale).
+        if wd > 0.0 && p.dim() >= 2 {
+            let _ = p.g_mul_scalar_(1.0 - lr * wd);
+        }
+        let denom = (&*v / bc2).sqrt() + eps;
+        let upd = &*m / denom * (lr / bc1);
+        let _ = p.g_sub_(&upd);
+    }
+    Ok(norm)
+}
+
 impl AdamState {
-    fn zeros(params: &[(String, Tensor)]) -> AdamState {
+    pub(crate) fn zeros(params: &[(String, Tensor)]) -> AdamState {
         let z = || -> Vec<Tensor> { params.iter().map(|(_, p)| p.detach().zeros_like()).collect() };
         AdamState { m: z(), v: z(), t: 0 }
     }

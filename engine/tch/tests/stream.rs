@@ -68,6 +68,7 @@ fn trainer_logprobs(policy: &Policy, samples: &[StreamSample], temperature: f64)
             micro_batch: 8,
             global_batch: 8,
             lora: None,
+            ppo: None,
         },
     );
     let ps = prompts();

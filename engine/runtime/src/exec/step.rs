@@ -60,6 +60,14 @@ pub(crate) fn insert_train_stats(row: &mut Map<String, Value>, ts: &TrainStats, 
     row.insert("train/tis_weight".into(), json!(ts.tis_weight));
     row.insert("train/lr".into(), json!(lrs.last().copied().unwrap_or(0.0)));
     row.insert("train/tokens".into(), json!(ts.tokens));
+    if let Some(c) = &ts.critic {
+        row.insert("critic/value_loss".into(), json!(c.value_loss));
+        row.insert("critic/value_mean".into(), json!(c.value_mean));
+        row.insert("critic/return_mean".into(), json!(c.return_mean));
+        row.insert("critic/explained_variance".into(), json!(c.explained_variance));
+        row.insert("critic/grad_norm".into(), json!(c.grad_norm));
+        row.insert("critic/clip_frac".into(), json!(c.clip_frac));
+    }
 }
 
 /// Seconds a step spent in each phase.
