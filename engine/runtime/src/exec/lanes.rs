@@ -110,15 +110,7 @@ pub(crate) fn step_lanes(
 /// sums of counts, means of the per-call means.
 pub(crate) fn merge(steps: Vec<LaneStep>) -> (StepBatch, TrainStats, Vec<f64>) {
     let k = steps.len().max(1) as f64;
-    let mut sb = StepBatch {
-        batch: Vec::new(),
-        rewards: Vec::new(),
-        groups: Vec::new(),
-        sampled_tokens: 0,
-        responses: 0,
-        stopped: 0,
-        metrics: Vec::new(),
-    };
+    let mut sb = StepBatch::default();
     let mut ts = TrainStats::default();
     let mut lrs = Vec::new();
     for s in steps {

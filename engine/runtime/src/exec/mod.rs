@@ -111,16 +111,7 @@ pub fn run_with(spec: &RunSpec, opts: &RunOptions, backend: &dyn Backend) -> Res
                     &mut times,
                 )?;
                 lane_step = Some((lanes::merge(parts), cols, times));
-                let empty = StepBatch {
-                    batch: Vec::new(),
-                    rewards: Vec::new(),
-                    groups: Vec::new(),
-                    sampled_tokens: 0,
-                    responses: 0,
-                    stopped: 0,
-                    metrics: Vec::new(),
-                };
-                (empty, 0.0, Instant::now())
+                (StepBatch::default(), 0.0, Instant::now())
             }
             Some(env) => {
                 // Episodes: generation and the environment interleave turn by turn.
@@ -225,6 +216,7 @@ pub fn run_with(spec: &RunSpec, opts: &RunOptions, backend: &dyn Backend) -> Res
 }
 
 /// What one RL step's rollout gives the trainer and the metrics: single responses or episodes.
+#[derive(Default)]
 pub struct StepBatch {
     pub batch: Vec<Trajectory>,
     /// One per trained response (episode); a dropped one leaves its group.
