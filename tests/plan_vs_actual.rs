@@ -1,7 +1,7 @@
 //! Plan versus actual, through the built binaries: `miles run` saves the recipe's plan as
 //! OUT/plan.json before the engine starts, the engine records its peak RSS, and `miles report`
-//! sets the two side by side. No timing thresholds here (the machine is noisy); bench/RESULTS.md
-//! has the measured ratios.
+//! sets the two side by side. Memory is held to a ratio; no timing thresholds here (the machine
+//! is noisy); bench/RESULTS.md has the measured ratios.
 
 mod common;
 
@@ -49,7 +49,10 @@ fn a_run_saves_its_plan_and_the_report_compares_it() {
     let t = text(&o);
     assert!(t.contains("Plan vs actual"), "{t}");
     let mem = ratio(&t, "memory").unwrap_or_else(|| panic!("no memory ratio: {t}"));
-    assert!(mem.is_finite() && mem > 0.0, "{t}");
+    // The planner models the embedded process (its base, weight copies, libtorch's activations):
+    // peak RSS within x1.5 of the plan (bench/RESULTS.md: x1.01 on this recipe; memory does not
+    // depend on the machine's load, the margin is for another libtorch build's base).
+    assert!(mem > 1.0 / 1.5 && mem < 1.5, "measured/plan memory {mem}: {t}");
     // Where the plan prices the step, its ratio is finite too.
     if plan["step"].is_object() {
         let step = ratio(&t, "step ").unwrap_or_else(|| panic!("no step ratio: {t}"));
