@@ -687,6 +687,13 @@ pub const EMBEDDED_PROCESS_BYTES: f64 = 140.0e6;
 /// `Assumptions::embedded_autograd_scale`' default (see there).
 pub const EMBEDDED_AUTOGRAD_SCALE: f64 = 1.4;
 
+/// `Assumptions::embedded_flops_per_s`' default (see there).
+pub const EMBEDDED_FLOPS_PER_S: f64 = 64e9;
+/// `Assumptions::embedded_kernel_s`' default (see there).
+pub const EMBEDDED_KERNEL_S: f64 = 5e-6;
+/// `Assumptions::embedded_bytes_per_s`' default (see there).
+pub const EMBEDDED_BYTES_PER_S: f64 = 2.3e9;
+
 /// Modelling constants. Defaults are documented in docs/plan.md with their source.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
@@ -733,6 +740,21 @@ pub struct Assumptions {
     /// them, and glibc keeps freed blocks resident. The one constant calibrated against
     /// `miles run` peaks (docs/plan.md, "The embedded process").
     pub embedded_autograd_scale: f64,
+    /// Step time on a CPU host (docs/plan.md, "Step time on a CPU host"), one libtorch thread:
+    /// effective FP32 matmul rate, FLOP/s. Measured, not fitted: libtorch matmuls at the laptop
+    /// model's own shapes on one thread reached 62-90 GFLOP/s under load (bench/RESULTS.md,
+    /// "Profile of a miles GRPO step": 1024x64x176 64.7, 1024x64x64 90.2, 128x64x176 62.1).
+    pub embedded_flops_per_s: f64,
+    /// Fixed cost of one ATen op (dispatch, allocation, autograd bookkeeping), s. Calibrated on
+    /// recipes/grpo-laptop.miles (`miles run --set stop=20.steps --threads 1`): its optimizer
+    /// phase, ~250 ops on tiny tensors, took a median 1.30 ms: ~5 us per op. (Fitting this and
+    /// `embedded_bytes_per_s` to its rollout and train medians alone gives a negative cost.)
+    pub embedded_kernel_s: f64,
+    /// Rate at which the non-matmul ops write their FP32 outputs, bytes/s (elementwise ops,
+    /// copies, softmax over 1 MB-sized tensors on one thread). Fitted on grpo-laptop alone, the
+    /// same 20 steps: rollout + train medians 24.7 + 134.6 ms against the model's FLOP and op
+    /// terms (51.9 ms) leave 107 ms for 249 MB written: 2.3 GB/s.
+    pub embedded_bytes_per_s: f64,
 }
 
 impl Default for Assumptions {
@@ -754,6 +776,9 @@ impl Default for Assumptions {
             observation_tokens: 512,
             embedded_process_bytes: EMBEDDED_PROCESS_BYTES,
             embedded_autograd_scale: EMBEDDED_AUTOGRAD_SCALE,
+            embedded_flops_per_s: EMBEDDED_FLOPS_PER_S,
+            embedded_kernel_s: EMBEDDED_KERNEL_S,
+            embedded_bytes_per_s: EMBEDDED_BYTES_PER_S,
         }
     }
 }

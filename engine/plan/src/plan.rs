@@ -12,6 +12,7 @@ pub use colocate::OFFLOAD_LINK_EFFICIENCY;
 
 mod batch;
 mod colocate;
+mod cpu;
 mod episodes;
 mod layout;
 mod placement;

@@ -254,6 +254,42 @@ pub(crate) fn critic_flops_per_token(
     values + value_loss + 6.0 * layers * seq * attn_width
 }
 
+/// Work of the embedded backend on a CPU host (docs/plan.md, "Step time on a CPU host"): matmul
+/// FLOPs, ATen ops ("kernels", each with a fixed dispatch cost) and bytes the non-matmul ops write.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub(crate) struct CpuWork {
+    pub flops: f64,
+    pub kernels: f64,
+    pub bytes: f64,
+}
+
+impl CpuWork {
+    pub(crate) fn scale(self, k: f64) -> CpuWork {
+        CpuWork { flops: self.flops * k, kernels: self.kernels * k, bytes: self.bytes * k }
+    }
+}
+
+impl std::ops::Add for CpuWork {
+    type Output = CpuWork;
+    fn add(self, o: CpuWork) -> CpuWork {
+        CpuWork { flops: self.flops + o.flops, kernels: self.kernels + o.kernels, bytes: self.bytes + o.bytes }
+    }
+}
+
+/// The rates `CpuWork` runs at on one libtorch thread.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct CpuRate {
+    pub flops_per_s: f64,
+    pub kernel_s: f64,
+    pub bytes_per_s: f64,
+}
+
+/// FLOPs / effective FLOP/s + kernels x per-kernel cost + bytes / effective bandwidth: libtorch's
+/// CPU ops run one after another on one thread, so their costs add.
+pub(crate) fn cpu_seconds(w: &CpuWork, r: &CpuRate) -> f64 {
+    div(w.flops, r.flops_per_s) + w.kernels * r.kernel_s + div(w.bytes, r.bytes_per_s)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -387,6 +423,15 @@ mod tests {
         assert_eq!(decode_step_s(&d), (0.01, false));
         let d = DecodeShape { flops: 1e14, ..d };
         assert_eq!(decode_step_s(&d), (0.2, true));
+    }
+
+    #[test]
+    fn cpu_seconds_adds_the_three_terms() {
+        let w = CpuWork { flops: 2e9, kernels: 100.0, bytes: 1e8 };
+        let r = CpuRate { flops_per_s: 1e9, kernel_s: 1e-5, bytes_per_s: 1e9 };
+        // 2 s of matmuls + 1 ms of dispatch + 0.1 s of writes.
+        assert!((cpu_seconds(&w, &r) - 2.101).abs() < 1e-12);
+        assert_eq!((w + w).scale(0.5), w);
     }
 
     #[test]

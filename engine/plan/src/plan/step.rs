@@ -17,12 +17,21 @@ pub(super) fn plan_step(
 ) -> Option<StepReport> {
     let b = batch?;
     let t = trains.first()?;
-    let r = rollouts.first()?;
-    let rollout_s = r.rollout_time.as_ref()?.seconds;
+    // A GPU engine's rollout, else the embedded engine's on a CPU host.
+    let cpu = t.cpu.as_ref();
+    let rollout = match rollouts.first() {
+        Some(r) => r.rollout_time.clone()?,
+        None => cpu?.rollout.clone()?,
+    };
+    let rollout_s = rollout.seconds;
     let spr = b.steps_per_rollout as f64;
     let train_s = t.step.seconds * spr;
     let offload_s = t.offload_s * spr;
-    let sync_s = syncs.first().map_or(0.0, |s| s.estimate.seconds);
+    let sync_s = match (syncs.first(), cpu) {
+        (Some(s), _) => s.estimate.seconds,
+        (None, Some(c)) if !cx.input.syncs.is_empty() => c.sync.seconds,
+        _ => 0.0,
+    };
     let colocated = cx.input.placement.mode.value == PlacementMode::Colocated;
     let switch_s = colocation.map_or(0.0, |c| c.switch.seconds);
     let sync_step_s = rollout_s + train_s + offload_s + sync_s + switch_s;
@@ -55,7 +64,14 @@ pub(super) fn plan_step(
                 } else {
                     "disaggregated: no eviction".into()
                 },
-            ],
+            ]
+            .into_iter()
+            .chain(cpu.into_iter().flat_map(|c| {
+                let rollout = rollout.assumptions.iter().map(|x| format!("rollout: {x}"));
+                let sync = c.sync.assumptions.iter().map(|x| format!("sync: {x}"));
+                rollout.chain(sync).collect::<Vec<_>>()
+            }))
+            .collect(),
         },
     })
 }

@@ -30,6 +30,15 @@ pub(super) struct TrainFacts {
     pub(super) disk_bw: f64,
     /// With LoRA, what a weight update moves: every adapter's parameters (the base is frozen).
     pub(super) lora: Option<LoraReport>,
+    /// The embedded backend on a CPU-only host: its rollout and local handoff, which no GPU
+    /// engine or transport prices (docs/plan.md, "Step time on a CPU host").
+    pub(super) cpu: Option<CpuSide>,
+}
+
+#[derive(Clone, Debug)]
+pub(super) struct CpuSide {
+    pub(super) rollout: Option<Estimate>,
+    pub(super) sync: Estimate,
 }
 
 pub(super) fn peak_flops(g: &GpuSpec, p: Precision) -> f64 {
@@ -511,7 +520,7 @@ pub(super) fn plan_trainer(
         0.0
     };
     let critic_s = div(tokens * critic_tok, gpus as f64 * peak * a.train_mfu);
-    let step = Estimate {
+    let gpu_step = Estimate {
         seconds: step_s + critic_s,
         assumptions: vec![
             format!("{:.3e} tokens per optimizer step (global batch x seq {})", tokens, t.seq_len.value),
@@ -540,6 +549,29 @@ pub(super) fn plan_trainer(
         }))
         .collect(),
     };
+    // The embedded backend on a CPU-only host: its own step-time model (docs/plan.md, "Step time
+    // on a CPU host"), rollout and local handoff included.
+    let cpu_host = cx.input.cluster.host.as_ref().filter(|_| host.is_some());
+    let (step, critic_s, cpu) = match (cpu_host, host) {
+        (Some(hs), Some(h)) => {
+            let spr = batch.map_or(1, |b| b.steps_per_rollout);
+            let (est, critic_s) = super::cpu::train_step(
+                a,
+                m,
+                t,
+                global,
+                spr,
+                critic,
+                cx.input.placement.embedded.kl_reference,
+                h.entropy_in_loss,
+            );
+            let rollout = batch.and_then(|b| super::cpu::rollout(cx, m, b, t.lora.as_ref()));
+            let bytes = lora.as_ref().map_or(m.params as f64 * l.precision.bytes(), |lo| lo.sync_bytes as f64);
+            let sync = super::cpu::sync(a, hs, m, t.lora.as_ref(), bytes);
+            (est, critic_s, Some(CpuSide { rollout, sync }))
+        }
+        _ => (gpu_step, critic_s, None),
+    };
     Some(TrainFacts {
         stage: st.name.clone(),
         gpus,
@@ -556,6 +588,7 @@ pub(super) fn plan_trainer(
         gpus_per_node: device.map_or(1, |g| g.gpus_per_node),
         disk_bw,
         lora,
+        cpu,
     })
 }
 

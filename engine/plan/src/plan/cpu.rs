@@ -1,0 +1,338 @@
+//! Step time of the embedded backend on a CPU-only host (docs/plan.md, "Step time on a CPU
+//! host"). libtorch on one thread runs every op to completion, so a pass costs the sum of its
+//! ops: matmul FLOPs at an effective rate, a fixed dispatch cost per op ("kernel"), and the
+//! bytes the non-matmul ops write at an effective rate. At 0.1M parameters the last two dominate
+//! (bench/RESULTS.md, "Profile of a miles GRPO step"); matmuls take over from ~10M parameters.
+
+use crate::input::*;
+use crate::model::{self, div};
+use crate::output::Estimate;
+use crate::time::{cpu_seconds, CpuRate, CpuWork};
+
+/// ATen ops of one decoder layer's forward, counted in `Policy::hidden` (no biases, no q/k
+/// norms): RMSNorm, the q|k|v weight cat and GEMM, rotary (neg, cat, two muls, add), the
+/// grouped keys/values repeated (two copies), attention (libtorch's CPU path with a mask: scale,
+/// QK^T, mask, softmax, AV), the contiguous copy, the output GEMM and residual add, RMSNorm, the
+/// gate|up cat and GEMM, SiLU, the gated product, the down GEMM and residual add.
+pub const LAYER_KERNELS: f64 = 25.0;
+/// ATen ops above the layers: the mask (aranges, comparisons, and/or), rotary tables (two
+/// index_selects), the embedding lookup, the final RMSNorm and the LM head.
+pub const HEAD_KERNELS: f64 = 11.0;
+/// The loss on top of the log-probs (`token_logprobs`, `pg_terms`, masked means, statistics).
+pub const LOSS_KERNELS: f64 = 20.0;
+/// A decode step writes its keys and values into the cache: two copies per layer.
+pub const CACHE_KERNELS: f64 = 2.0;
+/// A wrapped module's adapter (`Adapters::delta`): x A^T, its B^T, the scale; and the add (or
+/// the concatenation of a fused GEMM's deltas).
+pub const LORA_KERNELS: f64 = 4.0;
+/// AdamW per trainable tensor (decay, two moment updates, bias corrections, sqrt, division,
+/// update) plus its share of the gradient-norm clip.
+pub const ADAM_KERNELS_PER_TENSOR: f64 = 12.0;
+
+/// What one forward pass computes over.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Pass<'a> {
+    /// Sequences in the batch and new tokens per sequence.
+    pub rows: f64,
+    pub tokens: f64,
+    /// Keys each query attends (the whole padded sequence in training; the cache in decode).
+    pub keys: f64,
+    /// Decode step: writes to the KV cache, repeats the cached keys and values for every step.
+    pub decode: bool,
+    /// Training loss on top (log-softmax over the vocabulary, the policy loss).
+    pub loss: bool,
+    /// PPO's critic: a value head instead of the LM head, no vocabulary-wide tensors.
+    pub critic: bool,
+    pub lora: Option<&'a Lora>,
+    pub entropy_in_loss: bool,
+}
+
+/// Trainable tensors of the policy (each decoder layer's 9 weights, the embedding, the final norm
+/// and an untied LM head), or of the adapters (A and B per wrapped module and layer).
+pub(crate) fn trainable_tensors(m: &ModelSpec, lora: Option<&Lora>) -> f64 {
+    match lora {
+        Some(lo) => 2.0 * (lo.target_modules.len() as u64 * m.layers * lo.adapters.value.max(1)) as f64,
+        None => 9.0 * m.layers as f64 + 2.0 + if m.tied_embeddings == Some(true) { 0.0 } else { 1.0 },
+    }
+}
+
+/// One forward pass: matmul FLOPs 2 x active parameters per token plus attention 4 x layers x
+/// keys x q; kernels counted per layer and head; bytes: the FP32 tensors the forward writes,
+/// `model::embedded_layer_elements` per layer (a decode step also copies the repeated cache,
+/// 2 q per key) plus the head's.
+pub(crate) fn forward(m: &ModelSpec, p: &Pass) -> CpuWork {
+    let tokens = p.rows * p.tokens;
+    let layers = m.layers as f64;
+    let d = m.hidden_size as f64;
+    let q = (m.heads * m.head_dim) as f64;
+    let active = if p.critic { model::critic_spec(m).active_params } else { m.active_params } as f64;
+    let (mut flops, mut kernels) = (2.0 * active + 4.0 * layers * p.keys * q, layers * LAYER_KERNELS + HEAD_KERNELS);
+    let mut per_token = layers * model::embedded_layer_elements(m, p.keys.round() as u64);
+    if p.decode {
+        kernels += layers * CACHE_KERNELS;
+        if m.kv_heads < m.heads {
+            per_token += layers * 2.0 * q * (p.keys - 1.0).max(0.0);
+        }
+    }
+    per_token += if p.critic {
+        3.0 * d
+    } else if p.loss {
+        model::embedded_head_elements(m, p.entropy_in_loss)
+    } else {
+        3.0 * d + m.vocab as f64
+    };
+    if p.loss {
+        kernels += LOSS_KERNELS;
+    }
+    if let Some(lo) = p.lora.filter(|_| !p.critic) {
+        let rank = lo.rank.value as f64;
+        for &t in &lo.target_modules {
+            for (n, mlp, _) in model::lora_instances(m, t) {
+                let (fan_in, fan_out) = model::lora_shape(m, t, mlp);
+                flops += n * 2.0 * rank * (fan_in + fan_out);
+                kernels += n * LORA_KERNELS;
+                per_token += n * (rank + fan_out);
+            }
+        }
+    }
+    CpuWork { flops: tokens * flops, kernels, bytes: 4.0 * tokens * per_token }
+}
+
+/// A backward pass: twice the forward's FLOPs (input and weight gradients), kernels and bytes.
+/// With LoRA the frozen base needs no weight gradients; not modelled (an upper bound).
+pub(crate) fn backward(fwd: CpuWork) -> CpuWork {
+    fwd.scale(2.0)
+}
+
+pub(crate) fn rate(a: &Assumptions) -> CpuRate {
+    CpuRate { flops_per_s: a.embedded_flops_per_s, kernel_s: a.embedded_kernel_s, bytes_per_s: a.embedded_bytes_per_s }
+}
+
+fn rate_note(r: &CpuRate) -> String {
+    format!(
+        "one libtorch thread (miles run --threads 1; a recipe cannot set threads): matmuls at {:.0} GFLOP/s, {:.0} us per op, other ops write at {:.1} GB/s",
+        r.flops_per_s / 1e9,
+        r.kernel_s * 1e6,
+        r.bytes_per_s / 1e9
+    )
+}
+
+/// One optimizer step of the embedded trainer: per micro-batch the forward with the loss and
+/// its backward; the old log-probs' no-grad forward when a batch is trained in several steps;
+/// the KL reference's forward; PPO's critic (its values, its value loss forward and backward);
+/// AdamW. Returns the estimate and the critic's seconds in it.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn train_step(
+    a: &Assumptions,
+    m: &ModelSpec,
+    t: &Trainer,
+    global: Option<u64>,
+    steps_per_rollout: u64,
+    critic: bool,
+    kl_reference: bool,
+    entropy_in_loss: bool,
+) -> (Estimate, f64) {
+    let r = rate(a);
+    let seq = t.seq_len.value as f64;
+    let micro = t.micro_batch.value.max(1);
+    let global = global.unwrap_or(micro);
+    let micros = global.div_ceil(micro) as f64;
+    let lora = t.lora.as_ref();
+    let pass = |rows: u64, loss: bool, critic: bool| Pass {
+        rows: rows as f64,
+        tokens: seq,
+        keys: seq,
+        decode: false,
+        loss,
+        critic,
+        lora,
+        entropy_in_loss,
+    };
+    let fwd = forward(m, &pass(micro, true, false));
+    let policy = (fwd + backward(fwd)).scale(micros);
+    let no_grad = forward(m, &pass(micro, false, false)).scale(micros);
+    let old = if steps_per_rollout > 1 { no_grad } else { CpuWork::default() };
+    let reference = if kl_reference { no_grad } else { CpuWork::default() };
+    let params = match lora {
+        Some(lo) => model::lora_params(m, lo).other + model::lora_params(m, lo).routed,
+        None => m.params as f64,
+    };
+    let mut adam =
+        CpuWork { flops: 0.0, kernels: ADAM_KERNELS_PER_TENSOR * trainable_tensors(m, lora), bytes: 28.0 * params };
+    let critic_work = if critic {
+        let c = forward(m, &pass(micro, false, true));
+        let cp = model::critic_spec(m).params as f64;
+        adam = adam
+            + CpuWork { flops: 0.0, kernels: ADAM_KERNELS_PER_TENSOR * trainable_tensors(m, None), bytes: 28.0 * cp };
+        (c + c + backward(c)).scale(micros)
+    } else {
+        CpuWork::default()
+    };
+    let total = policy + old + reference + critic_work + adam;
+    let seconds = cpu_seconds(&total, &r);
+    let critic_s = cpu_seconds(&critic_work, &r);
+    let mut notes = vec![
+        format!(
+            "{} micro-batch(es) of {} x seq {}: forward with loss + backward (2x its FLOPs, ops and bytes){}{}",
+            micros,
+            micro,
+            t.seq_len.value,
+            if steps_per_rollout > 1 { " + the old log-probs' forward" } else { "" },
+            if kl_reference { " + the KL reference's forward" } else { "" }
+        ),
+        format!(
+            "{:.3e} matmul FLOPs, {:.0} ops, {:.1} MB written per optimizer step",
+            total.flops,
+            total.kernels,
+            total.bytes / 1e6
+        ),
+        rate_note(&r),
+    ];
+    if critic {
+        notes.push(format!("critic: values + value loss forward and backward: {:.3} s of the step", critic_s));
+    }
+    if lora.is_some() {
+        notes.push(
+            "LoRA: adapters' thin matmuls and ops added; the frozen base's weight gradients still counted".into(),
+        );
+    }
+    (Estimate { seconds, assumptions: notes }, critic_s)
+}
+
+/// Generating one rollout batch in the embedded engine: each prompt prefilled once, then one
+/// forward over every sample per decode step (the cache repeated for the n samples), every
+/// response at full length. An episode's later turns prefill their whole context again (the
+/// embedded engine keeps no prefix cache across calls). Sampling in Rust and built-in
+/// verifiers' rewards are not counted (~0).
+pub(super) fn rollout(
+    cx: &super::Ctx,
+    m: &ModelSpec,
+    b: &crate::output::BatchReport,
+    lora: Option<&Lora>,
+) -> Option<Estimate> {
+    let input = cx.input;
+    let e = input.stages.iter().filter(|s| s.role == Role::Rollout).find_map(|s| s.engine.as_ref())?;
+    let r = rate(&input.assumptions);
+    let (prompts, samples) = (b.rollout_batch as f64, b.samples_per_rollout as f64);
+    let p = e.prompt_len.value as f64;
+    let episode = super::episodes::plan_episodes(cx);
+    let (turns, per_turn, later_prefill) = match &episode {
+        Some(ep) => {
+            let turns = div(ep.sampled_tokens as f64, ep.turn_tokens.max(1) as f64).max(1.0);
+            (turns, ep.turn_tokens as f64, ep.prefill_retokenize.saturating_sub(ep.prompt_tokens) as f64)
+        }
+        None => (1.0, e.response_len.value as f64, 0.0),
+    };
+    let pass = |rows: f64, tokens: f64, keys: f64, decode: bool| Pass {
+        rows,
+        tokens,
+        keys,
+        decode,
+        loss: false,
+        critic: false,
+        lora,
+        entropy_in_loss: false,
+    };
+    let mut work = forward(m, &pass(prompts, p, p, false));
+    if later_prefill > 0.0 && turns > 1.0 {
+        // Later turns: every sample's context so far, in (turns - 1) calls.
+        let per_call = later_prefill / (turns - 1.0);
+        work = work + forward(m, &pass(samples, per_call, per_call, false)).scale(turns - 1.0);
+    }
+    // The first token comes from the prefill; each later one needs a decode step.
+    let steps = (per_turn - 1.0).max(0.0);
+    let context = p + later_prefill / turns.max(1.0) + per_turn / 2.0;
+    work = work + forward(m, &pass(samples, 1.0, context, true)).scale(steps * turns);
+    let seconds = cpu_seconds(&work, &r);
+    Some(Estimate {
+        seconds,
+        assumptions: vec![
+            format!(
+                "embedded engine: {} prompts prefilled ({} tokens), {} samples x {} decode steps of one token{}",
+                b.rollout_batch,
+                e.prompt_len.value,
+                b.samples_per_rollout,
+                steps,
+                if turns > 1.0 { format!(" per turn, {} turns (each later turn's context prefilled again)", turns) } else { String::new() }
+            ),
+            format!(
+                "{:.3e} matmul FLOPs, {:.0} ops, {:.1} MB written; every response full length; sampling and built-in rewards not counted",
+                work.flops,
+                work.kernels,
+                work.bytes / 1e6
+            ),
+            rate_note(&r),
+        ],
+    })
+}
+
+/// The local handoff in the embedded process: each tensor of the update (the weights, or the
+/// adapters under LoRA) copied into the engine's, read + write at the host's memory bandwidth,
+/// one op per tensor.
+pub(super) fn sync(a: &Assumptions, host: &HostSpec, m: &ModelSpec, lora: Option<&Lora>, bytes: f64) -> Estimate {
+    let tensors = trainable_tensors(m, lora);
+    let seconds = div(2.0 * bytes, host.memory_bandwidth) + tensors * a.embedded_kernel_s;
+    Estimate {
+        seconds,
+        assumptions: vec![format!(
+            "local handoff: {:.2} MB in {:.0} tensors copied (read + write) at {:.0} GB/s, {:.0} us per copy",
+            bytes / 1e6,
+            tensors,
+            host.memory_bandwidth / 1e9,
+            a.embedded_kernel_s * 1e6
+        )],
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::time::{cpu_seconds, CpuRate};
+
+    /// A 1-layer model: d 4, one head of 4, MLP 8, vocab 10, 100 active parameters.
+    fn tiny() -> ModelSpec {
+        ModelSpec {
+            name: "tiny".into(),
+            params: 100,
+            active_params: 100,
+            layers: 1,
+            dense_layers: 1,
+            hidden_size: 4,
+            heads: 1,
+            kv_heads: 1,
+            head_dim: 4,
+            vocab: 10,
+            intermediate_size: Some(8),
+            tied_embeddings: Some(true),
+            ..crate::fixtures::glm5()
+        }
+    }
+
+    #[test]
+    fn tiny_forward_by_hand() {
+        let m = tiny();
+        let p = Pass {
+            rows: 1.0,
+            tokens: 2.0,
+            keys: 2.0,
+            decode: false,
+            loss: false,
+            critic: false,
+            lora: None,
+            entropy_in_loss: false,
+        };
+        let w = forward(&m, &p);
+        // FLOPs per token: 2 x 100 + attention 4 x 1 layer x 2 keys x q 4 = 232; 2 tokens.
+        assert_eq!(w.flops, 464.0);
+        // Ops: one layer's 25 + the head's 11.
+        assert_eq!(w.kernels, 36.0);
+        // Elements per token: layer 6d + 5q + 4kv + 4f + 2 H S = 24 + 20 + 16 + 32 + 4 = 96,
+        // head 3d + vocab = 22: 118 x 2 tokens x 4 B.
+        assert_eq!(w.bytes, 944.0);
+        // At 1 GFLOP/s, 5 us per op, 1 GB/s: 464 ns + 180 us + 944 ns.
+        let r = CpuRate { flops_per_s: 1e9, kernel_s: 5e-6, bytes_per_s: 1e9 };
+        assert!((cpu_seconds(&w, &r) - (464e-9 + 180e-6 + 944e-9)).abs() < 1e-15);
+        // A backward pass doubles all three.
+        assert_eq!(backward(w), w.scale(2.0));
+    }
+}
