@@ -311,6 +311,11 @@ pub fn run_spec(recipe: &CompiledRecipe) -> Result<RunSpec, Vec<Diagnostic>> {
         micro_batch: m.u64(train, "micro_batch") as usize,
         global_batch: m.u64(train, "global_batch") as usize,
         lora: m.record(train, "lora").map(|r| lora_spec(r, seed, partial_credit)),
+        opd: m.record(train, "opd").map(|o| OpdSpec {
+            teacher: o.get("teacher").and_then(Value::as_record).map(|t| rec_str(t, "path")).unwrap_or_default().into(),
+            coef: o.get("coef").and_then(Value::as_f64).unwrap_or(1.0),
+            task_coef: o.get("task_coef").and_then(Value::as_f64).unwrap_or(1.0),
+        }),
         ppo: (train.kind == "ppo").then(|| PpoSpec {
             critic_lr: m.f64(train, "critic_lr"),
             gamma: m.f64(train, "gamma"),

@@ -161,6 +161,21 @@ pub struct TrainStats {
     /// the explained variance of the returns; None for GRPO.
     #[serde(default)]
     pub critic: Option<CriticStats>,
+    /// On-policy distillation's per-token statistics; None without a teacher.
+    #[serde(default)]
+    pub opd: Option<OpdStats>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct OpdStats {
+    /// Mean of log pi_student(x_t) - log pi_teacher(x_t) over trained tokens: the one-sample
+    /// reverse-KL estimate.
+    pub reverse_kl: f64,
+    /// Mean teacher log-prob of the sampled tokens.
+    pub teacher_logp: f64,
+    /// Share of the advantage's magnitude from the distillation term: sum |coef d| / (sum |coef d|
+    /// + sum |task_coef A|).
+    pub opd_share: f64,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]

@@ -454,6 +454,20 @@ pub struct TrainSpec {
     /// values replace the group-relative ones. None: GRPO.
     #[serde(default)]
     pub ppo: Option<PpoSpec>,
+    /// On-policy distillation: a teacher's per-token log-probs join the advantage.
+    #[serde(default)]
+    pub opd: Option<OpdSpec>,
+}
+
+/// std/prelude's `opd`: advantage_t = task_coef x the task's advantage + coef x
+/// (log pi_teacher(x_t) - log pi_student(x_t)), over the sampled tokens.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OpdSpec {
+    /// The teacher's Hugging Face directory (its config.json was read by `miles check`).
+    pub teacher: std::path::PathBuf,
+    pub coef: f64,
+    pub task_coef: f64,
 }
 
 /// std/stages `ppo`'s critic and advantage settings.
@@ -732,6 +746,16 @@ impl RunSpec {
         }
         if t.global_batch % t.micro_batch != 0 {
             return bad("train.global_batch", "must be a multiple of train.micro_batch");
+        }
+        if let Some(o) = &t.opd {
+            for (field, v) in [("coef", o.coef), ("task_coef", o.task_coef)] {
+                if !(v >= 0.0 && v.is_finite()) {
+                    return bad(&format!("train.opd.{field}"), "must be a finite number >= 0");
+                }
+            }
+            if t.lora.is_some() {
+                return bad("train.lora", "distillation with LoRA is not run yet");
+            }
         }
         if let Some(p) = &t.ppo {
             for (field, v) in [("critic_lr", p.critic_lr), ("value_clip", p.value_clip)] {

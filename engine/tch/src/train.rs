@@ -6,8 +6,8 @@ use crate::critic::{gae, to_vec, value_loss, whiten, Critic};
 use crate::model::{backend_err, left_pad, load_named, Policy};
 use miles_runtime::tasks::TokenId;
 use miles_runtime::{
-    Aggregation, CriticStats, NamedTensor, PpoSpec, RunError, SftStats, TrainSpec, TrainStats, Trajectory,
-    WeightSnapshot, E_CHECKPOINT, E_NONFINITE,
+    Aggregation, CriticStats, NamedTensor, OpdSpec, OpdStats, PpoSpec, RunError, SftStats, TrainSpec, TrainStats,
+    Trajectory, WeightSnapshot, E_CHECKPOINT, E_NONFINITE,
 };
 use std::cell::Cell;
 use std::path::Path;
@@ -151,6 +151,8 @@ pub struct TchTrainer {
     pub source: Option<crate::hf::HfMeta>,
     /// PPO's critic, from the first RL step on (`crate::critic`).
     pub critic: Option<Critic>,
+    /// On-policy distillation's teacher, loaded at the first RL step; never trained.
+    teacher: Option<Policy>,
     /// The engines may not hold this trainer's base weights (a fresh trainer, or one loaded from
     /// a checkpoint): the next export sends the base with the adapters. Cleared by that export.
     base_stale: Cell<bool>,
@@ -172,6 +174,7 @@ impl TchTrainer {
             version: 0,
             source: None,
             critic: None,
+            teacher: None,
             base_stale: Cell::new(true),
         }
     }
@@ -321,7 +324,18 @@ impl TchTrainer {
             (Some(p), Some(c)) => Some(critic_targets(c, batch, micro, p)?),
             _ => None,
         };
-        let mut st = TrainStats { logprob_s: t_lp.elapsed().as_secs_f64(), ..TrainStats::default() };
+        // On-policy distillation: the teacher's log-probs of the sampled tokens.
+        let opd = self.spec.opd.clone();
+        if let (Some(o), None) = (&opd, &self.teacher) {
+            self.teacher = Some(load_teacher(o, &self.policy)?);
+        }
+        let teacher_lp = match &self.teacher {
+            Some(t) if opd.is_some() => Some(teacher_logprobs(t, batch, micro, temperature)?),
+            _ => None,
+        };
+        // Per-token advantages (PPO's, distillation's, or both), else one per response.
+        let (token_adv, opd_stats) = token_advantages(batch, targets.as_ref(), opd.as_ref(), teacher_lp.as_deref());
+        let mut st = TrainStats { logprob_s: t_lp.elapsed().as_secs_f64(), opd: opd_stats, ..TrainStats::default() };
         let (mut diff_sum, mut tok_total) = (0f64, 0f64);
         for t in batch {
             tok_total += t.loss_mask.iter().map(|&m| m as f64).sum::<f64>();
@@ -358,8 +372,8 @@ impl TchTrainer {
                 let pk = pack(&pr, &rs, Some(&ms));
                 let rollv: Vec<&[f32]> = chunk.iter().map(|t| t.rollout_logprobs.as_slice()).collect();
                 let roll_t = pk.align(&rollv);
-                let adv_t = match &targets {
-                    Some(tg) => pk.align(&(0..chunk.len()).map(|i| tg.adv[base + i].as_slice()).collect::<Vec<_>>()),
+                let adv_t = match &token_adv {
+                    Some(adv) => pk.align(&(0..chunk.len()).map(|i| adv[base + i].as_slice()).collect::<Vec<_>>()),
                     None => {
                         let adv: Vec<f32> = chunk.iter().map(|t| t.advantage).collect();
                         Tensor::from_slice(&adv).view([chunk.len() as i64, 1])
@@ -647,6 +661,93 @@ impl TchTrainer {
             .load_snapshot(&snap)
             .map_err(|e| RunError::new(E_CHECKPOINT, format!("{}: {}", p.display(), e.message)))
     }
+}
+
+/// The teacher of `o`, checked against the student it distils into.
+fn load_teacher(o: &OpdSpec, student: &Policy) -> Result<Policy, RunError> {
+    let (t, _) = Policy::load_hf(&o.teacher, None)?;
+    let (tc, sc) = (&t.cfg, &student.cfg);
+    let name = o.teacher.display();
+    if tc.vocab_size != sc.vocab_size {
+        return Err(RunError::new(
+            E_CHECKPOINT,
+            format!("teacher {name}: vocabulary of {} tokens, the student's is {}", tc.vocab_size, sc.vocab_size),
+        )
+        .with_help("distil from a teacher with the student's tokenizer"));
+    }
+    if tc.max_len < sc.max_len {
+        return Err(RunError::new(
+            E_CHECKPOINT,
+            format!("teacher {name}: max_len {} is shorter than the student's {}", tc.max_len, sc.max_len),
+        ));
+    }
+    t.set_requires_grad(false);
+    Ok(t)
+}
+
+/// The teacher's log-probs of every sampled token; a non-finite one is an error naming the
+/// sample, never a number in the loss.
+fn teacher_logprobs(
+    t: &Policy,
+    batch: &[Trajectory],
+    micro: usize,
+    temperature: f64,
+) -> Result<Vec<Vec<f32>>, RunError> {
+    let lp = TchTrainer::logprobs_of(t, batch, micro, temperature)?;
+    for (i, (row, traj)) in lp.iter().zip(batch).enumerate() {
+        if let Some(j) = row.iter().position(|x| !x.is_finite()) {
+            return Err(RunError::new(
+                E_NONFINITE,
+                format!(
+                    "the teacher's log-prob of sample {i} (group {}) token {j} is {}; the weights were not updated",
+                    traj.group, row[j]
+                ),
+            ));
+        }
+    }
+    Ok(lp)
+}
+
+/// Per-token advantages when any term is per token: task_coef x the task's advantage (PPO's GAE
+/// per token, else the response's group-relative one) + coef x (log pi_teacher - log pi_student)
+/// of each sampled token (the student's from the sampler). None: GRPO's one per response.
+fn token_advantages(
+    batch: &[Trajectory],
+    targets: Option<&CriticTargets>,
+    opd: Option<&OpdSpec>,
+    teacher_lp: Option<&[Vec<f32>]>,
+) -> (Option<Vec<Vec<f32>>>, Option<OpdStats>) {
+    let task = |i: usize, j: usize| match targets {
+        Some(tg) => tg.adv[i][j],
+        None => batch[i].advantage,
+    };
+    let (Some(o), Some(tlp)) = (opd, teacher_lp) else {
+        return (targets.map(|tg| tg.adv.clone()), None);
+    };
+    let (mut n, mut kl, mut tsum, mut d_abs, mut a_abs) = (0f64, 0f64, 0f64, 0f64, 0f64);
+    let adv = batch
+        .iter()
+        .enumerate()
+        .map(|(i, t)| {
+            (0..t.response.len())
+                .map(|j| {
+                    let d = tlp[i][j] - t.rollout_logprobs[j];
+                    let (dt, at) = (o.coef as f32 * d, o.task_coef as f32 * task(i, j));
+                    if t.loss_mask.get(j).copied().unwrap_or(0.0) > 0.0 {
+                        n += 1.0;
+                        kl -= d as f64;
+                        tsum += tlp[i][j] as f64;
+                        d_abs += dt.abs() as f64;
+                        a_abs += at.abs() as f64;
+                    }
+                    dt + at
+                })
+                .collect()
+        })
+        .collect();
+    let n = n.max(1.0);
+    let share = if d_abs + a_abs > 0.0 { d_abs / (d_abs + a_abs) } else { 0.0 };
+    (Some(adv), Some(OpdStats { reverse_kl: kl / n, teacher_logp: tsum / n, opd_share: share }))
 }
 
 /// PPO's targets for a batch: per response token, the advantage (GAE, whitened over the batch's

@@ -69,6 +69,7 @@ fn trainer_logprobs(policy: &Policy, samples: &[StreamSample], temperature: f64)
             global_batch: 8,
             lora: None,
             ppo: None,
+            opd: None,
         },
     );
     let ps = prompts();

@@ -108,6 +108,27 @@ const LORA_TESTS: &[&str] = &[
     "lora_recipe_runs_exports_peft_and_resumes",
     "lora_in_worker_processes_trains_bit_identically_to_in_process",
 ];
+/// Tests that show distillation from a teacher changes what a run does.
+const OPD_TESTS: &[&str] = &["opd_advantage_by_hand", "an_opd_recipe_distils_through_the_binary"];
+
+/// A teacher with LoRA on the same trainer is not run yet.
+fn rule_opd(cx: &Ctx, f: &FieldValue) -> Option<String> {
+    f.value.as_record()?;
+    let lora =
+        ["grpo", "ppo"].iter().flat_map(|k| cx.stages(k)).any(|t| t.param("lora").is_some_and(|v| *v != Value::None));
+    lora.then(|| "distillation with LoRA on the same trainer is not run yet: remove `lora` or `opd`".into())
+}
+
+fn rule_opd_teacher(_: &Ctx, f: &FieldValue) -> Option<String> {
+    let r = f.value.as_record()?;
+    (r.schema_name != "hf").then(|| {
+        format!(
+            "a `{}` teacher: a teacher must be trained weights, `hf {{ path = ... }}` (e.g. another run's `model/`)",
+            r.schema_name
+        )
+    })
+}
+
 /// Tests that show PPO's critic and advantages change what a run does.
 const PPO_TESTS: &[&str] =
     &["ppo_critic_learns_values_and_resumes_exactly", "a_ppo_recipe_runs_and_learns_through_the_binary"];
@@ -371,6 +392,7 @@ pub const TABLE: &[Entry] = &[
     e("grpo", "optimizer", Support::All, "", &["lr_schedules"]),
     e("grpo", "backend", Support::All, "the backend's own schema says where it runs", TRAINS),
     e("grpo", "lora", Support::Only(&[E, W], &["none"]), LORA_WHERE, LORA_TESTS),
+    e("grpo", "opd", Support::Rule(rule_opd), "on-policy distillation: the teacher scores the sampled tokens inside the trainer", OPD_TESTS),
     e("ppo", "", Support::All, "PPO with a learned critic (a separate model with a value head) and GAE", PPO_TESTS),
     e("ppo", "rollout_batch", Support::All, "", PPO_TESTS),
     e("ppo", "global_batch", Support::All, "", PPO_TESTS),
@@ -389,6 +411,7 @@ pub const TABLE: &[Entry] = &[
     e("ppo", "grad_clip", Support::All, "the policy's and the critic's gradients, each its own norm", PPO_TESTS),
     e("ppo", "optimizer", Support::All, "the policy's and the critic's AdamW settings", &["lr_schedules"]),
     e("ppo", "backend", Support::All, "the backend's own schema says where it runs", PPO_TESTS),
+    e("ppo", "opd", Support::Rule(rule_opd), "the distillation term joins GAE's advantages", OPD_TESTS),
     e("ppo", "lora", Support::Refused(&["none"]), "LoRA with PPO's critic is not run yet: use `grpo` with `lora`, or full fine-tuning with `ppo`", &[]),
     e("weights", "", Support::All, "", &["remote_stages_generate_train_and_sync_weights_with_every_transport"]),
     e("weights", "transport", Support::Rule(rule_transport), "embedded: local; workers: broadcast, p2p, disk_delta; http: from disk", &["remote_stages_generate_train_and_sync_weights_with_every_transport"]),
@@ -465,6 +488,9 @@ pub const TABLE: &[Entry] = &[
     e("adapter", "partial_credit", Support::Rule(rule_adapter_partial_credit), "partial credit is `exact_match`'s scoring", MULTI_LORA_TESTS),
     e("adapter", "*", Support::All, "each adapter's name and learning rate", MULTI_LORA_TESTS),
     e("lora", "*", Support::All, "rank, alpha, dropout and target_modules shape the adapters", LORA_TESTS),
+    e("opd", "", Support::All, "", OPD_TESTS),
+    e("opd", "teacher", Support::Rule(rule_opd_teacher), "a teacher is a trained model the embedded backend loads: `hf { path }`", OPD_TESTS),
+    e("opd", "*", Support::All, "the weights of the two advantage terms", &["opd_advantage_by_hand"]),
     e("compaction", "", Support::All, "", COMPACTION),
     e("compaction", "keep_turns", Support::All, "", COMPACTION),
     e("tito", "", Support::All, "`generate.session` says when a session is executed", EPISODES),

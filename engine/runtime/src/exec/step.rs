@@ -60,6 +60,11 @@ pub(crate) fn insert_train_stats(row: &mut Map<String, Value>, ts: &TrainStats, 
     row.insert("train/tis_weight".into(), json!(ts.tis_weight));
     row.insert("train/lr".into(), json!(lrs.last().copied().unwrap_or(0.0)));
     row.insert("train/tokens".into(), json!(ts.tokens));
+    if let Some(o) = &ts.opd {
+        row.insert("opd/reverse_kl".into(), json!(o.reverse_kl));
+        row.insert("opd/teacher_logp".into(), json!(o.teacher_logp));
+        row.insert("opd/share".into(), json!(o.opd_share));
+    }
     if let Some(c) = &ts.critic {
         row.insert("critic/value_loss".into(), json!(c.value_loss));
         row.insert("critic/value_mean".into(), json!(c.value_mean));
