@@ -203,3 +203,17 @@ fn a_multi_lora_recipe_runs_each_adapter_on_its_own_task() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn lora_under_fully_async_syncs_adapters_only() {
+    let dir = temp_dir("lora-async");
+    let r = recipe(&dir, "tiny", "transport = local", 4, &["schedule = fully_async { max_staleness = 1 }"]);
+    let out = dir.join("out");
+    let o = run(&["run", r.to_str().unwrap(), "--recipe", "tiny_lora", "--out", out.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", text(&o));
+    let rows = metrics(&out);
+    let sync: Vec<u64> = rows.iter().filter_map(|r| r["perf/sync_bytes"].as_u64()).collect();
+    assert!(!sync.is_empty() && sync.iter().all(|&b| b == adapter_bytes()), "{sync:?}");
+    assert!(out.join("model/adapter/adapter_model.safetensors").exists());
+    let _ = std::fs::remove_dir_all(&dir);
+}

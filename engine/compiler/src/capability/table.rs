@@ -107,6 +107,7 @@ const LORA_TESTS: &[&str] = &[
     "lora_forward_matches_peft",
     "lora_recipe_runs_exports_peft_and_resumes",
     "lora_in_worker_processes_trains_bit_identically_to_in_process",
+    "lora_under_fully_async_syncs_adapters_only",
 ];
 /// Tests that show distillation from a teacher changes what a run does.
 const OPD_TESTS: &[&str] = &["opd_advantage_by_hand", "an_opd_recipe_distils_through_the_binary"];
