@@ -54,6 +54,23 @@ fn an_opd_recipe_distils_through_the_binary() {
         let share = r["opd/share"].as_f64().unwrap();
         assert!(share > 0.0 && share < 1.0, "both terms count: {share}");
     }
+    // Under fully_async and in worker processes too (the teacher lives in the trainer).
+    for (name, extra) in [
+        ("async", "schedule = fully_async { max_staleness = 1 }"),
+        ("workers", "launcher = local_processes { engines = 1 }"),
+    ] {
+        let p = dir.join(format!("{name}.miles"));
+        let sync = if name == "workers" { "transport = broadcast, bucket = 1.MB" } else { "transport = local" };
+        let body = tiny_recipe(sync, 3, &[extra])
+            + &format!("model teacher = {teacher}\n")
+            + "recipe tiny_opd extends tiny {\n    train.opd = opd { teacher = teacher }\n}\n";
+        std::fs::write(&p, body).unwrap();
+        let o2 = dir.join(format!("{name}-out"));
+        let o = run(&["run", p.to_str().unwrap(), "--recipe", "tiny_opd", "--out", o2.to_str().unwrap()]);
+        assert!(o.status.success(), "{name}: {}", text(&o));
+        let m = std::fs::read_to_string(o2.join("metrics.jsonl")).unwrap();
+        assert_eq!(m.lines().filter(|l| l.contains("opd/reverse_kl")).count(), 3, "{name}: {m}");
+    }
     // A teacher of another vocabulary, and one that is not trained weights: check-time errors.
     let r = with_teacher(&dir, "bad-vocab", "hf { path = \"tests/fixtures/hf/llama\" }");
     let o = run(&["check", &r]);
