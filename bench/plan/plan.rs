@@ -63,6 +63,7 @@ fn input(gpus: u64) -> PlanInput {
                     recompute: Spanned::new(Recompute::Full),
                     optimizer_offload: Spanned::new(OptimizerOffload::StreamFromDisk),
                     lora: None,
+                    teacher: None,
                 }),
                 span: None,
             },

@@ -470,6 +470,8 @@ fn trainer_of(node: &StageNode, b: &Record, seq_len: Spanned<u64>, offload: Opti
         recompute,
         optimizer_offload,
         lora: rec(node, "lora").map(|r| lora_of(r, param_span(node, "lora"))),
+        // `opd = opd { teacher }`: the teacher read like the policy (`model_spec`).
+        teacher: rec(node, "opd").and_then(|o| o.get("teacher")).and_then(Value::as_record).and_then(model_spec),
     }
 }
 

@@ -322,6 +322,8 @@ fn item_colour(name: &str) -> &'static str {
         "critic_gradients" => "#c084fc",
         "critic_optimizer" => "#f87171",
         "critic_activations" => "#fbbf24",
+        "teacher_weights" => "#93c5fd",
+        "teacher_activations" => "#fde68a",
         "lora_dropout" => "#fcd34d",
         "stream_buffer" => "#fb7185",
         "kv_cache" => "#10b981",
@@ -410,12 +412,13 @@ fn estimates(o: &mut String, p: &Plan) {
     if let Some(st) = &p.step {
         let _ = write!(
             o,
-            "<tr><th>step</th><td>{} ({}): rollout {}, train {}{}, offload {}, sync {}</td></tr>",
+            "<tr><th>step</th><td>{} ({}): rollout {}, train {}{}{}, offload {}, sync {}</td></tr>",
             secs(st.step.seconds),
             st.mode.as_str(),
             secs(st.rollout_s),
             secs(st.train_s),
             if st.critic_s > 0.0 { format!(" (critic {})", secs(st.critic_s)) } else { String::new() },
+            if st.teacher_s > 0.0 { format!(" (teacher {})", secs(st.teacher_s)) } else { String::new() },
             secs(st.offload_s),
             secs(st.sync_s)
         );

@@ -482,6 +482,11 @@ pub struct Trainer {
     /// Low-rank adapters (`lora = lora { ... }`): the base is frozen; only adapters train and sync.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lora: Option<Lora>,
+    /// On-policy distillation (`opd = opd { teacher = ... }` on `grpo`/`ppo`): the teacher the
+    /// trainer loads beside the policy, frozen, and runs forward over every trajectory
+    /// (docs/plan.md, "On-policy distillation: the teacher"). `None`: no distillation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub teacher: Option<ModelSpec>,
 }
 
 /// A linear layer LoRA wraps in every transformer layer (std/prelude's `LoraTarget`).

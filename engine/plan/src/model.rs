@@ -419,6 +419,43 @@ pub(crate) fn embedded_critic_activation_bytes(m: &ModelSpec, seq_len: u64, micr
     embedded_bytes(m, seq_len, micro_batch, 3.0 * m.hidden_size as f64, 0.0)
 }
 
+/// On-policy distillation's teacher (docs/plan.md, "On-policy distillation: the teacher"): its
+/// weights on one trainer rank. Frozen, so weights only (no gradients, no optimizer state),
+/// sharded like the policy's base weights under the trainer's layout and precision
+/// (`base_weight_bytes`: FSDP also gathers two of its layers). `embedded_host`: the embedded
+/// CPU backend loads it whole in FP32, params x 4 B, whatever the trainer's precision.
+pub(crate) fn teacher_weight_bytes(teacher: &ModelSpec, l: &Layout, embedded_host: bool) -> f64 {
+    if embedded_host {
+        teacher.params as f64 * 4.0
+    } else {
+        base_weight_bytes(teacher, l)
+    }
+}
+
+/// The teacher's no-grad forward over one micro-batch on a GPU trainer rank: nothing is kept for a
+/// backward, so only the live tensors of one layer at a time, `layer_activation_bytes` without
+/// recomputation (34 s b h / TP, h the teacher's d_model), plus the vocabulary-wide FP32 logits and
+/// their log-softmax, 2 x `logits_bytes` (2 x 4 s b vocab / TP); s = seq / CP.
+pub(crate) fn teacher_activation_bytes(teacher: &ModelSpec, l: &Layout, seq_len: u64, micro_batch: u64) -> f64 {
+    let s = div(seq_len as f64, l.cp as f64);
+    let layer = layer_activation_bytes(s, micro_batch as f64, teacher.hidden_size as f64, l.tp as f64, Recompute::Off);
+    layer + 2.0 * logits_bytes(teacher, l, seq_len, micro_batch)
+}
+
+/// The teacher's no-grad forward on the embedded CPU backend, FP32 (no autograd, so no autograd
+/// scale): one layer's intermediates at a time, `embedded_layer_elements` per token plus its
+/// concatenated q|k|v and gate|up weights ((q + 2kv) d + 2 f d), and above the layers the
+/// residual stream and final RMSNorm (3 d) and the logits and their log-softmax (2 x vocab) per
+/// token; tokens = micro-batch x seq, 4 B each.
+pub(crate) fn embedded_teacher_activation_bytes(teacher: &ModelSpec, seq_len: u64, micro_batch: u64) -> f64 {
+    let tokens = (seq_len * micro_batch) as f64;
+    let d = teacher.hidden_size as f64;
+    let (q, kv) = ((teacher.heads * teacher.head_dim) as f64, (teacher.kv_heads * teacher.head_dim) as f64);
+    let concat = (q + 2.0 * kv) * d + 2.0 * dense_mlp_width(teacher) * d;
+    let per_token = embedded_layer_elements(teacher, seq_len) + 3.0 * d + 2.0 * teacher.vocab as f64;
+    (tokens * per_token + concat) * 4.0
+}
+
 /// Micro-batches whose activations the busiest rank holds at once: `min(pp, micro-batches)`
 /// under 1F1B (all `pp` when the micro-batch count is unknown).
 pub(crate) fn in_flight(l: &Layout, micro_batches: Option<u64>) -> f64 {
@@ -918,6 +955,36 @@ mod tests {
         assert_eq!(e, (16.0 * (4.0 * 1536.0 + 192.0) + 98_304.0) * 4.0);
         assert_eq!(e, 798_720.0);
         assert_eq!(embedded_activation_bytes(&m, 8, 2, false, None), e + 16.0 * 3000.0 * 4.0);
+    }
+
+    #[test]
+    fn opd_teacher_bytes_by_hand() {
+        // tiny as the teacher: 1,000,000 params, d 64, 4 layers, vocab 1000. Frozen: weights only.
+        let t = tiny();
+        // Megatron TP1 bf16: 2 B per param; TP2 halves them.
+        let l = layout(Backend::Megatron, 1, 1, 1, 1, 1);
+        assert_eq!(teacher_weight_bytes(&t, &l, false), 2_000_000.0);
+        assert_eq!(teacher_weight_bytes(&t, &layout(Backend::Megatron, 2, 1, 1, 1, 2), false), 1_000_000.0);
+        // FSDP over 2: half the weights, plus two gathered layers (1,000,000 / 4 x 2 x 2 B).
+        assert_eq!(teacher_weight_bytes(&t, &layout(Backend::Fsdp, 1, 1, 1, 1, 2), false), 2_000_000.0);
+        // The embedded CPU host: FP32 and whole, whatever the trainer's precision.
+        assert_eq!(teacher_weight_bytes(&t, &l, true), 4_000_000.0);
+
+        // GPU no-grad forward, seq 32, micro-batch 2: one layer 34 x 32 x 2 x 64 = 139,264 B, plus
+        // FP32 logits and log-softmax 2 x 64 tokens x 1000 x 4 B = 512,000 B.
+        assert_eq!(teacher_activation_bytes(&t, &l, 32, 2), 651_264.0);
+        // TP2 or CP2: half of each.
+        assert_eq!(teacher_activation_bytes(&t, &layout(Backend::Megatron, 2, 1, 1, 1, 1), 32, 2), 325_632.0);
+        assert_eq!(teacher_activation_bytes(&t, &layout(Backend::Megatron, 1, 1, 2, 1, 1), 32, 2), 325_632.0);
+        // Fewer than the policy's activations with no recomputation: 4 layers x 139,264 + 256,000.
+        assert!(teacher_activation_bytes(&t, &l, 32, 2) < activation_bytes(&t, &l, 32, 2, None, Recompute::Off));
+
+        // Embedded, seq 8 x micro-batch 2 = 16 tokens: one layer's 1536 + 3 x 64 + 2 x 1000 = 3728
+        // per token, plus one layer's concatenated weights (64 + 64) x 64 + 2 x 128 x 64 = 24,576,
+        // 4 B each; no autograd.
+        let e = embedded_teacher_activation_bytes(&t, 8, 2);
+        assert_eq!(e, (16.0 * 3728.0 + 24_576.0) * 4.0);
+        assert_eq!(e, 336_896.0);
     }
 
     #[test]

@@ -270,6 +270,9 @@ pub struct StepReport {
     /// PPO: the critic's share of `train_s` (its values and value loss); absent without a critic.
     #[serde(skip_serializing_if = "is_zero")]
     pub critic_s: f64,
+    /// OPD: the teacher's no-grad forward's share of `train_s`; absent without a teacher.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub teacher_s: f64,
     pub sync_s: f64,
     pub offload_s: f64,
     /// Colocated: evicting and reloading the idle actor (0 elsewhere, or when both fit).

@@ -283,6 +283,9 @@ pub fn render_sections(p: &Plan) -> String {
             let _ =
                 writeln!(o, "    critic  {:>8}  (in train: values + value loss of the PPO critic)", secs(st.critic_s));
         }
+        if st.teacher_s > 0.0 {
+            let _ = writeln!(o, "    teacher {:>8}  (in train: the OPD teacher's no-grad forward)", secs(st.teacher_s));
+        }
         if st.offload_s > 0.0 {
             let _ = writeln!(o, "  offload   {:>8}", secs(st.offload_s));
         }

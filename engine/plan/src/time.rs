@@ -254,6 +254,14 @@ pub(crate) fn critic_flops_per_token(
     values + value_loss + 6.0 * layers * seq * attn_width
 }
 
+/// On-policy distillation's teacher per token (docs/plan.md, "On-policy distillation: the
+/// teacher"): one no-grad forward, as the policy's old log-probs: 2 x its active parameters plus
+/// the forward's share of causal attention, 2 x layers x seq x heads x head_dim (a third of the
+/// 6 x fwd + bwd in `train_flops_per_token`), all of the teacher's own shape.
+pub(crate) fn teacher_flops_per_token(teacher_active: f64, layers: f64, seq: f64, attn_width: f64) -> f64 {
+    2.0 * teacher_active + 2.0 * layers * seq * attn_width
+}
+
 /// Work of the embedded backend on a CPU host (docs/plan.md, "Step time on a CPU host"): matmul
 /// FLOPs, ATen ops ("kernels", each with a fixed dispatch cost) and bytes the non-matmul ops write.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -440,6 +448,14 @@ mod tests {
         assert_eq!(train_flops_per_token(1e9, 0.0, 0.0, 0.0, false), 8e9);
         assert_eq!(train_flops_per_token(1e9, 0.0, 0.0, 0.0, true), 10e9);
         assert_eq!(train_flops_per_token(0.0, 2.0, 10.0, 3.0, false), 360.0);
+    }
+
+    #[test]
+    fn teacher_flops() {
+        // 1B-parameter teacher, no attention: one forward, 2 per parameter.
+        assert_eq!(teacher_flops_per_token(1e9, 0.0, 0.0, 0.0), 2e9);
+        // Attention only: 2 x 2 layers x 10 seq x 3 width.
+        assert_eq!(teacher_flops_per_token(0.0, 2.0, 10.0, 3.0), 120.0);
     }
 
     #[test]

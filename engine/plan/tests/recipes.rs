@@ -498,3 +498,118 @@ recipe r on laptop {{
     }
     assert!(render_text(&lora).contains("FP32 accumulation buffer, trained in full (LoRA is the policy's)"));
 }
+
+const TEACHER: [&str; 2] = ["teacher_weights", "teacher_activations"];
+
+/// Compiles and plans, letting through only E0511 (what `miles run` does not execute on the
+/// recipe's target: a seeded `transformer` teacher; the planner plans it anyway).
+fn planned_any_target(src: &str) -> (Plan, PlanInput) {
+    let c = compiled(src);
+    let errors: Vec<_> = c.diagnostics.iter().filter(|d| d.is_error() && d.code != "E0511").collect();
+    assert!(errors.is_empty(), "{errors:#?}");
+    let input = plan_input(&c.recipes[0]);
+    (plan(&input), input)
+}
+
+/// On-policy distillation on the embedded CPU backend: the teacher (a larger decoder of the
+/// student's vocabulary) is loaded whole in FP32 into the trainer's process and runs one no-grad
+/// forward per micro-batch. Its weights and activations are lines of their own; the activations
+/// peak apart from the policy's (max, not sum), so the total grows by the teacher's weights; its
+/// forward is a part of the step time. The same recipe without `opd` has none of it.
+#[test]
+fn opd_teacher_on_the_embedded_host() {
+    let src = |opd: &str| {
+        format!(
+            r#"
+import std/tasks/strings
+model policy = transformer {{ layers = 2, d_model = 64, heads = 4, kv_heads = 2, d_ff = 192, vocab = strings.vocab, max_len = 20 }}
+model big = transformer {{ layers = 3, d_model = 96, heads = 4, kv_heads = 4, d_ff = 256, vocab = strings.vocab, max_len = 20 }}
+cluster laptop = local {{ cpus = 2 }}
+recipe r on laptop {{
+    rollout = generate(policy) {{
+        prompts = strings.reverse {{ min_len = 3, max_len = 6 }}
+        samples_per_prompt = 8
+        max_prompt_tokens = 8.tokens
+        max_new_tokens = 8.tokens
+    }}
+    reward = exact_match(rollout)
+    train = grpo(rollout, reward) {{ rollout_batch = 32, global_batch = 256, micro_batch = 64 {opd} }}
+    sync = weights(train -> rollout) {{ transport = local }}
+}}
+"#
+        )
+    };
+    let (plain, _) = planned_any_target(&src(""));
+    let (opd, input) = planned_any_target(&src(", opd = opd { teacher = big, coef = 0.5 }"));
+    let trainer = input.stages.iter().find(|s| s.name == "train").and_then(|s| s.trainer.clone()).expect("trainer");
+    let t = trainer.teacher.expect("teacher read from opd");
+    // strings.vocab: 16 tokens.
+    assert_eq!((t.name.as_str(), t.layers, t.hidden_size, t.vocab), ("transformer 3x96", 3, 96, 16));
+    // transformer params: 2 x vocab x d + layers x (attention 4 d^2 + 3 d f + 2 d) + d.
+    let want = 2 * 16 * 96 + 3 * (4 * 96 * 96 + 3 * 96 * 256 + 2 * 96) + 96;
+    assert_eq!(t.params, want);
+    // FP32, whole: 4 B per parameter.
+    assert_eq!(item(&opd, "teacher_weights"), t.params * 4);
+    // One layer at a time: seq 16 x micro-batch 64 = 1024 tokens x (layer 6d + 5q + 4kv + 4f + 2 H S
+    // = 576 + 480 + 384 + 1024 + 128, + 3d + 2 vocab) + concatenated weights (3 x 96 x 96 + 2 x 256 x 96).
+    let per_token = (576 + 480 + 384 + 1024 + 128 + 288 + 2 * 16) as f64;
+    let concat = (3 * 96 * 96 + 2 * 256 * 96) as f64;
+    assert_eq!(item(&opd, "teacher_activations"), ((1024.0 * per_token + concat) * 4.0) as u64);
+    // Everything else is the plain recipe's.
+    for (name, bytes) in train_items(&plain) {
+        assert_eq!(item(&opd, &name), bytes, "{name}");
+    }
+    assert!(item(&opd, "teacher_activations") < item(&opd, "activations"));
+    assert_eq!(memory_of(&opd, "train").total, memory_of(&plain, "train").total + item(&opd, "teacher_weights"));
+    assert!(train_items(&plain).iter().all(|(n, _)| !n.starts_with("teacher")));
+    // Step time: the teacher's forward is added to the trainer's; the rest is unchanged.
+    let (sp, so) = (plain.step.as_ref().expect("step"), opd.step.as_ref().expect("step"));
+    assert_eq!(sp.teacher_s, 0.0);
+    assert!(so.teacher_s > 0.0);
+    assert!((so.train_s - sp.train_s - so.teacher_s).abs() < 1e-12, "{} {} {}", so.train_s, sp.train_s, so.teacher_s);
+    let text = render_text(&opd);
+    assert!(text.contains("teacher_weights"), "{text}");
+    assert!(text.contains("OPD teacher transformer 3x96") && text.contains("fp32 x 4 B, whole"), "{text}");
+    assert!(text.contains("no-grad forward, fp32: one layer + logits and log-softmax of seq 16 x micro-batch 64"));
+    assert!(text.contains("    teacher ") && text.contains("(in train: the OPD teacher's no-grad forward)"), "{text}");
+    assert!(!render_text(&plain).contains("teacher"));
+    let v: serde_json::Value = serde_json::from_str(&render_json(&opd)).expect("json");
+    assert!(v["step"]["teacher_s"].as_f64().is_some_and(|s| s > 0.0));
+    assert!(!render_json(&plain).contains("teacher"));
+    assert!(render_html(&opd).contains("teacher_weights") && !render_html(&plain).contains("teacher"));
+}
+
+/// On a GPU backend the teacher's weights are sharded like the policy's (FSDP over 8 here, in the
+/// trainer's bf16) and its forward is priced like the policy's old log-probs: 2 x active
+/// parameters per token plus the forward's causal attention. A Qwen3-4B teacher of a Qwen3-4B
+/// student holds exactly the policy's weight bytes.
+#[test]
+fn opd_teacher_on_fsdp_is_sharded_like_the_policy() {
+    let plain = planned_any_target(&qwen3_4b(32, ENGINE, FSDP)).0;
+    let with = qwen3_4b(32, ENGINE, &format!("{FSDP}\n        opd = opd {{ teacher = qwen3_4b }}"));
+    let (opd, input) = planned_any_target(&with);
+    assert_eq!(item(&opd, "teacher_weights"), item(&opd, "weights"));
+    let names: Vec<String> = train_items(&opd).into_iter().map(|(n, _)| n).collect();
+    assert_eq!(names.iter().filter(|n| TEACHER.contains(&n.as_str())).count(), 2, "{names:?}");
+    // No-grad: one layer (34 s b h) and the FP32 logits and log-softmax (2 x 4 s b vocab), TP1 CP1.
+    let m = input.stages.iter().find(|s| s.name == "train").and_then(|s| s.model.clone()).expect("model");
+    let s = 9216.0;
+    let want = 34.0 * s * m.hidden_size as f64 + 2.0 * 4.0 * s * m.vocab as f64;
+    assert!((item(&opd, "teacher_activations") as f64 - want).abs() <= 1.0);
+    // Below the policy's activations, so the total grows by the teacher's weights only.
+    assert!(item(&opd, "teacher_activations") < item(&opd, "activations"));
+    assert!(
+        memory_of(&opd, "train").total.abs_diff(memory_of(&plain, "train").total + item(&opd, "teacher_weights")) <= 2
+    );
+    // Time: tokens x (2 x active + 2 x layers x seq x heads x head_dim) at the trainer's rate.
+    let (sp, so) = (plain.step.as_ref().expect("step"), opd.step.as_ref().expect("step"));
+    assert!((so.train_s - sp.train_s - so.teacher_s).abs() < 1e-9);
+    let policy = 8.0 * m.active_params as f64 + 6.0 * m.layers as f64 * s * (m.heads * m.head_dim) as f64;
+    let teacher = 2.0 * m.active_params as f64 + 2.0 * m.layers as f64 * s * (m.heads * m.head_dim) as f64;
+    let ratio = so.teacher_s / sp.train_s;
+    assert!((ratio - teacher / policy).abs() < 1e-9, "{ratio} vs {}", teacher / policy);
+    assert!(so.train_step.assumptions.iter().any(|a| a.starts_with("teacher: ") && a.contains("no-grad forward")));
+    let text = render_text(&opd);
+    assert!(text.contains("bf16 x 2 B, sharded like the policy's: frozen, no gradients, no optimizer state"), "{text}");
+    assert!(text.contains("no-grad forward: one layer + FP32 logits and log-softmax, seq 9216 / CP1, micro-batch 1"));
+}

@@ -48,12 +48,14 @@ pub(super) fn plan_colocation(cx: &Ctx, memory: &[MemoryReport]) -> Option<Coloc
     let usable = tm.usable.min(rm.capacity) as f64;
     let gpu = input.cluster.pools.first().map(|p| &p.gpu)?;
     let sw = Switch {
-        // PPO's critic is evicted with the policy (its items are absent without a critic).
+        // PPO's critic and OPD's teacher are evicted with the policy (their items are absent
+        // without them).
         train_state: item(tm, "weights")
             + item(tm, "adapters")
             + item(tm, "optimizer")
             + item(tm, "critic_weights")
-            + item(tm, "critic_optimizer"),
+            + item(tm, "critic_optimizer")
+            + item(tm, "teacher_weights"),
         engine_weights: item(rm, "weights"),
         host_link: gpu.host_link_bandwidth,
         offload_efficiency: a.offload_link_efficiency,

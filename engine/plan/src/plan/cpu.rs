@@ -120,7 +120,8 @@ fn rate_note(r: &CpuRate) -> String {
 /// One optimizer step of the embedded trainer: per micro-batch the forward with the loss and
 /// its backward; the old log-probs' no-grad forward when a batch is trained in several steps;
 /// the KL reference's forward; PPO's critic (its values, its value loss forward and backward);
-/// AdamW. Returns the estimate and the critic's seconds in it.
+/// OPD's teacher (a no-grad forward of its own shape per micro-batch, as the old log-probs');
+/// AdamW. Returns the estimate and the critic's and the teacher's seconds in it.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn train_step(
     a: &Assumptions,
@@ -131,7 +132,7 @@ pub(super) fn train_step(
     critic: bool,
     kl_reference: bool,
     entropy_in_loss: bool,
-) -> (Estimate, f64) {
+) -> (Estimate, f64, f64) {
     let r = rate(a);
     let seq = t.seq_len.value as f64;
     let micro = t.micro_batch.value.max(1);
@@ -168,9 +169,13 @@ pub(super) fn train_step(
     } else {
         CpuWork::default()
     };
-    let total = policy + old + reference + critic_work + adam;
+    let teacher_work = t.teacher.as_ref().map_or(CpuWork::default(), |tm| {
+        forward(tm, &Pass { lora: None, entropy_in_loss: false, ..pass(micro, false, false) }).scale(micros)
+    });
+    let total = policy + old + reference + critic_work + teacher_work + adam;
     let seconds = cpu_seconds(&total, &r);
     let critic_s = cpu_seconds(&critic_work, &r);
+    let teacher_s = cpu_seconds(&teacher_work, &r);
     let mut notes = vec![
         format!(
             "{} micro-batch(es) of {} x seq {}: forward with loss + backward (2x its FLOPs, ops and bytes){}{}",
@@ -191,12 +196,15 @@ pub(super) fn train_step(
     if critic {
         notes.push(format!("critic: values + value loss forward and backward: {:.3} s of the step", critic_s));
     }
+    if let Some(tm) = &t.teacher {
+        notes.push(format!("teacher: {} no-grad forward per micro-batch: {:.3} s of the step", tm.name, teacher_s));
+    }
     if lora.is_some() {
         notes.push(
             "LoRA: adapters' thin matmuls and ops added; the frozen base's weight gradients still counted".into(),
         );
     }
-    (Estimate { seconds, assumptions: notes }, critic_s)
+    (Estimate { seconds, assumptions: notes }, critic_s, teacher_s)
 }
 
 /// Generating one rollout batch in the embedded engine: each prompt prefilled once, then one

@@ -45,6 +45,7 @@ pub(super) fn plan_step(
         train_s,
         train_step: t.step.clone(),
         critic_s: t.critic_s * spr,
+        teacher_s: t.teacher_s * spr,
         sync_s,
         offload_s,
         switch_s,

@@ -21,6 +21,8 @@ pub(super) struct TrainFacts {
     pub(super) step: Estimate,
     /// PPO: the critic's share of `step` (its values and value loss), 0 without a critic.
     pub(super) critic_s: f64,
+    /// OPD: the teacher's forward's share of `step`, 0 without a teacher.
+    pub(super) teacher_s: f64,
     pub(super) offload_s: f64,
     pub(super) network_bw: f64,
     pub(super) scaleup_bw: f64,
@@ -69,6 +71,10 @@ pub(super) struct TrainMem {
     critic_gradients: f64,
     critic_optimizer: f64,
     critic_activations: f64,
+    /// On-policy distillation's teacher (0 without one): frozen weights, and the live tensors of
+    /// its no-grad forward over one micro-batch.
+    teacher_weights: f64,
+    teacher_activations: f64,
 }
 
 impl TrainMem {
@@ -82,9 +88,10 @@ impl TrainMem {
             + self.gradients
             + opt
             // The critic trains after the policy's passes have freed their graphs (the embedded
-            // trainer does; PPO trainers generally run the two losses as separate phases): the
-            // peak holds one of the two activation sets, not both.
-            + self.activations.max(self.critic_activations)
+            // trainer does; PPO trainers generally run the two losses as separate phases), and
+            // the teacher's forward runs before the policy's passes: the peak holds one of the
+            // activation sets, not their sum.
+            + self.activations.max(self.critic_activations).max(self.teacher_activations)
             + self.lora_dropout
             + buf
             + self.weight_copies
@@ -92,6 +99,7 @@ impl TrainMem {
             + self.critic_weights
             + self.critic_gradients
             + critic_opt
+            + self.teacher_weights
     }
 
     /// Optimizer state of the policy and the critic together: what an offload moves.
@@ -181,6 +189,12 @@ pub(super) fn train_mem(
     };
     let critic = critic.then(|| model::critic_state_bytes(m, l));
     let critic_optimizer = critic.map_or(0.0, |c| c.optimizer);
+    let teacher = t.teacher.as_ref();
+    let teacher_weights = teacher.map_or(0.0, |tm| model::teacher_weight_bytes(tm, l, host.is_some()));
+    let teacher_activations = teacher.map_or(0.0, |tm| match host {
+        Some(_) => model::embedded_teacher_activation_bytes(tm, t.seq_len.value, t.micro_batch.value),
+        None => model::teacher_activation_bytes(tm, l, t.seq_len.value, t.micro_batch.value),
+    });
     TrainMem {
         weights: s.weights,
         adapters: s.adapters,
@@ -196,6 +210,8 @@ pub(super) fn train_mem(
         critic_gradients: critic.map_or(0.0, |c| c.gradients),
         critic_optimizer,
         critic_activations,
+        teacher_weights,
+        teacher_activations,
     }
 }
 
@@ -403,6 +419,9 @@ pub(super) fn plan_trainer(
     if critic {
         items.extend(critic_items(m, &l, t, &mem, host));
     }
+    if let Some(tm) = &t.teacher {
+        items.extend(teacher_items(tm, &l, t, &mem, host));
+    }
     if let Some(h) = host {
         let names = h.copy_names();
         if !names.is_empty() {
@@ -520,8 +539,13 @@ pub(super) fn plan_trainer(
         0.0
     };
     let critic_s = div(tokens * critic_tok, gpus as f64 * peak * a.train_mfu);
+    // OPD: the teacher's no-grad forward over every token of the step (docs/plan.md).
+    let teacher_tok = t.teacher.as_ref().map_or(0.0, |tm| {
+        time::teacher_flops_per_token(tm.active_params as f64, tm.layers as f64, seq, (tm.heads * tm.head_dim) as f64)
+    });
+    let teacher_s = div(tokens * teacher_tok, gpus as f64 * peak * a.train_mfu);
     let gpu_step = Estimate {
-        seconds: step_s + critic_s,
+        seconds: step_s + critic_s + teacher_s,
         assumptions: vec![
             format!("{:.3e} tokens per optimizer step (global batch x seq {})", tokens, t.seq_len.value),
             format!(
@@ -547,15 +571,24 @@ pub(super) fn plan_trainer(
                 critic_s
             )
         }))
+        .chain(t.teacher.as_ref().map(|tm| {
+            format!(
+                "teacher: {:.3e} FLOPs per token: 2 x {} params ({}, no-grad forward) + attention: {:.2} s of the step",
+                teacher_tok,
+                param_count(tm.active_params),
+                tm.name,
+                teacher_s
+            )
+        }))
         .collect(),
     };
     // The embedded backend on a CPU-only host: its own step-time model (docs/plan.md, "Step time
     // on a CPU host"), rollout and local handoff included.
     let cpu_host = cx.input.cluster.host.as_ref().filter(|_| host.is_some());
-    let (step, critic_s, cpu) = match (cpu_host, host) {
+    let (step, critic_s, teacher_s, cpu) = match (cpu_host, host) {
         (Some(hs), Some(h)) => {
             let spr = batch.map_or(1, |b| b.steps_per_rollout);
-            let (est, critic_s) = super::cpu::train_step(
+            let (est, critic_s, teacher_s) = super::cpu::train_step(
                 a,
                 m,
                 t,
@@ -568,9 +601,9 @@ pub(super) fn plan_trainer(
             let rollout = batch.and_then(|b| super::cpu::rollout(cx, m, b, t.lora.as_ref()));
             let bytes = lora.as_ref().map_or(m.params as f64 * l.precision.bytes(), |lo| lo.sync_bytes as f64);
             let sync = super::cpu::sync(a, hs, m, t.lora.as_ref(), bytes);
-            (est, critic_s, Some(CpuSide { rollout, sync }))
+            (est, critic_s, teacher_s, Some(CpuSide { rollout, sync }))
         }
-        _ => (gpu_step, critic_s, None),
+        _ => (gpu_step, critic_s, teacher_s, None),
     };
     Some(TrainFacts {
         stage: st.name.clone(),
@@ -581,6 +614,7 @@ pub(super) fn plan_trainer(
         precision: l.precision,
         step,
         critic_s,
+        teacher_s,
         offload_s: offload_report.map_or(0.0, |o| o.per_step.seconds),
         network_bw: device.map_or(0.0, |g| g.network_bandwidth),
         scaleup_bw: device.map_or(0.0, |g| g.scaleup_bandwidth),
@@ -647,6 +681,40 @@ fn critic_items(m: &ModelSpec, l: &Layout, t: &Trainer, mem: &TrainMem, host: Op
                     l.cp,
                     t.micro_batch.value,
                     recompute_name(t.recompute.value)
+                ),
+            },
+        },
+    ]
+}
+
+/// On-policy distillation's teacher, item by item: its frozen weights and its no-grad forward's
+/// activations (docs/plan.md, "On-policy distillation: the teacher").
+fn teacher_items(tm: &ModelSpec, l: &Layout, t: &Trainer, mem: &TrainMem, host: Option<&EmbeddedHost>) -> Vec<MemItem> {
+    let weights = match host {
+        Some(_) => "fp32 x 4 B, whole".to_string(),
+        None => format!("{} x {} B, sharded like the policy's", l.precision.as_str(), l.precision.bytes()),
+    };
+    vec![
+        MemItem {
+            name: "teacher_weights".into(),
+            bytes: mem.teacher_weights as u64,
+            note: format!(
+                "OPD teacher {}, {} params, {weights}: frozen, no gradients, no optimizer state",
+                tm.name,
+                param_count(tm.params)
+            ),
+        },
+        MemItem {
+            name: "teacher_activations".into(),
+            bytes: mem.teacher_activations as u64,
+            note: match host {
+                Some(_) => format!(
+                    "no-grad forward, fp32: one layer + logits and log-softmax of seq {} x micro-batch {}",
+                    t.seq_len.value, t.micro_batch.value
+                ),
+                None => format!(
+                    "no-grad forward: one layer + FP32 logits and log-softmax, seq {} / CP{}, micro-batch {}",
+                    t.seq_len.value, l.cp, t.micro_batch.value
                 ),
             },
         },
