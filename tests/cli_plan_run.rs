@@ -181,8 +181,7 @@ fn the_run_spec_carries_the_recipes_stage_names() {
 }
 
 fn metrics_rows(dir: &Path) -> Vec<serde_json::Value> {
-    let text = std::fs::read_to_string(dir.join("metrics.jsonl")).unwrap();
-    text.lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+    common::metrics::rows(dir)
 }
 
 /// recipes/agent-laptop.miles as users run it: checked, planned with its episodes, and a few steps

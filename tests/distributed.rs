@@ -55,17 +55,7 @@ fn assert_nothing_left(p: &Proc) {
 
 /// metrics.jsonl without timings.
 fn metrics(out: &Path) -> Vec<Value> {
-    std::fs::read_to_string(out.join("metrics.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|l| {
-            let mut v: Value = serde_json::from_str(l).unwrap();
-            if let Some(o) = v.as_object_mut() {
-                o.retain(|k, _| !k.starts_with("perf/"));
-            }
-            v
-        })
-        .collect()
+    common::metrics::untimed(out)
 }
 
 fn stderr(o: &Output) -> String {

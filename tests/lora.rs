@@ -30,24 +30,7 @@ fn run(args: &[&str]) -> std::process::Output {
     output(miles().args(args).args(opts), LIMIT)
 }
 
-fn metrics(out: &Path) -> Vec<Value> {
-    std::fs::read_to_string(out.join("metrics.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect()
-}
-
-fn without_perf(rows: Vec<Value>) -> Vec<Value> {
-    rows.into_iter()
-        .map(|mut v| {
-            if let Some(o) = v.as_object_mut() {
-                o.retain(|k, _| !k.starts_with("perf/"));
-            }
-            v
-        })
-        .collect()
-}
+use common::metrics::{rows as metrics, without_perf};
 
 /// Bytes of the tiny model's rank-4 adapters on q, v and down (d_model 32, 2 heads of 16, d_ff
 /// 4 x 32 = 128 by default, 1 layer): A 4x32 + B 32x4, A 4x32 + B 32x4 (kv = heads), A 4x128 + B 32x4.

@@ -40,11 +40,7 @@ fn an_opd_recipe_distils_through_the_binary() {
     let out = dir.join("out");
     let o = run(&["run", &r, "--recipe", "tiny_opd", "--out", out.to_str().unwrap()]);
     assert!(o.status.success(), "{}", text(&o));
-    let rows: Vec<Value> = std::fs::read_to_string(out.join("metrics.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let rows = common::metrics::rows(&out);
     let rl: Vec<&Value> = rows.iter().filter(|r| r["rollout/reward_mean"].is_number()).collect();
     assert_eq!(rl.len(), 4);
     for r in &rl {

@@ -25,19 +25,7 @@ fn run(args: &[&str]) -> std::process::Output {
     output(miles().args(args).args(opts), Duration::from_secs(300))
 }
 
-fn metrics(out: &Path) -> Vec<Value> {
-    std::fs::read_to_string(out.join("metrics.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|l| {
-            let mut v: Value = serde_json::from_str(l).unwrap();
-            if let Some(o) = v.as_object_mut() {
-                o.retain(|k, _| !k.starts_with("perf/"));
-            }
-            v
-        })
-        .collect()
-}
+use common::metrics::untimed as metrics;
 
 #[test]
 fn a_ppo_recipe_runs_and_learns_through_the_binary() {

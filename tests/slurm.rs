@@ -20,15 +20,7 @@ fn slurm_ready() -> Result<(), String> {
 }
 
 fn metrics(out: &std::path::Path) -> Vec<serde_json::Value> {
-    std::fs::read_to_string(out.join("metrics.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|l| {
-            let mut v: serde_json::Value = serde_json::from_str(l).unwrap();
-            v.as_object_mut().unwrap().retain(|k, _| !k.starts_with("perf/"));
-            v
-        })
-        .collect()
+    common::metrics::untimed(out)
 }
 
 #[test]

@@ -2,6 +2,7 @@
 //! (stable, no terminal art) and checking the invariants every diagnostic must hold.
 #![allow(dead_code)]
 
+pub mod metrics;
 pub mod process;
 pub mod tiny;
 

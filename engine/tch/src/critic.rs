@@ -11,9 +11,9 @@
 //! the hidden state at the position that predicts it. The task reward arrives at the last token;
 //! GAE gives each token's advantage from the values (`gae`).
 
-use crate::model::{backend_err, load_named, Policy};
+use crate::model::{load_named, read_tensors, write_tensors, Policy};
 use crate::train::AdamState;
-use miles_runtime::{RunError, E_CHECKPOINT};
+use miles_runtime::RunError;
 use std::path::Path;
 use tch::{Device, Kind, Tensor};
 
@@ -66,13 +66,9 @@ impl Critic {
     }
 
     pub fn save(&self, dir: &Path) -> Result<(), RunError> {
-        let write = |named: Vec<(String, Tensor)>, file: &str| {
-            let p = dir.join(file);
-            Tensor::write_safetensors(&named, &p)
-                .map_err(|e| RunError::new(E_CHECKPOINT, format!("cannot write {}: {e}", p.display())))
-        };
-        write(self.params().into_iter().map(|(n, t)| (n, t.detach())).collect(), WEIGHTS)?;
-        write(self.moments(), OPTIMIZER)
+        let params: Vec<(String, Tensor)> = self.params().into_iter().map(|(n, t)| (n, t.detach())).collect();
+        write_tensors(&params, &dir.join(WEIGHTS))?;
+        write_tensors(&self.moments(), &dir.join(OPTIMIZER))
     }
 
     fn moments(&self) -> Vec<(String, Tensor)> {
@@ -91,15 +87,11 @@ impl Critic {
             return Ok(None);
         }
         let mut c = Critic::from_policy(policy);
-        let read = |p: &Path| {
-            Tensor::read_safetensors(p)
-                .map_err(|e| RunError::new(E_CHECKPOINT, format!("cannot read {}: {e}", p.display())))
-        };
         let mut params = c.params();
-        load_named(&mut params, read(&wp)?, &wp)?;
+        load_named(&mut params, read_tensors(&wp)?, &wp)?;
         let op = dir.join(OPTIMIZER);
         let mut moments = c.moments();
-        load_named(&mut moments, read(&op)?, &op)?;
+        load_named(&mut moments, read_tensors(&op)?, &op)?;
         c.adam.t = adam_t;
         Ok(Some(c))
     }
@@ -161,8 +153,4 @@ pub fn whiten(adv: &mut [Vec<f32>], mask: &[&[f32]]) {
             *x = ((*x as f64 - mean) / (std + 1e-8)) as f32;
         }
     }
-}
-
-pub(crate) fn to_vec(t: &Tensor) -> Result<Vec<f32>, RunError> {
-    Vec::<f32>::try_from(t.detach().contiguous().view([-1])).map_err(backend_err)
 }

@@ -16,7 +16,7 @@
 //! named adapters on one base (multi-LoRA) the name goes where PEFT puts it in memory
 //! (`...q_proj.lora_A.<name>.weight`); each exported adapter directory drops it, as PEFT's do.
 
-use crate::model::backend_err;
+use crate::model::{backend_err, named_tensor, read_tensors, write_tensors};
 use miles_runtime::rng::Rng;
 use miles_runtime::{LoraSpec, ModelConfig, NamedTensor, RunError, E_BACKEND, E_CHECKPOINT};
 use std::cell::Cell;
@@ -279,9 +279,7 @@ impl Adapters {
     /// existing `dir` (callers write into a temp directory and rename it into place).
     pub fn write_peft(&self, dir: &Path, base_model: Option<&str>) -> Result<(), RunError> {
         let named: Vec<(String, Tensor)> = self.named_as(None).into_iter().map(|(n, t)| (n, t.detach())).collect();
-        let path = dir.join("adapter_model.safetensors");
-        Tensor::write_safetensors(&named, &path)
-            .map_err(|e| RunError::new(E_CHECKPOINT, format!("cannot write {}: {e}", path.display())))?;
+        write_tensors(&named, &dir.join("adapter_model.safetensors"))?;
         miles_runtime::exec::write_json(&dir.join("adapter_config.json"), &self.peft_config(base_model))
     }
 
@@ -355,16 +353,13 @@ pub fn read_peft(dir: &Path, cfg: &ModelConfig) -> Result<Adapters, RunError> {
     };
     let mut ad = Adapters::init(cfg, &spec, 0);
     let wp = dir.join("adapter_model.safetensors");
-    let read = Tensor::read_safetensors(&wp)
-        .map_err(|e| RunError::new(E_CHECKPOINT, format!("cannot read {}: {e}", wp.display())))?;
-    let mut map: std::collections::HashMap<String, Tensor> = read.into_iter().collect();
+    let mut map: std::collections::HashMap<String, Tensor> = read_tensors(&wp)?.into_iter().collect();
     let mut tensors = Vec::new();
     for (name, _) in ad.named() {
         let t = map
             .remove(&name)
             .ok_or_else(|| RunError::new(E_CHECKPOINT, format!("{}: missing tensor {name}", wp.display())))?;
-        let data = Vec::<f32>::try_from(t.to_kind(Kind::Float).reshape([-1])).map_err(backend_err)?;
-        tensors.push(NamedTensor { name, shape: t.size().iter().map(|&d| d as usize).collect(), data });
+        tensors.push(named_tensor(&name, &t)?);
     }
     if let Some(extra) = map.keys().next() {
         return Err(RunError::new(E_CHECKPOINT, format!("{}: unexpected tensor {extra}", wp.display())));

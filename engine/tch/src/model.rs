@@ -636,9 +636,7 @@ impl Policy {
     pub fn save(&self, dir: &Path) -> Result<(), RunError> {
         let config = crate::hf::config_json(&self.cfg)?;
         let named: Vec<(&str, Tensor)> = self.params.iter().map(|(n, t)| (n.as_str(), t.detach())).collect();
-        let path = dir.join("model.safetensors");
-        Tensor::write_safetensors(&named, &path)
-            .map_err(|e| RunError::new(E_CHECKPOINT, format!("cannot write {}: {e}", path.display())))?;
+        write_tensors(&named, &dir.join("model.safetensors"))?;
         miles_runtime::exec::write_json(&dir.join("config.json"), &config)
     }
 
@@ -649,15 +647,38 @@ impl Policy {
 
     /// Overwrites parameters from a safetensors file holding exactly this model's tensors.
     pub fn load_tensors(&mut self, path: &Path) -> Result<(), RunError> {
-        let read = Tensor::read_safetensors(path)
-            .map_err(|e| RunError::new(E_CHECKPOINT, format!("cannot read {}: {e}", path.display())))?;
-        load_named(&mut self.params, read, path)
+        load_named(&mut self.params, read_tensors(path)?, path)
     }
 }
 
-fn named_tensor(name: &str, t: &Tensor) -> Result<NamedTensor, RunError> {
-    let data = Vec::<f32>::try_from(t.detach().reshape([-1])).map_err(backend_err)?;
-    Ok(NamedTensor { name: name.to_string(), shape: t.size().iter().map(|&d| d as usize).collect(), data })
+/// The one safetensors writer of checkpoints and exports: an error names the file.
+pub(crate) fn write_tensors<S: AsRef<str>, T: AsRef<Tensor>>(named: &[(S, T)], path: &Path) -> Result<(), RunError> {
+    Tensor::write_safetensors(named, path)
+        .map_err(|e| RunError::new(E_CHECKPOINT, format!("cannot write {}: {e}", path.display())))
+}
+
+/// The one safetensors reader of checkpoints (Hugging Face loading has its own messages).
+pub(crate) fn read_tensors(path: &Path) -> Result<Vec<(String, Tensor)>, RunError> {
+    Tensor::read_safetensors(path)
+        .map_err(|e| RunError::new(E_CHECKPOINT, format!("cannot read {}: {e}", path.display())))
+}
+
+/// A tensor's values as f32, flattened.
+pub(crate) fn f32_values(t: &Tensor) -> Result<Vec<f32>, RunError> {
+    Vec::<f32>::try_from(t.detach().to_kind(Kind::Float).contiguous().view([-1])).map_err(backend_err)
+}
+
+pub(crate) fn named_tensor(name: &str, t: &Tensor) -> Result<NamedTensor, RunError> {
+    Ok(NamedTensor {
+        name: name.to_string(),
+        shape: t.size().iter().map(|&d| d as usize).collect(),
+        data: f32_values(t)?,
+    })
+}
+
+/// Tensors read from a file as weight-snapshot entries.
+pub(crate) fn named_tensors(read: Vec<(String, Tensor)>) -> Result<Vec<NamedTensor>, RunError> {
+    read.iter().map(|(n, t)| named_tensor(n, t)).collect()
 }
 
 /// Copies `read` into `dst` by name; every name must be present with the same shape.

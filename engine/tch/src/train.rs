@@ -2,8 +2,8 @@
 //! bonus, token/sequence aggregation), masked cross-entropy SFT, gradient accumulation over
 //! micro-batches, global-norm clipping and AdamW with our own (checkpointable) state.
 
-use crate::critic::{gae, to_vec, value_loss, whiten, Critic};
-use crate::model::{backend_err, left_pad, load_named, Policy};
+use crate::critic::{gae, value_loss, whiten, Critic};
+use crate::model::{left_pad, load_named, named_tensors, read_tensors, write_tensors, Policy};
 use miles_runtime::tasks::TokenId;
 use miles_runtime::{
     Aggregation, CriticStats, NamedTensor, OpdSpec, OpdStats, PpoSpec, RunError, SftStats, TrainSpec, TrainStats,
@@ -76,7 +76,7 @@ impl Packed {
     }
 
     fn extract(&self, t: &Tensor) -> Result<Vec<Vec<f32>>, RunError> {
-        let flat = Vec::<f32>::try_from(t.detach().contiguous().view([-1])).map_err(backend_err)?;
+        let flat = crate::model::f32_values(t)?;
         let w = self.width as usize;
         Ok((0..self.lens.len())
             .map(|i| (0..self.lens[i]).map(|j| flat[i * w + self.offsets[i] as usize + j]).collect())
@@ -336,10 +336,8 @@ impl TchTrainer {
         // Per-token advantages (PPO's, distillation's, or both), else one per response.
         let (token_adv, opd_stats) = token_advantages(batch, targets.as_ref(), opd.as_ref(), teacher_lp.as_deref());
         let mut st = TrainStats { logprob_s: t_lp.elapsed().as_secs_f64(), opd: opd_stats, ..TrainStats::default() };
-        let (mut diff_sum, mut tok_total) = (0f64, 0f64);
-        for t in batch {
-            tok_total += t.loss_mask.iter().map(|&m| m as f64).sum::<f64>();
-        }
+        let mut diff_sum = 0f64;
+        let tok_total = trained_tokens(batch);
         if let Some(old) = &old {
             for (t, o) in batch.iter().zip(old) {
                 for ((a, b), m) in o.iter().zip(&t.rollout_logprobs).zip(&t.loss_mask) {
@@ -347,19 +345,10 @@ impl TchTrainer {
                 }
             }
         }
-        let n_opt = lrs.len().max(1);
-        let per_opt = batch.len().div_ceil(n_opt);
         let (mut ent_sum, mut clip_sum, mut kl_sum, mut tis_sum) = (0f64, 0f64, 0f64, 0f64);
-        for (k, lr) in lrs.iter().enumerate() {
-            let lo = k * per_opt;
-            let hi = ((k + 1) * per_opt).min(batch.len());
-            if lo >= hi {
-                continue;
-            }
-            let slice = &batch[lo..hi];
+        for (lo, slice, lr) in optimizer_slices(batch, lrs) {
             // Global denominators so accumulated micro-batch gradients equal the full batch's.
-            let g_tokens: f64 =
-                slice.iter().map(|t| t.loss_mask.iter().map(|&m| m as f64).sum::<f64>()).sum::<f64>().max(1.0);
+            let g_tokens = trained_tokens(slice).max(1.0);
             let g_seqs = slice.len() as f64;
             self.zero_grad();
             let mut loss_acc = 0f64;
@@ -445,7 +434,7 @@ impl TchTrainer {
                 st.forward_s += t_stats.elapsed().as_secs_f64();
             }
             let t_opt = Instant::now();
-            let norm = self.optimizer_step(*lr)?;
+            let norm = self.optimizer_step(lr)?;
             st.optimizer_s += t_opt.elapsed().as_secs_f64();
             st.loss += loss_acc;
             st.grad_norm += norm;
@@ -537,19 +526,11 @@ impl TchTrainer {
         if !self.policy.adapters().is_empty() {
             let named: Vec<(String, Tensor)> =
                 self.policy.adapters().iter().flat_map(|l| l.named()).map(|(n, t)| (n, t.detach())).collect();
-            let p = dir.join(ADAPTER_FILE);
-            Tensor::write_safetensors(&named, &p)
-                .map_err(|e| RunError::new(E_CHECKPOINT, format!("cannot write {}: {e}", p.display())))?;
+            write_tensors(&named, &dir.join(ADAPTER_FILE))?;
         }
-        let named = self.optimizer_tensors();
-        let p = dir.join("optimizer.safetensors");
-        Tensor::write_safetensors(&named, &p)
-            .map_err(|e| RunError::new(E_CHECKPOINT, format!("cannot write {}: {e}", p.display())))?;
+        write_tensors(&self.optimizer_tensors(), &dir.join("optimizer.safetensors"))?;
         if let Some(r) = &self.reference {
-            let named: Vec<(String, Tensor)> = r.params().iter().map(|(n, t)| (n.clone(), t.shallow_clone())).collect();
-            let p = dir.join("reference.safetensors");
-            Tensor::write_safetensors(&named, &p)
-                .map_err(|e| RunError::new(E_CHECKPOINT, format!("cannot write {}: {e}", p.display())))?;
+            write_tensors(r.params(), &dir.join("reference.safetensors"))?;
         }
         if let Some(c) = &self.critic {
             c.save(dir)?;
@@ -570,8 +551,7 @@ impl TchTrainer {
         self.base_stale.set(true);
         self.load_adapters(dir)?;
         let p = dir.join("optimizer.safetensors");
-        let read = Tensor::read_safetensors(&p)
-            .map_err(|e| RunError::new(E_CHECKPOINT, format!("cannot read {}: {e}", p.display())))?;
+        let read = read_tensors(&p)?;
         self.fresh_optimizer();
         let mut named = self.optimizer_tensors();
         load_named(&mut named, read, &p)?;
@@ -619,15 +599,7 @@ impl TchTrainer {
             )
             .with_help("add the `lora` the run was started with, or resume from a checkpoint of a full fine-tune"));
         }
-        let read = Tensor::read_safetensors(&p)
-            .map_err(|e| RunError::new(E_CHECKPOINT, format!("cannot read {}: {e}", p.display())))?;
-        let tensors = read
-            .into_iter()
-            .map(|(name, t)| {
-                let data = Vec::<f32>::try_from(t.to_kind(Kind::Float).reshape([-1])).map_err(backend_err)?;
-                Ok(NamedTensor { name, shape: t.size().iter().map(|&d| d as usize).collect(), data })
-            })
-            .collect::<Result<Vec<_>, RunError>>()?;
+        let tensors = named_tensors(read_tensors(&p)?)?;
         self.policy.set_adapters(Vec::new());
         self.begin_lora();
         // safetensors keeps names sorted; the adapters' own order is adapter by adapter, layer by
@@ -750,6 +722,24 @@ fn token_advantages(
     (Some(adv), Some(OpdStats { reverse_kl: kl / n, teacher_logp: tsum / n, opd_share: share }))
 }
 
+/// The batch's consecutive slices, one per optimizer step (`lrs`), with each slice's start: the
+/// policy's and the critic's updates step through the same slices.
+fn optimizer_slices<'b>(batch: &'b [Trajectory], lrs: &[f64]) -> Vec<(usize, &'b [Trajectory], f64)> {
+    let per_opt = batch.len().div_ceil(lrs.len().max(1));
+    lrs.iter()
+        .enumerate()
+        .filter_map(|(k, &lr)| {
+            let (lo, hi) = (k * per_opt, ((k + 1) * per_opt).min(batch.len()));
+            (lo < hi).then(|| (lo, &batch[lo..hi], lr))
+        })
+        .collect()
+}
+
+/// Tokens the loss covers (the loss masks' sum).
+fn trained_tokens(batch: &[Trajectory]) -> f64 {
+    batch.iter().map(|t| t.loss_mask.iter().map(|&m| m as f64).sum::<f64>()).sum()
+}
+
 /// PPO's targets for a batch: per response token, the advantage (GAE, whitened over the batch's
 /// trained tokens), the return and the value the critic gave before any update.
 struct CriticTargets {
@@ -813,17 +803,9 @@ fn train_critic(
     let var_r = rsq / n1 - (rsum / n1).powi(2);
     let var_e = esq / n1 - (esum / n1).powi(2);
     cs.explained_variance = if var_r > 1e-12 { 1.0 - var_e / var_r } else { 0.0 };
-    let n_opt = lrs.len().max(1);
-    let per_opt = batch.len().div_ceil(n_opt);
     let (mut clip_sum, mut steps) = (0f64, 0u64);
-    for (k, lr) in lrs.iter().enumerate() {
-        let (lo, hi) = (k * per_opt, ((k + 1) * per_opt).min(batch.len()));
-        if lo >= hi {
-            continue;
-        }
-        let slice = &batch[lo..hi];
-        let g_tokens: f64 =
-            slice.iter().map(|t| t.loss_mask.iter().map(|&m| m as f64).sum::<f64>()).sum::<f64>().max(1.0);
+    for (lo, slice, lr) in optimizer_slices(batch, lrs) {
+        let g_tokens = trained_tokens(slice).max(1.0);
         c.zero_grad();
         let mut loss_acc = 0f64;
         for (ci, chunk) in slice.chunks(micro.max(1)).enumerate() {
@@ -849,7 +831,7 @@ fn train_critic(
             }
             loss_acc += lv;
             loss.backward();
-            clip_sum += to_vec(&(clipped * &pk.mask).sum(Kind::Float))?.first().copied().unwrap_or(0.0) as f64;
+            clip_sum += (clipped * &pk.mask).sum(Kind::Double).double_value(&[]);
         }
         let ratio = if spec.lr > 0.0 { lr / spec.lr } else { 1.0 };
         cs.grad_norm += adam_step(&c.params(), &mut c.adam, spec, p.critic_lr * ratio)?;

@@ -51,16 +51,7 @@ fn spec() -> TrainSpec {
 }
 
 fn batch() -> Vec<Trajectory> {
-    let traj = |p: Vec<u32>, r: Vec<u32>, reward: f32| Trajectory {
-        rollout_logprobs: vec![-2.0; r.len()],
-        loss_mask: vec![1.0; r.len()],
-        prompt: p,
-        response: r,
-        reward,
-        advantage: 0.0,
-        group: 0,
-        weight_version: 0,
-    };
+    let traj = |p: Vec<u32>, r: Vec<u32>, reward: f32| common::trajectory(p, r, reward, 0.0);
     vec![
         traj(vec![1, 5], vec![6, 7, EOS], 1.0),
         traj(vec![1, 8], vec![9, EOS], 0.0),

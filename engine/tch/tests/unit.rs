@@ -227,16 +227,7 @@ fn sft_lowers_the_loss_and_init_is_deterministic() {
 #[test]
 fn micro_batches_accumulate_to_the_full_batch_gradient() {
     one_thread();
-    let traj = |p: Vec<u32>, r: Vec<u32>, adv: f32| miles_runtime::Trajectory {
-        rollout_logprobs: vec![-2.0; r.len()],
-        loss_mask: vec![1.0; r.len()],
-        prompt: p,
-        response: r,
-        reward: 0.0,
-        advantage: adv,
-        group: 0,
-        weight_version: 0,
-    };
+    let traj = |p: Vec<u32>, r: Vec<u32>, adv: f32| common::trajectory(p, r, 0.0, adv);
     let batch = vec![
         traj(vec![1, 4], vec![5, 6, EOS], 1.0),
         traj(vec![1, 4, 7, 8], vec![5, EOS], -0.5),

@@ -193,17 +193,7 @@ fn rule_adapter_partial_credit(cx: &Ctx, f: &FieldValue) -> Option<String> {
 
 /// An adapter's prompts: what the rollout's may be (a runnable prompt set, its train split).
 fn rule_adapter_prompts(_: &Ctx, f: &FieldValue) -> Option<String> {
-    let r = f.value.as_record()?;
-    if !RUNNABLE_PROMPTS.contains(&r.schema_name.as_str()) {
-        return Some(format!(
-            "an adapter's prompts from `{}`: the runtime reads the built-in tasks, `jsonl` and `parquet`",
-            r.schema_name
-        ));
-    }
-    match r.get("split").and_then(Value::as_enum) {
-        Some("train") | None => None,
-        Some(s) => Some(format!("an adapter trains on its prompt set's train split (this one says `split = {s}`); evaluation reads the test split")),
-    }
+    prompts_refusal(f, "an adapter's prompts", "an adapter")
 }
 
 fn prompts_json(v: &Value, split: &str) -> Option<serde_json::Value> {
@@ -221,17 +211,23 @@ fn rollout_prompts<'c>(cx: &'c Ctx) -> Option<&'c Value> {
 }
 
 fn rule_rollout_prompts(_: &Ctx, f: &FieldValue) -> Option<String> {
+    prompts_refusal(f, "prompts", "the rollout")
+}
+
+/// Why a prompt set (`whose`, trained on by `who`) is not one the runtime reads: a runnable kind,
+/// its train split. The rollout's and every multi-LoRA adapter's prompts follow this one rule.
+fn prompts_refusal(f: &FieldValue, whose: &str, who: &str) -> Option<String> {
     let r = f.value.as_record()?;
     if !RUNNABLE_PROMPTS.contains(&r.schema_name.as_str()) {
         return Some(format!(
-            "prompts from `{}`: the runtime reads the built-in tasks (std/tasks/arith, std/tasks/strings), `jsonl {{ ... }}` and `parquet {{ ... }}`",
+            "{whose} from `{}`: the runtime reads the built-in tasks (std/tasks/arith, std/tasks/strings), `jsonl {{ ... }}` and `parquet {{ ... }}`",
             r.schema_name
         ));
     }
     match r.get("split").and_then(Value::as_enum) {
         Some("train") | None => None,
         Some(s) => Some(format!(
-            "the rollout trains on its prompt set's train split (this one says `split = {s}`); evaluation reads the test split"
+            "{who} trains on its prompt set's train split (this one says `split = {s}`); evaluation reads the test split"
         )),
     }
 }

@@ -38,17 +38,10 @@ pub(crate) fn lanes_of(spec: &RunSpec) -> Result<Vec<Lane>, RunError> {
         .collect()
 }
 
-/// One lane's part of a step.
-pub(crate) struct LaneStep {
-    pub(crate) sb: StepBatch,
-    pub(crate) ts: TrainStats,
-    pub(crate) lrs: Vec<f64>,
-}
-
-/// Every lane's rollout, reward and training for `step`; the step's batch is theirs together
-/// (for the run's metrics), with each lane's columns in `cols`.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn step_lanes(
+/// Every lane's rollout, reward and training for `step`. The outcome's batch is all lanes'
+/// together (for the run's columns: groups renumbered apart), its training stats their
+/// combination (sums of counts, means of the per-lane means), with each lane's own columns.
+pub(crate) fn step(
     spec: &RunSpec,
     lanes: &mut [Lane],
     engine: &mut dyn RolloutEngine,
@@ -56,11 +49,18 @@ pub(crate) fn step_lanes(
     reward: &mut dyn BatchReward,
     step: u64,
     last_ckpt: &Option<std::path::PathBuf>,
-    times: &mut (f64, f64, f64),
-) -> Result<(Vec<LaneStep>, Map<String, serde_json::Value>), RunError> {
+) -> Result<StepOutcome, RunError> {
     let r = &spec.rollout;
-    let mut out = Vec::with_capacity(lanes.len());
-    let mut cols = Map::new();
+    let k = lanes.len().max(1) as f64;
+    let mut out = StepOutcome {
+        sb: StepBatch::default(),
+        ts: TrainStats::default(),
+        lrs: Vec::new(),
+        cols: Map::new(),
+        gen_s: 0.0,
+        reward_s: 0.0,
+        train_s: 0.0,
+    };
     for (i, lane) in lanes.iter_mut().enumerate() {
         let t_gen = Instant::now();
         engine.select_adapter(i)?;
@@ -70,14 +70,14 @@ pub(crate) fn step_lanes(
         let prompts =
             items.iter().map(|it| lane.task.tokenizer.encode_prompt(&it.prompt)).collect::<Result<Vec<_>, _>>()?;
         let samples = engine.generate(&prompts, r.samples_per_prompt, &params)?;
-        times.0 += t_gen.elapsed().as_secs_f64();
+        out.gen_s += t_gen.elapsed().as_secs_f64();
         let t_reward = Instant::now();
         let scorer: &mut dyn BatchReward = match lane.reward.as_mut() {
             Some(r) => r,
             None => &mut *reward,
         };
         let sb = single_turn_batch(spec, &lane.task, scorer, &items, &prompts, &samples, step)?;
-        times.1 += t_reward.elapsed().as_secs_f64();
+        out.reward_s += t_reward.elapsed().as_secs_f64();
         if sb.batch.is_empty() {
             return Err(RunError::new(
                 crate::reward::E_REWARD,
@@ -91,65 +91,58 @@ pub(crate) fn step_lanes(
         let t_train = Instant::now();
         trainer.select_adapter(i)?;
         let ts = train_checked(trainer, &sb.batch, &lrs, r.temperature, step, last_ckpt)?;
-        times.2 += t_train.elapsed().as_secs_f64();
+        out.train_s += t_train.elapsed().as_secs_f64();
         let n = sb.rewards.len().max(1) as f64;
         let p = format!("lora/{}/", lane.name);
-        cols.insert(format!("{p}reward_mean"), json!(sb.rewards.iter().map(|&x| x as f64).sum::<f64>() / n));
-        cols.insert(format!("{p}response_len"), json!(sb.sampled_tokens as f64 / sb.responses.max(1) as f64));
-        cols.insert(format!("{p}loss"), json!(ts.loss));
-        cols.insert(format!("{p}grad_norm"), json!(ts.grad_norm));
-        cols.insert(format!("{p}lr"), json!(lrs.first().copied().unwrap_or(0.0)));
-        out.push(LaneStep { sb, ts, lrs });
+        out.cols.insert(format!("{p}reward_mean"), json!(sb.rewards.iter().map(|&x| x as f64).sum::<f64>() / n));
+        out.cols.insert(format!("{p}response_len"), json!(sb.sampled_tokens as f64 / sb.responses.max(1) as f64));
+        out.cols.insert(format!("{p}loss"), json!(ts.loss));
+        out.cols.insert(format!("{p}grad_norm"), json!(ts.grad_norm));
+        out.cols.insert(format!("{p}lr"), json!(lrs.first().copied().unwrap_or(0.0)));
+        merge_into(&mut out, sb, &ts, k);
+        if out.lrs.is_empty() {
+            out.lrs = lrs;
+        }
     }
     engine.select_adapter(0)?;
     trainer.select_adapter(0)?;
-    Ok((out, cols))
+    Ok(out)
 }
 
-/// The lanes' batches as one (for the run's own columns) and their training stats combined:
-/// sums of counts, means of the per-call means.
-pub(crate) fn merge(steps: Vec<LaneStep>) -> (StepBatch, TrainStats, Vec<f64>) {
-    let k = steps.len().max(1) as f64;
-    let mut sb = StepBatch::default();
-    let mut ts = TrainStats::default();
-    let mut lrs = Vec::new();
-    for s in steps {
-        let offset = sb.groups.iter().max().map_or(0, |g| g + 1);
-        sb.batch.extend(s.sb.batch);
-        sb.rewards.extend(s.sb.rewards);
-        sb.groups.extend(s.sb.groups.iter().map(|g| g + offset));
-        sb.sampled_tokens += s.sb.sampled_tokens;
-        sb.responses += s.sb.responses;
-        sb.stopped += s.sb.stopped;
-        for (key, v) in s.sb.metrics {
-            match sb.metrics.iter_mut().find(|(k2, _)| *k2 == key) {
-                Some(m) => m.1 += v,
-                None => sb.metrics.push((key, v)),
-            }
-        }
-        let t = &s.ts;
-        for (acc, x) in [
-            (&mut ts.loss, t.loss),
-            (&mut ts.grad_norm, t.grad_norm),
-            (&mut ts.entropy, t.entropy),
-            (&mut ts.clip_frac, t.clip_frac),
-            (&mut ts.kl, t.kl),
-            (&mut ts.logp_diff, t.logp_diff),
-            (&mut ts.tis_weight, t.tis_weight),
-        ] {
-            *acc += x / k;
-        }
-        ts.optimizer_steps += t.optimizer_steps;
-        ts.tokens += t.tokens;
-        ts.logprob_s += t.logprob_s;
-        ts.forward_s += t.forward_s;
-        ts.backward_s += t.backward_s;
-        ts.optimizer_s += t.optimizer_s;
-        if lrs.is_empty() {
-            lrs = s.lrs;
+/// Adds one lane's batch and training stats (weight 1/k for the per-call means) to `out`.
+fn merge_into(out: &mut StepOutcome, sb: StepBatch, t: &TrainStats, k: f64) {
+    let o = &mut out.sb;
+    let offset = o.groups.iter().max().map_or(0, |g| g + 1);
+    o.batch.extend(sb.batch);
+    o.rewards.extend(sb.rewards);
+    o.groups.extend(sb.groups.iter().map(|g| g + offset));
+    o.sampled_tokens += sb.sampled_tokens;
+    o.responses += sb.responses;
+    o.stopped += sb.stopped;
+    for (key, v) in sb.metrics {
+        match o.metrics.iter_mut().find(|(k2, _)| *k2 == key) {
+            Some(m) => m.1 += v,
+            None => o.metrics.push((key, v)),
         }
     }
-    (sb, ts, lrs)
+    let ts = &mut out.ts;
+    for (acc, x) in [
+        (&mut ts.loss, t.loss),
+        (&mut ts.grad_norm, t.grad_norm),
+        (&mut ts.entropy, t.entropy),
+        (&mut ts.clip_frac, t.clip_frac),
+        (&mut ts.kl, t.kl),
+        (&mut ts.logp_diff, t.logp_diff),
+        (&mut ts.tis_weight, t.tis_weight),
+    ] {
+        *acc += x / k;
+    }
+    ts.optimizer_steps += t.optimizer_steps;
+    ts.tokens += t.tokens;
+    ts.logprob_s += t.logprob_s;
+    ts.forward_s += t.forward_s;
+    ts.backward_s += t.backward_s;
+    ts.optimizer_s += t.optimizer_s;
 }
 
 /// Every lane's held-out evaluation with its adapter (`lora/<name>/eval/*` into `row`); the run's

@@ -79,7 +79,6 @@ pub fn run_with(spec: &RunSpec, opts: &RunOptions, backend: &dyn Backend) -> Res
     let out = &opts.out_dir;
 
     let mut last_reward = None;
-    let mut lane_step = None;
     let mut steps_this_run = 0u64;
     let mut stopped_early = false;
     while step < spec.steps {
@@ -94,68 +93,58 @@ pub fn run_with(spec: &RunSpec, opts: &RunOptions, backend: &dyn Backend) -> Res
         steps_this_run += 1;
         let t_step = Instant::now();
         let r = &spec.rollout;
-        let items = task.train_batch(spec.seed, "rollout", step, r.rollout_batch);
-        let params = SamplingParams::rollout(r, derive_seed(spec.seed, "sampling", step)).with_stop(task.stop_tokens());
-        let t_gen = Instant::now();
-        let (sb, gen_s, t_reward) = match &env {
-            _ if !lanes.is_empty() => {
-                let mut times = (0.0, 0.0, 0.0);
-                let (parts, cols) = lanes::step_lanes(
-                    spec,
-                    &mut lanes,
-                    engine.as_mut(),
-                    trainer.as_mut(),
-                    reward.as_mut(),
-                    step,
-                    &last_ckpt,
-                    &mut times,
-                )?;
-                lane_step = Some((lanes::merge(parts), cols, times));
-                (StepBatch::default(), 0.0, Instant::now())
-            }
-            Some(env) => {
-                // Episodes: generation and the environment interleave turn by turn.
-                let (groups, results) =
-                    env.play(&task, engine.as_mut(), &items, r.samples_per_prompt, &params, &format!("step{step}"))?;
-                (env.batch(&groups, &results), t_gen.elapsed().as_secs_f64(), Instant::now())
-            }
-            None => {
-                let prompts =
-                    items.iter().map(|it| task.tokenizer.encode_prompt(&it.prompt)).collect::<Result<Vec<_>, _>>()?;
-                let samples = engine.generate(&prompts, r.samples_per_prompt, &params)?;
-                let gen_s = t_gen.elapsed().as_secs_f64();
-                let t_reward = Instant::now();
-                let sb = single_turn_batch(spec, &task, reward.as_mut(), &items, &prompts, &samples, step)?;
-                (sb, gen_s, t_reward)
-            }
-        };
-        // Multi-LoRA: the lanes generated, scored and trained already (each with its adapter).
-        let (sb, lane_train) = match lane_step.take() {
-            Some(((merged, ts, lrs), cols, times)) => (merged, Some((ts, lrs, cols, times))),
-            None => (sb, None),
-        };
-        if sb.batch.is_empty() {
-            let e = match &env {
-                Some(_) => crate::env::rollout::all_episodes_faulted(&format!("step {step}")),
-                None => RunError::new(
-                    crate::reward::E_REWARD,
-                    format!("step {step}: the reward `{}` dropped every sample of the batch", reward.name()),
-                )
-                .with_help("the reward failed on every sample: fix it, or set `on_error = zero`"),
+        let outcome = if !lanes.is_empty() {
+            // Multi-LoRA: every lane generates, is scored and trains with its own adapter.
+            lanes::step(spec, &mut lanes, engine.as_mut(), trainer.as_mut(), reward.as_mut(), step, &last_ckpt)?
+        } else {
+            let items = task.train_batch(spec.seed, "rollout", step, r.rollout_batch);
+            let params =
+                SamplingParams::rollout(r, derive_seed(spec.seed, "sampling", step)).with_stop(task.stop_tokens());
+            let t_gen = Instant::now();
+            let (sb, gen_s, t_reward) = match &env {
+                Some(env) => {
+                    // Episodes: generation and the environment interleave turn by turn.
+                    let (groups, results) = env.play(
+                        &task,
+                        engine.as_mut(),
+                        &items,
+                        r.samples_per_prompt,
+                        &params,
+                        &format!("step{step}"),
+                    )?;
+                    (env.batch(&groups, &results), t_gen.elapsed().as_secs_f64(), Instant::now())
+                }
+                None => {
+                    let prompts = items
+                        .iter()
+                        .map(|it| task.tokenizer.encode_prompt(&it.prompt))
+                        .collect::<Result<Vec<_>, _>>()?;
+                    let samples = engine.generate(&prompts, r.samples_per_prompt, &params)?;
+                    let gen_s = t_gen.elapsed().as_secs_f64();
+                    let t_reward = Instant::now();
+                    let sb = single_turn_batch(spec, &task, reward.as_mut(), &items, &prompts, &samples, step)?;
+                    (sb, gen_s, t_reward)
+                }
             };
-            return Err(e);
-        }
-        let StepBatch { batch, rewards, groups, sampled_tokens: gen_tokens, responses, stopped, metrics: extra } = sb;
-        let (ts, lrs, lane_cols, gen_s, reward_s, train_s) = match lane_train {
-            Some((ts, lrs, cols, (g, rw, tr))) => (ts, lrs, cols, g, rw, tr),
-            None => {
-                let lrs = step_lrs(spec, step);
-                let reward_s = t_reward.elapsed().as_secs_f64();
-                let t_train = Instant::now();
-                let ts = train_checked(trainer.as_mut(), &batch, &lrs, r.temperature, step, &last_ckpt)?;
-                (ts, lrs, Map::new(), gen_s, reward_s, t_train.elapsed().as_secs_f64())
+            if sb.batch.is_empty() {
+                let e = match &env {
+                    Some(_) => crate::env::rollout::all_episodes_faulted(&format!("step {step}")),
+                    None => RunError::new(
+                        crate::reward::E_REWARD,
+                        format!("step {step}: the reward `{}` dropped every sample of the batch", reward.name()),
+                    )
+                    .with_help("the reward failed on every sample: fix it, or set `on_error = zero`"),
+                };
+                return Err(e);
             }
+            let lrs = step_lrs(spec, step);
+            let reward_s = t_reward.elapsed().as_secs_f64();
+            let t_train = Instant::now();
+            let ts = train_checked(trainer.as_mut(), &sb.batch, &lrs, r.temperature, step, &last_ckpt)?;
+            StepOutcome { sb, ts, lrs, cols: Map::new(), gen_s, reward_s, train_s: t_train.elapsed().as_secs_f64() }
         };
+        let StepOutcome { sb, ts, lrs, cols: lane_cols, gen_s, reward_s, train_s } = outcome;
+        let StepBatch { batch, rewards, groups, sampled_tokens: gen_tokens, responses, stopped, metrics: extra } = sb;
         let t_sync = Instant::now();
         let w = transport.transfer(trainer.export_weights()?)?;
         engine.load_weights(&w)?;
@@ -213,6 +202,18 @@ pub fn run_with(spec: &RunSpec, opts: &RunOptions, backend: &dyn Backend) -> Res
     }
     let at = Position { step, eval_start, eval_last, last_ckpt };
     Ok(summary(at, last_reward, stopped_early, metrics_path, started, &mut progress))
+}
+
+/// A step's rollout and training, as the metrics row reads them: the batch, the training
+/// stats and learning rates, extra columns (multi-LoRA's per-adapter ones) and phase seconds.
+pub(crate) struct StepOutcome {
+    pub(crate) sb: StepBatch,
+    pub(crate) ts: TrainStats,
+    pub(crate) lrs: Vec<f64>,
+    pub(crate) cols: Map<String, serde_json::Value>,
+    pub(crate) gen_s: f64,
+    pub(crate) reward_s: f64,
+    pub(crate) train_s: f64,
 }
 
 /// What one RL step's rollout gives the trainer and the metrics: single responses or episodes.

@@ -9,3 +9,17 @@ pub fn tiny_config(init_std: f64) -> ModelConfig {
         DecoderSizes { vocab_size: 12, d_model: 32, n_layers: 2, n_heads: 4, n_kv_heads: 2, d_ff: 48, max_len: 24 };
     ModelConfig { init_std, ..ModelConfig::decoder(sizes) }
 }
+
+/// A trajectory to train on: every response token trained (mask 1), sampled at log-prob -2.
+pub fn trajectory(prompt: Vec<u32>, response: Vec<u32>, reward: f32, advantage: f32) -> miles_runtime::Trajectory {
+    miles_runtime::Trajectory {
+        rollout_logprobs: vec![-2.0; response.len()],
+        loss_mask: vec![1.0; response.len()],
+        prompt,
+        response,
+        reward,
+        advantage,
+        group: 0,
+        weight_version: 0,
+    }
+}
