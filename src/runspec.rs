@@ -277,6 +277,8 @@ pub fn run_spec(recipe: &CompiledRecipe) -> Result<RunSpec, Vec<Diagnostic>> {
         top_p: m.f64(rollout, "top_p"),
         top_k: m.u64(rollout, "top_k") as usize,
         max_prompt_tokens: Some(m.u64(rollout, "max_prompt_tokens") as usize).filter(|n| *n > 0),
+        precision: Default::default(),
+        r3: None,
     };
     let opt = m.record(train, "optimizer").cloned();
     let o =

@@ -105,6 +105,7 @@ fn main() {
                 advantage: if i % 2 == 0 { 1.0 } else { -1.0 },
                 group: i / 8,
                 weight_version: 0,
+                routing: None,
             })
             .collect();
         let toks: usize = batch.iter().map(|t| t.prompt.len() + t.response.len()).sum();

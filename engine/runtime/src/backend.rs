@@ -83,6 +83,8 @@ pub struct Sample {
     pub finish: FinishReason,
     /// Version of the weights that generated it.
     pub weight_version: u64,
+    /// R3: every forwarded token's routed experts (prompt then response), when recorded.
+    pub routing: Option<crate::Routing>,
 }
 
 pub trait RolloutEngine {
@@ -125,6 +127,8 @@ pub struct Trajectory {
     pub advantage: f32,
     pub group: usize,
     pub weight_version: u64,
+    /// R3: the experts the engine routed each token to (an MoE policy with `record_routing`).
+    pub routing: Option<crate::Routing>,
 }
 
 /// What one RL train call reports (means over the call's tokens unless said otherwise).

@@ -15,6 +15,7 @@ pub mod line_child;
 pub mod progress;
 pub mod reward;
 pub mod rng;
+pub mod routing;
 pub mod schedule;
 pub mod session;
 pub mod sim;
@@ -27,6 +28,7 @@ pub mod tokenize;
 
 pub use backend::*;
 pub use error::*;
+pub use routing::{RouteId, Routing};
 pub use exec::run_with;
 pub use spec::*;
 pub use stream::*;

@@ -152,6 +152,7 @@ impl RolloutEngine for SimEngine {
                     finish: finish_of(&r),
                     response: r,
                     weight_version: self.version,
+                    routing: None,
                 });
             }
         }
@@ -208,6 +209,7 @@ impl StreamEngine for SimEngine {
                     response: a.planned,
                     versions: a.versions,
                     aborted: false,
+                    routing: None,
                 });
             } else {
                 i += 1;
@@ -238,6 +240,7 @@ impl StreamEngine for SimEngine {
                     finish: FinishReason::Length,
                     response: a.planned,
                     versions: a.versions,
+                    routing: None,
                     aborted: true,
                 }
             })

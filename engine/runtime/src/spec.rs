@@ -180,6 +180,52 @@ pub struct ModelConfig {
     /// Rescaled rotary frequencies for long contexts; None = plain rotary.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rope_scaling: Option<RopeScaling>,
+    /// Mixture-of-experts MLPs (after `dense_layers` dense ones); None: every MLP dense.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub moe: Option<MoeConfig>,
+}
+
+/// How a router turns its logits into the weights of the chosen experts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Gating {
+    /// softmax over all experts, top-k of it (Mixtral, Qwen3-MoE).
+    #[default]
+    Softmax,
+    /// an independent sigmoid per expert, top-k of it (DeepSeek-V3).
+    Sigmoid,
+}
+
+/// std/prelude `transformer`'s MoE fields: every layer from `dense_layers` on has `experts`
+/// SwiGLU experts of width `expert_d_ff` and a router choosing `top_k` per token, plus an
+/// optional always-on shared expert.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MoeConfig {
+    pub experts: usize,
+    pub top_k: usize,
+    pub expert_d_ff: usize,
+    /// Width of the shared expert; 0: none.
+    #[serde(default)]
+    pub shared_expert_d_ff: usize,
+    /// Leading layers with a dense MLP of width `d_ff`.
+    #[serde(default)]
+    pub dense_layers: usize,
+    #[serde(default)]
+    pub gating: Gating,
+    /// Renormalise the top-k weights to sum to 1 (Qwen3-MoE's `norm_topk_prob`).
+    #[serde(default = "yes")]
+    pub norm_topk: bool,
+    /// Coefficient of the load-balancing loss (Switch/Qwen3-MoE's `router_aux_loss_coef`).
+    #[serde(default)]
+    pub aux_loss_coef: f64,
+}
+
+impl MoeConfig {
+    /// Layers with routed experts.
+    pub fn moe_layers(&self, n_layers: usize) -> usize {
+        n_layers.saturating_sub(self.dense_layers)
+    }
 }
 
 /// The sizes of a Llama-style decoder, as a recipe's `transformer` gives them.
@@ -215,6 +261,7 @@ impl ModelConfig {
             qk_norm: false,
             tie_embeddings: false,
             rope_scaling: None,
+            moe: None,
         }
     }
 
@@ -371,6 +418,39 @@ pub struct RolloutSpec {
     /// stops the run before training (E0510). None: no bound but the model's `max_len`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_prompt_tokens: Option<usize>,
+    /// The rollout engine's compute precision (the embedded engine: fp32, or bf16 weights and
+    /// activations, as production engines sample, the trainer staying fp32).
+    #[serde(default, skip_serializing_if = "EnginePrecision::is_fp32")]
+    pub precision: EnginePrecision,
+    /// R3: the engine records every token's routed experts (an MoE policy); None: it does not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub r3: Option<R3Spec>,
+}
+
+/// What the embedded engine computes in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EnginePrecision {
+    #[default]
+    Fp32,
+    Bf16,
+}
+
+impl EnginePrecision {
+    fn is_fp32(&self) -> bool {
+        *self == EnginePrecision::Fp32
+    }
+}
+
+/// std/stages `generate`'s `record_routing`, `routing_replay` and `routing_dtype`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct R3Spec {
+    /// The trainer's forward uses the recorded experts (else it re-routes and only measures the
+    /// mismatch, `r3/route_mismatch`).
+    pub replay: bool,
+    /// The id type on the wire.
+    pub id: crate::routing::RouteId,
 }
 
 fn one() -> f64 {

@@ -42,6 +42,8 @@ pub struct StreamSample {
     pub versions: Vec<VersionSpan>,
     /// Aborted before it finished (retract/abort pauses, a lost engine): never trained on.
     pub aborted: bool,
+    /// R3: every forwarded token's routed experts (prompt then response), when recorded.
+    pub routing: Option<crate::Routing>,
 }
 
 impl StreamSample {
@@ -54,6 +56,7 @@ impl StreamSample {
             finish: FinishReason::Length,
             versions: vec![VersionSpan { version, from_token: 0 }],
             aborted: true,
+            routing: None,
         }
     }
 
@@ -169,6 +172,7 @@ impl<E: RolloutEngine + Send> StreamEngine for BatchedStream<E> {
                     finish: s.finish,
                     versions: vec![VersionSpan { version: s.weight_version.max(version), from_token: 0 }],
                     aborted: false,
+                    routing: s.routing,
                 });
             }
             i = j;
@@ -235,6 +239,7 @@ impl RolloutEngine for StreamAsBatch<'_> {
                     logprobs: s.logprobs,
                     finish: s.finish,
                     weight_version,
+                    routing: s.routing,
                 });
                 done += 1;
             }

@@ -74,6 +74,7 @@ pub fn generate(
             logprobs: Vec::new(),
             finish: FinishReason::Length,
             weight_version: version,
+            routing: None,
         })
         .collect();
     let mut done = vec![false; b];

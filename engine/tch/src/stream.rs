@@ -136,6 +136,7 @@ impl StreamEngine for TchStreamEngine {
                         finish: if stop { FinishReason::Stop } else { FinishReason::Length },
                         versions: s.versions,
                         aborted: false,
+                        routing: None,
                     });
                 } else {
                     cont.push((i, tok as i64, s.len as i64));
@@ -180,6 +181,7 @@ impl StreamEngine for TchStreamEngine {
                 finish: FinishReason::Length,
                 versions: s.versions,
                 aborted: true,
+                routing: None,
             })
             .collect();
         out.extend(self.queued.drain(..).map(|r| StreamSample::aborted_unstarted(r.id, v)));

@@ -502,6 +502,7 @@ impl TchTrainer {
                 advantage: 0.0,
                 group: 0,
                 weight_version: 0,
+                routing: None,
             })
             .collect();
         Self::logprobs_of(&self.policy, &batch, self.spec.micro_batch.max(1), temperature)

@@ -38,6 +38,7 @@ fn episode(last: u32, obs_logprob: f32, masked: bool, adv: f32) -> Trajectory {
         advantage: adv,
         group: 0,
         weight_version: 0,
+        routing: None,
     }
 }
 
@@ -68,6 +69,7 @@ fn step(agg: &str, b: &[Trajectory], lrs: &[f64]) -> (TrainStats, Vec<Vec<f32>>)
         advantage: 1.0,
         group: 0,
         weight_version: 0,
+        routing: None,
     }];
     tr.train_rl(&warm, &[0.05], 1.0).unwrap();
     let st = tr.train_rl(b, lrs, 1.0).unwrap();

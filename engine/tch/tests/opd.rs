@@ -46,6 +46,7 @@ fn opd_advantage_by_hand() {
             advantage: [0.3, -0.3][i],
             group: 0,
             weight_version: 0,
+            routing: None,
         })
         .collect();
     let mut tr = TchTrainer::new(student.deep_copy(), spec(&dir, 2.0, 1.0));
@@ -82,6 +83,7 @@ fn a_bad_teacher_is_refused_with_its_name() {
         advantage: 0.0,
         group: 0,
         weight_version: 0,
+        routing: None,
     }];
     // Missing.
     let dir = temp("missing");

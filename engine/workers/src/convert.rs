@@ -1,7 +1,7 @@
 //! Between the runtime's types and the protocol's messages, and between `RunError` and gRPC status.
 
 use crate::pb;
-use miles_runtime::{FinishReason, RunError, Sample, SamplingParams, TrainStats, Trajectory, E_BACKEND};
+use miles_runtime::{FinishReason, RouteId, Routing, RunError, Sample, SamplingParams, TrainStats, Trajectory, E_BACKEND};
 
 pub fn params_to_pb(p: &SamplingParams) -> pb::SamplingParams {
     pb::SamplingParams {
@@ -37,7 +37,24 @@ pub fn sample_to_pb(s: &Sample) -> pb::Sample {
             FinishReason::Length => "length".into(),
         },
         weight_version: s.weight_version,
+        routing: s.routing.as_ref().map(routing_to_pb),
     }
+}
+
+fn routing_to_pb(r: &Routing) -> pb::Routing {
+    pb::Routing { layers: r.layers as u32, top_k: r.top_k as u32, id_bytes: r.id.bytes() as u32, data: r.data.clone() }
+}
+
+/// An id width no build writes is dropped here with the routing; the trainer then re-routes that
+/// sample and says so (`r3/dropped`), so a garbled record never reaches the replay.
+fn routing_from_pb(r: pb::Routing) -> Option<Routing> {
+    let id = match r.id_bytes {
+        1 => RouteId::U8,
+        2 => RouteId::U16,
+        4 => RouteId::I32,
+        _ => return None,
+    };
+    Some(Routing { layers: r.layers as usize, top_k: r.top_k as usize, id, data: r.data })
 }
 
 pub fn sample_from_pb(s: pb::Sample) -> Sample {
@@ -47,6 +64,7 @@ pub fn sample_from_pb(s: pb::Sample) -> Sample {
         logprobs: s.logprobs,
         finish: if s.finish == "stop" { FinishReason::Stop } else { FinishReason::Length },
         weight_version: s.weight_version,
+        routing: s.routing.and_then(routing_from_pb),
     }
 }
 
@@ -60,6 +78,7 @@ pub fn traj_to_pb(t: &Trajectory) -> pb::Trajectory {
         advantage: t.advantage,
         group: t.group as u32,
         weight_version: t.weight_version,
+        routing: t.routing.as_ref().map(routing_to_pb),
     }
 }
 
@@ -73,6 +92,7 @@ pub fn traj_from_pb(t: pb::Trajectory) -> Trajectory {
         advantage: t.advantage,
         group: t.group as usize,
         weight_version: t.weight_version,
+        routing: t.routing.and_then(routing_from_pb),
     }
 }
 

@@ -157,7 +157,7 @@ pub fn parse_output(v: &Value, prompt_index: usize) -> Result<Sample, String> {
         .get("weight_version")
         .and_then(|w| w.as_u64().or_else(|| w.as_str().and_then(|s| s.parse().ok())))
         .unwrap_or(0);
-    Ok(Sample { prompt_index, response: ids, logprobs: lps, finish, weight_version })
+    Ok(Sample { prompt_index, response: ids, logprobs: lps, finish, weight_version, routing: None })
 }
 
 /// A rollout engine made of SGLang-compatible servers (`miles serve` or SGLang itself). Groups go

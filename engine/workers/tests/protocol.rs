@@ -27,6 +27,7 @@ impl RolloutEngine for Echo {
                 logprobs: vec![-0.5; prompts[i].len()],
                 finish: FinishReason::Stop,
                 weight_version: self.version,
+                routing: None,
             })
             .collect())
     }
@@ -196,6 +197,7 @@ fn remote_stages_generate_train_and_sync_weights_with_every_transport() {
             advantage: 0.5,
             group: 0,
             weight_version: 0,
+            routing: None,
         };
         for step in 1..=3u64 {
             let st = trainer.train_rl(&[t.clone(), t.clone()], &[1e-3], 1.0).unwrap();

@@ -81,6 +81,7 @@ pub(super) fn train_loop(
                     advantage: 0.0,
                     group: gi,
                     weight_version: s.oldest_version(),
+                    routing: s.routing.clone(),
                 });
             }
         }

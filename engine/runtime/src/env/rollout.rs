@@ -173,6 +173,7 @@ pub fn buffered_group(
                 logprobs: t.logprobs,
                 finish,
                 aborted: false,
+                routing: None,
             });
             rewards.push(reward);
             parts.prompts.push(t.prompt);

@@ -272,6 +272,7 @@ fn single_turn_batch(
             advantage,
             group: s.prompt_index,
             weight_version: s.weight_version,
+            routing: s.routing.clone(),
         })
         .collect();
     Ok(StepBatch {

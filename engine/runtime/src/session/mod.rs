@@ -108,6 +108,7 @@ impl SessionTrajectory {
             advantage,
             group,
             weight_version: oldest.unwrap_or(0),
+            routing: None,
         }
     }
 

@@ -267,6 +267,7 @@ pub fn parse_config(path: &Path, text: &str) -> Result<HfConfig, RunError> {
         qk_norm,
         tie_embeddings: f.bool("tie_word_embeddings")?.unwrap_or(false),
         rope_scaling,
+        moe: None,
     };
     let positive = [
         ("vocab_size", model.vocab_size),

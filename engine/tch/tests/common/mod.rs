@@ -21,5 +21,6 @@ pub fn trajectory(prompt: Vec<u32>, response: Vec<u32>, reward: f32, advantage: 
         advantage,
         group: 0,
         weight_version: 0,
+        routing: None,
     }
 }
