@@ -241,6 +241,7 @@ mod tests {
                     VersionSpan { version: v + 1, from_token: 1 },
                 ],
                 aborted: false,
+                routing: None,
             })
             .collect();
         Group { prompt: p, prompt_tokens: vec![1], samples, rewards: rewards.to_vec(), episodes: None }

@@ -280,6 +280,7 @@ mod tests {
             finish: FinishReason::Stop,
             versions,
             aborted: false,
+            routing: None,
         }
     }
 
