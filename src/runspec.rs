@@ -5,6 +5,7 @@ use miles_compiler::graph::{StageGraph, StageNode};
 use miles_compiler::value::{PortKind, Record, Value};
 use miles_compiler::{CompiledRecipe, Diagnostic, Span};
 use miles_runtime::reward::RewardSpec;
+use miles_runtime::routing::RouteId;
 use miles_runtime::spec::*;
 
 struct Mapper<'r> {
@@ -141,6 +142,54 @@ fn lora_spec(r: &Record, seed: u64, partial_credit: bool) -> LoraSpec {
     }
 }
 
+/// A `transformer`'s MoE fields; None for a dense model (`experts = 0`).
+fn moe_config(r: &Record) -> Option<MoeConfig> {
+    let n = |name: &str| rec_u64(r, name) as usize;
+    (n("experts") > 0).then(|| MoeConfig {
+        experts: n("experts"),
+        top_k: n("top_k"),
+        expert_d_ff: n("expert_d_ff"),
+        shared_expert_d_ff: n("shared_expert_d_ff"),
+        dense_layers: n("dense_layers"),
+        gating: match r.get("gating").and_then(Value::as_enum) {
+            Some("sigmoid") => Gating::Sigmoid,
+            _ => Gating::Softmax,
+        },
+        norm_topk: r.get("norm_topk").and_then(Value::as_bool).unwrap_or(true),
+        aux_loss_coef: r.get("aux_loss_coef").and_then(Value::as_f64).unwrap_or(0.0),
+    })
+}
+
+/// What the rollout's engine samples in: the embedded engine's `precision`; any other engine
+/// (a server by URL) is not the embedded engine's to say, so fp32.
+fn engine_precision(engine: Option<&Record>) -> EnginePrecision {
+    match engine
+        .filter(|e| e.schema_name == "embedded_engine")
+        .and_then(|e| e.get("precision"))
+        .and_then(Value::as_enum)
+    {
+        Some("bf16") => EnginePrecision::Bf16,
+        _ => EnginePrecision::Fp32,
+    }
+}
+
+/// R3 from the rollout's `record_routing`, `routing_replay` and `routing_dtype`; None when the
+/// engine records no routing. The id type defaults to the smallest that holds the expert count.
+fn r3_spec(rollout: &StageNode) -> Option<R3Spec> {
+    let flag = |name: &str| rollout.param(name).and_then(Value::as_bool).unwrap_or(false);
+    if !flag("record_routing") {
+        return None;
+    }
+    let experts = rollout.model.as_deref().map_or(0, |r| rec_u64(r, "experts"));
+    let id = match rollout.param("routing_dtype").and_then(Value::as_enum) {
+        Some("u8") => RouteId::U8,
+        Some("u16") => RouteId::U16,
+        Some("i32") => RouteId::I32,
+        _ => RouteId::smallest_for(experts as usize),
+    };
+    Some(R3Spec { replay: flag("routing_replay"), id })
+}
+
 fn rec_u64(r: &Record, name: &str) -> u64 {
     r.get(name).and_then(Value::as_q).map(|q| q.to_f64().max(0.0).round() as u64).unwrap_or(0)
 }
@@ -230,7 +279,9 @@ pub fn run_spec(recipe: &CompiledRecipe) -> Result<RunSpec, Vec<Diagnostic>> {
                 ..ModelConfig::decoder(decoder_sizes(r))
             }
         }
-        Some(r) if r.schema_name == "transformer" => ModelConfig::decoder(decoder_sizes(r)),
+        Some(r) if r.schema_name == "transformer" => {
+            ModelConfig { moe: moe_config(r), ..ModelConfig::decoder(decoder_sizes(r)) }
+        }
         other => {
             let span = other.map(|r| r.span).unwrap_or(rollout.name_span);
             m.unsupported(
@@ -277,8 +328,8 @@ pub fn run_spec(recipe: &CompiledRecipe) -> Result<RunSpec, Vec<Diagnostic>> {
         top_p: m.f64(rollout, "top_p"),
         top_k: m.u64(rollout, "top_k") as usize,
         max_prompt_tokens: Some(m.u64(rollout, "max_prompt_tokens") as usize).filter(|n| *n > 0),
-        precision: Default::default(),
-        r3: None,
+        precision: engine_precision(m.record(rollout, "engine")),
+        r3: r3_spec(rollout),
     };
     let opt = m.record(train, "optimizer").cloned();
     let o =

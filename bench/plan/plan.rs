@@ -91,6 +91,7 @@ fn input(gpus: u64) -> PlanInput {
             steps_per_rollout: None,
         },
         r3: Spanned::new(false),
+        r3_id_bytes: None,
         episodes: None,
         assumptions: Assumptions::default(),
     }

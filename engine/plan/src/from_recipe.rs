@@ -23,6 +23,7 @@ pub fn plan_input(recipe: &CompiledRecipe) -> PlanInput {
     let mut syncs = Vec::new();
     let mut batch = Batch::default();
     let mut r3 = Spanned::new(false);
+    let mut r3_id_bytes = None;
     let episodes = episodes_of(g);
     let assumptions = Assumptions::default();
     // With episodes, a rollout's (and its trainer's) sequence is a whole episode.
@@ -58,10 +59,15 @@ pub fn plan_input(recipe: &CompiledRecipe) -> PlanInput {
                 let (prompt, response) = as_episode(lengths(g, node), stage.model.as_ref());
                 stage.engine = Some(engine_of(engine, prompt, response));
             }
-            if let Some((v, s)) = param_bool(node, "routing_replay") {
-                if v {
-                    r3 = spanned(true, s);
-                }
+            // `record_routing` defaults to `routing_replay`: its span is the replay's when defaulted.
+            if let Some((true, s)) = param_bool(node, "record_routing") {
+                r3 = spanned(true, s.or_else(|| param_span(node, "routing_replay")));
+                r3_id_bytes = match node.param("routing_dtype").and_then(Value::as_enum) {
+                    Some("u8") => Some(1),
+                    Some("u16") => Some(2),
+                    Some("i32") => Some(4),
+                    _ => None,
+                };
             }
         }
         if role.trains() {
@@ -114,6 +120,7 @@ pub fn plan_input(recipe: &CompiledRecipe) -> PlanInput {
         schedule,
         batch,
         r3,
+        r3_id_bytes,
         episodes,
         assumptions,
     }
@@ -321,13 +328,39 @@ fn model_spec(r: &Record) -> Option<ModelSpec> {
             tied_embeddings: None,
         }),
         // The embedded backend's decoder: parameters counted from its shape (docs/plan.md).
+        // With `experts > 0` every layer from `dense_layers` on is a mixture of experts: a router
+        // (experts x d_model), `experts` SwiGLU experts of `expert_d_ff` (top_k of them active
+        // per token) and an optional shared expert of `shared_expert_d_ff`.
         "transformer" => {
             let (d, heads, kv) = (u64_of(r, "d_model")?, u64_of(r, "heads")?.max(1), u64_of(r, "kv_heads")?);
-            let (ff, vocab, hd) = (u64_of(r, "d_ff")?, u64_of(r, "vocab")?, d / heads);
+            let (ff, vocab, hd, layers) = (u64_of(r, "d_ff")?, u64_of(r, "vocab")?, d / heads, u64_of(r, "layers")?);
             let attn = d * heads * hd + 2 * d * kv * hd + heads * hd * d;
-            let params = 2 * vocab * d + u64_of(r, "layers")? * (attn + 3 * d * ff + 2 * d) + d;
-            // The embedding and the LM head are two matrices (2 x vocab x d above).
-            decoder_spec(r, "transformer", params, hd).map(|m| ModelSpec { tied_embeddings: Some(false), ..m })
+            let experts = u64_of(r, "experts").unwrap_or(0);
+            let (top_k, dense_layers) = if experts == 0 {
+                (0, 0)
+            } else {
+                (u64_of(r, "top_k").unwrap_or(0), u64_of(r, "dense_layers").unwrap_or(0).min(layers))
+            };
+            let moe_layers = if experts == 0 { 0 } else { layers - dense_layers };
+            let expert = 3 * d * u64_of(r, "expert_d_ff").unwrap_or(ff);
+            let shared = 3 * d * u64_of(r, "shared_expert_d_ff").unwrap_or(0);
+            // The embedding and the LM head are two matrices (2 x vocab x d).
+            let common = 2 * vocab * d
+                + layers * (attn + 2 * d)
+                + d
+                + (layers - moe_layers) * 3 * d * ff
+                + moe_layers * (shared + experts * d);
+            let params = common + moe_layers * experts * expert;
+            let active_params = common + moe_layers * top_k * expert;
+            decoder_spec(r, "transformer", params, hd).map(|m| ModelSpec {
+                name: if experts == 0 { m.name } else { format!("{} MoE top-{top_k} of {experts}", m.name) },
+                active_params,
+                dense_layers,
+                experts,
+                top_k,
+                tied_embeddings: Some(false),
+                ..m
+            })
         }
         // A Hugging Face directory: the sizes `miles check` read from its config.json, the
         // parameters counted there (biases, q/k norms and tied embeddings included).

@@ -107,9 +107,14 @@ pub struct PlanInput {
     pub schedule: Schedule,
     #[serde(default)]
     pub batch: Batch,
-    /// R3 rollout routing replay: the engine returns every token's routed experts.
+    /// R3 (rollout routing replay): the engine records every token's routed experts and returns
+    /// them with the trajectory (`record_routing`, on with `routing_replay`).
     #[serde(default)]
     pub r3: Spanned<bool>,
+    /// Bytes of one recorded expert id (`routing_dtype`: u8 1, u16 2, i32 4); `None`: the
+    /// smallest type that holds the expert count (`model::route_id_bytes`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub r3_id_bytes: Option<u64>,
     /// Multi-turn episodes, when an environment scores the rollout (`env_reward`).
     #[serde(default)]
     pub episodes: Option<Episodes>,

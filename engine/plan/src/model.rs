@@ -312,16 +312,43 @@ pub(crate) fn logits_bytes(m: &ModelSpec, l: &Layout, seq_len: u64, micro_batch:
 /// - attention scores and their softmax, 2 H S (libtorch's CPU attention with a mask);
 /// - the attention output and its contiguous copy, 2q;
 /// - the two residual sums, 2d;
-/// - the fused gate|up output 2f, SiLU f and the gated product f.
+/// - the fused gate|up output 2f, SiLU f and the gated product f (in an MoE layer f is the
+///   token's top_k experts' widths, `embedded_mlp_width`);
+/// - in an MoE layer, the router's logits and gates, 2 x experts.
 ///
-/// Total 6d + 5q + 4kv (+ 2q) + 4f + 2 H S.
+/// Total 6d + 5q + 4kv (+ 2q) + 4f + 2 H S (+ 2 experts), averaged over the layers.
 pub(crate) fn embedded_layer_elements(m: &ModelSpec, seq_len: u64) -> f64 {
     let d = m.hidden_size as f64;
     let q = (m.heads * m.head_dim) as f64;
     let kv = (m.kv_heads * m.head_dim) as f64;
-    let f = dense_mlp_width(m);
+    let f = embedded_mlp_width(m);
     let repeat = if m.kv_heads < m.heads { 2.0 * q } else { 0.0 };
-    6.0 * d + 5.0 * q + 4.0 * kv + repeat + 4.0 * f + 2.0 * (m.heads * seq_len) as f64
+    // An MoE layer's router writes its logits and their gate (softmax or sigmoid): 2 x experts.
+    let router = div(2.0 * (moe_layers(m) * m.experts) as f64, m.layers as f64);
+    6.0 * d + 5.0 * q + 4.0 * kv + repeat + 4.0 * f + router + 2.0 * (m.heads * seq_len) as f64
+}
+
+/// The MLP width a token passes through, averaged over the layers: a dense layer's `d_ff`; in an
+/// MoE layer its top_k experts' widths (the shared expert, which a `transformer` may add, is not
+/// counted: the planner's input has no width for it).
+pub(crate) fn embedded_mlp_width(m: &ModelSpec) -> f64 {
+    let moe = moe_layers(m) as f64;
+    if moe == 0.0 {
+        return dense_mlp_width(m);
+    }
+    let dense = (m.layers as f64 - moe).max(0.0);
+    div(dense * dense_mlp_width(m) + moe * m.top_k as f64 * expert_width(m), m.layers as f64)
+}
+
+/// The MLP weights of a layer, averaged over the layers, whose concatenated gate|up copy a GEMM
+/// keeps for its input gradient: d_ff of a dense layer, every expert's width in an MoE layer.
+fn embedded_concat_mlp_width(m: &ModelSpec) -> f64 {
+    let moe = moe_layers(m) as f64;
+    if moe == 0.0 {
+        return dense_mlp_width(m);
+    }
+    let dense = (m.layers as f64 - moe).max(0.0);
+    div(dense * dense_mlp_width(m) + moe * m.experts as f64 * expert_width(m), m.layers as f64)
 }
 
 /// FP32 elements per token above the layers: the embedding's output d, the final RMSNorm 2d, and
@@ -360,7 +387,7 @@ fn embedded_bytes(m: &ModelSpec, seq_len: u64, micro_batch: u64, head: f64, adap
     let layers = m.layers as f64;
     let d = m.hidden_size as f64;
     let (q, kv) = ((m.heads * m.head_dim) as f64, (m.kv_heads * m.head_dim) as f64);
-    let concat = layers * ((q + 2.0 * kv) * d + 2.0 * dense_mlp_width(m) * d);
+    let concat = layers * ((q + 2.0 * kv) * d + 2.0 * embedded_concat_mlp_width(m) * d);
     let per_token = layers * embedded_layer_elements(m, seq_len) + head + adapters;
     (tokens * per_token + concat) * 4.0
 }
@@ -571,9 +598,25 @@ pub(crate) fn experts_touched(m: &ModelSpec, batch: u64) -> f64 {
     1.0 - miss.powf(batch as f64)
 }
 
-/// R3 data of one trajectory: an int32 expert id per token, MoE layer and routed expert.
-pub(crate) fn r3_bytes(m: &ModelSpec, tokens: u64) -> f64 {
-    tokens as f64 * moe_layers(m) as f64 * m.top_k as f64 * 4.0
+/// Bytes of one recorded expert id: `routing_dtype`'s, else the smallest integer type that holds
+/// ids 0..experts (u8 up to 256 experts, u16 up to 65,536, else i32), as the engine stores them.
+pub(crate) fn route_id_bytes(m: &ModelSpec, routing_dtype: Option<u64>) -> u64 {
+    routing_dtype.unwrap_or(match m.experts {
+        0..=256 => 1,
+        257..=65_536 => 2,
+        _ => 4,
+    })
+}
+
+/// R3 bytes per recorded token: an expert id per MoE layer and routed expert.
+pub(crate) fn r3_bytes_per_token(m: &ModelSpec, id_bytes: u64) -> f64 {
+    (moe_layers(m) * m.top_k * id_bytes) as f64
+}
+
+/// R3 data of one trajectory of `tokens` (prompt + response): the engine records every token it
+/// forwarded, the prompt and every response token but the last (never fed back).
+pub(crate) fn r3_bytes(m: &ModelSpec, tokens: u64, id_bytes: u64) -> f64 {
+    tokens.saturating_sub(1) as f64 * r3_bytes_per_token(m, id_bytes)
 }
 
 #[cfg(test)]
@@ -689,10 +732,25 @@ mod tests {
 
     #[test]
     fn r3_matches_domain_example() {
-        // domain.md: 32K tokens x 60 layers x k=8 x 4 bytes ~ 60 MB.
+        // domain.md: 32K tokens x 60 layers x k=8 x 4 bytes (int32 ids) ~ 60 MB.
         let m = ModelSpec { layers: 60, dense_layers: 0, ..glm5() };
-        assert_eq!(r3_bytes(&m, 32_768), 62_914_560.0);
-        assert_eq!(r3_bytes(&llama8b(), 32_768), 0.0);
+        assert_eq!(r3_bytes(&m, 32_768 + 1, 4), 62_914_560.0);
+        assert_eq!(r3_bytes(&llama8b(), 32_768, 4), 0.0);
+        // GLM-5's 256 experts fit a u8: a quarter of that.
+        assert_eq!(route_id_bytes(&m, None), 1);
+        assert_eq!(r3_bytes(&m, 32_768 + 1, route_id_bytes(&m, None)), 15_728_640.0);
+        assert_eq!(r3_bytes_per_token(&m, 1), 480.0);
+    }
+
+    #[test]
+    fn route_id_is_the_smallest_type_for_the_expert_count() {
+        let with = |experts| ModelSpec { experts, ..glm5() };
+        assert_eq!(route_id_bytes(&with(8), None), 1);
+        assert_eq!(route_id_bytes(&with(256), None), 1);
+        assert_eq!(route_id_bytes(&with(257), None), 2);
+        assert_eq!(route_id_bytes(&with(65_536), None), 2);
+        assert_eq!(route_id_bytes(&with(65_537), None), 4);
+        assert_eq!(route_id_bytes(&with(8), Some(4)), 4);
     }
 
     #[test]

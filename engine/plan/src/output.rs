@@ -338,8 +338,11 @@ pub struct BufferReport {
     pub trajectories: u64,
     pub tokens_per_trajectory: u64,
     pub bytes_per_trajectory: u64,
-    /// tokens x MoE layers x top_k x 4 bytes, when R3 is on.
+    /// R3 data, when the engine records routing: (tokens - 1) x MoE layers x top_k x the id
+    /// type's bytes (the last response token is never forwarded, so it has no routing).
     pub r3_bytes_per_trajectory: Option<u64>,
+    /// MoE layers x top_k x the id type's bytes, when the engine records routing.
+    pub r3_bytes_per_token: Option<u64>,
     /// Host memory the full buffer takes.
     pub bytes: u64,
 }

@@ -332,9 +332,10 @@ pub fn render_sections(p: &Plan) -> String {
             b.trajectories,
             count(b.tokens_per_trajectory),
             gb(b.bytes),
-            match b.r3_bytes_per_trajectory {
-                Some(r) => format!(" (R3 {} per trajectory)", gb(r)),
-                None => " (R3 off)".into(),
+            match (b.r3_bytes_per_trajectory, b.r3_bytes_per_token) {
+                (Some(r), Some(t)) => format!(" (R3 {} per trajectory, {t} B per token)", small_bytes(r)),
+                (Some(r), None) => format!(" (R3 {} per trajectory)", small_bytes(r)),
+                _ => " (R3 off)".into(),
             }
         );
     }
@@ -368,6 +369,15 @@ pub fn render_sections(p: &Plan) -> String {
 }
 
 /// The plan's findings as brief text lines (`error[E0401]: ...` and help).
+/// Bytes as `gb` writes them, with kB below 0.1 MB (a small model's R3 data per trajectory).
+fn small_bytes(bytes: u64) -> String {
+    if bytes < 100_000 {
+        format!("{:.1} kB", bytes as f64 / 1e3)
+    } else {
+        gb(bytes)
+    }
+}
+
 pub fn render_diagnostics(p: &Plan) -> String {
     let mut o = String::new();
     if !p.diagnostics.is_empty() {

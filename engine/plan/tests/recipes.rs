@@ -613,3 +613,69 @@ fn opd_teacher_on_fsdp_is_sharded_like_the_policy() {
     assert!(text.contains("bf16 x 2 B, sharded like the policy's: frozen, no gradients, no optimizer state"), "{text}");
     assert!(text.contains("no-grad forward: one layer + FP32 logits and log-softmax, seq 9216 / CP1, micro-batch 1"));
 }
+
+/// A small MoE `transformer`: a dense first layer, then two MoE layers of 8 experts (top-2) and a
+/// shared expert; R3 recorded in u16 ids, or in the smallest type (u8) by default.
+fn moe_recipe(generate: &str) -> String {
+    format!(
+        r#"
+import std/tasks/arith
+model policy = transformer {{
+    layers = 3, d_model = 64, heads = 4, vocab = arith.vocab
+    experts = 8, top_k = 2, expert_d_ff = 64, shared_expert_d_ff = 128, dense_layers = 1
+}}
+recipe r {{
+    rollout = generate(policy) {{ prompts = arith.addition {{}}, max_new_tokens = 4.tokens, {generate} }}
+    reward  = exact_match(rollout)
+    train   = grpo(rollout, reward) {{ rollout_batch = 32, global_batch = 256 }}
+    sync    = weights(train -> rollout) {{ transport = local }}
+    runs_on = cluster
+}}
+"#
+    )
+}
+
+#[test]
+fn moe_transformer_counts_total_and_active_params_and_r3_bytes() {
+    let c = compiled(&moe_recipe("routing_replay = true, routing_dtype = u16"));
+    assert!(!c.has_errors(), "{:#?}", c.diagnostics);
+    let input = plan_input(&c.recipes[0]);
+    let m = input.stages[0].model.as_ref().expect("model");
+    // attention 4 x 64 x 64 = 16,384 per layer, norms 128; embedding + head 2 x 16 x 64; final
+    // norm 64; the dense layer's MLP 3 x 64 x 256; per MoE layer a shared expert 3 x 64 x 128
+    // and a router 8 x 64: 150,976 besides the routed experts, of 3 x 64 x 64 = 12,288 each.
+    assert_eq!((m.experts, m.top_k, m.dense_layers), (8, 2, 1));
+    assert_eq!(m.params, 150_976 + 2 * 8 * 12_288);
+    assert_eq!(m.active_params, 150_976 + 2 * 2 * 12_288);
+    assert!(input.r3.value && input.r3_id_bytes == Some(2));
+    let p = plan(&input);
+    let b = p.buffer.as_ref().expect("buffer");
+    // 512 + 4 tokens, all but the last recorded: 515 x 2 MoE layers x top-2 x 2 B.
+    assert_eq!((b.r3_bytes_per_token, b.r3_bytes_per_trajectory), (Some(8), Some(515 * 8)));
+    assert!(render_text(&p).contains("(R3 4.1 kB per trajectory, 8 B per token)"), "{}", render_text(&p));
+
+    // Recorded without replay, in the smallest type: 8 experts fit a u8.
+    let p = planned(&moe_recipe("record_routing = true"));
+    assert_eq!(p.buffer.as_ref().and_then(|b| b.r3_bytes_per_token), Some(4));
+    // Neither: no R3 data.
+    let p = planned(&moe_recipe("top_p = 1.0"));
+    assert_eq!(p.buffer.as_ref().and_then(|b| b.r3_bytes_per_trajectory), None);
+}
+
+#[test]
+fn moe_transformer_active_params_grow_only_by_the_routers() {
+    // The same model with 8 or 64 experts (top-2): more total parameters, the same active ones
+    // but the routers' (the embedded CPU step time's matmul FLOPs are 2 x the active ones).
+    let params = |experts: u64| {
+        let src = moe_recipe("top_p = 1.0").replace("experts = 8", &format!("experts = {experts}"));
+        let c = compiled(&src);
+        assert!(!c.has_errors(), "{:#?}", c.diagnostics);
+        let input = plan_input(&c.recipes[0]);
+        let m = input.stages[0].model.clone().expect("model");
+        (m.params, m.active_params)
+    };
+    let (p8, a8) = params(8);
+    let (p64, a64) = params(64);
+    assert!(p64 > p8);
+    assert_eq!(a64 - a8, 2 * 56 * 64, "only the routers grow");
+}

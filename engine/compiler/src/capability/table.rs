@@ -99,6 +99,7 @@ const RUNNABLE_PROMPTS: &[&str] = &["addition", "multiplication", "reverse", "so
 const BYO: &[&str] =
     &["hf_recipe_runs_end_to_end", "grpo_from_an_hf_directory_with_a_command_reward_exports_a_reloadable_model"];
 const BYO_PARQUET: &[&str] = &["a_parquet_and_verify_recipe_runs_and_a_bad_directory_is_a_check_error"];
+const R3_WHERE: &str = "routed experts are recorded by the embedded engine, in `miles run` or in worker processes; an SGLang server given by URL returns no routing here: remove the field, or drop the URL engine";
 const HF_WHERE: &str = "a Hugging Face model is loaded by the embedded backend, in `miles run` or in worker processes; a run whose rollout is served by URL does not load one yet";
 
 /// Tests that show LoRA changes what a run does (adapters trained and synced, exported, resumed).
@@ -343,7 +344,9 @@ pub const TABLE: &[Entry] = &[
     e("generate", "engine", Support::All, "the engine's own schema says where it runs", &["remote_stages_generate_train_and_sync_weights_with_every_transport"]),
     e("generate", "session", Support::Rule(rule_session), "", EPISODES),
     e("generate", "partial_rollout", Support::Refused(&["false"]), "partial rollouts are not executed yet: remove `partial_rollout` (fully_async's `pause = in_place` keeps requests across updates)", &[]),
-    e("generate", "routing_replay", Support::Refused(&["false"]), "R3 needs a mixture-of-experts policy, which the embedded backend does not train yet: remove `routing_replay`", &[]),
+    e("generate", "routing_replay", Support::Only(&[E, W], &["false"]), R3_WHERE, &["replayed_routing_equals_recorded", "gradients_flow_only_to_recorded_experts"]),
+    e("generate", "record_routing", Support::Only(&[E, W], &["false"]), R3_WHERE, &["r3_bytes_match_the_plan"]),
+    e("generate", "routing_dtype", Support::Only(&[E, W], &["none"]), R3_WHERE, &["r3_bytes_match_the_plan"]),
     e("exact_match", "", Support::All, "", &["verifier"]),
     e("exact_match", "partial_credit", Support::All, "", &["verifier"]),
     e("verify", "", Support::All, "scored by the executor, whatever runs the stages", BYO_PARQUET),
@@ -452,6 +455,7 @@ pub const TABLE: &[Entry] = &[
     e("fully_async", "stall_timeout", Support::All, "", &["a_stuck_trainer_or_engine_is_named_after_the_timeout"]),
     // ---- engines and backends ------------------------------------------------------------------
     e("embedded_engine", "", Support::Only(&[E, W], &[]), "the embedded engine runs in `miles run` or a worker", TRAINS),
+    e("embedded_engine", "precision", Support::All, "bf16 samples in bf16 while the embedded trainer stays in fp32", &["bf16_engine_differs_from_fp32_trainer"]),
     e("embedded_engine", "threads", Support::Refused(&["2"]), "libtorch threads come from `miles run --threads N`: remove `threads`", &[]),
     e("sglang", "", Support::Only(&[H], &[]), "an SGLang-compatible server runs where its `url` points", &["serve_speaks_sglang_generate_weights_pause_and_counts_prefix_reuse"]),
     e("sglang", "url", Support::Only(&[H], &["none"]), "", &["serve_speaks_sglang_generate_weights_pause_and_counts_prefix_reuse"]),
@@ -512,6 +516,14 @@ pub const TABLE: &[Entry] = &[
     e("transformer", "d_ff", Support::All, "", &["save_load_round_trips_bit_for_bit"]),
     e("transformer", "vocab", Support::All, "", &["clear_errors_before_training"]),
     e("transformer", "max_len", Support::All, "", &["clear_errors_before_training"]),
+    e("transformer", "experts", Support::All, "", &["moe_router_picks_top_k_and_renormalises"]),
+    e("transformer", "top_k", Support::All, "", &["moe_router_picks_top_k_and_renormalises"]),
+    e("transformer", "expert_d_ff", Support::All, "", &["moe_layers_after_dense_layers"]),
+    e("transformer", "shared_expert_d_ff", Support::All, "", &["moe_layers_after_dense_layers"]),
+    e("transformer", "dense_layers", Support::All, "", &["moe_layers_after_dense_layers"]),
+    e("transformer", "gating", Support::All, "", &["moe_router_picks_top_k_and_renormalises"]),
+    e("transformer", "norm_topk", Support::All, "", &["moe_router_picks_top_k_and_renormalises"]),
+    e("transformer", "aux_loss_coef", Support::All, "", &["aux_loss_balances_expert_load"]),
     e("hf", "", Support::Only(&[E, W], &[]), HF_WHERE, BYO),
     e("hf", "path", Support::Only(&[E, W], &[]), HF_WHERE, BYO),
     e("hf", "config", Support::Only(&[E, W], &[]), "read from the directory; a run refuses a config.json changed since `miles check`", &["a_config_changed_after_check_is_refused"]),

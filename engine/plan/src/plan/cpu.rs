@@ -18,6 +18,11 @@ pub const LAYER_KERNELS: f64 = 25.0;
 /// ATen ops above the layers: the mask (aranges, comparisons, and/or), rotary tables (two
 /// index_selects), the embedding lookup, the final RMSNorm and the LM head.
 pub const HEAD_KERNELS: f64 = 11.0;
+/// An MoE layer's router (its GEMM, the gate, top-k, the renormalisation), an estimate.
+pub const ROUTER_KERNELS: f64 = 6.0;
+/// Each routed expert of an MoE layer, an estimate: gathering its tokens, the gate|up GEMM, SiLU,
+/// the gated product, the down GEMM, the weighting and the scatter back.
+pub const EXPERT_KERNELS: f64 = 7.0;
 /// The loss on top of the log-probs (`token_logprobs`, `pg_terms`, masked means, statistics).
 pub const LOSS_KERNELS: f64 = 20.0;
 /// A decode step writes its keys and values into the cache: two copies per layer.
@@ -52,8 +57,19 @@ pub(crate) struct Pass<'a> {
 pub(crate) fn trainable_tensors(m: &ModelSpec, lora: Option<&Lora>) -> f64 {
     match lora {
         Some(lo) => 2.0 * (lo.target_modules.len() as u64 * m.layers * lo.adapters.value.max(1)) as f64,
-        None => 9.0 * m.layers as f64 + 2.0 + if m.tied_embeddings == Some(true) { 0.0 } else { 1.0 },
+        // An MoE layer trades its 3 MLP weights for a router and 3 per expert.
+        None => {
+            let moe = (model::moe_layers(m) * (1 + 3 * m.experts)) as f64 - 3.0 * model::moe_layers(m) as f64;
+            9.0 * m.layers as f64 + moe + 2.0 + if m.tied_embeddings == Some(true) { 0.0 } else { 1.0 }
+        }
     }
+}
+
+/// ATen ops of the layers' forward: `LAYER_KERNELS` each, and in an MoE layer the router's and
+/// every expert's instead of the dense MLP's 6 (an expert no token chose still costs its gather).
+fn layer_kernels(m: &ModelSpec) -> f64 {
+    let moe = model::moe_layers(m) as f64;
+    m.layers as f64 * LAYER_KERNELS + moe * (ROUTER_KERNELS + EXPERT_KERNELS * m.experts as f64 - 6.0)
 }
 
 /// One forward pass: matmul FLOPs 2 x active parameters per token plus attention 4 x layers x
@@ -66,7 +82,7 @@ pub(crate) fn forward(m: &ModelSpec, p: &Pass) -> CpuWork {
     let d = m.hidden_size as f64;
     let q = (m.heads * m.head_dim) as f64;
     let active = if p.critic { model::critic_spec(m).active_params } else { m.active_params } as f64;
-    let (mut flops, mut kernels) = (2.0 * active + 4.0 * layers * p.keys * q, layers * LAYER_KERNELS + HEAD_KERNELS);
+    let (mut flops, mut kernels) = (2.0 * active + 4.0 * layers * p.keys * q, layer_kernels(m) + HEAD_KERNELS);
     let mut per_token = layers * model::embedded_layer_elements(m, p.keys.round() as u64);
     if p.decode {
         kernels += layers * CACHE_KERNELS;

@@ -92,15 +92,19 @@ pub(super) fn plan_buffer(cx: &Ctx, batch: Option<&BatchReport>) -> Option<Buffe
         (None, ScheduleMode::FullyAsync) => staleness.unwrap_or(1).saturating_add(1).saturating_mul(b.rollout_batch),
     };
     let trajectories = capacity.saturating_mul(b.samples_per_prompt);
-    let r3 = if input.r3.value { st.model.as_ref().map(|m| model::r3_bytes(m, tokens)) } else { None };
-    let per = tokens as f64 * input.assumptions.buffer_bytes_per_token + r3.unwrap_or(0.0);
+    let r3 = st.model.as_ref().filter(|_| input.r3.value).map(|m| {
+        let id = model::route_id_bytes(m, input.r3_id_bytes);
+        (model::r3_bytes(m, tokens, id), model::r3_bytes_per_token(m, id))
+    });
+    let per = tokens as f64 * input.assumptions.buffer_bytes_per_token + r3.map_or(0.0, |r| r.0);
     Some(BufferReport {
         max_staleness: staleness,
         capacity_groups: capacity,
         trajectories,
         tokens_per_trajectory: tokens,
         bytes_per_trajectory: per as u64,
-        r3_bytes_per_trajectory: r3.map(|x| x as u64),
+        r3_bytes_per_trajectory: r3.map(|x| x.0 as u64),
+        r3_bytes_per_token: r3.map(|x| x.1 as u64),
         bytes: (per * trajectories as f64) as u64,
     })
 }
