@@ -168,6 +168,39 @@ pub struct TrainStats {
     /// On-policy distillation's per-token statistics; None without a teacher.
     #[serde(default)]
     pub opd: Option<OpdStats>,
+    /// Mixture-of-experts routing and R3; None for a dense policy.
+    #[serde(default)]
+    pub moe: Option<MoeStats>,
+}
+
+/// One RL train call's MoE statistics (docs/moe.md), over the batch's real tokens.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct MoeStats {
+    /// The load-balancing loss, mean over MoE layers and micro-batches (1 = balanced), before its
+    /// coefficient.
+    pub aux_loss: f64,
+    /// Per MoE layer: the most loaded expert's share of routed slots times the expert count
+    /// (1 = balanced, `experts` = every token on one expert).
+    pub load_max: Vec<f64>,
+    /// Per MoE layer: the fraction of recorded tokens whose experts in the training forward
+    /// differ from the rollout's (0 under replay); empty without recorded routing.
+    pub route_mismatch: Vec<f64>,
+    /// Per MoE layer: the fraction of recorded tokens whose trainer router would choose other
+    /// experts than the rollout did (what replay corrects; equal to `route_mismatch` without it).
+    pub router_disagreement: Vec<f64>,
+    /// Mean |logp_train - logp_rollout| over the trained tokens the trainer's router disagrees on
+    /// (in any layer), and how many there were; on-policy steps only (one optimizer step).
+    pub flip_logp_diff: f64,
+    pub flip_tokens: u64,
+    /// The recorded experts were replayed in the training forward.
+    pub replayed: bool,
+    /// Routing bytes the batch carried (what R3 costs the buffer and the transport).
+    pub r3_bytes: u64,
+    /// Tokens with recorded routing.
+    pub r3_tokens: u64,
+    /// Trajectories dropped because their routing did not fit the model (the first reason is
+    /// printed).
+    pub r3_dropped: u64,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]

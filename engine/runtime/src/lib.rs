@@ -28,7 +28,7 @@ pub mod tokenize;
 
 pub use backend::*;
 pub use error::*;
-pub use routing::{RouteId, Routing};
 pub use exec::run_with;
+pub use routing::{RouteId, Routing};
 pub use spec::*;
 pub use stream::*;

@@ -66,12 +66,7 @@ impl Routing {
 
     /// Tokens recorded.
     pub fn tokens(&self) -> usize {
-        let w = self.per_token() * self.id.bytes();
-        if w == 0 {
-            0
-        } else {
-            self.data.len() / w
-        }
+        self.data.len().checked_div(self.per_token() * self.id.bytes()).unwrap_or(0)
     }
 
     /// Bytes on the wire and in the buffer.

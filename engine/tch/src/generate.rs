@@ -3,9 +3,10 @@
 //! (vocabularies here are small), driven by our seeded RNG: same seed, same samples.
 
 use crate::model::{backend_err, left_pad, KvCache, Policy};
+use crate::moe::{used_ids, Route};
 use miles_runtime::rng::Rng;
 use miles_runtime::tasks::{TokenId, PAD};
-use miles_runtime::{FinishReason, RunError, Sample, SamplingParams, E_TOO_LONG};
+use miles_runtime::{FinishReason, RouteId, Routing, RunError, Sample, SamplingParams, E_TOO_LONG};
 use tch::{Device, Kind, Tensor};
 
 /// Generates `n` samples per prompt. `use_cache = false` recomputes the whole prefix at every
@@ -18,6 +19,24 @@ pub fn generate(
     version: u64,
     use_cache: bool,
 ) -> Result<Vec<Sample>, RunError> {
+    generate_recording(policy, prompts, n, params, version, use_cache, None)
+}
+
+/// `generate`, recording (R3) every forwarded token's routed experts in `record`'s id type when
+/// the policy has MoE layers: the prompt's from the prefill, each response token's from the
+/// decode step that fed it. Recording needs the KV-cache path (the recompute path is for
+/// benchmarks) and leaves the samples bit-identical.
+pub fn generate_recording(
+    policy: &Policy,
+    prompts: &[Vec<TokenId>],
+    n: usize,
+    params: &SamplingParams,
+    version: u64,
+    use_cache: bool,
+    record: Option<RouteId>,
+) -> Result<Vec<Sample>, RunError> {
+    let record = record.filter(|_| use_cache).and_then(|id| policy.cfg.moe.as_ref().map(|m| (id, m)));
+    let mut route = record.map(|_| Route::default());
     if prompts.is_empty() || n == 0 {
         return Ok(Vec::new());
     }
@@ -55,8 +74,8 @@ pub fn generate(
 
     let mut cache = None;
     let mut last = if use_cache {
-        let mut c = KvCache::new(&policy.cfg, p, cap);
-        let logits = policy.forward(&tokens, &positions, &valid, Some(&mut c));
+        let mut c = KvCache::new(policy, p, cap);
+        let logits = policy.forward_routed(&tokens, &positions, &valid, Some(&mut c), route.as_mut());
         c.select_rows(&rows_t);
         cache = Some(c);
         logits.select(1, lp - 1).index_select(0, &rows_t)
@@ -74,9 +93,21 @@ pub fn generate(
             logprobs: Vec::new(),
             finish: FinishReason::Length,
             weight_version: version,
-            routing: None,
+            routing: record.map(|(id, m)| Routing::new(m.moe_layers(policy.cfg.n_layers), m.top_k, id)),
         })
         .collect();
+    // The prompt's routing: prefill row rows[i], its real (last prompt_len) columns.
+    if let Some((ids, [_, t, l, k])) = route.as_ref().and_then(used_ids) {
+        for (i, s) in out.iter_mut().enumerate() {
+            let (row, len) = (rows[i] as usize, prompt_len[i] as usize);
+            if let Some(r) = s.routing.as_mut() {
+                for col in t - len..t {
+                    let at = (row * t + col) * l * k;
+                    r.push_token(&ids[at..at + l * k]);
+                }
+            }
+        }
+    }
     let mut done = vec![false; b];
     let mut next = vec![PAD as i64; b];
     let mut scratch = Vec::with_capacity(vocab);
@@ -110,8 +141,13 @@ pub fn generate(
         let _ = key_valid.narrow(1, col, 1).fill_(1);
         all_tokens.narrow(1, col, 1).copy_(&next_t);
         all_pos.narrow(1, col, 1).copy_(&pos_t);
+        if let Some(r) = route.as_mut() {
+            *r = Route::default();
+        }
         last = match cache.as_mut() {
-            Some(c) => policy.forward(&next_t, &pos_t, &key_valid.narrow(1, 0, col + 1), Some(c)).select(1, 0),
+            Some(c) => policy
+                .forward_routed(&next_t, &pos_t, &key_valid.narrow(1, 0, col + 1), Some(c), route.as_mut())
+                .select(1, 0),
             None => policy
                 .forward(
                     &all_tokens.narrow(1, 0, col + 1),
@@ -121,8 +157,30 @@ pub fn generate(
                 )
                 .select(1, col),
         };
+        // Rows that sampled token t fed it to this step.
+        if let Some((ids, [_, _, l, k])) = route.as_ref().and_then(used_ids) {
+            for (i, s) in out.iter_mut().enumerate() {
+                if s.response.len() == t + 1 {
+                    if let Some(r) = s.routing.as_mut() {
+                        r.push_token(&ids[i * l * k..(i + 1) * l * k]);
+                    }
+                }
+            }
+        }
+    }
+    // The engine forwards every token but a response's last (a row that finished while others
+    // went on fed its last one too): keep prompt + response - 1, what the trainer replays.
+    for s in &mut out {
+        let keep = (prompt_len_of(s, prompts) + s.response.len()).saturating_sub(1);
+        if let Some(r) = s.routing.as_mut() {
+            r.truncate(keep);
+        }
     }
     Ok(out)
+}
+
+fn prompt_len_of(s: &Sample, prompts: &[Vec<TokenId>]) -> usize {
+    prompts.get(s.prompt_index).map_or(0, Vec::len)
 }
 
 /// Picks a token from one row of logits. The reported log-prob is that of the temperature-scaled

@@ -10,6 +10,7 @@ pub mod generate;
 pub mod hf;
 pub mod lora;
 pub mod model;
+pub mod moe;
 pub mod stream;
 pub mod train;
 
@@ -83,9 +84,8 @@ impl Backend for TchBackend {
     fn create(&self, spec: &RunSpec) -> Result<miles_runtime::EngineAndTrainer, RunError> {
         guard("model init", || {
             let (policy, source) = initial_policy(spec)?;
-            let engine = TchEngine { policy: policy.deep_copy(), version: 0, use_cache: true };
-            let mut trainer = train::TchTrainer::new(policy, spec.train.clone());
-            trainer.source = source;
+            let engine = TchEngine::for_run(&policy, spec)?;
+            let trainer = train::TchTrainer::for_run(policy, spec, source);
             Ok((Box::new(engine) as Box<dyn RolloutEngine>, Box::new(trainer) as Box<dyn Trainer>))
         })
     }
@@ -99,14 +99,14 @@ impl Backend for TchBackend {
         };
         guard("model init", || {
             let (policy, source) = initial_policy(spec)?;
-            let engine = stream::TchStreamEngine::new(policy.deep_copy(), a.max_concurrent);
+            let mut engine = stream::TchStreamEngine::new(engine_policy(&policy, spec)?, a.max_concurrent);
+            engine.record = spec.rollout.r3.as_ref().map(|r| r.id);
             let eval_engine: Option<Box<dyn miles_runtime::EvalEngine>> =
-                (spec.eval.mode == miles_runtime::EvalMode::Snapshot).then(|| {
-                    Box::new(TchEngine { policy: policy.deep_copy(), version: 0, use_cache: true })
-                        as Box<dyn miles_runtime::EvalEngine>
-                });
-            let mut trainer = train::TchTrainer::new(policy, spec.train.clone());
-            trainer.source = source;
+                match spec.eval.mode == miles_runtime::EvalMode::Snapshot {
+                    true => Some(Box::new(TchEngine::for_run(&policy, spec)?) as Box<dyn miles_runtime::EvalEngine>),
+                    false => None,
+                };
+            let trainer = train::TchTrainer::for_run(policy, spec, source);
             Ok(Some(miles_runtime::AsyncParts { engine: Box::new(engine), trainer: Box::new(trainer), eval_engine }))
         })
     }
@@ -126,11 +126,34 @@ pub struct TchEngine {
     pub version: u64,
     /// Off only to measure what the cache saves.
     pub use_cache: bool,
+    /// R3: record routed experts in this id type (an MoE policy); None: do not.
+    pub record: Option<miles_runtime::RouteId>,
 }
 
 impl TchEngine {
     pub fn new(policy: Policy) -> TchEngine {
-        TchEngine { policy, version: 0, use_cache: true }
+        TchEngine { policy, version: 0, use_cache: true, record: None }
+    }
+
+    /// A run's engine: its own copy of `policy` in the rollout's precision, recording routing
+    /// when the rollout asks for it (in process and in a `miles worker` alike).
+    pub fn for_run(policy: &Policy, spec: &RunSpec) -> Result<TchEngine, RunError> {
+        let mut e = TchEngine::new(engine_policy(policy, spec)?);
+        e.record = spec.rollout.r3.as_ref().map(|r| r.id);
+        Ok(e)
+    }
+}
+
+/// The engine's copy of the weights: fp32, or bf16 (`precision = bf16`: weights and activations
+/// rounded as production engines sample, while the trainer stays fp32).
+pub fn engine_policy(policy: &Policy, spec: &RunSpec) -> Result<Policy, RunError> {
+    match spec.rollout.precision {
+        miles_runtime::EnginePrecision::Fp32 => Ok(policy.deep_copy()),
+        miles_runtime::EnginePrecision::Bf16 if spec.train.lora.is_some() => Err(RunError::new(
+            E_BACKEND,
+            "a bf16 embedded engine does not run LoRA adapters (they stay fp32): sample in fp32 or train without LoRA",
+        )),
+        miles_runtime::EnginePrecision::Bf16 => Ok(policy.to_kind(tch::Kind::BFloat16)),
     }
 }
 
@@ -141,7 +164,9 @@ impl RolloutEngine for TchEngine {
         n: usize,
         params: &SamplingParams,
     ) -> Result<Vec<Sample>, RunError> {
-        guard("generation", || generate::generate(&self.policy, prompts, n, params, self.version, self.use_cache))
+        guard("generation", || {
+            generate::generate_recording(&self.policy, prompts, n, params, self.version, self.use_cache, self.record)
+        })
     }
 
     fn weight_version(&self) -> u64 {

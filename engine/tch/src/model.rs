@@ -9,6 +9,7 @@
 //! with (up to float reduction order) — sampling and training see the same numbers.
 
 use crate::lora::{is_adapter_name, Adapters, Target};
+use crate::moe::{MoeLayer, Route, Swiglu};
 use miles_runtime::rng::Rng;
 use miles_runtime::{
     LoraSpec, ModelConfig, NamedTensor, RopeScaling, RunError, WeightSnapshot, E_BACKEND, E_CHECKPOINT,
@@ -27,9 +28,7 @@ struct Layer {
     v: Tensor,
     o: Tensor,
     ln2: Tensor,
-    gate: Tensor,
-    up: Tensor,
-    down: Tensor,
+    mlp: Mlp,
     q_bias: Option<Tensor>,
     k_bias: Option<Tensor>,
     v_bias: Option<Tensor>,
@@ -37,6 +36,12 @@ struct Layer {
     /// RMSNorm weights over each query / key head (`qk_norm`).
     q_norm: Option<Tensor>,
     k_norm: Option<Tensor>,
+}
+
+/// A layer's MLP: dense SwiGLU (LoRA can wrap it), or routed experts.
+enum Mlp {
+    Dense(Swiglu),
+    Moe(MoeLayer),
 }
 
 pub struct Policy {
@@ -69,10 +74,12 @@ pub struct KvCache {
 }
 
 impl KvCache {
-    pub fn new(cfg: &ModelConfig, batch: i64, capacity: i64) -> KvCache {
+    /// Buffers for `policy`'s sizes and compute kind.
+    pub fn new(policy: &Policy, batch: i64, capacity: i64) -> KvCache {
+        let cfg = &policy.cfg;
         let hd = cfg.head_dim() as i64;
         let shape = [batch, cfg.n_kv_heads as i64, capacity, hd];
-        let mk = || Tensor::zeros(shape, (Kind::Float, Device::Cpu));
+        let mk = || Tensor::zeros(shape, (policy.kind(), Device::Cpu));
         KvCache { k: (0..cfg.n_layers).map(|_| mk()).collect(), v: (0..cfg.n_layers).map(|_| mk()).collect(), len: 0 }
     }
 
@@ -93,10 +100,12 @@ pub struct SlotCache {
 }
 
 impl SlotCache {
-    pub fn new(cfg: &ModelConfig, slots: i64) -> SlotCache {
+    /// Buffers for `policy`'s sizes and compute kind.
+    pub fn new(policy: &Policy, slots: i64) -> SlotCache {
+        let cfg = &policy.cfg;
         let hd = cfg.head_dim() as i64;
         let shape = [slots, cfg.max_len as i64, cfg.n_kv_heads as i64, hd];
-        let mk = || Tensor::zeros(shape, (Kind::Float, Device::Cpu));
+        let mk = || Tensor::zeros(shape, (policy.kind(), Device::Cpu));
         SlotCache { k: (0..cfg.n_layers).map(|_| mk()).collect(), v: (0..cfg.n_layers).map(|_| mk()).collect() }
     }
 }
@@ -107,11 +116,15 @@ pub(crate) fn param_shape(cfg: &ModelConfig, name: &str) -> Vec<i64> {
     let hd = cfg.head_dim() as i64;
     let q = cfg.n_heads as i64 * hd;
     let kv = cfg.n_kv_heads as i64 * hd;
-    let ff = cfg.d_ff as i64;
     let v = cfg.vocab_size as i64;
     let (stem, kind) = name.rsplit_once('.').unwrap_or((name, ""));
     let leaf = stem.rsplit('.').next().unwrap_or("");
+    let ff = crate::moe::mlp_width(cfg.moe.as_ref(), stem).unwrap_or(cfg.d_ff) as i64;
     match (leaf, kind) {
+        ("gate", "weight") if stem.ends_with(".mlp.gate") => match &cfg.moe {
+            Some(m) => vec![m.experts as i64, d],
+            None => vec![],
+        },
         ("embed_tokens" | "lm_head", "weight") => vec![v, d],
         ("input_layernorm" | "post_attention_layernorm" | "norm", "weight") => vec![d],
         ("q_norm" | "k_norm", "weight") => vec![hd],
@@ -149,8 +162,14 @@ pub fn param_names(cfg: &ModelConfig) -> Vec<String> {
             push("self_attn.q_norm.weight");
             push("self_attn.k_norm.weight");
         }
-        for s in ["post_attention_layernorm", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"] {
-            push(&format!("{s}.weight"));
+        push("post_attention_layernorm.weight");
+        match cfg.moe.as_ref().filter(|m| i >= m.dense_layers) {
+            Some(m) => v.extend(crate::moe::mlp_param_names(m, i)),
+            None => {
+                for s in ["mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"] {
+                    v.push(format!("model.layers.{i}.{s}.weight"));
+                }
+            }
         }
     }
     v.push("model.norm.weight".into());
@@ -241,6 +260,19 @@ impl Policy {
         let layers = (0..cfg.n_layers)
             .map(|i| {
                 let p = |s: &str| get(&format!("model.layers.{i}.{s}.weight"));
+                let swiglu = |s: &str| Swiglu {
+                    gate: p(&format!("{s}.gate_proj")),
+                    up: p(&format!("{s}.up_proj")),
+                    down: p(&format!("{s}.down_proj")),
+                };
+                let mlp = match cfg.moe.as_ref().filter(|m| i >= m.dense_layers) {
+                    Some(m) => Mlp::Moe(MoeLayer {
+                        router: p("mlp.gate"),
+                        experts: (0..m.experts).map(|j| swiglu(&format!("mlp.experts.{j}"))).collect(),
+                        shared: (m.shared_expert_d_ff > 0).then(|| swiglu("mlp.shared_expert")),
+                    }),
+                    None => Mlp::Dense(swiglu("mlp")),
+                };
                 let bias = |s: &str, on: bool| on.then(|| get(&format!("model.layers.{i}.self_attn.{s}.bias")));
                 let (q_bias, k_bias, v_bias) =
                     (bias("q_proj", cfg.qkv_bias), bias("k_proj", cfg.qkv_bias), bias("v_proj", cfg.qkv_bias));
@@ -257,9 +289,7 @@ impl Policy {
                     v: p("self_attn.v_proj"),
                     o: p("self_attn.o_proj"),
                     ln2: p("post_attention_layernorm"),
-                    gate: p("mlp.gate_proj"),
-                    up: p("mlp.up_proj"),
-                    down: p("mlp.down_proj"),
+                    mlp,
                 }
             })
             .collect();
@@ -284,6 +314,20 @@ impl Policy {
 
     pub fn params(&self) -> &[(String, Tensor)] {
         &self.params
+    }
+
+    /// What the forward computes in: fp32, or bf16 for an engine that samples in bf16.
+    pub fn kind(&self) -> Kind {
+        self.embed.kind()
+    }
+
+    /// The same weights in `kind` (an engine's copy: `precision = bf16` samples with bf16 weights
+    /// and activations, the trainer staying fp32). Weight updates then round into it.
+    pub fn to_kind(&self, kind: Kind) -> Policy {
+        let params = self.params.iter().map(|(n, t)| (n.clone(), t.detach().to_kind(kind))).collect();
+        let mut p = Policy::from_params(self.cfg.clone(), params);
+        p.lora_spec = self.lora_spec.clone();
+        p
     }
 
     pub fn set_requires_grad(&self, on: bool) {
@@ -351,6 +395,24 @@ impl Policy {
         }
     }
 
+    /// Layer `li`'s MLP on normed inputs `xn` [B, T, d]: the dense SwiGLU (gate and up as one
+    /// GEMM, plus any adapter terms) or the routed experts.
+    fn mlp(&self, li: usize, layer: &Layer, xn: &Tensor, route: Option<&mut Route>) -> Tensor {
+        match &layer.mlp {
+            Mlp::Dense(m) => {
+                let ff = m.gate.size()[0];
+                let gu = xn.linear::<Tensor>(&Tensor::cat(&[&m.gate, &m.up], 0), None);
+                let gu = self.add_deltas(li, gu, &[(Target::Gate, ff), (Target::Up, ff)], xn);
+                let act = gu.narrow(-1, 0, ff).silu() * gu.narrow(-1, ff, ff);
+                self.proj(li, Target::Down, &act, &m.down, None)
+            }
+            Mlp::Moe(m) => match &self.cfg.moe {
+                Some(c) => m.forward(c, xn, route),
+                None => xn.zeros_like(),
+            },
+        }
+    }
+
     // `x = x + y` on purpose: tch's `+=` is in-place (add_), which would overwrite activations
     // autograd still needs.
     #[allow(clippy::assign_op_pattern)]
@@ -364,11 +426,24 @@ impl Policy {
         key_valid: &Tensor,
         cache: Option<&mut KvCache>,
     ) -> Tensor {
-        self.hidden(tokens, positions, key_valid, cache).linear::<Tensor>(&self.lm_head, None)
+        self.forward_routed(tokens, positions, key_valid, cache, None)
     }
 
-    // `x = x + y` on purpose, as in `forward`.
-    #[allow(clippy::assign_op_pattern)]
+    /// `forward`, routing MoE layers by `route` (R3 replay) and reporting what they chose. Logits
+    /// are fp32 whatever the compute kind.
+    pub fn forward_routed(
+        &self,
+        tokens: &Tensor,
+        positions: &Tensor,
+        key_valid: &Tensor,
+        cache: Option<&mut KvCache>,
+        route: Option<&mut Route>,
+    ) -> Tensor {
+        self.hidden_routed(tokens, positions, key_valid, cache, route)
+            .linear::<Tensor>(&self.lm_head, None)
+            .to_kind(Kind::Float)
+    }
+
     /// The final normed hidden states [B, T, d_model] that `forward` projects to logits (PPO's
     /// critic reads values from them).
     pub fn hidden(
@@ -376,7 +451,21 @@ impl Policy {
         tokens: &Tensor,
         positions: &Tensor,
         key_valid: &Tensor,
+        cache: Option<&mut KvCache>,
+    ) -> Tensor {
+        self.hidden_routed(tokens, positions, key_valid, cache, None)
+    }
+
+    // `x = x + y` on purpose, as in `forward`.
+    #[allow(clippy::assign_op_pattern)]
+    /// `hidden`, with MoE routing by `route`.
+    pub fn hidden_routed(
+        &self,
+        tokens: &Tensor,
+        positions: &Tensor,
+        key_valid: &Tensor,
         mut cache: Option<&mut KvCache>,
+        mut route: Option<&mut Route>,
     ) -> Tensor {
         let (b, t) = tokens.size2().unwrap_or((0, 0));
         let cfg = &self.cfg;
@@ -442,13 +531,7 @@ impl Policy {
             let att = att.transpose(1, 2).contiguous().view([b, t, h * hd]);
             x = x + self.proj(li, Target::O, &att, &layer.o, layer.o_bias.as_ref());
             let xn = rms_norm(&x, &layer.ln2, cfg.norm_eps);
-            // One GEMM for gate and up.
-            let ff = layer.gate.size()[0];
-            let gu = xn.linear::<Tensor>(&Tensor::cat(&[&layer.gate, &layer.up], 0), None);
-            let gu = self.add_deltas(li, gu, &[(Target::Gate, ff), (Target::Up, ff)], &xn);
-            let act = gu.narrow(-1, 0, ff).silu() * gu.narrow(-1, ff, ff);
-            let mlp = self.proj(li, Target::Down, &act, &layer.down, None);
-            x = x + mlp;
+            x = x + self.mlp(li, layer, &xn, route.as_deref_mut());
         }
         if let Some(c) = cache {
             c.len = s;
@@ -465,6 +548,20 @@ impl Policy {
     /// (continuous batching). Right padding in a prefill is harmless: a padded column is
     /// overwritten by the decode step that reaches it, before any real query can see it.
     pub fn forward_slots(&self, tokens: &Tensor, positions: &Tensor, rows: &Tensor, cache: &mut SlotCache) -> Tensor {
+        self.forward_slots_routed(tokens, positions, rows, cache, None)
+    }
+
+    // `x = x + y` on purpose, as in `forward`.
+    #[allow(clippy::assign_op_pattern)]
+    /// `forward_slots`, reporting MoE routing into `route`.
+    pub fn forward_slots_routed(
+        &self,
+        tokens: &Tensor,
+        positions: &Tensor,
+        rows: &Tensor,
+        cache: &mut SlotCache,
+        mut route: Option<&mut Route>,
+    ) -> Tensor {
         let (b, t) = tokens.size2().unwrap_or((0, 0));
         let cfg = &self.cfg;
         let h = cfg.n_heads as i64;
@@ -473,7 +570,7 @@ impl Policy {
         let span = positions.max().int64_value(&[]) + 1;
         let kj = Tensor::arange(span, (Kind::Int64, Device::Cpu)).view([1, 1, span]);
         let allowed = kj.le_tensor(&positions.unsqueeze(2)); // [B, T, span]
-        let mask = Tensor::zeros([b, 1, t, span], (Kind::Float, Device::Cpu))
+        let mask = Tensor::zeros([b, 1, t, span], (self.kind(), Device::Cpu))
             .masked_fill(&allowed.logical_not().unsqueeze(1), f64::NEG_INFINITY);
         let flat_pos = positions.reshape([-1]);
         let flat_rows = rows.unsqueeze(1).expand([b, t], false).reshape([-1]);
@@ -503,24 +600,21 @@ impl Policy {
             let v_all = cache.v[li].index_select(0, rows).narrow(1, 0, span).permute([0, 2, 1, 3]);
             let (k_all, v_all) = repeat_kv(k_all, v_all, [b, kvh, span, hd], h);
             let scores = q.matmul(&k_all.transpose(-2, -1)) * (1.0 / (hd as f64).sqrt()) + &mask;
-            let att = scores.softmax(-1, Kind::Float).matmul(&v_all);
+            let att = scores.softmax(-1, Kind::Float).to_kind(self.kind()).matmul(&v_all);
             let att = att.transpose(1, 2).contiguous().view([b, t, h * hd]);
             x = x + self.proj(li, Target::O, &att, &layer.o, layer.o_bias.as_ref());
             let xn = rms_norm(&x, &layer.ln2, cfg.norm_eps);
-            let act = self.proj(li, Target::Gate, &xn, &layer.gate, None).silu()
-                * self.proj(li, Target::Up, &xn, &layer.up, None);
-            let mlp = self.proj(li, Target::Down, &act, &layer.down, None);
-            x = x + mlp;
+            x = x + self.mlp(li, layer, &xn, route.as_deref_mut());
         }
-        rms_norm(&x, &self.norm, cfg.norm_eps).linear::<Tensor>(&self.lm_head, None)
+        rms_norm(&x, &self.norm, cfg.norm_eps).linear::<Tensor>(&self.lm_head, None).to_kind(Kind::Float)
     }
 
     /// Rotary position embedding at `positions` [B, T]: rotates queries or keys [B, heads, T, hd].
     fn rotary(&self, positions: &Tensor, b: i64, t: i64) -> impl Fn(&Tensor) -> Tensor {
         let hd = self.cfg.head_dim() as i64;
         let flat_pos = positions.reshape([-1]);
-        let cos = self.cos.index_select(0, &flat_pos).view([b, 1, t, hd]);
-        let sin = self.sin.index_select(0, &flat_pos).view([b, 1, t, hd]);
+        let cos = self.cos.index_select(0, &flat_pos).view([b, 1, t, hd]).to_kind(self.kind());
+        let sin = self.sin.index_select(0, &flat_pos).view([b, 1, t, hd]).to_kind(self.kind());
         move |x: &Tensor| -> Tensor {
             let x1 = x.narrow(-1, 0, hd / 2);
             let x2 = x.narrow(-1, hd / 2, hd / 2);

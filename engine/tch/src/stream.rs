@@ -6,11 +6,12 @@
 
 use crate::generate::sample_token;
 use crate::model::{backend_err, Policy, SlotCache};
+use crate::moe::{used_ids, Route};
 use miles_runtime::rng::Rng;
 use miles_runtime::tasks::{TokenId, PAD};
 use miles_runtime::{
-    FinishReason, GenRequest, RunError, SamplingParams, StreamEngine, StreamSample, VersionSpan, WeightSnapshot,
-    E_TOO_LONG,
+    FinishReason, GenRequest, RouteId, Routing, RunError, SamplingParams, StreamEngine, StreamSample, VersionSpan,
+    WeightSnapshot, E_TOO_LONG,
 };
 use std::collections::VecDeque;
 use tch::Tensor;
@@ -26,6 +27,8 @@ struct Slot {
     response: Vec<TokenId>,
     logprobs: Vec<f32>,
     versions: Vec<VersionSpan>,
+    /// R3: every token fed so far (prompt, then each sampled token but the pending one).
+    routing: Option<Routing>,
 }
 
 pub struct TchStreamEngine {
@@ -35,12 +38,14 @@ pub struct TchStreamEngine {
     slots: Vec<Option<Slot>>,
     queued: VecDeque<GenRequest>,
     scratch: Vec<(f64, usize)>,
+    /// R3: record routed experts in this id type (an MoE policy); None: do not.
+    pub record: Option<RouteId>,
 }
 
 impl TchStreamEngine {
     pub fn new(policy: Policy, slots: usize) -> TchStreamEngine {
         let slots = slots.max(1);
-        let cache = SlotCache::new(&policy.cfg, slots as i64);
+        let cache = SlotCache::new(&policy, slots as i64);
         TchStreamEngine {
             policy,
             version: 0,
@@ -48,7 +53,18 @@ impl TchStreamEngine {
             slots: (0..slots).map(|_| None).collect(),
             queued: VecDeque::new(),
             scratch: Vec::new(),
+            record: None,
         }
+    }
+
+    /// A fresh route to fill when this engine records routing.
+    fn route(&self) -> Option<Route> {
+        self.record.filter(|_| self.policy.cfg.moe.is_some()).map(|_| Route::default())
+    }
+
+    fn new_routing(&self) -> Option<Routing> {
+        let m = self.policy.cfg.moe.as_ref()?;
+        Some(Routing::new(m.moe_layers(self.policy.cfg.n_layers), m.top_k, self.record?))
     }
 
     /// Prefills queued requests into free slots, one batch (right-padded).
@@ -78,9 +94,19 @@ impl TchStreamEngine {
         let positions = Tensor::arange(l, (tch::Kind::Int64, tch::Device::Cpu)).unsqueeze(0).repeat([n as i64, 1]);
         let rows_v: Vec<i64> = free[..n].iter().map(|&s| s as i64).collect();
         let rows = Tensor::from_slice(&rows_v);
-        let logits = self.policy.forward_slots(&tokens, &positions, &rows, &mut self.cache);
+        let mut route = self.route();
+        let logits = self.policy.forward_slots_routed(&tokens, &positions, &rows, &mut self.cache, route.as_mut());
+        let ids = route.as_ref().and_then(used_ids);
         let vocab = self.policy.cfg.vocab_size;
         for (i, req) in reqs.into_iter().enumerate() {
+            let mut routing = self.new_routing();
+            if let (Some(r), Some((ids, [_, t, l, k]))) = (routing.as_mut(), ids.as_ref()) {
+                // Right-padded: the request's tokens are columns 0..len.
+                for col in 0..req.prompt.len() {
+                    let at = (i * t + col) * l * k;
+                    r.push_token(&ids[at..at + l * k]);
+                }
+            }
             let last = logits.get(i as i64).get(req.prompt.len() as i64 - 1);
             let next_logits = Vec::<f32>::try_from(last.contiguous().view([-1])).map_err(backend_err)?;
             debug_assert_eq!(next_logits.len(), vocab);
@@ -93,6 +119,7 @@ impl TchStreamEngine {
                 logprobs: Vec::new(),
                 versions: vec![VersionSpan { version: self.version, from_token: 0 }],
                 params: req.params,
+                routing,
             });
         }
         Ok(())
@@ -136,7 +163,7 @@ impl StreamEngine for TchStreamEngine {
                         finish: if stop { FinishReason::Stop } else { FinishReason::Length },
                         versions: s.versions,
                         aborted: false,
-                        routing: None,
+                        routing: s.routing,
                     });
                 } else {
                     cont.push((i, tok as i64, s.len as i64));
@@ -150,7 +177,15 @@ impl StreamEngine for TchStreamEngine {
             let tokens = Tensor::from_slice(&cont.iter().map(|c| c.1).collect::<Vec<_>>()).view([b, 1]);
             let positions = Tensor::from_slice(&cont.iter().map(|c| c.2).collect::<Vec<_>>()).view([b, 1]);
             let rows = Tensor::from_slice(&cont.iter().map(|c| c.0 as i64).collect::<Vec<_>>());
-            let logits = self.policy.forward_slots(&tokens, &positions, &rows, &mut self.cache);
+            let mut route = self.route();
+            let logits = self.policy.forward_slots_routed(&tokens, &positions, &rows, &mut self.cache, route.as_mut());
+            if let Some((ids, [_, _, l, k])) = route.as_ref().and_then(used_ids) {
+                for (j, &(i, _, _)) in cont.iter().enumerate() {
+                    if let Some(r) = self.slots[i].as_mut().and_then(|s| s.routing.as_mut()) {
+                        r.push_token(&ids[j * l * k..(j + 1) * l * k]);
+                    }
+                }
+            }
             let flat = Vec::<f32>::try_from(logits.contiguous().view([-1])).map_err(backend_err)?;
             let vocab = self.policy.cfg.vocab_size;
             for (k, &(i, _, _)) in cont.iter().enumerate() {
@@ -181,7 +216,7 @@ impl StreamEngine for TchStreamEngine {
                 finish: FinishReason::Length,
                 versions: s.versions,
                 aborted: true,
-                routing: None,
+                routing: s.routing,
             })
             .collect();
         out.extend(self.queued.drain(..).map(|r| StreamSample::aborted_unstarted(r.id, v)));

@@ -4,10 +4,11 @@
 
 use crate::critic::{gae, value_loss, whiten, Critic};
 use crate::model::{left_pad, load_named, named_tensors, read_tensors, write_tensors, Policy};
+use crate::moe::{flips, Route};
 use miles_runtime::tasks::TokenId;
 use miles_runtime::{
-    Aggregation, CriticStats, NamedTensor, OpdSpec, OpdStats, PpoSpec, RunError, SftStats, TrainSpec, TrainStats,
-    Trajectory, WeightSnapshot, E_CHECKPOINT, E_NONFINITE,
+    Aggregation, CriticStats, MoeStats, NamedTensor, OpdSpec, OpdStats, PpoSpec, RunError, SftStats, TrainSpec,
+    TrainStats, Trajectory, WeightSnapshot, E_CHECKPOINT, E_NONFINITE,
 };
 use std::cell::Cell;
 use std::path::Path;
@@ -17,9 +18,9 @@ use tch::{Kind, Tensor};
 /// One padded micro-batch, aligned for next-token prediction: column c of the [B, L-1] tensors
 /// is the prediction of token c+1 from tokens 0..=c.
 pub struct Packed {
-    tokens: Tensor,
-    valid: Tensor,
-    positions: Tensor,
+    pub tokens: Tensor,
+    pub valid: Tensor,
+    pub positions: Tensor,
     /// Next tokens [B, L-1].
     targets: Tensor,
     /// Loss mask over predicted tokens [B, L-1] (response tokens only, times the trajectory mask).
@@ -84,9 +85,35 @@ impl Packed {
     }
 }
 
-/// Log-probs of the targets [B, L-1] and the full log-softmax [B, L-1, V] at `temperature`.
-fn token_logprobs(policy: &Policy, pk: &Packed, temperature: f64) -> (Tensor, Tensor) {
-    let logits = policy.forward(&pk.tokens, &pk.positions, &pk.valid, None);
+/// R3: the recorded experts of a packed micro-batch's trajectories, per MoE layer [B, L, k], and
+/// the mask [B, L] of tokens that have them (pads and each sequence's last token do not). None
+/// when no trajectory carries routing.
+pub fn recorded_routes(chunk: &[Trajectory], pk: &Packed) -> Option<(Vec<Tensor>, Tensor)> {
+    let first = chunk.iter().find_map(|t| t.routing.as_ref())?;
+    let (layers, k) = (first.layers, first.top_k);
+    let (b, l) = (chunk.len(), pk.width as usize + 1);
+    let mut ids = vec![vec![0i64; b * l * k]; layers];
+    let mut mask = vec![false; b * l];
+    for (i, t) in chunk.iter().enumerate() {
+        let Some(r) = t.routing.as_ref().filter(|r| r.layers == layers && r.top_k == k) else { continue };
+        let start = l - (t.prompt.len() + t.response.len());
+        for (tok, per) in r.ids().chunks_exact(layers * k).enumerate() {
+            let col = start + tok;
+            mask[i * l + col] = true;
+            for (li, layer_ids) in ids.iter_mut().enumerate() {
+                layer_ids[(i * l + col) * k..(i * l + col + 1) * k].copy_from_slice(&per[li * k..(li + 1) * k]);
+            }
+        }
+    }
+    let shape = [b as i64, l as i64];
+    let ids = ids.iter().map(|v| Tensor::from_slice(v).view([b as i64, l as i64, k as i64])).collect();
+    Some((ids, Tensor::from_slice(&mask).view(shape)))
+}
+
+/// Log-probs of the targets [B, L-1] and the full log-softmax [B, L-1, V] at `temperature`,
+/// MoE layers routed by `route` (None: the router's own choice, no statistics).
+fn token_logprobs(policy: &Policy, pk: &Packed, temperature: f64, route: Option<&mut Route>) -> (Tensor, Tensor) {
+    let logits = policy.forward_routed(&pk.tokens, &pk.positions, &pk.valid, None, route);
     let logits = logits.narrow(1, 0, pk.width);
     let logits = if temperature != 1.0 { logits / temperature } else { logits };
     let logp_all = logits.log_softmax(-1, Kind::Float);
@@ -156,6 +183,8 @@ pub struct TchTrainer {
     /// The engines may not hold this trainer's base weights (a fresh trainer, or one loaded from
     /// a checkpoint): the next export sends the base with the adapters. Cleared by that export.
     base_stale: Cell<bool>,
+    /// R3: replay the trajectories' recorded experts in every forward over them.
+    pub replay: bool,
 }
 
 /// A checkpoint's adapters (PEFT names, as in `adapter_model.safetensors`).
@@ -176,7 +205,17 @@ impl TchTrainer {
             critic: None,
             teacher: None,
             base_stale: Cell::new(true),
+            replay: false,
         }
+    }
+
+    /// A run's trainer: `policy` with the run's training settings, replaying routing when the
+    /// rollout says so (in process and in a `miles worker` alike).
+    pub fn for_run(policy: Policy, spec: &miles_runtime::RunSpec, source: Option<crate::hf::HfMeta>) -> TchTrainer {
+        let mut t = TchTrainer::new(policy, spec.train.clone());
+        t.replay = spec.rollout.r3.as_ref().is_some_and(|r| r.replay);
+        t.source = source;
+        t
     }
 
     /// What the optimizer updates: the active adapter once LoRA is attached, else every parameter.
@@ -274,11 +313,14 @@ impl TchTrainer {
     }
 
     /// Log-probs (no grad) of packed rows under `policy`, in micro-batches.
+    /// Log-probs of each trajectory's response under `policy`, replaying recorded routing when
+    /// `replay` (the old and reference passes see the experts the training forward will use).
     fn logprobs_of(
         policy: &Policy,
         batch: &[Trajectory],
         micro: usize,
         temperature: f64,
+        replay: bool,
     ) -> Result<Vec<Vec<f32>>, RunError> {
         let _g = tch::no_grad_guard();
         let mut out = Vec::with_capacity(batch.len());
@@ -286,7 +328,11 @@ impl TchTrainer {
             let pr: Vec<&[TokenId]> = chunk.iter().map(|t| t.prompt.as_slice()).collect();
             let rs: Vec<&[TokenId]> = chunk.iter().map(|t| t.response.as_slice()).collect();
             let pk = pack(&pr, &rs, None);
-            let (lp, _) = token_logprobs(policy, &pk, temperature);
+            let mut route = match (replay, policy.cfg.moe.is_some()) {
+                (true, true) => Some(Route::for_batch(recorded_routes(chunk, &pk), &pk.valid, false)),
+                _ => None,
+            };
+            let (lp, _) = token_logprobs(policy, &pk, temperature, route.as_mut());
             out.extend(pk.extract(&lp)?);
         }
         Ok(out)
@@ -300,6 +346,15 @@ impl TchTrainer {
         lrs: &[f64],
         temperature: f64,
     ) -> Result<TrainStats, RunError> {
+        let kept;
+        let mut moe = MoeAcc::new(&self.policy, self.replay);
+        let batch = match moe.as_mut().map(|m| m.drop_unfit(batch, &self.policy)) {
+            Some(Some(k)) => {
+                kept = k;
+                &kept[..]
+            }
+            _ => batch,
+        };
         self.begin_lora();
         if self.spec.ppo.is_some() && self.critic.is_none() {
             self.critic = Some(Critic::from_policy(&self.policy));
@@ -313,9 +368,12 @@ impl TchTrainer {
         // updated weights, so the old log-probs come from a pass over the weights that generated
         // the batch (the trainer's view of them).
         let on_policy = lrs.len() == 1;
-        let old = if on_policy { None } else { Some(Self::logprobs_of(&self.policy, batch, micro, temperature)?) };
+        let old = match on_policy {
+            true => None,
+            false => Some(Self::logprobs_of(&self.policy, batch, micro, temperature, self.replay)?),
+        };
         let reference = match (&self.reference, self.spec.kl_coef > 0.0) {
-            (Some(r), true) => Some(Self::logprobs_of(r, batch, micro, temperature)?),
+            (Some(r), true) => Some(Self::logprobs_of(r, batch, micro, temperature, self.replay)?),
             _ => None,
         };
         // PPO: per-token advantages and returns from the critic's values before any update.
@@ -369,8 +427,22 @@ impl TchTrainer {
                     }
                 };
                 self.set_training(true);
-                let (lp, logp_all) = token_logprobs(&self.policy, &pk, temperature);
+                let recorded = moe.as_ref().and_then(|_| recorded_routes(chunk, &pk));
+                let mut route = moe.as_ref().map(|m| {
+                    let replay = match m.replayed {
+                        true => recorded
+                            .as_ref()
+                            .map(|(i, m)| (i.iter().map(Tensor::shallow_clone).collect(), m.shallow_clone())),
+                        false => None,
+                    };
+                    Route::for_batch(replay, &pk.valid, true)
+                });
+                let (lp, logp_all) = token_logprobs(&self.policy, &pk, temperature, route.as_mut());
                 self.set_training(false);
+                let (aux, flipped) = match (moe.as_mut(), route.as_ref()) {
+                    (Some(m), Some(r)) => m.add(r, recorded.as_ref(), &pk),
+                    _ => (None, None),
+                };
                 let old_t = match &old {
                     Some(old) => {
                         let oldv: Vec<&[f32]> = (0..chunk.len()).map(|i| old[base + i].as_slice()).collect();
@@ -379,7 +451,14 @@ impl TchTrainer {
                     None => {
                         let old_t = lp.detach();
                         let _g = tch::no_grad_guard();
-                        diff_sum += ((&old_t - &roll_t).abs() * &pk.mask).sum(Kind::Double).double_value(&[]);
+                        let diff = (&old_t - &roll_t).abs() * &pk.mask;
+                        diff_sum += diff.sum(Kind::Double).double_value(&[]);
+                        if let (Some(m), Some(f)) = (moe.as_mut(), &flipped) {
+                            // Column c predicts token c + 1 from the hidden state at token c.
+                            let at = f.narrow(1, 0, pk.width).to_kind(Kind::Float) * &pk.mask;
+                            m.flip_diff += (&diff * &at).sum(Kind::Double).double_value(&[]);
+                            m.flip_tokens += at.sum(Kind::Double).double_value(&[]);
+                        }
                         old_t
                     }
                 };
@@ -414,6 +493,13 @@ impl TchTrainer {
                             / pk.mask.sum_dim_intlist(-1, false, Kind::Float).clamp_min(1.0);
                         per.sum(Kind::Float) / g_seqs
                     }
+                };
+                // The load-balancing loss, weighted so the micro-batches' terms add up to the slice's.
+                let loss = match (aux, self.policy.cfg.moe.as_ref()) {
+                    (Some(a), Some(c)) if c.aux_loss_coef > 0.0 => {
+                        loss + a * (c.aux_loss_coef * chunk.len() as f64 / slice.len() as f64)
+                    }
+                    _ => loss,
                 };
                 let lv = loss.double_value(&[]);
                 if !lv.is_finite() {
@@ -456,6 +542,7 @@ impl TchTrainer {
         st.kl = kl_sum / n;
         st.tis_weight = tis_sum / n;
         st.tokens = tok_total as u64;
+        st.moe = moe.map(MoeAcc::finish);
         Ok(st)
     }
 
@@ -469,9 +556,17 @@ impl TchTrainer {
             let rs: Vec<&[TokenId]> = chunk.iter().map(|(_, a)| a.as_slice()).collect();
             let pk = pack(&pr, &rs, None);
             self.set_training(true);
-            let (lp, _) = token_logprobs(&self.policy, &pk, 1.0);
+            let mut route = self.policy.cfg.moe.as_ref().map(|_| Route::for_batch(None, &pk.valid, true));
+            let (lp, _) = token_logprobs(&self.policy, &pk, 1.0, route.as_mut());
             self.set_training(false);
             let loss = -(lp * &pk.mask).sum(Kind::Float) / total;
+            let loss = match (route.and_then(|r| r.aux), self.policy.cfg.moe.as_ref()) {
+                (Some(a), Some(c)) if c.aux_loss_coef > 0.0 => {
+                    let layers = c.moe_layers(self.policy.cfg.n_layers).max(1) as f64;
+                    loss + a * (c.aux_loss_coef * chunk.len() as f64 / (batch.len() as f64 * layers))
+                }
+                _ => loss,
+            };
             let lv = loss.double_value(&[]);
             if !lv.is_finite() {
                 self.zero_grad();
@@ -505,7 +600,7 @@ impl TchTrainer {
                 routing: None,
             })
             .collect();
-        Self::logprobs_of(&self.policy, &batch, self.spec.micro_batch.max(1), temperature)
+        Self::logprobs_of(&self.policy, &batch, self.spec.micro_batch.max(1), temperature, false)
     }
 
     pub fn reset_optimizer(&mut self) {
@@ -666,7 +761,8 @@ fn teacher_logprobs(
     micro: usize,
     temperature: f64,
 ) -> Result<Vec<Vec<f32>>, RunError> {
-    let lp = TchTrainer::logprobs_of(t, batch, micro, temperature)?;
+    // The teacher is another model: it routes its own experts.
+    let lp = TchTrainer::logprobs_of(t, batch, micro, temperature, false)?;
     for (i, (row, traj)) in lp.iter().zip(batch).enumerate() {
         if let Some(j) = row.iter().position(|x| !x.is_finite()) {
             return Err(RunError::new(
@@ -904,4 +1000,133 @@ impl AdamState {
         let z = || -> Vec<Tensor> { params.iter().map(|(_, p)| p.detach().zeros_like()).collect() };
         AdamState { m: z(), v: z(), t: 0 }
     }
+}
+
+/// One RL call's MoE statistics as its micro-batches add to them.
+struct MoeAcc {
+    replayed: bool,
+    layers: usize,
+    experts: usize,
+    aux_sum: f64,
+    passes: usize,
+    load: Vec<Vec<f64>>,
+    flips: Vec<(f64, f64)>,
+    disagreements: Vec<(f64, f64)>,
+    flip_diff: f64,
+    flip_tokens: f64,
+    r3_bytes: u64,
+    r3_tokens: u64,
+    dropped: u64,
+}
+
+impl MoeAcc {
+    fn new(policy: &Policy, replay: bool) -> Option<MoeAcc> {
+        let m = policy.cfg.moe.as_ref()?;
+        let layers = m.moe_layers(policy.cfg.n_layers);
+        Some(MoeAcc {
+            replayed: replay,
+            layers,
+            experts: m.experts,
+            aux_sum: 0.0,
+            passes: 0,
+            load: Vec::new(),
+            flips: vec![(0.0, 0.0); layers],
+            disagreements: vec![(0.0, 0.0); layers],
+            flip_diff: 0.0,
+            flip_tokens: 0.0,
+            r3_bytes: 0,
+            r3_tokens: 0,
+            dropped: 0,
+        })
+    }
+
+    /// The batch without trajectories whose routing cannot be replayed on this model (each named
+    /// on stderr with its reason); None when every one fits.
+    fn drop_unfit(&mut self, batch: &[Trajectory], policy: &Policy) -> Option<Vec<Trajectory>> {
+        let m = policy.cfg.moe.as_ref()?;
+        let unfit = |t: &Trajectory| {
+            t.routing
+                .as_ref()
+                .and_then(|r| r.mismatch(t.prompt.len() + t.response.len(), self.layers, m.top_k, m.experts))
+        };
+        let reasons: Vec<Option<String>> = batch.iter().map(unfit).collect();
+        for t in batch {
+            if let Some(r) = &t.routing {
+                self.r3_bytes += r.bytes() as u64;
+            }
+        }
+        if reasons.iter().all(Option::is_none) {
+            return None;
+        }
+        let mut kept = Vec::new();
+        for (i, (t, why)) in batch.iter().zip(&reasons).enumerate() {
+            match why {
+                Some(w) => {
+                    self.dropped += 1;
+                    eprintln!("miles: R3: trajectory {i} of group {} dropped from training: {w}", t.group);
+                }
+                None => kept.push(t.clone()),
+            }
+        }
+        Some(kept)
+    }
+
+    /// Adds one training pass's routing. Returns its load-balancing loss (mean over MoE layers)
+    /// and the [B, L] mask of recorded tokens the trainer's router disagrees on.
+    fn add(
+        &mut self,
+        r: &Route,
+        recorded: Option<&(Vec<Tensor>, Tensor)>,
+        pk: &Packed,
+    ) -> (Option<Tensor>, Option<Tensor>) {
+        self.passes += 1;
+        let _g = tch::no_grad_guard();
+        self.load.push(r.load.iter().map(|l| l.max().double_value(&[]) * self.experts as f64).collect());
+        let mut flipped = None;
+        if let Some((ids, mask)) = recorded {
+            let m = mask.logical_and(&pk.valid);
+            self.r3_tokens += m.sum(Kind::Int64).int64_value(&[]) as u64;
+            add_counts(&mut self.flips, flips(&r.used, ids, &m).0);
+            let (own, any) = flips(&r.own, ids, &m);
+            add_counts(&mut self.disagreements, own);
+            flipped = Some(any);
+        }
+        let layers = self.layers.max(1) as f64;
+        let aux = r.aux.as_ref().map(|a| {
+            self.aux_sum += a.double_value(&[]) / layers;
+            a / layers
+        });
+        (aux, flipped)
+    }
+
+    fn finish(self) -> MoeStats {
+        let n = self.passes.max(1) as f64;
+        let load_max = (0..self.layers)
+            .map(|l| self.load.iter().map(|p| p.get(l).copied().unwrap_or(0.0)).sum::<f64>() / n)
+            .collect();
+        let recorded = self.r3_tokens > 0;
+        MoeStats {
+            aux_loss: self.aux_sum / n,
+            load_max,
+            route_mismatch: if recorded { rates(&self.flips) } else { Vec::new() },
+            router_disagreement: if recorded { rates(&self.disagreements) } else { Vec::new() },
+            flip_logp_diff: self.flip_diff / self.flip_tokens.max(1.0),
+            flip_tokens: self.flip_tokens as u64,
+            replayed: self.replayed && recorded,
+            r3_bytes: self.r3_bytes,
+            r3_tokens: self.r3_tokens,
+            r3_dropped: self.dropped,
+        }
+    }
+}
+
+fn add_counts(acc: &mut [(f64, f64)], per: Vec<(f64, f64)>) {
+    for (a, (num, den)) in acc.iter_mut().zip(per) {
+        a.0 += num;
+        a.1 += den;
+    }
+}
+
+fn rates(counts: &[(f64, f64)]) -> Vec<f64> {
+    counts.iter().map(|(a, b)| a / b.max(1.0)).collect()
 }

@@ -91,7 +91,7 @@ fn forward_matches_transformers_for_every_fixture_architecture() {
         let pos = r.pos.narrow(0, 0, 1);
         let valid = r.mask.narrow(0, 0, 1);
         let want = r.logits.narrow(0, 0, 1);
-        let mut cache = KvCache::new(&policy.cfg, 1, t);
+        let mut cache = KvCache::new(&policy, 1, t);
         let pre = tch::no_grad(|| {
             policy.forward(
                 &row.narrow(1, 0, t - 1),
@@ -106,7 +106,7 @@ fn forward_matches_transformers_for_every_fixture_architecture() {
         let cached = Tensor::cat(&[pre, dec], 1);
         let e = (&cached - &want).abs().max().double_value(&[]);
         assert!(e <= 1e-4, "{arch}: KV-cached forward differs by {e}");
-        let mut slots = SlotCache::new(&policy.cfg, 2);
+        let mut slots = SlotCache::new(&policy, 2);
         let rows = Tensor::from_slice(&[1i64]);
         let s1 = tch::no_grad(|| {
             policy.forward_slots(&row.narrow(1, 0, t - 1), &pos.narrow(1, 0, t - 1), &rows, &mut slots)

@@ -65,7 +65,7 @@ fn lora_forward_matches_peft() {
     let err = max_err(&ml, &r["merged_logits"], &mask);
     assert!(err < 1e-4, "merged forward vs PEFT merged: {err}");
     // The slot (continuous-batching) path adds the same terms.
-    let mut cache = miles_tch::model::SlotCache::new(&policy.cfg, 1);
+    let mut cache = miles_tch::model::SlotCache::new(&policy, 1);
     let row0 = ids.narrow(0, 0, 1);
     let p0 = pos.narrow(0, 0, 1);
     let sl = tch::no_grad(|| policy.forward_slots(&row0, &p0, &Tensor::from_slice(&[0i64]), &mut cache));

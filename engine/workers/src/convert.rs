@@ -1,7 +1,9 @@
 //! Between the runtime's types and the protocol's messages, and between `RunError` and gRPC status.
 
 use crate::pb;
-use miles_runtime::{FinishReason, RouteId, Routing, RunError, Sample, SamplingParams, TrainStats, Trajectory, E_BACKEND};
+use miles_runtime::{
+    FinishReason, RouteId, Routing, RunError, Sample, SamplingParams, TrainStats, Trajectory, E_BACKEND,
+};
 
 pub fn params_to_pb(p: &SamplingParams) -> pb::SamplingParams {
     pb::SamplingParams {
@@ -157,3 +159,31 @@ const KNOWN: &[&str] = &[
     "E0501", "E0502", "E0503", "E0504", "E0505", "E0506", "E0507", "E0508", "E0509", "E0510", "E0513", "E0514",
     "E0515", "E0516",
 ];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn routing_crosses_the_wire_in_its_id_type() {
+        for id in [RouteId::U8, RouteId::U16, RouteId::I32] {
+            let mut r = Routing::new(2, 2, id);
+            r.push_token(&[0, 3, 2, 1]);
+            r.push_token(&[1, 2, 3, 0]);
+            let s = Sample {
+                prompt_index: 1,
+                response: vec![4, 5],
+                logprobs: vec![-1.0, -2.0],
+                finish: FinishReason::Stop,
+                weight_version: 3,
+                routing: Some(r.clone()),
+            };
+            let back = sample_from_pb(sample_to_pb(&s));
+            assert_eq!(back, s);
+            assert_eq!(sample_to_pb(&s).routing.unwrap().data.len(), 8 * id.bytes());
+        }
+        // An id width no build writes loses the routing (the trainer then re-routes that sample).
+        let pb = pb::Routing { layers: 1, top_k: 1, id_bytes: 3, data: vec![0; 3] };
+        assert_eq!(routing_from_pb(pb), None);
+    }
+}

@@ -69,12 +69,11 @@ fn factory() -> Factory {
             .map_err(|_| RunError::new(miles_runtime::E_BACKEND, "model init failed in libtorch"))??;
         Ok(match role {
             Role::Rollout => {
-                Hosted::Rollout(Box::new(miles_tch::TchEngine::new(policy)) as Box<dyn RolloutEngine + Send>)
+                Hosted::Rollout(Box::new(miles_tch::TchEngine::for_run(&policy, spec)?) as Box<dyn RolloutEngine + Send>)
             }
             Role::Trainer => {
-                let mut trainer = miles_tch::train::TchTrainer::new(policy, spec.train.clone());
                 // The saved model carries the source directory's config and tokenizer files.
-                trainer.source = source;
+                let trainer = miles_tch::train::TchTrainer::for_run(policy, spec, source);
                 Hosted::Trainer(Box::new(trainer) as Box<dyn Trainer + Send>)
             }
         })

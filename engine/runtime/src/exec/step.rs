@@ -65,6 +65,9 @@ pub(crate) fn insert_train_stats(row: &mut Map<String, Value>, ts: &TrainStats, 
         row.insert("opd/teacher_logp".into(), json!(o.teacher_logp));
         row.insert("opd/share".into(), json!(o.opd_share));
     }
+    if let Some(m) = &ts.moe {
+        insert_moe_stats(row, m);
+    }
     if let Some(c) = &ts.critic {
         row.insert("critic/value_loss".into(), json!(c.value_loss));
         row.insert("critic/value_mean".into(), json!(c.value_mean));
@@ -72,6 +75,30 @@ pub(crate) fn insert_train_stats(row: &mut Map<String, Value>, ts: &TrainStats, 
         row.insert("critic/explained_variance".into(), json!(c.explained_variance));
         row.insert("critic/grad_norm".into(), json!(c.grad_norm));
         row.insert("critic/clip_frac".into(), json!(c.clip_frac));
+    }
+}
+
+/// `moe/*` and `r3/*`: load per layer, the load-balancing loss, the route mismatch (overall and
+/// per layer) and what the recorded routing cost.
+fn insert_moe_stats(row: &mut Map<String, Value>, m: &crate::MoeStats) {
+    row.insert("moe/aux_loss".into(), json!(m.aux_loss));
+    for (i, l) in m.load_max.iter().enumerate() {
+        row.insert(format!("moe/load_max/{i}"), json!(l));
+    }
+    if !m.route_mismatch.is_empty() {
+        let mean = m.route_mismatch.iter().sum::<f64>() / m.route_mismatch.len() as f64;
+        row.insert("r3/route_mismatch".into(), json!(mean));
+        for (i, f) in m.route_mismatch.iter().enumerate() {
+            row.insert(format!("r3/route_mismatch/{i}"), json!(f));
+        }
+        let mean = m.router_disagreement.iter().sum::<f64>() / m.router_disagreement.len().max(1) as f64;
+        row.insert("r3/router_disagreement".into(), json!(mean));
+        row.insert("r3/flip_logp_diff".into(), json!(m.flip_logp_diff));
+        row.insert("r3/flip_tokens".into(), json!(m.flip_tokens));
+        row.insert("r3/replayed".into(), json!(m.replayed as u8));
+        row.insert("r3/bytes".into(), json!(m.r3_bytes));
+        row.insert("r3/tokens".into(), json!(m.r3_tokens));
+        row.insert("r3/dropped".into(), json!(m.r3_dropped));
     }
 }
 

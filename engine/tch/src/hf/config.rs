@@ -362,5 +362,27 @@ pub fn config_json(cfg: &ModelConfig) -> Result<Value, RunError> {
     if let (Some(c), Value::Object(e)) = (c.as_object_mut(), extra) {
         c.extend(e);
     }
+    if let (Some(c), Some(m)) = (c.as_object_mut(), &cfg.moe) {
+        // No transformers class has this exact layer (a Llama attention with Qwen3-MoE's experts,
+        // optional dense layers and shared expert, softmax or sigmoid gating), so the directory says
+        // it is ours; the keys are Qwen3-MoE's where one exists (docs/moe.md).
+        c.insert("architectures".into(), json!(["MilesMoeForCausalLM"]));
+        c.insert("model_type".into(), json!("miles_moe"));
+        c.insert("base_model_type".into(), json!(arch.model_type()));
+        c.insert("num_experts".into(), json!(m.experts));
+        c.insert("num_experts_per_tok".into(), json!(m.top_k));
+        c.insert("moe_intermediate_size".into(), json!(m.expert_d_ff));
+        c.insert("shared_expert_intermediate_size".into(), json!(m.shared_expert_d_ff));
+        c.insert("mlp_only_layers".into(), json!((0..m.dense_layers).collect::<Vec<_>>()));
+        c.insert("norm_topk_prob".into(), json!(m.norm_topk));
+        c.insert("router_aux_loss_coef".into(), json!(m.aux_loss_coef));
+        c.insert(
+            "scoring_func".into(),
+            json!(match m.gating {
+                miles_runtime::Gating::Softmax => "softmax",
+                miles_runtime::Gating::Sigmoid => "sigmoid",
+            }),
+        );
+    }
     Ok(c)
 }
