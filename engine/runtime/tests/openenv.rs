@@ -147,7 +147,13 @@ fn episodes_against_a_real_openenv_server() {
                 let mut ids = chars.encode(&format!(" {} ", (lo + hi) / 2)).unwrap();
                 ids.push(EOS);
                 let n = ids.len();
-                TurnSample { ids, logprobs: vec![0.0; n], versions: vec![1; n], finish: FinishReason::Stop }
+                TurnSample {
+                    ids,
+                    logprobs: vec![0.0; n],
+                    versions: vec![1; n],
+                    finish: FinishReason::Stop,
+                    routing: None,
+                }
             })
             .collect())
     };

@@ -152,3 +152,39 @@ fn episodes_need_no_second_reward() {
     let e = miles_tch::run(&s, &opts(&tmp("two"))).unwrap_err();
     assert!(e.message.contains("an episode's reward comes from its environment"), "{e}");
 }
+
+/// R3 in multi-turn episodes, sync and fully_async: every turn's routing joins the session, each
+/// token keeping the turn that first forwarded it, so the trainer replays a whole episode (no
+/// trajectory dropped for a routing that does not fit, no route mismatch).
+#[test]
+fn episodes_replay_routing_across_turns() {
+    for (name, schedule) in [("sync", None), ("async", Some(r#"{"type": "fully_async", "max_staleness": 1}"#))] {
+        let d = tmp(&format!("r3-{name}"));
+        let mut s = spec();
+        s.model.moe = Some(miles_runtime::MoeConfig {
+            experts: 4,
+            top_k: 2,
+            expert_d_ff: 16,
+            shared_expert_d_ff: 0,
+            dense_layers: 0,
+            gating: Default::default(),
+            norm_topk: true,
+            aux_loss_coef: 0.01,
+        });
+        s.rollout.r3 = Some(miles_runtime::R3Spec { replay: true, id: miles_runtime::RouteId::U8 });
+        if let Some(j) = schedule {
+            s.schedule = serde_json::from_str(j).unwrap();
+        }
+        miles_tch::run(&s, &opts(&d)).unwrap();
+        let m = metrics(&d);
+        let rows: Vec<&Value> = m.iter().filter(|r| r.get("r3/tokens").is_some()).collect();
+        assert!(!rows.is_empty(), "{name}: no R3 metrics");
+        assert!(total(&m, "rollout/turns") > 0.0);
+        for r in rows {
+            assert_eq!(r["r3/dropped"], 0, "{name}: {r}");
+            assert_eq!(r["r3/route_mismatch"].as_f64(), Some(0.0), "{name}: {r}");
+            assert!(r["r3/tokens"].as_u64().unwrap() > 0);
+        }
+        let _ = std::fs::remove_dir_all(d);
+    }
+}

@@ -366,8 +366,13 @@ impl Generator<'_> {
                 play.over += 1;
                 continue;
             }
-            let turn =
-                TurnSample { versions: s.token_versions(), ids: s.response, logprobs: s.logprobs, finish: s.finish };
+            let turn = TurnSample {
+                versions: s.token_versions(),
+                ids: s.response,
+                logprobs: s.logprobs,
+                finish: s.finish,
+                routing: s.routing,
+            };
             play.turns[j] += 1;
             if let Some(action) = e.record(std::mem::take(&mut play.ctx[j]), turn, codec, &env.limits)? {
                 work.push(EnvWork { pid, j, call: e.env_call(&env.limits), action });

@@ -127,7 +127,13 @@ mod tests {
                 .map(|c| {
                     let ids = expert.get(c).cloned().expect("a context the demonstrations never showed");
                     let n = ids.len();
-                    TurnSample { ids, logprobs: vec![0.0; n], versions: vec![0; n], finish: FinishReason::Stop }
+                    TurnSample {
+                        ids,
+                        logprobs: vec![0.0; n],
+                        versions: vec![0; n],
+                        finish: FinishReason::Stop,
+                        routing: None,
+                    }
                 })
                 .collect())
         };

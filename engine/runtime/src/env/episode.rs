@@ -97,6 +97,8 @@ pub struct TurnSample {
     /// Weight version per token (a single version repeated when it did not change).
     pub versions: Vec<u64>,
     pub finish: FinishReason,
+    /// R3: the experts the engine routed the turn's context and output to, when recorded.
+    pub routing: Option<crate::Routing>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -280,6 +282,7 @@ impl Episode {
             .attach(&path)
             .map_err(|e| RunError::new(crate::E_BACKEND, format!("episode {}: {e}", self.task.episode)))?;
         self.session.record(at, &path, ctx, s.ids.clone(), s.logprobs, s.versions, s.finish);
+        self.session.set_routing(s.routing);
         self.seen = self.history.len();
         self.path.push(output_key(&s.ids));
         self.kept.push(KeptTurn {

@@ -82,7 +82,7 @@ impl EnvRunner {
                 .into_iter()
                 .map(|s| {
                     let versions = vec![s.weight_version; s.response.len()];
-                    TurnSample { ids: s.response, logprobs: s.logprobs, versions, finish: s.finish }
+                    TurnSample { ids: s.response, logprobs: s.logprobs, versions, finish: s.finish, routing: s.routing }
                 })
                 .collect())
         };
@@ -173,7 +173,7 @@ pub fn buffered_group(
                 logprobs: t.logprobs,
                 finish,
                 aborted: false,
-                routing: None,
+                routing: t.routing,
             });
             rewards.push(reward);
             parts.prompts.push(t.prompt);

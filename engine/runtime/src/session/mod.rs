@@ -61,6 +61,9 @@ pub struct Checkpoint {
     pub finish: FinishReason,
     /// Rolled back by a retry (linear rule): no trajectory includes it.
     pub dropped: bool,
+    /// R3: the experts the engine routed the turn's context and output to (every forwarded token:
+    /// the prompt, then the output but its last id); None when not recorded.
+    pub routing: Option<crate::Routing>,
 }
 
 /// Where a new turn goes.
@@ -92,6 +95,10 @@ pub struct SessionTrajectory {
     /// Weight version per response id (of the turn that follows, where nothing was sampled).
     pub versions: Vec<u64>,
     pub checkpoints: Vec<usize>,
+    /// R3 across turns: each token keeps the routing of the turn that first forwarded it (an
+    /// earlier turn's tokens are not re-routed by a later turn's prefill); None unless every turn
+    /// of the chain recorded routing.
+    pub routing: Option<crate::Routing>,
 }
 
 impl SessionTrajectory {
@@ -108,7 +115,7 @@ impl SessionTrajectory {
             advantage,
             group,
             weight_version: oldest.unwrap_or(0),
-            routing: None,
+            routing: self.routing.clone(),
         }
     }
 
@@ -201,8 +208,25 @@ impl Session {
             Attach::Extend { parent, .. } => Some(parent),
             Attach::Fresh => None,
         };
-        self.checkpoints.push(Checkpoint { parent, path, prompt, output, logprobs, versions, finish, dropped: false });
+        self.checkpoints.push(Checkpoint {
+            parent,
+            path,
+            prompt,
+            output,
+            logprobs,
+            versions,
+            finish,
+            dropped: false,
+            routing: None,
+        });
         self.checkpoints.len() - 1
+    }
+
+    /// R3: the routing the engine recorded for the turn `record` stored last.
+    pub fn set_routing(&mut self, routing: Option<crate::Routing>) {
+        if let Some(c) = self.checkpoints.last_mut() {
+            c.routing = routing;
+        }
     }
 
     /// Ids the policy sampled in this session (each turn once, rolled-back turns left out).
@@ -221,6 +245,22 @@ impl Session {
         self.live().filter(|(i, _)| !has_child[*i]).map(|(i, _)| self.chain(i)).collect()
     }
 
+    /// The routing of a chain of turns: turn i contributes the tokens it forwarded first (its
+    /// routing from where the previous turn's ended).
+    fn chain_routing(&self, ids: &[usize]) -> Option<crate::Routing> {
+        let first = self.checkpoints[*ids.first()?].routing.as_ref()?;
+        let mut out = crate::Routing::new(first.layers, first.top_k, first.id);
+        let width = first.per_token() * first.id.bytes();
+        for &i in ids {
+            let r = self.checkpoints[i].routing.as_ref()?;
+            if (r.layers, r.top_k, r.id) != (first.layers, first.top_k, first.id) || r.tokens() < out.tokens() {
+                return None;
+            }
+            out.data.extend_from_slice(&r.data[out.tokens() * width..]);
+        }
+        Some(out)
+    }
+
     fn chain(&self, leaf: usize) -> SessionTrajectory {
         let mut ids = vec![leaf];
         while let Some(p) = self.checkpoints[*ids.last().expect("non-empty")].parent {
@@ -235,7 +275,9 @@ impl Session {
             logprobs: Vec::new(),
             versions: Vec::new(),
             checkpoints: ids.clone(),
+            routing: None,
         };
+        t.routing = self.chain_routing(&ids);
         let mut end = root.prompt.len();
         for &i in &ids {
             let c = &self.checkpoints[i];
@@ -277,6 +319,40 @@ mod tests {
         let n = out.len();
         let i = s.record(at, path, prompt, out.to_vec(), vec![-0.5; n], vec![v; n], FinishReason::Stop);
         (i, s.checkpoints[i].path.clone())
+    }
+
+    /// R3 across turns: each token keeps the routing of the turn that first forwarded it; the
+    /// second turn's re-prefill of the first turn's tokens is not what the trainer replays.
+    #[test]
+    fn routing_is_kept_per_token_across_turns() {
+        let rec = |tokens: &[i64]| {
+            let mut r = crate::Routing::new(1, 1, crate::RouteId::U8);
+            for &e in tokens {
+                r.push_token(&[e]);
+            }
+            r
+        };
+        let mut s = Session::new(Rule::Linear);
+        let (_, p) = turn(&mut s, &[user("q")], &[1, 10, 11], &[20, 2], 3);
+        // Turn 1 forwarded prompt (3) + output - 1 (1) tokens.
+        s.set_routing(Some(rec(&[0, 1, 2, 3])));
+        let mut path = p.clone();
+        path.push(user("obs"));
+        turn(&mut s, &path, &[30], &[22, 2], 4);
+        // Turn 2 re-prefilled tokens 0..5 (routing 7s) and forwarded obs + its output but the last.
+        s.set_routing(Some(rec(&[7, 7, 7, 7, 7, 5, 6])));
+        let t = &s.trajectories()[0];
+        assert_eq!(t.prompt.len() + t.response.len(), 8);
+        assert_eq!(t.routing.as_ref().unwrap().ids(), vec![0, 1, 2, 3, 7, 5, 6]);
+        assert_eq!(t.to_trajectory(1.0, 0.0, 0).routing, t.routing);
+        // A turn without routing leaves the chain without (nothing half-replayed).
+        let mut s2 = Session::new(Rule::Linear);
+        let (_, p) = turn(&mut s2, &[user("q")], &[1, 10, 11], &[20, 2], 3);
+        s2.set_routing(Some(rec(&[0, 1, 2, 3])));
+        let mut path = p.clone();
+        path.push(user("obs"));
+        turn(&mut s2, &path, &[30], &[22, 2], 4);
+        assert_eq!(s2.trajectories()[0].routing, None);
     }
 
     #[test]

@@ -36,7 +36,7 @@ fn say(t: &Tokenizer, text: &str, finish: FinishReason) -> TurnSample {
         ids.push(EOS);
     }
     let n = ids.len();
-    TurnSample { ids, logprobs: vec![-0.25; n], versions: vec![7; n], finish }
+    TurnSample { ids, logprobs: vec![-0.25; n], versions: vec![7; n], finish, routing: None }
 }
 
 /// A policy that uses the tool, then copies its result.
