@@ -679,3 +679,22 @@ fn moe_transformer_active_params_grow_only_by_the_routers() {
     assert!(p64 > p8);
     assert_eq!(a64 - a8, 2 * 56 * 64, "only the routers grow");
 }
+
+#[test]
+fn a_bf16_embedded_engine_holds_half_an_fp32_copy() {
+    let copies = |engine: &str| {
+        let src = moe_recipe(&format!("engine = embedded_engine {{ precision = {engine} }}"))
+            .replace("    runs_on = cluster\n", "");
+        let p = planned(&src);
+        let t = p.memory.iter().find(|m| m.stage == "train").expect("train memory");
+        let item = t.items.iter().find(|i| i.name == "weight_copies").expect("weight copies").clone();
+        let weights = t.items.iter().find(|i| i.name == "weights").expect("weights").bytes;
+        (item, weights)
+    };
+    let (fp32, w) = copies("fp32");
+    let (bf16, _) = copies("bf16");
+    assert_eq!(fp32.bytes, w);
+    assert_eq!(bf16.bytes, w / 2);
+    assert_eq!(fp32.note, "1 x fp32: rollout engine");
+    assert_eq!(bf16.note, "1 copies: rollout engine (bf16)");
+}

@@ -117,6 +117,9 @@ pub(super) struct EmbeddedHost {
     /// counted on the first embedded trainer only (an SFT warm-up and the RL trainer that follows
     /// it are one trainer in one process).
     copies: [Option<&'static str>; 3],
+    /// The engines' copies' precision (the rollout and snapshot-eval engines sample in their own:
+    /// an embedded engine in bf16 holds half of an fp32 copy); None: the trainer's.
+    engine_precision: Option<Precision>,
     entropy_in_loss: bool,
     autograd_scale: f64,
     process_bytes: f64,
@@ -130,7 +133,14 @@ impl EmbeddedHost {
         // An async schedule runs evaluation on an engine of its own when `mode = snapshot`; a
         // sync one evaluates on the rollout engine.
         let eval_engine = e.eval_snapshot && input.schedule.mode.value != ScheduleMode::Sync;
+        let engine_precision = input
+            .stages
+            .iter()
+            .filter(|s| s.role == Role::Rollout)
+            .find_map(|s| s.engine.as_ref())
+            .map(|e| e.precision.value);
         EmbeddedHost {
+            engine_precision,
             copies: if first {
                 [
                     rollout.then_some("rollout engine"),
@@ -148,6 +158,30 @@ impl EmbeddedHost {
 
     fn copy_names(&self) -> Vec<&'static str> {
         self.copies.iter().flatten().copied().collect()
+    }
+
+    /// Bytes of the copies of `weights` (held in `trainer`'s precision), each in its own.
+    fn copy_bytes(&self, weights: f64, trainer: Precision) -> f64 {
+        let engine = self.engine_precision.unwrap_or(trainer);
+        let engines = self.copies[..2].iter().flatten().count() as f64;
+        let others = self.copies[2..].iter().flatten().count() as f64;
+        weights * (engines * engine.bytes() / trainer.bytes() + others)
+    }
+
+    /// The copies as the plan names them: `1 x fp32: rollout engine`, with the engines' own
+    /// precision where it is not the trainer's.
+    fn copy_note(&self, trainer: Precision) -> String {
+        let names = self.copy_names();
+        match self.engine_precision.filter(|p| *p != trainer) {
+            None => format!("{} x {}: {}", names.len(), trainer.as_str(), names.join(", ")),
+            Some(e) => {
+                let label = |(i, c): (usize, &Option<&'static str>)| {
+                    c.map(|n| format!("{n} ({})", if i < 2 { e.as_str() } else { trainer.as_str() }))
+                };
+                let labels: Vec<String> = self.copies.iter().enumerate().filter_map(label).collect();
+                format!("{} copies: {}", names.len(), labels.join(", "))
+            }
+        }
     }
 }
 
@@ -204,7 +238,7 @@ pub(super) fn train_mem(
         lora_dropout,
         stream_buffer: 2.0 * (s.optimizer + critic_optimizer) / layers_per_stage,
         // Each copy is a deep copy of the policy: base weights and any adapters.
-        weight_copies: host.map_or(0.0, |h| h.copy_names().len() as f64 * (s.weights + s.adapters)),
+        weight_copies: host.map_or(0.0, |h| h.copy_bytes(s.weights + s.adapters, l.precision)),
         process: host.map_or(0.0, |h| h.process_bytes),
         critic_weights: critic.map_or(0.0, |c| c.weights),
         critic_gradients: critic.map_or(0.0, |c| c.gradients),
@@ -428,7 +462,7 @@ pub(super) fn plan_trainer(
             items.push(MemItem {
                 name: "weight_copies".into(),
                 bytes: mem.weight_copies as u64,
-                note: format!("{} x {}: {}", names.len(), l.precision.as_str(), names.join(", ")),
+                note: h.copy_note(l.precision),
             });
         }
         if h.process_bytes > 0.0 {
