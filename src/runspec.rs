@@ -330,6 +330,7 @@ pub fn run_spec(recipe: &CompiledRecipe) -> Result<RunSpec, Vec<Diagnostic>> {
         max_prompt_tokens: Some(m.u64(rollout, "max_prompt_tokens") as usize).filter(|n| *n > 0),
         precision: engine_precision(m.record(rollout, "engine")),
         r3: r3_spec(rollout),
+        batch_invariant: m.bool(rollout, "batch_invariant"),
     };
     let opt = m.record(train, "optimizer").cloned();
     let o =

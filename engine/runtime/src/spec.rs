@@ -425,6 +425,10 @@ pub struct RolloutSpec {
     /// R3: the engine records every token's routed experts (an MoE policy); None: it does not.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub r3: Option<R3Spec>,
+    /// The engine and the trainer run batch-invariant kernels: the trainer's log-probs of the
+    /// sampled tokens equal the sampler's bit for bit (true on-policy; docs/moe.md).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub batch_invariant: bool,
 }
 
 /// What the embedded engine computes in.

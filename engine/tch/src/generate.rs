@@ -35,6 +35,9 @@ pub fn generate_recording(
     use_cache: bool,
     record: Option<RouteId>,
 ) -> Result<Vec<Sample>, RunError> {
+    if policy.invariant {
+        return generate_invariant(policy, prompts, n, params, version, record);
+    }
     let record = record.filter(|_| use_cache).and_then(|id| policy.cfg.moe.as_ref().map(|m| (id, m)));
     let mut route = record.map(|_| Route::default());
     if prompts.is_empty() || n == 0 {
@@ -236,4 +239,53 @@ pub fn sample_token(
         u -= pr;
     }
     (chosen as TokenId, logp(chosen))
+}
+
+/// Batch-invariant sampling: every sample in its own slot of the continuous-batching engine, whose
+/// attention spans every `max_len` column as the trainer's does, each sample drawing from its own
+/// seeded stream (`derive_seed(seed, "invariant", i)`).
+fn generate_invariant(
+    policy: &Policy,
+    prompts: &[Vec<TokenId>],
+    n: usize,
+    params: &SamplingParams,
+    version: u64,
+    record: Option<RouteId>,
+) -> Result<Vec<Sample>, RunError> {
+    use miles_runtime::{GenRequest, StreamEngine};
+    let total = prompts.len() * n;
+    let mut engine = crate::stream::TchStreamEngine::new(policy.shallow(), total);
+    engine.record = record;
+    for i in 0..total {
+        let seed = miles_runtime::rng::derive_seed(params.seed, "invariant", i as u64);
+        engine.submit(GenRequest {
+            id: i as u64,
+            prompt: prompts[i / n].clone(),
+            params: SamplingParams { seed, ..params.clone() },
+        })?;
+    }
+    let mut out: Vec<Option<Sample>> = (0..total).map(|_| None).collect();
+    let mut left = total;
+    // Each step samples a token for every slot: a sample ends within max_new_tokens steps.
+    for _ in 0..=params.max_new_tokens + 1 {
+        for s in engine.step()? {
+            if let Some(slot) = out.get_mut(s.id as usize) {
+                *slot = Some(Sample {
+                    prompt_index: s.id as usize / n,
+                    response: s.response,
+                    logprobs: s.logprobs,
+                    finish: s.finish,
+                    weight_version: version,
+                    routing: s.routing,
+                });
+                left -= 1;
+            }
+        }
+        if left == 0 {
+            break;
+        }
+    }
+    out.into_iter()
+        .map(|s| s.ok_or_else(|| RunError::new(miles_runtime::E_BACKEND, "a batch-invariant sample did not finish")))
+        .collect()
 }

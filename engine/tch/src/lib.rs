@@ -8,6 +8,7 @@ pub mod cli;
 pub mod critic;
 pub mod generate;
 pub mod hf;
+pub mod invariant;
 pub mod lora;
 pub mod model;
 pub mod moe;
@@ -147,6 +148,12 @@ impl TchEngine {
 /// The engine's copy of the weights: fp32, or bf16 (`precision = bf16`: weights and activations
 /// rounded as production engines sample, while the trainer stays fp32).
 pub fn engine_policy(policy: &Policy, spec: &RunSpec) -> Result<Policy, RunError> {
+    let mut p = engine_copy(policy, spec)?;
+    p.invariant = spec.rollout.batch_invariant;
+    Ok(p)
+}
+
+fn engine_copy(policy: &Policy, spec: &RunSpec) -> Result<Policy, RunError> {
     match spec.rollout.precision {
         miles_runtime::EnginePrecision::Fp32 => Ok(policy.deep_copy()),
         miles_runtime::EnginePrecision::Bf16 if spec.train.lora.is_some() => Err(RunError::new(

@@ -62,6 +62,9 @@ pub struct Policy {
     /// low-rank terms are added by every wrapped layer (`crate::lora`). Empty: the base alone.
     loras: Vec<Adapters>,
     active: usize,
+    /// Batch-invariant kernels (`crate::invariant`): set on the engine's and the trainer's copies
+    /// of a `batch_invariant` run.
+    pub invariant: bool,
 }
 
 /// Per-layer key/value buffers of a batch, preallocated to the longest sequence so a decode step
@@ -309,6 +312,7 @@ impl Policy {
             lora_spec: None,
             loras: Vec::new(),
             active: 0,
+            invariant: false,
         }
     }
 
@@ -327,7 +331,17 @@ impl Policy {
         let params = self.params.iter().map(|(n, t)| (n.clone(), t.detach().to_kind(kind))).collect();
         let mut p = Policy::from_params(self.cfg.clone(), params);
         p.lora_spec = self.lora_spec.clone();
+        p.invariant = self.invariant;
         p
+    }
+
+    /// `x W^T (+ bias)` with libtorch's GEMM, or the batch-invariant kernel.
+    pub(crate) fn lin(&self, x: &Tensor, w: &Tensor, bias: Option<&Tensor>) -> Tensor {
+        if self.invariant {
+            crate::invariant::linear(x, w, bias)
+        } else {
+            x.linear(w, bias)
+        }
     }
 
     pub fn set_requires_grad(&self, on: bool) {
@@ -343,6 +357,18 @@ impl Policy {
         p.lora_spec = self.lora_spec.clone();
         p.loras = self.loras.iter().map(Adapters::deep_copy).collect();
         p.active = self.active;
+        p.invariant = self.invariant;
+        p
+    }
+
+    /// Another handle on the same weights (shared storage): an engine for one call.
+    pub(crate) fn shallow(&self) -> Policy {
+        let params = self.params.iter().map(|(n, t)| (n.clone(), t.shallow_clone())).collect();
+        let mut p = Policy::from_params(self.cfg.clone(), params);
+        p.lora_spec = self.lora_spec.clone();
+        p.loras = self.loras.iter().map(Adapters::deep_copy).collect();
+        p.active = self.active;
+        p.invariant = self.invariant;
         p
     }
 
@@ -380,7 +406,7 @@ impl Policy {
 
     /// `x W^T (+ bias)` for layer `li`'s `t`, plus its adapter's term when `t` is wrapped.
     fn proj(&self, li: usize, t: Target, x: &Tensor, w: &Tensor, bias: Option<&Tensor>) -> Tensor {
-        let y = x.linear(w, bias);
+        let y = self.lin(x, w, bias);
         match self.lora().and_then(|l| l.delta(li, t, x)) {
             Some(d) => y + d,
             None => y,
@@ -401,13 +427,13 @@ impl Policy {
         match &layer.mlp {
             Mlp::Dense(m) => {
                 let ff = m.gate.size()[0];
-                let gu = xn.linear::<Tensor>(&Tensor::cat(&[&m.gate, &m.up], 0), None);
+                let gu = self.lin(xn, &Tensor::cat(&[&m.gate, &m.up], 0), None);
                 let gu = self.add_deltas(li, gu, &[(Target::Gate, ff), (Target::Up, ff)], xn);
                 let act = gu.narrow(-1, 0, ff).silu() * gu.narrow(-1, ff, ff);
                 self.proj(li, Target::Down, &act, &m.down, None)
             }
             Mlp::Moe(m) => match &self.cfg.moe {
-                Some(c) => m.forward(c, xn, route),
+                Some(c) => m.forward(c, xn, route, self.invariant),
                 None => xn.zeros_like(),
             },
         }
@@ -439,8 +465,7 @@ impl Policy {
         cache: Option<&mut KvCache>,
         route: Option<&mut Route>,
     ) -> Tensor {
-        self.hidden_routed(tokens, positions, key_valid, cache, route)
-            .linear::<Tensor>(&self.lm_head, None)
+        self.lin(&self.hidden_routed(tokens, positions, key_valid, cache, route), &self.lm_head, None)
             .to_kind(Kind::Float)
     }
 
@@ -498,7 +523,7 @@ impl Policy {
                 (Some(qb), Some(kb), Some(vb)) => Some(Tensor::cat(&[qb, kb, vb], 0)),
                 _ => None,
             };
-            let qkv = xn.linear(&Tensor::cat(&[&layer.q, &layer.k, &layer.v], 0), qkv_bias.as_ref());
+            let qkv = self.lin(&xn, &Tensor::cat(&[&layer.q, &layer.k, &layer.v], 0), qkv_bias.as_ref());
             let qkv =
                 self.add_deltas(li, qkv, &[(Target::Q, h * hd), (Target::K, kvh * hd), (Target::V, kvh * hd)], &xn);
             let qk = qkv.narrow(-1, 0, (h + kvh) * hd).view([b, t, h + kvh, hd]);
@@ -527,7 +552,11 @@ impl Policy {
             };
             let (k_all, v_all) = repeat_kv(k_all, v_all, [b, kvh, s, hd], h);
             // Fused attention (scale 1/sqrt(hd) by default).
-            let att = Tensor::scaled_dot_product_attention(&q, &k_all, &v_all, Some(&mask), 0.0, false, None, false);
+            let att = if self.invariant {
+                crate::invariant::attention(&q, &k_all, &v_all, &mask)
+            } else {
+                Tensor::scaled_dot_product_attention(&q, &k_all, &v_all, Some(&mask), 0.0, false, None, false)
+            };
             let att = att.transpose(1, 2).contiguous().view([b, t, h * hd]);
             x = x + self.proj(li, Target::O, &att, &layer.o, layer.o_bias.as_ref());
             let xn = rms_norm(&x, &layer.ln2, cfg.norm_eps);
@@ -567,7 +596,8 @@ impl Policy {
         let h = cfg.n_heads as i64;
         let kvh = cfg.n_kv_heads as i64;
         let hd = cfg.head_dim() as i64;
-        let span = positions.max().int64_value(&[]) + 1;
+        // Batch-invariant: attend over every column, as the trainer does over its max_len layout.
+        let span = if self.invariant { cfg.max_len as i64 } else { positions.max().int64_value(&[]) + 1 };
         let kj = Tensor::arange(span, (Kind::Int64, Device::Cpu)).view([1, 1, span]);
         let allowed = kj.le_tensor(&positions.unsqueeze(2)); // [B, T, span]
         let mask = Tensor::zeros([b, 1, t, span], (self.kind(), Device::Cpu))
@@ -599,14 +629,18 @@ impl Policy {
             let k_all = cache.k[li].index_select(0, rows).narrow(1, 0, span).permute([0, 2, 1, 3]);
             let v_all = cache.v[li].index_select(0, rows).narrow(1, 0, span).permute([0, 2, 1, 3]);
             let (k_all, v_all) = repeat_kv(k_all, v_all, [b, kvh, span, hd], h);
-            let scores = q.matmul(&k_all.transpose(-2, -1)) * (1.0 / (hd as f64).sqrt()) + &mask;
-            let att = scores.softmax(-1, Kind::Float).to_kind(self.kind()).matmul(&v_all);
+            let att = if self.invariant {
+                crate::invariant::attention(&q, &k_all, &v_all, &allowed.unsqueeze(1))
+            } else {
+                let scores = q.matmul(&k_all.transpose(-2, -1)) * (1.0 / (hd as f64).sqrt()) + &mask;
+                scores.softmax(-1, Kind::Float).to_kind(self.kind()).matmul(&v_all)
+            };
             let att = att.transpose(1, 2).contiguous().view([b, t, h * hd]);
             x = x + self.proj(li, Target::O, &att, &layer.o, layer.o_bias.as_ref());
             let xn = rms_norm(&x, &layer.ln2, cfg.norm_eps);
             x = x + self.mlp(li, layer, &xn, route.as_deref_mut());
         }
-        rms_norm(&x, &self.norm, cfg.norm_eps).linear::<Tensor>(&self.lm_head, None).to_kind(Kind::Float)
+        self.lin(&rms_norm(&x, &self.norm, cfg.norm_eps), &self.lm_head, None).to_kind(Kind::Float)
     }
 
     /// Rotary position embedding at `positions` [B, T]: rotates queries or keys [B, heads, T, hd].

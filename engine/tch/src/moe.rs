@@ -25,10 +25,17 @@ pub(crate) struct Swiglu {
 }
 
 impl Swiglu {
-    fn apply(&self, x: &Tensor) -> Tensor {
+    fn apply(&self, x: &Tensor, invariant: bool) -> Tensor {
+        let lin = |x: &Tensor, w: &Tensor| {
+            if invariant {
+                crate::invariant::linear(x, w, None)
+            } else {
+                x.linear::<Tensor>(w, None)
+            }
+        };
         let f = self.gate.size()[0];
-        let gu = x.linear::<Tensor>(&Tensor::cat(&[&self.gate, &self.up], 0), None);
-        (gu.narrow(-1, 0, f).silu() * gu.narrow(-1, f, f)).linear::<Tensor>(&self.down, None)
+        let gu = lin(x, &Tensor::cat(&[&self.gate, &self.up], 0));
+        lin(&(gu.narrow(-1, 0, f).silu() * gu.narrow(-1, f, f)), &self.down)
     }
 }
 
@@ -98,15 +105,19 @@ impl Route {
 
 impl MoeLayer {
     /// The MLP output [B, T, d] for normed inputs `x` [B, T, d] (any float kind: the engine's
-    /// bf16 or the trainer's fp32). `index` is this layer's position among the MoE layers.
-    pub(crate) fn forward(&self, cfg: &MoeConfig, x: &Tensor, route: Option<&mut Route>) -> Tensor {
+    /// bf16 or the trainer's fp32), with the batch-invariant kernels when `invariant`.
+    pub(crate) fn forward(&self, cfg: &MoeConfig, x: &Tensor, route: Option<&mut Route>, invariant: bool) -> Tensor {
         let size = x.size();
         let (b, t, d) = (size[0], size[1], size[2]);
         let k = cfg.top_k as i64;
         let flat = x.reshape([b * t, d]);
         // Scores in fp32 whatever the compute kind (as engines do), from the router in that kind:
         // a bf16 engine's router logits differ from the fp32 trainer's, which is what flips routes.
-        let logits = flat.linear::<Tensor>(&self.router, None).to_kind(Kind::Float);
+        let logits = match invariant {
+            true => crate::invariant::linear(&flat, &self.router, None),
+            false => flat.linear::<Tensor>(&self.router, None),
+        }
+        .to_kind(Kind::Float);
         let scores = match cfg.gating {
             Gating::Softmax => logits.softmax(-1, Kind::Float),
             Gating::Sigmoid => logits.sigmoid(),
@@ -127,7 +138,7 @@ impl MoeLayer {
         let w = if cfg.norm_topk { &w / w.sum_dim_intlist(-1, true, Kind::Float).clamp_min(1e-20) } else { w };
         let w = w.to_kind(x.kind());
         let mut out = match &self.shared {
-            Some(s) => s.apply(&flat),
+            Some(s) => s.apply(&flat, invariant),
             None => flat.zeros_like(),
         };
         // Each expert computes only its tokens: the gradient reaches the experts that were used.
@@ -139,7 +150,7 @@ impl MoeLayer {
                 continue;
             }
             let we = (&w * hit.to_kind(w.kind())).sum_dim_intlist(-1, false, w.kind()).index_select(0, &rows);
-            let ye = expert.apply(&flat.index_select(0, &rows)) * we.unsqueeze(-1);
+            let ye = expert.apply(&flat.index_select(0, &rows), invariant) * we.unsqueeze(-1);
             out = out.index_add(0, &rows, &ye);
         }
         if let Some(r) = route {
@@ -249,7 +260,7 @@ mod tests {
 
     fn run(l: &MoeLayer, c: &MoeConfig, x: &[&[f32]], route: &mut Route) -> Vec<f32> {
         let x = t(x).unsqueeze(0);
-        let y = l.forward(c, &x, Some(route));
+        let y = l.forward(c, &x, Some(route), false);
         Vec::<f32>::try_from(y.reshape([-1])).unwrap()
     }
 
@@ -295,7 +306,7 @@ mod tests {
         let mask = Tensor::from_slice(&[true]).view([1, 1]);
         let mut r = Route { replay: Some((vec![recorded], mask)), ..Route::default() };
         let x = t(&[&[1.0, 0.5]]).unsqueeze(0);
-        let y = l.forward(&cfg(Gating::Softmax), &x, Some(&mut r));
+        let y = l.forward(&cfg(Gating::Softmax), &x, Some(&mut r), false);
         let e: Vec<f64> = [1.0f64, 0.5, -1.5].iter().map(|z| z.exp()).collect();
         let (w2, w0) = (e[2] / (e[0] + e[2]), e[0] / (e[0] + e[2]));
         let unit = silu(1.0) * 0.5;

@@ -147,6 +147,8 @@ impl StreamEngine for TchStreamEngine {
             for i in 0..self.slots.len() {
                 let Some(s) = self.slots[i].as_mut() else { continue };
                 let (tok, lp) = sample_token(&s.next_logits, &s.params, &mut s.rng, &mut self.scratch);
+                // Batch-invariant: the log-prob the trainer's log-softmax gives, bit for bit.
+                let lp = if self.policy.invariant { torch_logprob(&s.next_logits, &s.params, tok) } else { lp };
                 s.response.push(tok);
                 s.logprobs.push(lp);
                 let stop = s.params.stop_tokens.contains(&tok);
@@ -244,4 +246,12 @@ impl StreamEngine for TchStreamEngine {
             tch::set_num_threads(n.max(1) as i32);
         }
     }
+}
+
+/// log softmax(logits / temperature)[tok] with the trainer's libtorch ops (`train::token_logprobs`).
+pub(crate) fn torch_logprob(logits: &[f32], params: &SamplingParams, tok: TokenId) -> f32 {
+    let temp = if params.greedy { 1.0 } else { params.temperature };
+    let z = Tensor::from_slice(logits);
+    let z = if temp != 1.0 { z / temp } else { z };
+    z.log_softmax(-1, tch::Kind::Float).double_value(&[tok as i64]) as f32
 }

@@ -29,6 +29,8 @@ pub struct Packed {
     offsets: Vec<i64>,
     lens: Vec<usize>,
     width: i64,
+    /// Column of each row's first token (left padding: after the pads; aligned: 0).
+    starts: Vec<usize>,
 }
 
 pub fn pack(prompts: &[&[TokenId]], responses: &[&[TokenId]], masks: Option<&[&[f32]]>) -> Packed {
@@ -59,6 +61,58 @@ pub fn pack(prompts: &[&[TokenId]], responses: &[&[TokenId]], masks: Option<&[&[
         offsets,
         lens: responses.iter().map(|r| r.len()).collect(),
         width: w,
+        starts: seqs.iter().map(|q| (l as usize).saturating_sub(q.len())).collect(),
+    }
+}
+
+/// `pack` for the batch-invariant mode: token i of every row in column i (right padding) over
+/// `max_len` columns, the layout the sampler's slot cache has, so each query attends the same key
+/// columns in both.
+pub fn pack_aligned(
+    prompts: &[&[TokenId]],
+    responses: &[&[TokenId]],
+    masks: Option<&[&[f32]]>,
+    max_len: usize,
+) -> Packed {
+    let b = prompts.len();
+    let l = max_len.max(2);
+    let w = l - 1;
+    let (mut tok, mut valid, mut mask) = (vec![0i64; b * l], vec![false; b * l], vec![0f32; b * w]);
+    let mut offsets = Vec::with_capacity(b);
+    for (i, (p, r)) in prompts.iter().zip(responses).enumerate() {
+        for (j, &t) in p.iter().chain(r.iter()).take(l).enumerate() {
+            tok[i * l + j] = t as i64;
+            valid[i * l + j] = true;
+        }
+        let off = p.len() as i64 - 1;
+        offsets.push(off);
+        for j in 0..r.len() {
+            if let Some(m) = mask.get_mut(i * w + (off as usize + j)) {
+                *m = masks.map_or(1.0, |ms| ms[i].get(j).copied().unwrap_or(0.0));
+            }
+        }
+    }
+    let shape = [b as i64, l as i64];
+    let tokens = Tensor::from_slice(&tok).view(shape);
+    let positions = Tensor::arange(l as i64, (Kind::Int64, tch::Device::Cpu)).unsqueeze(0).repeat([b as i64, 1]);
+    Packed {
+        mask: Tensor::from_slice(&mask).view([b as i64, w as i64]),
+        targets: tokens.narrow(1, 1, w as i64),
+        tokens,
+        valid: Tensor::from_slice(&valid).view(shape),
+        positions,
+        offsets,
+        lens: responses.iter().map(|r| r.len()).collect(),
+        width: w as i64,
+        starts: vec![0; b],
+    }
+}
+
+/// The layout `policy`'s forward needs: aligned for the batch-invariant mode, else left-padded.
+pub fn pack_for(policy: &Policy, prompts: &[&[TokenId]], responses: &[&[TokenId]], masks: Option<&[&[f32]]>) -> Packed {
+    match policy.invariant {
+        true => pack_aligned(prompts, responses, masks, policy.cfg.max_len),
+        false => pack(prompts, responses, masks),
     }
 }
 
@@ -96,7 +150,7 @@ pub fn recorded_routes(chunk: &[Trajectory], pk: &Packed) -> Option<(Vec<Tensor>
     let mut mask = vec![false; b * l];
     for (i, t) in chunk.iter().enumerate() {
         let Some(r) = t.routing.as_ref().filter(|r| r.layers == layers && r.top_k == k) else { continue };
-        let start = l - (t.prompt.len() + t.response.len());
+        let start = pk.starts[i];
         for (tok, per) in r.ids().chunks_exact(layers * k).enumerate() {
             let col = start + tok;
             mask[i * l + col] = true;
@@ -211,7 +265,8 @@ impl TchTrainer {
 
     /// A run's trainer: `policy` with the run's training settings, replaying routing when the
     /// rollout says so (in process and in a `miles worker` alike).
-    pub fn for_run(policy: Policy, spec: &miles_runtime::RunSpec, source: Option<crate::hf::HfMeta>) -> TchTrainer {
+    pub fn for_run(mut policy: Policy, spec: &miles_runtime::RunSpec, source: Option<crate::hf::HfMeta>) -> TchTrainer {
+        policy.invariant = spec.rollout.batch_invariant;
         let mut t = TchTrainer::new(policy, spec.train.clone());
         t.replay = spec.rollout.r3.as_ref().is_some_and(|r| r.replay);
         t.source = source;
@@ -327,7 +382,7 @@ impl TchTrainer {
         for chunk in batch.chunks(micro.max(1)) {
             let pr: Vec<&[TokenId]> = chunk.iter().map(|t| t.prompt.as_slice()).collect();
             let rs: Vec<&[TokenId]> = chunk.iter().map(|t| t.response.as_slice()).collect();
-            let pk = pack(&pr, &rs, None);
+            let pk = pack_for(policy, &pr, &rs, None);
             let mut route = match (replay, policy.cfg.moe.is_some()) {
                 (true, true) => Some(Route::for_batch(recorded_routes(chunk, &pk), &pk.valid, false)),
                 _ => None,
@@ -416,7 +471,7 @@ impl TchTrainer {
                 let pr: Vec<&[TokenId]> = chunk.iter().map(|t| t.prompt.as_slice()).collect();
                 let rs: Vec<&[TokenId]> = chunk.iter().map(|t| t.response.as_slice()).collect();
                 let ms: Vec<&[f32]> = chunk.iter().map(|t| t.loss_mask.as_slice()).collect();
-                let pk = pack(&pr, &rs, Some(&ms));
+                let pk = pack_for(&self.policy, &pr, &rs, Some(&ms));
                 let rollv: Vec<&[f32]> = chunk.iter().map(|t| t.rollout_logprobs.as_slice()).collect();
                 let roll_t = pk.align(&rollv);
                 let adv_t = match &token_adv {

@@ -217,3 +217,47 @@ fn stream_engine_records_every_forwarded_token() {
         assert!(r.ids().iter().all(|&x| (0..4).contains(&x)));
     }
 }
+
+/// True on-policy: with the batch-invariant kernels the trainer's log-probs of the sampled tokens
+/// are the sampler's bit for bit, for a dense and an MoE policy, whatever else shares the
+/// trainer's micro-batch or the sampler's batch; without them they differ in the last bits.
+#[test]
+fn batch_invariant_logprobs_are_the_samplers_bit_for_bit() {
+    tch::set_num_threads(1);
+    for cfg in [common::tiny_config(0.5), moe_cfg(1, 8)] {
+        let mut policy = Policy::init(&cfg, 21);
+        policy.invariant = true;
+        let p = prompts();
+        let alone = generate_recording(&policy, &p[..1], 3, &params(5), 0, true, None).unwrap();
+        let mixed = generate_recording(&policy, &p, 3, &params(5), 0, true, None).unwrap();
+        let mut batch = trajectories(&p, mixed);
+        batch.extend(trajectories(&p[..1], alone));
+        let mut tr = TchTrainer::new(
+            policy.deep_copy(),
+            serde_json::from_str(r#"{"lr": 0.01, "micro_batch": 9, "global_batch": 9}"#).unwrap(),
+        );
+        let pr: Vec<Vec<u32>> = batch.iter().map(|t| t.prompt.clone()).collect();
+        let rs: Vec<Vec<u32>> = batch.iter().map(|t| t.response.clone()).collect();
+        let together = tr.logprobs_impl(&pr, &rs, 1.0).unwrap();
+        let single = tr.logprobs_impl(&pr[..1], &rs[..1], 1.0).unwrap();
+        assert_eq!(together[0], single[0], "the trainer's log-probs do not depend on the micro-batch");
+        for (t, lp) in batch.iter().zip(&together) {
+            assert_eq!(&t.rollout_logprobs, lp, "sampler and trainer agree bit for bit");
+        }
+        // The training step sees no train-rollout difference at all.
+        let st = tr.train_rl_impl(&batch[..9], &[0.01], 1.0).unwrap();
+        assert_eq!(st.logp_diff, 0.0);
+        // The ordinary kernels do not give it.
+        policy.invariant = false;
+        let fast = generate_recording(&policy, &p, 3, &params(5), 0, true, None).unwrap();
+        let fb = trajectories(&p, fast);
+        let tr2 = TchTrainer::new(
+            policy.deep_copy(),
+            serde_json::from_str(r#"{"lr": 0.01, "micro_batch": 6, "global_batch": 6}"#).unwrap(),
+        );
+        let pr: Vec<Vec<u32>> = fb.iter().map(|t| t.prompt.clone()).collect();
+        let rs: Vec<Vec<u32>> = fb.iter().map(|t| t.response.clone()).collect();
+        let lp = tr2.logprobs_impl(&pr, &rs, 1.0).unwrap();
+        assert!(fb.iter().zip(&lp).any(|(t, l)| &t.rollout_logprobs != l));
+    }
+}

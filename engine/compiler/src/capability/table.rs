@@ -347,6 +347,7 @@ pub const TABLE: &[Entry] = &[
     e("generate", "routing_replay", Support::Only(&[E, W], &["false"]), R3_WHERE, &["replayed_routing_equals_recorded", "gradients_flow_only_to_recorded_experts"]),
     e("generate", "record_routing", Support::Only(&[E, W], &["false"]), R3_WHERE, &["r3_bytes_match_the_plan"]),
     e("generate", "routing_dtype", Support::Only(&[E, W], &["none"]), R3_WHERE, &["r3_bytes_match_the_plan"]),
+    e("generate", "batch_invariant", Support::Only(&[E, W], &["false"]), "an SGLang server's kernels are its own: batch-invariant sampling runs on the embedded engine", &["batch_invariant_logprobs_are_the_samplers_bit_for_bit"]),
     e("exact_match", "", Support::All, "", &["verifier"]),
     e("exact_match", "partial_credit", Support::All, "", &["verifier"]),
     e("verify", "", Support::All, "scored by the executor, whatever runs the stages", BYO_PARQUET),
