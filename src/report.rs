@@ -1,5 +1,6 @@
 //! `miles report DIR...`: the curves of one or more runs (reward, held-out accuracy, loss,
-//! train-rollout divergence, response length) as SVG files, and a summary table.
+//! train-rollout divergence, response length; route mismatch and expert load for MoE runs) as SVG
+//! files, and a summary table.
 
 use crate::files::write_atomic;
 use std::collections::BTreeMap;
@@ -22,6 +23,10 @@ pub const CHARTS: &[(&str, &str)] = &[
     ("train/loss", "train loss"),
     ("train/logp_diff", "train-rollout log-prob divergence"),
     ("rollout/response_len", "response length (tokens)"),
+    // Drawn for mixture-of-experts runs only (docs/moe.md).
+    ("r3/route_mismatch", "R3: share of tokens trained on other experts than sampled"),
+    ("r3/router_disagreement", "R3: share of tokens the trainer's router sends elsewhere"),
+    ("moe/aux_loss", "MoE load-balancing loss (1 = balanced)"),
 ];
 
 /// One run's metrics: name -> (step, value) points in file order.

@@ -59,6 +59,12 @@ fn r3_bytes_match_the_plan() {
         assert!(row["moe/load_max/0"].as_f64().unwrap() >= 1.0);
         assert!(row["train/logp_diff"].as_f64().unwrap() > 1e-4, "a bf16 engine differs from the fp32 trainer");
     }
+    // `miles report` draws the route mismatch and the expert load next to the usual curves.
+    let o = run(&["report", out.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", text(&o));
+    for f in ["r3_route_mismatch.svg", "r3_router_disagreement.svg", "moe_aux_loss.svg"] {
+        assert!(out.join("report").join(f).exists(), "{f}: {}", text(&o));
+    }
     // Across worker processes: the routing travels the worker protocol, and the run is the same.
     let w = moe_recipe(
         &dir,
