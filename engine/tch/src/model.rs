@@ -439,9 +439,6 @@ impl Policy {
         }
     }
 
-    // `x = x + y` on purpose: tch's `+=` is in-place (add_), which would overwrite activations
-    // autograd still needs.
-    #[allow(clippy::assign_op_pattern)]
     /// Logits [B, T, V] for `tokens` [B, T] at `positions` [B, T]. `key_valid` [B, S] marks real
     /// tokens among all S = cache.len + T keys. With a cache, the new keys/values are stored and
     /// `cache.len` advances by T.
@@ -481,7 +478,8 @@ impl Policy {
         self.hidden_routed(tokens, positions, key_valid, cache, None)
     }
 
-    // `x = x + y` on purpose, as in `forward`.
+    // `x = x + y` on purpose: tch's `+=` is in-place (add_), which would overwrite activations
+    // autograd still needs.
     #[allow(clippy::assign_op_pattern)]
     /// `hidden`, with MoE routing by `route`.
     pub fn hidden_routed(
@@ -568,8 +566,6 @@ impl Policy {
         rms_norm(&x, &self.norm, cfg.norm_eps)
     }
 
-    // `x = x + y` on purpose, as in `forward`.
-    #[allow(clippy::assign_op_pattern)]
     /// Logits [B, T, V] for `tokens` [B, T] of the sequences held in cache slots `rows` [B], at
     /// `positions` [B, T] (a token's position is also its cache column). Keys/values are written
     /// into their slots first; a query at position p attends columns 0..=p of its slot, so
@@ -580,7 +576,7 @@ impl Policy {
         self.forward_slots_routed(tokens, positions, rows, cache, None)
     }
 
-    // `x = x + y` on purpose, as in `forward`.
+    // `x = x + y` on purpose, as in `hidden_routed`.
     #[allow(clippy::assign_op_pattern)]
     /// `forward_slots`, reporting MoE routing into `route`.
     pub fn forward_slots_routed(

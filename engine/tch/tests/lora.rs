@@ -88,7 +88,7 @@ fn lora_export_uses_peft_names_and_config() {
     b.sort();
     assert_eq!(a, b, "tensor names and shapes as PEFT writes them");
     for (n, t) in &ours {
-        assert_eq!(t.to_kind(Kind::Float).equal(&theirs[n]), true, "{n} round-trips");
+        assert!(t.to_kind(Kind::Float).equal(&theirs[n]), "{n} round-trips");
     }
     let cfg: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("adapter_config.json")).unwrap()).unwrap();
