@@ -23,15 +23,15 @@ def run(name):
         "disagree": 100 * mean([r["r3/router_disagreement"] for r in tr]),
         "logp_diff": mean([r["train/logp_diff"] for r in tr]),
         "flip_diff": mean([r["r3/flip_logp_diff"] for r in tr if r["r3/flip_tokens"] > 0]),
-        "kl": mean([r.get("train/kl", 0.0) for r in tr]),
+        "kl": mean([r["train/rollout_kl"] for r in tr]),
         "bytes": mean([r["r3/bytes"] / r["r3/tokens"] for r in tr]),
     }
 
 
 for sched in schedules:
     print(f"\n{sched}: mean over seeds 1-3 (+- std), every training step")
-    print("| R3 | TIS | held-out accuracy start -> end | route mismatch | router disagreement | train-rollout |logp diff| | |logp diff| at disagreeing tokens | R3 bytes/token |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|")
+    print("| R3 | TIS | held-out accuracy start -> end | route mismatch | router disagreement | train-rollout |logp diff| | KL(rollout, train) | |logp diff| at disagreeing tokens | R3 bytes/token |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
     for r3 in ["false", "true"]:
         for tis in ["off", "on"]:
             rs = [run(f"{sched}-r3{r3}-tis{tis}-s{s}") for s in (1, 2, 3)]
@@ -39,6 +39,6 @@ for sched in schedules:
             print(
                 f"| {'on' if r3 == 'true' else 'off'} | {tis} | {mean([r['start'] for r in rs]):.1f}% -> "
                 f"{mean(ends):.1f}% +- {statistics.stdev(ends):.1f} | {mean([r['mismatch'] for r in rs]):.3f}% | "
-                f"{mean([r['disagree'] for r in rs]):.3f}% | {mean([r['logp_diff'] for r in rs]):.5f} | "
+                f"{mean([r['disagree'] for r in rs]):.3f}% | {mean([r['logp_diff'] for r in rs]):.5f} | {mean([r['kl'] for r in rs]):.2e} | "
                 f"{mean([r['flip_diff'] for r in rs]):.4f} | {mean([r['bytes'] for r in rs]):.1f} |"
             )

@@ -397,6 +397,20 @@ mod tests {
         assert_snapshot!(check(&recipe("").replace("common.answer_tokens", "common.answer_to$0kens")));
     }
 
+    /// The MoE fields of a `transformer` and R3's switch are documented where they are written.
+    #[test]
+    fn on_moe_and_r3_fields_shows_their_docs() {
+        let src = "import std/tasks/arith\nmodel p = transformer { layers = 2, d_model = 32, heads = 2, vocab = arith.vocab, exp$0erts = 4, top_k = 2 }\n";
+        let h = check(src);
+        assert!(h.contains("experts: Int in 0.. = 0") && h.contains("Routed experts per MoE layer"), "{h}");
+        let r = recipe("").replace(
+            "max_new_tokens = common.answer_tokens",
+            "max_new_tokens = common.answer_tokens\n        routing_re$0play = false",
+        );
+        let h = check(&r);
+        assert!(h.contains("R3 (rollout routing replay)"), "{h}");
+    }
+
     #[test]
     fn on_a_stage_instance_lists_parameters() {
         assert_snapshot!(check(&recipe("").replace("exact_match(rollout)", "exact_match(roll$0out)")));

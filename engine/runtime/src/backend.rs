@@ -145,6 +145,10 @@ pub struct TrainStats {
     /// Mean |logp_train - logp_rollout| of the sampled tokens before the update: the
     /// train-rollout mismatch.
     pub logp_diff: f64,
+    /// k3 estimate of KL(rollout || trainer) over the sampled tokens, before the update: the
+    /// train-rollout mismatch as a divergence.
+    #[serde(default)]
+    pub rollout_kl: f64,
     /// Mean TIS weight (1 without TIS).
     pub tis_weight: f64,
     pub optimizer_steps: u64,

@@ -449,12 +449,14 @@ impl TchTrainer {
         // Per-token advantages (PPO's, distillation's, or both), else one per response.
         let (token_adv, opd_stats) = token_advantages(batch, targets.as_ref(), opd.as_ref(), teacher_lp.as_deref());
         let mut st = TrainStats { logprob_s: t_lp.elapsed().as_secs_f64(), opd: opd_stats, ..TrainStats::default() };
-        let mut diff_sum = 0f64;
+        let (mut diff_sum, mut rkl_sum) = (0f64, 0f64);
         let tok_total = trained_tokens(batch);
         if let Some(old) = &old {
             for (t, o) in batch.iter().zip(old) {
                 for ((a, b), m) in o.iter().zip(&t.rollout_logprobs).zip(&t.loss_mask) {
                     diff_sum += ((a - b).abs() * m) as f64;
+                    let d = (*a - *b) as f64;
+                    rkl_sum += (d.exp() - d - 1.0) * *m as f64;
                 }
             }
         }
@@ -508,6 +510,7 @@ impl TchTrainer {
                         let _g = tch::no_grad_guard();
                         let diff = (&old_t - &roll_t).abs() * &pk.mask;
                         diff_sum += diff.sum(Kind::Double).double_value(&[]);
+                        rkl_sum += (kl_k3(&roll_t, &old_t) * &pk.mask).sum(Kind::Double).double_value(&[]);
                         if let (Some(m), Some(f)) = (moe.as_mut(), &flipped) {
                             // Column c predicts token c + 1 from the hidden state at token c.
                             let at = f.narrow(1, 0, pk.width).to_kind(Kind::Float) * &pk.mask;
@@ -588,6 +591,7 @@ impl TchTrainer {
             st.critic = res.transpose()?;
         }
         st.logp_diff = diff_sum / tok_total.max(1.0);
+        st.rollout_kl = rkl_sum / tok_total.max(1.0);
         let k = st.optimizer_steps.max(1) as f64;
         st.loss /= k;
         st.grad_norm /= k;

@@ -110,6 +110,7 @@ macro_rules! typed_stats {
             clip_frac: s.clip_frac,
             kl: s.kl,
             logp_diff: s.logp_diff,
+            rollout_kl: s.rollout_kl,
             tis_weight: s.tis_weight,
             optimizer_steps: s.optimizer_steps,
             tokens: s.tokens,

@@ -57,6 +57,7 @@ pub(crate) fn insert_train_stats(row: &mut Map<String, Value>, ts: &TrainStats, 
     row.insert("train/clip_frac".into(), json!(ts.clip_frac));
     row.insert("train/kl".into(), json!(ts.kl));
     row.insert("train/logp_diff".into(), json!(ts.logp_diff));
+    row.insert("train/rollout_kl".into(), json!(ts.rollout_kl));
     row.insert("train/tis_weight".into(), json!(ts.tis_weight));
     row.insert("train/lr".into(), json!(lrs.last().copied().unwrap_or(0.0)));
     row.insert("train/tokens".into(), json!(ts.tokens));
