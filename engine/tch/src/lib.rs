@@ -6,6 +6,7 @@
 
 pub mod cli;
 pub mod critic;
+pub mod diffusion;
 pub mod generate;
 pub mod hf;
 pub mod invariant;
