@@ -14,3 +14,4 @@ pub mod grid;
 pub mod model;
 pub mod reward;
 pub mod rl;
+pub mod run;
