@@ -253,13 +253,7 @@ impl Policy {
     /// `params` must hold `param_names(&cfg)` with their `param_shape`s (callers check; a missing
     /// one becomes an empty tensor that fails at the first forward).
     pub(crate) fn from_params(cfg: ModelConfig, params: Vec<(String, Tensor)>) -> Policy {
-        let get = |name: &str| -> Tensor {
-            params
-                .iter()
-                .find(|(n, _)| n == name)
-                .map(|(_, t)| t.shallow_clone())
-                .unwrap_or_else(|| Tensor::zeros([0], (Kind::Float, Device::Cpu)))
-        };
+        let get = |name: &str| param_by_name(&params, name);
         let layers = (0..cfg.n_layers)
             .map(|i| {
                 let p = |s: &str| get(&format!("model.layers.{i}.{s}.weight"));
@@ -773,6 +767,16 @@ impl Policy {
     pub fn load_tensors(&mut self, path: &Path) -> Result<(), RunError> {
         load_named(&mut self.params, read_tensors(path)?, path)
     }
+}
+
+/// A shallow handle on the parameter `name` of `params`, or an empty tensor that fails at the
+/// first forward (callers check names and shapes before building a model from them).
+pub(crate) fn param_by_name(params: &[(String, Tensor)], name: &str) -> Tensor {
+    params
+        .iter()
+        .find(|(n, _)| n == name)
+        .map(|(_, t)| t.shallow_clone())
+        .unwrap_or_else(|| Tensor::zeros([0], (Kind::Float, Device::Cpu)))
 }
 
 /// The one safetensors writer of checkpoints and exports: an error names the file.

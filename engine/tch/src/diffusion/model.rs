@@ -13,7 +13,7 @@
 
 use crate::model::{backend_err, load_named, read_tensors, write_tensors};
 use miles_runtime::rng::Rng;
-use miles_runtime::{RunError, E_BACKEND, E_SPEC};
+use miles_runtime::{RunError, E_SPEC};
 use serde::{Deserialize, Serialize};
 use std::path::Path;
 use tch::{Device, Kind, Tensor};
@@ -164,13 +164,7 @@ impl Denoiser {
 
     /// `params` must hold `cfg.param_shapes()` in order (callers build it so).
     fn from_params(cfg: DenoiserConfig, params: Vec<(String, Tensor)>) -> Denoiser {
-        let get = |name: &str| -> Tensor {
-            params
-                .iter()
-                .find(|(n, _)| n == name)
-                .map(|(_, t)| t.shallow_clone())
-                .unwrap_or_else(|| Tensor::zeros([0], (Kind::Float, Device::Cpu)))
-        };
+        let get = |name: &str| crate::model::param_by_name(&params, name);
         let blocks = (0..cfg.layers)
             .map(|i| {
                 let p = |s: &str| get(&format!("blocks.{i}.{s}"));
@@ -346,7 +340,7 @@ pub(crate) fn normals(rng: &mut Rng, shape: &[i64]) -> Tensor {
 
 /// `E_BACKEND` for a value a tensor should have had.
 pub(crate) fn scalar(t: &Tensor) -> Result<f64, RunError> {
-    t.f_double_value(&[]).map_err(|e| RunError::new(E_BACKEND, format!("libtorch: {e}")))
+    t.f_double_value(&[]).map_err(crate::model::backend_err)
 }
 
 #[cfg(test)]
