@@ -3,7 +3,7 @@
 # (a 16x16 8-class procedural domain, an MLP denoiser pretrained by the denoising loss, DDPM with
 # 20 stochastic steps, reward = the domain classifier's p(condition | image) + brightness), then
 # (1) learning: seeds 1-3, streamed rewards, held-out mean reward before/after RL;
-# (2) streamed vs whole-batch rewards with a reward stage that costs 40 ms per micro-group (the
+# (2) streamed vs whole-batch rewards with a reward stage that costs 15 ms more per micro-group (the
 #     classifier's real forward plus a sleep standing in for a large reward model): same seeds,
 #     same work, rollout and step time (median over RL steps).
 # Usage: bash bench/diffusion/run.sh [RUNNER] [OUT_ROOT]
@@ -22,7 +22,7 @@ import json, sys
 s = json.load(open(sys.argv[1]))
 s["rl"]["steps"] = 20
 s["eval"]["every"] = 20
-s["reward"]["extra_cost_ms"] = 40
+s["reward"]["extra_cost_ms"] = 15
 json.dump(s, open(sys.argv[2], "w"))
 PY
 for seed in 1 2 3; do

@@ -1122,7 +1122,10 @@ impl MoeAcc {
             match why {
                 Some(w) => {
                     self.dropped += 1;
-                    eprintln!("miles: R3: trajectory {i} of group {} dropped from training: {w}", t.group);
+                    // The first few, then the count (`r3/dropped`): one bad engine must not flood.
+                    if self.dropped <= 3 {
+                        eprintln!("miles: R3: trajectory {i} of group {} dropped from training: {w}", t.group);
+                    }
                 }
                 None => kept.push(t.clone()),
             }
