@@ -101,6 +101,20 @@ fn the_classifier_learns_the_domain_and_round_trips() {
     assert!(right.iter().chain(&wrong).all(|p| (0.0..=1.0).contains(p)));
     let mean = |v: &[f32]| v.iter().sum::<f32>() / v.len() as f32;
     assert!(mean(&right) > 0.7 && mean(&wrong) < 0.2, "{} {}", mean(&right), mean(&wrong));
+    // A temperature above 1 grades the scores between chance and certainty, keeping their order.
+    let mut soft = Classifier::load(
+        &{
+            let d = temp_dir("soft");
+            c.save(&d.join("c.safetensors")).unwrap();
+            d.join("c.safetensors")
+        },
+        16,
+        8,
+    )
+    .unwrap();
+    soft.temperature = 8.0;
+    let graded = soft.score(&x, &conds).unwrap();
+    assert!(mean(&graded) < mean(&right) && mean(&graded) > 1.0 / 8.0, "{}", mean(&graded));
 
     let dir = temp_dir("classifier");
     let path = dir.join("reward.safetensors");

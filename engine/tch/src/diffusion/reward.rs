@@ -31,6 +31,9 @@ pub struct Classifier {
     /// learned preference model) so the overlap of scoring with denoising can be measured on a
     /// small machine. The real forward pass still runs; zero by default.
     pub extra_cost: Duration,
+    /// Softmax temperature of the scored probability: a classifier trained to near-certainty
+    /// gives 0/1 rewards; a temperature above 1 makes them graded (1: the trained model's).
+    pub temperature: f64,
     /// Every parameter with its name, in `param_shapes` order.
     params: Vec<(String, Tensor)>,
 }
@@ -109,7 +112,7 @@ impl Classifier {
                 (name.to_string(), t)
             })
             .collect();
-        Classifier { side, conditions, extra_cost: Duration::ZERO, params }
+        Classifier { side, conditions, extra_cost: Duration::ZERO, temperature: 1.0, params }
     }
 
     /// The classifier with `extra_cost` slept after each score (see the field).
@@ -230,7 +233,7 @@ impl Classifier {
         let probs = tch::no_grad(|| {
             let x = images.detach().to_kind(Kind::Float);
             let idx = Tensor::from_slice(conds).view([b as i64, 1]);
-            self.logits(&x).softmax(-1, Kind::Float).gather(1, &idx, false).view([-1])
+            (self.logits(&x) / self.temperature.max(1e-6)).softmax(-1, Kind::Float).gather(1, &idx, false).view([-1])
         });
         let out = Vec::<f32>::try_from(probs).map_err(backend_err)?;
         if !self.extra_cost.is_zero() {
@@ -274,7 +277,7 @@ impl Classifier {
         if let Some(extra) = found.keys().next() {
             return Err(err(format!("unexpected tensor {extra}")));
         }
-        Ok(Classifier { side, conditions, extra_cost: Duration::ZERO, params })
+        Ok(Classifier { side, conditions, extra_cost: Duration::ZERO, temperature: 1.0, params })
     }
 }
 

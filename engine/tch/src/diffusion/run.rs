@@ -63,6 +63,9 @@ pub struct DiffusionRewardSpec {
     pub classifier_path: Option<PathBuf>,
     /// Weight of the classifier's p(condition | image) in the reward.
     pub classifier_weight: f64,
+    /// Softmax temperature of that probability (above 1: graded rather than 0/1 rewards).
+    #[serde(default = "one")]
+    pub classifier_temperature: f64,
     /// An analytic property added with `analytic_weight`.
     #[serde(default)]
     pub analytic: Option<AnalyticReward>,
@@ -187,7 +190,8 @@ pub fn run(spec: &DiffusionRunSpec, out: &Path, threads: Option<usize>) -> Resul
             Classifier::train_on_domain(&domain, spec.reward.classifier_steps as usize, 32, 3e-3, spec.seed ^ 0xC1A5)?
         }
     };
-    let classifier = classifier.with_extra_cost(Duration::from_millis(spec.reward.extra_cost_ms));
+    let mut classifier = classifier.with_extra_cost(Duration::from_millis(spec.reward.extra_cost_ms));
+    classifier.temperature = spec.reward.classifier_temperature;
     let probe = Tensor::zeros([1, 1, spec.model.side as i64, spec.model.side as i64], tch::kind::FLOAT_CPU);
     classifier.check_input(&probe)?;
     let analytic = spec.reward.analytic.map(|a| match a {
@@ -447,4 +451,8 @@ impl Metrics {
         }
         writeln!(self.file, "{}", Value::Object(m)).map_err(|e| RunError::io(E_BACKEND, "cannot write", &self.path, e))
     }
+}
+
+fn one() -> f64 {
+    1.0
 }
