@@ -444,23 +444,9 @@ fn ppo_sizes_a_critic_grpo_does_not() {
 #[test]
 fn embedded_ppo_critic() {
     let src = |kind: &str, lora: &str| {
-        format!(
-            r#"
-import std/tasks/strings
-model policy = transformer {{ layers = 2, d_model = 64, heads = 4, kv_heads = 2, d_ff = 192, vocab = strings.vocab, max_len = 20 }}
-cluster laptop = local {{ cpus = 2 }}
-recipe r on laptop {{
-    rollout = generate(policy) {{
-        prompts = strings.reverse {{ min_len = 3, max_len = 6 }}
-        samples_per_prompt = 8
-        max_prompt_tokens = 8.tokens
-        max_new_tokens = 8.tokens
-    }}
-    reward = exact_match(rollout)
-    train = {kind}(rollout, reward) {{ rollout_batch = 32, global_batch = 256, micro_batch = 256 {lora} }}
-    sync = weights(train -> rollout) {{ transport = local }}
-}}
-"#
+        laptop_recipe(
+            "",
+            &format!("{kind}(rollout, reward) {{ rollout_batch = 32, global_batch = 256, micro_batch = 256 {lora} }}"),
         )
     };
     // `miles run` may not execute `ppo` on the embedded target yet (E0511); the plan is made anyway.
@@ -519,24 +505,9 @@ fn planned_any_target(src: &str) -> (Plan, PlanInput) {
 #[test]
 fn opd_teacher_on_the_embedded_host() {
     let src = |opd: &str| {
-        format!(
-            r#"
-import std/tasks/strings
-model policy = transformer {{ layers = 2, d_model = 64, heads = 4, kv_heads = 2, d_ff = 192, vocab = strings.vocab, max_len = 20 }}
-model big = transformer {{ layers = 3, d_model = 96, heads = 4, kv_heads = 4, d_ff = 256, vocab = strings.vocab, max_len = 20 }}
-cluster laptop = local {{ cpus = 2 }}
-recipe r on laptop {{
-    rollout = generate(policy) {{
-        prompts = strings.reverse {{ min_len = 3, max_len = 6 }}
-        samples_per_prompt = 8
-        max_prompt_tokens = 8.tokens
-        max_new_tokens = 8.tokens
-    }}
-    reward = exact_match(rollout)
-    train = grpo(rollout, reward) {{ rollout_batch = 32, global_batch = 256, micro_batch = 64 {opd} }}
-    sync = weights(train -> rollout) {{ transport = local }}
-}}
-"#
+        laptop_recipe(
+            "model big = transformer { layers = 3, d_model = 96, heads = 4, kv_heads = 4, d_ff = 256, vocab = strings.vocab, max_len = 20 }\n",
+            &format!("grpo(rollout, reward) {{ rollout_batch = 32, global_batch = 256, micro_batch = 64 {opd} }}"),
         )
     };
     let (plain, _) = planned_any_target(&src(""));
@@ -697,4 +668,27 @@ fn a_bf16_embedded_engine_holds_half_an_fp32_copy() {
     assert_eq!(bf16.bytes, w / 2);
     assert_eq!(fp32.note, "1 x fp32: rollout engine");
     assert_eq!(bf16.note, "1 copies: rollout engine (bf16)");
+}
+
+/// The laptop recipe's shape (its policy, the reverse task, 32 x 8 samples) with more `models`
+/// lines and `train` as the trainer stage.
+fn laptop_recipe(models: &str, train: &str) -> String {
+    format!(
+        r#"
+import std/tasks/strings
+model policy = transformer {{ layers = 2, d_model = 64, heads = 4, kv_heads = 2, d_ff = 192, vocab = strings.vocab, max_len = 20 }}
+{models}cluster laptop = local {{ cpus = 2 }}
+recipe r on laptop {{
+    rollout = generate(policy) {{
+        prompts = strings.reverse {{ min_len = 3, max_len = 6 }}
+        samples_per_prompt = 8
+        max_prompt_tokens = 8.tokens
+        max_new_tokens = 8.tokens
+    }}
+    reward = exact_match(rollout)
+    train = {train}
+    sync = weights(train -> rollout) {{ transport = local }}
+}}
+"#
+    )
 }

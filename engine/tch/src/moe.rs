@@ -80,7 +80,8 @@ pub struct Route {
     /// R3: per MoE layer, recorded experts [B, T, k] (int64), used where the mask [B, T] is true;
     /// elsewhere (pads, the unrecorded last token) the router chooses.
     pub replay: Option<(Vec<Tensor>, Tensor)>,
-    /// Real tokens [B, T] for the load-balancing loss and the load statistics; None: all.
+    /// Real tokens [B, T] for the load-balancing loss and the load statistics; None: routes are
+    /// recorded but no statistics computed (the sampler's passes).
     pub valid: Option<Tensor>,
     /// Filled per MoE layer: the experts the forward used [B, T, k].
     pub used: Vec<Tensor>,
@@ -152,6 +153,14 @@ impl MoeLayer {
             let we = (&w * hit.to_kind(w.kind())).sum_dim_intlist(-1, false, w.kind()).index_select(0, &rows);
             let ye = expert.apply(&flat.index_select(0, &rows), invariant) * we.unsqueeze(-1);
             out = out.index_add(0, &rows, &ye);
+        }
+        // The sampler records routes only; the load and the aux loss are for the passes that
+        // give their real tokens (`Route::for_batch`), not for every decode step.
+        if let Some(r) = route.as_deref_mut().filter(|r| r.valid.is_none()) {
+            r.used.push(used.view([b, t, k]));
+            r.own.push(own.view([b, t, k]));
+            r.moe_layers += 1;
+            return out.view([b, t, d]);
         }
         if let Some(r) = route {
             let valid = r.valid.as_ref().map(|v| v.reshape([b * t]));

@@ -251,7 +251,5 @@ impl StreamEngine for TchStreamEngine {
 /// log softmax(logits / temperature)[tok] with the trainer's libtorch ops (`train::token_logprobs`).
 pub(crate) fn torch_logprob(logits: &[f32], params: &SamplingParams, tok: TokenId) -> f32 {
     let temp = if params.greedy { 1.0 } else { params.temperature };
-    let z = Tensor::from_slice(logits);
-    let z = if temp != 1.0 { z / temp } else { z };
-    z.log_softmax(-1, tch::Kind::Float).double_value(&[tok as i64]) as f32
+    crate::train::tempered_log_softmax(&Tensor::from_slice(logits), temp).double_value(&[tok as i64]) as f32
 }

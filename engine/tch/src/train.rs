@@ -168,11 +168,16 @@ pub fn recorded_routes(chunk: &[Trajectory], pk: &Packed) -> Option<(Vec<Tensor>
 /// MoE layers routed by `route` (None: the router's own choice, no statistics).
 fn token_logprobs(policy: &Policy, pk: &Packed, temperature: f64, route: Option<&mut Route>) -> (Tensor, Tensor) {
     let logits = policy.forward_routed(&pk.tokens, &pk.positions, &pk.valid, None, route);
-    let logits = logits.narrow(1, 0, pk.width);
-    let logits = if temperature != 1.0 { logits / temperature } else { logits };
-    let logp_all = logits.log_softmax(-1, Kind::Float);
+    let logp_all = tempered_log_softmax(&logits.narrow(1, 0, pk.width), temperature);
     let lp = logp_all.gather(-1, &pk.targets.unsqueeze(-1), false).squeeze_dim(-1);
     (lp, logp_all)
+}
+
+/// log softmax(logits / temperature) over the vocabulary: the one definition of the log-probs
+/// the trainer scores, which the batch-invariant sampler reports too (`stream::torch_logprob`).
+pub(crate) fn tempered_log_softmax(logits: &Tensor, temperature: f64) -> Tensor {
+    let logits = if temperature != 1.0 { logits / temperature } else { logits.shallow_clone() };
+    logits.log_softmax(-1, Kind::Float)
 }
 
 /// Per-token PPO/GRPO loss terms (exposed for the hand-computed tests).

@@ -2,14 +2,14 @@
 //! the whole-batch mode gives (only the timing differs), RL raises an analytic reward, and bad
 //! input stops before any work with a clear error.
 
+mod common;
+
 use miles_tch::diffusion::run::{run, DiffusionRunSpec};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 
 fn tmp(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("miles-diffusion-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    d
+    common::run_dir(&format!("diffusion-{name}"))
 }
 
 fn spec() -> DiffusionRunSpec {
@@ -30,15 +30,7 @@ fn spec() -> DiffusionRunSpec {
 }
 
 fn rows(dir: &Path) -> Vec<Value> {
-    std::fs::read_to_string(dir.join("metrics.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|l| {
-            let mut v: Value = serde_json::from_str(l).unwrap();
-            v.as_object_mut().unwrap().retain(|k, _| !k.starts_with("perf/"));
-            v
-        })
-        .collect()
+    common::untimed_metrics(dir)
 }
 
 #[test]

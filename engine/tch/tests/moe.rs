@@ -266,33 +266,12 @@ fn batch_invariant_logprobs_are_the_samplers_bit_for_bit() {
 /// state are in the checkpoint, and the resumed engine records and replays as before.
 #[test]
 fn moe_r3_run_resumes_exactly() {
-    let tmp = |n: &str| {
-        let d = std::env::temp_dir().join(format!("miles-moe-run-{}-{n}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&d);
-        d
-    };
-    let opts = |d: &std::path::Path| {
-        let mut o = miles_runtime::RunOptions::new(d);
-        o.progress = miles_runtime::ProgressMode::Off;
-        o.threads = Some(1);
-        o
-    };
-    let metrics = |d: &std::path::Path| -> Vec<serde_json::Value> {
-        std::fs::read_to_string(d.join("metrics.jsonl"))
-            .unwrap()
-            .lines()
-            .map(|l| {
-                let mut v: serde_json::Value = serde_json::from_str(l).unwrap();
-                v.as_object_mut().unwrap().retain(|k, _| !k.starts_with("perf/"));
-                v
-            })
-            .collect()
-    };
+    let (tmp, opts, metrics) = (common::run_dir, common::quiet, common::untimed_metrics);
     let mut s = RunSpec::from_json(include_str!("../../runtime/tests/data/tiny.json")).unwrap();
     s.model.moe = moe_cfg(0, 0).moe;
     s.rollout.precision = miles_runtime::EnginePrecision::Bf16;
     s.rollout.r3 = Some(miles_runtime::R3Spec { replay: true, id: RouteId::U8 });
-    let (full, part) = (tmp("full"), tmp("part"));
+    let (full, part) = (tmp("moe-full"), tmp("moe-part"));
     miles_tch::run(&s, &opts(&full)).unwrap();
     let mut o = opts(&part);
     o.stop_after = Some(3);

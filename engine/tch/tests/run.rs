@@ -1,7 +1,9 @@
 //! End-to-end runs of the executor on a tiny model: determinism, exact resume (clean stop and
 //! SIGKILL), and clear errors. Kept small so the whole file runs in a few seconds.
 
-use miles_runtime::{ProgressMode, RunOptions, RunSpec};
+mod common;
+
+use miles_runtime::{RunOptions, RunSpec};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -12,31 +14,15 @@ fn tiny() -> RunSpec {
 }
 
 fn tmp(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("miles-run-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    d
+    common::run_dir(&format!("run-{name}"))
 }
 
 fn opts(dir: &Path) -> RunOptions {
-    let mut o = RunOptions::new(dir);
-    o.progress = ProgressMode::Off;
-    // Tests run in parallel threads of one process: one intra-op thread each avoids OpenMP
-    // oversubscription (spinning threads made a 2-core machine ~10x slower).
-    o.threads = Some(1);
-    o
+    common::quiet(dir)
 }
 
-/// metrics.jsonl without timing fields (perf/*), which legitimately differ between runs.
 fn metrics(dir: &Path) -> Vec<Value> {
-    std::fs::read_to_string(dir.join("metrics.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|l| {
-            let mut v: Value = serde_json::from_str(l).unwrap();
-            v.as_object_mut().unwrap().retain(|k, _| !k.starts_with("perf/"));
-            v
-        })
-        .collect()
+    common::untimed_metrics(dir)
 }
 
 #[test]

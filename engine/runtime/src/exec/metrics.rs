@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 /// metrics.jsonl: one JSON object per line, appended and flushed per step. On resume, lines of
 /// steps after the checkpoint (and a torn last line from a kill) are dropped first.
-pub(crate) struct Metrics {
+pub struct Metrics {
     file: fs::File,
     path: PathBuf,
     /// The same scalars as TensorBoard events in OUT/tensorboard/ (best effort: a failure to
@@ -17,7 +17,7 @@ pub(crate) struct Metrics {
 }
 
 impl Metrics {
-    pub(crate) fn open(path: &Path, resume_step: Option<u64>) -> Result<Metrics, RunError> {
+    pub fn open(path: &Path, resume_step: Option<u64>) -> Result<Metrics, RunError> {
         let keep_upto = resume_step;
         let mut kept = String::new();
         if path.exists() {
@@ -52,7 +52,7 @@ impl Metrics {
         Ok(Metrics { file, path: path.to_path_buf(), tb })
     }
 
-    pub(crate) fn write(&mut self, row: &Map<String, Value>) -> Result<(), RunError> {
+    pub fn write(&mut self, row: &Map<String, Value>) -> Result<(), RunError> {
         let mut line = serde_json::to_string(row)
             .map_err(|e| RunError::new(E_OUT_DIR, format!("cannot serialise metrics: {e}")))?;
         line.push('\n');

@@ -26,7 +26,7 @@ mod sft;
 mod step;
 
 pub use checkpoint::*;
-pub(crate) use metrics::*;
+pub use metrics::Metrics;
 pub(crate) use open::*;
 pub(crate) use score::*;
 pub(crate) use sft::*;

@@ -12,11 +12,11 @@ use super::grid::write_grid_svg;
 use super::model::{Denoiser, DenoiserConfig};
 use super::reward::{Analytic, Classifier};
 use super::rl::{accumulate_rl_gradients, choose_steps, group_advantages, DenoiserAdam, RlLossSpec};
+use miles_runtime::exec::Metrics;
 use miles_runtime::rng::Rng;
 use miles_runtime::{RunError, TrainSpec, E_BACKEND, E_NONFINITE, E_SPEC};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -179,7 +179,7 @@ pub fn run(spec: &DiffusionRunSpec, out: &Path, threads: Option<usize>) -> Resul
     }
     let t0 = Instant::now();
     std::fs::create_dir_all(out.join("grids")).map_err(|e| RunError::io(E_BACKEND, "cannot create", out, e))?;
-    let mut metrics = Metrics::open(&out.join("metrics.jsonl"))?;
+    let mut metrics = Metrics::open(&out.join("metrics.jsonl"), None)?;
     let domain = Domain::new(spec.model.side, spec.model.conditions)?;
     let schedule = Schedule::new(spec.schedule, spec.steps)?;
 
@@ -210,7 +210,7 @@ pub fn run(spec: &DiffusionRunSpec, out: &Path, threads: Option<usize>) -> Resul
     };
     let mut opt = DenoiserAdam::new(&model, adam_spec(spec.pretrain.lr));
     let mut rng = Rng::derived(spec.seed, "diffusion-pretrain", 0);
-    let mut loss_sum = 0.0;
+    let (mut loss_sum, mut since) = (0.0, 0u64);
     for i in 0..spec.pretrain.steps {
         let conds: Vec<i64> =
             (0..spec.pretrain.batch).map(|_| (rng.next_f64() * spec.model.conditions as f64) as i64).collect();
@@ -219,12 +219,14 @@ pub fn run(spec: &DiffusionRunSpec, out: &Path, threads: Option<usize>) -> Resul
         loss.backward();
         opt.step(&model, spec.pretrain.lr)?;
         loss_sum += loss.double_value(&[]);
+        since += 1;
         if (i + 1) % 100 == 0 || i + 1 == spec.pretrain.steps {
-            metrics.row(
+            write_row(
+                &mut metrics,
                 0,
-                &[("pretrain/loss", loss_sum / 100f64.min((i + 1) as f64)), ("pretrain/step", (i + 1) as f64)],
+                &[("pretrain/loss", loss_sum / since as f64), ("pretrain/step", (i + 1) as f64)],
             )?;
-            loss_sum = 0.0;
+            (loss_sum, since) = (0.0, 0);
         }
     }
     let reference = model.deep_copy();
@@ -249,7 +251,7 @@ pub fn run(spec: &DiffusionRunSpec, out: &Path, threads: Option<usize>) -> Resul
         Ok(r.iter().map(|x| *x as f64).sum::<f64>() / r.len().max(1) as f64)
     };
     let eval_start = eval(&model, 0)?;
-    metrics.row(0, &[("eval/reward_mean", eval_start), ("reward/classifier_accuracy", accuracy as f64)])?;
+    write_row(&mut metrics, 0, &[("eval/reward_mean", eval_start), ("reward/classifier_accuracy", accuracy as f64)])?;
     let mut eval_end = eval_start;
 
     let mut step_rng = Rng::derived(spec.seed, "diffusion-conditions", 0);
@@ -305,7 +307,7 @@ pub fn run(spec: &DiffusionRunSpec, out: &Path, threads: Option<usize>) -> Resul
             row.push(("eval/reward_mean", eval_end));
         }
         row.push(("perf/step_s", t_step.elapsed().as_secs_f64()));
-        metrics.row(step, &row)?;
+        write_row(&mut metrics, step, &row)?;
     }
     Ok(DiffusionSummary {
         steps_done: spec.rl.steps,
@@ -431,26 +433,15 @@ fn first_nonfinite(images: &Tensor) -> Option<usize> {
     v.iter().position(|x| *x)
 }
 
-/// metrics.jsonl, one JSON object per line, flushed per row.
-struct Metrics {
-    file: std::fs::File,
-    path: PathBuf,
-}
-
-impl Metrics {
-    fn open(path: &Path) -> Result<Metrics, RunError> {
-        let file = std::fs::File::create(path).map_err(|e| RunError::io(E_BACKEND, "cannot create", path, e))?;
-        Ok(Metrics { file, path: path.to_path_buf() })
+/// A metrics row: `step` and the values (a non-finite one as null), through the runtime's
+/// metrics.jsonl writer (and its TensorBoard copy).
+fn write_row(m: &mut Metrics, step: u64, values: &[(&str, f64)]) -> Result<(), RunError> {
+    let mut row = Map::new();
+    row.insert("step".into(), json!(step));
+    for (k, v) in values {
+        row.insert((*k).into(), if v.is_finite() { json!(v) } else { Value::Null });
     }
-
-    fn row(&mut self, step: u64, values: &[(&str, f64)]) -> Result<(), RunError> {
-        let mut m = Map::new();
-        m.insert("step".into(), json!(step));
-        for (k, v) in values {
-            m.insert((*k).into(), if v.is_finite() { json!(v) } else { Value::Null });
-        }
-        writeln!(self.file, "{}", Value::Object(m)).map_err(|e| RunError::io(E_BACKEND, "cannot write", &self.path, e))
-    }
+    m.write(&row)
 }
 
 fn one() -> f64 {

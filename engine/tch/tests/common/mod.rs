@@ -4,6 +4,7 @@ use miles_runtime::{DecoderSizes, ModelConfig};
 
 /// A 2-layer, 32-wide decoder over 12 tokens (GQA 4:2), every later field at today's defaults;
 /// `init_std` sets how peaked its first distributions are.
+#[allow(dead_code)]
 pub fn tiny_config(init_std: f64) -> ModelConfig {
     let sizes =
         DecoderSizes { vocab_size: 12, d_model: 32, n_layers: 2, n_heads: 4, n_kv_heads: 2, d_ff: 48, max_len: 24 };
@@ -25,4 +26,36 @@ pub fn trajectory(prompt: Vec<u32>, response: Vec<u32>, reward: f32, advantage: 
         weight_version: 0,
         routing: None,
     }
+}
+
+/// A fresh directory for a run under the system temp dir, named by the test process and `tag`.
+#[allow(dead_code)]
+pub fn run_dir(tag: &str) -> std::path::PathBuf {
+    let d = std::env::temp_dir().join(format!("miles-tch-{}-{tag}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    d
+}
+
+/// Run options for a test: no progress output, one libtorch thread (tests run in parallel
+/// threads of one process; more intra-op threads oversubscribe a small machine).
+#[allow(dead_code)]
+pub fn quiet(dir: &std::path::Path) -> miles_runtime::RunOptions {
+    let mut o = miles_runtime::RunOptions::new(dir);
+    o.progress = miles_runtime::ProgressMode::Off;
+    o.threads = Some(1);
+    o
+}
+
+/// metrics.jsonl without timing fields (`perf/*`), which legitimately differ between runs.
+#[allow(dead_code)]
+pub fn untimed_metrics(dir: &std::path::Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(dir.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let mut v: serde_json::Value = serde_json::from_str(l).unwrap();
+            v.as_object_mut().unwrap().retain(|k, _| !k.starts_with("perf/"));
+            v
+        })
+        .collect()
 }
