@@ -6,6 +6,11 @@
 //! `GET /model_info`, `GET /get_server_info`, `POST /flush_cache`, `POST /pause_generation`,
 //! `POST /continue_generation`, `POST /abort_request`, `POST /update_weights_from_disk`,
 //! `GET /metrics`. The NCCL weight endpoints answer 501: this server has no GPU group.
+//!
+//! Security, as SGLang's `--api-key`: with a key, every endpoint but `/health*` and `/metrics`
+//! (left open for probes and scrapers, as SGLang does) wants `Authorization: Bearer KEY` and
+//! answers 401 without it; a server on a non-loopback address refuses to start without a key;
+//! `/update_weights_from_disk` loads only from inside the weights directory it was started with.
 
 use miles_runtime::tasks::TokenId;
 use miles_runtime::{FinishReason, RolloutEngine, RunError, Sample, SamplingParams, WeightSnapshot};
@@ -29,8 +34,41 @@ fn split_url(url: &str) -> Result<(String, String), String> {
     Ok((host.to_string(), path.to_string()))
 }
 
+/// The environment variable holding the API key: `miles serve` reads it when `--api-key` is not
+/// given (so the key need not appear in `ps`), and `HttpEngine` sends it as
+/// `Authorization: Bearer` (so a recipe needs no field for it).
+pub const API_KEY_ENV: &str = "MILES_API_KEY";
+
+/// The API key from `MILES_API_KEY`, if set and not empty.
+pub fn api_key_from_env() -> Option<String> {
+    std::env::var(API_KEY_ENV).ok().filter(|k| !k.is_empty())
+}
+
+/// Whether a key can travel in an HTTP header as `Bearer KEY`: printable ASCII, no spaces (also
+/// what keeps a key from smuggling a line break into the request).
+pub fn valid_api_key(key: &str) -> bool {
+    !key.is_empty() && key.bytes().all(|b| b.is_ascii_graphic())
+}
+
 /// One HTTP/1.1 request with a bound on connect, send and the whole answer.
 pub fn request(method: &str, url: &str, body: Option<&Value>, timeout: Duration) -> Result<(u16, Value), String> {
+    request_with_key(method, url, body, timeout, None)
+}
+
+/// `request`, with `Authorization: Bearer KEY` when `key` is given. The key appears in no error
+/// this returns.
+pub fn request_with_key(
+    method: &str,
+    url: &str,
+    body: Option<&Value>,
+    timeout: Duration,
+    key: Option<&str>,
+) -> Result<(u16, Value), String> {
+    let auth = match key {
+        Some(k) if valid_api_key(k) => format!("Authorization: Bearer {k}\r\n"),
+        Some(_) => return Err(format!("{url}: the API key ({API_KEY_ENV}) must be printable ASCII without spaces")),
+        None => String::new(),
+    };
     let (host, path) = split_url(url)?;
     let addr = host
         .to_socket_addrs()
@@ -42,7 +80,7 @@ pub fn request(method: &str, url: &str, body: Option<&Value>, timeout: Duration)
     s.set_write_timeout(Some(timeout)).map_err(|e| e.to_string())?;
     let payload = body.map(|b| b.to_string()).unwrap_or_default();
     let req = format!(
-        "{method} {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{payload}",
+        "{method} {path} HTTP/1.1\r\nHost: {host}\r\n{auth}Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{payload}",
         payload.len()
     );
     (&s).write_all(req.as_bytes()).map_err(|e| format!("{url}: {e}"))?;
@@ -99,16 +137,42 @@ pub fn request(method: &str, url: &str, body: Option<&Value>, timeout: Duration)
 }
 
 pub fn post_json(url: &str, body: &Value, timeout: Duration) -> Result<Value, String> {
-    match request("POST", url, Some(body), timeout)? {
-        (200..=299, v) => Ok(v),
-        (c, v) => Err(format!("{url} answered {c}: {v}")),
-    }
+    post_json_with_key(url, body, timeout, None)
 }
 
 pub fn get_json(url: &str, timeout: Duration) -> Result<Value, String> {
-    match request("GET", url, None, timeout)? {
-        (200..=299, v) => Ok(v),
-        (c, v) => Err(format!("{url} answered {c}: {v}")),
+    get_json_with_key(url, timeout, None)
+}
+
+/// `post_json` with `Authorization: Bearer KEY` when `key` is given.
+pub fn post_json_with_key(url: &str, body: &Value, timeout: Duration, key: Option<&str>) -> Result<Value, String> {
+    answer(url, request_with_key("POST", url, Some(body), timeout, key)?)
+}
+
+/// `get_json` with `Authorization: Bearer KEY` when `key` is given.
+pub fn get_json_with_key(url: &str, timeout: Duration, key: Option<&str>) -> Result<Value, String> {
+    answer(url, request_with_key("GET", url, None, timeout, key)?)
+}
+
+fn answer(url: &str, (code, v): (u16, Value)) -> Result<Value, String> {
+    match code {
+        200..=299 => Ok(v),
+        c => Err(format!("{url} answered {c}: {v}")),
+    }
+}
+
+/// A POST of `HttpEngine` to a rollout server: a 401 says which key it wants.
+fn post_to_server(url: &str, body: &Value, timeout: Duration, key: Option<&str>) -> Result<Value, String> {
+    match request_with_key("POST", url, Some(body), timeout, key)? {
+        (401, v) => Err(format!(
+            "{url} answered 401: {v} ({})",
+            if key.is_some() {
+                format!("{API_KEY_ENV} is not the key this server was started with")
+            } else {
+                format!("the server wants an API key: set {API_KEY_ENV} to the key it was started with")
+            }
+        )),
+        r => answer(url, r),
     }
 }
 
@@ -162,18 +226,29 @@ pub fn parse_output(v: &Value, prompt_index: usize) -> Result<Sample, String> {
 
 /// A rollout engine made of SGLang-compatible servers (`miles serve` or SGLang itself). Groups go
 /// to servers by prompt affinity. Weight updates are written as a Hugging Face checkpoint under
-/// `weights_dir` (shared with the servers) and loaded with `/update_weights_from_disk`.
+/// `weights_dir` (shared with the servers, inside their `--weights-dir`) and loaded with
+/// `/update_weights_from_disk`. Every call carries `Authorization: Bearer` with the key from
+/// `MILES_API_KEY` when that is set.
 pub struct HttpEngine {
     pub urls: Vec<String>,
     pub timeout: Duration,
     pub weights_dir: PathBuf,
     pub model: miles_runtime::ModelConfig,
+    /// Never printed: no `Debug` here, and no error message includes it.
+    api_key: Option<String>,
     version: u64,
 }
 
 impl HttpEngine {
+    /// The API key comes from `MILES_API_KEY` (none when unset).
     pub fn new(urls: Vec<String>, weights_dir: PathBuf, model: miles_runtime::ModelConfig, timeout: Duration) -> Self {
-        HttpEngine { urls, timeout, weights_dir, model, version: 0 }
+        HttpEngine { urls, timeout, weights_dir, model, api_key: api_key_from_env(), version: 0 }
+    }
+
+    /// Replaces the API key taken from the environment.
+    pub fn with_api_key(mut self, key: Option<String>) -> Self {
+        self.api_key = key;
+        self
     }
 }
 
@@ -201,9 +276,10 @@ impl RolloutEngine for HttpEngine {
                     let url = format!("{}/generate", self.urls[k].trim_end_matches('/'));
                     let sub: Vec<Vec<TokenId>> = ps.iter().map(|&i| prompts[i].clone()).collect();
                     let timeout = self.timeout;
+                    let key = self.api_key.as_deref();
                     s.spawn(move || -> Result<Vec<Sample>, RunError> {
-                        let v =
-                            post_json(&url, &generate_body(&sub, n, params), timeout).map_err(|m| http_err(&url, m))?;
+                        let v = post_to_server(&url, &generate_body(&sub, n, params), timeout, key)
+                            .map_err(|m| http_err(&url, m))?;
                         let items = v.as_array().cloned().unwrap_or_else(|| vec![v.clone()]);
                         if items.len() != sub.len() * n {
                             return Err(http_err(
@@ -242,7 +318,7 @@ impl RolloutEngine for HttpEngine {
         for u in &self.urls {
             let url = format!("{}/update_weights_from_disk", u.trim_end_matches('/'));
             let body = json!({ "model_path": dir, "weight_version": w.version.to_string() });
-            let v = post_json(&url, &body, self.timeout).map_err(|m| http_err(u, m))?;
+            let v = post_to_server(&url, &body, self.timeout, self.api_key.as_deref()).map_err(|m| http_err(u, m))?;
             if v.get("success").and_then(Value::as_bool) == Some(false) {
                 return Err(http_err(
                     u,
@@ -343,6 +419,8 @@ struct ServeState {
     engine: Mutex<Box<dyn RolloutEngine + Send>>,
     loader: Loader,
     model_path: Mutex<PathBuf>,
+    /// Canonical: `/update_weights_from_disk` loads only from inside it.
+    weights_dir: PathBuf,
     prefix: Mutex<PrefixStats>,
     paused: Mutex<bool>,
     requests: Mutex<u64>,
@@ -456,17 +534,122 @@ fn generate_blocking(st: &ServeState, body: &Value) -> Result<Value, (u16, Strin
     Ok(if batched || out.len() > 1 { Value::Array(out) } else { out.pop().unwrap_or(Value::Null) })
 }
 
-/// Serves the API on `bind` until the process ends. `on_ready` gets the bound address.
-pub fn serve(bind: &str, model_path: PathBuf, loader: Loader, on_ready: impl FnOnce(&str)) -> Result<(), String> {
+/// What `miles serve` was started with.
+pub struct ServeOptions {
+    /// Listen address (`host:port`).
+    pub bind: String,
+    /// The model directory loaded first.
+    pub model_path: PathBuf,
+    /// The one directory `/update_weights_from_disk` loads from; None: `model_path`'s parent.
+    /// Created if missing.
+    pub weights_dir: Option<PathBuf>,
+    /// The key every call but `/health*` and `/metrics` must carry as `Authorization: Bearer`.
+    pub api_key: Option<String>,
+}
+
+/// Whether a listen address reaches only this host: an IP in 127.0.0.0/8 or `::1` (also as
+/// `::ffff:127.x.y.z`), or the name `localhost`. Anything else (`0.0.0.0`, `::`, another name) is
+/// taken as reachable from elsewhere.
+pub fn is_loopback_bind(bind: &str) -> bool {
+    use std::net::{IpAddr, SocketAddr};
+    fn loopback(ip: IpAddr) -> bool {
+        match ip {
+            IpAddr::V4(v4) => v4.is_loopback(),
+            IpAddr::V6(v6) => v6.is_loopback() || v6.to_ipv4_mapped().is_some_and(|v4| v4.is_loopback()),
+        }
+    }
+    if let Ok(a) = bind.parse::<SocketAddr>() {
+        return loopback(a.ip());
+    }
+    let host = bind.rsplit_once(':').map_or(bind, |(h, _)| h);
+    let host = host.strip_prefix('[').and_then(|h| h.strip_suffix(']')).unwrap_or(host);
+    match host.parse::<IpAddr>() {
+        Ok(ip) => loopback(ip),
+        Err(_) => host.eq_ignore_ascii_case("localhost"),
+    }
+}
+
+/// A server anyone else can reach must have a key: refuses a non-loopback `bind` without one.
+pub fn check_bind(bind: &str, api_key: Option<&str>) -> Result<(), String> {
+    if api_key.is_some() || is_loopback_bind(bind) {
+        return Ok(());
+    }
+    Err(format!(
+        "refusing to listen on {bind} without an API key: the address is not loopback, and whoever reaches it \
+         could generate and replace the weights; pass --api-key KEY or set {API_KEY_ENV} (clients then send \
+         `Authorization: Bearer KEY`), or bind to 127.0.0.1"
+    ))
+}
+
+/// `requested`, resolved (`..` and symlinks followed), if it lies inside `root` (itself resolved,
+/// as `std::fs::canonicalize` gives it). The resolved path is what is to be loaded, so a symlink
+/// cannot point the load elsewhere after the check. Err: (HTTP status, message).
+pub fn confine(root: &Path, requested: &Path) -> Result<PathBuf, (u16, String)> {
+    let real = std::fs::canonicalize(requested)
+        .map_err(|e| (400, format!("model_path {}: {e}; the current weights stay in use", requested.display())))?;
+    if real.starts_with(root) {
+        Ok(real)
+    } else {
+        Err((
+            403,
+            format!(
+                "model_path {} resolves to {}, outside the weights directory {} this server was started with \
+                 (--weights-dir); the current weights stay in use",
+                requested.display(),
+                real.display(),
+                root.display()
+            ),
+        ))
+    }
+}
+
+/// Whether an `Authorization` header carries `key` as a bearer token (scheme in any case, as
+/// SGLang takes it), compared in constant time.
+fn bearer_ok(header: Option<&str>, key: &str) -> bool {
+    let Some((scheme, token)) = header.and_then(|h| h.split_once(' ')) else { return false };
+    // Both sides of the comparison are always evaluated: a wrong scheme costs what a wrong key does.
+    let ok = crate::auth::token_eq(token, key);
+    scheme.eq_ignore_ascii_case("bearer") && ok
+}
+
+/// Paths served without a key, as SGLang does (`/health`, `/health_generate`, `/metrics`): liveness
+/// probes and metric scrapers carry no secrets. Nothing here reads or changes the model.
+fn open_path(path: &str) -> bool {
+    path.starts_with("/health") || path.starts_with("/metrics")
+}
+
+/// Serves the API until the process ends. `on_ready` gets the bound address.
+pub fn serve(opts: ServeOptions, loader: Loader, on_ready: impl FnOnce(&str)) -> Result<(), String> {
     use axum::extract::State;
     use axum::http::StatusCode;
     use axum::routing::{get, post};
     use axum::Json;
+    let ServeOptions { bind, model_path, weights_dir, api_key } = opts;
+    let api_key = api_key.filter(|k| !k.is_empty());
+    if let Some(k) = &api_key {
+        if !valid_api_key(k) {
+            return Err("the API key must be printable ASCII without spaces (it travels in an HTTP header)".into());
+        }
+    }
+    // Before anything slow: an exposed server without a key does not start at all.
+    check_bind(&bind, api_key.as_deref())?;
+    let weights_dir = match weights_dir {
+        Some(d) => d,
+        None => std::fs::canonicalize(&model_path)
+            .map_err(|e| format!("{}: {e}", model_path.display()))?
+            .parent()
+            .map(Path::to_path_buf)
+            .ok_or_else(|| format!("{} has no parent directory: pass --weights-dir", model_path.display()))?,
+    };
+    std::fs::create_dir_all(&weights_dir).map_err(|e| format!("--weights-dir {}: {e}", weights_dir.display()))?;
+    let weights_dir =
+        std::fs::canonicalize(&weights_dir).map_err(|e| format!("--weights-dir {}: {e}", weights_dir.display()))?;
     let engine = loader(&model_path, 0).map_err(|e| e.to_string())?;
     let st = Arc::new(ServeState {
         engine: Mutex::new(engine),
         loader,
         model_path: Mutex::new(model_path),
+        weights_dir,
         prefix: Mutex::new(PrefixStats::default()),
         paused: Mutex::new(false),
         requests: Mutex::new(0),
@@ -488,6 +671,28 @@ pub fn serve(bind: &str, model_path: PathBuf, loader: Loader, on_ready: impl FnO
             Err(e) => fail(500, e.to_string()),
         }
     }
+    /// The key check, before any handler (and before a body is read).
+    async fn check_key(
+        State(key): State<Arc<Option<String>>>,
+        req: axum::extract::Request,
+        next: axum::middleware::Next,
+    ) -> axum::response::Response {
+        use axum::response::IntoResponse;
+        if let Some(k) = key.as_deref() {
+            if !open_path(req.uri().path()) {
+                let h = req.headers().get(axum::http::header::AUTHORIZATION).and_then(|v| v.to_str().ok());
+                if !bearer_ok(h, k) {
+                    let m = if h.is_none() { "this server wants `Authorization: Bearer KEY`" } else { "wrong API key" };
+                    let mut r = fail(401, format!("Unauthorized: {m}")).into_response();
+                    r.headers_mut()
+                        .insert(axum::http::header::WWW_AUTHENTICATE, axum::http::HeaderValue::from_static("Bearer"));
+                    return r;
+                }
+            }
+        }
+        next.run(req).await
+    }
+    let needs_key = api_key.is_some();
     let app = axum::Router::new()
         .route("/generate", post(|State(st): State<Arc<ServeState>>, Json(b): Json<Value>| async move { blocking(st, move |s| generate_blocking(s, &b)).await }))
         .route("/health", get(|| async { StatusCode::OK }))
@@ -511,10 +716,12 @@ pub fn serve(bind: &str, model_path: PathBuf, loader: Loader, on_ready: impl FnO
             blocking(st, move |s| {
                 let path = b.get("model_path").and_then(Value::as_str).ok_or((400, "`model_path` is required".to_string()))?;
                 let version = b.get("weight_version").and_then(|w| w.as_u64().or_else(|| w.as_str().and_then(|x| x.parse().ok())));
-                let mut fresh = (s.loader)(Path::new(path), version.unwrap_or(0)).map_err(|e| (400, e.to_string()))?;
+                // Only inside --weights-dir; a refusal leaves the current weights in place.
+                let path = confine(&s.weights_dir, Path::new(path))?;
+                let mut fresh = (s.loader)(&path, version.unwrap_or(0)).map_err(|e| (400, e.to_string()))?;
                 let mut e = lock(&s.engine);
                 std::mem::swap(&mut *e, &mut fresh);
-                *lock(&s.model_path) = PathBuf::from(path);
+                *lock(&s.model_path) = path;
                 *lock(&s.prefix) = PrefixStats::default();
                 Ok(json!({"success": true, "message": "loaded", "weight_version": e.weight_version().to_string()}))
             })
@@ -523,15 +730,20 @@ pub fn serve(bind: &str, model_path: PathBuf, loader: Loader, on_ready: impl FnO
         .route("/update_weights_from_tensor", post(|| async { fail(501, "needs a GPU process group; use /update_weights_from_disk".into()) }))
         .route("/init_weights_update_group", post(|| async { fail(501, "NCCL groups need GPUs; use /update_weights_from_disk".into()) }))
         .route("/update_weights_from_distributed", post(|| async { fail(501, "NCCL groups need GPUs; use /update_weights_from_disk".into()) }))
-        .with_state(st);
+        .with_state(st)
+        .layer(axum::middleware::from_fn_with_state(Arc::new(api_key), check_key));
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .map_err(|e| e.to_string())?;
     rt.block_on(async move {
-        let l = tokio::net::TcpListener::bind(bind).await.map_err(|e| format!("cannot listen on {bind}: {e}"))?;
+        let l = tokio::net::TcpListener::bind(&bind).await.map_err(|e| format!("cannot listen on {bind}: {e}"))?;
         let addr = l.local_addr().map_err(|e| e.to_string())?;
+        // The name may have resolved elsewhere than loopback (`localhost` in /etc/hosts).
+        if !needs_key {
+            check_bind(&addr.to_string(), None)?;
+        }
         on_ready(&addr.to_string());
         axum::serve(l, app).await.map_err(|e| e.to_string())
     })
@@ -569,5 +781,76 @@ mod tests {
             (s.response.clone(), s.finish, s.weight_version, s.logprobs.clone()),
             (vec![3, 2], FinishReason::Stop, 7, vec![-0.5, -0.1])
         );
+    }
+
+    #[test]
+    fn loopback_addresses_and_the_key_rule() {
+        for b in
+            ["127.0.0.1:30000", "127.3.2.1:0", "[::1]:8080", "localhost:30000", "LOCALHOST:1", "[::ffff:127.0.0.1]:5"]
+        {
+            assert!(is_loopback_bind(b), "{b}");
+            assert!(check_bind(b, None).is_ok(), "{b}");
+        }
+        for b in [
+            "0.0.0.0:0",
+            "[::]:30000",
+            "10.0.0.5:30000",
+            "128.0.0.1:1",
+            "example.com:80",
+            "localhost.evil:1",
+            "[::2]:1",
+        ] {
+            assert!(!is_loopback_bind(b), "{b}");
+            let e = check_bind(b, None).unwrap_err();
+            assert!(e.contains(b) && e.contains("--api-key") && e.contains(API_KEY_ENV), "{e}");
+            assert!(check_bind(b, Some("k")).is_ok(), "{b}");
+        }
+    }
+
+    #[test]
+    fn bearer_tokens() {
+        assert!(bearer_ok(Some("Bearer s3cret"), "s3cret"));
+        assert!(bearer_ok(Some("bearer s3cret"), "s3cret"));
+        for h in [
+            None,
+            Some("Bearer"),
+            Some("Bearer "),
+            Some("Bearer s3cre"),
+            Some("Bearer s3cretx"),
+            Some("Basic s3cret"),
+            Some("s3cret"),
+        ] {
+            assert!(!bearer_ok(h, "s3cret"), "{h:?}");
+        }
+        assert!(open_path("/health") && open_path("/health_generate") && open_path("/metrics"));
+        assert!(!open_path("/generate") && !open_path("/update_weights_from_disk") && !open_path("/model_info"));
+        assert!(
+            valid_api_key("abc-123_XYZ") && !valid_api_key("") && !valid_api_key("a b") && !valid_api_key("a\r\nX: y")
+        );
+    }
+
+    #[test]
+    fn weight_paths_stay_inside_the_weights_dir() {
+        let base = std::env::temp_dir().join(format!("miles-confine-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&base);
+        let (root, outside) = (base.join("weights"), base.join("weights-other"));
+        std::fs::create_dir_all(root.join("v1")).unwrap();
+        std::fs::create_dir_all(&outside).unwrap();
+        std::os::unix::fs::symlink(&outside, root.join("link")).unwrap();
+        std::os::unix::fs::symlink(root.join("v1"), base.join("link-in")).unwrap();
+        let root = std::fs::canonicalize(&root).unwrap();
+        assert_eq!(confine(&root, &root.join("v1")).unwrap(), root.join("v1"));
+        assert_eq!(confine(&root, &root.join("v1/../v1")).unwrap(), root.join("v1"));
+        // A link from outside to inside is fine: what is loaded is inside.
+        assert_eq!(confine(&root, &base.join("link-in")).unwrap(), root.join("v1"));
+        for p in [root.join("../weights-other"), root.join("v1/../../weights-other"), root.join("link"), base.clone()] {
+            let (code, m) = confine(&root, &p).unwrap_err();
+            assert_eq!(code, 403, "{p:?}: {m}");
+            assert!(m.contains("outside the weights directory") && m.contains("--weights-dir"), "{m}");
+        }
+        // A sibling whose name starts like the root is outside (components, not characters).
+        assert_eq!(confine(&root, &outside).unwrap_err().0, 403);
+        assert_eq!(confine(&root, &root.join("missing")).unwrap_err().0, 400);
+        let _ = std::fs::remove_dir_all(&base);
     }
 }

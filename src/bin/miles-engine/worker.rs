@@ -127,23 +127,46 @@ pub fn run(args: Args) -> u8 {
 pub struct ServeArgs {
     /// A model directory (model.safetensors + config.json), e.g. runs/NAME/model.
     pub model_dir: PathBuf,
-    /// Listen address (loopback unless configured otherwise).
+    /// Listen address. Anything but loopback (127.0.0.0/8, ::1, localhost) needs an API key.
     #[arg(long, default_value = "127.0.0.1:30000")]
     pub bind: String,
+    /// Clients must send `Authorization: Bearer KEY` (all but /health* and /metrics, as SGLang).
+    /// Default: the MILES_API_KEY environment variable, which, unlike this flag, `ps` does not show.
+    #[arg(long, value_name = "KEY")]
+    pub api_key: Option<String>,
+    /// The only directory /update_weights_from_disk loads from (`..` and symlinks resolved);
+    /// created if missing. Default: MODEL_DIR's parent.
+    #[arg(long, value_name = "DIR")]
+    pub weights_dir: Option<PathBuf>,
     #[arg(long)]
     pub threads: Option<usize>,
 }
 
 pub fn serve(args: ServeArgs) -> u8 {
     miles_runtime::Backend::set_threads(&miles_tch::TchBackend, args.threads);
+    if args.api_key.is_some() {
+        eprintln!(
+            "miles serve: note: --api-key is visible to other users of this machine (ps); {} is not",
+            miles_workers::http::API_KEY_ENV
+        );
+    }
+    let api_key = args.api_key.filter(|k| !k.is_empty()).or_else(miles_workers::http::api_key_from_env);
+    let keyed = api_key.is_some();
     let loader: miles_workers::http::Loader = Arc::new(|dir: &std::path::Path, version: u64| {
         let policy = Policy::load(dir)?;
         let mut e = miles_tch::TchEngine::new(policy);
         e.version = version;
         Ok(Box::new(e) as Box<dyn RolloutEngine + Send>)
     });
-    let res = miles_workers::http::serve(&args.bind, args.model_dir.clone(), loader, |addr| {
-        eprintln!("miles serve: {} on http://{addr} (SGLang-compatible /generate)", args.model_dir.display());
+    let opts = miles_workers::http::ServeOptions {
+        bind: args.bind,
+        model_path: args.model_dir.clone(),
+        weights_dir: args.weights_dir,
+        api_key,
+    };
+    let res = miles_workers::http::serve(opts, loader, |addr| {
+        let auth = if keyed { "; API key required" } else { "" };
+        eprintln!("miles serve: {} on http://{addr} (SGLang-compatible /generate{auth})", args.model_dir.display());
     });
     match res {
         Ok(()) => 0,
