@@ -16,11 +16,12 @@ pub enum Builtin {
     Has,
     Exists,
     HfConfig,
+    ReadJson,
 }
 
 impl Builtin {
     /// Every builtin, in the order they are listed to users.
-    pub const ALL: [Builtin; 9] = [
+    pub const ALL: [Builtin; 10] = [
         Builtin::Min,
         Builtin::Max,
         Builtin::Len,
@@ -30,6 +31,7 @@ impl Builtin {
         Builtin::Has,
         Builtin::Exists,
         Builtin::HfConfig,
+        Builtin::ReadJson,
     ];
 
     pub fn all() -> impl Iterator<Item = Builtin> {
@@ -57,6 +59,7 @@ impl Builtin {
             Builtin::Has => "has",
             Builtin::Exists => "exists",
             Builtin::HfConfig => "hf_config",
+            Builtin::ReadJson => "read_json",
         }
     }
 
@@ -72,6 +75,7 @@ impl Builtin {
             Builtin::Has => "has(record, \"field\")",
             Builtin::Exists => "exists(path)",
             Builtin::HfConfig => "hf_config(dir)",
+            Builtin::ReadJson => "read_json(path)",
         }
     }
 
@@ -86,6 +90,10 @@ impl Builtin {
             Builtin::ModelOf => "the model a stage runs, found upstream",
             Builtin::Has => "whether the record has the field",
             Builtin::Exists => "whether the file or directory is there (paths relative to where `miles` runs)",
+            Builtin::ReadJson => {
+                "a JSON file's value (objects as maps, arrays as lists; paths relative to where `miles` runs): \
+                 what a checkpoint's config says, for checks against the recipe"
+            }
             Builtin::HfConfig => {
                 "a Hugging Face model directory's config.json as the embedded backend reads it: architecture, \
                  layers, d_model, heads, kv_heads, head_dim, d_ff, vocab, max_len, tie_embeddings, qkv_bias, \
@@ -182,7 +190,7 @@ impl<'p> Eval<'p> {
                 };
                 Some(Value::Bool(yes))
             }
-            Builtin::Exists | Builtin::HfConfig => {
+            Builtin::Exists | Builtin::HfConfig | Builtin::ReadJson => {
                 if args.len() != 1 {
                     return arity_err(self, "one argument");
                 }
@@ -205,6 +213,9 @@ impl<'p> Eval<'p> {
                 };
                 if b == Builtin::Exists {
                     return Some(Value::Bool(fs.exists(&path)));
+                }
+                if b == Builtin::ReadJson {
+                    return self.read_json(&path, at);
                 }
                 self.hf_config(&path, at)
             }
@@ -232,6 +243,22 @@ impl<'p> Eval<'p> {
 impl Eval<'_> {
     /// `dir/config.json` as the `hf` schema reads it (memoised per directory); a failure is one
     /// E0210 at `at`, where the directory was written.
+    fn read_json(&mut self, path: &str, at: Span) -> R<Value> {
+        let fs = self.fs?;
+        let read = fs
+            .read(path)
+            .map_err(|e| format!("cannot read {path}: {e}"))
+            .and_then(|b| String::from_utf8(b).map_err(|_| format!("{path} is not UTF-8 text")))
+            .and_then(|t| serde_json::from_str(&t).map_err(|e| format!("{path} is not valid JSON: {e}")));
+        match read {
+            Ok(json) => Some(json_value(&json)),
+            Err(why) => {
+                self.report(Diagnostic::error("E0210", why).with_primary(at, "this file"));
+                None
+            }
+        }
+    }
+
     fn hf_config(&mut self, dir: &str, at: Span) -> R<Value> {
         let fs = self.fs?;
         let file = crate::fs::join(dir, "config.json");
@@ -258,6 +285,29 @@ impl Eval<'_> {
     }
 }
 
+/// A JSON value as the language's: numbers exact (a decimal literal's rational), null as `none`.
+fn json_value(j: &serde_json::Value) -> Value {
+    use serde_json::Value as J;
+    match j {
+        J::Null => Value::None,
+        J::Bool(b) => Value::Bool(*b),
+        J::Number(n) => match signed_literal(&n.to_string()) {
+            Some(q) => Value::Num { q, float: !(n.is_i64() || n.is_u64()) },
+            None => Value::None,
+        },
+        J::String(s) => Value::Str(s.clone()),
+        J::Array(a) => Value::List(a.iter().map(json_value).collect()),
+        J::Object(o) => Value::Map(o.iter().map(|(k, v)| (k.clone(), json_value(v))).collect()),
+    }
+}
+
+fn signed_literal(text: &str) -> Option<crate::num::Q> {
+    match text.strip_prefix('-') {
+        Some(abs) => crate::num::Q::parse_literal(abs)?.checked_neg(),
+        None => crate::num::Q::parse_literal(text),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -269,6 +319,25 @@ mod tests {
             assert!(b.signature().starts_with(&format!("{}(", b.name())), "{b:?}");
         }
         assert_eq!(Builtin::from_name("sum"), None);
+        assert_eq!(Builtin::from_name("read_json"), Some(Builtin::ReadJson));
+    }
+
+    #[test]
+    fn json_values_are_exact() {
+        let j: serde_json::Value =
+            serde_json::from_str(r#"{"side": 16, "lr": -2.5e-3, "ok": true, "dims": [1, 2], "none": null}"#).unwrap();
+        let Value::Map(m) = json_value(&j) else { panic!("a map") };
+        assert_eq!(m["side"], Value::Num { q: crate::num::Q::int(16), float: false });
+        assert_eq!(m["lr"], Value::Num { q: crate::num::Q::new(-1, 400).unwrap(), float: true });
+        assert_eq!(m["ok"], Value::Bool(true));
+        assert_eq!(
+            m["dims"],
+            Value::List(vec![
+                Value::Num { q: crate::num::Q::int(1), float: false },
+                Value::Num { q: crate::num::Q::int(2), float: false }
+            ])
+        );
+        assert_eq!(m["none"], Value::None);
         assert_eq!(Builtin::ModelOf.detail(), "model_of(stage): the model a stage runs, found upstream");
     }
 }

@@ -371,12 +371,20 @@ impl<'p> Eval<'p> {
                     };
                     Some(Value::Bool(yes))
                 }
+                // `reward is image_reward`: whether an upstream stage is of that kind.
+                (Value::Stage(n), Value::Decl(d)) => {
+                    let r = self.recipe.as_ref()?;
+                    Some(Value::Bool(r.by_name.get(n).is_some_and(|&i| r.instances[i].kind == d)))
+                }
                 (_, Value::Decl(_)) => Some(Value::Bool(false)),
                 (_, other) => {
                     self.report(
                         Diagnostic::error(
                             "E0201",
-                            format!("`is` takes a schema or interface on the right, found {}", other.type_name()),
+                            format!(
+                                "`is` takes a schema, interface or stage kind on the right, found {}",
+                                other.type_name()
+                            ),
                         )
                         .with_primary(rhs.span, "not a schema"),
                     );
