@@ -6,6 +6,7 @@
 pub mod async_exec;
 pub mod backend;
 pub mod buffer;
+pub mod diffusion;
 pub mod distributed;
 pub mod env;
 pub mod error;

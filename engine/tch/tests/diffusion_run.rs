@@ -22,7 +22,7 @@ fn spec() -> DiffusionRunSpec {
           "reward": { "classifier_steps": 40, "classifier_weight": 0.5, "analytic": "brightness", "analytic_weight": 1.0 },
           "rl": { "steps": 4, "conditions_per_step": 2, "samples_per_condition": 4, "micro_group": 2,
                   "lr": 3e-4, "clip": 0.2, "kl_coef": 0.01, "train_steps": 4 },
-          "eval": { "every": 2, "samples": 8 },
+          "eval": { "every": 2, "samples": 8, "judge_steps": 20 },
           "streaming": true
         }"#,
     )
@@ -54,7 +54,23 @@ fn streamed_rewards_give_the_whole_batch_run_exactly() {
         assert!(a.join(format!("grids/step-{step:05}.svg")).exists());
     }
     assert!(a.join("denoiser.safetensors").exists());
-    for d in [a, b] {
+    // Held-out judge accuracy and diversity at each evaluation.
+    let evals: Vec<&Value> = r.iter().filter(|r| r["eval/reward_mean"].is_number()).collect();
+    assert_eq!(evals.len(), 3);
+    for e in &evals {
+        let j = e["eval/judge_accuracy"].as_f64().unwrap();
+        assert!((0.0..=1.0).contains(&j), "{j}");
+        assert!(e["eval/diversity"].as_f64().unwrap() > 0.0, "stochastic samples differ");
+    }
+    // The reward model the run trained is kept; a run that loads it rewards exactly alike.
+    let c = tmp("loaded");
+    let mut l = s.clone();
+    l.reward.classifier_path = Some(a.join("classifier"));
+    run(&l, &c, Some(1)).unwrap();
+    let col = |d: &Path, k: &str| rows(d).iter().map(|r| r[k].clone()).collect::<Vec<_>>();
+    assert_eq!(col(&a, "rollout/reward_mean"), col(&c, "rollout/reward_mean"));
+    assert_eq!(col(&a, "eval/reward_mean"), col(&c, "eval/reward_mean"));
+    for d in [a, b, c] {
         let _ = std::fs::remove_dir_all(d);
     }
 }
@@ -72,12 +88,15 @@ fn bad_diffusion_specs_are_refused_before_any_work() {
     assert!(run(&s, &d, Some(1)).unwrap_err().message.contains("eta must be > 0"));
     // A reward model trained on other images than the denoiser makes is refused by shape.
     let c = miles_tch::diffusion::reward::Classifier::init(16, 4, 1);
-    let p = d.join("classifier.safetensors");
-    std::fs::create_dir_all(&d).unwrap();
-    c.save(&p).unwrap();
+    let p = d.join("classifier");
+    c.save_dir(&p).unwrap();
     let mut s = spec();
     s.reward.classifier_path = Some(p.clone());
     let e = run(&s, &d.join("out"), Some(1)).unwrap_err();
-    assert!(e.message.contains("16") || e.message.contains("shape"), "{}", e.message);
+    assert!(
+        e.message.contains("reads [B, 1, 16, 16] images of 4 classes; the denoiser makes [B, 1, 8, 8] images"),
+        "{}",
+        e.message
+    );
     let _ = std::fs::remove_dir_all(&d);
 }

@@ -30,6 +30,7 @@ pub use metrics::Metrics;
 pub(crate) use open::*;
 pub(crate) use score::*;
 pub(crate) use sft::*;
+pub use step::peak_rss_bytes;
 pub(crate) use step::*;
 
 /// Runs `spec` on `backend`. Errors carry E05xx codes; nothing panics on bad input.

@@ -148,7 +148,7 @@ pub(crate) fn insert_perf(
 
 /// This process's peak resident set size in bytes (getrusage), none where it is unavailable.
 #[cfg(unix)]
-pub(crate) fn peak_rss_bytes() -> Option<u64> {
+pub fn peak_rss_bytes() -> Option<u64> {
     // SAFETY: getrusage only writes into the zeroed struct we own.
     let mut u: libc::rusage = unsafe { std::mem::zeroed() };
     if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut u) } != 0 {
@@ -160,7 +160,7 @@ pub(crate) fn peak_rss_bytes() -> Option<u64> {
 }
 
 #[cfg(not(unix))]
-pub(crate) fn peak_rss_bytes() -> Option<u64> {
+pub fn peak_rss_bytes() -> Option<u64> {
     None
 }
 

@@ -20,24 +20,11 @@
 //! only, never on libtorch's generator, its thread count, or the other rows of the batch.
 
 use super::model::{ids, normals, Denoiser};
+pub use miles_runtime::diffusion::ScheduleKind;
 use miles_runtime::rng::Rng;
 use miles_runtime::{RunError, E_SPEC};
 use serde::{Deserialize, Serialize};
 use tch::{Kind, Tensor};
-
-/// How betas grow over the T steps.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
-#[serde(rename_all = "snake_case")]
-pub enum ScheduleKind {
-    /// DDPM's linear betas rescaled to T steps: from 1e-4 * 1000/T to 0.02 * 1000/T (the 1000-step
-    /// schedule's endpoints stretched, as diffusers' `linear` does), each clipped to 0.999.
-    Linear,
-    /// Nichol & Dhariwal (2021): alpha_bar(t) = f(t)/f(0), f(t) = cos((t/T + s)/(1 + s) * pi/2)^2
-    /// with s = 0.008, betas clipped to 0.999. Keeps some signal at every step of a short
-    /// schedule, where the stretched linear one destroys the image in the last few.
-    #[default]
-    Cosine,
-}
 
 /// Betas, alphas and their running products over T steps (f64: the coefficients are exact to
 /// well below f32's resolution, and the tensors take them as scalars).

@@ -13,5 +13,6 @@ pub mod domain;
 pub mod grid;
 pub mod model;
 pub mod reward;
+pub mod reward_stage;
 pub mod rl;
 pub mod run;

@@ -12,87 +12,11 @@
 //! 32 images is a few small matrix products) and its gradients exact and simple to test.
 
 use crate::model::{backend_err, load_named, read_tensors, write_tensors};
+pub use miles_runtime::diffusion::DenoiserConfig;
 use miles_runtime::rng::Rng;
 use miles_runtime::{RunError, E_SPEC};
-use serde::{Deserialize, Serialize};
 use std::path::Path;
 use tch::{Device, Kind, Tensor};
-
-/// The sizes of a denoiser. `conditions` is the number of real classes K; the condition
-/// embedding has K + 1 rows, the last one the null condition of classifier-free guidance.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct DenoiserConfig {
-    /// Image side S: images are [B, 1, S, S].
-    pub side: usize,
-    pub conditions: usize,
-    /// Width of every hidden layer (even: half of the timestep sinusoid is sines, half cosines).
-    pub hidden: usize,
-    /// Residual hidden blocks.
-    pub layers: usize,
-}
-
-impl Default for DenoiserConfig {
-    fn default() -> Self {
-        DenoiserConfig { side: 16, conditions: 10, hidden: 256, layers: 2 }
-    }
-}
-
-impl DenoiserConfig {
-    pub fn pixels(&self) -> usize {
-        self.side * self.side
-    }
-
-    /// The id of the null (unconditional) condition.
-    pub fn null_condition(&self) -> i64 {
-        self.conditions as i64
-    }
-
-    /// Sizes a denoiser can be built with: checked before any tensor is made, so a bad recipe is
-    /// an error and never a libtorch panic.
-    pub fn validate(&self) -> Result<(), RunError> {
-        let bad = |what: &str| Err(RunError::new(E_SPEC, format!("diffusion model: {what}")));
-        if self.side == 0 || self.side > 256 {
-            return bad(&format!("side {} must be in 1..=256", self.side));
-        }
-        if self.hidden == 0 || self.hidden % 2 != 0 || self.hidden > 16384 {
-            return bad(&format!("hidden {} must be even and in 2..=16384", self.hidden));
-        }
-        if self.layers > 64 {
-            return bad(&format!("layers {} must be at most 64", self.layers));
-        }
-        Ok(())
-    }
-
-    /// Every parameter's name and shape, in the order they are created, saved and synced.
-    pub fn param_shapes(&self) -> Vec<(String, Vec<i64>)> {
-        let (p, h, k) = (self.pixels() as i64, self.hidden as i64, self.conditions as i64 + 1);
-        let mut v = vec![
-            ("in.weight".to_string(), vec![h, p]),
-            ("in.bias".to_string(), vec![h]),
-            ("time.weight".to_string(), vec![h, h]),
-            ("time.bias".to_string(), vec![h]),
-            ("cond.weight".to_string(), vec![k, h]),
-        ];
-        for i in 0..self.layers {
-            for (s, shape) in [
-                ("norm.weight", vec![h]),
-                ("norm.bias", vec![h]),
-                ("fc1.weight", vec![h, h]),
-                ("fc1.bias", vec![h]),
-                ("fc2.weight", vec![h, h]),
-                ("fc2.bias", vec![h]),
-            ] {
-                v.push((format!("blocks.{i}.{s}"), shape));
-            }
-        }
-        v.push(("out_norm.weight".into(), vec![h]));
-        v.push(("out_norm.bias".into(), vec![h]));
-        v.push(("out.weight".into(), vec![p, h]));
-        v.push(("out.bias".into(), vec![p]));
-        v
-    }
-}
 
 struct Block {
     norm_w: Tensor,

@@ -18,6 +18,9 @@ const C1: i64 = 8;
 const C2: i64 = 16;
 const HIDDEN: i64 = 64;
 
+/// `config.json`'s `kind` of a classifier directory.
+pub const CLASSIFIER_KIND: &str = "miles_shape_classifier";
+
 /// Samples the accuracy after training is measured on (balanced over the classes).
 const EVAL_SAMPLES: usize = 512;
 
@@ -252,6 +255,50 @@ impl Classifier {
             let _ = std::fs::remove_file(&tmp);
         }
         written
+    }
+
+    /// Writes the classifier as a directory: `model.safetensors` and `config.json` (its kind,
+    /// image side and classes, which `miles check` reads to match the reward's input shape with
+    /// the denoiser's output before a run starts). Each file is written then renamed.
+    pub fn save_dir(&self, dir: &Path) -> Result<(), RunError> {
+        std::fs::create_dir_all(dir).map_err(|e| RunError::io(E_CHECKPOINT, "cannot create", dir, e))?;
+        self.save(&dir.join("model.safetensors"))?;
+        let config = serde_json::json!({"kind": CLASSIFIER_KIND, "side": self.side, "conditions": self.conditions});
+        miles_runtime::exec::write_json(&dir.join("config.json"), &config)
+    }
+
+    /// Reads a classifier directory written by `save_dir` for a denoiser of `side` x `side`
+    /// images and `conditions` classes: a config of another size is refused before any tensor is
+    /// read, naming both shapes.
+    pub fn load_dir(dir: &Path, side: usize, conditions: usize) -> Result<Classifier, RunError> {
+        let path = dir.join("config.json");
+        let text = std::fs::read_to_string(&path).map_err(|e| RunError::io(E_CHECKPOINT, "cannot read", &path, e))?;
+        let v: serde_json::Value = serde_json::from_str(&text)
+            .map_err(|e| RunError::new(E_CHECKPOINT, format!("{}: not JSON: {e}", path.display())))?;
+        let n = |k: &str| v.get(k).and_then(serde_json::Value::as_u64).map(|x| x as usize);
+        if v.get("kind").and_then(serde_json::Value::as_str) != Some(CLASSIFIER_KIND) {
+            return Err(RunError::new(E_CHECKPOINT, format!("{}: not a miles shape classifier", path.display())));
+        }
+        let (s, k) = (n("side").unwrap_or(0), n("conditions").unwrap_or(0));
+        if s != side || k != conditions {
+            return Err(RunError::new(
+                E_SPEC,
+                format!(
+                    "the reward model {} reads [B, 1, {s}, {s}] images of {k} classes; the denoiser makes [B, 1, {side}, {side}] images of {conditions} classes",
+                    dir.display()
+                ),
+            )
+            .with_help("train (or load) the reward classifier for the denoiser's image size and classes"));
+        }
+        Classifier::load(&dir.join("model.safetensors"), side, conditions)
+    }
+
+    /// The most probable class of each image.
+    pub fn predict(&self, images: &Tensor) -> Result<Vec<i64>, RunError> {
+        self.check_input(images)?;
+        finite_rows(images)?;
+        let pred = tch::no_grad(|| self.logits(&images.detach().to_kind(Kind::Float)).argmax(-1, false));
+        Vec::<i64>::try_from(pred).map_err(backend_err)
     }
 
     /// Reads a classifier saved by `save`, for `side` x `side` images of `conditions` classes;

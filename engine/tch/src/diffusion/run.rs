@@ -6,174 +6,45 @@
 //! batch is scored after the last micro-group. Rewards become group-relative advantages (one group
 //! per condition) and the clipped per-step objective updates the denoiser.
 
-use super::ddpm::{pretrain_loss, sample, SampleParams, Schedule, ScheduleKind, Trajectory};
+use super::ddpm::{pretrain_loss, sample, SampleParams, Schedule, Trajectory};
 use super::domain::Domain;
 use super::grid::write_grid_svg;
-use super::model::{Denoiser, DenoiserConfig};
-use super::reward::{Analytic, Classifier};
+use super::model::Denoiser;
+use super::reward::Classifier;
+use super::reward_stage::{ProcessStage, RewardStage, Scorer, ThreadStage, WorkerConfig};
 use super::rl::{accumulate_rl_gradients, choose_steps, group_advantages, DenoiserAdam, RlLossSpec};
+pub use miles_runtime::diffusion::{
+    DiffusionEvalSpec, DiffusionRewardSpec, DiffusionRlSpec, DiffusionRunSpec, DiffusionSummary, PretrainSpec,
+};
 use miles_runtime::exec::Metrics;
 use miles_runtime::rng::Rng;
 use miles_runtime::{RunError, TrainSpec, E_BACKEND, E_NONFINITE, E_SPEC};
-use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
-use std::path::{Path, PathBuf};
-use std::sync::mpsc;
+use std::path::Path;
 use std::time::{Duration, Instant};
 use tch::Tensor;
-
-/// Everything a diffusion run needs, as plain serde data.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct DiffusionRunSpec {
-    pub seed: u64,
-    pub model: DenoiserConfig,
-    #[serde(default)]
-    pub schedule: ScheduleKind,
-    /// Denoising steps T.
-    pub steps: usize,
-    /// Sampler noise level (sigma_t = eta sqrt(beta_tilde_t)); > 0 so every step has a log-prob.
-    pub eta: f64,
-    /// Classifier-free guidance weight (1: the conditional model alone).
-    pub guidance: f64,
-    pub pretrain: PretrainSpec,
-    pub reward: DiffusionRewardSpec,
-    pub rl: DiffusionRlSpec,
-    pub eval: DiffusionEvalSpec,
-    /// Score each micro-group while the next one denoises (else after the whole batch).
-    pub streaming: bool,
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct PretrainSpec {
-    pub steps: u64,
-    pub lr: f64,
-    pub batch: usize,
-    /// Probability of training on the null condition (classifier-free guidance).
-    pub p_uncond: f64,
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct DiffusionRewardSpec {
-    /// Classifier training steps on the domain (batch 32) before RL; or a checkpoint to load.
-    pub classifier_steps: u64,
-    #[serde(default)]
-    pub classifier_path: Option<PathBuf>,
-    /// Weight of the classifier's p(condition | image) in the reward.
-    pub classifier_weight: f64,
-    /// Softmax temperature of that probability (above 1: graded rather than 0/1 rewards).
-    #[serde(default = "one")]
-    pub classifier_temperature: f64,
-    /// An analytic property added with `analytic_weight`.
-    #[serde(default)]
-    pub analytic: Option<AnalyticReward>,
-    #[serde(default)]
-    pub analytic_weight: f64,
-    /// Stand-in for a large reward model: sleep this long per scored micro-group after the
-    /// classifier's real forward (so overlap can be measured on a small machine).
-    #[serde(default)]
-    pub extra_cost_ms: u64,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum AnalyticReward {
-    Brightness,
-    Contrast,
-    CenterMass,
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct DiffusionRlSpec {
-    pub steps: u64,
-    pub conditions_per_step: usize,
-    /// The group: images sampled per condition, compared with each other.
-    pub samples_per_condition: usize,
-    /// Images denoised together (divides the group).
-    pub micro_group: usize,
-    pub lr: f64,
-    pub clip: f64,
-    pub kl_coef: f64,
-    /// Train on this many of the T denoising steps per trajectory (chosen at random); None: all.
-    #[serde(default)]
-    pub train_steps: Option<usize>,
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct DiffusionEvalSpec {
-    pub every: u64,
-    /// Held-out (condition, seed) pairs.
-    pub samples: usize,
-}
-
-/// What a finished run reports.
-#[derive(Debug, Clone, Serialize)]
-pub struct DiffusionSummary {
-    pub steps_done: u64,
-    pub eval_start: f64,
-    pub eval_end: f64,
-    pub classifier_accuracy: f32,
-    pub wall_seconds: f64,
-}
-
-impl DiffusionRunSpec {
-    /// The rules `miles check` will state in the stdlib; here so a spec from anywhere is refused
-    /// before any work.
-    pub fn validate(&self) -> Result<(), RunError> {
-        self.model.validate()?;
-        let r = &self.rl;
-        let bad = |m: String| Err(RunError::new(E_SPEC, m));
-        if r.micro_group == 0 || r.samples_per_condition % r.micro_group != 0 {
-            return bad(format!(
-                "micro_group = {} must divide samples_per_condition = {}: a micro-group holds one condition's images",
-                r.micro_group, r.samples_per_condition
-            ));
-        }
-        if self.eta <= 0.0 {
-            return bad("eta must be > 0: RL needs every denoising step's log-probability".into());
-        }
-        if r.train_steps.is_some_and(|k| k == 0 || k > self.steps) {
-            return bad(format!("train_steps must be in 1..={}", self.steps));
-        }
-        if r.conditions_per_step == 0 || self.eval.samples == 0 {
-            return bad("conditions_per_step and eval samples must be positive".into());
-        }
-        Ok(())
-    }
-}
-
-/// Scored micro-groups: the reward stage as a thread (streaming) or inline.
-struct RewardStage {
-    classifier: Classifier,
-    analytic: Option<Analytic>,
-    spec: DiffusionRewardSpec,
-}
-
-impl RewardStage {
-    fn score(&self, images: &Tensor, conds: &[i64]) -> Result<Vec<f32>, RunError> {
-        let p = self.classifier.score(images, conds)?;
-        let a = match &self.analytic {
-            Some(a) => a.score(images)?,
-            None => vec![0.0; p.len()],
-        };
-        Ok(p.iter()
-            .zip(&a)
-            .map(|(p, a)| (self.spec.classifier_weight * *p as f64 + self.spec.analytic_weight * *a as f64) as f32)
-            .collect())
-    }
-}
-
-/// A micro-group handed to the reward stage: its images, conditions and index.
-type Job = (usize, Tensor, Vec<i64>);
 
 /// Runs `spec`, writing metrics.jsonl, sample grids (`grids/step-NNNNN.svg`) and the denoiser's
 /// last good checkpoint (`denoiser.safetensors`) into `out`.
 pub fn run(spec: &DiffusionRunSpec, out: &Path, threads: Option<usize>) -> Result<DiffusionSummary, RunError> {
+    run_in(spec, out, threads, None)
+}
+
+/// `run`, with `worker_exe` the `miles-engine` binary that hosts the reward stage when the spec
+/// asks for a worker process (`reward.process`).
+pub fn run_in(
+    spec: &DiffusionRunSpec,
+    out: &Path,
+    threads: Option<usize>,
+    worker_exe: Option<&Path>,
+) -> Result<DiffusionSummary, RunError> {
     spec.validate()?;
+    if spec.reward.process && worker_exe.is_none() {
+        return Err(RunError::new(
+            E_SPEC,
+            "a reward worker process is started from the `miles-engine` binary: run this spec with `miles run`",
+        ));
+    }
     if let Some(n) = threads {
         tch::set_num_threads(n.max(1) as i32);
     }
@@ -185,30 +56,53 @@ pub fn run(spec: &DiffusionRunSpec, out: &Path, threads: Option<usize>) -> Resul
 
     // The reward model: trained on the domain, or loaded; its input shape must be the denoiser's.
     let (classifier, accuracy) = match &spec.reward.classifier_path {
-        Some(p) => (Classifier::load(p, spec.model.side, spec.model.conditions)?, f32::NAN),
+        Some(p) => (Classifier::load_dir(p, spec.model.side, spec.model.conditions)?, f32::NAN),
         None => {
-            Classifier::train_on_domain(&domain, spec.reward.classifier_steps as usize, 32, 3e-3, spec.seed ^ 0xC1A5)?
+            let (c, acc) = Classifier::train_on_domain(
+                &domain,
+                spec.reward.classifier_steps as usize,
+                32,
+                3e-3,
+                spec.seed ^ 0xC1A5,
+            )?;
+            // Kept, so another recipe can reward against the same model (`classifier = "..."`).
+            c.save_dir(&out.join("classifier"))?;
+            (c, acc)
         }
+    };
+    // The judge: trained like the reward model from an unrelated seed, never optimised against.
+    let judge = match spec.eval.judge_steps {
+        0 => None,
+        n => Some(Classifier::train_on_domain(&domain, n as usize, 32, 3e-3, spec.seed ^ 0x7D6E_0001)?.0),
     };
     let mut classifier = classifier.with_extra_cost(Duration::from_millis(spec.reward.extra_cost_ms));
     classifier.temperature = spec.reward.classifier_temperature;
     let probe = Tensor::zeros([1, 1, spec.model.side as i64, spec.model.side as i64], tch::kind::FLOAT_CPU);
     classifier.check_input(&probe)?;
-    let analytic = spec.reward.analytic.map(|a| match a {
-        AnalyticReward::Brightness => Analytic::Brightness,
-        AnalyticReward::Contrast => Analytic::Contrast,
-        AnalyticReward::CenterMass => Analytic::CenterMass,
-    });
-    let stage = RewardWorker::start(RewardStage { classifier, analytic, spec: spec.reward.clone() });
-
+    let mut stage = match worker_exe.filter(|_| spec.reward.process) {
+        Some(exe) => {
+            let classifier = match &spec.reward.classifier_path {
+                Some(p) => p.clone(),
+                None => out.join("classifier"),
+            };
+            let config = WorkerConfig {
+                classifier,
+                side: spec.model.side,
+                conditions: spec.model.conditions,
+                reward: spec.reward.clone(),
+            };
+            RewardStage::Process(ProcessStage::start(exe, &config)?)
+        }
+        None => RewardStage::Thread(ThreadStage::start(Scorer::new(classifier, &spec.reward))),
+    };
     // Pretraining: the plain denoising loss on domain images.
     let model = Denoiser::init(&spec.model, spec.seed)?;
     model.set_requires_grad(true);
-    let adam_spec = |lr: f64| -> TrainSpec {
-        serde_json::from_value(json!({"lr": lr, "micro_batch": 1, "global_batch": 1, "grad_clip": 1.0}))
+    let adam_spec = |lr: f64, grad_clip: f64| -> TrainSpec {
+        serde_json::from_value(json!({"lr": lr, "micro_batch": 1, "global_batch": 1, "grad_clip": grad_clip}))
             .expect("static spec")
     };
-    let mut opt = DenoiserAdam::new(&model, adam_spec(spec.pretrain.lr));
+    let mut opt = DenoiserAdam::new(&model, adam_spec(spec.pretrain.lr, 1.0));
     let mut rng = Rng::derived(spec.seed, "diffusion-pretrain", 0);
     let (mut loss_sum, mut since) = (0.0, 0u64);
     for i in 0..spec.pretrain.steps {
@@ -229,13 +123,18 @@ pub fn run(spec: &DiffusionRunSpec, out: &Path, threads: Option<usize>) -> Resul
             (loss_sum, since) = (0.0, 0);
         }
     }
-    let reference = model.deep_copy();
-    reference.set_requires_grad(false);
-    let mut opt = DenoiserAdam::new(&model, adam_spec(spec.rl.lr));
+    // The frozen reference only when a KL term reads it.
+    let reference = (spec.rl.kl_coef > 0.0).then(|| {
+        let r = model.deep_copy();
+        r.set_requires_grad(false);
+        r
+    });
+    // Assigned, not shadowed: the pretraining optimizer's moments are freed here.
+    opt = DenoiserAdam::new(&model, adam_spec(spec.rl.lr, spec.rl.grad_clip));
     model.save(&out.join("denoiser.safetensors"))?;
 
     let eval_pairs = domain.eval_pairs(spec.eval.samples, spec.seed ^ 0xE7A1);
-    let eval = |model: &Denoiser, step: u64| -> Result<f64, RunError> {
+    let eval = |model: &Denoiser, stage: &mut RewardStage, step: u64| -> Result<Eval, RunError> {
         let conds: Vec<i64> = eval_pairs.iter().map(|p| p.0).collect();
         let params = SampleParams { guidance: spec.guidance, eta: spec.eta, seed: spec.seed ^ 0xE7A1 };
         let traj = sample(model, &conds, &schedule, params)?;
@@ -248,11 +147,21 @@ pub fn run(spec: &DiffusionRunSpec, out: &Path, threads: Option<usize>) -> Resul
             cols,
             &format!("step {step}: held-out samples"),
         )?;
-        Ok(r.iter().map(|x| *x as f64).sum::<f64>() / r.len().max(1) as f64)
+        let judge = match &judge {
+            Some(j) => accuracy_of(&j.predict(&images)?, &conds),
+            None => f64::NAN,
+        };
+        Ok(Eval {
+            reward: r.iter().map(|x| *x as f64).sum::<f64>() / r.len().max(1) as f64,
+            judge,
+            diversity: diversity(&images, &conds)?,
+        })
     };
-    let eval_start = eval(&model, 0)?;
-    write_row(&mut metrics, 0, &[("eval/reward_mean", eval_start), ("reward/classifier_accuracy", accuracy as f64)])?;
-    let mut eval_end = eval_start;
+    let first = eval(&model, &mut stage, 0)?;
+    let mut row = first.row();
+    row.push(("reward/classifier_accuracy", accuracy as f64));
+    write_row(&mut metrics, 0, &row)?;
+    let mut last = first;
 
     let mut step_rng = Rng::derived(spec.seed, "diffusion-conditions", 0);
     let (g, mg) = (spec.rl.samples_per_condition, spec.rl.micro_group);
@@ -264,10 +173,10 @@ pub fn run(spec: &DiffusionRunSpec, out: &Path, threads: Option<usize>) -> Resul
         let all: Vec<i64> = conds.iter().flat_map(|&c| std::iter::repeat_n(c, g)).collect();
         let micro: Vec<Vec<i64>> = all.chunks(mg).map(<[i64]>::to_vec).collect();
         let t_roll = Instant::now();
-        let (trajs, rewards, denoise_s, wait_s) = rollout(&model, &schedule, spec, step, &micro, &stage)?;
+        let (trajs, rewards, denoise_s, wait_s) = rollout(&model, &schedule, spec, step, &micro, &mut stage)?;
         let rollout_s = t_roll.elapsed().as_secs_f64();
         let group_of: Vec<usize> = (0..all.len()).map(|i| i / g).collect();
-        let adv = group_advantages(&rewards, &group_of, true);
+        let adv = group_advantages(&rewards, &group_of, spec.rl.std_norm);
         // RL: every micro-group's recorded trajectory, the loss averaged over micro-groups.
         let t_train = Instant::now();
         let steps = choose_steps(spec.steps, spec.rl.train_steps, spec.seed, step);
@@ -278,7 +187,7 @@ pub fn run(spec: &DiffusionRunSpec, out: &Path, threads: Option<usize>) -> Resul
             let a: Vec<f32> = adv[k * mg..(k + 1) * mg].iter().map(|x| x / n as f32).collect();
             let st = accumulate_rl_gradients(
                 &model,
-                Some(&reference),
+                reference.as_ref(),
                 tr,
                 &Tensor::from_slice(&a),
                 &steps,
@@ -302,18 +211,27 @@ pub fn run(spec: &DiffusionRunSpec, out: &Path, threads: Option<usize>) -> Resul
             ("perf/train_s", train_s),
         ];
         if step % spec.eval.every == 0 || step == spec.rl.steps {
-            eval_end = eval(&model, step)?;
+            last = eval(&model, &mut stage, step)?;
             model.save(&out.join("denoiser.safetensors"))?;
-            row.push(("eval/reward_mean", eval_end));
+            row.extend(last.row());
+        }
+        if spec.reward.process {
+            row.push(("reward/worker_restarts", stage.restarts() as f64));
         }
         row.push(("perf/step_s", t_step.elapsed().as_secs_f64()));
+        // The high-water mark so far (`miles report` sets the last against the plan's memory).
+        if let Some(b) = miles_runtime::exec::peak_rss_bytes() {
+            row.push(("perf/peak_rss_bytes", b as f64));
+        }
         write_row(&mut metrics, step, &row)?;
     }
     Ok(DiffusionSummary {
         steps_done: spec.rl.steps,
-        eval_start,
-        eval_end,
+        eval_start: first.reward,
+        eval_end: last.reward,
         classifier_accuracy: accuracy,
+        judge_start: first.judge,
+        judge_end: last.judge,
         wall_seconds: t0.elapsed().as_secs_f64(),
     })
 }
@@ -328,7 +246,7 @@ fn rollout(
     spec: &DiffusionRunSpec,
     step: u64,
     micro: &[Vec<i64>],
-    stage: &RewardWorker,
+    stage: &mut RewardStage,
 ) -> Result<(Vec<Trajectory>, Vec<f32>, f64, f64), RunError> {
     let mut trajs = Vec::with_capacity(micro.len());
     let mut held = Vec::new();
@@ -373,57 +291,50 @@ fn rollout(
     Ok((trajs, rewards, denoise_s, t.elapsed().as_secs_f64()))
 }
 
-/// The reward stage in a thread of its own, which owns the reward model: jobs in, scores out.
-struct RewardWorker {
-    jobs: Option<mpsc::Sender<Job>>,
-    results: mpsc::Receiver<(usize, Result<Vec<f32>, RunError>)>,
-    handle: Option<std::thread::JoinHandle<()>>,
+/// One held-out evaluation: the mean reward, the judge's accuracy and the samples' diversity.
+#[derive(Clone, Copy)]
+struct Eval {
+    reward: f64,
+    judge: f64,
+    diversity: f64,
 }
 
-impl RewardWorker {
-    fn start(stage: RewardStage) -> RewardWorker {
-        let (job_tx, job_rx) = mpsc::channel::<Job>();
-        let (res_tx, res_rx) = mpsc::channel();
-        let handle = std::thread::spawn(move || {
-            // One intra-op thread: the other core denoises meanwhile.
-            tch::set_num_threads(1);
-            let _g = tch::no_grad_guard();
-            for (k, images, conds) in job_rx {
-                if res_tx.send((k, stage.score(&images, &conds))).is_err() {
-                    break;
-                }
-            }
-        });
-        RewardWorker { jobs: Some(job_tx), results: res_rx, handle: Some(handle) }
+impl Eval {
+    fn row(&self) -> Vec<(&'static str, f64)> {
+        vec![("eval/reward_mean", self.reward), ("eval/judge_accuracy", self.judge), ("eval/diversity", self.diversity)]
     }
+}
 
-    fn send(&self, k: usize, images: Tensor, conds: Vec<i64>) -> Result<(), RunError> {
-        self.jobs.as_ref().and_then(|j| j.send((k, images, conds)).ok()).ok_or_else(|| {
-            RunError::new(E_BACKEND, "the reward stage stopped (its thread ended); the step was not trained")
+fn accuracy_of(pred: &[i64], conds: &[i64]) -> f64 {
+    pred.iter().zip(conds).filter(|(p, c)| p == c).count() as f64 / conds.len().max(1) as f64
+}
+
+/// How different one condition's samples are from each other: the per-pixel standard deviation
+/// across a condition's images, averaged over pixels and then over conditions (0 when every
+/// sample of a condition is the same picture: the mode collapse reward hacking shows).
+fn diversity(images: &Tensor, conds: &[i64]) -> Result<f64, RunError> {
+    let b = images.size()[0] as usize;
+    let px = crate::model::f32_values(images)?;
+    let n = px.len() / b.max(1);
+    let mut by: std::collections::BTreeMap<i64, Vec<usize>> = Default::default();
+    for (i, c) in conds.iter().enumerate() {
+        by.entry(*c).or_default().push(i);
+    }
+    let per: Vec<f64> = by
+        .values()
+        .filter(|rows| rows.len() > 1)
+        .map(|rows| {
+            let m = rows.len() as f64;
+            (0..n)
+                .map(|j| {
+                    let mean = rows.iter().map(|&r| px[r * n + j] as f64).sum::<f64>() / m;
+                    (rows.iter().map(|&r| (px[r * n + j] as f64 - mean).powi(2)).sum::<f64>() / m).sqrt()
+                })
+                .sum::<f64>()
+                / n as f64
         })
-    }
-
-    fn recv(&self) -> Result<(usize, Vec<f32>), RunError> {
-        let (k, r) = self.results.recv_timeout(Duration::from_secs(600)).map_err(|_| {
-            RunError::new(E_BACKEND, "the reward stage did not answer within 600 s or died; the step was not trained")
-        })?;
-        Ok((k, r.map_err(|e| RunError::new(e.code, format!("reward stage: {}", e.message)))?))
-    }
-
-    /// Scores one batch and waits for it (evaluation).
-    fn score_now(&self, images: &Tensor, conds: &[i64]) -> Result<Vec<f32>, RunError> {
-        self.send(usize::MAX, images.shallow_clone(), conds.to_vec())?;
-        self.recv().map(|(_, r)| r)
-    }
-}
-
-impl Drop for RewardWorker {
-    fn drop(&mut self) {
-        self.jobs = None;
-        if let Some(h) = self.handle.take() {
-            let _ = h.join();
-        }
-    }
+        .collect();
+    Ok(if per.is_empty() { f64::NAN } else { per.iter().sum::<f64>() / per.len() as f64 })
 }
 
 fn first_nonfinite(images: &Tensor) -> Option<usize> {
@@ -442,8 +353,4 @@ fn write_row(m: &mut Metrics, step: u64, values: &[(&str, f64)]) -> Result<(), R
         row.insert((*k).into(), if v.is_finite() { json!(v) } else { Value::Null });
     }
     m.write(&row)
-}
-
-fn one() -> f64 {
-    1.0
 }
