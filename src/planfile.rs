@@ -20,6 +20,9 @@ pub struct PlanFile {
     /// cluster can run.
     #[serde(default)]
     pub run_spec: Option<miles_runtime::spec::RunSpec>,
+    /// What `miles run --plan` executes for a diffusion recipe.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub diffusion_spec: Option<miles_runtime::diffusion::DiffusionRunSpec>,
 }
 
 #[derive(Serialize, Deserialize, PartialEq, Debug)]
@@ -53,13 +56,24 @@ impl PlanFile {
             sources,
             graph: recipe.graph.to_json(),
             plan: serde_json::from_str(&miles_plan::render_json(plan)).unwrap_or(serde_json::Value::Null),
-            run_spec: crate::runspec::run_spec(recipe).ok(),
+            run_spec: None,
+            diffusion_spec: None,
         }
+        .with_job(crate::runspec::job(recipe).ok())
+    }
+
+    fn with_job(mut self, job: Option<crate::runspec::Job>) -> PlanFile {
+        match job {
+            Some(crate::runspec::Job::Lm(s)) => self.run_spec = Some(*s),
+            Some(crate::runspec::Job::Diffusion(s)) => self.diffusion_spec = Some(*s),
+            None => {}
+        }
+        self
     }
 }
 
 /// Reads a saved plan for `miles run --plan`: refuses it when a source changed since planning.
-pub fn load_for_run(path: &std::path::Path) -> Result<(miles_runtime::spec::RunSpec, String), u8> {
+pub fn load_for_run(path: &std::path::Path) -> Result<(crate::runspec::Job, String), u8> {
     let refuse = |msg: String| {
         eprintln!("error[E0512]: {msg}\n  help: plan again: miles plan RECIPE --out {}", path.display());
         1u8
@@ -84,9 +98,10 @@ pub fn load_for_run(path: &std::path::Path) -> Result<(miles_runtime::spec::RunS
             return Err(refuse(format!("{} changed since the plan was made", s.path)));
         }
     }
-    match file.run_spec {
-        Some(spec) => Ok((spec, file.recipe)),
-        None => Err(refuse(format!(
+    match (file.run_spec, file.diffusion_spec) {
+        (Some(spec), _) => Ok((crate::runspec::Job::Lm(Box::new(spec)), file.recipe)),
+        (None, Some(spec)) => Ok((crate::runspec::Job::Diffusion(Box::new(spec)), file.recipe)),
+        (None, None) => Err(refuse(format!(
             "recipe `{}` was planned for a cluster; the embedded backend cannot run it",
             file.recipe
         ))),

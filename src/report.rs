@@ -27,6 +27,10 @@ pub const CHARTS: &[(&str, &str)] = &[
     ("r3/route_mismatch", "R3: share of tokens trained on other experts than sampled"),
     ("r3/router_disagreement", "R3: share of tokens the trainer's router sends elsewhere"),
     ("moe/aux_loss", "MoE load-balancing loss (1 = balanced)"),
+    // Drawn for diffusion runs only (docs/recipes/diffusion.md).
+    ("eval/reward_mean", "held-out mean reward (diffusion)"),
+    ("eval/judge_accuracy", "held-out accuracy of the judge classifier (diffusion)"),
+    ("eval/diversity", "held-out sample diversity within a condition (diffusion)"),
 ];
 
 /// One run's metrics: name -> (step, value) points in file order.
@@ -115,6 +119,16 @@ pub fn run(args: Args) -> u8 {
         written.push(file);
     }
     print!("{}", summary_table(&runs));
+    print!("{}", diffusion_table(&runs));
+    // Diffusion runs' sample grids (DIR/grids), first and last evaluation side by side.
+    match write_samples_page(&args.dirs, &runs, &out) {
+        Ok(Some(f)) => written.push(f),
+        Ok(None) => {}
+        Err(e) => {
+            eprintln!("error: {e}");
+            return 1;
+        }
+    }
     // Only runs that saved their plan (`miles run` writes DIR/plan.json) get the comparison.
     for (d, r) in args.dirs.iter().zip(&runs) {
         match load_plan(d) {
@@ -164,6 +178,88 @@ pub fn summary_table(runs: &[Run]) -> String {
         ));
     }
     s
+}
+
+/// Diffusion runs (those with a held-out mean reward): the held-out reward, the judge's accuracy
+/// and the samples' diversity at the first and last evaluation. Empty when no run is one.
+pub fn diffusion_table(runs: &[Run]) -> String {
+    let diffusion: Vec<&Run> = runs.iter().filter(|r| r.series.contains_key("eval/reward_mean")).collect();
+    if diffusion.is_empty() {
+        return String::new();
+    }
+    let mut s = String::from(
+        "\n| diffusion run | steps | held-out reward first | last | judge accuracy first | last | diversity first | last |\n|---|---|---|---|---|---|---|---|\n",
+    );
+    let ends = |r: &Run, k: &str, pct: bool| -> [String; 2] {
+        let v = r.series.get(k).cloned().unwrap_or_default();
+        let f = |p: Option<&(f64, f64)>| match p {
+            Some(p) if pct => format!("{:.1}%", 100.0 * p.1),
+            Some(p) => format!("{:.3}", p.1),
+            None => "-".into(),
+        };
+        [f(v.first()), f(v.last())]
+    };
+    for r in diffusion {
+        let steps = r.series.values().flat_map(|s| s.iter().map(|p| p.0)).fold(0.0f64, f64::max);
+        let [r0, r1] = ends(r, "eval/reward_mean", false);
+        let [j0, j1] = ends(r, "eval/judge_accuracy", true);
+        let [d0, d1] = ends(r, "eval/diversity", false);
+        s.push_str(&format!("| {} | {steps} | {r0} | {r1} | {j0} | {j1} | {d0} | {d1} |\n", r.label));
+    }
+    s
+}
+
+/// The sample grids a diffusion run wrote at its evaluations (DIR/grids/step-NNNNN.svg), by step.
+fn grids(dir: &Path) -> Vec<(u64, PathBuf)> {
+    let Ok(entries) = std::fs::read_dir(dir.join("grids")) else { return Vec::new() };
+    let mut out: Vec<(u64, PathBuf)> = entries
+        .filter_map(|e| e.ok())
+        .filter_map(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let step = name.strip_prefix("step-")?.strip_suffix(".svg")?.parse().ok()?;
+            Some((step, e.path()))
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+/// `report/samples.html`: per diffusion run, its sample grid before RL and at the last
+/// evaluation side by side, then every evaluation's; None when no run wrote grids.
+fn write_samples_page(dirs: &[PathBuf], runs: &[Run], out: &Path) -> Result<Option<PathBuf>, String> {
+    let mut body = String::new();
+    for (d, r) in dirs.iter().zip(runs) {
+        let g = grids(d);
+        let (Some(first), Some(last)) = (g.first(), g.last()) else { continue };
+        let img = |(step, p): &(u64, PathBuf)| {
+            let abs = std::fs::canonicalize(p).unwrap_or_else(|_| p.clone());
+            format!(
+                "<figure><img src=\"file://{}\" width=\"480\"><figcaption>step {step}</figcaption></figure>",
+                esc(&abs.to_string_lossy())
+            )
+        };
+        body.push_str(&format!(
+            "<h2>{}</h2>\n<h3>before RL and after</h3>\n<div class=\"row\">{}{}</div>\n",
+            esc(&r.label),
+            img(first),
+            img(last)
+        ));
+        body.push_str("<h3>every evaluation</h3>\n<div class=\"row\">");
+        for x in &g {
+            body.push_str(&img(x));
+        }
+        body.push_str("</div>\n");
+    }
+    if body.is_empty() {
+        return Ok(None);
+    }
+    let page = format!(
+        "<!doctype html>\n<meta charset=\"utf-8\">\n<title>miles report: samples</title>\n<style>body{{font-family:sans-serif}} .row{{display:flex;flex-wrap:wrap;gap:12px}} figure{{margin:0}}</style>\n<h1>Held-out samples (the same conditions and noise at every evaluation)</h1>\n{body}"
+    );
+    let file = out.join("samples.html");
+    write_atomic(&file.to_string_lossy(), page.as_bytes())
+        .map_err(|e| format!("cannot write {}: {e}", file.display()))?;
+    Ok(Some(file))
 }
 
 /// The plan `miles run` saved in a run directory; none for runs made before it did.
@@ -223,7 +319,10 @@ pub fn plan_vs_actual(label: &str, plan: &serde_json::Value, run: &Run) -> Strin
         ("sync", "/step/sync_s", "perf/sync_s"),
         ("step", "/step/step/seconds", "perf/step_s"),
     ] {
-        let (p, m) = (est(ptr), median(col(metric)));
+        // A diffusion run's rollout (denoising and waiting for rewards) is `perf/rollout_s`.
+        let measured =
+            if metric == "perf/gen_s" && !run.series.contains_key(metric) { "perf/rollout_s" } else { metric };
+        let (p, m) = (est(ptr), median(col(measured)));
         s.push_str(&format!("| {phase} | {} | {} | {} |\n", secs(p), secs(m), ratio(m, p)));
     }
     let gb = |x: Option<f64>| x.map(|v| format!("{:.1} MB", v / 1e6)).unwrap_or_else(|| "-".into());

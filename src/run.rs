@@ -4,9 +4,9 @@
 
 use crate::diagnostics::{emit, summary};
 use crate::files::{write_atomic, DiskFs};
+use crate::runspec::Job;
 use crate::DiagFormat;
 use miles_compiler::Options;
-use miles_runtime::spec::RunSpec;
 use std::path::PathBuf;
 
 #[derive(Clone, Copy, Debug, clap::ValueEnum)]
@@ -50,7 +50,7 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> u8 {
-    let (mut spec, name, plan) = match &args.plan {
+    let (mut job, name, plan) = match &args.plan {
         Some(path) => match crate::planfile::load_for_run(path) {
             Ok((spec, name)) => (spec, name, saved_plan(path)),
             Err(code) => return code,
@@ -64,11 +64,21 @@ pub fn run(args: Args) -> u8 {
         }
     };
     if let Some(n) = args.steps {
-        spec.steps = n;
+        match &mut job {
+            Job::Lm(s) => s.steps = n,
+            Job::Diffusion(s) => s.rl.steps = n,
+        }
     }
     if args.print_spec {
-        println!("{}", serde_json::to_string_pretty(&spec).unwrap_or_default());
+        println!("{}", serde_json::to_string_pretty(&job).unwrap_or_default());
         return 0;
+    }
+    if args.resume && matches!(job, Job::Diffusion(_)) {
+        eprintln!(
+            "error[E0511]: a diffusion run does not resume yet: it writes no checkpoints to resume from (its last \
+             good denoiser is OUT/denoiser.safetensors)\n  help: run it again without --resume, into a new --out"
+        );
+        return 1;
     }
     let out = args.out.clone().unwrap_or_else(|| PathBuf::from("runs").join(&name));
     // The plan beside the metrics, before the engine starts, so `miles report` can set the
@@ -86,7 +96,11 @@ pub fn run(args: Args) -> u8 {
     }
     // Training links libtorch, whose loading alone costs ~0.5 s; it runs in the sibling
     // `miles-engine` binary so that `miles check` and the other language verbs start instantly.
-    let json = match serde_json::to_vec(&spec) {
+    let (verb, json) = match &job {
+        Job::Lm(s) => ("run", serde_json::to_vec(s)),
+        Job::Diffusion(s) => ("diffuse", serde_json::to_vec(s)),
+    };
+    let json = match json {
         Ok(j) => j,
         Err(e) => {
             eprintln!("error: cannot encode the run spec: {e}");
@@ -97,12 +111,14 @@ pub fn run(args: Args) -> u8 {
         Ok(c) => c,
         Err(code) => return code,
     };
-    cmd.arg("run").arg("--spec").arg("-").arg("--name").arg(&name).arg("--out").arg(&out);
-    cmd.arg("--progress").arg(match args.progress {
-        Progress::Auto => "auto",
-        Progress::Plain => "plain",
-        Progress::Off => "off",
-    });
+    cmd.arg(verb).arg("--spec").arg("-").arg("--name").arg(&name).arg("--out").arg(&out);
+    if verb == "run" {
+        cmd.arg("--progress").arg(match args.progress {
+            Progress::Auto => "auto",
+            Progress::Plain => "plain",
+            Progress::Off => "off",
+        });
+    }
     if args.resume {
         cmd.arg("--resume");
     }
@@ -121,11 +137,7 @@ fn saved_plan(path: &std::path::Path) -> Option<String> {
 
 /// Compiles a recipe and maps it onto a run spec, rendering every diagnostic on failure; also
 /// the recipe's plan as JSON (OUT/plan.json).
-pub fn compile_spec(
-    file: &str,
-    set: &[String],
-    recipe: Option<String>,
-) -> Result<(RunSpec, String, Option<String>), u8> {
+pub fn compile_spec(file: &str, set: &[String], recipe: Option<String>) -> Result<(Job, String, Option<String>), u8> {
     let overrides = crate::check::parse_sets(set).map_err(|e| {
         eprintln!("error: {e}");
         2u8
@@ -140,7 +152,7 @@ pub fn compile_spec(
         return Err(1);
     }
     let r = crate::graph::pick_recipe(&c, file)?;
-    match crate::runspec::run_spec(r) {
+    match crate::runspec::job(r) {
         Ok(spec) => Ok((spec, r.name.clone(), Some(crate::plan::plan_json(&c, &crate::plan::make_plan(r))))),
         Err(diags) => {
             emit(&c.program.sources, &diags, DiagFormat::Auto);

@@ -8,6 +8,25 @@ use miles_runtime::reward::RewardSpec;
 use miles_runtime::routing::RouteId;
 use miles_runtime::spec::*;
 
+pub mod diffusion;
+
+/// What `miles run` hands the engine: a language-model run or a diffusion run.
+#[derive(serde::Serialize, serde::Deserialize)]
+#[serde(untagged)]
+pub enum Job {
+    Lm(Box<RunSpec>),
+    Diffusion(Box<miles_runtime::diffusion::DiffusionRunSpec>),
+}
+
+/// The run a compiled recipe maps onto: a diffusion run when it samples with `denoise`.
+pub fn job(recipe: &CompiledRecipe) -> Result<Job, Vec<Diagnostic>> {
+    if diffusion::is_diffusion(recipe) {
+        diffusion::diffusion_spec(recipe).map(|s| Job::Diffusion(Box::new(s)))
+    } else {
+        run_spec(recipe).map(|s| Job::Lm(Box::new(s)))
+    }
+}
+
 struct Mapper<'r> {
     g: &'r StageGraph,
     diags: Vec<Diagnostic>,

@@ -95,6 +95,7 @@ pub fn plan_input(recipe: &CompiledRecipe) -> PlanInput {
     let placement = match settings.and_then(|s| s.fields.get("placement")) {
         Some(f) => Placement {
             embedded: embedded_extras(g),
+            diffusion: diffusion_of(g),
             mode: spanned(
                 if f.value.as_enum() == Some("colocated") {
                     PlacementMode::Colocated
@@ -104,7 +105,7 @@ pub fn plan_input(recipe: &CompiledRecipe) -> PlanInput {
                 (!f.defaulted).then_some(f.span),
             ),
         },
-        None => Placement { embedded: embedded_extras(g), ..Placement::default() },
+        None => Placement { embedded: embedded_extras(g), diffusion: diffusion_of(g), ..Placement::default() },
     };
     let schedule = settings
         .and_then(|s| s.fields.get("schedule"))
@@ -163,6 +164,62 @@ fn embedded_extras(g: &StageGraph) -> EmbeddedExtras {
             .any(|n| role_of(n) == Role::Eval && n.param("mode").and_then(Value::as_enum) == Some("snapshot")),
         entropy_in_loss: trainers().any(|n| positive(n, "entropy_coef")),
     }
+}
+
+/// A diffusion RL recipe: a `denoise` stage sampling from a `denoiser` record, with the first
+/// `denoise_pretrain`, `image_reward`, `diffusion_grpo` and `image_eval` stages (docs/plan.md,
+/// "Diffusion RL"). `None` for every other recipe.
+fn diffusion_of(g: &StageGraph) -> Option<Diffusion> {
+    let rollout = g.nodes().find(|n| n.kind == "denoise")?;
+    let r = rollout.model.as_deref().filter(|r| r.schema_name == "denoiser")?;
+    let model = DenoiserSpec {
+        side: u64_of(r, "side")?,
+        conditions: u64_of(r, "conditions")?,
+        hidden: u64_of(r, "hidden")?,
+        layers: u64_of(r, "layers")?,
+        params: u64_of(r, "params")?,
+    };
+    let of_kind = |kind: &str| g.nodes().find(|n| n.kind == kind);
+    let num = |n: &StageNode, name: &str| n.param(name).and_then(Value::as_q).and_then(q_to_u64);
+    let real = |n: &StageNode, name: &str| n.param(name).and_then(Value::as_f64);
+    Some(Diffusion {
+        model,
+        pretrain: of_kind("denoise_pretrain").map(|n| DenoisePretrain {
+            stage: n.name.clone(),
+            steps: num(n, "steps").unwrap_or(3000),
+            batch: num(n, "batch").unwrap_or(64),
+        }),
+        rollout: DenoiseRollout {
+            stage: rollout.name.clone(),
+            steps: num(rollout, "steps").unwrap_or(20),
+            guidance: real(rollout, "guidance").unwrap_or(3.0),
+            samples_per_condition: num(rollout, "samples_per_condition").unwrap_or(8),
+            micro_group: num(rollout, "micro_group").unwrap_or(8),
+        },
+        reward: of_kind("image_reward").map(|n| ImageReward {
+            stage: n.name.clone(),
+            streaming: n.param("streaming").and_then(Value::as_bool).unwrap_or(true),
+            process: n.param("process").and_then(Value::as_bool).unwrap_or(false),
+            extra_cost_s: real(n, "extra_cost").filter(|x| x.is_finite() && *x > 0.0).unwrap_or(0.0),
+            classifier_steps: match n.param("classifier").and_then(|v| v.as_str()) {
+                Some(_) => None,
+                None => Some(num(n, "classifier_steps").unwrap_or(300)),
+            },
+            analytic: n.param("analytic").and_then(Value::as_enum).is_some(),
+        }),
+        train: of_kind("diffusion_grpo").map(|n| DiffusionTrainer {
+            stage: n.name.clone(),
+            conditions_per_step: num(n, "conditions_per_step").unwrap_or(4),
+            train_steps: n.param("train_steps").and_then(Value::as_i64).and_then(|v| u64::try_from(v).ok()),
+            kl_coef: real(n, "kl_coef").filter(|x| x.is_finite() && *x > 0.0).unwrap_or(0.0),
+        }),
+        eval: of_kind("image_eval").map(|n| ImageEval {
+            stage: n.name.clone(),
+            every: num(n, "every").unwrap_or(25),
+            samples: num(n, "samples").unwrap_or(32),
+            judge_steps: num(n, "judge_steps").unwrap_or(600),
+        }),
+    })
 }
 
 fn spanned<T>(value: T, span: Option<Span>) -> Spanned<T> {

@@ -325,6 +325,11 @@ fn item_colour(name: &str) -> &'static str {
         "teacher_weights" => "#93c5fd",
         "teacher_activations" => "#fde68a",
         "lora_dropout" => "#fcd34d",
+        "reference" => "#93c5fd",
+        "pretrain_optimizer" => "#fca5a5",
+        "trajectories" => "#10b981",
+        "eval_trajectory" => "#6ee7b7",
+        "classifier" | "judge" => "#a3e635",
         "stream_buffer" => "#fb7185",
         "kv_cache" => "#10b981",
         _ => "#94a3b8",
@@ -423,6 +428,9 @@ fn estimates(o: &mut String, p: &Plan) {
             secs(st.sync_s)
         );
     }
+    if let Some(d) = &p.diffusion {
+        diffusion_rows(o, d);
+    }
     if let Some(b) = &p.batch {
         let _ = write!(
             o,
@@ -440,4 +448,69 @@ fn estimates(o: &mut String, p: &Plan) {
         );
     }
     let _ = write!(o, "</table></div>");
+}
+
+/// A diffusion recipe's phases, one-off costs and batch arithmetic (docs/plan.md, "Diffusion RL").
+fn diffusion_rows(o: &mut String, d: &DiffusionReport) {
+    let b = &d.batch;
+    let n = b.micro_groups_per_step;
+    let _ = write!(
+        o,
+        "<tr><th>denoise</th><td>{}: {n} micro-groups x {} ({} steps x {} images x {} row(s))</td></tr>",
+        secs(d.denoise.seconds),
+        secs(d.denoise_micro_group_s),
+        b.denoising_steps,
+        b.micro_group,
+        b.forwards_per_step
+    );
+    if let Some(r) = &d.reward {
+        let _ = write!(
+            o,
+            "<tr><th>reward</th><td>{}: {n} micro-groups x {} on the reward thread</td></tr>",
+            secs(r.seconds),
+            secs(d.reward_micro_group_s)
+        );
+    }
+    let _ = write!(
+        o,
+        "<tr><th>rollout</th><td>{} {}: whole batch (n d + n r) {}, streamed (d + (n - 1) max(d, r) + r) {}; reward wait {}</td></tr>",
+        secs(d.step.rollout_s),
+        if d.streaming { "streamed" } else { "whole batch" },
+        secs(d.whole_batch_s),
+        secs(d.streamed_s),
+        secs(d.step.reward_wait_s)
+    );
+    if d.train.is_some() {
+        let _ = write!(
+            o,
+            "<tr><th>train</th><td>{}: {n} micro-groups x {} trained steps, forward + backward, AdamW</td></tr>",
+            secs(d.step.train_s),
+            b.trained_steps
+        );
+    }
+    if let (Some(e), Some(every)) = (&d.eval, d.eval_every) {
+        let _ = write!(
+            o,
+            "<tr><th>eval</th><td>{} per evaluation, every {every} steps (not in the step)</td></tr>",
+            secs(e.seconds)
+        );
+    }
+    if d.one_off_s > 0.0 {
+        let _ = write!(
+            o,
+            "<tr><th>once</th><td>{} before RL: pretrain {}, classifiers {}</td></tr>",
+            secs(d.one_off_s),
+            secs(d.pretrain.as_ref().map_or(0.0, |e| e.seconds)),
+            secs(d.classifiers.as_ref().map_or(0.0, |e| e.seconds))
+        );
+    }
+    let _ = write!(
+        o,
+        "<tr><th>images</th><td>{} conditions x {} samples = {} per step = {n} micro-groups of {}; trajectories {}</td></tr>",
+        b.conditions_per_step,
+        b.samples_per_condition,
+        b.images_per_step,
+        b.micro_group,
+        gb(b.trajectory_bytes)
+    );
 }

@@ -25,6 +25,11 @@ pub struct Plan {
     pub buffer: Option<BufferReport>,
     /// Colocated placement: whether both actors fit at once, else the priced eviction.
     pub colocation: Option<ColocationReport>,
+    /// A diffusion RL recipe's batch arithmetic and time per phase (docs/plan.md, "Diffusion
+    /// RL"); its memory is a `memory` row and its step a `step` like any recipe's. Absent
+    /// otherwise.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub diffusion: Option<DiffusionReport>,
     pub graph: Graph,
     pub diagnostics: Vec<Diagnostic>,
     pub summary: Summary,
@@ -362,4 +367,76 @@ pub struct Summary {
     pub idle_gpus: u64,
     pub errors: usize,
     pub warnings: usize,
+}
+
+/// A diffusion RL recipe on the embedded backend (docs/plan.md, "Diffusion RL").
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct DiffusionReport {
+    /// `denoiser 16x16 h256 x2`.
+    pub model: String,
+    pub params: u64,
+    pub batch: DiffusionBatch,
+    /// One RL step under the names of the run's metrics (`perf/rollout_s`, `perf/denoise_s`,
+    /// `perf/reward_wait_s`, `perf/train_s`, `perf/step_s`).
+    pub step: DiffusionStep,
+    /// Denoising every micro-group of a step, one after another (n x d).
+    pub denoise: Estimate,
+    /// Denoising one micro-group (d).
+    pub denoise_micro_group_s: f64,
+    /// Scoring every micro-group (n x r); absent without a reward stage.
+    pub reward: Option<Estimate>,
+    /// Scoring one micro-group (r): the classifier, the analytic term, `extra_cost`.
+    pub reward_micro_group_s: f64,
+    /// Whether the recipe streams micro-groups to the reward stage.
+    pub streaming: bool,
+    /// Whether the reward stage is a worker process (else a thread of the run).
+    #[serde(default)]
+    pub reward_process: bool,
+    /// Rollout with every micro-group scored after the last one: n d + n r.
+    pub whole_batch_s: f64,
+    /// Rollout with micro-group k scored while k + 1 denoises: d + (n - 1) max(d, r) + r.
+    pub streamed_s: f64,
+    /// Training one RL step; absent without a `diffusion_grpo` stage.
+    pub train: Option<Estimate>,
+    /// One held-out evaluation (not in the step time; every `eval_every` steps and at step 0).
+    pub eval: Option<Estimate>,
+    pub eval_every: Option<u64>,
+    /// Before the first RL step, once: the denoiser's pretraining.
+    pub pretrain: Option<Estimate>,
+    /// Before the first RL step, once: training the reward classifier and the judge.
+    pub classifiers: Option<Estimate>,
+    /// pretrain + classifiers.
+    pub one_off_s: f64,
+}
+
+/// Images per RL step and how the sampler and the trainer walk them.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct DiffusionBatch {
+    pub conditions_per_step: u64,
+    pub samples_per_condition: u64,
+    /// conditions_per_step x samples_per_condition.
+    pub images_per_step: u64,
+    pub micro_group: u64,
+    /// images_per_step / micro_group.
+    pub micro_groups_per_step: u64,
+    /// T.
+    pub denoising_steps: u64,
+    /// Denoising steps recomputed with gradients per image (`train_steps`, else T).
+    pub trained_steps: u64,
+    /// Denoiser rows per image and denoising step: 2 under classifier-free guidance, else 1.
+    pub forwards_per_step: u64,
+    /// Host bytes of one step's trajectories: (T + 1) latents and T means of S^2 fp32 pixels
+    /// and T f64 log-probabilities per image.
+    pub trajectory_bytes: u64,
+}
+
+/// One RL step, seconds, named as the run's `perf/*` metrics.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct DiffusionStep {
+    pub rollout_s: f64,
+    pub denoise_s: f64,
+    /// Waiting for rewards after the last micro-group is denoised: rollout - denoise.
+    pub reward_wait_s: f64,
+    pub train_s: f64,
+    pub step_s: f64,
 }

@@ -13,6 +13,7 @@ pub use colocate::OFFLOAD_LINK_EFFICIENCY;
 mod batch;
 mod colocate;
 mod cpu;
+mod diffusion;
 mod episodes;
 mod layout;
 mod placement;
@@ -202,9 +203,22 @@ pub fn plan(input: &PlanInput) -> Plan {
         });
     }
 
-    let syncs = sync::plan_syncs(&mut cx, &placed, &train_facts, &rollouts);
+    let mut syncs = sync::plan_syncs(&mut cx, &placed, &train_facts, &rollouts);
+    // A diffusion recipe: its one embedded process, step and (copy-free) weight syncs.
+    let diffusion = input.placement.diffusion.as_ref().and_then(|d| {
+        let planned = diffusion::plan_diffusion(&mut cx, d, &mut memory)?;
+        label_diffusion_stages(d, &mut stages);
+        Some(planned)
+    });
     let mut colocation = colocate::plan_colocation(&cx, &memory);
-    let step = step::plan_step(&cx, batch.as_ref(), &train_facts, &rollouts, &syncs, colocation.as_ref());
+    let mut step = step::plan_step(&cx, batch.as_ref(), &train_facts, &rollouts, &syncs, colocation.as_ref());
+    let diffusion = diffusion.map(|d| {
+        if syncs.is_empty() {
+            syncs = d.syncs;
+        }
+        step = step.take().or(Some(d.step));
+        d.report
+    });
     if let (Some(c), Some(st)) = (colocation.as_mut(), step.as_ref()) {
         c.share_of_step = Some(crate::model::div(c.switch.seconds, st.step.seconds));
     }
@@ -275,8 +289,36 @@ pub fn plan(input: &PlanInput) -> Plan {
         episodes,
         buffer,
         colocation,
+        diffusion,
         graph: input.graph.clone(),
         diagnostics,
+    }
+}
+
+/// A diffusion recipe's stage lines: the denoiser they run and where in the one process.
+fn label_diffusion_stages(d: &Diffusion, stages: &mut [StagePlan]) {
+    let model = d.model.name();
+    let streamed = d.reward.as_ref().is_some_and(|r| r.streaming);
+    for s in stages.iter_mut() {
+        let layout = if d.pretrain.as_ref().is_some_and(|p| p.stage == s.name) {
+            "embedded trainer, once before RL".to_string()
+        } else if d.rollout.stage == s.name {
+            "embedded sampler (the trainer's process)".to_string()
+        } else if d.reward.as_ref().is_some_and(|r| r.stage == s.name) {
+            let on =
+                if d.reward.as_ref().is_some_and(|r| r.process) { "reward worker process" } else { "reward thread" };
+            format!("{on}, {}", if streamed { "streamed" } else { "after the batch" })
+        } else if d.train.as_ref().is_some_and(|t| t.stage == s.name) {
+            "embedded trainer".to_string()
+        } else if let Some(e) = d.eval.as_ref().filter(|e| e.stage == s.name) {
+            format!("every {} steps", e.every)
+        } else {
+            continue;
+        };
+        if s.role != Role::Reward {
+            s.model = Some(model.clone());
+        }
+        s.layout = layout;
     }
 }
 

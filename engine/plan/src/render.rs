@@ -274,7 +274,9 @@ pub fn render_sections(p: &Plan) -> String {
         }
     }
 
-    if let Some(st) = &p.step {
+    if let Some(d) = &p.diffusion {
+        diffusion_text(&mut o, d, p.step.as_ref());
+    } else if let Some(st) = &p.step {
         let _ = writeln!(o, "\nTime per step (estimates)");
         let _ = writeln!(o, "  rollout   {:>8}", secs(st.rollout_s));
         let _ =
@@ -366,6 +368,131 @@ pub fn render_sections(p: &Plan) -> String {
         }
     }
     o
+}
+
+/// A diffusion recipe's time per phase, one-off costs and batch arithmetic (docs/plan.md,
+/// "Diffusion RL").
+fn diffusion_text(o: &mut String, d: &DiffusionReport, st: Option<&StepReport>) {
+    let b = &d.batch;
+    let n = b.micro_groups_per_step;
+    let _ = writeln!(o, "\nTime per step (estimates; diffusion RL, one libtorch thread)");
+    let _ = writeln!(
+        o,
+        "  denoise   {:>8}  {} micro-group{} x {}: {} steps x {} images x {} row{}",
+        secs(d.denoise.seconds),
+        n,
+        if n == 1 { "" } else { "s" },
+        secs(d.denoise_micro_group_s),
+        b.denoising_steps,
+        b.micro_group,
+        b.forwards_per_step,
+        if b.forwards_per_step == 1 { "" } else { "s (classifier-free guidance)" }
+    );
+    if let Some(r) = &d.reward {
+        let _ = writeln!(
+            o,
+            "  reward    {:>8}  {} micro-group{} x {} ({})",
+            secs(r.seconds),
+            n,
+            if n == 1 { "" } else { "s" },
+            secs(d.reward_micro_group_s),
+            if d.reward_process { "reward worker process" } else { "reward thread" }
+        );
+    }
+    let (used, other) = if d.streaming { ("streamed", "whole batch") } else { ("whole batch", "streamed") };
+    let _ = writeln!(o, "  rollout   {:>8}  {used}", secs(d.step.rollout_s));
+    let _ =
+        writeln!(o, "    whole batch {:>8}  n d + n r: every micro-group scored after the last", secs(d.whole_batch_s));
+    let _ = writeln!(
+        o,
+        "    streamed    {:>8}  d + (n - 1) max(d, r) + r: k scored while k + 1 denoises",
+        secs(d.streamed_s)
+    );
+    let _ = writeln!(
+        o,
+        "    reward wait {:>8}  after denoising ends ({other}: {})",
+        secs(d.step.reward_wait_s),
+        secs(if d.streaming { d.whole_batch_s } else { d.streamed_s } - d.denoise.seconds)
+    );
+    if d.train.is_some() {
+        let _ = writeln!(
+            o,
+            "  train     {:>8}  {} micro-groups x {} trained steps: forward + backward, AdamW",
+            secs(d.step.train_s),
+            n,
+            b.trained_steps
+        );
+    }
+    if let Some(st) = st {
+        let _ = writeln!(o, "  sync      {:>8}  (the sampler reads the trained denoiser)", secs(st.sync_s));
+    }
+    let _ = writeln!(o, "  step      {:>8}  rollout + train, synchronous", secs(d.step.step_s));
+    if let (Some(e), Some(every)) = (&d.eval, d.eval_every) {
+        let _ = writeln!(
+            o,
+            "  eval      {:>8}  per evaluation, every {every} steps and at step 0 (not in the step)",
+            secs(e.seconds)
+        );
+    }
+    if d.one_off_s > 0.0 {
+        let _ = writeln!(o, "  once      {:>8}  before the first RL step (not in the step)", secs(d.one_off_s));
+        if let Some(e) = &d.pretrain {
+            let _ = writeln!(
+                o,
+                "    pretrain    {:>8}  {}",
+                secs(e.seconds),
+                e.assumptions.first().map_or("", |s| s.as_str())
+            );
+        }
+        if let Some(e) = &d.classifiers {
+            let _ = writeln!(
+                o,
+                "    classifiers {:>8}  {}",
+                secs(e.seconds),
+                e.assumptions.first().map_or("", |s| s.as_str())
+            );
+        }
+    }
+    let _ = writeln!(o, "\nBatch");
+    let _ = writeln!(
+        o,
+        "  {} conditions x {} samples = {} images per step = {} micro-group{} of {}; {} denoising steps, {} trained per image",
+        b.conditions_per_step,
+        b.samples_per_condition,
+        b.images_per_step,
+        n,
+        if n == 1 { "" } else { "s" },
+        b.micro_group,
+        b.denoising_steps,
+        b.trained_steps
+    );
+    let _ = writeln!(o, "  trajectories: {} host memory per step", gb(b.trajectory_bytes));
+    let _ = writeln!(o, "\nAssumptions");
+    let sections = [
+        ("denoise", Some(&d.denoise)),
+        ("reward", d.reward.as_ref()),
+        ("train", d.train.as_ref()),
+        ("eval", d.eval.as_ref()),
+    ];
+    for (name, e) in sections {
+        if let Some(e) = e {
+            for a in &e.assumptions {
+                let _ = writeln!(o, "  - {name}: {a}");
+            }
+        }
+    }
+    if let Some(st) = st {
+        for a in &st.step.assumptions {
+            let _ = writeln!(o, "  - step: {a}");
+        }
+    }
+    for (name, e) in [("pretrain", d.pretrain.as_ref()), ("classifiers", d.classifiers.as_ref())] {
+        if let Some(e) = e {
+            for a in e.assumptions.iter().skip(1) {
+                let _ = writeln!(o, "  - {name}: {a}");
+            }
+        }
+    }
 }
 
 /// The plan's findings as brief text lines (`error[E0401]: ...` and help).

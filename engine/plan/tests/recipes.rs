@@ -692,3 +692,49 @@ recipe r on laptop {{
 "#
     )
 }
+
+/// The diffusion laptop recipe (docs/plan.md, "Diffusion RL"): one embedded process, itemised,
+/// and a step time per phase instead of every stage on the host with nothing planned.
+const DIFFUSION: &str = r#"
+model policy = denoiser { side = 16, conditions = 8, hidden = 256, layers = 2 }
+cluster laptop = local { cpus = 2 }
+recipe diffusion_laptop on laptop {
+    pretrain = denoise_pretrain(policy) { steps = 3000.steps, lr = 2e-3, batch = 64 }
+    rollout = denoise(pretrain) { steps = 20, eta = 1.0, guidance = 3.0, samples_per_condition = 8, micro_group = 8 }
+    reward = image_reward(rollout) { analytic = brightness, analytic_weight = 1.0, extra_cost = 15.ms }
+    train = diffusion_grpo(rollout, reward) { conditions_per_step = 4, lr = 3e-4, train_steps = 10, kl_coef = 0.01 }
+    sync = weights(train -> rollout) { transport = local }
+    eval = image_eval(rollout) { every = 25.steps, samples = 32 }
+    seed = 1
+    stop = 100.steps
+}
+"#;
+
+#[test]
+fn diffusion_recipe_plans_its_one_process() {
+    let p = planned(DIFFUSION);
+    assert!(codes(&p).is_empty(), "{:?}", p.diagnostics);
+    let d = p.diffusion.as_ref().expect("a diffusion report");
+    // The record's params (the stdlib's count), and the batch arithmetic.
+    assert_eq!(d.params, 464_384);
+    let b = &d.batch;
+    assert_eq!((b.images_per_step, b.micro_groups_per_step, b.trained_steps, b.forwards_per_step), (32, 4, 10, 2));
+    // extra_cost 15 ms reaches the reward, the streamed rollout is the one used.
+    assert!(d.reward_micro_group_s >= 0.015 && d.streaming);
+    assert_eq!(p.step.as_ref().map(|s| s.rollout_s), Some(d.streamed_s));
+    // One memory row on the host, which `miles report` sums against the peak RSS.
+    assert_eq!(p.memory.len(), 1);
+    assert_eq!(Some(p.memory[0].device.as_str()), p.cluster.host.as_deref());
+    let weights = p.memory[0].items.iter().find(|i| i.name == "weights").map(|i| i.bytes);
+    assert_eq!(weights, Some(4 * 464_384));
+    // The fields `miles report` reads, and the run's metric names under `diffusion.step`.
+    let json: serde_json::Value = serde_json::from_str(&render_json(&p)).unwrap();
+    for ptr in ["/step/rollout_s", "/step/train_s", "/step/sync_s", "/step/step/seconds", "/memory/0/total"] {
+        assert!(json.pointer(ptr).and_then(|v| v.as_f64()).is_some(), "{ptr}");
+    }
+    for k in ["rollout_s", "denoise_s", "reward_wait_s", "train_s", "step_s"] {
+        assert!(json.pointer(&format!("/diffusion/step/{k}")).and_then(|v| v.as_f64()).is_some(), "{k}");
+    }
+    assert!(render_html(&p).contains("streamed (d + (n - 1) max(d, r) + r)"));
+    insta::assert_snapshot!("diffusion_laptop.txt", render_text(&p));
+}

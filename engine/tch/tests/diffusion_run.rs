@@ -100,3 +100,29 @@ fn bad_diffusion_specs_are_refused_before_any_work() {
     );
     let _ = std::fs::remove_dir_all(&d);
 }
+
+#[test]
+fn a_diverging_denoiser_stops_the_run_named_and_keeps_the_last_good_one() {
+    // Pretraining that diverges stops at the step, before anything is saved.
+    let d = tmp("nan-pretrain");
+    let mut s = spec();
+    s.pretrain.lr = 1e30;
+    let e = run(&s, &d, Some(1)).unwrap_err();
+    assert_eq!(e.code, "E0505", "{}", e.message);
+    assert!(e.message.contains("pretraining loss became") && e.message.contains("pretraining step"), "{}", e.message);
+    // RL that diverges: the step is named, its update is not applied, and denoiser.safetensors still
+    // holds finite weights (those saved at the last evaluation).
+    let d = tmp("nan-rl");
+    let mut s = spec();
+    s.rl.lr = 1e30;
+    s.rl.grad_clip = 0.0;
+    s.rl.steps = 6;
+    let e = run(&s, &d, Some(1)).unwrap_err();
+    assert_eq!(e.code, "E0505", "{}", e.message);
+    assert!(e.message.contains("RL step") && e.message.contains("the last good denoiser is"), "{}", e.message);
+    let kept = miles_tch::diffusion::model::Denoiser::load(&s.model, &d.join("denoiser.safetensors")).unwrap();
+    for (name, t) in kept.params() {
+        assert!(bool::try_from(t.isfinite().all()).unwrap(), "{name} of the kept denoiser is finite");
+    }
+    let _ = std::fs::remove_dir_all(&d);
+}

@@ -3,6 +3,7 @@
 //! libtorch's ~0.5 s load time. Not meant to be called by hand (it takes a compiled run spec,
 //! not a recipe), though nothing stops you.
 
+mod diffuse;
 mod distributed;
 mod execute;
 mod worker;
@@ -25,6 +26,10 @@ struct Cli {
 enum Command {
     /// Execute a run spec (what `miles run` compiles a recipe into).
     Run(execute::Args),
+    /// Execute a diffusion run spec (what `miles run` compiles a diffusion recipe into).
+    Diffuse(diffuse::Args),
+    /// A diffusion run's reward stage as a worker process (started by `diffuse`).
+    ImageReward(diffuse::RewardArgs),
     /// Host one stage instance for a controller (started by a launcher).
     Worker(worker::Args),
     /// Serve a model directory through the SGLang-compatible HTTP API.
@@ -39,6 +44,8 @@ fn main() -> ExitCode {
     }
     let code = match Cli::parse().command {
         Command::Run(a) => execute::run(a),
+        Command::Diffuse(a) => diffuse::run(a),
+        Command::ImageReward(a) => diffuse::reward_worker(a),
         Command::Worker(a) => worker::run(a),
         Command::Serve(a) => worker::serve(a),
     };

@@ -325,7 +325,31 @@ fn rule_schedule(cx: &Ctx, f: &FieldValue) -> Option<String> {
     }
 }
 
+/// Tests that show a diffusion recipe's fields change what its run does.
+const DIFFUSION_RUN: &[&str] =
+    &["a_diffusion_recipe_runs_through_the_binary", "diffusion_recipe_fields_reach_the_spec"];
+const DIFFUSION_WHERE: &str = "diffusion RL runs in the `miles run` process (the in_process launcher); worker processes and URL engines do not host a denoiser yet: remove the launcher";
+
 pub const TABLE: &[Entry] = &[
+    // ---- std/stages: diffusion -------------------------------------------------------------
+    e("denoise_pretrain", "", Support::Only(&[E], &[]), DIFFUSION_WHERE, &["pretraining_on_a_tiny_dataset_lowers_the_loss"]),
+    e("denoise_pretrain", "*", Support::All, "", DIFFUSION_RUN),
+    e("denoise", "", Support::Only(&[E], &[]), DIFFUSION_WHERE, &["sample_is_seeded_and_rows_do_not_depend_on_their_batch"]),
+    e("denoise", "*", Support::All, "", DIFFUSION_RUN),
+    e("image_reward", "", Support::Only(&[E], &[]), DIFFUSION_WHERE, &["the_classifier_learns_the_domain_and_round_trips"]),
+    e("image_reward", "streaming", Support::All, "", &["streamed_rewards_give_the_whole_batch_run_exactly"]),
+    e("image_reward", "classifier", Support::All, "", &["streamed_rewards_give_the_whole_batch_run_exactly", "bad_diffusion_specs_are_refused_before_any_work"]),
+    e("image_reward", "analytic", Support::All, "", &["analytic_rewards_match_hand_computed_values"]),
+    e("image_reward", "extra_cost", Support::All, "", &["the_extra_cost_is_slept_after_the_real_work"]),
+    e("image_reward", "process", Support::All, "", &["the_reward_in_a_worker_process_rewards_alike_and_survives_a_kill"]),
+    e("image_reward", "*", Support::All, "", DIFFUSION_RUN),
+    e("diffusion_grpo", "", Support::Only(&[E], &[]), DIFFUSION_WHERE, &["an_rl_step_raises_the_logprob_of_the_better_images"]),
+    e("diffusion_grpo", "clip", Support::All, "", &["ratio_and_clipping_on_three_samples_by_hand"]),
+    e("diffusion_grpo", "std_norm", Support::All, "", &["group_advantages_of_two_groups_by_hand"]),
+    e("diffusion_grpo", "kl_coef", Support::All, "", &["gaussian_kl_by_hand"]),
+    e("diffusion_grpo", "*", Support::All, "", DIFFUSION_RUN),
+    e("image_eval", "", Support::Only(&[E], &[]), DIFFUSION_WHERE, &["streamed_rewards_give_the_whole_batch_run_exactly"]),
+    e("image_eval", "*", Support::All, "", DIFFUSION_RUN),
     // ---- std/stages ------------------------------------------------------------------------
     e("sft", "", Support::All, "supervised warm-up before RL", &["sft_lowers_the_loss_and_init_is_deterministic"]),
     e("sft", "data", Support::Rule(rule_sft_data), "SFT reads the rollout's prompt set (train split)", &["run_trains_and_a_saved_plan_runs_exactly"]),
@@ -509,6 +533,9 @@ pub const TABLE: &[Entry] = &[
     e("openenv", "action_field", Support::All, "", &["episodes_against_a_real_openenv_server"]),
     e("openenv", "observation_field", Support::All, "", &["episodes_against_a_real_openenv_server"]),
     // ---- models and data ------------------------------------------------------------------------
+    e("denoiser", "", Support::Only(&[E], &[]), DIFFUSION_WHERE, &["sample_is_seeded_and_rows_do_not_depend_on_their_batch"]),
+    e("denoiser", "params", Support::Describes, DESCRIBES, &[]),
+    e("denoiser", "*", Support::All, "", DIFFUSION_RUN),
     e("transformer", "", Support::All, "", TRAINS),
     e("transformer", "layers", Support::All, "", &["save_load_round_trips_bit_for_bit"]),
     e("transformer", "d_model", Support::All, "", &["save_load_round_trips_bit_for_bit"]),

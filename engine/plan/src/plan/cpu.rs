@@ -33,6 +33,9 @@ pub const LORA_KERNELS: f64 = 4.0;
 /// AdamW per trainable tensor (decay, two moment updates, bias corrections, sqrt, division,
 /// update) plus its share of the gradient-norm clip.
 pub const ADAM_KERNELS_PER_TENSOR: f64 = 12.0;
+/// Bytes AdamW reads and writes per trainable parameter (weight, gradient and the two moments
+/// read, weight and moments written: 7 FP32 tensors).
+pub const ADAM_BYTES_PER_PARAM: f64 = 28.0;
 
 /// What one forward pass computes over.
 #[derive(Clone, Copy, Debug)]
@@ -124,7 +127,7 @@ pub(crate) fn rate(a: &Assumptions) -> CpuRate {
     CpuRate { flops_per_s: a.embedded_flops_per_s, kernel_s: a.embedded_kernel_s, bytes_per_s: a.embedded_bytes_per_s }
 }
 
-fn rate_note(r: &CpuRate) -> String {
+pub(super) fn rate_note(r: &CpuRate) -> String {
     format!(
         "one libtorch thread (miles run --threads 1; a recipe cannot set threads): matmuls at {:.0} GFLOP/s, {:.0} us per op, other ops write at {:.1} GB/s",
         r.flops_per_s / 1e9,
@@ -174,13 +177,20 @@ pub(super) fn train_step(
         Some(lo) => model::lora_params(m, lo).other + model::lora_params(m, lo).routed,
         None => m.params as f64,
     };
-    let mut adam =
-        CpuWork { flops: 0.0, kernels: ADAM_KERNELS_PER_TENSOR * trainable_tensors(m, lora), bytes: 28.0 * params };
+    let mut adam = CpuWork {
+        flops: 0.0,
+        kernels: ADAM_KERNELS_PER_TENSOR * trainable_tensors(m, lora),
+        bytes: ADAM_BYTES_PER_PARAM * params,
+    };
     let critic_work = if critic {
         let c = forward(m, &pass(micro, false, true));
         let cp = model::critic_spec(m).params as f64;
         adam = adam
-            + CpuWork { flops: 0.0, kernels: ADAM_KERNELS_PER_TENSOR * trainable_tensors(m, None), bytes: 28.0 * cp };
+            + CpuWork {
+                flops: 0.0,
+                kernels: ADAM_KERNELS_PER_TENSOR * trainable_tensors(m, None),
+                bytes: ADAM_BYTES_PER_PARAM * cp,
+            };
         (c + c + backward(c)).scale(micros)
     } else {
         CpuWork::default()

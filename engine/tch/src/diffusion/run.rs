@@ -110,9 +110,21 @@ pub fn run_in(
             (0..spec.pretrain.batch).map(|_| (rng.next_f64() * spec.model.conditions as f64) as i64).collect();
         let x0 = domain.batch(&conds, &mut rng);
         let loss = pretrain_loss(&model, &schedule, &x0, &conds, &mut rng, spec.pretrain.p_uncond)?;
+        let l = loss.double_value(&[]);
+        if !l.is_finite() {
+            // Before the update: the weights are still those of step i.
+            return Err(RunError::new(
+                E_NONFINITE,
+                format!(
+                    "the denoiser's pretraining loss became {l} at pretraining step {}; nothing was saved yet",
+                    i + 1
+                ),
+            )
+            .with_help("lower denoise_pretrain.lr"));
+        }
         loss.backward();
         opt.step(&model, spec.pretrain.lr)?;
-        loss_sum += loss.double_value(&[]);
+        loss_sum += l;
         since += 1;
         if (i + 1) % 100 == 0 || i + 1 == spec.pretrain.steps {
             write_row(
@@ -158,6 +170,8 @@ pub fn run_in(
         })
     };
     let first = eval(&model, &mut stage, 0)?;
+    // The step whose weights denoiser.safetensors holds (0: the pretrained denoiser).
+    let mut saved_at = 0;
     let mut row = first.row();
     row.push(("reward/classifier_accuracy", accuracy as f64));
     write_row(&mut metrics, 0, &row)?;
@@ -173,7 +187,8 @@ pub fn run_in(
         let all: Vec<i64> = conds.iter().flat_map(|&c| std::iter::repeat_n(c, g)).collect();
         let micro: Vec<Vec<i64>> = all.chunks(mg).map(<[i64]>::to_vec).collect();
         let t_roll = Instant::now();
-        let (trajs, rewards, denoise_s, wait_s) = rollout(&model, &schedule, spec, step, &micro, &mut stage)?;
+        let (trajs, rewards, denoise_s, wait_s) =
+            rollout(&model, &schedule, spec, step, &micro, &mut stage).map_err(|e| at_rl_step(e, step, saved_at))?;
         let rollout_s = t_roll.elapsed().as_secs_f64();
         let group_of: Vec<usize> = (0..all.len()).map(|i| i / g).collect();
         let adv = group_advantages(&rewards, &group_of, spec.rl.std_norm);
@@ -193,7 +208,8 @@ pub fn run_in(
                 &steps,
                 &schedule,
                 loss_spec,
-            )?;
+            )
+            .map_err(|e| at_rl_step(e, step, saved_at))?;
             (loss, clip, kl) = (loss + st.loss * n, clip + st.clip_frac / n, kl + st.kl * n);
         }
         let grad_norm = opt.step(&model, spec.rl.lr)?;
@@ -211,8 +227,9 @@ pub fn run_in(
             ("perf/train_s", train_s),
         ];
         if step % spec.eval.every == 0 || step == spec.rl.steps {
-            last = eval(&model, &mut stage, step)?;
+            last = eval(&model, &mut stage, step).map_err(|e| at_rl_step(e, step, saved_at))?;
             model.save(&out.join("denoiser.safetensors"))?;
+            saved_at = step;
             row.extend(last.row());
         }
         if spec.reward.process {
@@ -260,10 +277,7 @@ fn rollout(
         if let Some(i) = first_nonfinite(&images) {
             return Err(RunError::new(
                 E_NONFINITE,
-                format!(
-                    "the denoiser produced NaN/inf at RL step {step} (micro-group {k}, image {i}); \
-                     the last good checkpoint is denoiser.safetensors"
-                ),
+                format!("the denoiser produced NaN/inf (micro-group {k}, image {i})"),
             ));
         }
         trajs.push(tr);
@@ -289,6 +303,23 @@ fn rollout(
         rewards[offsets[k]..offsets[k] + r.len()].copy_from_slice(&r);
     }
     Ok((trajs, rewards, denoise_s, t.elapsed().as_secs_f64()))
+}
+
+/// A non-finite value met at RL `step`, said with where the last good denoiser is; the update of
+/// that step was not applied. Other errors pass as they are.
+fn at_rl_step(e: RunError, step: u64, saved_at: u64) -> RunError {
+    if e.code != E_NONFINITE {
+        return e;
+    }
+    RunError::new(
+        E_NONFINITE,
+        format!(
+            "RL step {step}: {}; the run stopped, that step's update not applied; the last good denoiser is \
+             denoiser.safetensors (the weights after step {saved_at})",
+            e.message
+        ),
+    )
+    .with_help("lower diffusion_grpo.lr, or raise kl_coef")
 }
 
 /// One held-out evaluation: the mean reward, the judge's accuracy and the samples' diversity.

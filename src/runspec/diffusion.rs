@@ -1,0 +1,224 @@
+//! From a compiled diffusion recipe (a `denoise` rollout) to the embedded backend's
+//! `DiffusionRunSpec` (engine/runtime/src/diffusion.rs). The stdlib's checks and the capability
+//! table have refused what the run cannot do; what is left here is the recipe's shape: one
+//! denoiser, one `denoise` rollout, one `image_reward`, one `diffusion_grpo`, E0511 otherwise.
+
+use super::{param_span, rec_steps, rec_u64, Mapper};
+use miles_compiler::graph::StageNode;
+use miles_compiler::value::{PortKind, Value};
+use miles_compiler::{CompiledRecipe, Diagnostic};
+use miles_runtime::diffusion::*;
+use std::path::PathBuf;
+
+/// The stage kinds a diffusion run executes.
+const KINDS: &[&str] = &["denoise_pretrain", "denoise", "image_reward", "diffusion_grpo", "image_eval", "weights"];
+
+/// Whether `recipe` is a diffusion recipe (it samples with `denoise`).
+pub fn is_diffusion(recipe: &CompiledRecipe) -> bool {
+    recipe.graph.nodes().any(|n| n.kind == "denoise")
+}
+
+pub fn diffusion_spec(recipe: &CompiledRecipe) -> Result<DiffusionRunSpec, Vec<Diagnostic>> {
+    let mut m = Mapper { g: &recipe.graph, diags: Vec::new() };
+    let settings = recipe.settings.as_record();
+    let seed = settings.and_then(|s| s.get("seed")).and_then(Value::as_i64).unwrap_or(0).max(0) as u64;
+    let stop =
+        settings.and_then(|s| s.get("stop")).and_then(Value::as_q).map(|q| q.to_f64().round() as u64).unwrap_or(0);
+    for node in recipe.graph.nodes() {
+        if !KINDS.contains(&node.kind.as_str()) {
+            m.unsupported(
+                node.name_span,
+                format!("a `{}` stage in a diffusion recipe", node.kind),
+                "a diffusion run executes denoise_pretrain, denoise, image_reward, diffusion_grpo, image_eval and weights",
+            );
+        }
+    }
+    fn one<'r>(m: &mut Mapper<'r>, kind: &str) -> Option<&'r StageNode> {
+        let all = m.stage_by_kind(|n| n.kind == kind);
+        for extra in all.iter().skip(1) {
+            m.unsupported(extra.name_span, format!("a second `{kind}` stage"), "a diffusion run has one of each stage");
+        }
+        all.first().copied()
+    }
+    let rollout = one(&mut m, "denoise");
+    let reward = one(&mut m, "image_reward");
+    let train = one(&mut m, "diffusion_grpo");
+    let pretrain = one(&mut m, "denoise_pretrain");
+    let eval = one(&mut m, "image_eval");
+    let (Some(rollout), Some(reward), Some(train)) = (rollout, reward, train) else {
+        let d = Diagnostic::error(
+            "E0511",
+            "the embedded backend runs a diffusion recipe with a `denoise` rollout, an `image_reward` and a `diffusion_grpo` trainer",
+        )
+        .with_primary(rollout.map(|n| n.name_span).unwrap_or(recipe.span), "this recipe lacks one of them")
+        .with_help("reward = image_reward(rollout) { ... } and train = diffusion_grpo(rollout, reward) { ... }");
+        m.diags.push(d);
+        return Err(m.diags);
+    };
+    let Some(model) = rollout.model.as_deref().filter(|r| r.schema_name == "denoiser") else {
+        m.unsupported(
+            rollout.name_span,
+            "a denoising rollout without a `denoiser` model".into(),
+            "model policy = denoiser { ... }",
+        );
+        return Err(m.diags);
+    };
+    let n = |name: &str| rec_u64(model, name) as usize;
+    let model =
+        DenoiserConfig { side: n("side"), conditions: n("conditions"), hidden: n("hidden"), layers: n("layers") };
+    // The trainer must train the rollout's samples with the reward that scored them.
+    if m.upstream(train, PortKind::Scores).map(|r| r.name.as_str()) != Some(reward.name.as_str()) {
+        m.unsupported(
+            train.name_span,
+            "a trainer fed by another reward".into(),
+            "train = diffusion_grpo(rollout, reward)",
+        );
+    }
+
+    let schedule = match rollout.param("schedule").and_then(Value::as_enum) {
+        Some("linear") => ScheduleKind::Linear,
+        _ => ScheduleKind::Cosine,
+    };
+    let pretrain = match pretrain {
+        Some(p) => PretrainSpec {
+            steps: rec_steps(p, "steps"),
+            lr: m.f64(p, "lr"),
+            batch: m.u64(p, "batch") as usize,
+            p_uncond: m.f64(p, "p_uncond"),
+        },
+        // No pretraining stage: RL starts from the seeded, untrained denoiser.
+        None => PretrainSpec { steps: 0, lr: 0.0, batch: 1, p_uncond: 0.0 },
+    };
+    let analytic = match reward.param("analytic").and_then(Value::as_enum) {
+        Some("brightness") => Some(AnalyticReward::Brightness),
+        Some("contrast") => Some(AnalyticReward::Contrast),
+        Some("center_mass") => Some(AnalyticReward::CenterMass),
+        _ => None,
+    };
+    let extra_cost_ms =
+        reward.param("extra_cost").and_then(Value::as_q).map(|q| (q.to_f64() * 1000.0).round().max(0.0) as u64);
+    let train_steps = match train.param("train_steps") {
+        Some(v) if *v != Value::None => Some(m.u64(train, "train_steps") as usize),
+        _ => None,
+    };
+    let (every, samples, judge_steps) = match eval {
+        Some(e) => (rec_steps(e, "every").max(1), m.u64(e, "samples") as usize, m.u64(e, "judge_steps")),
+        // No evaluation stage: the held-out samples are drawn once before RL and once at the end.
+        None => (stop.max(1), 32, 0),
+    };
+    let spec = DiffusionRunSpec {
+        seed,
+        model,
+        schedule,
+        steps: m.u64(rollout, "steps") as usize,
+        eta: m.f64(rollout, "eta"),
+        guidance: m.f64(rollout, "guidance"),
+        pretrain,
+        reward: DiffusionRewardSpec {
+            classifier_steps: m.u64(reward, "classifier_steps"),
+            classifier_path: reward.param("classifier").and_then(Value::as_str).map(PathBuf::from),
+            classifier_weight: m.f64(reward, "classifier_weight"),
+            classifier_temperature: m.f64(reward, "temperature"),
+            analytic,
+            analytic_weight: m.f64(reward, "analytic_weight"),
+            extra_cost_ms: extra_cost_ms.unwrap_or(0),
+            process: m.bool(reward, "process"),
+        },
+        rl: DiffusionRlSpec {
+            steps: stop,
+            conditions_per_step: m.u64(train, "conditions_per_step") as usize,
+            samples_per_condition: m.u64(rollout, "samples_per_condition") as usize,
+            micro_group: m.u64(rollout, "micro_group") as usize,
+            lr: m.f64(train, "lr"),
+            clip: m.f64(train, "clip"),
+            kl_coef: m.f64(train, "kl_coef"),
+            train_steps,
+            std_norm: m.bool(train, "std_norm"),
+            grad_clip: m.f64(train, "grad_clip"),
+        },
+        eval: DiffusionEvalSpec { every, samples, judge_steps },
+        streaming: m.bool(reward, "streaming"),
+    };
+    // The runtime's own rules (the stdlib states them too), at the recipe's lines.
+    if let Err(e) = spec.validate() {
+        m.diags.push(
+            Diagnostic::error("E0511", e.message)
+                .with_primary(param_span(rollout, "micro_group"), "the diffusion run refuses this"),
+        );
+    }
+    if m.diags.is_empty() {
+        Ok(spec)
+    } else {
+        Err(m.diags)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use miles_compiler::fs::MemoryFs;
+    use miles_compiler::{compile, Options};
+
+    fn spec_of(text: &str) -> Result<DiffusionRunSpec, Vec<String>> {
+        let fs = MemoryFs::with(&[("d.miles", text)]);
+        let c = compile(&fs, &["d.miles".to_string()], &Options::default());
+        let errors: Vec<String> = c.diagnostics.iter().filter(|d| d.is_error()).map(|d| d.message.clone()).collect();
+        if !errors.is_empty() {
+            return Err(errors);
+        }
+        let r = &c.recipes[0];
+        assert!(is_diffusion(r));
+        diffusion_spec(r).map_err(|d| d.into_iter().map(|d| d.message).collect())
+    }
+
+    const RECIPE: &str = r#"
+model policy = denoiser { side = 12, conditions = 4, hidden = 64, layers = 1 }
+recipe d {
+    pretrain = denoise_pretrain(policy) { steps = 50.steps, lr = 1e-3, batch = 8, p_uncond = 0.2 }
+    rollout = denoise(pretrain) { steps = 10, schedule = linear, eta = 0.5, guidance = 2.0, samples_per_condition = 4, micro_group = 2 }
+    reward = image_reward(rollout) { classifier_steps = 30, classifier_weight = 0.5, temperature = 4.0,
+                                     analytic = contrast, analytic_weight = 2.0, streaming = false, extra_cost = 15.ms,
+                                     process = true }
+    train = diffusion_grpo(rollout, reward) { conditions_per_step = 3, lr = 1e-4, clip = 0.1, kl_coef = 0.02,
+                                              train_steps = 5, std_norm = false, grad_clip = 0.5 }
+    sync = weights(train -> rollout) { transport = local }
+    eval = image_eval(rollout) { every = 5.steps, samples = 16, judge_steps = 40 }
+    seed = 7
+    stop = 20.steps
+}
+"#;
+
+    #[test]
+    fn diffusion_recipe_fields_reach_the_spec() {
+        let s = spec_of(RECIPE).unwrap();
+        assert_eq!(s.seed, 7);
+        assert_eq!(s.model, DenoiserConfig { side: 12, conditions: 4, hidden: 64, layers: 1 });
+        assert_eq!((s.schedule, s.steps, s.eta, s.guidance), (ScheduleKind::Linear, 10, 0.5, 2.0));
+        assert_eq!(s.pretrain, PretrainSpec { steps: 50, lr: 1e-3, batch: 8, p_uncond: 0.2 });
+        let r = &s.reward;
+        assert_eq!((r.classifier_steps, r.classifier_weight, r.classifier_temperature), (30, 0.5, 4.0));
+        assert_eq!((r.analytic, r.analytic_weight, r.extra_cost_ms), (Some(AnalyticReward::Contrast), 2.0, 15));
+        assert_eq!((r.classifier_path.as_ref(), r.process), (None, true));
+        let t = &s.rl;
+        assert_eq!((t.steps, t.conditions_per_step, t.samples_per_condition, t.micro_group), (20, 3, 4, 2));
+        assert_eq!(
+            (t.lr, t.clip, t.kl_coef, t.train_steps, t.std_norm, t.grad_clip),
+            (1e-4, 0.1, 0.02, Some(5), false, 0.5)
+        );
+        assert_eq!((s.eval.every, s.eval.samples, s.eval.judge_steps), (5, 16, 40));
+        assert!(!s.streaming);
+        assert!(s.validate().is_ok());
+    }
+
+    #[test]
+    fn a_second_stage_of_a_kind_is_refused_and_evaluation_is_optional() {
+        let e = spec_of(&RECIPE.replace("    sync = weights", "    again = image_eval(rollout)\n    sync = weights"))
+            .unwrap_err();
+        assert!(e.iter().any(|m| m.contains("a second `image_eval` stage")), "{e:?}");
+        let s = spec_of(
+            &RECIPE.replace("    eval = image_eval(rollout) { every = 5.steps, samples = 16, judge_steps = 40 }\n", ""),
+        )
+        .unwrap();
+        assert_eq!((s.eval.every, s.eval.samples, s.eval.judge_steps), (20, 32, 0), "before RL and at the end");
+    }
+}
