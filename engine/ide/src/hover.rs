@@ -411,6 +411,19 @@ mod tests {
         assert!(h.contains("R3 (rollout routing replay)"), "{h}");
     }
 
+    /// A diffusion recipe's fields are documented where they are written, and the denoiser's
+    /// derived parameter count is shown.
+    #[test]
+    fn on_diffusion_fields_shows_their_docs_and_the_derived_params() {
+        let src = "model p = denoiser { side = 16, hid$0den = 256 }\nrecipe d {\n    rollout = denoise(p) { micro_group = 4 }\n}\n";
+        let h = check(src);
+        assert!(h.contains("hidden: Int in 2..=16384 = 256") && h.contains("half the timestep sinusoid"), "{h}");
+        let h = check(&src.replace("hid$0den", "hidden").replace("micro_group = 4", "micro_gr$0oup = 4"));
+        assert!(h.contains("a micro-group holds one condition's images"), "{h}");
+        let h = check(&src.replace("hid$0den", "hidden").replace("model p =", "model p$0 ="));
+        assert!(h.contains("params") && h.contains("464384"), "{h}");
+    }
+
     #[test]
     fn on_a_stage_instance_lists_parameters() {
         assert_snapshot!(check(&recipe("").replace("exact_match(rollout)", "exact_match(roll$0out)")));
