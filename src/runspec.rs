@@ -216,12 +216,19 @@ fn rec_str(r: &Record, name: &str) -> String {
     r.get(name).and_then(|v| v.as_str()).unwrap_or_default().to_string()
 }
 
+/// The recipe's `seed` and `stop` (training steps) settings.
+fn seed_and_stop(recipe: &CompiledRecipe) -> (u64, u64) {
+    let settings = recipe.settings.as_record();
+    let seed = settings.and_then(|s| s.get("seed")).and_then(Value::as_i64).unwrap_or(0).max(0) as u64;
+    let stop =
+        settings.and_then(|s| s.get("stop")).and_then(Value::as_q).map(|q| q.to_f64().round() as u64).unwrap_or(0);
+    (seed, stop)
+}
+
 pub fn run_spec(recipe: &CompiledRecipe) -> Result<RunSpec, Vec<Diagnostic>> {
     let mut m = Mapper { g: &recipe.graph, diags: Vec::new() };
     let settings = recipe.settings.as_record();
-    let seed = settings.and_then(|s| s.get("seed")).and_then(Value::as_i64).unwrap_or(0).max(0) as u64;
-    let steps =
-        settings.and_then(|s| s.get("stop")).and_then(Value::as_q).map(|q| q.to_f64().round() as u64).unwrap_or(0);
+    let (seed, steps) = seed_and_stop(recipe);
     let schedule =
         settings.and_then(|s| s.get("schedule")).and_then(Value::as_record).map(schedule_spec).unwrap_or_default();
 

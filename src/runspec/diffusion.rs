@@ -20,10 +20,7 @@ pub fn is_diffusion(recipe: &CompiledRecipe) -> bool {
 
 pub fn diffusion_spec(recipe: &CompiledRecipe) -> Result<DiffusionRunSpec, Vec<Diagnostic>> {
     let mut m = Mapper { g: &recipe.graph, diags: Vec::new() };
-    let settings = recipe.settings.as_record();
-    let seed = settings.and_then(|s| s.get("seed")).and_then(Value::as_i64).unwrap_or(0).max(0) as u64;
-    let stop =
-        settings.and_then(|s| s.get("stop")).and_then(Value::as_q).map(|q| q.to_f64().round() as u64).unwrap_or(0);
+    let (seed, stop) = super::seed_and_stop(recipe);
     for node in recipe.graph.nodes() {
         if !KINDS.contains(&node.kind.as_str()) {
             m.unsupported(

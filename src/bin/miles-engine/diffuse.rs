@@ -2,7 +2,6 @@
 //! recipe into) on the embedded backend, in this process, and prints the outcome.
 
 use miles_runtime::diffusion::DiffusionRunSpec;
-use std::io::Read;
 use std::path::PathBuf;
 
 #[derive(clap::Args)]
@@ -20,16 +19,7 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> u8 {
-    let mut text = String::new();
-    let read = if args.spec == "-" {
-        std::io::stdin().read_to_string(&mut text).map(|_| ())
-    } else {
-        std::fs::read_to_string(&args.spec).map(|t| text = t)
-    };
-    if let Err(e) = read {
-        eprintln!("error[E0504]: cannot read the diffusion run spec {}: {e}", args.spec);
-        return 1;
-    }
+    let Some(text) = crate::execute::read_spec(&args.spec) else { return 1 };
     let spec: DiffusionRunSpec = match serde_json::from_str(&text) {
         Ok(s) => s,
         Err(e) => {

@@ -23,23 +23,30 @@ pub struct Args {
     pub progress: String,
 }
 
-pub fn run(args: Args) -> u8 {
-    let text = if args.spec == "-" {
+/// The text of `--spec`: a file, or standard input for `-`; None (the error said) when unreadable.
+pub fn read_spec(spec: &str) -> Option<String> {
+    if spec == "-" {
         let mut s = String::new();
-        if let Err(e) = std::io::stdin().read_to_string(&mut s) {
-            eprintln!("error[E0504]: cannot read the run spec from standard input: {e}");
-            return 1;
-        }
-        s
-    } else {
-        match std::fs::read_to_string(&args.spec) {
-            Ok(s) => s,
+        match std::io::stdin().read_to_string(&mut s) {
+            Ok(_) => Some(s),
             Err(e) => {
-                eprintln!("error[E0504]: cannot read {}: {e}", args.spec);
-                return 1;
+                eprintln!("error[E0504]: cannot read the run spec from standard input: {e}");
+                None
             }
         }
-    };
+    } else {
+        match std::fs::read_to_string(spec) {
+            Ok(s) => Some(s),
+            Err(e) => {
+                eprintln!("error[E0504]: cannot read {spec}: {e}");
+                None
+            }
+        }
+    }
+}
+
+pub fn run(args: Args) -> u8 {
+    let Some(text) = read_spec(&args.spec) else { return 1 };
     let spec = match RunSpec::from_json(&text) {
         Ok(s) => s,
         Err(e) => {
