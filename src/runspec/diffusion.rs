@@ -82,9 +82,10 @@ pub fn diffusion_spec(recipe: &CompiledRecipe) -> Result<DiffusionRunSpec, Vec<D
             lr: m.f64(p, "lr"),
             batch: m.u64(p, "batch") as usize,
             p_uncond: m.f64(p, "p_uncond"),
+            seed: p.param("seed").and_then(Value::as_i64).map(|s| s.max(0) as u64),
         },
         // No pretraining stage: RL starts from the seeded, untrained denoiser.
-        None => PretrainSpec { steps: 0, lr: 0.0, batch: 1, p_uncond: 0.0 },
+        None => PretrainSpec { steps: 0, lr: 0.0, batch: 1, p_uncond: 0.0, seed: None },
     };
     let analytic = match reward.param("analytic").and_then(Value::as_enum) {
         Some("brightness") => Some(AnalyticReward::Brightness),
@@ -171,7 +172,7 @@ mod tests {
     const RECIPE: &str = r#"
 model policy = denoiser { side = 12, conditions = 4, hidden = 64, layers = 1 }
 recipe d {
-    pretrain = denoise_pretrain(policy) { steps = 50.steps, lr = 1e-3, batch = 8, p_uncond = 0.2 }
+    pretrain = denoise_pretrain(policy) { steps = 50.steps, lr = 1e-3, batch = 8, p_uncond = 0.2, seed = 11 }
     rollout = denoise(pretrain) { steps = 10, schedule = linear, eta = 0.5, guidance = 2.0, samples_per_condition = 4, micro_group = 2 }
     reward = image_reward(rollout) { classifier_steps = 30, classifier_weight = 0.5, temperature = 4.0,
                                      analytic = contrast, analytic_weight = 2.0, streaming = false, extra_cost = 15.ms,
@@ -191,7 +192,7 @@ recipe d {
         assert_eq!(s.seed, 7);
         assert_eq!(s.model, DenoiserConfig { side: 12, conditions: 4, hidden: 64, layers: 1 });
         assert_eq!((s.schedule, s.steps, s.eta, s.guidance), (ScheduleKind::Linear, 10, 0.5, 2.0));
-        assert_eq!(s.pretrain, PretrainSpec { steps: 50, lr: 1e-3, batch: 8, p_uncond: 0.2 });
+        assert_eq!(s.pretrain, PretrainSpec { steps: 50, lr: 1e-3, batch: 8, p_uncond: 0.2, seed: Some(11) });
         let r = &s.reward;
         assert_eq!((r.classifier_steps, r.classifier_weight, r.classifier_temperature), (30, 0.5, 4.0));
         assert_eq!((r.analytic, r.analytic_weight, r.extra_cost_ms), (Some(AnalyticReward::Contrast), 2.0, 15));

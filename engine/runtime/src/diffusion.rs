@@ -126,6 +126,10 @@ pub struct PretrainSpec {
     pub batch: usize,
     /// Probability of training on the null condition (classifier-free guidance).
     pub p_uncond: f64,
+    /// Seeds the pretrained denoiser, the reward classifier, the judge and the held-out samples;
+    /// None: the run's seed. Fixed, runs of several seeds differ in their RL draws alone.
+    #[serde(default)]
+    pub seed: Option<u64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

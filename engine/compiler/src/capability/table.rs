@@ -333,6 +333,7 @@ const DIFFUSION_WHERE: &str = "diffusion RL runs in the `miles run` process (the
 pub const TABLE: &[Entry] = &[
     // ---- std/stages: diffusion -------------------------------------------------------------
     e("denoise_pretrain", "", Support::Only(&[E], &[]), DIFFUSION_WHERE, &["pretraining_on_a_tiny_dataset_lowers_the_loss"]),
+    e("denoise_pretrain", "seed", Support::All, "", &["the_pretraining_seed_fixes_what_rl_starts_from"]),
     e("denoise_pretrain", "*", Support::All, "", DIFFUSION_RUN),
     e("denoise", "", Support::Only(&[E], &[]), DIFFUSION_WHERE, &["sample_is_seeded_and_rows_do_not_depend_on_their_batch"]),
     e("denoise", "*", Support::All, "", DIFFUSION_RUN),

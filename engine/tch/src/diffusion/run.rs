@@ -52,6 +52,9 @@ pub fn run_in(
     std::fs::create_dir_all(out.join("grids")).map_err(|e| RunError::io(E_BACKEND, "cannot create", out, e))?;
     let mut metrics = Metrics::open(&out.join("metrics.jsonl"), None)?;
     let domain = Domain::new(spec.model.side, spec.model.conditions)?;
+    // What RL starts from and is judged by (the pretrained denoiser, the reward classifier, the
+    // judge, the held-out samples) follows the pretraining seed; RL's own draws follow `seed`.
+    let base_seed = spec.pretrain.seed.unwrap_or(spec.seed);
     let schedule = Schedule::new(spec.schedule, spec.steps)?;
 
     // The reward model: trained on the domain, or loaded; its input shape must be the denoiser's.
@@ -63,7 +66,7 @@ pub fn run_in(
                 spec.reward.classifier_steps as usize,
                 32,
                 3e-3,
-                spec.seed ^ 0xC1A5,
+                base_seed ^ 0xC1A5,
             )?;
             // Kept, so another recipe can reward against the same model (`classifier = "..."`).
             c.save_dir(&out.join("classifier"))?;
@@ -73,7 +76,7 @@ pub fn run_in(
     // The judge: trained like the reward model from an unrelated seed, never optimised against.
     let judge = match spec.eval.judge_steps {
         0 => None,
-        n => Some(Classifier::train_on_domain(&domain, n as usize, 32, 3e-3, spec.seed ^ 0x7D6E_0001)?.0),
+        n => Some(Classifier::train_on_domain(&domain, n as usize, 32, 3e-3, base_seed ^ 0x7D6E_0001)?.0),
     };
     let mut classifier = classifier.with_extra_cost(Duration::from_millis(spec.reward.extra_cost_ms));
     classifier.temperature = spec.reward.classifier_temperature;
@@ -96,14 +99,14 @@ pub fn run_in(
         None => RewardStage::Thread(ThreadStage::start(Scorer::new(classifier, &spec.reward))),
     };
     // Pretraining: the plain denoising loss on domain images.
-    let model = Denoiser::init(&spec.model, spec.seed)?;
+    let model = Denoiser::init(&spec.model, base_seed)?;
     model.set_requires_grad(true);
     let adam_spec = |lr: f64, grad_clip: f64| -> TrainSpec {
         serde_json::from_value(json!({"lr": lr, "micro_batch": 1, "global_batch": 1, "grad_clip": grad_clip}))
             .expect("static spec")
     };
     let mut opt = DenoiserAdam::new(&model, adam_spec(spec.pretrain.lr, 1.0));
-    let mut rng = Rng::derived(spec.seed, "diffusion-pretrain", 0);
+    let mut rng = Rng::derived(base_seed, "diffusion-pretrain", 0);
     let (mut loss_sum, mut since) = (0.0, 0u64);
     for i in 0..spec.pretrain.steps {
         let conds: Vec<i64> =
@@ -145,10 +148,10 @@ pub fn run_in(
     opt = DenoiserAdam::new(&model, adam_spec(spec.rl.lr, spec.rl.grad_clip));
     model.save(&out.join("denoiser.safetensors"))?;
 
-    let eval_pairs = domain.eval_pairs(spec.eval.samples, spec.seed ^ 0xE7A1);
+    let eval_pairs = domain.eval_pairs(spec.eval.samples, base_seed ^ 0xE7A1);
     let eval = |model: &Denoiser, stage: &mut RewardStage, step: u64| -> Result<Eval, RunError> {
         let conds: Vec<i64> = eval_pairs.iter().map(|p| p.0).collect();
-        let params = SampleParams { guidance: spec.guidance, eta: spec.eta, seed: spec.seed ^ 0xE7A1 };
+        let params = SampleParams { guidance: spec.guidance, eta: spec.eta, seed: base_seed ^ 0xE7A1 };
         let traj = sample(model, &conds, &schedule, params)?;
         let images = traj.images();
         let r = stage.score_now(&images, &conds)?;
