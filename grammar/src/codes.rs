@@ -367,7 +367,9 @@ node than the node has. Stream it from disk instead, or shard it over more GPUs.
         code: "E0409",
         title: "stage cannot be planned",
         explanation: "A stage that runs an engine or a trainer has no model, so its memory and \
-time cannot be planned. Give it a model from `std/models` or an `llm { ... }` record.",
+time cannot be planned: give it a model from `std/models` or an `llm { ... }` record. Or a trainer \
+on the embedded backend (the CPU trainer of `local` clusters) sits in a recipe on GPUs, where it \
+would train in fp32 on the host: set `backend = fsdp { gpus = ... }` or `megatron { ... }`.",
     },
     Code {
         code: "E0410",

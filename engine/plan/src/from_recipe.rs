@@ -90,6 +90,13 @@ pub fn plan_input(recipe: &CompiledRecipe) -> PlanInput {
                 batch.samples_per_prompt = upstream_rollout(g, node).and_then(|r| param_int(r, "samples_per_prompt"));
             }
         }
+        // A kind the planner does not know, running a model of its own (a teacher in a field):
+        // that model is the one E0410 names, whatever the stage's ports lead to.
+        if stage.trainer.is_none() && stage.engine.is_none() && !KNOWN_KINDS.contains(&node.kind.as_str()) {
+            if let Some(m) = node.params.values().find_map(|p| p.value.as_record().and_then(model_spec)) {
+                stage.model = Some(m);
+            }
+        }
         stages.push(stage);
     }
     let placement = match settings.and_then(|s| s.fields.get("placement")) {

@@ -925,3 +925,24 @@ pub struct GraphEdge {
     #[serde(default)]
     pub weights: bool,
 }
+
+/// The std/stages kinds the planner places (rewards and checkpoints run on the host by design).
+pub(crate) const KNOWN_KINDS: &[&str] = &[
+    "sft",
+    "generate",
+    "exact_match",
+    "verify",
+    "command_reward",
+    "http_reward",
+    "env_reward",
+    "grpo",
+    "ppo",
+    "weights",
+    "evaluate",
+    "checkpoint",
+    "denoise_pretrain",
+    "denoise",
+    "image_reward",
+    "diffusion_grpo",
+    "image_eval",
+];

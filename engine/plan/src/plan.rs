@@ -116,7 +116,8 @@ pub fn plan(input: &PlanInput) -> Plan {
     let mut memory = Vec::new();
     let mut rollouts = Vec::new();
     let mut train_facts: Vec<TrainFacts> = Vec::new();
-    let mut engine_leftover = 0u64;
+    // What the GPU map draws: an engine stage occupies only the GPUs its engines span.
+    let mut occupied = placed.clone();
     for (i, st) in input.stages.iter().enumerate() {
         let pl = &placed[i];
         let errors_before = cx.errors();
@@ -163,9 +164,7 @@ pub fn plan(input: &PlanInput) -> Plan {
                 if pl.placed == Where::Host { 0 } else { gpus.saturating_sub(engines.saturating_mul(e.tp.value)) };
             if unused > 0 && e.tp.value > 0 && engines > 0 && !pl.error {
                 layout.push_str(&format!(" ({unused} GPU{} unused)", if unused == 1 { "" } else { "s" }));
-                if pl.shares_with.is_empty() {
-                    engine_leftover += unused;
-                }
+                occupied[i].ranges = placement::first_gpus(&pl.ranges, engines.saturating_mul(e.tp.value));
             }
             if !pl.error && pl.placed != Where::Shared {
                 if let Some(r) = rollout::plan_engine(&mut cx, st, e, pl, engines, batch.as_ref(), &mut memory) {
@@ -223,7 +222,15 @@ pub fn plan(input: &PlanInput) -> Plan {
         c.share_of_step = Some(crate::model::div(c.switch.seconds, st.step.seconds));
     }
     let buffer = step::plan_buffer(&cx, batch.as_ref());
-    let gpu_map = placement::gpu_map(&cx, &placed);
+    // An eval stage on the rollout's engines occupies what they do.
+    for (i, st) in input.stages.iter().enumerate() {
+        if st.role == Role::Eval && st.gpus.is_none() {
+            if let Some(r) = input.stages.iter().position(|s| s.role == Role::Rollout) {
+                occupied[i].ranges = occupied[r].ranges.clone();
+            }
+        }
+    }
+    let gpu_map = placement::gpu_map(&cx, &occupied);
 
     // GPUs per set of roles, from the map, so colocated GPUs are counted once.
     let mut by_role: Vec<RoleGpus> = Vec::new();
@@ -242,8 +249,9 @@ pub fn plan(input: &PlanInput) -> Plan {
             None => by_role.push(RoleGpus { roles, gpus: n }),
         }
     }
-    let idle_gpus =
-        gpu_map.iter().filter(|s| s.stages.is_empty()).map(|s| s.last - s.first + 1).sum::<u64>() + engine_leftover;
+    // GPUs no stage occupies; under colocation a GPU no engine fits on still trains, and the
+    // map shows it as the trainer's alone.
+    let idle_gpus = gpu_map.iter().filter(|s| s.stages.is_empty()).map(|s| s.last - s.first + 1).sum::<u64>();
     let errors = cx.errors();
     let diagnostics = std::mem::take(&mut cx.diags);
     let warnings = diagnostics.len() - errors;

@@ -132,6 +132,11 @@ fn uneven_engine_tp_on_one_node() {
     assert!(!codes(&p).contains(&"E0406"), "{}", render_text(&p));
     assert!(p.stages[0].layout.contains("2 engines x TP3 (2 GPUs unused)"), "{}", p.stages[0].layout);
     assert_eq!(p.summary.idle_gpus, 0, "the trainer uses all 8: {}", render_text(&p));
+    // The map and the summary say which GPUs the engines leave to the trainer alone.
+    let map: Vec<(u64, u64, Vec<String>)> = p.gpu_map.iter().map(|s| (s.first, s.last, s.stages.clone())).collect();
+    let names = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    assert_eq!(map, [(0, 5, names(&["rollout", "train"])), (6, 7, names(&["train"]))], "{}", render_text(&p));
+    assert!(render_text(&p).contains("on 8 GPUs (6 rollout+train, 2 train)"), "{}", render_text(&p));
 
     input.placement.mode.value = PlacementMode::Disaggregated;
     input.stages.retain(|s| s.role != Role::Train);
@@ -139,6 +144,12 @@ fn uneven_engine_tp_on_one_node() {
     let p = plan(&input);
     assert!(!codes(&p).contains(&"E0406"), "{}", render_text(&p));
     assert_eq!(p.summary.idle_gpus, 2, "{}", render_text(&p));
+    // Counted once: 6 rollout GPUs and 2 idle make the cluster's 8.
+    let text = render_text(&p);
+    assert!(
+        text.contains("on 8 GPUs (6 rollout, 2 idle)") && text.contains("GPUs 6-7         node 0         (idle)"),
+        "{text}"
+    );
 }
 
 /// E0401's fixes name only fields the backend has and GPU counts the cluster holds.
@@ -160,6 +171,26 @@ fn gpu_cluster_needs_a_gpu_backend() {
     assert!(msgs.iter().any(|m| m.contains("on a GPU cluster the trainer needs a GPU backend")), "{msgs:?}");
 }
 
+/// A trainer kind declared in the recipe's modules, defaulting to the embedded CPU trainer, on an
+/// H100 cluster: no stdlib check sees it, and the plan refuses it (E0409, with the fix) instead of
+/// planning 199 GB of fp32 state onto the GPUs; the trainer gets no GPUs and no memory row.
+#[test]
+fn embedded_trainer_on_a_gpu_cluster_is_not_planned_onto_the_gpus() {
+    let src = qwen3_4b(32, ENGINE, "").replace("train = grpo(rollout, reward)", "train = my_train(rollout, reward)")
+        + "\nstage my_train(rollout: Trajectories, reward: Scores) -> Policy {\n    backend: Backend = embedded_trainer\n    rollout_batch: Int = 32\n    global_batch: Int = 256\n    micro_batch: Int = 1\n}\n";
+    let p = planned(&src);
+    let e = p.diagnostics.iter().find(|d| d.code == "E0409").expect("E0409");
+    assert!(e.is_error() && e.message.contains("embedded trainer runs on the host CPU"), "{}", e.message);
+    assert!(e.help.as_deref().is_some_and(|h| h.contains("backend = fsdp")), "{:?}", e.help);
+    let train = p.stages.iter().find(|s| s.name == "train").expect("train");
+    assert_eq!((train.symbol.as_str(), train.placed, train.gpus), ("!", Where::Host, 0));
+    assert!(p.memory.iter().all(|m| m.stage != "train"), "{}", render_text(&p));
+    assert!(!codes(&p).contains(&"E0401"), "{}", render_text(&p));
+    // The engines keep the GPUs; nothing is colocated with a trainer that is not there.
+    assert_eq!(p.rollouts[0].engines, 8);
+    assert!(p.colocation.is_none());
+}
+
 /// A stage kind the planner does not know, running a model, is a warning naming it.
 #[test]
 fn unknown_stage_kind_with_a_model_warns() {
@@ -170,6 +201,28 @@ fn unknown_stage_kind_with_a_model_warns() {
     let p = planned(&src);
     let w = p.diagnostics.iter().find(|d| d.code == "E0410").expect("E0410");
     assert!(!w.is_error() && w.message.contains("my_teacher") && w.message.contains("judge"), "{}", w.message);
+}
+
+/// A teacher held in a field of a user-declared kind: the warning names the teacher's model,
+/// even when no port leads to a model (a kind reading only scores) or one leads to the policy.
+#[test]
+fn unknown_stage_kind_with_a_teacher_field_warns_naming_the_teacher() {
+    for (ports, arg) in [("scores: Scores", "reward"), ("rollout: Trajectories", "rollout")] {
+        let src = qwen3_4b(32, ENGINE, FSDP)
+            .replace("import std/models { qwen3_4b }", "import std/models { qwen3_4b, qwen3_30b_a3b }")
+            .replace(
+                "    reward = exact_match(rollout)",
+                &format!("    reward = exact_match(rollout)\n    judge = teacher_score({arg})"),
+            )
+            + &format!("\nstage teacher_score({ports}) -> Scores {{\n    teacher: Model = qwen3_30b_a3b\n}}\n");
+        let p = planned(&src);
+        let w =
+            p.diagnostics.iter().find(|d| d.code == "E0410").unwrap_or_else(|| panic!("{ports}: {}", render_text(&p)));
+        assert!(!w.is_error(), "{ports}");
+        assert!(w.message.contains("`teacher_score` runs Qwen3-30B-A3B"), "{ports}: {}", w.message);
+        let judge = p.stages.iter().find(|s| s.name == "judge").expect("judge");
+        assert_eq!(judge.model.as_deref(), Some("Qwen3-30B-A3B"));
+    }
 }
 
 /// A rate is not under a key named `seconds`.

@@ -1,5 +1,6 @@
 //! Parallel layouts checked before placement: no zero degree, EP divides the experts, an
-//! engine's DP and EP divide its TP (E0404), and every GPU stage has a model (E0409).
+//! engine's DP and EP divide its TP (E0404), every GPU stage has a model and no embedded trainer
+//! is put on GPUs (E0409), and a model-running kind the planner does not know is named (E0410).
 
 use super::Ctx;
 use crate::input::*;
@@ -79,6 +80,18 @@ pub(super) fn validate_layouts(cx: &mut Ctx) {
                 Some("give its model GPUs of its own outside the plan, or serve it behind `http_reward`".into()),
             );
         }
+        if embedded_on_gpus(cx.total_gpus, st) {
+            cx.error(
+                "E0409",
+                format!(
+                    "{}: the embedded trainer runs on the host CPU in fp32; cluster {} has {} GPUs and the stage names no GPU backend",
+                    st.name, input.cluster.name, cx.total_gpus
+                ),
+                st.trainer.as_ref().and_then(|t| t.backend.span).or(st.span),
+                "not planned: no GPU backend",
+                Some("set backend = fsdp { gpus = ... } or megatron { gpus = ..., tp = ... }".into()),
+            );
+        }
         if (st.trainer.is_some() || st.engine.is_some()) && st.model.is_none() {
             cx.error(
                 "E0409",
@@ -91,21 +104,11 @@ pub(super) fn validate_layouts(cx: &mut Ctx) {
     }
 }
 
-/// The std/stages kinds the planner places (rewards and checkpoints run on the host by design).
-const KNOWN_KINDS: &[&str] = &[
-    "sft",
-    "generate",
-    "exact_match",
-    "verify",
-    "command_reward",
-    "http_reward",
-    "env_reward",
-    "grpo",
-    "ppo",
-    "weights",
-    "evaluate",
-    "checkpoint",
-];
+/// A trainer on the embedded backend (the CPU trainer of `local` clusters) in a recipe on GPUs:
+/// the planner does not pretend it trains on the GPUs (E0409; std's grpo and ppo refuse it too).
+pub(super) fn embedded_on_gpus(total_gpus: u64, st: &Stage) -> bool {
+    total_gpus > 0 && st.trainer.as_ref().is_some_and(|t| t.backend.value == Backend::Embedded)
+}
 
 /// Reports each of `fields` that is 0 (E0404).
 fn no_zeros(cx: &mut Ctx, st: &Stage, fields: impl IntoIterator<Item = (&'static str, Spanned<u64>)>) {

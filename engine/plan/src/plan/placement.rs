@@ -1,7 +1,7 @@
 //! Placement: which GPUs each stage gets (explicit ranges, then counts, then an even split of
 //! the rest), colocated groups sharing one range, and the GPU map drawn from the result.
 
-use super::layout::{engine_ok, layout_ok};
+use super::layout::{embedded_on_gpus, engine_ok, layout_ok};
 use super::Ctx;
 use crate::input::*;
 use crate::model::div;
@@ -92,11 +92,14 @@ pub(super) fn place(cx: &mut Ctx) -> Vec<Placed> {
     for (i, st) in input.stages.iter().enumerate() {
         out[i].error = st.trainer.as_ref().is_some_and(|t| !layout_ok(t))
             || st.engine.as_ref().is_some_and(|e| !engine_ok(e))
-            || ((st.trainer.is_some() || st.engine.is_some()) && st.model.is_none());
+            || ((st.trainer.is_some() || st.engine.is_some()) && st.model.is_none())
+            || embedded_on_gpus(cx.total_gpus, st);
     }
-    let uses_gpu = |st: &Stage| {
-        st.trainer.is_some() || st.engine.is_some() || st.gpus.is_some_and(|g| g.value != GpuRequest::Auto)
-    };
+    // An embedded trainer on a GPU cluster (E0409) stays on the host: it gets no GPUs.
+    let total = cx.total_gpus;
+    let gpu_trainer = move |st: &Stage| st.trainer.is_some() && !embedded_on_gpus(total, st);
+    let uses_gpu =
+        |st: &Stage| gpu_trainer(st) || st.engine.is_some() || st.gpus.is_some_and(|g| g.value != GpuRequest::Auto);
     if cx.total_gpus == 0 {
         for (i, st) in input.stages.iter().enumerate() {
             if st.gpus.is_some_and(|g| g.value != GpuRequest::Auto) {
@@ -127,7 +130,7 @@ pub(super) fn place(cx: &mut Ctx) -> Vec<Placed> {
     let co = |st: &Stage| {
         colocated
             && matches!(st.role, Role::Rollout | Role::Train | Role::Sft)
-            && (st.trainer.is_some() || st.engine.is_some())
+            && (gpu_trainer(st) || st.engine.is_some())
     };
 
     // Colocated group: one shared range, the first explicit request among them or every GPU.
@@ -229,6 +232,21 @@ pub(super) fn place(cx: &mut Ctx) -> Vec<Placed> {
                 out[i].shares_with = vec![input.stages[r].name.clone()];
             }
         }
+    }
+    out
+}
+
+/// The first `n` GPUs of `ranges`, in order (all of them when they hold fewer).
+pub(super) fn first_gpus(ranges: &[GpuRange], n: u64) -> Vec<GpuRange> {
+    let mut left = n;
+    let mut out = Vec::new();
+    for r in ranges {
+        if left == 0 {
+            break;
+        }
+        let k = r.len().min(left);
+        out.push(GpuRange { first: r.first, last: r.first + k - 1 });
+        left -= k;
     }
     out
 }
