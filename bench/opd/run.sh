@@ -4,17 +4,19 @@
 # recipes/grpo-laptop.miles over seeds 1-3, one run at a time, one libtorch thread; held-out
 # accuracy per evaluation and the wall time (sum of step times) until each run first reaches
 # GRPO's final accuracy of the same seed.
-# Usage: bash bench/opd/run.sh [MILES_BINARY] [OUT_ROOT]   (default: target/release/miles, runs/opd-bench)
+# Usage: bash bench/opd/run.sh [MILES_BINARY] [OUT_ROOT] [--set K=V ...]   (default:
+# target/release/miles, runs/opd-bench; the --set arguments go to every run, both recipes)
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 MILES="${1:-$ROOT/target/release/miles}"
 OUT="${2:-$ROOT/runs/opd-bench}"
+SETS=("${@:3}")
 mkdir -p "$OUT"
 for seed in 1 2 3; do
     for algo in grpo opd; do
         rm -rf "$OUT/$algo-s$seed"
         "$MILES" run "$ROOT/recipes/$algo-laptop.miles" --out "$OUT/$algo-s$seed" --threads 1 --progress off \
-            --set "seed=$seed" >"$OUT/$algo-s$seed.log" 2>&1
+            --set "seed=$seed" "${SETS[@]}" >"$OUT/$algo-s$seed.log" 2>&1
     done
 done
 "$MILES" report "$OUT/grpo-s1" "$OUT/opd-s1" --out "$OUT/report" >/dev/null
