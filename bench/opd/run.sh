@@ -16,7 +16,7 @@ for seed in 1 2 3; do
     for algo in grpo opd; do
         rm -rf "$OUT/$algo-s$seed"
         "$MILES" run "$ROOT/recipes/$algo-laptop.miles" --out "$OUT/$algo-s$seed" --threads 1 --progress off \
-            --set "seed=$seed" "${SETS[@]}" >"$OUT/$algo-s$seed.log" 2>&1
+            --set "seed=$seed" ${SETS[@]+"${SETS[@]}"} >"$OUT/$algo-s$seed.log" 2>&1
     done
 done
 "$MILES" report "$OUT/grpo-s1" "$OUT/opd-s1" --out "$OUT/report" >/dev/null
