@@ -97,14 +97,17 @@ fn glm5_reference_rollout_mechanisms() {
     dense.stages[0].model.as_mut().expect("model").sparse_topk = None;
     assert!(rollout_s(&dense) > 1.3 * base, "dense {} vs sparse {base}", rollout_s(&dense));
 
-    // A hit rate, when given: the reference run's 96% (§9.2) prefills less than each context
-    // once (TITO's default), no cache at all more.
-    let with_hit = |h: f64| {
+    // The recipe's hit rate (the reference run's 96%, §9.2, `prefix_cache_hit` on its engine)
+    // prefills less than each context once (TITO's default without one), no cache at all more.
+    let hit = input.stages[0].engine.as_ref().and_then(|e| e.prefix_cache_hit.map(|h| h.value));
+    assert_eq!(hit, Some(0.96));
+    let with_hit = |h: Option<f64>| {
         let mut i = input.clone();
-        i.stages[0].engine.as_mut().expect("engine").prefix_cache_hit = Some(miles_plan::Spanned::new(h));
+        i.stages[0].engine.as_mut().expect("engine").prefix_cache_hit = h.map(miles_plan::Spanned::new);
         rollout_s(&i)
     };
-    assert!(with_hit(0.96) < base && base < with_hit(0.0), "{} {base} {}", with_hit(0.96), with_hit(0.0));
+    assert_eq!(with_hit(Some(0.96)), base);
+    assert!(base < with_hit(None) && with_hit(None) < with_hit(Some(0.0)), "{base} {} {}", with_hit(None), with_hit(Some(0.0)));
 
     // Waves of a synchronous batch wait for their last sample; fully_async refills per sample.
     let mut sync = input.clone();

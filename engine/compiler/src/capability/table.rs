@@ -492,6 +492,7 @@ pub const TABLE: &[Entry] = &[
     e("sglang", "precision", Support::Refused(&["bf16"]), "a server given by URL is configured where it runs", &[]),
     e("sglang", "mem_fraction", Support::Refused(&["0.85"]), "a server given by URL is configured where it runs", &[]),
     e("sglang", "max_concurrent", Support::Refused(&["128"]), "a server given by URL is configured where it runs", &[]),
+    e("sglang", "prefix_cache_hit", Support::Describes, DESCRIBES, &[]),
     e("embedded_trainer", "", Support::All, "", TRAINS),
     e("embedded_trainer", "threads", Support::Refused(&["2"]), "libtorch threads come from `miles run --threads N`: remove `threads`", &[]),
     e("embedded_trainer", "precision", Support::All, "fp32 (a stdlib check refuses the rest)", TRAINS),
