@@ -107,7 +107,12 @@ fn glm5_reference_rollout_mechanisms() {
         rollout_s(&i)
     };
     assert_eq!(with_hit(Some(0.96)), base);
-    assert!(base < with_hit(None) && with_hit(None) < with_hit(Some(0.0)), "{base} {} {}", with_hit(None), with_hit(Some(0.0)));
+    assert!(
+        base < with_hit(None) && with_hit(None) < with_hit(Some(0.0)),
+        "{base} {} {}",
+        with_hit(None),
+        with_hit(Some(0.0))
+    );
 
     // Waves of a synchronous batch wait for their last sample; fully_async refills per sample.
     let mut sync = input.clone();
