@@ -395,6 +395,7 @@ pub fn run_spec(recipe: &CompiledRecipe) -> Result<RunSpec, Vec<Diagnostic>> {
             teacher: o.get("teacher").and_then(Value::as_record).map(|t| rec_str(t, "path")).unwrap_or_default().into(),
             coef: o.get("coef").and_then(Value::as_f64).unwrap_or(1.0),
             task_coef: o.get("task_coef").and_then(Value::as_f64).unwrap_or(1.0),
+            process: o.get("process").and_then(Value::as_bool).unwrap_or(false),
         }),
         ppo: (train.kind == "ppo").then(|| PpoSpec {
             critic_lr: m.f64(train, "critic_lr"),

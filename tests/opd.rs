@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::process::{miles, output, temp_dir, text};
+use common::process::{miles, output, temp_dir, text, Proc};
 use common::tiny::{tiny_recipe, EVAL};
 use serde_json::Value;
 use std::path::Path;
@@ -74,5 +74,103 @@ fn an_opd_recipe_distils_through_the_binary() {
     let r = with_teacher(&dir, "untrained", "transformer { layers = 1, d_model = 32, heads = 2, vocab = 13 }");
     let o = run(&["check", &r]);
     assert!(!o.status.success() && text(&o).contains("a teacher must be trained weights"), "{}", text(&o));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The teacher in a worker process of its own gives the run the in-process teacher gives, number
+/// for number; it runs under fully_async and in worker processes; killed with SIGKILL
+/// mid-run it is named, started again and sent the batch again, and the run ends the same.
+#[test]
+fn a_teacher_in_its_own_process_distils_alike_and_survives_a_kill() {
+    let dir = temp_dir("opd-teacher-process");
+    let base = dir.join("base.miles");
+    std::fs::write(&base, tiny_recipe("transport = local", 4, &[])).unwrap();
+    let t_out = dir.join("teacher");
+    let o = run(&["run", base.to_str().unwrap(), "--out", t_out.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", text(&o));
+    let teacher = format!("hf {{ path = \"{}\" }}", t_out.join("model").display());
+    let recipe = |name: &str, process: bool, steps: u32, extra: &[&str], sync: &str| {
+        let p = dir.join(format!("{name}.miles"));
+        let body = tiny_recipe(sync, steps, extra)
+            + &format!("model teacher = {teacher}\n")
+            + &format!("recipe tiny_opd extends tiny {{\n    train.opd = opd {{ teacher = teacher, process = {process} }}\n}}\n");
+        std::fs::write(&p, body).unwrap();
+        p.to_string_lossy().into_owned()
+    };
+    let cols = |d: &Path| -> Vec<Vec<Value>> {
+        let rows = common::metrics::rows(d);
+        ["rollout/reward_mean", "train/loss", "opd/reverse_kl", "opd/teacher_logp"]
+            .iter()
+            .map(|k| rows.iter().map(|r| r[*k].clone()).collect())
+            .collect()
+    };
+    let (a, b) = (dir.join("in-trainer"), dir.join("in-worker"));
+    for (r, out) in
+        [(recipe("a", false, 12, &[], "transport = local"), &a), (recipe("b", true, 12, &[], "transport = local"), &b)]
+    {
+        let o = run(&["run", &r, "--recipe", "tiny_opd", "--out", out.to_str().unwrap()]);
+        assert!(o.status.success(), "{}", text(&o));
+    }
+    assert_eq!(cols(&a), cols(&b), "the worker's log-probs are the trainer's, bit for bit");
+
+    // Under fully_async, and with the stages as worker processes (the teacher is then the trainer
+    // worker's child): it runs and distils.
+    for (name, extra, sync) in [
+        ("async", "schedule = fully_async { max_staleness = 1 }", "transport = local"),
+        ("workers", "launcher = local_processes { engines = 1 }", "transport = broadcast, bucket = 1.MB"),
+    ] {
+        let w = recipe(name, true, 3, &[extra], sync);
+        let wo = dir.join(format!("{name}-out"));
+        let o = run(&["run", &w, "--recipe", "tiny_opd", "--out", wo.to_str().unwrap()]);
+        assert!(o.status.success(), "{name}: {}", text(&o));
+        let n = common::metrics::rows(&wo).iter().filter(|r| r["opd/reverse_kl"].is_number()).count();
+        assert_eq!(n, 3, "{name}");
+    }
+
+    // Kill -9 the teacher a few steps in.
+    let c = dir.join("killed");
+    let r = recipe("b", true, 12, &[], "transport = local");
+    let mut p = Proc::spawn(
+        miles()
+            .args([
+                "run",
+                &r,
+                "--recipe",
+                "tiny_opd",
+                "--out",
+                c.to_str().unwrap(),
+                "--threads",
+                "1",
+                "--progress",
+                "off",
+            ])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped()),
+    );
+    let start = std::time::Instant::now();
+    let worker = loop {
+        assert!(start.elapsed() < Duration::from_secs(120), "the run did not reach step 2");
+        // Two RL steps distilled: the teacher is loaded and has answered.
+        let done = std::fs::read_to_string(c.join("metrics.jsonl"))
+            .map(|t| t.lines().filter(|l| l.contains("opd/reverse_kl")).count())
+            .unwrap_or(0);
+        let worker = p.left_behind().into_iter().find(|m| m.contains(" teacher --model"));
+        if let (true, Some(w)) = (done >= 2, worker) {
+            break w;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    let pid: i32 = worker.split_whitespace().next().unwrap().parse().unwrap();
+    // SAFETY: kill(2) on a pid read from /proc a moment ago, a child of the run under test.
+    unsafe {
+        libc::kill(pid, libc::SIGKILL);
+    }
+    let o = p.wait_output(Duration::from_secs(300));
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(text(&o).contains(&format!("teacher worker process {pid} exited")), "{}", text(&o));
+    assert_eq!(cols(&b), cols(&c), "nothing lost, nothing changed");
+    let restarts: Vec<f64> =
+        common::metrics::rows(&c).iter().filter_map(|r| r["opd/teacher_restarts"].as_f64()).collect();
+    assert_eq!(restarts.last(), Some(&1.0), "{restarts:?}");
     let _ = std::fs::remove_dir_all(&dir);
 }

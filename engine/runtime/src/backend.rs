@@ -217,6 +217,9 @@ pub struct OpdStats {
     /// Share of the advantage's magnitude from the distillation term: sum |coef d| / (sum |coef d|
     /// + sum |task_coef A|).
     pub opd_share: f64,
+    /// Restarts of the teacher's worker process so far (0 when it is in the trainer's process).
+    #[serde(default)]
+    pub teacher_restarts: u32,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]

@@ -552,6 +552,9 @@ pub struct OpdSpec {
     pub teacher: std::path::PathBuf,
     pub coef: f64,
     pub task_coef: f64,
+    /// Host the teacher in a worker process of its own (`miles-engine teacher`).
+    #[serde(default)]
+    pub process: bool,
 }
 
 /// std/stages `ppo`'s critic and advantage settings.

@@ -14,6 +14,7 @@ pub mod lora;
 pub mod model;
 pub mod moe;
 pub mod stream;
+pub mod teacher;
 pub mod train;
 
 use miles_runtime::tasks::TokenId;

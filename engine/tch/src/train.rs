@@ -238,7 +238,7 @@ pub struct TchTrainer {
     /// PPO's critic, from the first RL step on (`crate::critic`).
     pub critic: Option<Critic>,
     /// On-policy distillation's teacher, loaded at the first RL step; never trained.
-    teacher: Option<Policy>,
+    teacher: Option<crate::teacher::Teacher>,
     /// The engines may not hold this trainer's base weights (a fresh trainer, or one loaded from
     /// a checkpoint): the next export sends the base with the adapters. Cleared by that export.
     base_stale: Cell<bool>,
@@ -375,7 +375,7 @@ impl TchTrainer {
     /// Log-probs (no grad) of packed rows under `policy`, in micro-batches.
     /// Log-probs of each trajectory's response under `policy`, replaying recorded routing when
     /// `replay` (the old and reference passes see the experts the training forward will use).
-    fn logprobs_of(
+    pub(crate) fn logprobs_of(
         policy: &Policy,
         batch: &[Trajectory],
         micro: usize,
@@ -445,14 +445,17 @@ impl TchTrainer {
         // On-policy distillation: the teacher's log-probs of the sampled tokens.
         let opd = self.spec.opd.clone();
         if let (Some(o), None) = (&opd, &self.teacher) {
-            self.teacher = Some(load_teacher(o, &self.policy)?);
+            self.teacher = Some(crate::teacher::Teacher::load(o, &self.policy)?);
         }
-        let teacher_lp = match &self.teacher {
-            Some(t) if opd.is_some() => Some(teacher_logprobs(t, batch, micro, temperature)?),
+        let teacher_lp = match self.teacher.as_mut() {
+            Some(t) if opd.is_some() => Some(t.logprobs(batch, micro, temperature)?),
             _ => None,
         };
         // Per-token advantages (PPO's, distillation's, or both), else one per response.
-        let (token_adv, opd_stats) = token_advantages(batch, targets.as_ref(), opd.as_ref(), teacher_lp.as_deref());
+        let (token_adv, mut opd_stats) = token_advantages(batch, targets.as_ref(), opd.as_ref(), teacher_lp.as_deref());
+        if let (Some(o), Some(t)) = (opd_stats.as_mut(), &self.teacher) {
+            o.teacher_restarts = t.restarts();
+        }
         let mut st = TrainStats { logprob_s: t_lp.elapsed().as_secs_f64(), opd: opd_stats, ..TrainStats::default() };
         let (mut diff_sum, mut rkl_sum) = (0f64, 0f64);
         let tok_total = trained_tokens(batch);
@@ -795,52 +798,6 @@ impl TchTrainer {
     }
 }
 
-/// The teacher of `o`, checked against the student it distils into.
-fn load_teacher(o: &OpdSpec, student: &Policy) -> Result<Policy, RunError> {
-    let (t, _) = Policy::load_hf(&o.teacher, None)?;
-    let (tc, sc) = (&t.cfg, &student.cfg);
-    let name = o.teacher.display();
-    if tc.vocab_size != sc.vocab_size {
-        return Err(RunError::new(
-            E_CHECKPOINT,
-            format!("teacher {name}: vocabulary of {} tokens, the student's is {}", tc.vocab_size, sc.vocab_size),
-        )
-        .with_help("distil from a teacher with the student's tokenizer"));
-    }
-    if tc.max_len < sc.max_len {
-        return Err(RunError::new(
-            E_CHECKPOINT,
-            format!("teacher {name}: max_len {} is shorter than the student's {}", tc.max_len, sc.max_len),
-        ));
-    }
-    t.set_requires_grad(false);
-    Ok(t)
-}
-
-/// The teacher's log-probs of every sampled token; a non-finite one is an error naming the
-/// sample, never a number in the loss.
-fn teacher_logprobs(
-    t: &Policy,
-    batch: &[Trajectory],
-    micro: usize,
-    temperature: f64,
-) -> Result<Vec<Vec<f32>>, RunError> {
-    // The teacher is another model: it routes its own experts.
-    let lp = TchTrainer::logprobs_of(t, batch, micro, temperature, false)?;
-    for (i, (row, traj)) in lp.iter().zip(batch).enumerate() {
-        if let Some(j) = row.iter().position(|x| !x.is_finite()) {
-            return Err(RunError::new(
-                E_NONFINITE,
-                format!(
-                    "the teacher's log-prob of sample {i} (group {}) token {j} is {}; the weights were not updated",
-                    traj.group, row[j]
-                ),
-            ));
-        }
-    }
-    Ok(lp)
-}
-
 /// Per-token advantages when any term is per token: task_coef x the task's advantage (PPO's GAE
 /// per token, else the response's group-relative one) + coef x (log pi_teacher - log pi_student)
 /// of each sampled token (the student's from the sampler). None: GRPO's one per response.
@@ -880,7 +837,7 @@ fn token_advantages(
         .collect();
     let n = n.max(1.0);
     let share = if d_abs + a_abs > 0.0 { d_abs / (d_abs + a_abs) } else { 0.0 };
-    (Some(adv), Some(OpdStats { reverse_kl: kl / n, teacher_logp: tsum / n, opd_share: share }))
+    (Some(adv), Some(OpdStats { reverse_kl: kl / n, teacher_logp: tsum / n, opd_share: share, teacher_restarts: 0 }))
 }
 
 /// The batch's consecutive slices, one per optimizer step (`lrs`), with each slice's start: the

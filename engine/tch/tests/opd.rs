@@ -19,7 +19,7 @@ fn temp(tag: &str) -> PathBuf {
 
 fn spec(teacher: &std::path::Path, coef: f64, task_coef: f64) -> TrainSpec {
     let mut s: TrainSpec = serde_json::from_str(r#"{"lr": 0.0, "micro_batch": 2, "global_batch": 2}"#).unwrap();
-    s.opd = Some(OpdSpec { teacher: teacher.to_path_buf(), coef, task_coef });
+    s.opd = Some(OpdSpec { teacher: teacher.to_path_buf(), coef, task_coef, process: false });
     s
 }
 

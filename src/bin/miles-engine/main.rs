@@ -30,6 +30,8 @@ enum Command {
     Diffuse(diffuse::Args),
     /// A diffusion run's reward stage as a worker process (started by `diffuse`).
     ImageReward(diffuse::RewardArgs),
+    /// On-policy distillation's teacher as a worker process (started by the trainer).
+    Teacher(worker::TeacherArgs),
     /// Host one stage instance for a controller (started by a launcher).
     Worker(worker::Args),
     /// Serve a model directory through the SGLang-compatible HTTP API.
@@ -46,6 +48,7 @@ fn main() -> ExitCode {
         Command::Run(a) => execute::run(a),
         Command::Diffuse(a) => diffuse::run(a),
         Command::ImageReward(a) => diffuse::reward_worker(a),
+        Command::Teacher(a) => worker::teacher(a),
         Command::Worker(a) => worker::run(a),
         Command::Serve(a) => worker::serve(a),
     };

@@ -176,3 +176,29 @@ pub fn serve(args: ServeArgs) -> u8 {
         }
     }
 }
+
+#[derive(clap::Args)]
+pub struct TeacherArgs {
+    /// The teacher's Hugging Face directory.
+    #[arg(long)]
+    pub model: PathBuf,
+    /// The student's vocabulary size and longest sequence, which the teacher must match.
+    #[arg(long)]
+    pub vocab: usize,
+    #[arg(long)]
+    pub max_len: usize,
+    #[arg(long, default_value_t = 1)]
+    pub threads: usize,
+}
+
+/// `miles-engine teacher`: on-policy distillation's teacher as a worker process, answering the
+/// trainer's JSON lines on stdin (engine/tch/src/teacher.rs).
+pub fn teacher(args: TeacherArgs) -> u8 {
+    match miles_tch::teacher::worker_main(&args.model, args.vocab, args.max_len, args.threads) {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("{e}");
+            1
+        }
+    }
+}

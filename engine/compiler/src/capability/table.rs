@@ -518,6 +518,7 @@ pub const TABLE: &[Entry] = &[
     e("lora", "*", Support::All, "rank, alpha, dropout and target_modules shape the adapters", LORA_TESTS),
     e("opd", "", Support::All, "", OPD_TESTS),
     e("opd", "teacher", Support::Rule(rule_opd_teacher), "a teacher is a trained model the embedded backend loads: `hf { path }`", OPD_TESTS),
+    e("opd", "process", Support::All, "the teacher in a worker process the trainer starts", &["a_teacher_in_its_own_process_distils_alike_and_survives_a_kill"]),
     e("opd", "*", Support::All, "the weights of the two advantage terms", &["opd_advantage_by_hand"]),
     e("compaction", "", Support::All, "", COMPACTION),
     e("compaction", "keep_turns", Support::All, "", COMPACTION),

@@ -65,6 +65,7 @@ pub(crate) fn insert_train_stats(row: &mut Map<String, Value>, ts: &TrainStats, 
         row.insert("opd/reverse_kl".into(), json!(o.reverse_kl));
         row.insert("opd/teacher_logp".into(), json!(o.teacher_logp));
         row.insert("opd/share".into(), json!(o.opd_share));
+        row.insert("opd/teacher_restarts".into(), json!(o.teacher_restarts));
     }
     if let Some(m) = &ts.moe {
         insert_moe_stats(row, m);
