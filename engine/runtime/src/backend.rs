@@ -131,6 +131,25 @@ pub struct Trajectory {
     pub routing: Option<crate::Routing>,
 }
 
+impl Trajectory {
+    /// A prompt and response to score (log-probs of the response under some model), with every
+    /// response token counted and nothing else set.
+    pub fn to_score(prompt: Vec<TokenId>, response: Vec<TokenId>) -> Trajectory {
+        let n = response.len();
+        Trajectory {
+            prompt,
+            response,
+            rollout_logprobs: vec![0.0; n],
+            loss_mask: vec![1.0; n],
+            reward: 0.0,
+            advantage: 0.0,
+            group: 0,
+            weight_version: 0,
+            routing: None,
+        }
+    }
+}
+
 /// What one RL train call reports (means over the call's tokens unless said otherwise).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct TrainStats {

@@ -115,6 +115,29 @@ impl LineChild {
     }
 }
 
+/// Starts `argv` as a worker that answers in JSON lines: each stdout line parsed as `T` (a line
+/// that is not one is an `Err` naming why), and when stdout ends one last `Err` saying how, with the
+/// program's stderr tail. The workers of a run's stages (a diffusion reward, a teacher) use it.
+pub fn spawn_json_lines<T: serde::de::DeserializeOwned + Send + 'static>(
+    argv: &[String],
+) -> std::io::Result<(LineChild, mpsc::Receiver<Result<T, String>>)> {
+    let (tx, rx) = mpsc::channel();
+    let end = tx.clone();
+    let child = LineChild::spawn(
+        argv,
+        None,
+        move |line| {
+            let parsed =
+                serde_json::from_str::<T>(&line).map_err(|e| format!("answered a line that is not a reply: {e}"));
+            tx.send(parsed).is_ok()
+        },
+        move |why, tail| {
+            let _ = end.send(Err(tail.quote_after(why.describe("exited"))));
+        },
+    )?;
+    Ok((child, rx))
+}
+
 impl Drop for LineChild {
     fn drop(&mut self) {
         let _ = self.child.kill();

@@ -211,21 +211,8 @@ impl TeacherProcess {
 
 /// Starts the worker and waits for its `ready` line (it has loaded and checked the teacher).
 fn spawn_ready(argv: &[String]) -> Result<(LineChild, mpsc::Receiver<Result<serde_json::Value, String>>), RunError> {
-    let (tx, rx) = mpsc::channel();
-    let end = tx.clone();
-    let child = LineChild::spawn(
-        argv,
-        None,
-        move |line| {
-            let v = serde_json::from_str::<serde_json::Value>(&line)
-                .map_err(|e| format!("answered a line that is not JSON: {e}"));
-            tx.send(v).is_ok()
-        },
-        move |why, tail| {
-            let _ = end.send(Err(tail.quote_after(why.describe("exited"))));
-        },
-    )
-    .map_err(|e| RunError::new(E_BACKEND, format!("cannot start the teacher worker `{}`: {e}", argv[0])))?;
+    let (child, rx) = miles_runtime::line_child::spawn_json_lines::<serde_json::Value>(argv)
+        .map_err(|e| RunError::new(E_BACKEND, format!("cannot start the teacher worker `{}`: {e}", argv[0])))?;
     match rx.recv_timeout(WAIT) {
         Ok(Ok(v)) if v.get("ready").and_then(serde_json::Value::as_bool) == Some(true) => Ok((child, rx)),
         Ok(Ok(v)) => Err(RunError::new(E_BACKEND, format!("the teacher worker said {v} before it was ready"))),
@@ -248,25 +235,8 @@ pub fn worker_main(model: &Path, vocab: usize, max_len: usize, threads: usize) -
         let line = line.map_err(|e| RunError::new(E_BACKEND, format!("stdin: {e}")))?;
         let reply = match serde_json::from_str::<Request>(&line) {
             Ok(req) => {
-                let batch: Vec<Trajectory> = req
-                    .prompts
-                    .into_iter()
-                    .zip(req.responses)
-                    .map(|(prompt, response)| {
-                        let n = response.len();
-                        Trajectory {
-                            prompt,
-                            response,
-                            rollout_logprobs: vec![0.0; n],
-                            loss_mask: vec![1.0; n],
-                            reward: 0.0,
-                            advantage: 0.0,
-                            group: 0,
-                            weight_version: 0,
-                            routing: None,
-                        }
-                    })
-                    .collect();
+                let batch: Vec<Trajectory> =
+                    req.prompts.into_iter().zip(req.responses).map(|(p, r)| Trajectory::to_score(p, r)).collect();
                 match TchTrainer::logprobs_of(&t, &batch, req.micro, req.temperature, false) {
                     Ok(lp) => Reply {
                         k: req.k,

@@ -652,21 +652,8 @@ impl TchTrainer {
         responses: &[Vec<TokenId>],
         temperature: f64,
     ) -> Result<Vec<Vec<f32>>, RunError> {
-        let batch: Vec<Trajectory> = prompts
-            .iter()
-            .zip(responses)
-            .map(|(p, r)| Trajectory {
-                prompt: p.clone(),
-                response: r.clone(),
-                rollout_logprobs: vec![0.0; r.len()],
-                loss_mask: vec![1.0; r.len()],
-                reward: 0.0,
-                advantage: 0.0,
-                group: 0,
-                weight_version: 0,
-                routing: None,
-            })
-            .collect();
+        let batch: Vec<Trajectory> =
+            prompts.iter().zip(responses).map(|(p, r)| Trajectory::to_score(p.clone(), r.clone())).collect();
         Self::logprobs_of(&self.policy, &batch, self.spec.micro_batch.max(1), temperature, false)
     }
 

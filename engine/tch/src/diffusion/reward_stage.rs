@@ -250,22 +250,8 @@ impl ProcessStage {
 }
 
 fn spawn(argv: &[String]) -> Result<(LineChild, mpsc::Receiver<Result<Reply, String>>), RunError> {
-    let (tx, rx) = mpsc::channel();
-    let end = tx.clone();
-    let child = LineChild::spawn(
-        argv,
-        None,
-        move |line| {
-            let parsed =
-                serde_json::from_str::<Reply>(&line).map_err(|e| format!("answered a line that is not a reply: {e}"));
-            tx.send(parsed).is_ok()
-        },
-        move |why, tail| {
-            let _ = end.send(Err(tail.quote_after(why.describe("exited"))));
-        },
-    )
-    .map_err(|e| RunError::new(E_BACKEND, format!("cannot start the reward worker `{}`: {e}", argv[0])))?;
-    Ok((child, rx))
+    miles_runtime::line_child::spawn_json_lines(argv)
+        .map_err(|e| RunError::new(E_BACKEND, format!("cannot start the reward worker `{}`: {e}", argv[0])))
 }
 
 /// `miles-engine image-reward`: loads the classifier named by `config` and answers request lines
