@@ -11,7 +11,7 @@ use miles_runtime::spec::*;
 pub mod diffusion;
 
 /// What `miles run` hands the engine: a language-model run or a diffusion run.
-#[derive(serde::Serialize, serde::Deserialize)]
+#[derive(serde::Serialize)]
 #[serde(untagged)]
 pub enum Job {
     Lm(Box<RunSpec>),

@@ -161,21 +161,10 @@ fn the_reward_in_a_worker_process_rewards_alike_and_survives_a_kill() {
             .stdout(Stdio::piped())
             .stderr(Stdio::piped()),
     );
-    let start = std::time::Instant::now();
-    let worker = loop {
-        assert!(start.elapsed() < Duration::from_secs(120), "the run did not reach step 3");
-        let done = std::fs::read_to_string(c.join("metrics.jsonl")).map(|t| t.lines().count()).unwrap_or(0);
-        let worker = p.left_behind().into_iter().find(|m| m.contains("image-reward"));
-        if let (true, Some(w)) = (done >= 4, worker) {
-            break w;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    let pid: i32 = worker.split_whitespace().next().unwrap().parse().unwrap();
-    // SAFETY: kill(2) on a pid read from /proc a moment ago, a child of the run under test.
-    unsafe {
-        libc::kill(pid, libc::SIGKILL);
-    }
+    let metrics = c.join("metrics.jsonl");
+    let pid = p.sigkill_member_when("image-reward", Duration::from_secs(120), || {
+        std::fs::read_to_string(&metrics).map(|t| t.lines().count() >= 4).unwrap_or(false)
+    });
     let o = p.wait_output(Duration::from_secs(300));
     assert!(o.status.success(), "{}", text(&o));
     assert!(text(&o).contains(&format!("reward worker process {pid} exited")), "{}", text(&o));

@@ -15,6 +15,16 @@ fn run(args: &[&str]) -> std::process::Output {
     output(miles().args(args).args(opts), Duration::from_secs(300))
 }
 
+/// The teacher: the tiny recipe's own final model, trained into `dir`, as an `hf { path }` record.
+fn trained_teacher(dir: &Path) -> String {
+    let base = dir.join("base.miles");
+    std::fs::write(&base, tiny_recipe("transport = local", 4, &[])).unwrap();
+    let t_out = dir.join("teacher");
+    let o = run(&["run", base.to_str().unwrap(), "--out", t_out.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", text(&o));
+    format!("hf {{ path = \"{}\" }}", t_out.join("model").display())
+}
+
 fn with_teacher(dir: &Path, name: &str, teacher: &str) -> String {
     let p = dir.join(format!("{name}.miles"));
     let text = tiny_recipe("transport = local", 4, &[EVAL])
@@ -27,13 +37,7 @@ fn with_teacher(dir: &Path, name: &str, teacher: &str) -> String {
 #[test]
 fn an_opd_recipe_distils_through_the_binary() {
     let dir = temp_dir("opd-run");
-    // The teacher: the tiny recipe's own final model.
-    let base = dir.join("base.miles");
-    std::fs::write(&base, tiny_recipe("transport = local", 4, &[])).unwrap();
-    let t_out = dir.join("teacher");
-    let o = run(&["run", base.to_str().unwrap(), "--out", t_out.to_str().unwrap()]);
-    assert!(o.status.success(), "{}", text(&o));
-    let teacher = format!("hf {{ path = \"{}\" }}", t_out.join("model").display());
+    let teacher = trained_teacher(&dir);
     let r = with_teacher(&dir, "opd", &teacher);
     let o = run(&["check", &r]);
     assert!(o.status.success(), "{}", text(&o));
@@ -83,12 +87,7 @@ fn an_opd_recipe_distils_through_the_binary() {
 #[test]
 fn a_teacher_in_its_own_process_distils_alike_and_survives_a_kill() {
     let dir = temp_dir("opd-teacher-process");
-    let base = dir.join("base.miles");
-    std::fs::write(&base, tiny_recipe("transport = local", 4, &[])).unwrap();
-    let t_out = dir.join("teacher");
-    let o = run(&["run", base.to_str().unwrap(), "--out", t_out.to_str().unwrap()]);
-    assert!(o.status.success(), "{}", text(&o));
-    let teacher = format!("hf {{ path = \"{}\" }}", t_out.join("model").display());
+    let teacher = trained_teacher(&dir);
     let recipe = |name: &str, process: bool, steps: u32, extra: &[&str], sync: &str| {
         let p = dir.join(format!("{name}.miles"));
         let body = tiny_recipe(sync, steps, extra)
@@ -147,24 +146,13 @@ fn a_teacher_in_its_own_process_distils_alike_and_survives_a_kill() {
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::piped()),
     );
-    let start = std::time::Instant::now();
-    let worker = loop {
-        assert!(start.elapsed() < Duration::from_secs(120), "the run did not reach step 2");
-        // Two RL steps distilled: the teacher is loaded and has answered.
-        let done = std::fs::read_to_string(c.join("metrics.jsonl"))
-            .map(|t| t.lines().filter(|l| l.contains("opd/reverse_kl")).count())
-            .unwrap_or(0);
-        let worker = p.left_behind().into_iter().find(|m| m.contains(" teacher --model"));
-        if let (true, Some(w)) = (done >= 2, worker) {
-            break w;
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    };
-    let pid: i32 = worker.split_whitespace().next().unwrap().parse().unwrap();
-    // SAFETY: kill(2) on a pid read from /proc a moment ago, a child of the run under test.
-    unsafe {
-        libc::kill(pid, libc::SIGKILL);
-    }
+    // Two RL steps distilled: the teacher is loaded and has answered.
+    let metrics = c.join("metrics.jsonl");
+    let pid = p.sigkill_member_when(" teacher --model", Duration::from_secs(120), || {
+        std::fs::read_to_string(&metrics)
+            .map(|t| t.lines().filter(|l| l.contains("opd/reverse_kl")).count() >= 2)
+            .unwrap_or(false)
+    });
     let o = p.wait_output(Duration::from_secs(300));
     assert!(o.status.success(), "{}", text(&o));
     assert!(text(&o).contains(&format!("teacher worker process {pid} exited")), "{}", text(&o));

@@ -3,7 +3,7 @@
 //! table have refused what the run cannot do; what is left here is the recipe's shape: one
 //! denoiser, one `denoise` rollout, one `image_reward`, one `diffusion_grpo`, E0511 otherwise.
 
-use super::{param_span, rec_steps, rec_u64, Mapper};
+use super::{rec_steps, rec_u64, Mapper};
 use miles_compiler::graph::StageNode;
 use miles_compiler::value::{PortKind, Value};
 use miles_compiler::{CompiledRecipe, Diagnostic};
@@ -137,11 +137,10 @@ pub fn diffusion_spec(recipe: &CompiledRecipe) -> Result<DiffusionRunSpec, Vec<D
         eval: DiffusionEvalSpec { every, samples, judge_steps },
         streaming: m.bool(reward, "streaming"),
     };
-    // The runtime's own rules (the stdlib states them too), at the recipe's lines.
+    // The runtime's own rules, a backstop: the stdlib's checks state each at its field first.
     if let Err(e) = spec.validate() {
         m.diags.push(
-            Diagnostic::error("E0511", e.message)
-                .with_primary(param_span(rollout, "micro_group"), "the diffusion run refuses this"),
+            Diagnostic::error("E0511", e.message).with_primary(rollout.name_span, "the diffusion run refuses this"),
         );
     }
     if m.diags.is_empty() {

@@ -90,6 +90,26 @@ impl Proc {
         group_members(self.child.id())
     }
 
+    /// Waits (at most `limit`) until `ready()` holds and a process of the group has `needle` in
+    /// its command line, then kills that one with SIGKILL and returns its pid: a worker killed
+    /// mid-run, the run itself left to carry on.
+    pub fn sigkill_member_when(&self, needle: &str, limit: Duration, ready: impl Fn() -> bool) -> i32 {
+        let start = Instant::now();
+        let pid = loop {
+            assert!(start.elapsed() < limit, "{}: no `{needle}` in the group once ready", self.what);
+            let member = self.left_behind().into_iter().find(|m| m.contains(needle));
+            if let (true, Some(m)) = (ready(), member) {
+                break m.split_whitespace().next().and_then(|p| p.parse::<i32>().ok()).expect("a pid");
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        };
+        // SAFETY: kill(2) on a pid read from /proc a moment ago, in the group this guard started.
+        unsafe {
+            libc::kill(pid, libc::SIGKILL);
+        }
+        pid
+    }
+
     fn kill_group(&mut self) {
         // SAFETY: kill(2) with a negative pid signals the process group this guard created.
         unsafe {

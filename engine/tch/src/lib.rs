@@ -26,6 +26,24 @@ use model::Policy;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::Path;
 
+/// The `miles-engine` binary this process runs, which hosts a stage's worker process (a diffusion
+/// reward, a teacher) when asked again with the worker's verb; `what` names the worker for the
+/// error when this process is something else (a test binary).
+pub fn engine_exe(what: &str) -> Result<std::path::PathBuf, RunError> {
+    let exe =
+        std::env::current_exe().map_err(|e| RunError::new(E_BACKEND, format!("cannot find miles-engine: {e}")))?;
+    if exe.file_name().is_some_and(|n| n.to_string_lossy().starts_with("miles-engine")) {
+        Ok(exe)
+    } else {
+        Err(RunError::new(
+            miles_runtime::E_SPEC,
+            format!(
+                "a {what} worker process is started from the `miles-engine` binary: run the recipe with `miles run`"
+            ),
+        ))
+    }
+}
+
 /// Runs a spec on the embedded backend.
 pub fn run(spec: &RunSpec, opts: &RunOptions) -> Result<Summary, RunError> {
     miles_runtime::run_with(spec, opts, &TchBackend)

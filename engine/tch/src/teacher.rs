@@ -9,7 +9,7 @@ use crate::model::Policy;
 use crate::train::TchTrainer;
 use miles_runtime::line_child::LineChild;
 use miles_runtime::tasks::TokenId;
-use miles_runtime::{OpdSpec, RunError, Trajectory, E_BACKEND, E_CHECKPOINT, E_NONFINITE, E_SPEC};
+use miles_runtime::{OpdSpec, RunError, Trajectory, E_BACKEND, E_CHECKPOINT, E_NONFINITE};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 use std::io::{BufRead, Write};
@@ -35,14 +35,7 @@ impl Teacher {
             let t = load_checked(&o.teacher, vocab, max_len)?;
             return Ok(Teacher::Local(Box::new(t)));
         }
-        let exe =
-            std::env::current_exe().map_err(|e| RunError::new(E_BACKEND, format!("cannot find miles-engine: {e}")))?;
-        if !exe.file_name().is_some_and(|n| n.to_string_lossy().starts_with("miles-engine")) {
-            return Err(RunError::new(
-                E_SPEC,
-                "a teacher worker process is started from the `miles-engine` binary: run the recipe with `miles run`",
-            ));
-        }
+        let exe = crate::engine_exe("teacher")?;
         let argv = vec![
             exe.to_string_lossy().into_owned(),
             "teacher".into(),

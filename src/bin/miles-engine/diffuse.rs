@@ -51,9 +51,7 @@ pub fn run(args: Args) -> u8 {
         eprintln!("{e}");
         return 1;
     }
-    // A reward worker process is this binary again (`image-reward`).
-    let exe = std::env::current_exe().ok();
-    match miles_tch::diffusion::run::run_in(&spec, &args.out, args.threads, exe.as_deref()) {
+    match miles_tch::diffusion::run::run(&spec, &args.out, args.threads) {
         Ok(s) => {
             let pct = |x: f64| if x.is_finite() { format!("{:.1}%", 100.0 * x) } else { "-".into() };
             eprintln!(

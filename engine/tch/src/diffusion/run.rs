@@ -18,7 +18,7 @@ pub use miles_runtime::diffusion::{
 };
 use miles_runtime::exec::Metrics;
 use miles_runtime::rng::Rng;
-use miles_runtime::{RunError, TrainSpec, E_BACKEND, E_NONFINITE, E_SPEC};
+use miles_runtime::{RunError, TrainSpec, E_BACKEND, E_NONFINITE};
 use serde_json::{json, Map, Value};
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -27,24 +27,9 @@ use tch::Tensor;
 /// Runs `spec`, writing metrics.jsonl, sample grids (`grids/step-NNNNN.svg`) and the denoiser's
 /// last good checkpoint (`denoiser.safetensors`) into `out`.
 pub fn run(spec: &DiffusionRunSpec, out: &Path, threads: Option<usize>) -> Result<DiffusionSummary, RunError> {
-    run_in(spec, out, threads, None)
-}
-
-/// `run`, with `worker_exe` the `miles-engine` binary that hosts the reward stage when the spec
-/// asks for a worker process (`reward.process`).
-pub fn run_in(
-    spec: &DiffusionRunSpec,
-    out: &Path,
-    threads: Option<usize>,
-    worker_exe: Option<&Path>,
-) -> Result<DiffusionSummary, RunError> {
     spec.validate()?;
-    if spec.reward.process && worker_exe.is_none() {
-        return Err(RunError::new(
-            E_SPEC,
-            "a reward worker process is started from the `miles-engine` binary: run this spec with `miles run`",
-        ));
-    }
+    // A reward worker process is the `miles-engine` binary again (`image-reward`).
+    let worker_exe = if spec.reward.process { Some(crate::engine_exe("reward")?) } else { None };
     if let Some(n) = threads {
         tch::set_num_threads(n.max(1) as i32);
     }
@@ -80,9 +65,7 @@ pub fn run_in(
     };
     let mut classifier = classifier.with_extra_cost(Duration::from_millis(spec.reward.extra_cost_ms));
     classifier.temperature = spec.reward.classifier_temperature;
-    let probe = Tensor::zeros([1, 1, spec.model.side as i64, spec.model.side as i64], tch::kind::FLOAT_CPU);
-    classifier.check_input(&probe)?;
-    let mut stage = match worker_exe.filter(|_| spec.reward.process) {
+    let mut stage = match worker_exe {
         Some(exe) => {
             let classifier = match &spec.reward.classifier_path {
                 Some(p) => p.clone(),
@@ -94,7 +77,7 @@ pub fn run_in(
                 conditions: spec.model.conditions,
                 reward: spec.reward.clone(),
             };
-            RewardStage::Process(ProcessStage::start(exe, &config)?)
+            RewardStage::Process(ProcessStage::start(&exe, &config)?)
         }
         None => RewardStage::Thread(ThreadStage::start(Scorer::new(classifier, &spec.reward))),
     };
