@@ -163,7 +163,7 @@ pub fn summary_table(runs: &[Run]) -> String {
     for r in runs {
         let get = |k: &str| r.series.get(k).cloned().unwrap_or_default();
         let eval = get("eval/accuracy");
-        let steps = r.series.values().flat_map(|s| s.iter().map(|p| p.0)).fold(0.0f64, f64::max);
+        let steps = last_step(r);
         let best = eval.iter().map(|p| p.1).fold(None, |m: Option<f64>, v| Some(m.map_or(v, |m| m.max(v))));
         s.push_str(&format!(
             "| {} | {} | {} | {} | {} | {} | {} | {} |\n",
@@ -178,6 +178,11 @@ pub fn summary_table(runs: &[Run]) -> String {
         ));
     }
     s
+}
+
+/// The last step any of a run's metrics reached.
+fn last_step(r: &Run) -> f64 {
+    r.series.values().flat_map(|s| s.iter().map(|p| p.0)).fold(0.0f64, f64::max)
 }
 
 /// Diffusion runs (those with a held-out mean reward): the held-out reward, the judge's accuracy
@@ -200,7 +205,7 @@ pub fn diffusion_table(runs: &[Run]) -> String {
         [f(v.first()), f(v.last())]
     };
     for r in diffusion {
-        let steps = r.series.values().flat_map(|s| s.iter().map(|p| p.0)).fold(0.0f64, f64::max);
+        let steps = last_step(r);
         let [r0, r1] = ends(r, "eval/reward_mean", false);
         let [j0, j1] = ends(r, "eval/judge_accuracy", true);
         let [d0, d1] = ends(r, "eval/diversity", false);
@@ -314,14 +319,13 @@ pub fn plan_vs_actual(label: &str, plan: &serde_json::Value, run: &Run) -> Strin
     let mut s =
         format!("\nPlan vs actual: {label}\n| phase | plan | measured (median) | measured/plan |\n|---|---|---|---|\n");
     for (phase, ptr, metric) in [
-        ("rollout", "/step/rollout_s", "perf/gen_s"),
-        ("train", "/step/train_s", "perf/train_s"),
-        ("sync", "/step/sync_s", "perf/sync_s"),
-        ("step", "/step/step/seconds", "perf/step_s"),
-    ] {
         // A diffusion run's rollout (denoising and waiting for rewards) is `perf/rollout_s`.
-        let measured =
-            if metric == "perf/gen_s" && !run.series.contains_key(metric) { "perf/rollout_s" } else { metric };
+        ("rollout", "/step/rollout_s", &["perf/gen_s", "perf/rollout_s"][..]),
+        ("train", "/step/train_s", &["perf/train_s"]),
+        ("sync", "/step/sync_s", &["perf/sync_s"]),
+        ("step", "/step/step/seconds", &["perf/step_s"]),
+    ] {
+        let measured = metric.iter().find(|k| run.series.contains_key(**k)).unwrap_or(&metric[0]);
         let (p, m) = (est(ptr), median(col(measured)));
         s.push_str(&format!("| {phase} | {} | {} | {} |\n", secs(p), secs(m), ratio(m, p)));
     }

@@ -75,6 +75,9 @@ fn a_diffusion_recipe_runs_through_the_binary() {
     assert!(out.join("denoiser.safetensors").exists());
     let report = run(&["report", out.to_str().unwrap()]);
     assert!(report.status.success(), "{}", text(&report));
+    assert!(text(&report).contains("| diffusion run |"), "{}", text(&report));
+    let samples = std::fs::read_to_string(out.join("report/samples.html")).unwrap();
+    assert!(samples.contains("step-00000.svg") && samples.contains("step-00004.svg"), "{samples}");
 
     // Another recipe rewards against the classifier this run trained and kept.
     let classifier = out.join("classifier");
