@@ -70,6 +70,33 @@ impl<'r> Mapper<'r> {
             _ => None,
         })
     }
+    /// The trainer's distillation: its `opd` record and the `teacher_logprobs` stage it names. A
+    /// teacher stage no trainer reads is refused (E0511), never run for nothing.
+    fn opd_spec(&mut self, train: &StageNode) -> Option<OpdSpec> {
+        let o = self.record(train, "opd");
+        let read = o.and_then(|o| match o.get("teacher") {
+            Some(Value::Stage(n)) => self.g.node(n),
+            _ => None,
+        });
+        for t in self.stage_by_kind(|n| n.kind == "teacher_logprobs") {
+            if read.is_none_or(|r| r.name != t.name) {
+                self.unsupported(
+                    t.name_span,
+                    format!("a teacher stage no trainer reads (`{}`)", t.name),
+                    "name it in the trainer's distillation: train.opd = opd { teacher = ... }, or remove it",
+                );
+            }
+        }
+        let (o, teacher) = (o?, read?);
+        Some(OpdSpec {
+            stage: teacher.name.clone(),
+            teacher: teacher.model.as_deref().map(|t| rec_str(t, "path")).unwrap_or_default().into(),
+            coef: o.get("coef").and_then(Value::as_f64).unwrap_or(1.0),
+            task_coef: o.get("task_coef").and_then(Value::as_f64).unwrap_or(1.0),
+            process: self.bool(teacher, "process"),
+        })
+    }
+
     /// E0511 when the record in `field` of `node` (an engine, a backend) is not the embedded
     /// one, `embedded`; `what` names it in the message ("a `megatron` trainer").
     fn require_embedded(&mut self, node: &StageNode, field: &str, embedded: &str, what: &str) {
@@ -105,7 +132,7 @@ fn task_spec(prompts: Option<&Record>, partial_credit: bool) -> Option<TaskSpec>
             let (min_len, max_len, alphabet) =
                 (rec_u64(p, "min_len") as usize, rec_u64(p, "max_len") as usize, rec_str(p, "alphabet"));
             if kind == "reverse" {
-                TaskKind::Reverse { min_len, max_len, alphabet }
+                TaskKind::Reverse { min_len, max_len, alphabet, working: rec_u64(p, "working") as usize }
             } else {
                 TaskKind::Sort { min_len, max_len, alphabet }
             }
@@ -257,12 +284,12 @@ pub fn run_spec(recipe: &CompiledRecipe) -> Result<RunSpec, Vec<Diagnostic>> {
     for node in recipe.graph.nodes() {
         match node.kind.as_str() {
             "generate" | "grpo" | "ppo" | "sft" | "weights" | "evaluate" | "checkpoint" | "exact_match" | "verify"
-            | "command_reward" | "http_reward" | "env_reward" => {}
+            | "command_reward" | "http_reward" | "env_reward" | "teacher_logprobs" => {}
             other => m.unsupported(
                 node.name_span,
                 format!("a `{other}` stage"),
                 "the embedded backend runs sft, generate, exact_match, verify, command_reward, http_reward, env_reward, \
-                 grpo, weights, evaluate and checkpoint",
+                 teacher_logprobs, grpo, weights, evaluate and checkpoint",
             ),
         }
     }
@@ -391,12 +418,7 @@ pub fn run_spec(recipe: &CompiledRecipe) -> Result<RunSpec, Vec<Diagnostic>> {
         micro_batch: m.u64(train, "micro_batch") as usize,
         global_batch: m.u64(train, "global_batch") as usize,
         lora: m.record(train, "lora").map(|r| lora_spec(r, seed, partial_credit)),
-        opd: m.record(train, "opd").map(|o| OpdSpec {
-            teacher: o.get("teacher").and_then(Value::as_record).map(|t| rec_str(t, "path")).unwrap_or_default().into(),
-            coef: o.get("coef").and_then(Value::as_f64).unwrap_or(1.0),
-            task_coef: o.get("task_coef").and_then(Value::as_f64).unwrap_or(1.0),
-            process: o.get("process").and_then(Value::as_bool).unwrap_or(false),
-        }),
+        opd: m.opd_spec(train),
         ppo: (train.kind == "ppo").then(|| PpoSpec {
             critic_lr: m.f64(train, "critic_lr"),
             gamma: m.f64(train, "gamma"),

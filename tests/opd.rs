@@ -1,6 +1,7 @@
-//! On-policy distillation through the built binary: a run's own final model is the teacher of
-//! another recipe, which checks, trains with the opd/* metrics, and refuses a teacher with another
-//! vocabulary or one that is not trained weights at `miles check`.
+//! On-policy distillation through the built binary: a run's own final model is the teacher stage
+//! of another recipe, which checks, graphs (rollout -> teacher -> train), trains with the opd/*
+//! metrics, and refuses a teacher with another vocabulary, one that is not trained weights and a
+//! teacher stage no trainer reads.
 
 mod common;
 
@@ -25,11 +26,19 @@ fn trained_teacher(dir: &Path) -> String {
     format!("hf {{ path = \"{}\" }}", t_out.join("model").display())
 }
 
+/// The tiny recipe distilling from `model` (a record), its teacher stage's fields `fields`.
+fn distilling(model: &str, fields: &str, opd: &str) -> String {
+    format!(
+        "model teacher_model = {model}\n\
+         recipe tiny_opd extends tiny {{\n    \
+         teacher = teacher_logprobs(teacher_model, rollout) {{ {fields} }}\n    \
+         train.opd = opd {{ teacher = teacher{opd} }}\n}}\n"
+    )
+}
+
 fn with_teacher(dir: &Path, name: &str, teacher: &str) -> String {
     let p = dir.join(format!("{name}.miles"));
-    let text = tiny_recipe("transport = local", 4, &[EVAL])
-        + &format!("model teacher = {teacher}\n")
-        + "recipe tiny_opd extends tiny {\n    train.opd = opd { teacher = teacher, coef = 1.0, task_coef = 0.5 }\n}\n";
+    let text = tiny_recipe("transport = local", 4, &[EVAL]) + &distilling(teacher, "", ", coef = 1.0, task_coef = 0.5");
     std::fs::write(&p, text).unwrap();
     p.to_string_lossy().into_owned()
 }
@@ -41,6 +50,9 @@ fn an_opd_recipe_distils_through_the_binary() {
     let r = with_teacher(&dir, "opd", &teacher);
     let o = run(&["check", &r]);
     assert!(o.status.success(), "{}", text(&o));
+    let o = run(&["graph", &r, "--recipe", "tiny_opd"]);
+    assert!(text(&o).contains("rollout -- Trajectories --> teacher"), "{}", text(&o));
+    assert!(text(&o).contains("teacher -- TokenScores --> train"), "{}", text(&o));
     let out = dir.join("out");
     let o = run(&["run", &r, "--recipe", "tiny_opd", "--out", out.to_str().unwrap()]);
     assert!(o.status.success(), "{}", text(&o));
@@ -53,17 +65,17 @@ fn an_opd_recipe_distils_through_the_binary() {
         }
         let share = r["opd/share"].as_f64().unwrap();
         assert!(share > 0.0 && share < 1.0, "both terms count: {share}");
+        assert!(r["perf/teacher_s"].as_f64().unwrap() > 0.0, "the stage's own time");
     }
-    // Under fully_async and in worker processes too (the teacher lives in the trainer).
+    // Under fully_async and in worker processes too (the teacher stage beside the executor, the
+    // trainer in its worker: the log-probs cross the wire with the batch).
     for (name, extra) in [
         ("async", "schedule = fully_async { max_staleness = 1 }"),
         ("workers", "launcher = local_processes { engines = 1 }"),
     ] {
         let p = dir.join(format!("{name}.miles"));
         let sync = if name == "workers" { "transport = broadcast, bucket = 1.MB" } else { "transport = local" };
-        let body = tiny_recipe(sync, 3, &[extra])
-            + &format!("model teacher = {teacher}\n")
-            + "recipe tiny_opd extends tiny {\n    train.opd = opd { teacher = teacher }\n}\n";
+        let body = tiny_recipe(sync, 3, &[extra]) + &distilling(&teacher, "", "");
         std::fs::write(&p, body).unwrap();
         let o2 = dir.join(format!("{name}-out"));
         let o = run(&["run", p.to_str().unwrap(), "--recipe", "tiny_opd", "--out", o2.to_str().unwrap()]);
@@ -78,6 +90,17 @@ fn an_opd_recipe_distils_through_the_binary() {
     let r = with_teacher(&dir, "untrained", "transformer { layers = 1, d_model = 32, heads = 2, vocab = 13 }");
     let o = run(&["check", &r]);
     assert!(!o.status.success() && text(&o).contains("a teacher must be trained weights"), "{}", text(&o));
+    // A teacher stage that no trainer reads would run for nothing: a warning at check, refused
+    // by the run, named.
+    let p = dir.join("unread.miles");
+    let body = tiny_recipe("transport = local", 4, &[EVAL])
+        + &format!("model teacher_model = {teacher}\n")
+        + "recipe tiny_opd extends tiny {\n    teacher = teacher_logprobs(teacher_model, rollout)\n}\n";
+    std::fs::write(&p, body).unwrap();
+    let o = run(&["check", p.to_str().unwrap()]);
+    assert!(text(&o).contains("stage `teacher` produces TokenScores that no stage consumes"), "{}", text(&o));
+    let o = run(&["run", p.to_str().unwrap(), "--recipe", "tiny_opd", "--out", dir.join("unread").to_str().unwrap()]);
+    assert!(!o.status.success() && text(&o).contains("a teacher stage no trainer reads (`teacher`)"), "{}", text(&o));
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -90,9 +113,7 @@ fn a_teacher_in_its_own_process_distils_alike_and_survives_a_kill() {
     let teacher = trained_teacher(&dir);
     let recipe = |name: &str, process: bool, steps: u32, extra: &[&str], sync: &str| {
         let p = dir.join(format!("{name}.miles"));
-        let body = tiny_recipe(sync, steps, extra)
-            + &format!("model teacher = {teacher}\n")
-            + &format!("recipe tiny_opd extends tiny {{\n    train.opd = opd {{ teacher = teacher, process = {process} }}\n}}\n");
+        let body = tiny_recipe(sync, steps, extra) + &distilling(&teacher, &format!("process = {process}"), "");
         std::fs::write(&p, body).unwrap();
         p.to_string_lossy().into_owned()
     };
@@ -112,8 +133,8 @@ fn a_teacher_in_its_own_process_distils_alike_and_survives_a_kill() {
     }
     assert_eq!(cols(&a), cols(&b), "the worker's log-probs are the trainer's, bit for bit");
 
-    // Under fully_async, and with the stages as worker processes (the teacher is then the trainer
-    // worker's child): it runs and distils.
+    // Under fully_async, and with the stages as worker processes (the teacher is then the
+    // controller's child): it runs and distils.
     for (name, extra, sync) in [
         ("async", "schedule = fully_async { max_staleness = 1 }", "transport = local"),
         ("workers", "launcher = local_processes { engines = 1 }", "transport = broadcast, bucket = 1.MB"),

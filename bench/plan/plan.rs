@@ -64,6 +64,7 @@ fn input(gpus: u64) -> PlanInput {
                     optimizer_offload: Spanned::new(OptimizerOffload::StreamFromDisk),
                     lora: None,
                     teacher: None,
+                    teacher_process: false,
                 }),
                 span: None,
             },

@@ -106,6 +106,7 @@ fn main() {
                 group: i / 8,
                 weight_version: 0,
                 routing: None,
+                teacher_logprobs: Vec::new(),
             })
             .collect();
         let toks: usize = batch.iter().map(|t| t.prompt.len() + t.response.len()).sum();

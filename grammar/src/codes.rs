@@ -294,7 +294,7 @@ still runs, but probably a reference is missing.",
         code: "E0306",
         title: "wrong port type",
         explanation: "A stage's input port receives a value of the wrong channel type: e.g. a \
-reward stage where trajectories are expected. Ports: Prompts, Trajectories, Scores, Policy, \
+reward stage where trajectories are expected. Ports: Prompts, Trajectories, Scores, TokenScores, Policy, \
 Metrics.",
     },
     Code { code: "E0307", title: "recipe has no stages", explanation: "A recipe must instantiate at least one stage." },

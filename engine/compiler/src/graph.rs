@@ -47,6 +47,7 @@ pub enum ChannelKind {
     Prompts,
     Trajectories,
     Scores,
+    TokenScores,
     Policy,
     Weights,
     Metrics,

@@ -471,8 +471,23 @@ fn channel_of(p: PortKind) -> ChannelKind {
         PortKind::Prompts => ChannelKind::Prompts,
         PortKind::Trajectories => ChannelKind::Trajectories,
         PortKind::Scores => ChannelKind::Scores,
+        PortKind::TokenScores => ChannelKind::TokenScores,
         PortKind::Policy => ChannelKind::Policy,
         PortKind::Metrics => ChannelKind::Metrics,
+    }
+}
+
+/// (field path, stage) for every stage named in `v`, through records and lists.
+fn stage_refs(path: &str, v: &Value, out: &mut Vec<(String, String)>) {
+    match v {
+        Value::Stage(n) => out.push((path.to_string(), n.clone())),
+        Value::Record(r) => {
+            for (k, f) in &r.fields {
+                stage_refs(&format!("{path}.{k}"), &f.value, out);
+            }
+        }
+        Value::List(items) => items.iter().for_each(|i| stage_refs(path, i, out)),
+        _ => {}
     }
 }
 
@@ -529,15 +544,16 @@ fn lower(ev: &mut Eval) -> Option<StageGraph> {
                 }
             }
         }
-        // Stage references inside fields (`eval = evaluate(...) { against = train }`) are edges too.
-        let params: Vec<(String, Value)> =
-            graph.graph[to].params.iter().map(|(k, p)| (k.clone(), p.value.clone())).collect();
-        for (k, v) in params {
-            if let Value::Stage(src) = v {
-                if let Some(&from) = index.get(&src) {
-                    let out = graph.graph[from].output.map(channel_of).unwrap_or(ChannelKind::Metrics);
-                    graph.graph.add_edge(from, to, Channel { kind: out, port: k, back: false });
-                }
+        // Stage references inside fields are edges too, also inside a field's record
+        // (`train.opd = opd { teacher = teacher }`): the port is the field's path (`opd.teacher`).
+        let mut refs = Vec::new();
+        for (k, p) in &graph.graph[to].params {
+            stage_refs(k, &p.value, &mut refs);
+        }
+        for (port, src) in refs {
+            if let Some(&from) = index.get(&src) {
+                let out = graph.graph[from].output.map(channel_of).unwrap_or(ChannelKind::Metrics);
+                graph.graph.add_edge(from, to, Channel { kind: out, port, back: false });
             }
         }
     }
@@ -605,7 +621,7 @@ fn graph_checks(ev: &mut Eval, g: &StageGraph) {
     // Outputs nobody consumes.
     for n in gr.node_indices() {
         let Some(out) = gr[n].output else { continue };
-        if !matches!(out, PortKind::Trajectories | PortKind::Scores | PortKind::Prompts) {
+        if !matches!(out, PortKind::Trajectories | PortKind::Scores | PortKind::TokenScores | PortKind::Prompts) {
             continue;
         }
         if gr.edges_directed(n, petgraph::Direction::Outgoing).next().is_none() {

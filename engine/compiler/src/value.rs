@@ -18,6 +18,8 @@ pub enum PortKind {
     Prompts,
     Trajectories,
     Scores,
+    /// One number per sampled token (on-policy distillation's teacher log-probs).
+    TokenScores,
     Policy,
     Metrics,
 }
@@ -28,6 +30,7 @@ impl PortKind {
             "Prompts" => PortKind::Prompts,
             "Trajectories" => PortKind::Trajectories,
             "Scores" => PortKind::Scores,
+            "TokenScores" => PortKind::TokenScores,
             "Policy" => PortKind::Policy,
             "Metrics" => PortKind::Metrics,
             _ => return None,
@@ -38,6 +41,7 @@ impl PortKind {
             PortKind::Prompts => "Prompts",
             PortKind::Trajectories => "Trajectories",
             PortKind::Scores => "Scores",
+            PortKind::TokenScores => "TokenScores",
             PortKind::Policy => "Policy",
             PortKind::Metrics => "Metrics",
         }

@@ -81,7 +81,7 @@ pub fn plan_input(recipe: &CompiledRecipe) -> PlanInput {
                     stage.gpus = Some(gpu_request(backend));
                 }
                 let offload = rec(node, "optimizer").and_then(|o| enum_of(o, "state"));
-                stage.trainer = Some(trainer_of(node, backend, seq_len, offload));
+                stage.trainer = Some(trainer_of(g, node, backend, seq_len, offload));
             }
             if role == Role::Train && batch.rollout_batch.is_none() {
                 batch.rollout_batch = param_int(node, "rollout_batch");
@@ -526,7 +526,19 @@ fn engine_of(r: &Record, prompt_len: Spanned<u64>, response_len: Spanned<u64>) -
     }
 }
 
-fn trainer_of(node: &StageNode, b: &Record, seq_len: Spanned<u64>, offload: Option<(&str, Option<Span>)>) -> Trainer {
+fn trainer_of(
+    g: &StageGraph,
+    node: &StageNode,
+    b: &Record,
+    seq_len: Spanned<u64>,
+    offload: Option<(&str, Option<Span>)>,
+) -> Trainer {
+    // `opd = opd { teacher = <a teacher_logprobs stage> }`: that stage's model, read like the
+    // policy (`model_spec`), and where it runs.
+    let teacher = match rec(node, "opd").and_then(|o| o.get("teacher")) {
+        Some(Value::Stage(n)) => g.node(n),
+        _ => None,
+    };
     let int = |name: &str| int_of(b, name).map(|(v, s)| spanned(v, s)).unwrap_or(Spanned::new(1));
     let backend = match b.schema_name.as_str() {
         "megatron" => Backend::Megatron,
@@ -567,8 +579,8 @@ fn trainer_of(node: &StageNode, b: &Record, seq_len: Spanned<u64>, offload: Opti
         recompute,
         optimizer_offload,
         lora: rec(node, "lora").map(|r| lora_of(r, param_span(node, "lora"))),
-        // `opd = opd { teacher }`: the teacher read like the policy (`model_spec`).
-        teacher: rec(node, "opd").and_then(|o| o.get("teacher")).and_then(Value::as_record).and_then(model_spec),
+        teacher: teacher.and_then(|t| t.model.as_deref()).and_then(model_spec),
+        teacher_process: teacher.and_then(|t| t.param("process")).and_then(Value::as_bool).unwrap_or(false),
     }
 }
 

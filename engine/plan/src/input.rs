@@ -487,11 +487,15 @@ pub struct Trainer {
     /// Low-rank adapters (`lora = lora { ... }`): the base is frozen; only adapters train and sync.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lora: Option<Lora>,
-    /// On-policy distillation (`opd = opd { teacher = ... }` on `grpo`/`ppo`): the teacher the
-    /// trainer loads beside the policy, frozen, and runs forward over every trajectory
-    /// (docs/plan.md, "On-policy distillation: the teacher"). `None`: no distillation.
+    /// On-policy distillation (`opd = opd { teacher = ... }` on `grpo`/`ppo`): the model of the
+    /// teacher stage the trainer reads, frozen, run forward over every trajectory beside the
+    /// trainer (docs/plan.md, "On-policy distillation: the teacher"). `None`: no distillation.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub teacher: Option<ModelSpec>,
+    /// The teacher stage runs in a worker process of its own (`process = true`): its memory is
+    /// that process's, not this rank's; its forward still precedes the trainer's each step.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub teacher_process: bool,
 }
 
 /// A linear layer LoRA wraps in every transformer layer (std/prelude's `LoraTarget`).
@@ -929,6 +933,7 @@ pub struct GraphEdge {
 /// The std/stages kinds the planner places (rewards and checkpoints run on the host by design).
 pub(crate) const KNOWN_KINDS: &[&str] = &[
     "sft",
+    "teacher_logprobs",
     "generate",
     "exact_match",
     "verify",

@@ -286,7 +286,11 @@ pub fn render_sections(p: &Plan) -> String {
                 writeln!(o, "    critic  {:>8}  (in train: values + value loss of the PPO critic)", secs(st.critic_s));
         }
         if st.teacher_s > 0.0 {
-            let _ = writeln!(o, "    teacher {:>8}  (in train: the OPD teacher's no-grad forward)", secs(st.teacher_s));
+            let _ = writeln!(
+                o,
+                "    teacher {:>8}  (of train: the teacher stage's no-grad forward, before the trainer's passes)",
+                secs(st.teacher_s)
+            );
         }
         if st.offload_s > 0.0 {
             let _ = writeln!(o, "  offload   {:>8}", secs(st.offload_s));

@@ -541,10 +541,14 @@ fn embedded_ppo_critic() {
 const TEACHER: [&str; 2] = ["teacher_weights", "teacher_activations"];
 
 /// Compiles and plans, letting through only E0511 (what `miles run` does not execute on the
-/// recipe's target: a seeded `transformer` teacher; the planner plans it anyway).
+/// recipe's target) and std/stages' refusal of a seeded `transformer` teacher: the planner plans
+/// a teacher of any shape, so these tests can size one by hand.
 fn planned_any_target(src: &str) -> (Plan, PlanInput) {
     let c = compiled(src);
-    let errors: Vec<_> = c.diagnostics.iter().filter(|d| d.is_error() && d.code != "E0511").collect();
+    let seeded_teacher =
+        |d: &&miles_grammar::diag::Diagnostic| d.message.starts_with("a teacher must be trained weights");
+    let errors: Vec<_> =
+        c.diagnostics.iter().filter(|d| d.is_error() && d.code != "E0511" && !seeded_teacher(d)).collect();
     assert!(errors.is_empty(), "{errors:#?}");
     let input = plan_input(&c.recipes[0]);
     (plan(&input), input)
@@ -557,14 +561,15 @@ fn planned_any_target(src: &str) -> (Plan, PlanInput) {
 /// forward is a part of the step time. The same recipe without `opd` has none of it.
 #[test]
 fn opd_teacher_on_the_embedded_host() {
-    let src = |opd: &str| {
+    let src = |opd: &str, stage: &str| {
         laptop_recipe(
             "model big = transformer { layers = 3, d_model = 96, heads = 4, kv_heads = 4, d_ff = 256, vocab = strings.vocab, max_len = 20 }\n",
-            &format!("grpo(rollout, reward) {{ rollout_batch = 32, global_batch = 256, micro_batch = 64 {opd} }}"),
+            &format!("grpo(rollout, reward) {{ rollout_batch = 32, global_batch = 256, micro_batch = 64 {opd} }}{stage}"),
         )
     };
-    let (plain, _) = planned_any_target(&src(""));
-    let (opd, input) = planned_any_target(&src(", opd = opd { teacher = big, coef = 0.5 }"));
+    let (plain, _) = planned_any_target(&src("", ""));
+    let teacher = "\n    teacher = teacher_logprobs(big, rollout)";
+    let (opd, input) = planned_any_target(&src(", opd = opd { teacher = teacher, coef = 0.5 }", teacher));
     let trainer = input.stages.iter().find(|s| s.name == "train").and_then(|s| s.trainer.clone()).expect("trainer");
     let t = trainer.teacher.expect("teacher read from opd");
     // strings.vocab: 16 tokens.
@@ -595,12 +600,31 @@ fn opd_teacher_on_the_embedded_host() {
     assert!(text.contains("teacher_weights"), "{text}");
     assert!(text.contains("OPD teacher transformer 3x96") && text.contains("fp32 x 4 B, whole"), "{text}");
     assert!(text.contains("no-grad forward, fp32: one layer + logits and log-softmax of seq 16 x micro-batch 64"));
-    assert!(text.contains("    teacher ") && text.contains("(in train: the OPD teacher's no-grad forward)"), "{text}");
+    assert!(text.contains("    teacher ") && text.contains("(of train: the teacher stage's no-grad forward"), "{text}");
     assert!(!render_text(&plain).contains("teacher"));
     let v: serde_json::Value = serde_json::from_str(&render_json(&opd)).expect("json");
     assert!(v["step"]["teacher_s"].as_f64().is_some_and(|s| s > 0.0));
     assert!(!render_json(&plain).contains("teacher"));
     assert!(render_html(&opd).contains("teacher_weights") && !render_html(&plain).contains("teacher"));
+
+    // The teacher stage in a worker process of its own: its memory is that process's (named,
+    // with its size), not the trainer's; its forward still comes before the trainer's passes.
+    let (apart, _) = planned_any_target(&src(
+        ", opd = opd { teacher = teacher, coef = 0.5 }",
+        &format!("{teacher} {{ process = true }}"),
+    ));
+    for (name, bytes) in train_items(&plain) {
+        assert_eq!(item(&apart, &name), bytes, "{name}");
+    }
+    assert_eq!(memory_of(&apart, "train").total, memory_of(&plain, "train").total);
+    let text = render_text(&apart);
+    // The in-process teacher's two items, as that process's.
+    let (w, a) = (item(&opd, "teacher_weights") as f64 / 1e6, item(&opd, "teacher_activations") as f64 / 1e6);
+    let want = format!(
+        "in a worker process of its own (process = true): {w:.1} MB of weights + {a:.1} MB of activations there"
+    );
+    assert!(text.contains(&want), "{want}\n{text}");
+    assert_eq!(apart.step.as_ref().expect("step").teacher_s, so.teacher_s);
 }
 
 /// On a GPU backend the teacher's weights are sharded like the policy's (FSDP over 8 here, in the
@@ -610,7 +634,12 @@ fn opd_teacher_on_the_embedded_host() {
 #[test]
 fn opd_teacher_on_fsdp_is_sharded_like_the_policy() {
     let plain = planned_any_target(&qwen3_4b(32, ENGINE, FSDP)).0;
-    let with = qwen3_4b(32, ENGINE, &format!("{FSDP}\n        opd = opd {{ teacher = qwen3_4b }}"));
+    // The backend text goes inside the trainer's braces: close them and open the teacher stage's.
+    let with = qwen3_4b(
+        32,
+        ENGINE,
+        &format!("{FSDP}\n        opd = opd {{ teacher = teacher }}\n    }}\n    teacher = teacher_logprobs(qwen3_4b, rollout) {{"),
+    );
     let (opd, input) = planned_any_target(&with);
     assert_eq!(item(&opd, "teacher_weights"), item(&opd, "weights"));
     let names: Vec<String> = train_items(&opd).into_iter().map(|(n, _)| n).collect();

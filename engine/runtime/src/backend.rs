@@ -129,6 +129,9 @@ pub struct Trajectory {
     pub weight_version: u64,
     /// R3: the experts the engine routed each token to (an MoE policy with `record_routing`).
     pub routing: Option<crate::Routing>,
+    /// On-policy distillation: the teacher stage's log-prob of each response token; empty until
+    /// the teacher scores the batch (and in a run without one).
+    pub teacher_logprobs: Vec<f32>,
 }
 
 impl Trajectory {
@@ -146,6 +149,7 @@ impl Trajectory {
             group: 0,
             weight_version: 0,
             routing: None,
+            teacher_logprobs: Vec::new(),
         }
     }
 }
@@ -361,12 +365,31 @@ pub trait EvalEngine: RolloutEngine + Send {
     fn bind_thread(&mut self, _threads: Option<usize>) {}
 }
 
+/// On-policy distillation's teacher (std/stages `teacher_logprobs`, docs/recipes/opd.md): a frozen model
+/// that scores every response token of a batch, between the reward and the trainer.
+pub trait TeacherScorer: Send {
+    /// The teacher's log-prob of each response token, per trajectory.
+    fn logprobs(&mut self, batch: &[Trajectory]) -> Result<Vec<Vec<f32>>, RunError>;
+    /// Restarts of a teacher hosted in a worker process of its own; 0 in the run's process.
+    fn restarts(&self) -> u32 {
+        0
+    }
+}
+
 /// A compute backend: builds the engine and trainer of a run.
 pub trait Backend {
     fn name(&self) -> &'static str;
     /// Sets intra-op threads (None = backend default).
     fn set_threads(&self, threads: Option<usize>);
     fn create(&self, spec: &RunSpec) -> Result<EngineAndTrainer, RunError>;
+    /// The teacher stage of a distilling run (`spec.train.opd`); a backend without one refuses.
+    fn teacher(&self, spec: &RunSpec) -> Result<Box<dyn TeacherScorer>, RunError> {
+        let stage = spec.train.opd.as_ref().map_or("teacher", |o| o.stage.as_str());
+        Err(RunError::new(
+            crate::E_BACKEND,
+            format!("the `{}` backend cannot run the teacher stage `{stage}`", self.name()),
+        ))
+    }
     /// The parts of an asynchronous run; None when this backend cannot run one (the executor
     /// then reports which schedules it can).
     fn create_async(&self, _spec: &RunSpec) -> Result<Option<AsyncParts>, RunError> {

@@ -315,12 +315,16 @@ pub enum TaskKind {
     Addition { digits: u32 },
     /// "a*b=" -> "c", operands with 1..=digits digits.
     Multiplication { digits: u32 },
-    /// "abc>" -> "cba", strings over `alphabet` of length min_len..=max_len.
+    /// "abc>" -> "cba", strings over `alphabet` of length min_len..=max_len. With `working` > 0
+    /// the answer is verbose: "abc>" -> "cba>ab" (the answer, `>`, the string's first `working`
+    /// letters), and only a response's text before its first `>` is scored.
     Reverse {
         min_len: usize,
         max_len: usize,
         #[serde(default = "default_alphabet")]
         alphabet: String,
+        #[serde(default, skip_serializing_if = "is_zero")]
+        working: usize,
     },
     /// "cab>" -> "abc" (characters sorted), same parameters as reverse.
     Sort {
@@ -343,6 +347,10 @@ pub enum TaskKind {
         #[serde(default)]
         on_error: OnError,
     },
+}
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
 }
 
 fn default_alphabet() -> String {
@@ -548,6 +556,9 @@ pub struct TrainSpec {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct OpdSpec {
+    /// The recipe's `teacher_logprobs` stage, named by its errors.
+    #[serde(default = "teacher_stage")]
+    pub stage: String,
     /// The teacher's Hugging Face directory (its config.json was read by `miles check`).
     pub teacher: std::path::PathBuf,
     pub coef: f64,
@@ -555,6 +566,10 @@ pub struct OpdSpec {
     /// Host the teacher in a worker process of its own (`miles-engine teacher`).
     #[serde(default)]
     pub process: bool,
+}
+
+fn teacher_stage() -> String {
+    "teacher".into()
 }
 
 /// std/stages `ppo`'s critic and advantage settings.
@@ -946,9 +961,17 @@ impl RunSpec {
                     return bad("task.kind.digits", "must be in 1..=9");
                 }
             }
-            TaskKind::Reverse { min_len, max_len, alphabet } | TaskKind::Sort { min_len, max_len, alphabet } => {
+            TaskKind::Reverse { min_len, max_len, alphabet, .. } | TaskKind::Sort { min_len, max_len, alphabet } => {
                 if *min_len == 0 || min_len > max_len {
                     return bad("task.kind.min_len", "need 1 <= min_len <= max_len");
+                }
+                if let TaskKind::Reverse { working, .. } = &self.task.kind {
+                    if working > min_len {
+                        return bad(
+                            "task.kind.working",
+                            "must not exceed min_len (the working is the string's first letters)",
+                        );
+                    }
                 }
                 if alphabet.is_empty() {
                     return bad("task.kind.alphabet", "must not be empty");

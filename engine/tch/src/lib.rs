@@ -111,6 +111,12 @@ impl Backend for TchBackend {
         })
     }
 
+    fn teacher(&self, spec: &RunSpec) -> Result<Box<dyn miles_runtime::TeacherScorer>, RunError> {
+        guard("the teacher's load", || {
+            Ok(Box::new(teacher::TchTeacher::for_run(spec)?) as Box<dyn miles_runtime::TeacherScorer>)
+        })
+    }
+
     /// Three copies of the weights, one per thread: the trainer's, the streaming engine's
     /// (continuous batching, `max_concurrent` slots) and, for snapshot evaluation, a batch engine's.
     fn create_async(&self, spec: &RunSpec) -> Result<Option<miles_runtime::AsyncParts>, RunError> {

@@ -1,15 +1,16 @@
-//! On-policy distillation's teacher (docs/opd.md): the model whose log-probs of the student's
-//! sampled tokens make the per-token term. It is loaded in the trainer's process, or hosted by a
-//! worker process of its own (`opd { process = true }`: `miles-engine teacher`, JSON lines over a
-//! pipe, log-probs sent as f32 bit patterns so they arrive exactly). A worker that dies or stops
-//! answering is named, started again and sent the batch again (the teacher is frozen, so the
-//! answer is the same); after `MAX_RESTARTS` the step fails, its weights not updated.
+//! On-policy distillation's teacher stage (std/stages `teacher_logprobs`, docs/recipes/opd.md): the model
+//! whose log-probs of the student's sampled tokens make the per-token term. It is loaded in the
+//! run's process, or hosted by a worker process of its own (`process = true`: `miles-engine
+//! teacher`, JSON lines over a pipe, log-probs sent as f32 bit patterns so they arrive exactly). A
+//! worker that dies or stops answering is named, started again and sent the batch again (the
+//! teacher is frozen, so the answer is the same); after `MAX_RESTARTS` the step fails, its weights
+//! not updated. The runtime checks what comes back (one finite log-prob per response token).
 
 use crate::model::Policy;
 use crate::train::TchTrainer;
 use miles_runtime::line_child::LineChild;
 use miles_runtime::tasks::TokenId;
-use miles_runtime::{OpdSpec, RunError, Trajectory, E_BACKEND, E_CHECKPOINT, E_NONFINITE};
+use miles_runtime::{OpdSpec, RunError, RunSpec, TeacherScorer, Trajectory, E_BACKEND, E_CHECKPOINT};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 use std::io::{BufRead, Write};
@@ -22,15 +23,51 @@ pub const MAX_RESTARTS: u32 = 3;
 /// Longest wait for the worker to load the teacher, and for one batch's log-probs.
 const WAIT: Duration = Duration::from_secs(600);
 
-pub enum Teacher {
+/// The teacher stage as the runtime runs it: the teacher, and its forward's micro-batch and
+/// temperature (the trainer's, so its log-probs are on the student's scale).
+pub struct TchTeacher {
+    teacher: Teacher,
+    micro: usize,
+    temperature: f64,
+}
+
+impl TchTeacher {
+    /// The run's teacher stage, checked against the student it distils into.
+    pub fn for_run(spec: &RunSpec) -> Result<TchTeacher, RunError> {
+        let o = spec.train.opd.as_ref().ok_or_else(|| RunError::new(E_BACKEND, "this run has no teacher stage"))?;
+        let (vocab, max_len) = (spec.model.vocab_size, spec.model.max_len);
+        TchTeacher::load(o, vocab, max_len, spec.train.micro_batch, spec.rollout.temperature)
+    }
+
+    /// The teacher of `o` for a student of `vocab` tokens and `max_len` positions.
+    pub fn load(
+        o: &OpdSpec,
+        vocab: usize,
+        max_len: usize,
+        micro: usize,
+        temperature: f64,
+    ) -> Result<TchTeacher, RunError> {
+        Ok(TchTeacher { teacher: Teacher::load(o, vocab, max_len)?, micro: micro.max(1), temperature })
+    }
+}
+
+impl TeacherScorer for TchTeacher {
+    fn logprobs(&mut self, batch: &[Trajectory]) -> Result<Vec<Vec<f32>>, RunError> {
+        let (micro, temperature) = (self.micro, self.temperature);
+        crate::guard("the teacher's forward", || self.teacher.logprobs(batch, micro, temperature))
+    }
+    fn restarts(&self) -> u32 {
+        self.teacher.restarts()
+    }
+}
+
+enum Teacher {
     Local(Box<Policy>),
     Process(TeacherProcess),
 }
 
 impl Teacher {
-    /// The teacher of `o`, checked against the student it distils into (vocabulary, context).
-    pub fn load(o: &OpdSpec, student: &Policy) -> Result<Teacher, RunError> {
-        let (vocab, max_len) = (student.cfg.vocab_size, student.cfg.max_len);
+    fn load(o: &OpdSpec, vocab: usize, max_len: usize) -> Result<Teacher, RunError> {
         if !o.process {
             let t = load_checked(&o.teacher, vocab, max_len)?;
             return Ok(Teacher::Local(Box::new(t)));
@@ -52,35 +89,17 @@ impl Teacher {
         Ok(Teacher::Process(TeacherProcess::start(argv)?))
     }
 
-    /// The teacher's log-prob of every sampled token; a non-finite one is an error naming the
-    /// sample, never a number in the loss.
-    pub fn logprobs(
-        &mut self,
-        batch: &[Trajectory],
-        micro: usize,
-        temperature: f64,
-    ) -> Result<Vec<Vec<f32>>, RunError> {
+    /// The teacher's log-prob of every sampled token.
+    fn logprobs(&mut self, batch: &[Trajectory], micro: usize, temperature: f64) -> Result<Vec<Vec<f32>>, RunError> {
         // The teacher is another model: it routes its own experts.
-        let lp = match self {
-            Teacher::Local(t) => TchTrainer::logprobs_of(t, batch, micro, temperature, false)?,
-            Teacher::Process(p) => p.logprobs(batch, micro, temperature)?,
-        };
-        for (i, (row, traj)) in lp.iter().zip(batch).enumerate() {
-            if let Some(j) = row.iter().position(|x| !x.is_finite()) {
-                return Err(RunError::new(
-                    E_NONFINITE,
-                    format!(
-                        "the teacher's log-prob of sample {i} (group {}) token {j} is {}; the weights were not updated",
-                        traj.group, row[j]
-                    ),
-                ));
-            }
+        match self {
+            Teacher::Local(t) => TchTrainer::logprobs_of(t, batch, micro, temperature, false),
+            Teacher::Process(p) => p.logprobs(batch, micro, temperature),
         }
-        Ok(lp)
     }
 
     /// Restarts of the worker process so far (0 in process).
-    pub fn restarts(&self) -> u32 {
+    fn restarts(&self) -> u32 {
         match self {
             Teacher::Local(_) => 0,
             Teacher::Process(p) => p.restarts,

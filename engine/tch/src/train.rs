@@ -237,8 +237,6 @@ pub struct TchTrainer {
     pub source: Option<crate::hf::HfMeta>,
     /// PPO's critic, from the first RL step on (`crate::critic`).
     pub critic: Option<Critic>,
-    /// On-policy distillation's teacher, loaded at the first RL step; never trained.
-    teacher: Option<crate::teacher::Teacher>,
     /// The engines may not hold this trainer's base weights (a fresh trainer, or one loaded from
     /// a checkpoint): the next export sends the base with the adapters. Cleared by that export.
     base_stale: Cell<bool>,
@@ -262,7 +260,6 @@ impl TchTrainer {
             version: 0,
             source: None,
             critic: None,
-            teacher: None,
             base_stale: Cell::new(true),
             replay: false,
         }
@@ -442,20 +439,18 @@ impl TchTrainer {
             (Some(p), Some(c)) => Some(critic_targets(c, batch, micro, p)?),
             _ => None,
         };
-        // On-policy distillation: the teacher's log-probs of the sampled tokens.
+        // On-policy distillation: the teacher stage scored the sampled tokens before the batch came.
         let opd = self.spec.opd.clone();
-        if let (Some(o), None) = (&opd, &self.teacher) {
-            self.teacher = Some(crate::teacher::Teacher::load(o, &self.policy)?);
+        if let Some(o) = &opd {
+            if let Some(i) = batch.iter().position(|t| t.teacher_logprobs.len() != t.response.len()) {
+                return Err(RunError::new(
+                    miles_runtime::E_BACKEND,
+                    format!("sample {i} reached the trainer without the teacher stage `{}`'s log-probs", o.stage),
+                ));
+            }
         }
-        let teacher_lp = match self.teacher.as_mut() {
-            Some(t) if opd.is_some() => Some(t.logprobs(batch, micro, temperature)?),
-            _ => None,
-        };
         // Per-token advantages (PPO's, distillation's, or both), else one per response.
-        let (token_adv, mut opd_stats) = token_advantages(batch, targets.as_ref(), opd.as_ref(), teacher_lp.as_deref());
-        if let (Some(o), Some(t)) = (opd_stats.as_mut(), &self.teacher) {
-            o.teacher_restarts = t.restarts();
-        }
+        let (token_adv, opd_stats) = token_advantages(batch, targets.as_ref(), opd.as_ref());
         let mut st = TrainStats { logprob_s: t_lp.elapsed().as_secs_f64(), opd: opd_stats, ..TrainStats::default() };
         let (mut diff_sum, mut rkl_sum) = (0f64, 0f64);
         let tok_total = trained_tokens(batch);
@@ -792,13 +787,12 @@ fn token_advantages(
     batch: &[Trajectory],
     targets: Option<&CriticTargets>,
     opd: Option<&OpdSpec>,
-    teacher_lp: Option<&[Vec<f32>]>,
 ) -> (Option<Vec<Vec<f32>>>, Option<OpdStats>) {
     let task = |i: usize, j: usize| match targets {
         Some(tg) => tg.adv[i][j],
         None => batch[i].advantage,
     };
-    let (Some(o), Some(tlp)) = (opd, teacher_lp) else {
+    let Some(o) = opd else {
         return (targets.map(|tg| tg.adv.clone()), None);
     };
     let (mut n, mut kl, mut tsum, mut d_abs, mut a_abs) = (0f64, 0f64, 0f64, 0f64, 0f64);
@@ -808,12 +802,12 @@ fn token_advantages(
         .map(|(i, t)| {
             (0..t.response.len())
                 .map(|j| {
-                    let d = tlp[i][j] - t.rollout_logprobs[j];
+                    let d = t.teacher_logprobs[j] - t.rollout_logprobs[j];
                     let (dt, at) = (o.coef as f32 * d, o.task_coef as f32 * task(i, j));
                     if t.loss_mask.get(j).copied().unwrap_or(0.0) > 0.0 {
                         n += 1.0;
                         kl -= d as f64;
-                        tsum += tlp[i][j] as f64;
+                        tsum += t.teacher_logprobs[j] as f64;
                         d_abs += dt.abs() as f64;
                         a_abs += at.abs() as f64;
                     }

@@ -39,6 +39,7 @@ fn episode(last: u32, obs_logprob: f32, masked: bool, adv: f32) -> Trajectory {
         group: 0,
         weight_version: 0,
         routing: None,
+        teacher_logprobs: Vec::new(),
     }
 }
 
@@ -70,6 +71,7 @@ fn step(agg: &str, b: &[Trajectory], lrs: &[f64]) -> (TrainStats, Vec<Vec<f32>>)
         group: 0,
         weight_version: 0,
         routing: None,
+        teacher_logprobs: Vec::new(),
     }];
     tr.train_rl(&warm, &[0.05], 1.0).unwrap();
     let st = tr.train_rl(b, lrs, 1.0).unwrap();

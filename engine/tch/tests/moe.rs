@@ -56,6 +56,7 @@ fn trajectories(p: &[Vec<u32>], s: Vec<miles_runtime::Sample>) -> Vec<Trajectory
             group: s.prompt_index,
             weight_version: 0,
             routing: s.routing,
+            teacher_logprobs: Vec::new(),
         })
         .collect()
 }

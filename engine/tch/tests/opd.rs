@@ -1,12 +1,13 @@
-//! On-policy distillation in the trainer: the per-token term against hand-computed values (a
-//! teacher whose log-probs are known because it is the student itself), its combination with the
-//! task's advantage, masking, and the teacher's bad inputs.
+//! On-policy distillation: the teacher stage's log-probs (a teacher whose log-probs are known
+//! because it is the student itself), the trainer's per-token term against hand-computed values,
+//! its combination with the task's advantage, masking, and the teacher's bad inputs.
 
 mod common;
 
 use miles_runtime::tasks::EOS;
-use miles_runtime::{OpdSpec, TrainSpec, Trainer, Trajectory};
+use miles_runtime::{OpdSpec, TeacherScorer, TrainSpec, Trainer, Trajectory};
 use miles_tch::model::Policy;
+use miles_tch::teacher::TchTeacher;
 use miles_tch::train::TchTrainer;
 use std::path::PathBuf;
 
@@ -19,8 +20,17 @@ fn temp(tag: &str) -> PathBuf {
 
 fn spec(teacher: &std::path::Path, coef: f64, task_coef: f64) -> TrainSpec {
     let mut s: TrainSpec = serde_json::from_str(r#"{"lr": 0.0, "micro_batch": 2, "global_batch": 2}"#).unwrap();
-    s.opd = Some(OpdSpec { teacher: teacher.to_path_buf(), coef, task_coef, process: false });
+    s.opd = Some(opd(teacher, coef, task_coef));
     s
+}
+
+fn opd(teacher: &std::path::Path, coef: f64, task_coef: f64) -> OpdSpec {
+    OpdSpec { stage: "teacher".into(), teacher: teacher.to_path_buf(), coef, task_coef, process: false }
+}
+
+/// The teacher stage of `dir` for the tiny config's student (micro-batch 2, temperature 1).
+fn teacher(dir: &std::path::Path, cfg: &miles_runtime::ModelConfig) -> Result<TchTeacher, String> {
+    TchTeacher::load(&opd(dir, 1.0, 1.0), cfg.vocab_size, cfg.max_len, 2, 1.0).map_err(|e| e.to_string())
 }
 
 #[test]
@@ -36,7 +46,7 @@ fn opd_advantage_by_hand() {
     let lp = probe.logprobs(&prompts, &responses, 1.0).unwrap();
     // The sampler said 0.5 nats less than the teacher on every token: d = +0.5 each, so the
     // reverse-KL estimate (student - teacher) is -0.5; the second response's last token is masked.
-    let batch: Vec<Trajectory> = (0..2)
+    let mut batch: Vec<Trajectory> = (0..2)
         .map(|i| Trajectory {
             prompt: prompts[i].clone(),
             response: responses[i].clone(),
@@ -47,8 +57,15 @@ fn opd_advantage_by_hand() {
             group: 0,
             weight_version: 0,
             routing: None,
+            teacher_logprobs: Vec::new(),
         })
         .collect();
+    // The teacher stage scores the sampled tokens with the student's own log-probs.
+    let tlp = teacher(&dir, &cfg).unwrap().logprobs(&batch).unwrap();
+    assert_eq!(tlp, lp);
+    for (t, row) in batch.iter_mut().zip(tlp) {
+        t.teacher_logprobs = row;
+    }
     let mut tr = TchTrainer::new(student.deep_copy(), spec(&dir, 2.0, 1.0));
     let st = tr.train_rl(&batch, &[0.0], 1.0).unwrap();
     let o = st.opd.expect("distillation stats");
@@ -84,24 +101,30 @@ fn a_bad_teacher_is_refused_with_its_name() {
         group: 0,
         weight_version: 0,
         routing: None,
+        teacher_logprobs: Vec::new(),
     }];
     // Missing.
     let dir = temp("missing");
-    let mut tr = TchTrainer::new(Policy::init(&cfg, 1), spec(&dir.join("nope"), 1.0, 1.0));
-    let e = tr.train_rl(&batch, &[0.0], 1.0).unwrap_err().to_string();
+    let e = teacher(&dir.join("nope"), &cfg).err().unwrap();
     assert!(e.contains("nope"), "{e}");
     // Another vocabulary.
     let mut other = cfg.clone();
     other.vocab_size = 40;
     Policy::init(&other, 1).save(&dir).unwrap();
-    let mut tr = TchTrainer::new(Policy::init(&cfg, 1), spec(&dir, 1.0, 1.0));
-    let e = tr.train_rl(&batch, &[0.0], 1.0).unwrap_err().to_string();
+    let e = teacher(&dir, &cfg).err().unwrap();
     assert!(e.contains("vocabulary of 40 tokens, the student's is 12"), "{e}");
     // Corrupt weights.
     std::fs::write(dir.join("model.safetensors"), b"not safetensors").unwrap();
-    let mut tr = TchTrainer::new(Policy::init(&cfg, 1), spec(&dir, 1.0, 1.0));
-    assert!(tr.train_rl(&batch, &[0.0], 1.0).is_err());
-    // NaN teacher log-probs are named with the sample, and the student's weights do not move.
+    assert!(teacher(&dir, &cfg).is_err());
+    // A batch the teacher stage did not score never reaches the loss.
+    let student = Policy::init(&cfg, 1);
+    let before = student.snapshot(0).unwrap();
+    let mut tr = TchTrainer::new(student, spec(&dir, 1.0, 1.0));
+    let e = tr.train_rl(&batch, &[0.01], 1.0).unwrap_err().to_string();
+    assert!(e.contains("sample 0 reached the trainer without the teacher stage `teacher`'s log-probs"), "{e}");
+    assert_eq!(Trainer::export_full_weights(&tr).unwrap().tensors, before.tensors);
+    // A teacher with NaN weights answers NaN, which the runtime's teacher stage refuses, naming
+    // the sample (engine/runtime/src/exec/teacher.rs; tests/opd.rs runs it end to end).
     let nan = Policy::init(&cfg, 2);
     let _g = tch::no_grad_guard();
     for (n, t) in nan.params() {
@@ -112,12 +135,8 @@ fn a_bad_teacher_is_refused_with_its_name() {
     drop(_g);
     let dir2 = temp("nan");
     nan.save(&dir2).unwrap();
-    let student = Policy::init(&cfg, 1);
-    let before = student.snapshot(0).unwrap();
-    let mut tr = TchTrainer::new(student, spec(&dir2, 1.0, 1.0));
-    let e = tr.train_rl(&batch, &[0.01], 1.0).unwrap_err().to_string();
-    assert!(e.contains("teacher's log-prob of sample 0 (group 0) token 0 is NaN"), "{e}");
-    assert_eq!(Trainer::export_full_weights(&tr).unwrap().tensors, before.tensors);
+    let lp = teacher(&dir2, &cfg).unwrap().logprobs(&batch).unwrap();
+    assert!(lp[0][0].is_nan(), "{lp:?}");
     let _ = std::fs::remove_dir_all(&dir);
     let _ = std::fs::remove_dir_all(&dir2);
 }

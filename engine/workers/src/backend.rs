@@ -7,7 +7,7 @@ use crate::launcher::{LaunchEnv, Launcher, LocalLauncher, RayLauncher, SlurmLaun
 use crate::remote::{Controller, Deadlines, Fleet, OnFailure, RemoteEngine, RemoteTrainer, SharedFleet};
 use crate::{E_LAUNCH, E_WORKER};
 use miles_runtime::distributed::{DistributedSpec, LauncherSpec, WorkerFailure};
-use miles_runtime::{Backend, EngineAndTrainer, RolloutEngine, RunError, RunSpec, Trainer};
+use miles_runtime::{Backend, EngineAndTrainer, RolloutEngine, RunError, RunSpec, TeacherScorer, Trainer};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -19,11 +19,21 @@ pub struct WorkersBackend {
     threads: Mutex<Option<usize>>,
     /// The fleet of the last `create`, for reports after the run.
     pub fleet: Mutex<Option<SharedFleet>>,
+    /// Builds a distilling run's teacher stage in the controller's process (a compute backend's).
+    teacher: Option<TeacherFactory>,
 }
+
+/// How the controller builds a teacher stage: this crate runs no model itself.
+pub type TeacherFactory = Box<dyn Fn(&RunSpec) -> Result<Box<dyn TeacherScorer>, RunError> + Send + Sync>;
 
 impl WorkersBackend {
     pub fn new(exe: PathBuf, out_dir: PathBuf) -> Self {
-        WorkersBackend { exe, out_dir, threads: Mutex::new(None), fleet: Mutex::new(None) }
+        WorkersBackend { exe, out_dir, threads: Mutex::new(None), fleet: Mutex::new(None), teacher: None }
+    }
+
+    pub fn with_teacher(mut self, f: TeacherFactory) -> Self {
+        self.teacher = Some(f);
+        self
     }
 }
 
@@ -71,6 +81,13 @@ pub fn plan_workers(d: &DistributedSpec, threads: usize) -> Vec<WorkerLaunch> {
 }
 
 impl Backend for WorkersBackend {
+    fn teacher(&self, spec: &RunSpec) -> Result<Box<dyn TeacherScorer>, RunError> {
+        match &self.teacher {
+            Some(f) => f(spec),
+            None => Err(RunError::new(E_LAUNCH, "this controller was built without a teacher stage")),
+        }
+    }
+
     fn name(&self) -> &'static str {
         "workers"
     }

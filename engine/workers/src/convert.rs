@@ -81,6 +81,7 @@ pub fn traj_to_pb(t: &Trajectory) -> pb::Trajectory {
         group: t.group as u32,
         weight_version: t.weight_version,
         routing: t.routing.as_ref().map(routing_to_pb),
+        teacher_logprobs: t.teacher_logprobs.clone(),
     }
 }
 
@@ -95,6 +96,7 @@ pub fn traj_from_pb(t: pb::Trajectory) -> Trajectory {
         group: t.group as usize,
         weight_version: t.weight_version,
         routing: t.routing.and_then(routing_from_pb),
+        teacher_logprobs: t.teacher_logprobs,
     }
 }
 

@@ -198,6 +198,7 @@ fn remote_stages_generate_train_and_sync_weights_with_every_transport() {
             group: 0,
             weight_version: 0,
             routing: None,
+            teacher_logprobs: Vec::new(),
         };
         for step in 1..=3u64 {
             let st = trainer.train_rl(&[t.clone(), t.clone()], &[1e-3], 1.0).unwrap();

@@ -21,7 +21,9 @@ pub fn run(spec: &RunSpec, opts: &RunOptions) -> Result<Summary, RunError> {
         };
         return miles_runtime::run_with(spec, &o, &backend);
     }
-    let backend = miles_workers::backend::WorkersBackend::new(exe, out);
+    // The teacher stage runs here, beside the executor (or in a worker process of its own).
+    let backend = miles_workers::backend::WorkersBackend::new(exe, out)
+        .with_teacher(Box::new(|s: &RunSpec| miles_runtime::Backend::teacher(&miles_tch::TchBackend, s)));
     let res = miles_runtime::run_with(spec, &o, &backend);
     if let Some(f) = backend.fleet.lock().unwrap_or_else(|p| p.into_inner()).take() {
         let f = f.lock().unwrap_or_else(|p| p.into_inner());
@@ -57,6 +59,9 @@ impl miles_runtime::Backend for HttpBackend {
     }
     fn set_threads(&self, threads: Option<usize>) {
         miles_tch::TchBackend.set_threads(threads)
+    }
+    fn teacher(&self, spec: &RunSpec) -> Result<Box<dyn miles_runtime::TeacherScorer>, RunError> {
+        miles_tch::TchBackend.teacher(spec)
     }
     fn create(&self, spec: &RunSpec) -> Result<miles_runtime::EngineAndTrainer, RunError> {
         let (_, trainer) = miles_tch::TchBackend.create(spec)?;

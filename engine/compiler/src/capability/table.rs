@@ -121,16 +121,6 @@ fn rule_opd(cx: &Ctx, f: &FieldValue) -> Option<String> {
     lora.then(|| "distillation with LoRA on the same trainer is not run yet: remove `lora` or `opd`".into())
 }
 
-fn rule_opd_teacher(_: &Ctx, f: &FieldValue) -> Option<String> {
-    let r = f.value.as_record()?;
-    (r.schema_name != "hf").then(|| {
-        format!(
-            "a `{}` teacher: a teacher must be trained weights, `hf {{ path = ... }}` (e.g. another run's `model/`)",
-            r.schema_name
-        )
-    })
-}
-
 /// Tests that show PPO's critic and advantages change what a run does.
 const PPO_TESTS: &[&str] =
     &["ppo_critic_learns_values_and_resumes_exactly", "a_ppo_recipe_runs_and_learns_through_the_binary"];
@@ -418,7 +408,7 @@ pub const TABLE: &[Entry] = &[
     e("grpo", "optimizer", Support::All, "", &["lr_schedules"]),
     e("grpo", "backend", Support::All, "the backend's own schema says where it runs", TRAINS),
     e("grpo", "lora", Support::Only(&[E, W], &["none"]), LORA_WHERE, LORA_TESTS),
-    e("grpo", "opd", Support::Rule(rule_opd), "on-policy distillation: the teacher scores the sampled tokens inside the trainer", OPD_TESTS),
+    e("grpo", "opd", Support::Rule(rule_opd), "on-policy distillation: the teacher stage's per-token scores join the advantage", OPD_TESTS),
     e("ppo", "", Support::All, "PPO with a learned critic (a separate model with a value head) and GAE", PPO_TESTS),
     e("ppo", "rollout_batch", Support::All, "", PPO_TESTS),
     e("ppo", "global_batch", Support::All, "", PPO_TESTS),
@@ -517,8 +507,9 @@ pub const TABLE: &[Entry] = &[
     e("adapter", "*", Support::All, "each adapter's name and learning rate", MULTI_LORA_TESTS),
     e("lora", "*", Support::All, "rank, alpha, dropout and target_modules shape the adapters", LORA_TESTS),
     e("opd", "", Support::All, "", OPD_TESTS),
-    e("opd", "teacher", Support::Rule(rule_opd_teacher), "a teacher is a trained model the embedded backend loads: `hf { path }`", OPD_TESTS),
-    e("opd", "process", Support::All, "the teacher in a worker process the trainer starts", &["a_teacher_in_its_own_process_distils_alike_and_survives_a_kill"]),
+    e("opd", "teacher", Support::All, "the teacher stage whose scores join the advantage", OPD_TESTS),
+    e("teacher_logprobs", "", Support::All, "the teacher scores each step's batch between the reward and the trainer", OPD_TESTS),
+    e("teacher_logprobs", "process", Support::All, "the teacher in a worker process of its own", &["a_teacher_in_its_own_process_distils_alike_and_survives_a_kill"]),
     e("opd", "*", Support::All, "the weights of the two advantage terms", &["opd_advantage_by_hand"]),
     e("compaction", "", Support::All, "", COMPACTION),
     e("compaction", "keep_turns", Support::All, "", COMPACTION),
@@ -594,6 +585,7 @@ pub const TABLE: &[Entry] = &[
     e("reverse", "split", Support::All, "", TASKS),
     e("reverse", "test_size", Support::All, "", TASKS),
     e("reverse", "split_seed", Support::All, "", TASKS),
+    e("reverse", "working", Support::All, "", &["reverse_working_target_and_scoring"]),
     e("sort", "min_len", Support::All, "", TASKS),
     e("sort", "max_len", Support::All, "", TASKS),
     e("sort", "alphabet", Support::All, "", TASKS),

@@ -132,6 +132,7 @@ fn port_help(p: PortKind) -> String {
         PortKind::Trajectories => "give a rollout stage (`generate`)".into(),
         PortKind::Scores => "give a reward stage (a verifier such as `arith.exact_match(rollout)`)".into(),
         PortKind::Prompts => "give a prompt source (a task such as `arith.addition { ... }` or `jsonl { ... }`)".into(),
+        PortKind::TokenScores => "give a teacher stage (`teacher_logprobs(teacher, rollout)`)".into(),
         PortKind::Metrics => "give a stage that produces Metrics".into(),
     }
 }

@@ -223,7 +223,8 @@ pub(super) fn train_mem(
     };
     let critic = critic.then(|| model::critic_state_bytes(m, l));
     let critic_optimizer = critic.map_or(0.0, |c| c.optimizer);
-    let teacher = t.teacher.as_ref();
+    // A teacher in a process of its own holds its memory there (`teacher_items` says how much).
+    let teacher = t.teacher.as_ref().filter(|_| !t.teacher_process);
     let teacher_weights = teacher.map_or(0.0, |tm| model::teacher_weight_bytes(tm, l, host.is_some()));
     let teacher_activations = teacher.map_or(0.0, |tm| match host {
         Some(_) => model::embedded_teacher_activation_bytes(tm, t.seq_len.value, t.micro_batch.value),
@@ -724,6 +725,24 @@ fn critic_items(m: &ModelSpec, l: &Layout, t: &Trainer, mem: &TrainMem, host: Op
 /// On-policy distillation's teacher, item by item: its frozen weights and its no-grad forward's
 /// activations (docs/plan.md, "On-policy distillation: the teacher").
 fn teacher_items(tm: &ModelSpec, l: &Layout, t: &Trainer, mem: &TrainMem, host: Option<&EmbeddedHost>) -> Vec<MemItem> {
+    if t.teacher_process {
+        // Its own process holds it: what that process needs, beside (not on) this rank.
+        let w = model::teacher_weight_bytes(tm, l, host.is_some());
+        let a = match host {
+            Some(_) => model::embedded_teacher_activation_bytes(tm, t.seq_len.value, t.micro_batch.value),
+            None => model::teacher_activation_bytes(tm, l, t.seq_len.value, t.micro_batch.value),
+        };
+        return vec![MemItem {
+            name: "teacher_process".into(),
+            bytes: 0,
+            note: format!(
+                "OPD teacher {} in a worker process of its own (process = true): {} of weights + {} of activations there, not here",
+                tm.name,
+                crate::units::gb(w as u64),
+                crate::units::gb(a as u64)
+            ),
+        }];
+    }
     let weights = match host {
         Some(_) => "fp32 x 4 B, whole".to_string(),
         None => format!("{} x {} B, sharded like the policy's", l.precision.as_str(), l.precision.bytes()),

@@ -148,6 +148,7 @@ pub(crate) fn run(
             .with_help("set schedule = sync, or run in-process on the embedded backend"));
     };
     let AsyncParts { mut engine, mut trainer, eval_engine } = parts;
+    let mut teacher = crate::exec::TeacherStage::for_run(spec, backend)?;
     let mut transport: Box<dyn WeightTransport> = Box::new(LocalHandoff);
     let task = Arc::new(task);
     // Evaluations on this thread (the first and the last); the generation thread builds its own.
@@ -257,6 +258,7 @@ pub(crate) fn run(
         &cfg,
         &shared,
         trainer.as_mut(),
+        teacher.as_mut(),
         transport.as_mut(),
         &mut evals,
         &mut metrics,

@@ -6,7 +6,9 @@ use super::eval::{write_eval_row, EvalResult, EvalRunner};
 use super::{checkpoint, timeout_err, Shared, State};
 use crate::backend::*;
 use crate::buffer::Group;
-use crate::exec::{check_wall_time, insert_perf, insert_train_stats, step_lrs, train_checked, Metrics, StepTimes};
+use crate::exec::{
+    check_wall_time, insert_perf, insert_train_stats, step_lrs, train_checked, Metrics, StepTimes, TeacherStage,
+};
 use crate::progress::Progress;
 use crate::schedule::{AsyncSpec, EvalMode};
 use crate::spec::{RunOptions, RunSpec, StageNames};
@@ -31,6 +33,7 @@ pub(super) fn train_loop(
     cfg: &AsyncSpec,
     shared: &Shared,
     trainer: &mut dyn Trainer,
+    mut teacher: Option<&mut TeacherStage>,
     transport: &mut dyn WeightTransport,
     evals: &mut EvalRunner,
     metrics: &mut Metrics,
@@ -82,6 +85,7 @@ pub(super) fn train_loop(
                     group: gi,
                     weight_version: s.oldest_version(),
                     routing: s.routing.clone(),
+                    teacher_logprobs: Vec::new(),
                 });
             }
         }
@@ -90,10 +94,17 @@ pub(super) fn train_loop(
             t.advantage = adv[k];
         }
         let reward_s = t_reward.elapsed().as_secs_f64();
+        let teacher_s = match teacher.as_deref_mut() {
+            Some(t) => t.score(&mut batch)?,
+            None => 0.0,
+        };
         let lrs = step_lrs(spec, *step);
         let t_train = Instant::now();
-        let ts = train_checked(trainer, &batch, &lrs, r.temperature, *step, tp.last_ckpt)?;
+        let mut ts = train_checked(trainer, &batch, &lrs, r.temperature, *step, tp.last_ckpt)?;
         let train_s = t_train.elapsed().as_secs_f64();
+        if let Some(t) = teacher.as_deref() {
+            t.note(&mut ts);
+        }
 
         // Push weights every update_interval steps; the engine swaps them between two steps.
         let mut sync_s = 0.0;
@@ -205,8 +216,14 @@ pub(super) fn train_loop(
         row.insert(fa("swap_s"), json!(counters.swap_s));
         insert_train_stats(&mut row, &ts, &lrs);
         let trained: usize = batch.iter().map(|t| t.prompt.len() + t.response.len()).sum();
-        let times =
-            StepTimes { gen_s: counters.busy_s, reward_s, train_s, sync_s, step_s: t_step.elapsed().as_secs_f64() };
+        let times = StepTimes {
+            gen_s: counters.busy_s,
+            reward_s,
+            teacher_s,
+            train_s,
+            sync_s,
+            step_s: t_step.elapsed().as_secs_f64(),
+        };
         insert_perf(&mut row, &ts, &times, counters.tokens, trained, sync_bytes);
         metrics.write(&row)?;
         for res in &results {

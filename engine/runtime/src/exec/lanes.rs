@@ -59,6 +59,7 @@ pub(crate) fn step(
         cols: Map::new(),
         gen_s: 0.0,
         reward_s: 0.0,
+        teacher_s: 0.0,
         train_s: 0.0,
     };
     for (i, lane) in lanes.iter_mut().enumerate() {

@@ -24,6 +24,7 @@ mod open;
 mod score;
 mod sft;
 mod step;
+mod teacher;
 
 pub use checkpoint::*;
 pub use metrics::Metrics;
@@ -32,6 +33,7 @@ pub(crate) use score::*;
 pub(crate) use sft::*;
 pub use step::peak_rss_bytes;
 pub(crate) use step::*;
+pub(crate) use teacher::TeacherStage;
 
 /// Runs `spec` on `backend`. Errors carry E05xx codes; nothing panics on bad input.
 pub fn run_with(spec: &RunSpec, opts: &RunOptions, backend: &dyn Backend) -> Result<Summary, RunError> {
@@ -46,6 +48,7 @@ pub fn run_with(spec: &RunSpec, opts: &RunOptions, backend: &dyn Backend) -> Res
     let mut outs = Outputs::open(spec, opts)?;
     backend.set_threads(opts.threads);
     let (mut engine, mut trainer) = backend.create(spec)?;
+    let mut teacher = TeacherStage::for_run(spec, backend)?;
     let mut reward = crate::reward::spec::build_run_reward(spec)?;
     let mut eval_reward = crate::reward::spec::build_run_reward(spec)?;
     let env = EnvRunner::for_run(spec)?;
@@ -102,7 +105,7 @@ pub fn run_with(spec: &RunSpec, opts: &RunOptions, backend: &dyn Backend) -> Res
             let params =
                 SamplingParams::rollout(r, derive_seed(spec.seed, "sampling", step)).with_stop(task.stop_tokens());
             let t_gen = Instant::now();
-            let (sb, gen_s, t_reward) = match &env {
+            let (mut sb, gen_s, t_reward) = match &env {
                 Some(env) => {
                     // Episodes: generation and the environment interleave turn by turn.
                     let (groups, results) = env.play(
@@ -140,11 +143,19 @@ pub fn run_with(spec: &RunSpec, opts: &RunOptions, backend: &dyn Backend) -> Res
             }
             let lrs = step_lrs(spec, step);
             let reward_s = t_reward.elapsed().as_secs_f64();
+            let teacher_s = match teacher.as_mut() {
+                Some(t) => t.score(&mut sb.batch)?,
+                None => 0.0,
+            };
             let t_train = Instant::now();
-            let ts = train_checked(trainer.as_mut(), &sb.batch, &lrs, r.temperature, step, &last_ckpt)?;
-            StepOutcome { sb, ts, lrs, cols: Map::new(), gen_s, reward_s, train_s: t_train.elapsed().as_secs_f64() }
+            let mut ts = train_checked(trainer.as_mut(), &sb.batch, &lrs, r.temperature, step, &last_ckpt)?;
+            let train_s = t_train.elapsed().as_secs_f64();
+            if let Some(t) = &teacher {
+                t.note(&mut ts);
+            }
+            StepOutcome { sb, ts, lrs, cols: Map::new(), gen_s, reward_s, teacher_s, train_s }
         };
-        let StepOutcome { sb, ts, lrs, cols: lane_cols, gen_s, reward_s, train_s } = outcome;
+        let StepOutcome { sb, ts, lrs, cols: lane_cols, gen_s, reward_s, teacher_s, train_s } = outcome;
         let StepBatch { batch, rewards, groups, sampled_tokens: gen_tokens, responses, stopped, metrics: extra } = sb;
         let t_sync = Instant::now();
         let w = transport.transfer(trainer.export_weights()?)?;
@@ -185,7 +196,7 @@ pub fn run_with(spec: &RunSpec, opts: &RunOptions, backend: &dyn Backend) -> Res
             progress.eval(step, acc.0);
         }
         let trained: usize = batch.iter().map(|t| t.prompt.len() + t.response.len()).sum();
-        let times = StepTimes { gen_s, reward_s, train_s, sync_s, step_s: t_step.elapsed().as_secs_f64() };
+        let times = StepTimes { gen_s, reward_s, teacher_s, train_s, sync_s, step_s: t_step.elapsed().as_secs_f64() };
         let sync_bytes = trainer.last_sync_bytes().map_or(w.bytes(), |b| b as usize);
         insert_perf(&mut row, &ts, &times, gen_tokens as u64, trained, sync_bytes);
         metrics.write(&row)?;
@@ -214,6 +225,8 @@ pub(crate) struct StepOutcome {
     pub(crate) cols: Map<String, serde_json::Value>,
     pub(crate) gen_s: f64,
     pub(crate) reward_s: f64,
+    /// The teacher stage's scoring (on-policy distillation); 0 without one.
+    pub(crate) teacher_s: f64,
     pub(crate) train_s: f64,
 }
 
@@ -274,6 +287,7 @@ fn single_turn_batch(
             group: s.prompt_index,
             weight_version: s.weight_version,
             routing: s.routing.clone(),
+            teacher_logprobs: Vec::new(),
         })
         .collect();
     Ok(StepBatch {

@@ -109,6 +109,8 @@ pub(crate) struct StepTimes {
     /// Generation (async: seconds the engine was busy since the last step).
     pub(crate) gen_s: f64,
     pub(crate) reward_s: f64,
+    /// The teacher stage's scoring (on-policy distillation); 0 without one.
+    pub(crate) teacher_s: f64,
     pub(crate) train_s: f64,
     pub(crate) sync_s: f64,
     pub(crate) step_s: f64,
@@ -132,6 +134,9 @@ pub(crate) fn insert_perf(
     row.insert("perf/sync_bytes".into(), json!(sync_bytes));
     row.insert("perf/gen_s".into(), json!(t.gen_s));
     row.insert("perf/reward_s".into(), json!(t.reward_s));
+    if t.teacher_s > 0.0 {
+        row.insert("perf/teacher_s".into(), json!(t.teacher_s));
+    }
     row.insert("perf/train_s".into(), json!(t.train_s));
     row.insert("perf/logprob_s".into(), json!(ts.logprob_s));
     row.insert("perf/forward_s".into(), json!(ts.forward_s));

@@ -1,5 +1,7 @@
 //! The built-in tasks' exact-match verifier as a [`BatchReward`], so the executors score every
-//! batch through one interface: the label is the task's answer.
+//! batch through one interface: the label is the task's answer. A row whose metadata has
+//! `answer_ends_at` (the verbose reverse task's, `>`) is scored on the text before the first such
+//! separator, of its label and of the response (all of the response when it has none).
 
 use super::{BatchReward, RewardInput, RewardOutcome};
 use crate::RunError;
@@ -19,7 +21,16 @@ impl BatchReward for TaskReward {
         Ok(items
             .iter()
             .map(|it| {
-                let score = crate::tasks::verify(&text(&it.label), &it.response, it.finish, self.partial_credit);
+                let label = text(&it.label);
+                let score = match it.metadata.get(crate::tasks::ANSWER_ENDS_AT).and_then(|v| v.as_str()) {
+                    Some(sep) => crate::tasks::verify(
+                        crate::tasks::answer_part(&label, sep),
+                        crate::tasks::answer_part(&it.response, sep),
+                        it.finish,
+                        self.partial_credit,
+                    ),
+                    None => crate::tasks::verify(&label, &it.response, it.finish, self.partial_credit),
+                };
                 RewardOutcome::Score(score)
             })
             .collect())

@@ -116,6 +116,7 @@ impl SessionTrajectory {
             group,
             weight_version: oldest.unwrap_or(0),
             routing: self.routing.clone(),
+            teacher_logprobs: Vec::new(),
         }
     }
 

@@ -20,8 +20,32 @@ use std::collections::HashSet;
 /// distinct problems (saturating), used to cap the test split.
 #[derive(Debug, Clone)]
 enum Generator {
-    Arith { digits: u32, op: char },
-    Str { min_len: usize, max_len: usize, alphabet: Vec<char>, sort: bool },
+    Arith {
+        digits: u32,
+        op: char,
+    },
+    /// `working` > 0 (reverse only): the answer is followed by `>` and the string's first
+    /// `working` letters, and the row says that only the text before the first `>` is scored.
+    Str {
+        min_len: usize,
+        max_len: usize,
+        alphabet: Vec<char>,
+        sort: bool,
+        working: usize,
+    },
+}
+
+/// The metadata key of a row whose answer ends at a separator: its value (a string, `>` for the
+/// verbose reverse task) is where the scored text of the label and of a response ends, at its
+/// first occurrence (the whole text when it has none).
+pub const ANSWER_ENDS_AT: &str = "answer_ends_at";
+
+/// The text of `text` before the first `sep` (all of it when `sep` is absent or empty).
+pub fn answer_part<'a>(text: &'a str, sep: &str) -> &'a str {
+    if sep.is_empty() {
+        return text;
+    }
+    text.split_once(sep).map_or(text, |(head, _)| head)
 }
 
 impl Generator {
@@ -34,7 +58,7 @@ impl Generator {
                 let c = if *op == '+' { a + b } else { a * b };
                 PromptRow::text(format!("{a}{op}{b}="), c.to_string())
             }
-            Generator::Str { min_len, max_len, alphabet, sort } => {
+            Generator::Str { min_len, max_len, alphabet, sort, working } => {
                 let len = *min_len + rng.below((*max_len - *min_len + 1) as u64) as usize;
                 let s: Vec<char> = (0..len).map(|_| alphabet[rng.below(alphabet.len() as u64) as usize]).collect();
                 let mut t = s.clone();
@@ -43,7 +67,15 @@ impl Generator {
                 } else {
                     t.reverse();
                 }
-                PromptRow::text(format!("{}>", s.iter().collect::<String>()), t.into_iter().collect())
+                let prompt = format!("{}>", s.iter().collect::<String>());
+                if *working == 0 {
+                    return PromptRow::text(prompt, t.into_iter().collect());
+                }
+                // The verbose target: the answer, `>`, then the working (the string's first letters).
+                let target: String = t.iter().chain(['>'].iter()).chain(&s[..(*working).min(len)]).collect();
+                let mut row = PromptRow::text(prompt, target);
+                row.metadata.insert(ANSWER_ENDS_AT.into(), serde_json::Value::String(">".into()));
+                row
             }
         }
     }
@@ -102,7 +134,7 @@ impl TaskSet {
         let generator = match &spec.kind {
             TaskKind::Addition { digits } => Generator::Arith { digits: *digits, op: '+' },
             TaskKind::Multiplication { digits } => Generator::Arith { digits: *digits, op: '*' },
-            TaskKind::Reverse { min_len, max_len, alphabet } | TaskKind::Sort { min_len, max_len, alphabet } => {
+            TaskKind::Reverse { min_len, max_len, alphabet, .. } | TaskKind::Sort { min_len, max_len, alphabet } => {
                 let alphabet: Vec<char> = alphabet.chars().collect();
                 if alphabet.contains(&'>') {
                     return Err(RunError::new(
@@ -115,6 +147,10 @@ impl TaskSet {
                     max_len: *max_len,
                     alphabet,
                     sort: matches!(spec.kind, TaskKind::Sort { .. }),
+                    working: match spec.kind {
+                        TaskKind::Reverse { working, .. } => working,
+                        _ => 0,
+                    },
                 }
             }
             TaskKind::Data { path, prompt_field, label_field, test_path, on_error } => {
@@ -359,7 +395,8 @@ mod tests {
 
     #[test]
     fn string_tasks() {
-        let r = TaskSet::build(&spec(TaskKind::Reverse { min_len: 2, max_len: 4, alphabet: "abc".into() })).unwrap();
+        let r = TaskSet::build(&spec(TaskKind::Reverse { min_len: 2, max_len: 4, alphabet: "abc".into(), working: 0 }))
+            .unwrap();
         for item in r.train_batch(1, "r", 0, 10) {
             let p: String = item.prompt_key().trim_end_matches('>').chars().rev().collect();
             assert_eq!(p, item.label_text());
@@ -372,6 +409,63 @@ mod tests {
         c.sort();
         assert_eq!(c.into_iter().collect::<String>(), item.label_text());
         assert_eq!(s.tokenizer.vocab_size(), 3 + 4);
+    }
+
+    #[test]
+    fn reverse_working_target_and_scoring() {
+        use crate::reward::{BatchReward, RewardOutcome, TaskReward};
+        // The verbose target: the answer, `>`, the string's first `working` letters.
+        let g = Generator::Str { min_len: 4, max_len: 4, alphabet: "abcd".chars().collect(), sort: false, working: 2 };
+        let mut rng = Rng::derived(1, "t", 0);
+        for _ in 0..20 {
+            let row = g.sample(&mut rng);
+            let s = row.prompt_key().trim_end_matches('>');
+            let answer: String = s.chars().rev().collect();
+            assert_eq!(row.label_text(), format!("{answer}>{}", &s[..2]));
+            assert_eq!(row.metadata[ANSWER_ENDS_AT], ">");
+        }
+        // Off: the rows are exactly the concise task's (same draws, no metadata).
+        let task = |working| {
+            TaskSet::build(&spec(TaskKind::Reverse { min_len: 3, max_len: 6, alphabet: "abcdefghij".into(), working }))
+                .unwrap()
+        };
+        let (off, on) = (task(0), task(3));
+        for (a, b) in off.train_batch(5, "r", 2, 16).iter().zip(on.train_batch(5, "r", 2, 16).iter()) {
+            assert_eq!(a.prompt_key(), b.prompt_key());
+            assert!(a.metadata.is_empty());
+            assert_eq!(a.label_text(), answer_part(&b.label_text(), ">"));
+            assert_eq!(b.label_text().len(), a.label_text().len() + 4);
+        }
+        assert_eq!(off.test.len(), on.test.len());
+        assert_eq!(on.max_token_lens(), (8, 6 + 1 + 3 + 1));
+        // Scoring: only the text before the first `>` of the response counts.
+        assert_eq!(answer_part("dcba>ab", ">"), "dcba");
+        assert_eq!(answer_part("dcba", ">"), "dcba");
+        assert_eq!(answer_part(">dcba", ">"), "");
+        assert_eq!(answer_part("dc>ba>ab", ">"), "dc");
+        let verbose = PromptRow {
+            metadata: [(ANSWER_ENDS_AT.to_string(), serde_json::json!(">"))].into_iter().collect(),
+            ..PromptRow::text("abcd>".into(), "dcba>ab".into())
+        };
+        let concise = PromptRow::text("abcd>".into(), "dcba".into());
+        let cases = [
+            (&verbose, "dcba>ab", FinishReason::Stop, 1.0),
+            (&verbose, "dcba", FinishReason::Stop, 1.0),
+            (&verbose, "dcba>", FinishReason::Stop, 1.0),
+            (&verbose, "dcba>jjjj", FinishReason::Stop, 1.0),
+            (&verbose, "dcb>a", FinishReason::Stop, 0.0),
+            (&verbose, "dcbaab", FinishReason::Stop, 0.0),
+            (&verbose, ">dcba", FinishReason::Stop, 0.0),
+            (&verbose, "dcba>ab", FinishReason::Length, 0.0),
+            // Without the metadata (the concise task) the whole response is compared, as before.
+            (&concise, "dcba", FinishReason::Stop, 1.0),
+            (&concise, "dcba>ab", FinishReason::Stop, 0.0),
+        ];
+        let inputs: Vec<_> =
+            cases.iter().map(|(row, r, f, _)| row.reward_input("s".into(), r.to_string(), *f)).collect();
+        let got = TaskReward { partial_credit: false }.score_batch(&inputs).unwrap();
+        let want: Vec<_> = cases.iter().map(|c| RewardOutcome::Score(c.3)).collect();
+        assert_eq!(got, want);
     }
 
     #[test]

@@ -25,6 +25,7 @@ pub fn trajectory(prompt: Vec<u32>, response: Vec<u32>, reward: f32, advantage: 
         group: 0,
         weight_version: 0,
         routing: None,
+        teacher_logprobs: Vec::new(),
     }
 }
 
