@@ -58,6 +58,49 @@ impl CharTokenizer {
         Ok(v)
     }
 
+    /// The tokenizer as a Hugging Face `tokenizer.json` and `tokenizer_config.json`: a word-level
+    /// vocabulary of single characters (each character its own pre-token), BOS added in front
+    /// of every encoding, pieces joined back without spaces. Loaded by `tokenizers` (ours and
+    /// Python's `AutoTokenizer`), it gives this tokenizer's ids; a character outside it is an
+    /// error there too (its `<unk>` is not in the vocabulary).
+    pub fn hf_files(&self) -> (serde_json::Value, serde_json::Value) {
+        use serde_json::json;
+        let (pad, bos, eos) = ("<pad>", "<s>", "</s>");
+        let mut vocab = serde_json::Map::new();
+        for (id, t) in [(PAD, pad), (BOS, bos), (EOS, eos)] {
+            vocab.insert(t.into(), json!(id));
+        }
+        for (i, c) in self.chars.iter().enumerate() {
+            vocab.insert(c.to_string(), json!(i + N_SPECIAL));
+        }
+        let added = |id: TokenId, t: &str| json!({"id": id, "content": t, "single_word": false, "lstrip": false, "rstrip": false, "normalized": false, "special": true});
+        let tokenizer = json!({
+            "version": "1.0",
+            "truncation": null,
+            "padding": null,
+            "added_tokens": [added(PAD, pad), added(BOS, bos), added(EOS, eos)],
+            "normalizer": null,
+            "pre_tokenizer": {"type": "Split", "pattern": {"Regex": "[\\s\\S]"}, "behavior": "Isolated", "invert": false},
+            "post_processor": {
+                "type": "TemplateProcessing",
+                "single": [{"SpecialToken": {"id": bos, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
+                "pair": [{"SpecialToken": {"id": bos, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}],
+                "special_tokens": {bos: {"id": bos, "ids": [BOS], "tokens": [bos]}}
+            },
+            "decoder": {"type": "Fuse"},
+            "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "<unk>"}
+        });
+        let config = json!({
+            "tokenizer_class": "PreTrainedTokenizerFast",
+            "bos_token": bos,
+            "eos_token": eos,
+            "pad_token": pad,
+            "add_bos_token": true,
+            "model_max_length": 1_000_000
+        });
+        (tokenizer, config)
+    }
+
     /// Text of a response: stops at the first EOS; PAD, BOS and ids outside the vocabulary are
     /// dropped (a model with a larger vocab may emit them; they never match a label).
     pub fn decode(&self, ids: &[TokenId]) -> String {

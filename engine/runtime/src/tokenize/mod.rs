@@ -98,7 +98,11 @@ impl Tokenizer {
     /// Hugging Face one as its model directory's tokenizer files (files already there are kept).
     pub fn save(&self, dir: &std::path::Path) -> Result<(), RunError> {
         match self {
-            Tokenizer::Char(t) => crate::exec::write_json(&dir.join("tokenizer.json"), t),
+            Tokenizer::Char(t) => {
+                let (tokenizer, config) = t.hf_files();
+                crate::exec::write_json(&dir.join("tokenizer.json"), &tokenizer)?;
+                crate::exec::write_json(&dir.join("tokenizer_config.json"), &config)
+            }
             Tokenizer::Hf(t) => t.copy_files(dir),
         }
     }
@@ -107,6 +111,29 @@ impl Tokenizer {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A char tokenizer saved as Hugging Face files loads back through `tokenizers` with the same
+    /// ids for prompts and answers, the same text back, and the same refusal of an unknown char.
+    #[test]
+    fn a_saved_char_tokenizer_is_a_hugging_face_one_with_the_same_ids() {
+        let char_tok = Tokenizer::Char(CharTokenizer::new("abcdefghij>".chars()));
+        let dir = std::env::temp_dir().join(format!("miles-char-hf-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        char_tok.save(&dir).unwrap();
+        let hf = Tokenizer::Hf(Box::new(crate::tokenize::HfTokenizer::load(&dir).unwrap()));
+        assert_eq!(hf.vocab_size(), char_tok.vocab_size());
+        assert_eq!(hf.special().bos, char_tok.special().bos);
+        assert_eq!(hf.special().stop, char_tok.special().stop);
+        for s in ["abc>", "j", "hgfedcba>", ">>a"] {
+            let p = Prompt::Text(s.into());
+            assert_eq!(hf.encode_prompt(&p).unwrap(), char_tok.encode_prompt(&p).unwrap(), "{s}");
+            let a = char_tok.encode_answer(s).unwrap();
+            assert_eq!(hf.encode_answer(s).unwrap(), a, "{s}");
+            assert_eq!(hf.decode(&a), s);
+        }
+        assert!(hf.encode_answer("abz").is_err());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 
     #[test]
     fn the_char_tokenizer_behind_the_common_api() {
