@@ -22,6 +22,7 @@ fn input(gpus: u64) -> PlanInput {
         },
         stages: vec![
             Stage {
+                teacher: None,
                 name: "rollout".into(),
                 kind: "generate".into(),
                 role: Role::Rollout,
@@ -44,6 +45,7 @@ fn input(gpus: u64) -> PlanInput {
                 span: None,
             },
             Stage {
+                teacher: None,
                 name: "train".into(),
                 kind: "grpo".into(),
                 role: Role::Train,

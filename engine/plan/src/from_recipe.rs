@@ -34,6 +34,13 @@ pub fn plan_input(recipe: &CompiledRecipe) -> PlanInput {
         }
         None => (prompt, response),
     };
+    // What a trainer trains on per sequence: its rollout's prompt + response (an episode's whole
+    // context).
+    let trainer_seq_len = |train: &StageNode, model: Option<&ModelSpec>| {
+        let rollout = upstream_rollout(g, train).map(|r| lengths(g, r));
+        let (prompt, response) = as_episode(rollout.unwrap_or((Spanned::new(0), Spanned::new(0))), model);
+        Spanned::new(prompt.value + response.value)
+    };
     for node in g.nodes() {
         if node.kind == "weights" {
             syncs.push(sync_of(node));
@@ -49,6 +56,7 @@ pub fn plan_input(recipe: &CompiledRecipe) -> PlanInput {
             gpus: None,
             engine: None,
             trainer: None,
+            teacher: None,
             span: Some(node.name_span),
         };
         if role == Role::Rollout || role == Role::Eval {
@@ -71,11 +79,7 @@ pub fn plan_input(recipe: &CompiledRecipe) -> PlanInput {
             }
         }
         if role.trains() {
-            let (prompt, response) = as_episode(
-                upstream_rollout(g, node).map(|r| lengths(g, r)).unwrap_or((Spanned::new(0), Spanned::new(0))),
-                stage.model.as_ref(),
-            );
-            let seq_len = Spanned::new(prompt.value + response.value);
+            let seq_len = trainer_seq_len(node, stage.model.as_ref());
             if let Some(backend) = rec(node, "backend") {
                 if matches!(backend.schema_name.as_str(), "megatron" | "fsdp") {
                     stage.gpus = Some(gpu_request(backend));
@@ -89,6 +93,20 @@ pub fn plan_input(recipe: &CompiledRecipe) -> PlanInput {
                 batch.steps_per_rollout = param_int(node, "steps_per_rollout");
                 batch.samples_per_prompt = upstream_rollout(g, node).and_then(|r| param_int(r, "samples_per_prompt"));
             }
+        }
+        // An OPD teacher stage on GPUs of its own: the trainer that reads it says what it scores.
+        if let Some(n) = node.kind.eq("teacher_logprobs").then(|| param_int(node, "gpus")).flatten() {
+            stage.gpus = Some(spanned(GpuRequest::Count(n.value), n.span));
+            let reader = g.nodes().find(|t| teacher_stage_of(g, t).is_some_and(|x| x.name == node.name));
+            stage.teacher = reader.and_then(|t| {
+                let student = t.model.as_deref().and_then(model_spec);
+                let tr = trainer_of(g, t, rec(t, "backend")?, trainer_seq_len(t, student.as_ref()), None);
+                Some(TeacherJob {
+                    seq_len: tr.seq_len.value,
+                    micro_batch: tr.micro_batch.value,
+                    precision: tr.precision.value,
+                })
+            });
         }
         // A kind the planner does not know, running a model of its own (a teacher in a field):
         // that model is the one E0410 names, whatever the stage's ports lead to.
@@ -250,6 +268,7 @@ fn role_of(node: &StageNode) -> Role {
         ("sft", _) => Role::Sft,
         ("generate", _) => Role::Rollout,
         ("evaluate", _) => Role::Eval,
+        ("teacher_logprobs", _) => Role::Teacher,
         (_, Some(PortKind::Trajectories)) => Role::Rollout,
         (_, Some(PortKind::Scores)) => Role::Reward,
         (_, Some(PortKind::Policy)) => Role::Train,
@@ -534,11 +553,8 @@ fn trainer_of(
     offload: Option<(&str, Option<Span>)>,
 ) -> Trainer {
     // `opd = opd { teacher = <a teacher_logprobs stage> }`: that stage's model, read like the
-    // policy (`model_spec`), and where it runs.
-    let teacher = match rec(node, "opd").and_then(|o| o.get("teacher")) {
-        Some(Value::Stage(n)) => g.node(n),
-        _ => None,
-    };
+    // policy (`model_spec`), and where it runs; on GPUs of its own it is planned apart.
+    let teacher = teacher_stage_of(g, node).filter(|t| t.param("gpus").is_none_or(|v| *v == Value::None));
     let int = |name: &str| int_of(b, name).map(|(v, s)| spanned(v, s)).unwrap_or(Spanned::new(1));
     let backend = match b.schema_name.as_str() {
         "megatron" => Backend::Megatron,
@@ -581,6 +597,14 @@ fn trainer_of(
         lora: rec(node, "lora").map(|r| lora_of(r, param_span(node, "lora"))),
         teacher: teacher.and_then(|t| t.model.as_deref()).and_then(model_spec),
         teacher_process: teacher.and_then(|t| t.param("process")).and_then(Value::as_bool).unwrap_or(false),
+    }
+}
+
+/// The `teacher_logprobs` stage a trainer's `opd` reads.
+fn teacher_stage_of<'g>(g: &'g StageGraph, train: &StageNode) -> Option<&'g StageNode> {
+    match rec(train, "opd").and_then(|o| o.get("teacher")) {
+        Some(Value::Stage(n)) => g.node(n),
+        _ => None,
     }
 }
 

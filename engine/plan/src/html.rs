@@ -34,7 +34,7 @@ td.n{text-align:right;font-variant-numeric:tabular-nums}.sym{font-family:ui-mono
 .help{color:#4b5563;font-size:13px;margin-top:4px}.summary{font-weight:600;font-size:15px;margin-top:24px}\
 code{font-family:ui-monospace,monospace;font-size:12.5px}";
 
-const ROLES: [Role; 6] = [Role::Rollout, Role::Train, Role::Sft, Role::Reward, Role::Eval, Role::Other];
+const ROLES: [Role; 7] = [Role::Rollout, Role::Train, Role::Sft, Role::Teacher, Role::Reward, Role::Eval, Role::Other];
 
 pub fn render_html(p: &Plan) -> String {
     let mut o = String::with_capacity(16 * 1024);
@@ -417,10 +417,11 @@ fn estimates(o: &mut String, p: &Plan) {
     if let Some(st) = &p.step {
         let _ = write!(
             o,
-            "<tr><th>step</th><td>{} ({}): rollout {}, train {}{}{}, offload {}, sync {}</td></tr>",
+            "<tr><th>step</th><td>{} ({}): rollout {}, {}train {}{}{}, offload {}, sync {}</td></tr>",
             secs(st.step.seconds),
             st.mode.as_str(),
             secs(st.rollout_s),
+            if st.teacher_stage_s > 0.0 { format!("teacher {}, ", secs(st.teacher_stage_s)) } else { String::new() },
             secs(st.train_s),
             if st.critic_s > 0.0 { format!(" (critic {})", secs(st.critic_s)) } else { String::new() },
             if st.teacher_s > 0.0 { format!(" (teacher {})", secs(st.teacher_s)) } else { String::new() },

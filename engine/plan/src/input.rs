@@ -305,6 +305,8 @@ pub enum Role {
     Reward,
     Eval,
     Sft,
+    /// An OPD teacher stage (`teacher_logprobs`).
+    Teacher,
     Other,
 }
 
@@ -316,6 +318,7 @@ impl Role {
             Role::Reward => "reward",
             Role::Eval => "eval",
             Role::Sft => "sft",
+            Role::Teacher => "teacher",
             Role::Other => "other",
         }
     }
@@ -343,8 +346,20 @@ pub struct Stage {
     /// For train and sft stages.
     #[serde(default)]
     pub trainer: Option<Trainer>,
+    /// An OPD teacher stage on GPUs of its own (`teacher_logprobs { gpus = N }`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub teacher: Option<TeacherJob>,
     #[serde(default, serialize_with = "opt_span", deserialize_with = "de_opt_span")]
     pub span: Option<Span>,
+}
+
+/// What a teacher stage on GPUs of its own scores per optimizer step, read off the trainer it
+/// feeds: that trainer's sequences, micro-batches and compute precision.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TeacherJob {
+    pub seq_len: u64,
+    pub micro_batch: u64,
+    pub precision: Precision,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, Default)]

@@ -278,13 +278,18 @@ pub struct StepReport {
     /// OPD: the teacher's no-grad forward's share of `train_s`; absent without a teacher.
     #[serde(skip_serializing_if = "is_zero")]
     pub teacher_s: f64,
+    /// OPD: a teacher stage on GPUs of its own, per rollout step (not in `train_s`); absent
+    /// without one.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub teacher_stage_s: f64,
     pub sync_s: f64,
     pub offload_s: f64,
     /// Colocated: evicting and reloading the idle actor (0 elsewhere, or when both fit).
     pub switch_s: f64,
-    /// rollout + train + sync (+ offload, + switch): one step when nothing overlaps.
+    /// rollout + teacher stage + train + sync (+ offload, + switch): one step when nothing overlaps.
     pub sync_step_s: f64,
-    /// max(rollout, train + offload) + sync: one step when generation and training overlap.
+    /// max(rollout, train + offload, teacher stage) + sync: one step when generation and
+    /// training overlap.
     pub async_step_s: f64,
     /// The figure for the recipe's schedule.
     pub step: Estimate,

@@ -20,6 +20,7 @@ mod placement;
 mod rollout;
 mod step;
 mod sync;
+mod teacher;
 mod trainer;
 
 /// One pool with its place in the GPU and node numbering.
@@ -116,6 +117,8 @@ pub fn plan(input: &PlanInput) -> Plan {
     let mut memory = Vec::new();
     let mut rollouts = Vec::new();
     let mut train_facts: Vec<TrainFacts> = Vec::new();
+    // An OPD teacher on GPUs of its own: its seconds per optimizer step.
+    let mut teacher_stage_s = 0.0;
     // What the GPU map draws: an engine stage occupies only the GPUs its engines span.
     let mut occupied = placed.clone();
     for (i, st) in input.stages.iter().enumerate() {
@@ -172,6 +175,13 @@ pub fn plan(input: &PlanInput) -> Plan {
                 }
             }
         }
+        if let (Some(job), Where::Own) = (&st.teacher, pl.placed) {
+            layout = format!("teacher TP{}", pl.gpus());
+            if !pl.error {
+                teacher_stage_s +=
+                    teacher::plan_teacher(&mut cx, st, job, pl, batch.as_ref(), &mut memory).unwrap_or(0.0);
+            }
+        }
         let has_error = pl.error || cx.errors() > errors_before;
         let symbol = if has_error {
             "!"
@@ -210,7 +220,8 @@ pub fn plan(input: &PlanInput) -> Plan {
         Some(planned)
     });
     let mut colocation = colocate::plan_colocation(&cx, &memory);
-    let mut step = step::plan_step(&cx, batch.as_ref(), &train_facts, &rollouts, &syncs, colocation.as_ref());
+    let mut step =
+        step::plan_step(&cx, batch.as_ref(), &train_facts, teacher_stage_s, &rollouts, &syncs, colocation.as_ref());
     let diffusion = diffusion.map(|d| {
         if syncs.is_empty() {
             syncs = d.syncs;

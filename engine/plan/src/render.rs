@@ -279,6 +279,13 @@ pub fn render_sections(p: &Plan) -> String {
     } else if let Some(st) = &p.step {
         let _ = writeln!(o, "\nTime per step (estimates)");
         let _ = writeln!(o, "  rollout   {:>8}", secs(st.rollout_s));
+        if st.teacher_stage_s > 0.0 {
+            let _ = writeln!(
+                o,
+                "  teacher   {:>8}  (the teacher stage on its own GPUs: a no-grad forward over the batch)",
+                secs(st.teacher_stage_s)
+            );
+        }
         let _ =
             writeln!(o, "  train     {:>8}  ({} per optimizer step)", secs(st.train_s), secs(st.train_step.seconds));
         if st.critic_s > 0.0 {
@@ -556,6 +563,7 @@ pub(crate) fn role_colour(r: Option<Role>) -> &'static str {
         Some(Role::Sft) => "#eab308",
         Some(Role::Reward) => "#22c55e",
         Some(Role::Eval) => "#a855f7",
+        Some(Role::Teacher) => "#0ea5e9",
         Some(Role::Other) => "#64748b",
         None => "#e5e7eb",
     }

@@ -820,3 +820,77 @@ fn diffusion_recipe_plans_its_one_process() {
     assert!(render_html(&p).contains("streamed (d + (n - 1) max(d, r) + r)"));
     insta::assert_snapshot!("diffusion_laptop.txt", render_text(&p));
 }
+
+/// A Qwen3-4B student on 16 H100, disaggregated: engines on 4 GPUs, FSDP on 8, and its Qwen3-30B-A3B
+/// teacher stage on `teacher_gpus` of its own (or, without, beside the trainer).
+fn teacher_on_gpus(teacher_gpus: &str, schedule: &str) -> String {
+    format!(
+        r#"
+import std/hardware {{ h100 }}
+import std/models {{ qwen3_4b, qwen3_30b_a3b }}
+import std/tasks/arith
+cluster two = h100 * 16
+recipe r on two {{
+    rollout = generate(qwen3_4b) {{
+        prompts = arith.addition {{}}
+        samples_per_prompt = 8
+        max_new_tokens = 4096.tokens
+        max_prompt_tokens = 1024.tokens
+        engine = sglang {{ gpus = 4, tp = 1 }}
+    }}
+    reward = exact_match(rollout)
+    teacher = teacher_logprobs(qwen3_30b_a3b, rollout) {{ {teacher_gpus} }}
+    train = grpo(rollout, reward) {{
+        rollout_batch = 32
+        global_batch = 256
+        micro_batch = 1
+        backend = fsdp {{ gpus = 8 }}
+        opd = opd {{ teacher = teacher }}
+    }}
+    sync = weights(train -> rollout) {{ transport = broadcast }}
+    placement = disaggregated
+    schedule = {schedule}
+}}
+"#
+    )
+}
+
+/// The teacher stage on GPUs of its own: placed on its 4 GPUs, its weights sharded over them (TP4,
+/// bf16), its forward over the batch priced on its pool and added to a synchronous step (a third
+/// phase beside generation and training under fully_async); the trainer carries none of it. On the
+/// trainer's GPUs instead, the trainer's ranks hold it and its forward is a part of train.
+#[test]
+fn opd_teacher_on_gpus_of_its_own() {
+    let (own, input) = planned_any_target(&teacher_on_gpus("gpus = 4", "sync"));
+    let st = own.stages.iter().find(|s| s.name == "teacher").expect("teacher stage");
+    assert_eq!((st.gpus, st.placed, st.layout.as_str()), (4, Where::Own, "teacher TP4"), "{st:?}");
+    let t = input.stages.iter().find(|s| s.name == "teacher").and_then(|s| s.model.clone()).expect("teacher model");
+    let mem = memory_of(&own, "teacher");
+    let w = mem.items.iter().find(|i| i.name == "teacher_weights").expect("weights").bytes;
+    assert_eq!(w, t.params * 2 / 4, "bf16 over TP4");
+    assert!(mem.items.iter().any(|i| i.name == "teacher_activations" && i.bytes > 0));
+    assert!(train_items(&own).iter().all(|(n, _)| !n.starts_with("teacher")));
+    let s = own.step.as_ref().expect("step");
+    assert!(s.teacher_stage_s > 0.0 && s.teacher_s == 0.0, "{s:?}");
+    assert!(
+        (s.sync_step_s - (s.rollout_s + s.teacher_stage_s + s.train_s + s.offload_s + s.sync_s + s.switch_s)).abs()
+            < 1e-9
+    );
+    assert_eq!(s.step.seconds, s.sync_step_s);
+    let text = render_text(&own);
+    assert!(text.contains("teacher TP4") && text.contains("the teacher stage on its own GPUs"), "{text}");
+    assert!(render_json(&own).contains("teacher_stage_s") && render_html(&own).contains("teacher "));
+
+    // Under fully_async the teacher's pool works beside generation and training.
+    let (asy, _) = planned_any_target(&teacher_on_gpus("gpus = 4", "fully_async"));
+    let a = asy.step.as_ref().expect("step");
+    let want = a.rollout_s.max(a.train_s + a.offload_s).max(a.teacher_stage_s) + a.sync_s;
+    assert!((a.step.seconds - want).abs() < 1e-9, "{a:?}");
+
+    // Beside the trainer: on its ranks, in its step; no pool of its own.
+    let (beside, _) = planned_any_target(&teacher_on_gpus("", "sync"));
+    assert!(item(&beside, "teacher_weights") > 0);
+    let b = beside.step.as_ref().expect("step");
+    assert!(b.teacher_s > 0.0 && b.teacher_stage_s == 0.0);
+    assert!(beside.memory.iter().all(|m| m.stage != "teacher"));
+}

@@ -625,6 +625,7 @@ pub(super) fn plan_diffusion(cx: &mut Ctx, d: &Diffusion, memory: &mut Vec<Memor
         train_step,
         critic_s: 0.0,
         teacher_s: 0.0,
+        teacher_stage_s: 0.0,
         sync_s: 0.0,
         offload_s: 0.0,
         switch_s: 0.0,
@@ -785,6 +786,7 @@ mod tests {
             eval: Some(ImageEval { stage: "eval".into(), every: 5, samples: 2, judge_steps: 5 }),
         };
         let stage = |name: &str, kind: &str, role: Role| Stage {
+            teacher: None,
             name: name.into(),
             kind: kind.into(),
             role,

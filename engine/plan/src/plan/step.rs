@@ -11,6 +11,7 @@ pub(super) fn plan_step(
     cx: &Ctx,
     batch: Option<&BatchReport>,
     trains: &[TrainFacts],
+    teacher_stage_s: f64,
     rollouts: &[RolloutReport],
     syncs: &[SyncReport],
     colocation: Option<&ColocationReport>,
@@ -34,9 +35,13 @@ pub(super) fn plan_step(
     };
     let colocated = cx.input.placement.mode.value == PlacementMode::Colocated;
     let switch_s = colocation.map_or(0.0, |c| c.switch.seconds);
-    let sync_step_s = rollout_s + train_s + offload_s + sync_s + switch_s;
+    // A teacher on GPUs of its own scores a batch before it trains: after the rollout when in
+    // step, on its own pool beside both when generation and training overlap.
+    let teacher_stage_s = teacher_stage_s * spr;
+    let sync_step_s = rollout_s + teacher_stage_s + train_s + offload_s + sync_s + switch_s;
     // Colocated stages alternate, so nothing overlaps whatever the schedule says.
-    let async_step_s = if colocated { sync_step_s } else { rollout_s.max(train_s + offload_s) + sync_s };
+    let async_step_s =
+        if colocated { sync_step_s } else { rollout_s.max(train_s + offload_s).max(teacher_stage_s) + sync_s };
     let mode = cx.input.schedule.mode.value;
     let seconds = if mode == ScheduleMode::Sync { sync_step_s } else { async_step_s };
     Some(StepReport {
@@ -46,6 +51,7 @@ pub(super) fn plan_step(
         train_step: t.step.clone(),
         critic_s: t.critic_s * spr,
         teacher_s: t.teacher_s * spr,
+        teacher_stage_s,
         sync_s,
         offload_s,
         switch_s,
