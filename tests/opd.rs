@@ -133,19 +133,26 @@ fn a_teacher_in_its_own_process_distils_alike_and_survives_a_kill() {
     }
     assert_eq!(cols(&a), cols(&b), "the worker's log-probs are the trainer's, bit for bit");
 
-    // Under fully_async, and with the stages as worker processes (the teacher is then the
-    // controller's child): it runs and distils.
-    for (name, extra, sync) in [
-        ("async", "schedule = fully_async { max_staleness = 1 }", "transport = local"),
-        ("workers", "launcher = local_processes { engines = 1 }", "transport = broadcast, bucket = 1.MB"),
+    // Under fully_async (the teacher the run's child), and with the stages as worker processes,
+    // where the teacher is a worker of its own the launcher starts like any stage (teacher-0,
+    // gRPC): it runs and distils, number for number the run whose teacher is in the controller.
+    let mut logs = Vec::new();
+    for (name, process, extra, sync) in [
+        ("async", true, "schedule = fully_async { max_staleness = 1 }", "transport = local"),
+        ("workers", true, "launcher = local_processes { engines = 1 }", "transport = broadcast, bucket = 1.MB"),
+        ("workers-here", false, "launcher = local_processes { engines = 1 }", "transport = broadcast, bucket = 1.MB"),
     ] {
-        let w = recipe(name, true, 3, &[extra], sync);
+        let w = recipe(name, process, 3, &[extra], sync);
         let wo = dir.join(format!("{name}-out"));
         let o = run(&["run", &w, "--recipe", "tiny_opd", "--out", wo.to_str().unwrap()]);
         assert!(o.status.success(), "{name}: {}", text(&o));
         let n = common::metrics::rows(&wo).iter().filter(|r| r["opd/reverse_kl"].is_number()).count();
         assert_eq!(n, 3, "{name}");
+        logs.push(text(&o));
     }
+    assert!(logs[1].contains("teacher-0@"), "the teacher is a worker of its own: {}", logs[1]);
+    assert!(!logs[2].contains("teacher-0@"), "{}", logs[2]);
+    assert_eq!(cols(&dir.join("workers-out")), cols(&dir.join("workers-here-out")));
 
     // Kill -9 the teacher a few steps in.
     let c = dir.join("killed");
@@ -181,5 +188,60 @@ fn a_teacher_in_its_own_process_distils_alike_and_survives_a_kill() {
     let restarts: Vec<f64> =
         common::metrics::rows(&c).iter().filter_map(|r| r["opd/teacher_restarts"].as_f64()).collect();
     assert_eq!(restarts.last(), Some(&1.0), "{restarts:?}");
+
+    // The teacher worker of a distributed run killed mid-run: the run stops, naming it, and its
+    // last checkpoint resumes it to the end, the same run as one never interrupted.
+    let (k, whole) = (dir.join("killed-worker"), dir.join("whole-worker"));
+    let sync = "transport = broadcast, bucket = 1.MB";
+    let extra =
+        ["launcher = local_processes { engines = 1 }", "save = checkpoint(train) { every = 2.steps, keep = 2 }"];
+    let r = recipe("kw", true, 60, &extra, sync);
+    let o = run(&["run", &r, "--recipe", "tiny_opd", "--out", whole.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", text(&o));
+    let args = |out: &Path| {
+        let mut c = miles();
+        c.args([
+            "run",
+            &r,
+            "--recipe",
+            "tiny_opd",
+            "--out",
+            out.to_str().unwrap(),
+            "--threads",
+            "1",
+            "--progress",
+            "off",
+        ]);
+        c
+    };
+    let mut p = Proc::spawn(args(&k).stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped()));
+    let metrics = k.join("metrics.jsonl");
+    let pid = p.sigkill_member_when("--role teacher", Duration::from_secs(120), || {
+        std::fs::read_to_string(&metrics)
+            .map(|t| t.lines().filter(|l| l.contains("opd/reverse_kl")).count() >= 3)
+            .unwrap_or(false)
+    });
+    let o = p.wait_output(Duration::from_secs(300));
+    assert!(!o.status.success() && text(&o).contains("(worker teacher-0 on host"), "killed {pid}: {}", text(&o));
+    assert!(!k.join("model").exists(), "the kill came after the run had finished");
+    let saved = std::fs::read_dir(k.join("checkpoints")).map(|d| d.count()).unwrap_or(0);
+    assert!(saved > 0, "a checkpoint to resume from");
+    let o = run(&["run", &r, "--recipe", "tiny_opd", "--out", k.to_str().unwrap(), "--resume"]);
+    assert!(o.status.success(), "{}", text(&o));
+    // The resumed run logs the steps after its checkpoint again; the last row of a step counts.
+    let last_rows = |d: &Path| -> Vec<Vec<Value>> {
+        let rows = common::metrics::rows(d);
+        let mut by_step = std::collections::BTreeMap::new();
+        for r in &rows {
+            let keep: Vec<Value> =
+                ["rollout/reward_mean", "train/loss", "opd/reverse_kl", "opd/teacher_logp", "eval/accuracy"]
+                    .iter()
+                    .map(|k| r[*k].clone())
+                    .collect();
+            by_step.insert((r["step"].as_u64(), r["sft/step"].as_u64(), r["eval/accuracy"].is_number()), keep);
+        }
+        by_step.into_values().collect()
+    };
+    assert_eq!(last_rows(&k), last_rows(&whole), "resumed from its checkpoint, nothing lost");
     let _ = std::fs::remove_dir_all(&dir);
 }

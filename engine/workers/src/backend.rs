@@ -4,7 +4,7 @@
 
 use crate::auth::new_token;
 use crate::launcher::{LaunchEnv, Launcher, LocalLauncher, RayLauncher, SlurmLauncher, WorkerLaunch};
-use crate::remote::{Controller, Deadlines, Fleet, OnFailure, RemoteEngine, RemoteTrainer, SharedFleet};
+use crate::remote::{Controller, Deadlines, Fleet, OnFailure, RemoteEngine, RemoteTeacher, RemoteTrainer, SharedFleet};
 use crate::{E_LAUNCH, E_WORKER};
 use miles_runtime::distributed::{DistributedSpec, LauncherSpec, WorkerFailure};
 use miles_runtime::{Backend, EngineAndTrainer, RolloutEngine, RunError, RunSpec, TeacherScorer, Trainer};
@@ -37,8 +37,9 @@ impl WorkersBackend {
     }
 }
 
-/// The worker processes of a run: trainer-0, then rollout-0..n.
-pub fn plan_workers(d: &DistributedSpec, threads: usize) -> Vec<WorkerLaunch> {
+/// The worker processes of a run: trainer-0, then rollout-0..n, then teacher-0 when the run's
+/// teacher stage (named `teacher`) runs in a worker of its own.
+pub fn plan_workers(d: &DistributedSpec, threads: usize, teacher: Option<&str>) -> Vec<WorkerLaunch> {
     let (cpus_per, gpus_engine, gpus_trainer) = match &d.launcher {
         LauncherSpec::LocalProcesses { cpus_per_worker } => (*cpus_per_worker, 0, 0),
         LauncherSpec::Slurm { cpus_per_worker, gpus_per_engine, gpus_per_trainer, .. } => {
@@ -77,11 +78,34 @@ pub fn plan_workers(d: &DistributedSpec, threads: usize) -> Vec<WorkerLaunch> {
             threads: threads as u32,
         });
     }
+    if let Some(stage) = teacher {
+        v.push(WorkerLaunch {
+            worker_id: "teacher-0".into(),
+            role: "teacher".into(),
+            stage: stage.into(),
+            cpus: cpus(cpus_per),
+            gpus: 0,
+            threads: threads as u32,
+        });
+    }
     v
 }
 
+/// The teacher stage to launch as a worker: a distilling run's with `process = true`.
+fn teacher_worker(spec: &RunSpec) -> Option<&str> {
+    spec.train.opd.as_ref().filter(|o| o.process).map(|o| o.stage.as_str())
+}
+
 impl Backend for WorkersBackend {
+    /// A teacher stage with `process = true` is the fleet's teacher worker (launched with the
+    /// others by `create`); otherwise it runs here, in the controller's process.
     fn teacher(&self, spec: &RunSpec) -> Result<Box<dyn TeacherScorer>, RunError> {
+        if teacher_worker(spec).is_some() {
+            let fleet = self.fleet.lock().unwrap_or_else(|p| p.into_inner()).clone();
+            let fleet = fleet
+                .ok_or_else(|| RunError::new(E_LAUNCH, "the teacher worker is asked for before the fleet starts"))?;
+            return Ok(Box::new(RemoteTeacher::new(fleet, spec.rollout.temperature)));
+        }
         match &self.teacher {
             Some(f) => f(spec),
             None => Err(RunError::new(E_LAUNCH, "this controller was built without a teacher stage")),
@@ -119,7 +143,7 @@ impl Backend for WorkersBackend {
                 return Err(RunError::new(E_LAUNCH, "an in-process launcher starts no workers"));
             }
         };
-        let workers = plan_workers(&d, threads);
+        let workers = plan_workers(&d, threads, teacher_worker(spec));
         let env = LaunchEnv {
             exe: self.exe.clone(),
             controller: controller.addr.clone(),
@@ -151,6 +175,10 @@ impl Backend for WorkersBackend {
         for r in regs {
             remotes.push(Fleet::connect(&controller, r, &deadlines)?);
         }
+        let teacher = match remotes.last().is_some_and(|r| r.reg.worker_id == "teacher-0") {
+            true => remotes.pop(),
+            false => None,
+        };
         let trainer = remotes.remove(0);
         let launcher = Arc::new(Mutex::new(launcher));
         let l2 = launcher.clone();
@@ -158,6 +186,7 @@ impl Backend for WorkersBackend {
             controller,
             trainer,
             engines: remotes,
+            teacher,
             on_failure: match d.on_worker_failure {
                 WorkerFailure::Stop => OnFailure::Stop,
                 WorkerFailure::Continue => OnFailure::Continue,

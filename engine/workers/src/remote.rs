@@ -206,6 +206,8 @@ pub struct Fleet {
     pub controller: Controller,
     pub trainer: Remote,
     pub engines: Vec<Remote>,
+    /// On-policy distillation's teacher stage as a worker of its own (`process = true`).
+    pub teacher: Option<Remote>,
     pub on_failure: OnFailure,
     pub deadlines: Deadlines,
     pub transport: String,
@@ -226,7 +228,8 @@ impl Drop for Fleet {
         self.controller.stop_all();
         let short = self.deadlines.short.min(Duration::from_secs(3));
         let rt = self.controller.rt.clone();
-        for r in std::iter::once(&mut self.trainer).chain(self.engines.iter_mut()).filter(|r| r.alive) {
+        let all = std::iter::once(&mut self.trainer).chain(self.engines.iter_mut()).chain(self.teacher.as_mut());
+        for r in all.filter(|r| r.alive) {
             let mut c = r.client.clone();
             let _ = rt.block_on(async { tokio::time::timeout(short, c.shutdown(pb::ShutdownRequest {})).await });
         }
@@ -311,12 +314,14 @@ impl Fleet {
         match w {
             Which::Trainer => &self.trainer,
             Which::Engine(i) => &self.engines[i],
+            Which::Teacher => self.teacher.as_ref().unwrap_or(&self.trainer),
         }
     }
     fn remote_mut(&mut self, w: Which) -> &mut Remote {
         match w {
             Which::Trainer => &mut self.trainer,
             Which::Engine(i) => &mut self.engines[i],
+            Which::Teacher => self.teacher.as_mut().unwrap_or(&mut self.trainer),
         }
     }
 
@@ -335,7 +340,8 @@ impl Fleet {
     pub fn init_all(&mut self, spec: &RunSpec, threads: u32) -> Result<(), RunError> {
         let json = serde_json::to_string(spec).map_err(|e| RunError::new(E_WORKER, e.to_string()))?;
         let call = self.deadlines.call;
-        for w in std::iter::once(Which::Trainer).chain((0..self.engines.len()).map(Which::Engine)) {
+        let teacher = self.teacher.is_some().then_some(Which::Teacher);
+        for w in std::iter::once(Which::Trainer).chain((0..self.engines.len()).map(Which::Engine)).chain(teacher) {
             let req = pb::InitRequest { spec_json: json.clone(), threads };
             self.call(w, call, |mut c| async move { c.init(req).await })?;
         }
@@ -347,9 +353,41 @@ impl Fleet {
 enum Which {
     Trainer,
     Engine(usize),
+    /// The teacher worker; only asked for when the fleet has one.
+    Teacher,
 }
 
 pub type SharedFleet = Arc<Mutex<Fleet>>;
+
+/// On-policy distillation's teacher stage, remote: a worker of its own that the launcher placed
+/// like any stage, asked for the teacher's log-probs of each batch over gRPC.
+pub struct RemoteTeacher {
+    pub fleet: SharedFleet,
+    temperature: f64,
+}
+
+impl RemoteTeacher {
+    pub fn new(fleet: SharedFleet, temperature: f64) -> Self {
+        RemoteTeacher { fleet, temperature }
+    }
+}
+
+impl miles_runtime::TeacherScorer for RemoteTeacher {
+    fn logprobs(&mut self, batch: &[Trajectory]) -> Result<Vec<Vec<f32>>, RunError> {
+        let req = pb::LogprobsRequest {
+            prompts: batch.iter().map(|t| pb::TokenSeq { ids: t.prompt.clone() }).collect(),
+            responses: batch.iter().map(|t| pb::TokenSeq { ids: t.response.clone() }).collect(),
+            temperature: self.temperature,
+        };
+        let mut f = lock(&self.fleet);
+        if f.teacher.is_none() {
+            return Err(RunError::new(E_WORKER, "this fleet has no teacher worker"));
+        }
+        let t = f.deadlines.call;
+        let r = f.call(Which::Teacher, t, |mut c| async move { c.logprobs(req).await })?;
+        Ok(r.logprobs.into_iter().map(|s| s.values).collect())
+    }
+}
 
 /// The trainer, remote.
 pub struct RemoteTrainer {

@@ -8,7 +8,7 @@ use crate::delta::DeltaReceiver;
 use crate::pb::{self, controller_client::ControllerClient, worker_server};
 use crate::transport::{self, Receiver, Target, TransportConfig, TransportKind, WeightPublisher};
 use crate::wire::Faults;
-use miles_runtime::{RolloutEngine, RunError, RunSpec, Trainer, E_SPEC};
+use miles_runtime::{RolloutEngine, RunError, RunSpec, TeacherScorer, Trainer, Trajectory, E_SPEC};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -18,6 +18,8 @@ use tonic::{Request, Response, Status};
 pub enum Role {
     Rollout,
     Trainer,
+    /// On-policy distillation's teacher stage (`teacher_logprobs { process = true }`).
+    Teacher,
 }
 
 impl Role {
@@ -25,6 +27,7 @@ impl Role {
         match s {
             "rollout" => Some(Role::Rollout),
             "trainer" => Some(Role::Trainer),
+            "teacher" => Some(Role::Teacher),
             _ => None,
         }
     }
@@ -32,6 +35,7 @@ impl Role {
         match self {
             Role::Rollout => "rollout",
             Role::Trainer => "trainer",
+            Role::Teacher => "teacher",
         }
     }
 }
@@ -40,6 +44,7 @@ impl Role {
 pub enum Hosted {
     Rollout(Box<dyn RolloutEngine + Send>),
     Trainer(Box<dyn Trainer + Send>),
+    Teacher(Box<dyn TeacherScorer>),
 }
 
 /// Builds the stage instance from the run spec (the root binary passes the libtorch backend).
@@ -143,7 +148,7 @@ impl worker_server::Worker for Svc {
         let samples = self
             .with(move |h| match h {
                 Hosted::Rollout(e) => e.generate(&prompts, n, &params),
-                Hosted::Trainer(_) => Err(wrong_role(Role::Rollout)),
+                Hosted::Trainer(_) | Hosted::Teacher(_) => Err(wrong_role(Role::Rollout)),
             })
             .await?;
         Ok(Response::new(pb::GenerateReply { samples: samples.iter().map(sample_to_pb).collect() }))
@@ -207,7 +212,7 @@ impl worker_server::Worker for Svc {
         let (stats, version) = self
             .with(move |h| match h {
                 Hosted::Trainer(t) => Ok((t.train_rl(&batch, &lrs, temp)?, t.version())),
-                Hosted::Rollout(_) => Err(wrong_role(Role::Trainer)),
+                Hosted::Rollout(_) | Hosted::Teacher(_) => Err(wrong_role(Role::Trainer)),
             })
             .await?;
         self.version.store(version, std::sync::atomic::Ordering::Relaxed);
@@ -221,7 +226,7 @@ impl worker_server::Worker for Svc {
         let s = self
             .with(move |h| match h {
                 Hosted::Trainer(t) => t.train_sft(&batch, lr),
-                Hosted::Rollout(_) => Err(wrong_role(Role::Trainer)),
+                Hosted::Rollout(_) | Hosted::Teacher(_) => Err(wrong_role(Role::Trainer)),
             })
             .await?;
         Ok(Response::new(pb::TrainSftReply { loss: s.loss, grad_norm: s.grad_norm, tokens: s.tokens }))
@@ -235,6 +240,12 @@ impl worker_server::Worker for Svc {
         let lp = self
             .with(move |h| match h {
                 Hosted::Trainer(t) => t.logprobs(&prompts, &responses, temp),
+                // The teacher scores at the run's temperature, as it does in the controller.
+                Hosted::Teacher(t) => {
+                    let batch: Vec<Trajectory> =
+                        prompts.into_iter().zip(responses).map(|(p, r)| Trajectory::to_score(p, r)).collect();
+                    t.logprobs(&batch)
+                }
                 Hosted::Rollout(_) => Err(wrong_role(Role::Trainer)),
             })
             .await?;

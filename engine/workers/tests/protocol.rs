@@ -105,11 +105,11 @@ fn start_worker(id: &str, role: Role, ctrl: Option<String>, token: &str, delay: 
         heartbeat: Duration::from_millis(100),
         orphan_after: Duration::from_secs(20),
     };
-    let factory: miles_workers::worker::Factory = Arc::new(move |role, _: &RunSpec, _| {
-        Ok(match role {
-            Role::Rollout => Hosted::Rollout(Box::new(Echo { version: 0, delay })),
-            Role::Trainer => Hosted::Trainer(Box::new(Stamp { version: 0 })),
-        })
+    let factory: miles_workers::worker::Factory = Arc::new(move |role, _: &RunSpec, _| match role {
+        Role::Rollout => Ok(Hosted::Rollout(Box::new(Echo { version: 0, delay }))),
+        Role::Trainer => Ok(Hosted::Trainer(Box::new(Stamp { version: 0 }))),
+        // The teacher worker runs the real teacher end to end (tests/opd.rs).
+        Role::Teacher => Err(RunError::new(miles_runtime::E_BACKEND, "no teacher in the protocol tests")),
     });
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
@@ -156,6 +156,7 @@ fn fleet(engine_delays: &[Duration], on_failure: OnFailure, call: Duration, tran
         controller: ctrl,
         trainer,
         engines: remotes,
+        teacher: None,
         on_failure,
         deadlines,
         transport: transport.into(),

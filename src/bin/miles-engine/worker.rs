@@ -65,9 +65,19 @@ fn factory() -> Factory {
     Arc::new(|role: Role, spec: &RunSpec, threads: Option<usize>| -> Result<Hosted, RunError> {
         miles_runtime::Backend::set_threads(&miles_tch::TchBackend, threads);
         spec.validate()?;
+        if role == Role::Teacher {
+            // The teacher stage loads its own model, not the policy, here in this worker: this
+            // process is the teacher's own.
+            let mut s = spec.clone();
+            if let Some(o) = s.train.opd.as_mut() {
+                o.process = false;
+            }
+            return Ok(Hosted::Teacher(miles_runtime::Backend::teacher(&miles_tch::TchBackend, &s)?));
+        }
         let (policy, source) = std::panic::catch_unwind(|| miles_tch::initial_policy(spec))
             .map_err(|_| RunError::new(miles_runtime::E_BACKEND, "model init failed in libtorch"))??;
         Ok(match role {
+            Role::Teacher => return Err(RunError::new(miles_runtime::E_BACKEND, "a teacher worker hosts no policy")),
             Role::Rollout => {
                 Hosted::Rollout(Box::new(miles_tch::TchEngine::for_run(&policy, spec)?) as Box<dyn RolloutEngine + Send>)
             }
@@ -82,7 +92,7 @@ fn factory() -> Factory {
 
 pub fn run(args: Args) -> u8 {
     let Some(role) = Role::parse(&args.role) else {
-        eprintln!("miles worker: --role must be rollout or trainer, not {}", args.role);
+        eprintln!("miles worker: --role must be rollout, trainer or teacher, not {}", args.role);
         return 2;
     };
     let token = match std::env::var(TOKEN_ENV) {

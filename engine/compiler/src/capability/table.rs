@@ -509,7 +509,7 @@ pub const TABLE: &[Entry] = &[
     e("opd", "", Support::All, "", OPD_TESTS),
     e("opd", "teacher", Support::All, "the teacher stage whose scores join the advantage", OPD_TESTS),
     e("teacher_logprobs", "", Support::All, "the teacher scores each step's batch between the reward and the trainer", OPD_TESTS),
-    e("teacher_logprobs", "process", Support::All, "the teacher in a worker process of its own", &["a_teacher_in_its_own_process_distils_alike_and_survives_a_kill"]),
+    e("teacher_logprobs", "process", Support::All, "the teacher in a worker process of its own (with a launcher: a `teacher` worker over gRPC)", &["a_teacher_in_its_own_process_distils_alike_and_survives_a_kill"]),
     e("teacher_logprobs", "gpus", Support::Refused(&["none"]), "a teacher on GPUs of its own is planned for GPU clusters; here it runs beside the trainer: remove `gpus`", &[]),
     e("opd", "*", Support::All, "the weights of the two advantage terms", &["opd_advantage_by_hand"]),
     e("compaction", "", Support::All, "", COMPACTION),
