@@ -16,6 +16,15 @@ fn run(args: &[&str]) -> std::process::Output {
     output(miles().args(args).args(opts), Duration::from_secs(300))
 }
 
+/// Whether `metrics` holds at least `steps` distilled RL steps: the teacher is up and answering.
+fn distilled(metrics: &Path, steps: usize) -> impl Fn() -> bool + '_ {
+    move || {
+        std::fs::read_to_string(metrics)
+            .map(|t| t.lines().filter(|l| l.contains("opd/reverse_kl")).count() >= steps)
+            .unwrap_or(false)
+    }
+}
+
 /// The teacher: the tiny recipe's own final model, trained into `dir`, as an `hf { path }` record.
 fn trained_teacher(dir: &Path) -> String {
     let base = dir.join("base.miles");
@@ -176,11 +185,7 @@ fn a_teacher_in_its_own_process_distils_alike_and_survives_a_kill() {
     );
     // Two RL steps distilled: the teacher is loaded and has answered.
     let metrics = c.join("metrics.jsonl");
-    let pid = p.sigkill_member_when(" teacher --model", Duration::from_secs(120), || {
-        std::fs::read_to_string(&metrics)
-            .map(|t| t.lines().filter(|l| l.contains("opd/reverse_kl")).count() >= 2)
-            .unwrap_or(false)
-    });
+    let pid = p.sigkill_member_when(" teacher --model", Duration::from_secs(120), distilled(&metrics, 2));
     let o = p.wait_output(Duration::from_secs(300));
     assert!(o.status.success(), "{}", text(&o));
     assert!(text(&o).contains(&format!("teacher worker process {pid} exited")), "{}", text(&o));
@@ -216,11 +221,7 @@ fn a_teacher_in_its_own_process_distils_alike_and_survives_a_kill() {
     };
     let mut p = Proc::spawn(args(&k).stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped()));
     let metrics = k.join("metrics.jsonl");
-    let pid = p.sigkill_member_when("--role teacher", Duration::from_secs(120), || {
-        std::fs::read_to_string(&metrics)
-            .map(|t| t.lines().filter(|l| l.contains("opd/reverse_kl")).count() >= 3)
-            .unwrap_or(false)
-    });
+    let pid = p.sigkill_member_when("--role teacher", Duration::from_secs(120), distilled(&metrics, 3));
     let o = p.wait_output(Duration::from_secs(300));
     assert!(!o.status.success() && text(&o).contains("(worker teacher-0 on host"), "killed {pid}: {}", text(&o));
     assert!(!k.join("model").exists(), "the kill came after the run had finished");
