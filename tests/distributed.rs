@@ -207,3 +207,95 @@ fn a_worker_refuses_to_start_without_the_run_token() {
     assert_eq!(o.status.code(), Some(2));
     assert!(stderr(&o).contains("MILES_RUN_TOKEN is not set"));
 }
+
+/// The prompt ledger of the newest checkpoint (async.json's source): every prompt served is
+/// trained, discarded with its reason, or waiting.
+fn ledger(out: &Path) -> miles_runtime::source::SourceState {
+    let mut ckpts: Vec<PathBuf> = std::fs::read_dir(out.join("checkpoints"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.join("async.json").exists())
+        .collect();
+    ckpts.sort();
+    let p = ckpts.pop().unwrap_or_else(|| panic!("no asynchronous checkpoint in {}", out.display()));
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(p.join("async.json")).unwrap()).unwrap();
+    serde_json::from_value(v["source"].clone()).unwrap()
+}
+
+/// Steps that trained (a metrics row with trained tokens).
+fn trained_steps(out: &Path) -> Vec<u64> {
+    metrics(out).iter().filter_map(|v| v["train/tokens"].as_u64().and(v["step"].as_u64())).collect()
+}
+
+#[test]
+fn async_schedules_run_with_engine_workers() {
+    let dir = temp_dir("workers-async");
+    for (name, schedule) in [
+        ("one_step_off", "schedule = one_step_off"),
+        ("fully_async", "schedule = fully_async { max_staleness = 1, max_concurrent = 16 }"),
+    ] {
+        let p = dir.join(format!("{name}.miles"));
+        let text = tiny_recipe(
+            "transport = broadcast, bucket = 1.MB",
+            6,
+            &["launcher = local_processes { engines = 2 }", EVAL, "ckpt = checkpoint(train) { every = 3.steps }", schedule],
+        );
+        std::fs::write(&p, text).unwrap();
+        let out = dir.join(name);
+        let o = run(&["run", p.to_str().unwrap(), "--out", out.to_str().unwrap()]);
+        let err = stderr(&o);
+        assert!(o.status.success(), "{name}: {err}");
+        assert!(err.contains("workers up (local_processes)") && err.contains("rollout-1@"), "{name}: {err}");
+        assert_eq!(trained_steps(&out), (1..=6).collect::<Vec<_>>(), "{name}");
+        let rows = metrics(&out);
+        let swaps: f64 = rows.iter().filter_map(|v| v["rollout/fully_async/weight_swaps"].as_f64()).sum();
+        assert!(swaps >= 1.0, "{name}: the engines took new weights while the run went on");
+        let staleness =
+            rows.iter().filter_map(|v| v["rollout/fully_async/staleness_drawn_max"].as_f64()).fold(0.0, f64::max);
+        assert!(staleness <= 1.0, "{name}: staleness {staleness}");
+        // Every update went to both engine processes over the transport.
+        let sync = std::fs::read_to_string(out.join("sync.jsonl")).unwrap();
+        assert!(sync.lines().count() >= 6, "{name}: {sync}");
+        assert!(sync.lines().all(|l| l.contains("\"targets\":2")), "{name}: {sync}");
+        assert_eq!(ledger(&out).accounting_faults(), Vec::<String>::new(), "{name}");
+        assert!(rows.iter().any(|v| v.get("eval/accuracy").is_some()), "{name}: evaluated on the engines");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_killed_engine_under_fully_async_loses_no_prompt() {
+    let dir = temp_dir("workers-async-kill");
+    let p = dir.join("kill.miles");
+    let text = tiny_recipe(
+        "transport = broadcast, bucket = 1.MB",
+        14,
+        &[
+            "launcher = local_processes { engines = 2, on_failure = drop_engine }",
+            EVAL,
+            "ckpt = checkpoint(train) { every = 5.steps }",
+            "schedule = fully_async { max_staleness = 1 }",
+        ],
+    );
+    std::fs::write(&p, text).unwrap();
+    let out = dir.join("out");
+    let mut child = start(&["run", p.to_str().unwrap(), "--out", out.to_str().unwrap()]);
+    wait_for_step(&out, 3, &mut child);
+    signal(worker_pid(&out, "rollout-1"), libc::SIGKILL);
+    let o = child.wait_output(LIMIT);
+    let err = stderr(&o);
+    assert!(o.status.success(), "{err}");
+    assert!(err.contains("worker rollout-1 on host"), "the dead worker is named: {err}");
+    assert!(err.contains("continuing with 1 rollout engine"), "{err}");
+    assert_nothing_left(&child);
+    assert_eq!(trained_steps(&out), (1..=14).collect::<Vec<_>>());
+    // Nothing lost: the groups rollout-1 had in flight were generated again on rollout-0.
+    let st = ledger(&out);
+    assert_eq!(st.accounting_faults(), Vec::<String>::new());
+    assert_eq!(st.trained.len(), 14 * 8, "14 steps of 8 groups");
+    // Updates after the kill went to the one engine left.
+    let sync = std::fs::read_to_string(out.join("sync.jsonl")).unwrap();
+    assert!(sync.lines().last().is_some_and(|l| l.contains("\"targets\":1")), "{sync}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

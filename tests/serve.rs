@@ -348,3 +348,42 @@ fn read_safetensors(path: &std::path::Path) -> Vec<miles_runtime::NamedTensor> {
     out.sort_by_key(|x| x.0);
     out.into_iter().map(|x| x.1).collect()
 }
+
+#[test]
+fn fully_async_with_miles_serve_as_the_engine_trains() {
+    let dir = temp_dir("serve-async");
+    let (recipe, model, _) = train_tiny(&dir);
+    let (_server, base) =
+        start_server(&[model.to_str().unwrap(), "--bind", "127.0.0.1:0", "--weights-dir", dir.to_str().unwrap()], None);
+    let text = http_recipe(&recipe, &base, 6).replace(
+        "    stop = 6.steps",
+        "    schedule = fully_async { max_staleness = 1 }\n    ckpt = checkpoint(train) { every = 3.steps }\n    stop = 6.steps",
+    );
+    assert!(text.contains("fully_async"), "{text}");
+    let r = dir.join("async.miles");
+    std::fs::write(&r, text).unwrap();
+    let out = dir.join("out-async");
+    let o = run(&[r.to_str().unwrap(), "--out", out.to_str().unwrap()], None);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert!(err.contains("rollout on SGLang-compatible server(s)"), "{err}");
+    let rows = common::metrics::untimed(&out);
+    let steps: Vec<u64> =
+        rows.iter().filter_map(|v| v["train/tokens"].as_u64().and(v["step"].as_u64())).collect();
+    assert_eq!(steps, (1..=6).collect::<Vec<_>>());
+    let swaps: f64 = rows.iter().filter_map(|v| v["rollout/fully_async/weight_swaps"].as_f64()).sum();
+    assert!(swaps >= 1.0, "the server took new weights while the run went on");
+    // The server holds a version the run pushed, read from the run's own weights directory.
+    let info = get_json(&format!("{base}/model_info"), Duration::from_secs(30)).unwrap();
+    assert_ne!(info["weight_version"], "0", "{info}");
+    assert!(out.join("weights-http").is_dir());
+    // Every prompt served was trained, dropped with a reason, or is waiting in the checkpoint.
+    let mut ckpts: Vec<PathBuf> =
+        std::fs::read_dir(out.join("checkpoints")).unwrap().flatten().map(|e| e.path()).collect();
+    ckpts.sort();
+    let v: Value =
+        serde_json::from_str(&std::fs::read_to_string(ckpts.last().unwrap().join("async.json")).unwrap()).unwrap();
+    let st: miles_runtime::source::SourceState = serde_json::from_value(v["source"].clone()).unwrap();
+    assert_eq!(st.accounting_faults(), Vec::<String>::new());
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -62,6 +62,39 @@ pub struct SourceState {
     pub retry: Vec<Pending>,
     /// Prompts dropped for good, with the reason (a run's whole history, for accounting).
     pub discarded: Vec<(u64, DropReason)>,
+    /// Prompts whose group was drawn for training, in order (the whole history): with the fields
+    /// above, every id below `next_id` is in exactly one place.
+    #[serde(default)]
+    pub trained: Vec<u64>,
+}
+
+impl SourceState {
+    /// What breaks the run's prompt accounting: an id below `next_id` that is in none of
+    /// trained, discarded, unfinished, starving and retry (lost), or in more than one (trained
+    /// twice, or trained and also waiting). Empty when every prompt is accounted for.
+    pub fn accounting_faults(&self) -> Vec<String> {
+        let mut seen: std::collections::BTreeMap<u64, Vec<&'static str>> = Default::default();
+        let waiting = self.unfinished.iter().chain(&self.starving).chain(&self.retry).map(|p| (p.id, "waiting"));
+        let all = self
+            .trained
+            .iter()
+            .map(|&id| (id, "trained"))
+            .chain(self.discarded.iter().map(|&(id, _)| (id, "discarded")))
+            .chain(waiting);
+        for (id, place) in all {
+            seen.entry(id).or_default().push(place);
+        }
+        let mut faults = Vec::new();
+        for id in 0..self.next_id {
+            match seen.get(&id).map(Vec::as_slice) {
+                None => faults.push(format!("prompt {id} was lost")),
+                Some([_]) => {}
+                Some(places) => faults.push(format!("prompt {id} is {}", places.join(" and "))),
+            }
+        }
+        faults.extend(seen.keys().filter(|&&id| id >= self.next_id).map(|id| format!("prompt {id} was never served")));
+        faults
+    }
 }
 
 pub struct PromptSource {
@@ -69,6 +102,7 @@ pub struct PromptSource {
     starving: VecDeque<Pending>,
     retry: VecDeque<Pending>,
     discarded: Vec<(u64, DropReason)>,
+    trained: Vec<u64>,
     starvation_retries: u32,
 }
 
@@ -79,6 +113,7 @@ impl PromptSource {
             starving: VecDeque::new(),
             retry: VecDeque::new(),
             discarded: Vec::new(),
+            trained: Vec::new(),
             starvation_retries,
         }
     }
@@ -87,6 +122,7 @@ impl PromptSource {
         let mut s = PromptSource::new(starvation_retries);
         s.next_id = st.next_id;
         s.discarded = st.discarded;
+        s.trained = st.trained;
         // Unfinished ones keep their place ahead of older retries (they were being generated).
         for p in st.unfinished.into_iter().chain(st.retry) {
             s.retry.push_back(p);
@@ -139,6 +175,11 @@ impl PromptSource {
         &self.discarded
     }
 
+    /// A group of prompt `id` was drawn for a training step.
+    pub fn mark_trained(&mut self, id: u64) {
+        self.trained.push(id);
+    }
+
     /// The state to checkpoint, given the prompts buffered or in flight now.
     pub fn state(&self, unfinished: impl IntoIterator<Item = Pending>) -> SourceState {
         let mut unfinished: Vec<Pending> = unfinished.into_iter().collect();
@@ -149,6 +190,7 @@ impl PromptSource {
             starving: self.starving.iter().copied().collect(),
             retry: self.retry.iter().copied().collect(),
             discarded: self.discarded.clone(),
+            trained: self.trained.clone(),
         }
     }
 }

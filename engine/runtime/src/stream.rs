@@ -146,9 +146,10 @@ impl<E: RolloutEngine + Send> StreamEngine for BatchedStream<E> {
             return Ok(Vec::new());
         }
         let reqs = std::mem::take(&mut self.queued);
-        // One call per run of equal prompts and settings (a group submitted together); the seed
-        // of its first request seeds the call.
-        let mut out = Vec::with_capacity(reqs.len());
+        // A group is a run of equal prompts and settings submitted together; consecutive groups of
+        // the same size and settings go in one call (a remote fleet spreads them over its
+        // engines at once). The seed of a call's first request seeds the call.
+        let mut groups: Vec<(usize, usize)> = Vec::new();
         let mut i = 0;
         while i < reqs.len() {
             let mut j = i + 1;
@@ -156,15 +157,41 @@ impl<E: RolloutEngine + Send> StreamEngine for BatchedStream<E> {
             {
                 j += 1;
             }
+            groups.push((i, j));
+            i = j;
+        }
+        let mut out = Vec::with_capacity(reqs.len());
+        let mut g = 0;
+        while g < groups.len() {
+            let (i0, j0) = groups[g];
+            let n = j0 - i0;
+            let mut h = g + 1;
+            while h < groups.len()
+                && groups[h].1 - groups[h].0 == n
+                && same_settings(&reqs[groups[h].0].params, &reqs[i0].params)
+            {
+                h += 1;
+            }
+            let call = &groups[g..h];
+            let prompts: Vec<Vec<TokenId>> = call.iter().map(|&(i, _)| reqs[i].prompt.clone()).collect();
             let version = self.engine.weight_version();
-            let samples = self.engine.generate(std::slice::from_ref(&reqs[i].prompt), j - i, &reqs[i].params)?;
-            if samples.len() != j - i {
+            let samples = self.engine.generate(&prompts, n, &reqs[i0].params)?;
+            if samples.len() != n * call.len() {
                 return Err(RunError::new(
                     crate::E_BACKEND,
-                    format!("the rollout engine returned {} samples for {} requests", samples.len(), j - i),
+                    format!("the rollout engine returned {} samples for {} requests", samples.len(), n * call.len()),
                 ));
             }
-            for (req, s) in reqs[i..j].iter().zip(samples) {
+            let mut seen = vec![0usize; call.len()];
+            for s in samples {
+                let Some(&(gi, _)) = call.get(s.prompt_index).filter(|_| seen[s.prompt_index] < n) else {
+                    return Err(RunError::new(
+                        crate::E_BACKEND,
+                        format!("the rollout engine answered for prompt {} it was not sent", s.prompt_index),
+                    ));
+                };
+                let req = &reqs[gi + seen[s.prompt_index]];
+                seen[s.prompt_index] += 1;
                 out.push(StreamSample {
                     id: req.id,
                     response: s.response,
@@ -175,7 +202,7 @@ impl<E: RolloutEngine + Send> StreamEngine for BatchedStream<E> {
                     routing: s.routing,
                 });
             }
-            i = j;
+            g = h;
         }
         Ok(out)
     }
@@ -296,5 +323,65 @@ mod tests {
         assert_eq!(late.token_versions(), vec![2, 2]);
         assert_eq!(VersionSpan::of_tokens(&[]), vec![VersionSpan { version: 0, from_token: 0 }]);
         assert_eq!(VersionSpan::of_tokens(&[5, 5, 6, 5]).len(), 3);
+    }
+
+    /// Answers each prompt's k-th sample with [prompt's first token, k]; records each call's
+    /// prompts and n.
+    struct Echo {
+        calls: Vec<(usize, usize)>,
+    }
+
+    impl RolloutEngine for Echo {
+        fn generate(
+            &mut self,
+            prompts: &[Vec<TokenId>],
+            n: usize,
+            _params: &SamplingParams,
+        ) -> Result<Vec<crate::Sample>, RunError> {
+            self.calls.push((prompts.len(), n));
+            Ok((0..prompts.len() * n)
+                .map(|k| crate::Sample {
+                    prompt_index: k / n,
+                    response: vec![prompts[k / n][0], (k % n) as TokenId],
+                    logprobs: vec![0.0; 2],
+                    finish: FinishReason::Stop,
+                    weight_version: 0,
+                    routing: None,
+                })
+                .collect())
+        }
+        fn weight_version(&self) -> u64 {
+            0
+        }
+        fn load_weights(&mut self, _: &WeightSnapshot) -> Result<(), RunError> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn batched_stream_sends_equal_groups_in_one_call_and_maps_ids_back() {
+        let mut e = BatchedStream::new(Echo { calls: Vec::new() }, 16);
+        let params = SamplingParams::plain(4, 7);
+        // Groups of 3, 3 and 2 samples (prompts 10, 20, 30), ids not in prompt order.
+        let plan = [(10, 3), (20, 3), (30, 2)];
+        let mut id = 100;
+        for (p, n) in plan {
+            for _ in 0..n {
+                e.submit(GenRequest { id, prompt: vec![p], params: params.clone() }).unwrap();
+                id = id.wrapping_sub(7);
+            }
+        }
+        let out = e.step().unwrap();
+        assert_eq!(e.engine.calls, vec![(2, 3), (1, 2)], "two groups of 3 in one call, then the group of 2");
+        assert_eq!(out.len(), 8);
+        let mut id = 100;
+        for (p, n) in plan {
+            for k in 0..n {
+                let s = out.iter().find(|s| s.id == id).unwrap();
+                assert_eq!(s.response, vec![p, k as TokenId], "request {id}");
+                id = id.wrapping_sub(7);
+            }
+        }
+        assert_eq!(e.in_flight(), 0);
     }
 }

@@ -132,6 +132,7 @@ fn filtered_groups_are_never_trained() {
         assert_eq!(row["rollout/flat_group_frac"].as_f64(), Some(0.0));
     }
     let st = source_state(&newest_ckpt(&dir));
+    assert_eq!(st.accounting_faults(), Vec::<String>::new(), "every prompt trained, dropped or waiting");
     assert!(st.discarded.iter().all(|(_, why)| *why == DropReason::Filtered));
     // Groups finished after the last step's metrics row are discarded before the final checkpoint.
     assert!(st.discarded.len() as f64 >= sum(&r, "dropped_filtered"));
@@ -150,6 +151,7 @@ fn stale_groups_retry_or_discard() {
         assert!(sum(&r, "dropped_stale") > 0.0, "{name}");
         assert_eq!(max(&r, "staleness_drawn_max"), 0.0, "{name}: nothing stale is trained");
         let st = source_state(&newest_ckpt(&dir));
+        assert_eq!(st.accounting_faults(), Vec::<String>::new(), "every prompt trained, dropped or waiting");
         let stale_discarded = st.discarded.iter().filter(|(_, w)| *w == DropReason::Stale).count() as f64;
         match action {
             DropAction::Retry => {
@@ -176,6 +178,7 @@ fn retract_and_abort_pauses_drop_requests_in_flight() {
         assert!(sum(&r, "dropped_aborted") > 0.0, "{name}");
         assert_eq!(sum(&r, "samples_spanning_versions"), 0.0, "{name}: nothing continues across a swap");
         let st = source_state(&newest_ckpt(&dir));
+        assert_eq!(st.accounting_faults(), Vec::<String>::new(), "every prompt trained, dropped or waiting");
         let aborted_discarded = st.discarded.iter().filter(|(_, w)| *w == DropReason::Aborted).count() as f64;
         match pause {
             PauseMode::Retract => {
@@ -320,6 +323,13 @@ fn account(spec: &RunSpec, ckpt: &Path) {
         assert_eq!(count.get(&id).copied().unwrap_or(0), 1, "prompt {id}");
     }
     assert_eq!(count.len() as u64, st.next_id);
+    // The source's own ledger says the same as what the trainer saw.
+    assert_eq!(st.accounting_faults(), Vec::<String>::new());
+    let mut by_trainer: Vec<u64> = trained.iter().map(|p| ids[p]).collect();
+    let mut by_source = st.trained.clone();
+    by_trainer.sort();
+    by_source.sort();
+    assert_eq!(by_source, by_trainer, "the ledger's trained prompts are the trainer's");
 }
 
 #[test]

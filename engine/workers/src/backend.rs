@@ -7,7 +7,10 @@ use crate::launcher::{LaunchEnv, Launcher, LocalLauncher, RayLauncher, SlurmLaun
 use crate::remote::{Controller, Deadlines, Fleet, OnFailure, RemoteEngine, RemoteTeacher, RemoteTrainer, SharedFleet};
 use crate::{E_LAUNCH, E_WORKER};
 use miles_runtime::distributed::{DistributedSpec, LauncherSpec, WorkerFailure};
-use miles_runtime::{Backend, EngineAndTrainer, RolloutEngine, RunError, RunSpec, TeacherScorer, Trainer};
+use miles_runtime::stream::BatchedStream;
+use miles_runtime::{
+    AsyncParts, Backend, EngineAndTrainer, EvalMode, RolloutEngine, RunError, RunSpec, TeacherScorer, Trainer,
+};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -121,6 +124,49 @@ impl Backend for WorkersBackend {
     }
 
     fn create(&self, spec: &RunSpec) -> Result<EngineAndTrainer, RunError> {
+        let fleet = self.start_fleet(spec)?;
+        Ok((
+            Box::new(RemoteEngine::new(fleet.clone())) as Box<dyn RolloutEngine>,
+            Box::new(RemoteTrainer::new(fleet)) as Box<dyn Trainer>,
+        ))
+    }
+
+    /// The asynchronous schedules on the same fleet: the generation thread drives the engines
+    /// through a batching adapter (each engine step sends every queued group, spread over the
+    /// engines at once) while the trainer's thread trains and publishes weights; calls to the
+    /// fleet never hold it while in flight. Snapshot evaluation needs a second engine copy that a
+    /// fleet does not have (refused at check).
+    fn create_async(&self, spec: &RunSpec) -> Result<Option<AsyncParts>, RunError> {
+        let r = &spec.rollout;
+        let Some(a) = miles_runtime::schedule::resolve(&spec.schedule, r.rollout_batch, r.samples_per_prompt) else {
+            return Ok(None);
+        };
+        if spec.eval.mode == EvalMode::Snapshot {
+            return Err(snapshot_refused(self.name()));
+        }
+        let fleet = self.start_fleet(spec)?;
+        Ok(Some(AsyncParts {
+            engine: Box::new(BatchedStream::new(RemoteEngine::new(fleet.clone()), a.max_concurrent)),
+            trainer: Box::new(RemoteTrainer::new(fleet)),
+            eval_engine: None,
+        }))
+    }
+}
+
+/// Snapshot evaluation (`eval.mode = snapshot`) under an asynchronous schedule evaluates on a
+/// second in-process engine; a backend whose engines are elsewhere has none.
+pub fn snapshot_refused(backend: &str) -> RunError {
+    RunError::new(
+        miles_runtime::E_SPEC,
+        format!("the `{backend}` backend has no second engine for eval.mode = snapshot under an asynchronous schedule"),
+    )
+    .with_help("set eval.mode = shared: the rollout engines evaluate between two of their steps")
+}
+
+impl WorkersBackend {
+    /// Starts the controller, launches the workers, waits for them to register and initialises
+    /// them.
+    fn start_fleet(&self, spec: &RunSpec) -> Result<SharedFleet, RunError> {
         let d = spec
             .distributed
             .clone()
@@ -207,9 +253,6 @@ impl Backend for WorkersBackend {
         fleet.init_all(spec, threads as u32)?;
         let fleet = Arc::new(Mutex::new(fleet));
         *self.fleet.lock().unwrap_or_else(|p| p.into_inner()) = Some(fleet.clone());
-        Ok((
-            Box::new(RemoteEngine::new(fleet.clone())) as Box<dyn RolloutEngine>,
-            Box::new(RemoteTrainer::new(fleet)) as Box<dyn Trainer>,
-        ))
+        Ok(fleet)
     }
 }

@@ -263,12 +263,22 @@ impl Fleet {
         F: FnOnce(Client) -> Fut,
         Fut: std::future::Future<Output = Result<Response<T>, Status>>,
     {
+        let (client, rt, who) = self.prepare(which)?;
+        let res = rt.block_on(async { tokio::time::timeout(timeout, f(client)).await });
+        finish(res, &who, timeout).map_err(|(e, dead)| {
+            if dead {
+                self.remote_mut(which).alive = false;
+            }
+            e
+        })
+    }
+
+    /// Before a call: the worker's client, or why it cannot be called (dead, or silent past the
+    /// heartbeat deadline: then marked dead).
+    fn prepare(&mut self, which: Which) -> Result<(Client, Arc<tokio::runtime::Runtime>, String), RunError> {
         let heartbeat = self.deadlines.heartbeat;
         let rt = self.controller.rt.clone();
-        let silent = {
-            let r = self.remote(which);
-            self.controller.silent_for(&r.reg.worker_id)
-        };
+        let silent = self.controller.silent_for(&self.remote(which).reg.worker_id);
         let r = self.remote_mut(which);
         if !r.alive {
             return Err(RunError::new(E_WORKER, format!("{} is dead", r.reg.who())));
@@ -280,34 +290,7 @@ impl Fleet {
                 format!("{} sent no heartbeat for {:.0} s: treated as dead", r.reg.who(), s.as_secs_f64()),
             ));
         }
-        let client = r.client.clone();
-        let res = rt.block_on(async { tokio::time::timeout(timeout, f(client)).await });
-        match res {
-            Ok(Ok(resp)) => Ok(resp.into_inner()),
-            Ok(Err(st)) if st.code() == tonic::Code::Internal => {
-                // A stage error (libtorch, bad data): the worker is alive; keep its code.
-                let (code, msg, help) = code_of(st.message());
-                let mut e = RunError::new(code, format!("{}: {msg}", r.reg.who()));
-                e.help = help;
-                Err(e)
-            }
-            Ok(Err(st)) if st.code() == tonic::Code::Unauthenticated => {
-                Err(RunError::new(crate::E_AUTH, format!("{} refused the call: {}", r.reg.who(), st.message())))
-            }
-            Ok(Err(st)) => {
-                r.alive = false;
-                Err(RunError::new(E_WORKER, format!("{} failed: {} ({:?})", r.reg.who(), st.message(), st.code()))
-                    .with_help("its log is in OUT/workers/<id>.log; `--resume` continues from the last checkpoint"))
-            }
-            Err(_) => {
-                r.alive = false;
-                Err(RunError::new(
-                    crate::E_WORKER,
-                    format!("{} did not answer within its deadline of {:.0} s", r.reg.who(), timeout.as_secs_f64()),
-                )
-                .with_help("the worker is hung or overloaded; raise call_timeout in the launcher if it is only slow"))
-            }
-        }
+        Ok((r.client.clone(), rt, r.reg.who()))
     }
 
     fn remote(&self, w: Which) -> &Remote {
@@ -359,6 +342,63 @@ enum Which {
 
 pub type SharedFleet = Arc<Mutex<Fleet>>;
 
+/// One call against a worker of a shared fleet, the fleet unlocked while it is in flight: the
+/// generation thread's engines and the trainer's thread call at once under an asynchronous
+/// schedule.
+fn call_shared<T, F, Fut>(fleet: &SharedFleet, which: Which, timeout: Option<Duration>, f: F) -> Result<T, RunError>
+where
+    F: FnOnce(Client) -> Fut,
+    Fut: std::future::Future<Output = Result<Response<T>, Status>>,
+{
+    let (client, rt, who, timeout) = {
+        let mut g = lock(fleet);
+        let t = timeout.unwrap_or(g.deadlines.call);
+        let (c, rt, who) = g.prepare(which)?;
+        (c, rt, who, t)
+    };
+    let res = rt.block_on(async { tokio::time::timeout(timeout, f(client)).await });
+    finish(res, &who, timeout).map_err(|(e, dead)| {
+        if dead {
+            lock(fleet).remote_mut(which).alive = false;
+        }
+        e
+    })
+}
+
+/// A call's outcome as a run error naming the worker, and whether the worker is gone (not a
+/// stage error: a stage error keeps its code and the worker stays alive).
+fn finish<T>(
+    res: Result<Result<Response<T>, Status>, tokio::time::error::Elapsed>,
+    who: &str,
+    timeout: Duration,
+) -> Result<T, (RunError, bool)> {
+    match res {
+        Ok(Ok(resp)) => Ok(resp.into_inner()),
+        Ok(Err(st)) if st.code() == tonic::Code::Internal => {
+            let (code, msg, help) = code_of(st.message());
+            let mut e = RunError::new(code, format!("{who}: {msg}"));
+            e.help = help;
+            Err((e, false))
+        }
+        Ok(Err(st)) if st.code() == tonic::Code::Unauthenticated => {
+            Err((RunError::new(crate::E_AUTH, format!("{who} refused the call: {}", st.message())), false))
+        }
+        Ok(Err(st)) => Err((
+            RunError::new(E_WORKER, format!("{who} failed: {} ({:?})", st.message(), st.code()))
+                .with_help("its log is in OUT/workers/<id>.log; `--resume` continues from the last checkpoint"),
+            true,
+        )),
+        Err(_) => Err((
+            RunError::new(
+                crate::E_WORKER,
+                format!("{who} did not answer within its deadline of {:.0} s", timeout.as_secs_f64()),
+            )
+            .with_help("the worker is hung or overloaded; raise call_timeout in the launcher if it is only slow"),
+            true,
+        )),
+    }
+}
+
 /// On-policy distillation's teacher stage, remote: a worker of its own that the launcher placed
 /// like any stage, asked for the teacher's log-probs of each batch over gRPC.
 pub struct RemoteTeacher {
@@ -379,12 +419,10 @@ impl miles_runtime::TeacherScorer for RemoteTeacher {
             responses: batch.iter().map(|t| pb::TokenSeq { ids: t.response.clone() }).collect(),
             temperature: self.temperature,
         };
-        let mut f = lock(&self.fleet);
-        if f.teacher.is_none() {
+        if lock(&self.fleet).teacher.is_none() {
             return Err(RunError::new(E_WORKER, "this fleet has no teacher worker"));
         }
-        let t = f.deadlines.call;
-        let r = f.call(Which::Teacher, t, |mut c| async move { c.logprobs(req).await })?;
+        let r = call_shared(&self.fleet, Which::Teacher, None, |mut c| async move { c.logprobs(req).await })?;
         Ok(r.logprobs.into_iter().map(|s| s.values).collect())
     }
 }
@@ -409,9 +447,7 @@ impl RemoteTrainer {
             return Err(e);
         }
         let req = pb::ControlRequest { op: op.into(), dir: dir.to_string_lossy().into_owned() };
-        let mut f = self.fleet();
-        let t = f.deadlines.call;
-        let r = f.call(Which::Trainer, t, |mut c| async move { c.control(req).await })?;
+        let r = call_shared(&self.fleet, Which::Trainer, None, |mut c| async move { c.control(req).await })?;
         Ok(r.version)
     }
 }
@@ -422,11 +458,7 @@ impl Trainer for RemoteTrainer {
             return Err(e);
         }
         let req = pb::TrainRlRequest { batch: batch.iter().map(traj_to_pb).collect(), lrs: lrs.to_vec(), temperature };
-        let r = {
-            let mut f = self.fleet();
-            let t = f.deadlines.call;
-            f.call(Which::Trainer, t, |mut c| async move { c.train_rl(req).await })?
-        };
+        let r = call_shared(&self.fleet, Which::Trainer, None, |mut c| async move { c.train_rl(req).await })?;
         self.version = r.version;
         Ok(stats_from_pb(r.stats.unwrap_or_default()))
     }
@@ -436,9 +468,7 @@ impl Trainer for RemoteTrainer {
             batch: batch.iter().map(|(p, a)| pb::SftPair { prompt: p.clone(), answer: a.clone() }).collect(),
             lr,
         };
-        let mut f = self.fleet();
-        let t = f.deadlines.call;
-        let r = f.call(Which::Trainer, t, |mut c| async move { c.train_sft(req).await })?;
+        let r = call_shared(&self.fleet, Which::Trainer, None, |mut c| async move { c.train_sft(req).await })?;
         Ok(SftStats { loss: r.loss, grad_norm: r.grad_norm, tokens: r.tokens })
     }
 
@@ -463,9 +493,7 @@ impl Trainer for RemoteTrainer {
             responses: responses.iter().map(|p| pb::TokenSeq { ids: p.clone() }).collect(),
             temperature,
         };
-        let mut f = self.fleet();
-        let t = f.deadlines.call;
-        let r = f.call(Which::Trainer, t, |mut c| async move { c.logprobs(req).await })?;
+        let r = call_shared(&self.fleet, Which::Trainer, None, |mut c| async move { c.logprobs(req).await })?;
         Ok(r.logprobs.into_iter().map(|s| s.values).collect())
     }
 
@@ -481,25 +509,27 @@ impl Trainer for RemoteTrainer {
     /// a receipt (its version, no tensors): the bytes went straight from the trainer process to the
     /// engines, and `RemoteEngine::load_weights` activates that version on each.
     fn export_weights(&self) -> Result<WeightSnapshot, RunError> {
-        let mut f = self.fleet();
         loop {
-            let targets: Vec<pb::Target> = f
-                .engines
-                .iter()
-                .filter(|e| e.alive)
-                .map(|e| pb::Target { worker_id: e.reg.worker_id.clone(), data_addr: e.reg.data_addr.clone() })
-                .collect();
-            let req = pb::PublishRequest {
-                transport: f.transport.clone(),
-                bucket_bytes: f.bucket_bytes,
-                targets,
-                verify_full: f.verify_full,
-                delta_dir: f.delta_dir.to_string_lossy().into_owned(),
-                shards: 0,
-                timeout_ms: (f.deadlines.call.as_millis() as u64 * 3 / 4).max(1),
+            let req = {
+                let f = self.fleet();
+                let targets: Vec<pb::Target> = f
+                    .engines
+                    .iter()
+                    .filter(|e| e.alive)
+                    .map(|e| pb::Target { worker_id: e.reg.worker_id.clone(), data_addr: e.reg.data_addr.clone() })
+                    .collect();
+                pb::PublishRequest {
+                    transport: f.transport.clone(),
+                    bucket_bytes: f.bucket_bytes,
+                    targets,
+                    verify_full: f.verify_full,
+                    delta_dir: f.delta_dir.to_string_lossy().into_owned(),
+                    shards: 0,
+                    timeout_ms: (f.deadlines.call.as_millis() as u64 * 3 / 4).max(1),
+                }
             };
-            let t = f.deadlines.call;
-            match f.call(Which::Trainer, t, |mut c| async move { c.publish_weights(req).await }) {
+            match call_shared(&self.fleet, Which::Trainer, None, |mut c| async move { c.publish_weights(req).await })
+            {
                 Ok(r) => {
                     let rep = r.report.unwrap_or_default();
                     let report = TransferReport {
@@ -511,6 +541,7 @@ impl Trainer for RemoteTrainer {
                         targets: rep.targets,
                         buckets: rep.buckets,
                     };
+                    let mut f = self.fleet();
                     if let Some(p) = &f.sync_log {
                         if let Ok(line) = serde_json::to_string(&report) {
                             use std::io::Write;
@@ -526,17 +557,21 @@ impl Trainer for RemoteTrainer {
                 Err(e) if e.code == E_TRANSFER => {
                     // Which engine failed to receive? If it is dead, go on without it (as the
                     // recipe says); a corrupted transfer to a live engine stops the run.
-                    let failed = f
-                        .engines
-                        .iter()
-                        .position(|r| r.alive && e.message.contains(&format!("{} failed", r.reg.worker_id)));
+                    let (failed, short) = {
+                        let f = self.fleet();
+                        let failed = f
+                            .engines
+                            .iter()
+                            .position(|r| r.alive && e.message.contains(&format!("{} failed", r.reg.worker_id)));
+                        (failed, f.deadlines.short.min(f.deadlines.call))
+                    };
                     let Some(i) = failed else { return Err(e) };
-                    let short = f.deadlines.short.min(f.deadlines.call);
-                    let probe =
-                        f.call(Which::Engine(i), short, |mut c| async move { c.health(pb::HealthRequest {}).await });
+                    let probe = call_shared(&self.fleet, Which::Engine(i), Some(short), |mut c| async move {
+                        c.health(pb::HealthRequest {}).await
+                    });
                     match probe {
                         Ok(_) => return Err(e),
-                        Err(pe) => f.engine_lost(i, pe)?,
+                        Err(pe) => self.fleet().engine_lost(i, pe)?,
                     }
                 }
                 Err(e) => return Err(e),
@@ -546,9 +581,7 @@ impl Trainer for RemoteTrainer {
 
     fn save(&self, dir: &Path) -> Result<(), RunError> {
         let req = pb::ControlRequest { op: "save".into(), dir: dir.to_string_lossy().into_owned() };
-        let mut f = self.fleet();
-        let t = f.deadlines.call;
-        f.call(Which::Trainer, t, |mut c| async move { c.control(req).await }).map(|_| ())
+        call_shared(&self.fleet, Which::Trainer, None, |mut c| async move { c.control(req).await }).map(|_| ())
     }
 
     fn load(&mut self, dir: &Path) -> Result<(), RunError> {
@@ -558,9 +591,7 @@ impl Trainer for RemoteTrainer {
 
     fn save_model(&self, dir: &Path) -> Result<(), RunError> {
         let req = pb::ControlRequest { op: "save_model".into(), dir: dir.to_string_lossy().into_owned() };
-        let mut f = self.fleet();
-        let t = f.deadlines.call;
-        f.call(Which::Trainer, t, |mut c| async move { c.control(req).await }).map(|_| ())
+        call_shared(&self.fleet, Which::Trainer, None, |mut c| async move { c.control(req).await }).map(|_| ())
     }
 }
 
@@ -568,12 +599,15 @@ impl Trainer for RemoteTrainer {
 /// regenerated on the survivors when the recipe says to continue.
 pub struct RemoteEngine {
     pub fleet: SharedFleet,
+    /// The caller's number for the weights loaded (an asynchronous executor numbers its own).
     version: u64,
+    /// The trainer's number of the version active on the engines.
+    active: Option<u64>,
 }
 
 impl RemoteEngine {
     pub fn new(fleet: SharedFleet) -> Self {
-        RemoteEngine { fleet, version: 0 }
+        RemoteEngine { fleet, version: 0, active: None }
     }
 }
 
@@ -591,92 +625,58 @@ impl RolloutEngine for RemoteEngine {
         n: usize,
         params: &SamplingParams,
     ) -> Result<Vec<Sample>, RunError> {
-        let mut f = lock(&self.fleet);
         let mut pending: Vec<usize> = (0..prompts.len()).collect();
         let mut out: Vec<Sample> = Vec::with_capacity(prompts.len() * n);
         while !pending.is_empty() {
-            let alive: Vec<usize> = (0..f.engines.len()).filter(|&i| f.engines[i].alive).collect();
-            if alive.is_empty() {
-                return Err(RunError::new(E_WORKER, "no rollout engine is left"));
-            }
-            let mut by_engine: Vec<Vec<usize>> = vec![Vec::new(); alive.len()];
-            for &p in &pending {
-                by_engine[route(&prompts[p], alive.len())].push(p);
-            }
+            // Under the lock only to read the fleet: the calls run with it released (the trainer's
+            // thread calls at once under an asynchronous schedule).
+            let (calls, deadline, rt) = {
+                let f = lock(&self.fleet);
+                let alive: Vec<usize> = (0..f.engines.len()).filter(|&i| f.engines[i].alive).collect();
+                if alive.is_empty() {
+                    return Err(RunError::new(E_WORKER, "no rollout engine is left"));
+                }
+                let mut by_engine: Vec<Vec<usize>> = vec![Vec::new(); alive.len()];
+                for &p in &pending {
+                    by_engine[route(&prompts[p], alive.len())].push(p);
+                }
+                let calls: Vec<_> = by_engine
+                    .into_iter()
+                    .enumerate()
+                    .filter(|(_, ps)| !ps.is_empty())
+                    .map(|(k, ps)| {
+                        let i = alive[k];
+                        let req = pb::GenerateRequest {
+                            prompts: ps.iter().map(|&p| pb::TokenSeq { ids: prompts[p].clone() }).collect(),
+                            n: n as u32,
+                            // A lone engine keeps the caller's seed: the run is then bit-identical
+                            // to the in-process one. Several engines each get their own stream.
+                            params: Some(params_to_pb(&SamplingParams {
+                                seed: if alive.len() == 1 {
+                                    params.seed
+                                } else {
+                                    params.seed ^ (k as u64 + 1).wrapping_mul(0x9e3779b97f4a7c15)
+                                },
+                                ..params.clone()
+                            })),
+                        };
+                        (i, ps, req, f.engines[i].client.clone(), f.engines[i].reg.who())
+                    })
+                    .collect();
+                (calls, f.deadlines.call, f.controller.rt.clone())
+            };
             pending.clear();
             // One request per engine, all in flight at once.
-            let deadline = f.deadlines.call;
-            let rt = f.controller.rt.clone();
-            let calls: Vec<_> = by_engine
-                .iter()
-                .enumerate()
-                .filter(|(_, ps)| !ps.is_empty())
-                .map(|(k, ps)| {
-                    let i = alive[k];
-                    let req = pb::GenerateRequest {
-                        prompts: ps.iter().map(|&p| pb::TokenSeq { ids: prompts[p].clone() }).collect(),
-                        n: n as u32,
-                        // A lone engine keeps the caller's seed: the run is then bit-identical to
-                        // the in-process one. Several engines each get their own stream.
-                        params: Some(params_to_pb(&SamplingParams {
-                            seed: if alive.len() == 1 {
-                                params.seed
-                            } else {
-                                params.seed ^ (k as u64 + 1).wrapping_mul(0x9e3779b97f4a7c15)
-                            },
-                            ..params.clone()
-                        })),
-                    };
-                    (i, ps.clone(), req)
-                })
-                .collect();
-            let results: Vec<(usize, Vec<usize>, Result<pb::GenerateReply, RunError>)> = {
-                let fleet_ref = &mut *f;
-                let mut futs = Vec::new();
-                for (i, ps, req) in calls {
-                    let mut c = fleet_ref.engines[i].client.clone();
-                    futs.push(async move {
-                        let r = tokio::time::timeout(deadline, c.generate(req)).await;
-                        (i, ps, r)
-                    });
-                }
-                let joined = rt.block_on(async { futures_join_all(futs).await });
-                joined
-                    .into_iter()
-                    .map(|(i, ps, r)| {
-                        let who = fleet_ref.engines[i].reg.who();
-                        let res = match r {
-                            Ok(Ok(resp)) => Ok(resp.into_inner()),
-                            Ok(Err(st)) if st.code() == tonic::Code::Internal => {
-                                let (code, msg, help) = code_of(st.message());
-                                let mut e = RunError::new(code, format!("{who}: {msg}"));
-                                e.help = help;
-                                Err(e)
-                            }
-                            Ok(Err(st)) => {
-                                fleet_ref.engines[i].alive = false;
-                                Err(RunError::new(
-                                    E_WORKER,
-                                    format!("{who} failed: {} ({:?})", st.message(), st.code()),
-                                ))
-                            }
-                            Err(_) => {
-                                fleet_ref.engines[i].alive = false;
-                                Err(RunError::new(
-                                    E_WORKER,
-                                    format!(
-                                        "{who} did not answer within its deadline of {:.0} s",
-                                        deadline.as_secs_f64()
-                                    ),
-                                ))
-                            }
-                        };
-                        (i, ps, res)
-                    })
-                    .collect()
-            };
-            for (i, ps, res) in results {
-                match res {
+            let mut futs = Vec::new();
+            for (i, ps, req, mut c, who) in calls {
+                futs.push(async move {
+                    let r = tokio::time::timeout(deadline, c.generate(req)).await;
+                    (i, ps, who, r)
+                });
+            }
+            let joined = rt.block_on(async { futures_join_all(futs).await });
+            for (i, ps, who, r) in joined {
+                match finish(r, &who, deadline) {
                     Ok(reply) => {
                         for s in reply.samples {
                             let mut s = sample_from_pb(s);
@@ -687,7 +687,11 @@ impl RolloutEngine for RemoteEngine {
                             out.push(s);
                         }
                     }
-                    Err(e) => {
+                    Err((e, dead)) => {
+                        let mut f = lock(&self.fleet);
+                        if dead {
+                            f.engines[i].alive = false;
+                        }
                         f.engine_lost(i, e)?;
                         // Its groups are regenerated on the engines that are left.
                         pending.extend(ps);
@@ -697,6 +701,11 @@ impl RolloutEngine for RemoteEngine {
         }
         // Groups contiguous and in prompt order, as the trait promises (stable: keeps sample order).
         out.sort_by_key(|s| s.prompt_index);
+        // In the caller's numbering: no activation happens during a generate (both are called
+        // from the caller's one thread).
+        for s in &mut out {
+            s.weight_version = self.version;
+        }
         Ok(out)
     }
 
@@ -704,28 +713,45 @@ impl RolloutEngine for RemoteEngine {
         self.version
     }
 
-    /// Activates the version the trainer just published on every live engine.
+    /// Activates the newest version the trainer published on every live engine. Under an
+    /// asynchronous schedule the trainer may already have published the next one (its thread
+    /// publishes, then hands the receipt over): then that one is activated, labelled with the
+    /// caller's older number until the caller hands its receipt over too (staleness counted
+    /// from the older version: never under-counted).
     fn load_weights(&mut self, weights: &WeightSnapshot) -> Result<(), RunError> {
-        let mut f = lock(&self.fleet);
-        for i in 0..f.engines.len() {
-            if !f.engines[i].alive {
-                continue;
-            }
-            let req = pb::ActivateRequest {
-                version: weights.version,
-                transport: f.transport.clone(),
-                delta_dir: f.delta_dir.to_string_lossy().into_owned(),
-                verify_full: f.verify_full,
+        let (n, published) = {
+            let f = lock(&self.fleet);
+            (f.engines.len(), f.last_report.as_ref().map_or(weights.version, |r| r.version))
+        };
+        if self.active == Some(published) {
+            self.version = weights.version;
+            return Ok(());
+        }
+        for i in 0..n {
+            let req = {
+                let f = lock(&self.fleet);
+                if !f.engines[i].alive {
+                    continue;
+                }
+                pb::ActivateRequest {
+                    version: published,
+                    transport: f.transport.clone(),
+                    delta_dir: f.delta_dir.to_string_lossy().into_owned(),
+                    verify_full: f.verify_full,
+                }
             };
-            let t = f.deadlines.call;
-            if let Err(e) = f.call(Which::Engine(i), t, |mut c| async move { c.activate_weights(req).await }) {
+            let r = call_shared(&self.fleet, Which::Engine(i), None, |mut c| async move {
+                c.activate_weights(req).await
+            });
+            if let Err(e) = r {
                 if e.code == E_TRANSFER || e.code != E_WORKER {
                     return Err(e);
                 }
-                f.engine_lost(i, e)?;
+                lock(&self.fleet).engine_lost(i, e)?;
             }
         }
         self.version = weights.version;
+        self.active = Some(published);
         Ok(())
     }
 }

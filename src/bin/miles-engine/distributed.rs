@@ -65,12 +65,36 @@ impl miles_runtime::Backend for HttpBackend {
     }
     fn create(&self, spec: &RunSpec) -> Result<miles_runtime::EngineAndTrainer, RunError> {
         let (_, trainer) = miles_tch::TchBackend.create(spec)?;
-        let engine = miles_workers::http::HttpEngine::new(
+        Ok((Box::new(self.engine(spec)), trainer))
+    }
+
+    /// The asynchronous schedules: the servers generate on the executor's generation thread
+    /// (every queued group in one request round) while the trainer here trains; each update
+    /// reaches them as a checkpoint directory, as under the sync schedule.
+    fn create_async(&self, spec: &RunSpec) -> Result<Option<miles_runtime::AsyncParts>, RunError> {
+        let r = &spec.rollout;
+        let Some(a) = miles_runtime::schedule::resolve(&spec.schedule, r.rollout_batch, r.samples_per_prompt) else {
+            return Ok(None);
+        };
+        if spec.eval.mode == miles_runtime::EvalMode::Snapshot {
+            return Err(miles_workers::backend::snapshot_refused(self.name()));
+        }
+        let (_, trainer) = miles_tch::TchBackend.create(spec)?;
+        Ok(Some(miles_runtime::AsyncParts {
+            engine: Box::new(miles_runtime::stream::BatchedStream::new(self.engine(spec), a.max_concurrent)),
+            trainer,
+            eval_engine: None,
+        }))
+    }
+}
+
+impl HttpBackend {
+    fn engine(&self, spec: &RunSpec) -> miles_workers::http::HttpEngine {
+        miles_workers::http::HttpEngine::new(
             self.urls.clone(),
             self.weights_dir.clone(),
             spec.model.clone(),
             std::time::Duration::from_secs_f64(self.timeout.max(1.0)),
-        );
-        Ok((Box::new(engine), trainer))
+        )
     }
 }

@@ -304,17 +304,6 @@ fn rule_transport(cx: &Ctx, f: &FieldValue) -> Option<String> {
     }
 }
 
-fn rule_schedule(cx: &Ctx, f: &FieldValue) -> Option<String> {
-    let r = f.value.as_record()?;
-    match (cx.target, r.schema_name.as_str()) {
-        (_, "sync") | (Target::Embedded, _) => None,
-        (t, s) => Some(format!(
-            "the `{s}` schedule runs in one process today; {} runs `sync` (set schedule = sync, or drop the launcher / URL engine)",
-            t.describe()
-        )),
-    }
-}
-
 /// Tests that show a diffusion recipe's fields change what its run does.
 const DIFFUSION_RUN: &[&str] =
     &["a_diffusion_recipe_runs_through_the_binary", "diffusion_recipe_fields_reach_the_spec"];
@@ -455,8 +444,8 @@ pub const TABLE: &[Entry] = &[
     e("gpu_cluster", "gpus", Support::Describes, DESCRIBES, &[]),
     e("gpu_cluster", "gpus_per_node", Support::Describes, DESCRIBES, &[]),
     e("sync", "", Support::All, "", TRAINS),
-    e("one_step_off", "", Support::Only(&[E], &[]), "one_step_off runs in one process today: drop the launcher or URL engine, or use sync", &["one_step_off_is_exactly_one_version_behind"]),
-    e("fully_async", "", Support::Only(&[E], &[]), "fully_async runs in one process today: drop the launcher or URL engine, or use sync", &["fully_async_tiny_run_trains_and_resumes"]),
+    e("one_step_off", "", Support::All, "", &["one_step_off_is_exactly_one_version_behind", "async_schedules_run_with_engine_workers"]),
+    e("fully_async", "", Support::All, "", &["fully_async_tiny_run_trains_and_resumes", "async_schedules_run_with_engine_workers", "fully_async_with_miles_serve_as_the_engine_trains"]),
     e("fully_async", "max_staleness", Support::All, "", &["stale_groups_retry_or_discard"]),
     e("fully_async", "max_concurrent", Support::All, "", &["fully_async_runs_and_reports_its_metrics"]),
     e("fully_async", "refill", Support::All, "", &["fully_async_runs_and_reports_its_metrics"]),
@@ -623,7 +612,7 @@ pub const TABLE: &[Entry] = &[
     e("ray", "bind", Support::All, "", &["ray_job_body"]),
     // ---- recipe settings ------------------------------------------------------------------------
     e("recipe_settings", "cluster", Support::All, "the cluster's own schema says where it runs", TRAINS),
-    e("recipe_settings", "schedule", Support::Rule(rule_schedule), "every schedule in one process; sync with workers or URL engines", &["fully_async_tiny_run_trains_and_resumes"]),
+    e("recipe_settings", "schedule", Support::All, "", &["fully_async_tiny_run_trains_and_resumes", "async_schedules_run_with_engine_workers"]),
     e("recipe_settings", "placement", Support::Refused(&["disaggregated"]), "placement chooses GPU pools for `miles plan`; on this machine rollout and training share the CPUs: remove `placement`", &[]),
     e("recipe_settings", "stop", Support::All, "", TRAINS),
     e("recipe_settings", "seed", Support::All, "", &["same_seed_gives_identical_metrics"]),

@@ -267,6 +267,9 @@ fn draw(
         let version = st.version;
         let State { buffer, source, drawn_total, .. } = &mut *st;
         let more = buffer.draw(n - got.len(), version, cfg.max_staleness, cfg.on_stale, source);
+        for g in &more {
+            source.mark_trained(g.prompt.id);
+        }
         *drawn_total += more.len() as u64;
         let freed = !more.is_empty() || buffer.drops.stale > 0;
         got.extend(more);
