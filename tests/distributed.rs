@@ -239,7 +239,12 @@ fn async_schedules_run_with_engine_workers() {
         let text = tiny_recipe(
             "transport = broadcast, bucket = 1.MB",
             6,
-            &["launcher = local_processes { engines = 2 }", EVAL, "ckpt = checkpoint(train) { every = 3.steps }", schedule],
+            &[
+                "launcher = local_processes { engines = 2 }",
+                EVAL,
+                "ckpt = checkpoint(train) { every = 3.steps }",
+                schedule,
+            ],
         );
         std::fs::write(&p, text).unwrap();
         let out = dir.join(name);

@@ -368,8 +368,7 @@ fn fully_async_with_miles_serve_as_the_engine_trains() {
     assert!(o.status.success(), "{err}");
     assert!(err.contains("rollout on SGLang-compatible server(s)"), "{err}");
     let rows = common::metrics::untimed(&out);
-    let steps: Vec<u64> =
-        rows.iter().filter_map(|v| v["train/tokens"].as_u64().and(v["step"].as_u64())).collect();
+    let steps: Vec<u64> = rows.iter().filter_map(|v| v["train/tokens"].as_u64().and(v["step"].as_u64())).collect();
     assert_eq!(steps, (1..=6).collect::<Vec<_>>());
     let swaps: f64 = rows.iter().filter_map(|v| v["rollout/fully_async/weight_swaps"].as_f64()).sum();
     assert!(swaps >= 1.0, "the server took new weights while the run went on");

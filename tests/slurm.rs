@@ -72,3 +72,55 @@ fn grpo_under_slurm_learns_as_in_process() {
     assert_eq!(metrics(&outs[0]), metrics(&outs[1]));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn fully_async_under_slurm_trains_with_every_prompt_accounted_for() {
+    if let Err(why) = slurm_ready() {
+        println!("skipped: {why}; start one with `bash scripts/start-test-slurm.sh`");
+        return;
+    }
+    let dir = temp_dir("slurm-async");
+    let r = dir.join("async.miles");
+    // One engine: the test node's two CPUs hold two one-CPU steps at once.
+    let launcher = "launcher = slurm { partition = \"debug\", start_timeout = 60 }";
+    let text = tiny_recipe(
+        "transport = broadcast, bucket = 1.MB",
+        6,
+        &[
+            launcher,
+            EVAL,
+            "ckpt = checkpoint(train) { every = 3.steps }",
+            "schedule = fully_async { max_staleness = 1 }",
+        ],
+    );
+    std::fs::write(&r, text).unwrap();
+    let out = dir.join("out");
+    let o = output(
+        common::process::miles().args([
+            "run",
+            r.to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+            "--threads",
+            "1",
+            "--progress",
+            "off",
+        ]),
+        Duration::from_secs(600),
+    );
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert!(err.contains("submitted Slurm job"), "{err}");
+    let script = std::fs::read_to_string(out.join("job.sbatch")).unwrap();
+    assert_eq!(script.matches("srun ").count(), 2, "a trainer and an engine: {script}");
+    let steps: Vec<u64> =
+        metrics(&out).iter().filter_map(|v| v["train/tokens"].as_u64().and(v["step"].as_u64())).collect();
+    assert_eq!(steps, (1..=6).collect::<Vec<_>>());
+    let mut ckpts: Vec<_> = std::fs::read_dir(out.join("checkpoints")).unwrap().flatten().map(|e| e.path()).collect();
+    ckpts.sort();
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(ckpts.last().unwrap().join("async.json")).unwrap()).unwrap();
+    let st: miles_runtime::source::SourceState = serde_json::from_value(v["source"].clone()).unwrap();
+    assert_eq!(st.accounting_faults(), Vec::<String>::new());
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -528,8 +528,7 @@ impl Trainer for RemoteTrainer {
                     timeout_ms: (f.deadlines.call.as_millis() as u64 * 3 / 4).max(1),
                 }
             };
-            match call_shared(&self.fleet, Which::Trainer, None, |mut c| async move { c.publish_weights(req).await })
-            {
+            match call_shared(&self.fleet, Which::Trainer, None, |mut c| async move { c.publish_weights(req).await }) {
                 Ok(r) => {
                     let rep = r.report.unwrap_or_default();
                     let report = TransferReport {
@@ -740,9 +739,8 @@ impl RolloutEngine for RemoteEngine {
                     verify_full: f.verify_full,
                 }
             };
-            let r = call_shared(&self.fleet, Which::Engine(i), None, |mut c| async move {
-                c.activate_weights(req).await
-            });
+            let r =
+                call_shared(&self.fleet, Which::Engine(i), None, |mut c| async move { c.activate_weights(req).await });
             if let Err(e) = r {
                 if e.code == E_TRANSFER || e.code != E_WORKER {
                     return Err(e);
