@@ -306,8 +306,9 @@ fn planned_memory(plan: &serde_json::Value) -> Option<(f64, &'static str)> {
     }
 }
 
-/// "Plan vs actual": each phase's estimate next to the median the run measured, and the plan's
-/// memory next to the measured peak RSS, with measured/plan ratios ("-" where either is missing).
+/// "Plan vs actual": each phase's estimate next to the median the run measured, the plan's
+/// memory next to the measured peak RSS, and the lengths the plan priced a sample at next to the
+/// run's, with measured/plan ratios ("-" where either is missing).
 pub fn plan_vs_actual(label: &str, plan: &serde_json::Value, run: &Run) -> String {
     let col = |k: &str| run.series.get(k).map(|s| s.iter().map(|p| p.1).collect::<Vec<_>>()).unwrap_or_default();
     let secs = |x: Option<f64>| x.map(|v| format!("{v:.3} s")).unwrap_or_else(|| "-".into());
@@ -339,9 +340,64 @@ pub fn plan_vs_actual(label: &str, plan: &serde_json::Value, run: &Run) -> Strin
         gb(peak),
         ratio(peak, planned.map(|p| p.0))
     ));
+    s.push_str(&lengths_rows(plan, run));
     if plan.get("step").is_none_or(|v| v.is_null()) {
         s.push_str("(the plan has no step-time estimate for this cluster)\n");
     }
+    s
+}
+
+/// The lengths the plan priced a sample at (the recipe's `mean_*`, else the bounds) next to the
+/// run's means over its steps, so a user learns what to state: a response (per turn in an
+/// episode) from `rollout/response_len` (sampled tokens per sample) and `rollout/turns`; a
+/// prompt from `perf/trained_tokens` per sample less the sampled and observation tokens. Empty
+/// when the plan has no lengths (plans made before it had them, diffusion).
+fn lengths_rows(plan: &serde_json::Value, run: &Run) -> String {
+    let Some(l) = plan.get("lengths").filter(|l| l.is_object()) else { return String::new() };
+    let num = |k: &str| l.get(k).and_then(|v| v.as_f64());
+    let stated = |k: &str| l.get(k).and_then(|v| v.as_bool()).unwrap_or(false);
+    let mean = |k: &str| {
+        let v: Vec<f64> = run.series.get(k).map(|s| s.iter().map(|p| p.1).collect()).unwrap_or_default();
+        (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64)
+    };
+    let fig = |x: Option<f64>| x.map(|v| format!("{v:.1}")).unwrap_or_else(|| "-".into());
+    let ratio = |m: Option<f64>, p: Option<f64>| match (m, p) {
+        (Some(m), Some(p)) if p > 0.0 && (m / p).is_finite() => format!("x{:.2}", m / p),
+        _ => "-".into(),
+    };
+    let planned = |v: &str, max: &str, flag: &str, field: &str, bound: &str| {
+        let (p, m) = (num(v), num(max));
+        let why = if stated(flag) { field } else { bound };
+        (p.or(m), format!("{} ({why})", fig(p.or(m))))
+    };
+    let episodes = l.get("turns").is_some_and(|t| t.is_number());
+    let turns = mean("rollout/turns").filter(|_| episodes);
+    let sampled = mean("rollout/response_len");
+    let per_turn = match turns {
+        Some(t) if t > 0.0 => sampled.map(|r| r / t),
+        Some(_) => None,
+        None => sampled,
+    };
+    // Trained tokens per sample: prompt + sampled tokens (+ an episode's observations).
+    let samples = plan.pointer("/batch/samples_per_rollout").and_then(|v| v.as_f64()).filter(|n| *n > 0.0);
+    let per_sample = |k: &str| mean(k).zip(samples).map(|(x, n)| x / n);
+    let observations = if episodes { per_sample("rollout/observation_tokens").unwrap_or(0.0) } else { 0.0 };
+    let prompt = per_sample("perf/trained_tokens").zip(sampled).map(|(t, r)| t - r - observations);
+    let mut s = String::new();
+    let (p, text) =
+        planned("response_tokens", "max_response_tokens", "response_stated", "mean_response_tokens", "max_new_tokens");
+    let what = if episodes { "response tokens per turn (mean)" } else { "response tokens (mean)" };
+    s.push_str(&format!("| {what} | {text} | {} | {} |\n", fig(per_turn), ratio(per_turn, p)));
+    let (p, text) =
+        planned("prompt_tokens", "max_prompt_tokens", "prompt_stated", "mean_prompt_tokens", "max_prompt_tokens");
+    s.push_str(&format!("| prompt tokens (mean) | {text} | {} | {} |\n", fig(prompt), ratio(prompt, p)));
+    if episodes {
+        let (p, text) = planned("turns", "max_turns", "turns_stated", "mean_turns", "turns that fit");
+        s.push_str(&format!("| turns per episode (mean) | {text} | {} | {} |\n", fig(turns), ratio(turns, p)));
+    }
+    s.push_str(
+        "(lengths: the plan prices time at the recipe's generate.mean_response_tokens, mean_prompt_tokens and env_reward.mean_turns, else at the bounds; state the measured means to plan shorter answers, memory stays at the bounds)\n",
+    );
     s
 }
 
@@ -470,6 +526,43 @@ mod tests {
     }
 
     #[test]
+    fn plan_vs_actual_sets_measured_lengths_beside_the_plans() {
+        let mut series = BTreeMap::new();
+        // 16 samples a step: 2.5 sampled tokens and 20 trained tokens each, so 17.5 of prompt.
+        series.insert("rollout/response_len".to_string(), vec![(1.0, 2.0), (2.0, 3.0)]);
+        series.insert("perf/trained_tokens".to_string(), vec![(1.0, 320.0), (2.0, 320.0)]);
+        let run = Run { label: "a".into(), series, skipped: vec![] };
+        let plan = serde_json::json!({
+            "format_version": 2,
+            "batch": {"samples_per_rollout": 16},
+            "lengths": {"max_prompt_tokens": 32.0, "max_response_tokens": 4.0, "prompt_tokens": 32.0,
+                        "response_tokens": 2.0, "prompt_stated": false, "response_stated": true},
+        });
+        let t = plan_vs_actual("a", &plan, &run);
+        assert!(t.contains("| response tokens (mean) | 2.0 (mean_response_tokens) | 2.5 | x1.25 |"), "{t}");
+        assert!(t.contains("| prompt tokens (mean) | 32.0 (max_prompt_tokens) | 17.5 | x0.55 |"), "{t}");
+        assert!(!t.contains("turns per episode"), "{t}");
+        // An episode: per turn from the mean turns; observations are not prompt.
+        let mut series = BTreeMap::new();
+        series.insert("rollout/response_len".to_string(), vec![(1.0, 24.0)]);
+        series.insert("rollout/turns".to_string(), vec![(1.0, 1.5)]);
+        series.insert("rollout/observation_tokens".to_string(), vec![(1.0, 160.0)]);
+        series.insert("perf/trained_tokens".to_string(), vec![(1.0, 16.0 * 42.0)]);
+        let run = Run { label: "e".into(), series, skipped: vec![] };
+        let plan = serde_json::json!({
+            "format_version": 2,
+            "batch": {"samples_per_rollout": 16},
+            "lengths": {"max_prompt_tokens": 8.0, "max_response_tokens": 28.0, "prompt_tokens": 8.0,
+                        "response_tokens": 28.0, "prompt_stated": false, "response_stated": false,
+                        "max_turns": 2.0, "turns": 2.0},
+        });
+        let t = plan_vs_actual("e", &plan, &run);
+        assert!(t.contains("| response tokens per turn (mean) | 28.0 (max_new_tokens) | 16.0 | x0.57 |"), "{t}");
+        assert!(t.contains("| prompt tokens (mean) | 8.0 (max_prompt_tokens) | 8.0 | x1.00 |"), "{t}");
+        assert!(t.contains("| turns per episode (mean) | 2.0 (turns that fit) | 1.5 | x0.75 |"), "{t}");
+    }
+
+    #[test]
     fn plan_vs_actual_ratios_and_bad_plans() {
         let mut series = BTreeMap::new();
         series.insert("perf/step_s".to_string(), vec![(1.0, 1.0), (2.0, 3.0), (3.0, 2.0)]);
@@ -485,6 +578,8 @@ mod tests {
         assert!(t.contains("| step | 4.000 s | 2.000 s | x0.50 |"), "{t}");
         assert!(t.contains("| memory (host total vs peak RSS) | 200.0 MB | 300.0 MB | x1.50 |"), "{t}");
         assert!(t.contains("| sync | 0.000 s | - | - |"), "{t}");
+        // No lengths in the plan (made before it had them): no length rows.
+        assert!(!t.contains("response tokens"), "{t}");
         let dir = std::env::temp_dir().join(format!("miles-report-plan-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         assert_eq!(load_plan(&dir), Ok(None));

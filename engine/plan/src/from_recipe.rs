@@ -25,7 +25,19 @@ pub fn plan_input(recipe: &CompiledRecipe) -> PlanInput {
     let mut r3 = Spanned::new(false);
     let mut r3_id_bytes = None;
     let episodes = episodes_of(g);
-    let assumptions = Assumptions::default();
+    // The rollout's expected lengths, when the recipe states them (time only: docs/plan.md).
+    // The rollout the (first) trainer reads, else the first `generate`.
+    let rollout_node = g
+        .nodes()
+        .filter(|n| role_of(n) == Role::Train)
+        .find_map(|t| upstream_rollout(g, t))
+        .or_else(|| g.nodes().find(|n| n.kind == "generate"));
+    let mean = |name: &str| rollout_node.and_then(|n| n.param(name)).and_then(Value::as_f64);
+    let assumptions = Assumptions {
+        mean_prompt_tokens: mean("mean_prompt_tokens").filter(|v| v.is_finite()),
+        mean_response_tokens: mean("mean_response_tokens").filter(|v| v.is_finite()),
+        ..Assumptions::default()
+    };
     // With episodes, a rollout's (and its trainer's) sequence is a whole episode.
     let as_episode = |(prompt, response): (Spanned<u64>, Spanned<u64>), model: Option<&ModelSpec>| match &episodes {
         Some(e) => {
@@ -173,6 +185,11 @@ fn episodes_of(g: &StageGraph) -> Option<Episodes> {
         prompt_tokens: prompt.value,
         turn_tokens: turn.value,
         compact_keep_turns: rec(node, "compact").map(|c| int_of(c, "keep_turns").map_or(1, |k| k.0)),
+        mean_turns: node
+            .param("mean_turns")
+            .and_then(Value::as_f64)
+            .filter(|v| v.is_finite())
+            .map(|v| spanned(v, param_span(node, "mean_turns"))),
     })
 }
 
@@ -538,7 +555,7 @@ fn engine_of(r: &Record, prompt_len: Spanned<u64>, response_len: Spanned<u64>) -
             .map(|v| spanned(v, field_span(r, "mem_fraction")))
             .unwrap_or(Spanned::new(0.85)),
         max_concurrent: int_of(r, "max_concurrent").map(|(v, s)| spanned(v, s)),
-        // Read when an engine schema declares it (std's `sglang` does not yet: docs/plan.md).
+        // A planning assumption the recipe states on its engine (std/prelude `sglang`).
         prefix_cache_hit: f64_of(r, "prefix_cache_hit").map(|v| spanned(v, field_span(r, "prefix_cache_hit"))),
         prompt_len,
         response_len,

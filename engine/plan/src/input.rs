@@ -140,6 +140,10 @@ pub struct Episodes {
     /// (`None`: the episode ends when its context is full).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub compact_keep_turns: Option<u64>,
+    /// `env_reward.mean_turns`: the turns an episode is expected to play, a planning assumption
+    /// for time only (memory stays sized for the longest episode); `None`: every turn that fits.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mean_turns: Option<Spanned<f64>>,
 }
 
 impl Episodes {
@@ -889,6 +893,16 @@ pub struct Assumptions {
     /// same 20 steps: rollout + train medians 24.7 + 134.6 ms against the model's FLOP and op
     /// terms (51.9 ms) leave 107 ms for 249 MB written: 2.3 GB/s.
     pub embedded_bytes_per_s: f64,
+    /// `generate.mean_prompt_tokens`: the recipe's expected prompt length, tokens. A planning
+    /// assumption the recipe states, for time only: prefill and trained tokens are priced at it,
+    /// memory (KV cache, activations, buffer) stays sized for max_prompt_tokens. `None`: the
+    /// bound (docs/plan.md, "Expected lengths").
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mean_prompt_tokens: Option<f64>,
+    /// `generate.mean_response_tokens`: the expected response length (per turn in an episode),
+    /// tokens; like `mean_prompt_tokens`, time only. `None`: max_new_tokens.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mean_response_tokens: Option<f64>,
 }
 
 impl Default for Assumptions {
@@ -913,6 +927,8 @@ impl Default for Assumptions {
             embedded_flops_per_s: EMBEDDED_FLOPS_PER_S,
             embedded_kernel_s: EMBEDDED_KERNEL_S,
             embedded_bytes_per_s: EMBEDDED_BYTES_PER_S,
+            mean_prompt_tokens: None,
+            mean_response_tokens: None,
         }
     }
 }

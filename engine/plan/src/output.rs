@@ -22,6 +22,11 @@ pub struct Plan {
     pub step: Option<StepReport>,
     pub batch: Option<BatchReport>,
     pub episodes: Option<EpisodeReport>,
+    /// The lengths time estimates price a sample at, beside the bounds memory is sized for
+    /// (docs/plan.md, "Expected lengths"); `miles report` sets them against a run's. Absent
+    /// without a rollout.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lengths: Option<LengthReport>,
     pub buffer: Option<BufferReport>,
     /// Colocated placement: whether both actors fit at once, else the priced eviction.
     pub colocation: Option<ColocationReport>,
@@ -339,6 +344,32 @@ pub struct EpisodeReport {
     pub prefill_retokenize: u64,
     /// Compactions in the longest episode (each starts a new TITO chain, prefilled whole).
     pub compactions: u64,
+}
+
+/// Per sample: the bounds (max_prompt_tokens, max_new_tokens per turn, the turns that fit) and
+/// the lengths the time estimates use: the recipe's means where it states them, else the bounds.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct LengthReport {
+    pub max_prompt_tokens: f64,
+    pub max_response_tokens: f64,
+    pub prompt_tokens: f64,
+    /// Per turn in an episode.
+    pub response_tokens: f64,
+    /// Whether the recipe stated the figure (`mean_prompt_tokens`, ...), else it is the bound.
+    pub prompt_stated: bool,
+    pub response_stated: bool,
+    /// Episodes only: the turns that fit and the turns time is priced at.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_turns: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub turns: Option<f64>,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub turns_stated: bool,
+    /// Tokens of a trained sequence at these lengths and at most (the first RL trainer's).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sequence_tokens: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_sequence_tokens: Option<u64>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize)]

@@ -16,6 +16,7 @@ mod cpu;
 mod diffusion;
 mod episodes;
 mod layout;
+mod lengths;
 mod placement;
 mod rollout;
 mod step;
@@ -233,6 +234,8 @@ pub fn plan(input: &PlanInput) -> Plan {
         c.share_of_step = Some(crate::model::div(c.switch.seconds, st.step.seconds));
     }
     let buffer = step::plan_buffer(&cx, batch.as_ref());
+    let seq_len = input.stages.iter().filter(|s| s.role == Role::Train).find_map(|s| s.trainer.as_ref());
+    let lengths = lengths::plan_lengths(&cx).map(|l| l.report(seq_len.map(|t| t.seq_len.value)));
     // An eval stage on the rollout's engines occupies what they do.
     for (i, st) in input.stages.iter().enumerate() {
         if st.role == Role::Eval && st.gpus.is_none() {
@@ -306,6 +309,7 @@ pub fn plan(input: &PlanInput) -> Plan {
         step,
         batch,
         episodes,
+        lengths,
         buffer,
         colocation,
         diffusion,

@@ -318,6 +318,9 @@ pub fn render_sections(p: &Plan) -> String {
                 format!(" (synchronous: {})", secs(st.sync_step_s))
             }
         );
+        if let Some(l) = &p.lengths {
+            let _ = writeln!(o, "  lengths   {}", lengths_line(l));
+        }
     }
 
     if let Some(b) = &p.batch {
@@ -503,6 +506,44 @@ fn diffusion_text(o: &mut String, d: &DiffusionReport, st: Option<&StepReport>) 
                 let _ = writeln!(o, "  - {name}: {a}");
             }
         }
+    }
+}
+
+/// The lengths the step's time is priced at: the recipe's means (a planning assumption, time
+/// only) or the bounds, which memory is always sized for.
+fn lengths_line(l: &LengthReport) -> String {
+    let fig = |x: f64| if x.fract() == 0.0 { format!("{x:.0}") } else { format!("{x:.1}") };
+    let one = |name: &str, v: f64, max: f64, stated: bool, unit: &str, field: &str| {
+        if stated {
+            format!("{name} {} of {}{unit} ({field})", fig(v), fig(max))
+        } else {
+            format!("{name} {}{unit}", fig(max))
+        }
+    };
+    let mut parts = vec![
+        one("prompt", l.prompt_tokens, l.max_prompt_tokens, l.prompt_stated, " tokens", "mean_prompt_tokens"),
+        one(
+            if l.turns.is_some() { "response per turn" } else { "response" },
+            l.response_tokens,
+            l.max_response_tokens,
+            l.response_stated,
+            " tokens",
+            "mean_response_tokens",
+        ),
+    ];
+    if let (Some(t), Some(max)) = (l.turns, l.max_turns) {
+        parts.push(one("turns", t, max, l.turns_stated, "", "mean_turns"));
+    }
+    let stated = l.prompt_stated || l.response_stated || l.turns_stated;
+    let fields = if l.turns.is_some() {
+        "generate's mean_response_tokens, mean_prompt_tokens, env_reward's mean_turns"
+    } else {
+        "generate's mean_response_tokens, mean_prompt_tokens"
+    };
+    if stated {
+        format!("{}: time at the recipe's expected lengths, memory at the bounds", parts.join(", "))
+    } else {
+        format!("{}: upper bounds (a recipe may state expected ones: {fields})", parts.join(", "))
     }
 }
 

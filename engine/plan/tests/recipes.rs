@@ -894,3 +894,118 @@ fn opd_teacher_on_gpus_of_its_own() {
     assert!(b.teacher_s > 0.0 && b.teacher_stage_s == 0.0);
     assert!(beside.memory.iter().all(|m| m.stage != "teacher"));
 }
+
+/// A recipe's expected lengths (docs/plan.md, "Expected lengths"): a planning assumption for
+/// time only. Each `(generate field, value)` is inserted into `src`'s rollout stage.
+fn with_means(src: &str, generate: &str, env: &str) -> String {
+    let src =
+        src.replacen("        samples_per_prompt = 8\n", &format!("        samples_per_prompt = 8\n{generate}"), 1);
+    src.replacen("env = calculator {}", &format!("env = calculator {{}}\n{env}"), 1)
+}
+
+fn memory_totals(p: &Plan) -> Vec<(String, u64)> {
+    p.memory.iter().map(|m| (m.stage.clone(), m.total)).collect()
+}
+
+fn names_a_mean(e: &Estimate, field: &str) -> bool {
+    e.assumptions.iter().any(|a| a.contains(field))
+}
+
+#[test]
+fn expected_lengths_lower_cpu_time_not_memory() {
+    let src = laptop_recipe("", "grpo(rollout, reward) { rollout_batch = 32, global_batch = 256, micro_batch = 256 }");
+    let bound = planned(&src);
+    let means = "        mean_response_tokens = 3.tokens\n        mean_prompt_tokens = 5.tokens\n";
+    let short = planned(&with_means(&src, means, ""));
+    assert!(codes(&short).is_empty(), "{:?}", short.diagnostics);
+    let (b, s) = (bound.step.as_ref().expect("step"), short.step.as_ref().expect("step"));
+    // Time falls: fewer prefill tokens and decode steps, shorter trained sequences ...
+    assert!(s.rollout_s < 0.8 * b.rollout_s, "{} vs {}", s.rollout_s, b.rollout_s);
+    assert!(s.train_s < 0.8 * b.train_s, "{} vs {}", s.train_s, b.train_s);
+    // ... and each term that used a mean names it.
+    assert!(names_a_mean(&s.train_step, "mean_response_tokens"), "{:?}", s.train_step.assumptions);
+    assert!(s.step.assumptions.iter().any(|a| a.starts_with("rollout: ") && a.contains("mean_prompt_tokens")));
+    assert!(!names_a_mean(&b.train_step, "mean_"), "{:?}", b.train_step.assumptions);
+    // Memory stays at the bounds: every row, and the buffer.
+    assert_eq!(memory_totals(&short), memory_totals(&bound));
+    assert_eq!(short.buffer, bound.buffer);
+    let l = short.lengths.as_ref().expect("lengths");
+    assert_eq!((l.prompt_tokens, l.max_prompt_tokens, l.response_tokens, l.max_response_tokens), (5.0, 8.0, 3.0, 8.0));
+    assert_eq!((l.sequence_tokens, l.max_sequence_tokens), (Some(8.0), Some(16)));
+    assert!(render_text(&short).contains("lengths   prompt 5 of 8 tokens (mean_prompt_tokens), response 3 of 8 tokens"));
+    let l = bound.lengths.as_ref().expect("lengths");
+    assert!(!l.prompt_stated && !l.response_stated && l.sequence_tokens == Some(16.0));
+    // A mean at the bound plans as no mean at all, but for the note naming it.
+    let at_bound = planned(&with_means(&src, "        mean_response_tokens = 8.tokens\n", ""));
+    let a = at_bound.step.as_ref().expect("step");
+    assert!((a.rollout_s - b.rollout_s).abs() < 1e-12 && (a.train_s - b.train_s).abs() < 1e-12);
+}
+
+#[test]
+fn mean_turns_play_fewer_later_turns_at_the_same_memory() {
+    let src = r#"
+import std/tasks/arith
+model policy = transformer { layers = 2, d_model = 64, heads = 4, kv_heads = 2, d_ff = 192, vocab = 64, max_len = 64 }
+cluster laptop = local { cpus = 2 }
+recipe r on laptop {
+    warmup = sft(policy) { data = arith.multiplication { digits = 2 }, steps = 10.steps }
+    rollout = generate(warmup) {
+        prompts = arith.multiplication { digits = 2 }
+        samples_per_prompt = 8
+        max_prompt_tokens = 8.tokens
+        max_new_tokens = 28.tokens
+        session = tito { rule = linear }
+    }
+    reward = env_reward(rollout) { env = calculator {}, max_turns = 3 }
+    train = grpo(rollout, reward) { rollout_batch = 16, global_batch = 128, micro_batch = 128 }
+    sync = weights(train -> rollout) { transport = local }
+}
+"#;
+    let bound = planned(src);
+    let short = planned(&with_means(src, "", "        mean_turns = 1.5"));
+    let (b, s) = (bound.step.as_ref().expect("step"), short.step.as_ref().expect("step"));
+    assert!(s.rollout_s < 0.9 * b.rollout_s && s.train_s < b.train_s, "{s:?} vs {b:?}");
+    assert!(names_a_mean(&s.train_step, "mean_turns"), "{:?}", s.train_step.assumptions);
+    assert_eq!(memory_totals(&short), memory_totals(&bound));
+    assert_eq!(short.episodes, bound.episodes);
+    // Two turns fit the 64-token context: 8 + 28 + 21 + 28 > 64. Trained: 8 + 1.5 x 28 + 0.5 x 21.
+    let l = short.lengths.as_ref().expect("lengths");
+    assert_eq!((l.turns, l.max_turns, l.turns_stated), (Some(1.5), Some(2.0), true));
+    assert_eq!(l.sequence_tokens, Some(8.0 + 1.5 * 28.0 + 0.5 * 21.0));
+    // Expected turns above those that fit are taken at the bound.
+    let over = planned(&with_means(src, "", "        mean_turns = 3"));
+    assert_eq!(over.lengths.as_ref().and_then(|l| l.turns), Some(2.0));
+}
+
+#[test]
+fn expected_lengths_on_gpus_price_throughput_and_training_not_the_kv_cache() {
+    let src = qwen3_4b(32, ENGINE, FSDP);
+    let means = "        mean_response_tokens = 2048.tokens\n        mean_prompt_tokens = 256.tokens\n";
+    let (bound, short) = (planned(&src), planned(&with_means(&src, means, "")));
+    let (b, s) = (bound.step.as_ref().expect("step"), short.step.as_ref().expect("step"));
+    // The trainer's tokens fall ~4x; memory and the KV cache's sequences do not move.
+    assert!(s.train_s < 0.35 * b.train_s, "{} vs {}", s.train_s, b.train_s);
+    assert_eq!(memory_totals(&short), memory_totals(&bound));
+    let (rb, rs) = (&bound.rollouts[0], &short.rollouts[0]);
+    assert_eq!((rs.sequences_per_engine, rs.kv_bytes_per_gpu), (rb.sequences_per_engine, rb.kv_bytes_per_gpu));
+    // Under sync one wave still waits for its slowest sample (the bound): the rollout is no
+    // longer, and names the means.
+    let (tb, ts) = (rb.rollout_time.as_ref().expect("time"), rs.rollout_time.as_ref().expect("time"));
+    assert!(ts.seconds <= tb.seconds && names_a_mean(ts, "mean_response_tokens"), "{ts:?}");
+    // fully_async refills a slot per sample: throughput alone, so the mean shortens it.
+    let split = qwen3_4b(32, "sglang { gpus = 4, tp = 1, max_concurrent = 128 }", "backend = fsdp { gpus = 4 }")
+        .replace("transport = local", "transport = broadcast")
+        .replace("    placement = colocated\n", "    schedule = fully_async { max_concurrent = 256 }\n");
+    let (ab, as_) = (planned(&split), planned(&with_means(&split, means, "")));
+    let t = |p: &Plan| p.rollouts[0].rollout_time.as_ref().map_or(0.0, |e| e.seconds);
+    assert!(t(&as_) < 0.5 * t(&ab), "{} vs {}", t(&as_), t(&ab));
+}
+
+#[test]
+fn expected_lengths_must_lie_within_their_bounds() {
+    let src = laptop_recipe("", "grpo(rollout, reward) { rollout_batch = 32, global_batch = 256 }");
+    let msgs = check_messages(&with_means(&src, "        mean_response_tokens = 9.tokens\n", ""));
+    assert!(msgs.iter().any(|m| m.contains("expected response length must be between")), "{msgs:?}");
+    let msgs = check_messages(&with_means(&src, "        mean_prompt_tokens = 0.tokens\n", ""));
+    assert!(msgs.iter().any(|m| m.contains("expected prompt length must be between")), "{msgs:?}");
+}

@@ -151,9 +151,12 @@ pub(super) fn train_step(
     critic: bool,
     kl_reference: bool,
     entropy_in_loss: bool,
+    lengths: Option<&super::lengths::Lengths>,
 ) -> (Estimate, f64, f64) {
     let r = rate(a);
-    let seq = t.seq_len.value as f64;
+    // Priced at the expected sequence (a micro-batch pads to its longest, so this is low when
+    // lengths vary much); memory stays at seq_len (`train_mem`).
+    let seq = lengths.map_or(t.seq_len.value as f64, |l| l.sequence(t.seq_len.value));
     let micro = t.micro_batch.value.max(1);
     let global = global.unwrap_or(micro);
     let micros = global.div_ceil(micro) as f64;
@@ -207,7 +210,11 @@ pub(super) fn train_step(
             "{} micro-batch(es) of {} x seq {}: forward with loss + backward (2x its FLOPs, ops and bytes){}{}",
             micros,
             micro,
-            t.seq_len.value,
+            if seq == t.seq_len.value as f64 {
+                t.seq_len.value.to_string()
+            } else {
+                format!("{seq:.1} expected (memory at {})", t.seq_len.value)
+            },
             if steps_per_rollout > 1 { " + the old log-probs' forward" } else { "" },
             if kl_reference { " + the KL reference's forward" } else { "" }
         ),
@@ -230,14 +237,22 @@ pub(super) fn train_step(
             "LoRA: adapters' thin matmuls and ops added; the frozen base's weight gradients still counted".into(),
         );
     }
+    super::lengths::note_into(lengths, &mut notes);
     (Estimate { seconds, assumptions: notes }, critic_s, teacher_s)
 }
 
 /// Generating one rollout batch in the embedded engine: each prompt prefilled once, then one
-/// forward over every sample per decode step (the cache repeated for the n samples), every
-/// response at full length. An episode's later turns prefill their whole context again (the
-/// embedded engine keeps no prefix cache across calls). Sampling in Rust and built-in
-/// verifiers' rewards are not counted (~0).
+/// forward over every sample per decode step (the cache repeated for the n samples). An episode
+/// plays one `generate` call per turn over the episodes still going, and its later turns prefill
+/// their whole context again (the embedded engine keeps no prefix cache across calls). Sampling
+/// in Rust and built-in verifiers' rewards are not counted (~0).
+///
+/// Expected lengths (`Lengths`): prompts and contexts are priced at the recipe's means, and an
+/// episode's later calls hold only the episodes expected to get there (mean_turns). A call runs
+/// until its slowest row stops, a stopped row still computed (engine/tch generate.rs), so its
+/// decode steps are its longest response's: the plan takes the stated mean response for it
+/// (else max_new_tokens), which is right when a batch's answers end together (a trained format,
+/// bench/RESULTS.md "Expected lengths in the plan") and low when one runs to max_new_tokens.
 pub(super) fn rollout(
     cx: &super::Ctx,
     m: &ModelSpec,
@@ -247,15 +262,21 @@ pub(super) fn rollout(
     let input = cx.input;
     let e = input.stages.iter().filter(|s| s.role == Role::Rollout).find_map(|s| s.engine.as_ref())?;
     let r = rate(&input.assumptions);
+    let lengths = super::lengths::plan_lengths(cx);
     let (prompts, samples) = (b.rollout_batch as f64, b.samples_per_rollout as f64);
-    let p = e.prompt_len.value as f64;
+    // The prompt block pads to the batch's longest prompt; priced at the expected one.
+    let p = lengths.as_ref().map_or(e.prompt_len.value as f64, |l| l.prompt);
     let episode = super::episodes::plan_episodes(cx);
-    let (turns, per_turn, later_prefill) = match &episode {
-        Some(ep) => {
+    // Calls (turns of the longest episode), decode tokens per call, tokens prefilled again by the
+    // later calls per episode that plays them all, and the share of episodes in a later call.
+    let (turns, per_turn, later_prefill, later_share) = match (&episode, lengths.as_ref()) {
+        (Some(ep), l) => {
             let turns = div(ep.sampled_tokens as f64, ep.turn_tokens.max(1) as f64).max(1.0);
-            (turns, ep.turn_tokens as f64, ep.prefill_retokenize.saturating_sub(ep.prompt_tokens) as f64)
+            let (share, ratio) = l.map_or((1.0, 1.0), |l| l.later_turns(turns));
+            let later = ep.prefill_retokenize.saturating_sub(ep.prompt_tokens) as f64 * ratio;
+            (turns, ep.turn_tokens as f64, later, share)
         }
-        None => (1.0, e.response_len.value as f64, 0.0),
+        (None, _) => (1.0, e.response_len.value as f64, 0.0, 1.0),
     };
     let pass = |rows: f64, tokens: f64, keys: f64, decode: bool| Pass {
         rows,
@@ -268,36 +289,54 @@ pub(super) fn rollout(
         entropy_in_loss: false,
     };
     let mut work = forward(m, &pass(prompts, p, p, false));
+    let later_rows = samples * later_share;
     if later_prefill > 0.0 && turns > 1.0 {
-        // Later turns: every sample's context so far, in (turns - 1) calls.
+        // Later turns: every playing episode's context so far, in (turns - 1) calls.
         let per_call = later_prefill / (turns - 1.0);
-        work = work + forward(m, &pass(samples, per_call, per_call, false)).scale(turns - 1.0);
+        work = work + forward(m, &pass(later_rows, per_call, per_call, false)).scale(turns - 1.0);
     }
-    // The first token comes from the prefill; each later one needs a decode step.
-    let steps = (per_turn - 1.0).max(0.0);
-    let context = p + later_prefill / turns.max(1.0) + per_turn / 2.0;
-    work = work + forward(m, &pass(samples, 1.0, context, true)).scale(steps * turns);
+    // The first token comes from the prefill; each later one needs a decode step, up to the
+    // call's longest response, taken at the expected one.
+    let response = lengths.as_ref().map_or(per_turn, |l| l.response);
+    let steps = (response - 1.0).max(0.0);
+    let context = p + later_prefill / turns.max(1.0) + response / 2.0;
+    work = work + forward(m, &pass(samples, 1.0, context, true)).scale(steps);
+    if turns > 1.0 {
+        work = work + forward(m, &pass(later_rows, 1.0, context, true)).scale(steps * (turns - 1.0));
+    }
     let seconds = cpu_seconds(&work, &r);
-    Some(Estimate {
-        seconds,
-        assumptions: vec![
-            format!(
-                "embedded engine: {} prompts prefilled ({} tokens), {} samples x {} decode steps of one token{}",
-                b.rollout_batch,
-                e.prompt_len.value,
-                b.samples_per_rollout,
-                steps,
-                if turns > 1.0 { format!(" per turn, {} turns (each later turn's context prefilled again)", turns) } else { String::new() }
-            ),
-            format!(
-                "{:.3e} matmul FLOPs, {:.0} ops, {:.1} MB written; every response full length; sampling and built-in rewards not counted",
-                work.flops,
-                work.kernels,
-                work.bytes / 1e6
-            ),
-            rate_note(&r),
-        ],
-    })
+    let mut assumptions = vec![
+        format!(
+            "embedded engine: {} prompts prefilled ({} tokens), {} samples x {} decode steps of one token{}",
+            b.rollout_batch,
+            if lengths.as_ref().is_some_and(|l| l.prompt_stated) { format!("{p:.1} expected") } else { e.prompt_len.value.to_string() },
+            b.samples_per_rollout,
+            if lengths.as_ref().is_some_and(|l| l.response_stated) { format!("{steps:.1} expected") } else { steps.to_string() },
+            if turns > 1.0 {
+                format!(
+                    " per turn, {} turns (each later turn's context prefilled again{})",
+                    turns,
+                    if later_share < 1.0 { format!("; {:.0}% of the episodes play each later turn", later_share * 100.0) } else { String::new() }
+                )
+            } else {
+                String::new()
+            }
+        ),
+        format!(
+            "{:.3e} matmul FLOPs, {:.0} ops, {:.1} MB written; a call decodes until its slowest sample stops (stopped rows still computed), {}; sampling and built-in rewards not counted",
+            work.flops,
+            work.kernels,
+            work.bytes / 1e6,
+            if lengths.as_ref().is_some_and(|l| l.response_stated) {
+                "taken at the expected response (low if one runs to max_new_tokens)"
+            } else {
+                "every response full length"
+            }
+        ),
+        rate_note(&r),
+    ];
+    super::lengths::note_into(lengths.as_ref(), &mut assumptions);
+    Some(Estimate { seconds, assumptions })
 }
 
 /// The local handoff in the embedded process: each tensor of the update (the weights, or the

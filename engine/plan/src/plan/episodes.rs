@@ -74,6 +74,7 @@ mod tests {
             prompt_tokens: 8,
             turn_tokens: 28,
             compact_keep_turns: None,
+            mean_turns: None,
         };
         let a = Assumptions::default();
         // 8 + 3 x 28 + 2 x 21 = 134, capped by a 64-token model.
@@ -98,6 +99,7 @@ mod tests {
             prompt_tokens: 8,
             turn_tokens: 10,
             compact_keep_turns: Some(1),
+            mean_turns: None,
         };
         let a = Assumptions::default();
         // Contexts 8, 28, then 48 >= 40: compacted to 8 + 1 x 20 = 28, then 48 again: 28.

@@ -156,7 +156,14 @@ pub(super) fn plan_engine(
     // Throughput: decode at the batch the KV cache allows (or the recipe asks for, if smaller).
     let decode_batch = demand.map_or(sequences, |d| d.min(sequences));
     let split = model::param_split(m);
-    let ctx_avg = e.prompt_len.value as f64 + e.response_len.value as f64 / 2.0;
+    // Time at the expected lengths when the recipe states them (the KV cache above is sized for
+    // the bounds): the average context of a decoding sequence.
+    let lengths = super::lengths::plan_lengths(cx);
+    let seq_max = e.prompt_len.value.saturating_add(e.response_len.value);
+    let ctx_avg = match lengths.as_ref().filter(|l| l.stated()) {
+        Some(l) => l.prompt + (l.sequence(seq_max) - l.prompt) / 2.0,
+        None => e.prompt_len.value as f64 + e.response_len.value as f64 / 2.0,
+    };
     // Sparse attention reads the latent of its top-k tokens, and every indexer key to pick them.
     let attended = m.sparse_topk.map_or(ctx_avg, |k| ctx_avg.min(k as f64));
     let kv_read_per_sequence = attended * latent_per_token + ctx_avg * indexer_per_token;
@@ -208,15 +215,37 @@ pub(super) fn plan_engine(
     // request carries (a turn's prompt is the whole context so far); else each context is
     // prefilled once.
     let hit = e.prefix_cache_hit.map(|h| h.value.clamp(0.0, 1.0));
-    let (decoded, prefilled) = match (&episode, hit) {
-        (Some(ep), Some(h)) => (ep.sampled_tokens, ((1.0 - h) * ep.prefill_retokenize as f64).round() as u64),
-        (Some(ep), None) => (ep.sampled_tokens, ep.prefill_tito),
-        (None, Some(h)) => (e.response_len.value, ((1.0 - h) * e.prompt_len.value as f64).round() as u64),
-        (None, None) => (e.response_len.value, e.prompt_len.value),
+    // Prefill at the expected lengths: the prompt, and an episode's later turns for the share of
+    // episodes expected to play them, at the expected contexts (`Lengths::later_turns`).
+    let (p_exp, p_max) = lengths.as_ref().map_or((1.0, 1.0), |l| (l.prompt, l.max_prompt));
+    let p_ratio = if lengths.as_ref().is_some_and(|l| l.stated()) { model::div(p_exp, p_max) } else { 1.0 };
+    let prefill_of = |total: u64, prompt: u64, turns: f64| {
+        let (share, ratio) = lengths.as_ref().map_or((1.0, 1.0), |l| l.later_turns(turns));
+        prompt as f64 * p_ratio + total.saturating_sub(prompt) as f64 * share * ratio
     };
+    let (decoded, prefilled) = match (&episode, hit) {
+        (Some(ep), h) => {
+            let turns = model::div(ep.sampled_tokens as f64, ep.turn_tokens.max(1) as f64).max(1.0);
+            let prefilled = match h {
+                Some(h) => (1.0 - h) * prefill_of(ep.prefill_retokenize, ep.prompt_tokens, turns),
+                // With TITO a later turn prefills its observation alone: the share of episodes.
+                None => {
+                    let share = lengths.as_ref().map_or(1.0, |l| l.later_turns(turns).0);
+                    ep.prompt_tokens as f64 * p_ratio + ep.prefill_tito.saturating_sub(ep.prompt_tokens) as f64 * share
+                }
+            };
+            (ep.sampled_tokens, prefilled.round() as u64)
+        }
+        (None, Some(h)) => (e.response_len.value, ((1.0 - h) * e.prompt_len.value as f64 * p_ratio).round() as u64),
+        (None, None) => (e.response_len.value, (e.prompt_len.value as f64 * p_ratio).round() as u64),
+    };
+    // Tokens decoded per sample at the expected lengths (the bound, `decoded`, still sets how long
+    // a wave waits for its slowest sample).
+    let sampled_ratio = lengths.as_ref().filter(|l| l.stated()).map_or(1.0, super::lengths::Lengths::sampled_ratio);
+    let decoded_mean = decoded as f64 * sampled_ratio;
     let rollout_time = batch.filter(|_| decode_batch > 0).map(|b| {
         let samples = b.samples_per_rollout as f64;
-        let gen = samples * decoded as f64;
+        let gen = samples * decoded_mean;
         let prefill = div(
             samples * prefilled as f64 * 2.0 * m.active_params as f64,
             gpus as f64 * peak_flops(g, p) * a.train_mfu,
@@ -226,14 +255,15 @@ pub(super) fn plan_engine(
         // slot as soon as a sample ends, so only throughput bounds it.
         let refilled = cx.input.schedule.mode.value == ScheduleMode::FullyAsync;
         let latency = if refilled { 0.0 } else { waves * decoded as f64 * step_s };
+        let expected = if sampled_ratio < 1.0 { format!(", {decoded_mean:.0} expected") } else { String::new() };
         let what = match &episode {
             Some(ep) => format!(
-                "{} episodes x {} sampled tokens ({} turns of {}); environment time not counted",
+                "{} episodes x {} sampled tokens ({} turns of {}{expected}); environment time not counted",
                 b.samples_per_rollout, decoded, ep.max_turns, ep.turn_tokens
             ),
-            None => format!("{} samples x {} response tokens", b.samples_per_rollout, decoded),
+            None => format!("{} samples x {} response tokens{expected}", b.samples_per_rollout, decoded),
         };
-        Estimate {
+        let mut est = Estimate {
             seconds: div(gen, fleet_tps).max(latency) + prefill,
             assumptions: vec![
                 what,
@@ -246,14 +276,21 @@ pub(super) fn plan_engine(
                     format!("at least {} wave(s) of {} decode steps of {:.1} ms", waves, decoded, step_s * 1e3)
                 },
                 format!(
-                    "prefill {} tokens per sample{} in {:.1} s at MFU {:.0}%; every response assumed full length",
+                    "prefill {} tokens per sample{} in {:.1} s at MFU {:.0}%; {}",
                     crate::units::count(prefilled),
                     hit.map_or(String::new(), |h| format!(" ({:.0}% prefix-cache hits)", h * 100.0)),
                     prefill,
-                    a.train_mfu * 100.0
+                    a.train_mfu * 100.0,
+                    if sampled_ratio < 1.0 || p_ratio < 1.0 {
+                        "throughput at the expected lengths, a wave's wait at the longest response"
+                    } else {
+                        "every response assumed full length"
+                    }
                 ),
             ],
-        }
+        };
+        super::lengths::note_into(lengths.as_ref(), &mut est.assumptions);
+        est
     });
     Some(RolloutReport {
         stage: st.name.clone(),

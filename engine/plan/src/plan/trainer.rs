@@ -546,8 +546,10 @@ pub(super) fn plan_trainer(
         lora: lora.clone(),
     });
 
-    // Step time from FLOPs and MFU.
-    let seq = t.seq_len.value as f64;
+    // Step time from FLOPs and MFU, at the expected sequence of an RL trainer's rollout when the
+    // recipe states its lengths (memory above stays at seq_len).
+    let lengths = if st.role == Role::Train { super::lengths::plan_lengths(cx) } else { None };
+    let seq = lengths.as_ref().map_or(t.seq_len.value as f64, |l| l.sequence(t.seq_len.value));
     let flops_tok = time::train_flops_per_token(
         m.active_params as f64,
         m.layers as f64,
@@ -579,10 +581,18 @@ pub(super) fn plan_trainer(
         time::teacher_flops_per_token(tm.active_params as f64, tm.layers as f64, seq, (tm.heads * tm.head_dim) as f64)
     });
     let teacher_s = div(tokens * teacher_tok, gpus as f64 * peak * a.train_mfu);
-    let gpu_step = Estimate {
+    let mut gpu_step = Estimate {
         seconds: step_s + critic_s + teacher_s,
         assumptions: vec![
-            format!("{:.3e} tokens per optimizer step (global batch x seq {})", tokens, t.seq_len.value),
+            format!(
+                "{:.3e} tokens per optimizer step (global batch x seq {})",
+                tokens,
+                if seq == t.seq_len.value as f64 {
+                    t.seq_len.value.to_string()
+                } else {
+                    format!("{seq:.1} expected; memory at {}", t.seq_len.value)
+                }
+            ),
             format!(
                 "{:.3e} FLOPs per token: 6 x active + 2 x active (old log-probs){} + attention",
                 flops_tok,
@@ -617,6 +627,7 @@ pub(super) fn plan_trainer(
         }))
         .collect(),
     };
+    super::lengths::note_into(lengths.as_ref(), &mut gpu_step.assumptions);
     // The embedded backend on a CPU-only host: its own step-time model (docs/plan.md, "Step time
     // on a CPU host"), rollout and local handoff included.
     let cpu_host = cx.input.cluster.host.as_ref().filter(|_| host.is_some());
@@ -632,6 +643,7 @@ pub(super) fn plan_trainer(
                 critic,
                 cx.input.placement.embedded.kl_reference,
                 h.entropy_in_loss,
+                lengths.as_ref(),
             );
             let rollout = batch.and_then(|b| super::cpu::rollout(cx, m, b, t.lora.as_ref()));
             let bytes = lora.as_ref().map_or(m.params as f64 * l.precision.bytes(), |lo| lo.sync_bytes as f64);
