@@ -1,7 +1,7 @@
 //! Plan versus actual, through the built binaries: `miles run` saves the recipe's plan as
 //! OUT/plan.json before the engine starts, the engine records its peak RSS, and `miles report`
-//! sets the two side by side. Memory is held to a ratio; no timing thresholds here (the machine
-//! is noisy); bench/RESULTS.md has the measured ratios.
+//! sets the two side by side. Memory and the median step are held to ratios, the step's loosely
+//! (the machine is noisy and may be loaded); bench/RESULTS.md has the measured ratios.
 
 mod common;
 
@@ -18,7 +18,7 @@ fn ratio(report: &str, row: &str) -> Option<f64> {
 fn a_run_saves_its_plan_and_the_report_compares_it() {
     let d = temp_dir("plan-vs-actual");
     let recipe = d.join("tiny.miles");
-    std::fs::write(&recipe, common::tiny::tiny_recipe("transport = local", 2, &[])).unwrap();
+    std::fs::write(&recipe, common::tiny::tiny_recipe("transport = local", 10, &[])).unwrap();
     let run_dir = d.join("run");
     let o = miles(&[
         "run",
@@ -53,11 +53,12 @@ fn a_run_saves_its_plan_and_the_report_compares_it() {
     // peak RSS within x1.5 of the plan (bench/RESULTS.md: x1.01 on this recipe; memory does not
     // depend on the machine's load, the margin is for another libtorch build's base).
     assert!(mem > 1.0 / 1.5 && mem < 1.5, "measured/plan memory {mem}: {t}");
-    // Where the plan prices the step, its ratio is finite too.
-    if plan["step"].is_object() {
-        let step = ratio(&t, "step ").unwrap_or_else(|| panic!("no step ratio: {t}"));
-        assert!(step.is_finite() && step > 0.0, "{t}");
-    }
+    // The CPU plan prices the step (docs/plan.md, "Step time on a CPU host"): the median of 10
+    // steps within x1.5 on a quiet machine (x1.03 measured on this recipe, debug build); the
+    // bound allows a machine loaded 3x over, or a faster one.
+    assert!(plan["step"].is_object(), "{plan}");
+    let step = ratio(&t, "step ").unwrap_or_else(|| panic!("no step ratio: {t}"));
+    assert!(step > 1.0 / 3.0 && step < 4.5, "measured/plan step {step}: {t}");
 
     // A corrupt plan.json is named, and the rest of the report is still made.
     std::fs::write(run_dir.join("plan.json"), "{\"format_version\": 2, \"mem").unwrap();
