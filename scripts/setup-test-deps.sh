@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what the test suite drives for real: Chromium (the plan's HTML page is rendered
-# headless), Neovim (a scripted language-server session), a single-node Slurm (launcher
-# tests). Skips what is present, so a second run is a no-op. Needs root (CI and the developers' machines run as root).
+# headless), Neovim (a scripted language-server session), a single-node Slurm and a Ray head
+# (launcher tests). Skips what is present, so a second run is a no-op. Needs root (CI and the developers' machines run as root).
 set -euo pipefail
 
 need=()
@@ -23,6 +23,12 @@ fi
 # the tests skip with a printed reason when it is absent).
 if [[ $(id -u) -eq 0 ]]; then
     bash "$(dirname "${BASH_SOURCE[0]}")/start-test-slurm.sh" || echo "setup-test-deps: no test Slurm; tests/slurm.rs will skip" >&2
+fi
+
+# A single-node Ray head on 127.0.0.1 (ray[default] in its own virtual environment), for
+# tests/ray.rs (idempotent; the test skips with a printed reason when it is absent).
+if command -v python3 >/dev/null 2>&1; then
+    bash "$(dirname "${BASH_SOURCE[0]}")/start-test-ray.sh" || echo "setup-test-deps: no test Ray; tests/ray.rs will skip" >&2
 fi
 
 # openenv-core in its own virtual environment, for engine/runtime/tests/openenv.rs (a real OpenEnv
