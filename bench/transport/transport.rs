@@ -1,7 +1,10 @@
 //! Weight-update time and GB/s per transport at 10 MB, 100 MB and 1 GB with 1, 2 and 4 rollout
-//! processes, against this machine's memcpy bandwidth measured in the same run.
+//! processes, against references of the same size measured in the same run: single-thread memcpy
+//! (for shared memory), a plain loopback TCP copy between two threads (for broadcast/p2p over
+//! TCP) and a plain file write + fsync in the same directory as the deltas (for disk-delta).
 //!
-//!   CARGO_TARGET_DIR=/work/target-f cargo bench -p miles-workers --bench transport [-- --quick]
+//!   cargo bench -p miles-workers --bench transport [-- --quick] [--sizes 1GB,100MB] [--engines 1,2]
+//!      [--only broadcast/shm]
 //!
 //! Receivers are separate processes (this binary re-run with MILES_BENCH_RECEIVER set), each
 //! with a real `Receiver` (broadcast, p2p) or `DeltaReceiver` (disk-delta). One update = publish
@@ -128,6 +131,64 @@ fn memcpy_gbps(bytes: usize) -> f64 {
     bytes as f64 / median(t) / 1e9
 }
 
+/// A plain socket copy of `bytes` between two threads over loopback: one `write_all` of a
+/// preallocated buffer, one `read_exact` into another; median of 5.
+fn loopback_tcp_gbps(bytes: usize) -> f64 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    let reader = std::thread::spawn(move || {
+        let (mut s, _) = l.accept().unwrap();
+        let mut dst = vec![0u8; bytes];
+        dst.fill(1); // fault the pages in first
+        let mut ack = [0u8; 1];
+        for _ in 0..6 {
+            std::io::Read::read_exact(&mut s, &mut dst).unwrap();
+            s.write_all(&ack).unwrap();
+            ack[0] = ack[0].wrapping_add(dst[bytes / 2]);
+        }
+    });
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_nodelay(true).unwrap();
+    let src = vec![7u8; bytes];
+    let mut t = Vec::new();
+    for k in 0..6 {
+        let t0 = Instant::now();
+        s.write_all(&src).unwrap();
+        let mut ack = [0u8; 1];
+        std::io::Read::read_exact(&mut s, &mut ack).unwrap();
+        if k > 0 {
+            t.push(t0.elapsed().as_secs_f64());
+        }
+    }
+    reader.join().unwrap();
+    bytes as f64 / median(t) / 1e9
+}
+
+/// A plain new file of `bytes` written from a preallocated buffer and fsynced, in `dir`; median
+/// of 3 after one warm-up.
+fn disk_gbps(bytes: usize, dir: &std::path::Path) -> f64 {
+    std::fs::create_dir_all(dir).unwrap();
+    let src = vec![3u8; bytes];
+    let mut t = Vec::new();
+    for k in 0..4 {
+        let p = dir.join(format!("ref-{k}"));
+        let t0 = Instant::now();
+        let mut f = std::fs::File::create(&p).unwrap();
+        f.write_all(&src).unwrap();
+        f.sync_all().unwrap();
+        drop(f);
+        if k > 0 {
+            t.push(t0.elapsed().as_secs_f64());
+        }
+        std::fs::remove_file(&p).unwrap();
+    }
+    bytes as f64 / median(t) / 1e9
+}
+
+fn arg(args: &[String], name: &str) -> Option<String> {
+    args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).cloned()
+}
+
 fn main() {
     if std::env::var("MILES_BENCH_RECEIVER").is_ok() {
         receiver_main("rx");
@@ -136,25 +197,42 @@ fn main() {
     let args: Vec<String> = std::env::args().collect();
     let quick = args.iter().any(|a| a == "--quick");
     // `--only broadcast/shm` measures one transport.
-    let only = args.iter().position(|a| a == "--only").and_then(|i| args.get(i + 1)).cloned();
-    let sizes: &[(usize, &str, usize)] = if quick {
+    let only = arg(&args, "--only");
+    let all_sizes: &[(usize, &str, usize)] = if quick {
         &[(10 << 20, "10 MB", 3)]
     } else {
-        &[(10 << 20, "10 MB", 7), (100 << 20, "100 MB", 5), (1 << 30, "1 GB", 3)]
+        &[(10 << 20, "10 MB", 7), (100 << 20, "100 MB", 5), (1 << 30, "1 GB", 5)]
     };
-    let engines: &[usize] = if quick { &[1, 2] } else { &[1, 2, 4] };
+    let size_filter = arg(&args, "--sizes");
+    let sizes: Vec<(usize, &str, usize)> = all_sizes
+        .iter()
+        .copied()
+        .filter(|(_, l, _)| size_filter.as_ref().is_none_or(|f| f.split(',').any(|x| x == l.replace(' ', ""))))
+        .collect();
+    let engines: Vec<usize> = match arg(&args, "--engines") {
+        Some(e) => e.split(',').map(|x| x.parse().expect("--engines 1,2,4")).collect(),
+        None if quick => vec![1, 2],
+        None => vec![1, 2, 4],
+    };
     let kinds: &[(&str, TransportKind, Channel)] = &[
         ("broadcast/tcp", TransportKind::Broadcast, Channel::Tcp),
         ("broadcast/shm", TransportKind::Broadcast, Channel::Shm),
         ("p2p/tcp", TransportKind::P2p, Channel::Tcp),
         ("disk_delta", TransportKind::DiskDelta, Channel::Tcp),
     ];
-    println!("memcpy (1 thread, preallocated): {:.1} GB/s at 100 MB", memcpy_gbps(100 << 20));
-    println!("| size | engines | transport | update (median) | GB/s delivered | GB/s per engine | memcpy same size |");
-    println!("|---:|---:|---|---:|---:|---:|---:|");
-    for &(bytes, label, reps) in sizes {
+    let ref_dir = std::env::temp_dir().join(format!("miles-bench-ref-{}", std::process::id()));
+    println!("load before: {}", std::fs::read_to_string("/proc/loadavg").unwrap_or_default().trim());
+    println!(
+        "| size | engines | transport | update (median) | GB/s delivered | GB/s per engine | reference | reference GB/s | ratio (per engine / reference) |"
+    );
+    println!("|---:|---:|---|---:|---:|---:|---|---:|---:|");
+    for &(bytes, label, reps) in &sizes {
+        // References of the same size, in this run.
         let mc = memcpy_gbps(bytes);
-        for &n in engines {
+        let tcp = loopback_tcp_gbps(bytes);
+        let disk = disk_gbps(bytes, &ref_dir);
+        let _ = std::fs::remove_dir_all(&ref_dir);
+        for &n in &engines {
             let mut rxs: Vec<Rx> = (0..n).map(|_| Rx::spawn()).collect();
             let targets: Vec<Target> = rxs
                 .iter()
@@ -194,16 +272,23 @@ fn main() {
                 }
                 let t = median(times);
                 let delivered = (bytes * n) as f64;
+                let (rname, r) = match (kind, channel) {
+                    (TransportKind::DiskDelta, _) => ("disk write+fsync", disk),
+                    (_, Channel::Shm) => ("memcpy", mc),
+                    _ => ("loopback TCP", tcp),
+                };
+                let per = bytes as f64 / t / 1e9;
                 println!(
-                    "| {label} | {n} | {name} | {:.1} ms | {:.2} | {:.2} | {:.1} GB/s |",
+                    "| {label} | {n} | {name} | {:.1} ms | {:.2} | {:.2} | {rname} | {r:.2} | {:.0}% |",
                     t * 1e3,
                     delivered / t / 1e9,
-                    bytes as f64 / t / 1e9,
-                    mc
+                    per,
+                    100.0 * per / r
                 );
                 let _ = std::fs::remove_dir_all(&dir);
             }
             drop(rxs);
         }
     }
+    println!("load after: {}", std::fs::read_to_string("/proc/loadavg").unwrap_or_default().trim());
 }

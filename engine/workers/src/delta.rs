@@ -14,7 +14,7 @@ use crate::wire::{self, Header, Trailer};
 use miles_runtime::{NamedTensor, WeightSnapshot};
 use serde::{Deserialize, Serialize};
 use std::fs;
-use std::io::{self, BufReader, BufWriter, Write};
+use std::io::{self, BufWriter, Write};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -37,8 +37,10 @@ pub struct Entry {
 
 pub struct DeltaPublisher {
     dir: PathBuf,
-    cfg: TransportConfig,
-    prev: Option<WeightSnapshot>,
+    /// The publisher's configuration (faults included: the tests flip a bucket through it).
+    pub cfg: TransportConfig,
+    /// The last version published, and the CRC-32 of each of its tensors.
+    prev: Option<(WeightSnapshot, Vec<u32>)>,
 }
 
 impl DeltaPublisher {
@@ -47,26 +49,38 @@ impl DeltaPublisher {
     }
 }
 
-fn write_atomic(path: &Path, fill: impl FnOnce(&mut BufWriter<fs::File>) -> io::Result<()>) -> io::Result<()> {
+/// Writes `path` through a temporary file renamed over it, so a reader never sees half a file and
+/// a failed write (a full disk) leaves the previous file as it was. `durable`: one fsync of the
+/// file after its last byte (never per bucket); the caller syncs the directory once for all the
+/// renames of a publish.
+fn write_atomic(
+    path: &Path,
+    durable: bool,
+    fill: impl FnOnce(&mut BufWriter<fs::File>) -> io::Result<()>,
+) -> io::Result<()> {
     let tmp = path.with_extension(format!("tmp-{}", std::process::id()));
     let res = (|| {
-        let mut w = BufWriter::with_capacity(1 << 20, fs::File::create(&tmp)?);
+        // A small buffer for the framing; payload chunks are larger and go straight to the file.
+        let mut w = BufWriter::with_capacity(64 << 10, fs::File::create(&tmp)?);
         fill(&mut w)?;
         w.flush()?;
-        w.get_ref().sync_all()?;
-        drop(w);
-        fs::rename(&tmp, path)?;
-        if let Some(parent) = path.parent() {
-            if let Ok(d) = fs::File::open(parent) {
-                let _ = d.sync_all();
-            }
+        let f = w.into_inner().map_err(|e| e.into_error())?;
+        if durable {
+            f.sync_all()?;
         }
-        Ok(())
+        drop(f);
+        fs::rename(&tmp, path)
     })();
     if res.is_err() {
         let _ = fs::remove_file(&tmp);
     }
     res
+}
+
+fn sync_dir(dir: &Path) {
+    if let Ok(d) = fs::File::open(dir) {
+        let _ = d.sync_all();
+    }
 }
 
 fn same_layout(a: &WeightSnapshot, b: &WeightSnapshot) -> bool {
@@ -84,17 +98,60 @@ pub fn read_index(dir: &Path) -> io::Result<Index> {
     }
 }
 
-/// Writes `snap` as a full stream (the local copy and full entries share this format).
+/// Writes `snap` as a full stream (the local copy and full entries share this format), each
+/// bucket once with its CRC and the per-tensor CRCs computed in the same pass, fsynced once.
 pub fn write_full(path: &Path, token: &str, snap: &WeightSnapshot, bucket: u64, verify_full: bool) -> io::Result<u64> {
+    let full = verify_full.then(|| wire::full_digest(&snap.tensors));
+    write_full_with(path, token, snap, bucket, full, true, wire::Faults::default())?;
+    if let Some(parent) = path.parent() {
+        sync_dir(parent);
+    }
+    Ok(snap.bytes() as u64)
+}
+
+/// Returns the number of buckets and the CRC-32 of every tensor written.
+fn write_full_with(
+    path: &Path,
+    token: &str,
+    snap: &WeightSnapshot,
+    bucket: u64,
+    full: Option<String>,
+    durable: bool,
+    faults: wire::Faults,
+) -> io::Result<(u32, Vec<u32>)> {
     let h = Header::whole(token, snap, bucket);
-    let trailer = Trailer::of(snap, 0..snap.tensors.len(), verify_full.then(|| wire::full_digest(&snap.tensors)));
-    write_atomic(path, |w| {
+    let mut out = (0, Vec::new());
+    write_atomic(path, durable, |w| {
         wire::write_header(w, &h)?;
-        let pieces: Vec<&[u8]> = snap.tensors.iter().map(|t| wire::as_bytes(&t.data)).collect();
-        wire::write_body(w, &pieces, bucket, &trailer, wire::Faults::default())?;
+        let (b, t) = wire::write_tensors(w, snap, 0..snap.tensors.len(), bucket, full, faults)?;
+        out = (b, t.tensor_crc.into_iter().map(|x| x.1).collect());
         Ok(())
     })?;
-    Ok(snap.bytes() as u64)
+    Ok(out)
+}
+
+/// The payload of a delta, produced chunk by chunk: `new XOR old` into a reused scratch chunk,
+/// while `old` becomes `new` (the publisher's copy of the last version, updated in the same pass)
+/// and the new bytes' CRC-32 is taken (the trailer's check of the patched result).
+struct XorSource<'a> {
+    new: Vec<&'a [u8]>,
+    old: Vec<&'a mut [u8]>,
+    scratch: Vec<u8>,
+    new_crc: Vec<crc32fast::Hasher>,
+}
+
+impl wire::Source for XorSource<'_> {
+    fn chunk(&mut self, piece: usize, range: std::ops::Range<usize>) -> &[u8] {
+        let n = &self.new[piece][range.clone()];
+        let o = &mut self.old[piece][range.clone()];
+        let s = &mut self.scratch[..range.len()];
+        self.new_crc[piece].update(n);
+        for ((s, n), o) in s.iter_mut().zip(n).zip(o.iter_mut()) {
+            *s = n ^ *o;
+            *o = *n;
+        }
+        s
+    }
 }
 
 impl WeightPublisher for DeltaPublisher {
@@ -103,84 +160,122 @@ impl WeightPublisher for DeltaPublisher {
     }
 
     /// Writes the version's file and the index; engines patch when the controller activates them.
+    /// A failed write (a full disk) leaves the directory at the previous version: the temporary
+    /// file is removed, the index is not touched, and the next publish writes a full snapshot.
     fn publish(&mut self, snap: &WeightSnapshot, targets: &[Target]) -> Result<TransferReport, TransferError> {
         let started = Instant::now();
         let err = |m: String| TransferError { worker_id: "trainer".into(), message: m };
         fs::create_dir_all(&self.dir).map_err(|e| err(format!("cannot create {}: {e}", self.dir.display())))?;
         let mut index = read_index(&self.dir).map_err(|e| err(e.to_string()))?;
         index.entries.retain(|e| e.version < snap.version);
-        let base = match &self.prev {
-            Some(p) if same_layout(p, snap) && p.version < snap.version && snap.version % FULL_EVERY != 0 => {
-                index.entries.last().filter(|e| e.version == p.version).map(|_| p)
+        // Taken out: a write that fails halfway leaves it half-updated, so it is only put back
+        // after a success (else the next publish is a full one).
+        let prev = self.prev.take();
+        let base = match prev {
+            Some((p, crcs))
+                if same_layout(&p, snap)
+                    && p.version < snap.version
+                    && snap.version % FULL_EVERY != 0
+                    && index.entries.last().is_some_and(|e| e.version == p.version) =>
+            {
+                Ok((p, crcs))
             }
-            _ => None,
+            other => Err(other),
         };
-        let (file, bytes, buckets) = match base {
-            None => {
+        let (file, bytes, buckets, base_version, next_prev) = match base {
+            Err(old) => {
                 let file = format!("v{:010}.full", snap.version);
-                let b = write_full(
+                let full = self.cfg.verify_full.then(|| wire::full_digest(&snap.tensors));
+                let (nb, crcs) = write_full_with(
                     &self.dir.join(&file),
                     &self.cfg.token,
                     snap,
                     self.cfg.bucket_bytes,
-                    self.cfg.verify_full,
+                    full,
+                    true,
+                    self.cfg.faults,
                 )
-                .map_err(|e| err(format!("cannot write {file}: {e}")))?;
-                (file, b, 0)
+                .map_err(|e| err(format!("cannot write {file}: {e}; the previous version stays published")))?;
+                let kept = match old {
+                    Some((mut p, _)) if same_layout(&p, snap) => {
+                        for (d, s) in p.tensors.iter_mut().zip(&snap.tensors) {
+                            d.data.copy_from_slice(&s.data);
+                        }
+                        p.version = snap.version;
+                        p
+                    }
+                    _ => snap.clone(),
+                };
+                (file, snap.bytes() as u64, nb, None, (kept, crcs))
             }
-            Some(base) => {
+            Ok((mut base, base_crc)) => {
                 let file = format!("v{:010}.delta", snap.version);
-                // Only tensors that changed travel; their payload is new XOR old.
-                let changed: Vec<usize> =
-                    (0..snap.tensors.len()).filter(|&i| snap.tensors[i].data != base.tensors[i].data).collect();
-                let xors: Vec<Vec<f32>> = changed
-                    .iter()
-                    .map(|&i| {
-                        snap.tensors[i]
-                            .data
-                            .iter()
-                            .zip(&base.tensors[i].data)
-                            .map(|(a, b)| f32::from_bits(a.to_bits() ^ b.to_bits()))
-                            .collect()
-                    })
+                // Only tensors that changed travel (compared bit for bit); their payload is
+                // new XOR old.
+                let changed: Vec<usize> = (0..snap.tensors.len())
+                    .filter(|&i| wire::as_bytes(&snap.tensors[i].data) != wire::as_bytes(&base.tensors[i].data))
                     .collect();
                 let h = Header {
                     delta_base: Some(base.version),
                     ..Header::part(&self.cfg.token, snap, self.cfg.bucket_bytes, (0, 1), changed.iter().copied())
                 };
-                // CRCs of the patched result, all tensors: what the host must end up with.
                 let full = self.cfg.verify_full.then(|| wire::full_digest(&snap.tensors));
-                let trailer = Trailer::of(snap, 0..snap.tensors.len(), full);
+                let base_version = base.version;
+                let lens: Vec<usize> = changed.iter().map(|&i| snap.tensors[i].data.len() * 4).collect();
+                let mut is_changed = vec![false; snap.tensors.len()];
+                for &i in &changed {
+                    is_changed[i] = true;
+                }
+                let mut src = XorSource {
+                    new: changed.iter().map(|&i| wire::as_bytes(&snap.tensors[i].data)).collect(),
+                    old: base
+                        .tensors
+                        .iter_mut()
+                        .zip(&is_changed)
+                        .filter(|(_, &c)| c)
+                        .map(|(t, _)| wire::as_bytes_mut(&mut t.data))
+                        .collect(),
+                    scratch: vec![0u8; wire::CHUNK],
+                    new_crc: changed.iter().map(|_| crc32fast::Hasher::new()).collect(),
+                };
                 let mut nb = 0;
-                write_atomic(&self.dir.join(&file), |w| {
+                let mut crcs = base_crc;
+                write_atomic(&self.dir.join(&file), true, |w| {
                     wire::write_header(w, &h)?;
-                    let pieces: Vec<&[u8]> = xors.iter().map(|x| wire::as_bytes(x)).collect();
-                    nb = wire::write_body(w, &pieces, self.cfg.bucket_bytes, &trailer, self.cfg.faults)?;
-                    Ok(())
+                    nb = wire::write_payload(w, &lens, &mut src, self.cfg.bucket_bytes, self.cfg.faults)?.0;
+                    // CRCs of the patched result, all tensors: what the host must end up with
+                    // (an unchanged tensor keeps the CRC it had).
+                    for (&i, hsh) in changed.iter().zip(std::mem::take(&mut src.new_crc)) {
+                        crcs[i] = hsh.finalize();
+                    }
+                    let trailer = Trailer {
+                        tensor_crc: crcs.iter().enumerate().map(|(i, &c)| (i as u32, c)).collect(),
+                        full_sha256: full,
+                    };
+                    wire::write_trailer(w, &trailer)
                 })
-                .map_err(|e| err(format!("cannot write {file}: {e}")))?;
-                (file, xors.iter().map(|x| x.len() as u64 * 4).sum(), nb)
+                .map_err(|e| err(format!("cannot write {file}: {e}; the previous version stays published")))?;
+                drop(src);
+                base.version = snap.version;
+                (file, lens.iter().sum::<usize>() as u64, nb, Some(base_version), (base, crcs))
             }
         };
-        index.entries.push(Entry { version: snap.version, base: base.map(|b| b.version), file, bytes });
-        // Drop what precedes the newest full snapshot: no chain needs it any more.
-        if let Some(k) = index.entries.iter().rposition(|e| e.base.is_none()) {
-            for old in index.entries.drain(..k) {
-                let _ = fs::remove_file(self.dir.join(&old.file));
-            }
-        }
+        index.entries.push(Entry { version: snap.version, base: base_version, file, bytes });
+        // Drop what precedes the newest full snapshot (no chain needs it any more), but only once
+        // the new index no longer lists it.
+        let dropped: Vec<Entry> = match index.entries.iter().rposition(|e| e.base.is_none()) {
+            Some(k) => index.entries.drain(..k).collect(),
+            None => Vec::new(),
+        };
         let text = serde_json::to_vec_pretty(&index).map_err(|e| err(e.to_string()))?;
-        write_atomic(&self.dir.join("index.json"), |w| w.write_all(&text))
-            .map_err(|e| err(format!("cannot write the index: {e}")))?;
-        match &mut self.prev {
-            Some(p) if same_layout(p, snap) => {
-                for (d, s) in p.tensors.iter_mut().zip(&snap.tensors) {
-                    d.data.copy_from_slice(&s.data);
-                }
-                p.version = snap.version;
-            }
-            _ => self.prev = Some(snap.clone()),
+        write_atomic(&self.dir.join("index.json"), true, |w| w.write_all(&text))
+            .map_err(|e| err(format!("cannot write the index: {e}; the previous version stays published")))?;
+        // One directory sync for both renames.
+        sync_dir(&self.dir);
+        for old in dropped {
+            let _ = fs::remove_file(self.dir.join(&old.file));
         }
+        self.prev = Some(next_prev);
         let report = TransferReport {
             transport: "disk_delta".into(),
             version: snap.version,
@@ -197,7 +292,8 @@ impl WeightPublisher for DeltaPublisher {
 pub struct DeltaReceiver {
     local: PathBuf,
     token: String,
-    current: Option<WeightSnapshot>,
+    /// The verified weights and the CRC-32 of each tensor.
+    current: Option<(WeightSnapshot, Vec<u32>)>,
     /// Bytes read from the shared directory by the last `activate`.
     pub last_bytes_read: u64,
     last_full_checked: bool,
@@ -209,12 +305,12 @@ impl DeltaReceiver {
     pub fn new(local_dir: &Path, token: &str) -> io::Result<DeltaReceiver> {
         fs::create_dir_all(local_dir)?;
         let local = local_dir.join("weights.bin");
-        let current = read_stream(&local, token, None).ok().map(|x| x.0);
+        let current = read_stream(&local, token, None).ok().map(|x| (x.0, x.2));
         Ok(DeltaReceiver { local, token: token.into(), current, last_bytes_read: 0, last_full_checked: false })
     }
 
     pub fn version(&self) -> Option<u64> {
-        self.current.as_ref().map(|c| c.version)
+        self.current.as_ref().map(|c| c.0.version)
     }
 
     /// Brings the local copy to `version` from `dir` and returns it, verified.
@@ -236,43 +332,79 @@ impl DeltaReceiver {
             let path = dir.join(&e.file);
             let base = self.current.take();
             match read_stream(&path, &self.token, base) {
-                Ok((s, full_checked)) => {
+                Ok((s, full_checked, crcs)) => {
                     self.last_full_checked = full_checked;
                     self.last_bytes_read += e.bytes;
-                    self.current = Some(s);
+                    self.current = Some((s, crcs));
                 }
                 Err(m) => {
                     // The local copy on disk is still the last good version: start from it again.
-                    self.current = read_stream(&self.local, &self.token, None).ok().map(|x| x.0);
+                    self.current = read_stream(&self.local, &self.token, None).ok().map(|x| (x.0, x.2));
                     return Err(m);
                 }
             }
         }
-        let cur = self.current.as_ref().ok_or("no weights")?;
+        let cur = &self.current.as_ref().ok_or("no weights")?.0;
         // The whole-weights digest is checked in `check` whenever the trainer wrote one; asking
         // for it here makes its absence an error rather than a silent skip.
         if verify_full && !self.last_full_checked {
             return Err(format!("version {version}: full verification asked for, but the trainer published no digest"));
         }
         if start < upto.len() {
-            write_full(&self.local, &self.token, cur, 64 << 20, false)
+            // Not fsynced: the copy is verified whenever it is read (a copy torn by a crash fails
+            // its CRCs and the host replays the chain from the newest full instead), so its
+            // durability buys nothing but a second wait on the disk per version.
+            write_full_with(&self.local, &self.token, cur, 64 << 20, None, false, wire::Faults::default())
                 .map_err(|e| format!("cannot write the local copy {}: {e}", self.local.display()))?;
         }
         Ok(cur)
     }
 }
 
+/// The receiving side of a delta: each chunk lands in a reused scratch buffer, is XORed into the
+/// local copy in place, and the patched bytes' CRC-32 is taken while they are in cache.
+struct XorSink<'a> {
+    dst: Vec<&'a mut [u8]>,
+    scratch: Vec<u8>,
+    patched_crc: Vec<crc32fast::Hasher>,
+}
+
+impl wire::Sink for XorSink<'_> {
+    fn buf(&mut self, _piece: usize, range: std::ops::Range<usize>) -> &mut [u8] {
+        &mut self.scratch[..range.len()]
+    }
+    fn filled(&mut self, piece: usize, range: std::ops::Range<usize>) {
+        let d = &mut self.dst[piece][range.clone()];
+        for (d, s) in d.iter_mut().zip(&self.scratch[..range.len()]) {
+            *d ^= *s;
+        }
+        self.patched_crc[piece].update(d);
+    }
+}
+
 /// Reads one full or delta file; a delta is applied to `base` (which must be its base version).
-fn read_stream(path: &Path, token: &str, base: Option<WeightSnapshot>) -> Result<(WeightSnapshot, bool), String> {
-    let f = fs::File::open(path).map_err(|e| format!("cannot open {}: {e}", path.display()))?;
-    let mut r = BufReader::with_capacity(1 << 20, f);
+/// Returns the verified weights, whether a whole-weights digest was checked, and every tensor's
+/// CRC-32.
+fn read_stream(
+    path: &Path,
+    token: &str,
+    base: Option<(WeightSnapshot, Vec<u32>)>,
+) -> Result<(WeightSnapshot, bool, Vec<u32>), String> {
+    // Unbuffered: payload chunks are read straight into their destination.
+    let mut r = fs::File::open(path).map_err(|e| format!("cannot open {}: {e}", path.display()))?;
     let h = wire::read_header(&mut r).map_err(|e| format!("{}: {e}", path.display()))?;
     if !crate::auth::token_eq(&h.token, token) {
         return Err(format!("{} belongs to another run (token differs); refused", path.display()));
     }
-    let mut snap = match (h.delta_base, base) {
+    let io_err = |e: wire::StreamError| match e {
+        wire::StreamError::Io(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
+            format!("{} is truncated; not loaded", path.display())
+        }
+        e => format!("{}: {e}", path.display()),
+    };
+    match (h.delta_base, base) {
         (None, reuse) => {
-            let mut pool = reuse.map(|b| b.tensors).unwrap_or_default();
+            let mut pool = reuse.map(|b| b.0.tensors).unwrap_or_default();
             let tensors = h
                 .tensors
                 .iter()
@@ -283,47 +415,70 @@ fn read_stream(path: &Path, token: &str, base: Option<WeightSnapshot>) -> Result
                     NamedTensor { name: m.name.clone(), shape: m.shape.clone(), data }
                 })
                 .collect();
-            WeightSnapshot { version: h.version, tensors }
+            let mut snap = WeightSnapshot { version: h.version, tensors };
+            let mut dst: Vec<&mut [u8]> = snap.tensors.iter_mut().map(|t| wire::as_bytes_mut(&mut t.data)).collect();
+            let lens: Vec<usize> = dst.iter().map(|d| d.len()).collect();
+            let (trailer, _, crcs) =
+                wire::read_payload(&mut r, &h, &lens, &mut wire::Direct(&mut dst)).map_err(io_err)?;
+            let names: Vec<&str> = snap.tensors.iter().map(|t| t.name.as_str()).collect();
+            wire::verify_crcs(snap.version, &trailer, &names, &crcs).map_err(|m| format!("{}: {m}", path.display()))?;
+            let full = check_digest(&snap, &trailer, path)?;
+            Ok((snap, full, crcs))
         }
-        (Some(b), Some(base)) if base.version == b => base,
-        (Some(b), other) => {
-            return Err(format!(
-                "{} patches version {b}, but the local copy is {}",
-                path.display(),
-                other.map(|o| o.version.to_string()).unwrap_or_else(|| "missing".into())
-            ))
-        }
-    };
-    if h.delta_base.is_some() {
-        let mut xors: Vec<Vec<f32>> = h.tensors.iter().map(|m| vec![0.0; m.elems()]).collect();
-        let mut dst: Vec<&mut [u8]> = xors.iter_mut().map(|x| wire::as_bytes_mut(x)).collect();
-        let (trailer, _) = wire::read_body(&mut r, &h, &mut dst).map_err(|e| format!("{}: {e}", path.display()))?;
-        for (m, x) in h.tensors.iter().zip(&xors) {
-            let t = snap
-                .tensors
-                .get_mut(m.index as usize)
-                .ok_or_else(|| format!("{}: bad tensor index", path.display()))?;
-            if t.data.len() != x.len() || t.name != m.name {
-                return Err(format!("{}: tensor {} does not match the local copy", path.display(), m.name));
+        (Some(b), Some((mut snap, mut crcs))) if snap.version == b => {
+            // The delta's tensors, in increasing index order, each matching the local copy.
+            let mut wanted = vec![false; snap.tensors.len()];
+            let mut last = None;
+            for m in &h.tensors {
+                let t = snap.tensors.get(m.index as usize);
+                if t.is_none_or(|t| t.name != m.name || t.data.len() != m.elems()) || last >= Some(m.index) {
+                    return Err(format!("{}: tensor {} does not match the local copy", path.display(), m.name));
+                }
+                last = Some(m.index);
+                wanted[m.index as usize] = true;
             }
-            for (d, s) in t.data.iter_mut().zip(x) {
-                *d = f32::from_bits(d.to_bits() ^ s.to_bits());
+            if crcs.len() != snap.tensors.len() {
+                crcs = snap.tensors.iter().map(|t| wire::crc(wire::as_bytes(&t.data))).collect();
             }
+            let mut sink = XorSink {
+                dst: snap
+                    .tensors
+                    .iter_mut()
+                    .zip(&wanted)
+                    .filter(|(_, &w)| w)
+                    .map(|(t, _)| wire::as_bytes_mut(&mut t.data))
+                    .collect(),
+                scratch: vec![0u8; wire::CHUNK],
+                patched_crc: h.tensors.iter().map(|_| crc32fast::Hasher::new()).collect(),
+            };
+            let lens: Vec<usize> = sink.dst.iter().map(|d| d.len()).collect();
+            let (trailer, _, _) = wire::read_payload(&mut r, &h, &lens, &mut sink).map_err(io_err)?;
+            let XorSink { patched_crc, .. } = sink;
+            for (m, hsh) in h.tensors.iter().zip(patched_crc) {
+                crcs[m.index as usize] = hsh.finalize();
+            }
+            snap.version = h.version;
+            // Every tensor of the patched result against the trailer (an unchanged tensor by the
+            // CRC it was verified with).
+            let names: Vec<&str> = snap.tensors.iter().map(|t| t.name.as_str()).collect();
+            let in_order = trailer.tensor_crc.iter().enumerate().all(|(k, &(i, _))| i as usize == k);
+            if !in_order {
+                return Err(format!("{}: the trailer does not list every tensor in order", path.display()));
+            }
+            wire::verify_crcs(snap.version, &trailer, &names, &crcs).map_err(|m| format!("{}: {m}", path.display()))?;
+            let full = check_digest(&snap, &trailer, path)?;
+            Ok((snap, full, crcs))
         }
-        snap.version = h.version;
-        let full = check(&snap, &trailer, path)?;
-        Ok((snap, full))
-    } else {
-        let mut dst: Vec<&mut [u8]> = snap.tensors.iter_mut().map(|t| wire::as_bytes_mut(&mut t.data)).collect();
-        let (trailer, _) = wire::read_body(&mut r, &h, &mut dst).map_err(|e| format!("{}: {e}", path.display()))?;
-        let full = check(&snap, &trailer, path)?;
-        Ok((snap, full))
+        (Some(b), other) => Err(format!(
+            "{} patches version {b}, but the local copy is {}",
+            path.display(),
+            other.map(|o| o.0.version.to_string()).unwrap_or_else(|| "missing".into())
+        )),
     }
 }
 
-/// Per-tensor CRCs, then the whole-weights digest if present (returns whether it was).
-fn check(snap: &WeightSnapshot, trailer: &Trailer, path: &Path) -> Result<bool, String> {
-    wire::verify_tensors(snap.version, trailer, &snap.tensors).map_err(|m| format!("{}: {m}", path.display()))?;
+/// The whole-weights digest if present (returns whether it was).
+fn check_digest(snap: &WeightSnapshot, trailer: &Trailer, path: &Path) -> Result<bool, String> {
     if let Some(want) = &trailer.full_sha256 {
         if wire::full_digest(&snap.tensors) != *want {
             return Err(format!(
@@ -404,6 +559,51 @@ mod tests {
         p.publish(&snap(2, &[0]), &[]).unwrap();
         let e = a.activate(&dir.join("pub"), 2, false).unwrap_err();
         assert!(e.contains("failed its CRC-32"), "{e}");
+        assert_eq!(a.version(), Some(1));
+        let _ = fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn full_disk_leaves_the_previous_version_published() {
+        let dir = tmp("full");
+        let cfg = TransportConfig::new(TransportKind::DiskDelta, "tok");
+        let mut p = DeltaPublisher::new(dir.join("pub"), cfg);
+        let mut a = DeltaReceiver::new(&dir.join("host"), "tok").unwrap();
+        p.publish(&snap(1, &[0]), &[]).unwrap();
+        // Version 2's temporary file is /dev/full: every write fails with ENOSPC, as on a full
+        // disk.
+        let tmp_file = dir.join("pub").join(format!("v{:010}.tmp-{}", 2, std::process::id()));
+        std::os::unix::fs::symlink("/dev/full", &tmp_file).unwrap();
+        let e = p.publish(&snap(2, &[0, 1]), &[]).unwrap_err();
+        assert!(e.message.contains("v0000000002.delta") && e.message.contains("previous version stays"), "{e}");
+        assert!(e.message.contains("No space left"), "{e}");
+        assert!(!tmp_file.exists() && tmp_file.symlink_metadata().is_err(), "temporary file left behind");
+        let index = read_index(&dir.join("pub")).unwrap();
+        assert_eq!(index.entries.iter().map(|e| e.version).collect::<Vec<_>>(), vec![1]);
+        assert_eq!(*a.activate(&dir.join("pub"), 1, false).unwrap(), snap(1, &[0]));
+        assert!(a.activate(&dir.join("pub"), 2, false).unwrap_err().contains("not published"));
+        // Space again: the next version is published (as a full: the failed delta's base is gone).
+        p.publish(&snap(3, &[0, 2]), &[]).unwrap();
+        let index = read_index(&dir.join("pub")).unwrap();
+        assert_eq!(index.entries.last().unwrap().base, None);
+        assert_eq!(*a.activate(&dir.join("pub"), 3, false).unwrap(), snap(3, &[0, 2]));
+        let _ = fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn truncated_delta_is_refused_and_the_local_copy_kept() {
+        let dir = tmp("trunc");
+        let cfg = TransportConfig::new(TransportKind::DiskDelta, "tok");
+        let mut p = DeltaPublisher::new(dir.join("pub"), cfg);
+        let mut a = DeltaReceiver::new(&dir.join("host"), "tok").unwrap();
+        p.publish(&snap(1, &[0]), &[]).unwrap();
+        a.activate(&dir.join("pub"), 1, false).unwrap();
+        p.publish(&snap(2, &[0]), &[]).unwrap();
+        let f = dir.join("pub").join(format!("v{:010}.delta", 2));
+        let len = fs::metadata(&f).unwrap().len();
+        fs::OpenOptions::new().write(true).open(&f).unwrap().set_len(len / 2).unwrap();
+        let e = a.activate(&dir.join("pub"), 2, false).unwrap_err();
+        assert!(e.contains("truncated"), "{e}");
         assert_eq!(a.version(), Some(1));
         let _ = fs::remove_dir_all(&dir);
     }

@@ -10,7 +10,7 @@
 //! The executor (and later the asynchronous runtime) sees only [`WeightPublisher::publish`] and a
 //! [`TransferReport`]: which transport runs is the recipe's `weights` stage's choice.
 
-use crate::wire::{self, Faults, Header, StreamError, Trailer};
+use crate::wire::{self, Faults, Header, StreamError};
 use miles_runtime::{NamedTensor, WeightSnapshot};
 use std::collections::{BTreeMap, HashMap};
 use std::io::{self, BufRead, BufReader, BufWriter, Read, Write};
@@ -270,17 +270,13 @@ impl WeightPublisher for StreamPublisher {
                 let path = dir.join(format!("miles-{}-{}-p{s}", std::process::id(), self.id));
                 let res = (|| -> io::Result<u32> {
                     let file = std::fs::OpenOptions::new().write(true).create(true).truncate(false).open(&path)?;
-                    let mut f = BufWriter::with_capacity(1 << 20, file);
+                    // A small buffer for the framing only: chunks of the payload are larger and
+                    // go straight from the tensors into the file (one copy, CRC'd just before).
+                    let mut f = BufWriter::with_capacity(64 << 10, file);
                     let h = Header::part(&cfg.token, snap, cfg.bucket_bytes, (s as u32, parts), r.clone());
                     wire::write_header(&mut f, &h)?;
-                    let pieces: Vec<&[u8]> = r.clone().map(|i| wire::as_bytes(&snap.tensors[i].data)).collect();
-                    let b = wire::write_body(
-                        &mut f,
-                        &pieces,
-                        cfg.bucket_bytes,
-                        &Trailer::of(snap, r.clone(), full.clone()),
-                        cfg.faults,
-                    )?;
+                    let (b, _) =
+                        wire::write_tensors(&mut f, snap, r.clone(), cfg.bucket_bytes, full.clone(), cfg.faults)?;
                     let file = f.into_inner().map_err(|e| e.into_error())?;
                     let len = file.metadata()?.len();
                     let written = wire_len(&file)?;
@@ -317,7 +313,9 @@ impl WeightPublisher for StreamPublisher {
                     sc.spawn(move || {
                         let res = (|| -> io::Result<Result<u32, String>> {
                             let sock = connect(&target.data_addr, cfg.timeout)?;
-                            let mut w = BufWriter::with_capacity(256 << 10, &sock);
+                            // Framing is buffered; payload chunks (CHUNK bytes, CRC'd in cache right
+                            // before) go from the tensors to the socket with no copy in between.
+                            let mut w = BufWriter::with_capacity(64 << 10, &sock);
                             let mut h =
                                 Header::part(&cfg.token, snap, cfg.bucket_bytes, (s as u32, parts), range.clone());
                             let buckets = if let Some(p) = &shm {
@@ -328,15 +326,7 @@ impl WeightPublisher for StreamPublisher {
                                 0
                             } else {
                                 wire::write_header(&mut w, &h)?;
-                                let pieces: Vec<&[u8]> =
-                                    range.clone().map(|i| wire::as_bytes(&snap.tensors[i].data)).collect();
-                                wire::write_body(
-                                    &mut w,
-                                    &pieces,
-                                    cfg.bucket_bytes,
-                                    &Trailer::of(snap, range, full.cloned()),
-                                    cfg.faults,
-                                )?
+                                wire::write_tensors(&mut w, snap, range, cfg.bucket_bytes, full.cloned(), cfg.faults)?.0
                             };
                             drop(w);
                             Ok(read_verdict(&sock)?.map(|_| buckets))
@@ -398,17 +388,26 @@ pub struct Receiver {
     inner: Arc<(Mutex<State>, Condvar)>,
     addr: SocketAddr,
     token: Arc<String>,
+    /// Bound on every read and write of a connection (a sender that stalls or vanishes mid-bucket
+    /// fails its version after this long, named).
+    timeout: Duration,
 }
 
 impl Receiver {
     /// Listens on `bind` (loopback unless configured otherwise; port 0 picks one).
     pub fn start(bind: &str, token: &str) -> io::Result<Receiver> {
+        Receiver::start_with_timeout(bind, token, Duration::from_secs(60))
+    }
+
+    /// [`Receiver::start`] with another bound on each read of a stream.
+    pub fn start_with_timeout(bind: &str, token: &str, timeout: Duration) -> io::Result<Receiver> {
         let listener = TcpListener::bind(bind)?;
         let addr = listener.local_addr()?;
         let r = Receiver {
             inner: Arc::new((Mutex::new(State::default()), Condvar::new())),
             addr,
             token: Arc::new(token.into()),
+            timeout,
         };
         let me = r.clone();
         std::thread::Builder::new().name("weights-rx".into()).spawn(move || {
@@ -429,7 +428,7 @@ impl Receiver {
     }
 
     fn serve(&self, sock: TcpStream) {
-        let timeout = Some(Duration::from_secs(60));
+        let timeout = Some(self.timeout);
         let _ = sock.set_read_timeout(timeout);
         let _ = sock.set_write_timeout(timeout);
         let verdict = match self.receive(&sock) {
@@ -447,19 +446,21 @@ impl Receiver {
             return Err("refused: the stream does not carry this run's token".into());
         }
         let res = match &h.shm_path {
-            Some(p) => {
-                let f = std::fs::File::open(p).map_err(|e| format!("cannot open {p}: {e}"))?;
-                let mut fr = BufReader::with_capacity(1 << 20, f);
-                let inner = wire::read_header(&mut fr).map_err(|e| format!("{p}: {e}"))?;
-                if inner.version != h.version || inner.part != h.part {
-                    return Err(format!(
-                        "{p} holds version {} part {}, not {} {}",
-                        inner.version, inner.part, h.version, h.part
-                    ));
+            Some(p) => self.receive_shm(p, &h),
+            None => self.receive_body(&mut r, &h).map_err(|e| match e {
+                StreamError::Io(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => {
+                    format!(
+                        "version {} part {}: the sender stalled mid-transfer (nothing for {:.1} s); not loaded",
+                        h.version,
+                        h.part,
+                        self.timeout.as_secs_f64()
+                    )
                 }
-                self.receive_body(&mut fr, &inner)
-            }
-            None => self.receive_body(&mut r, &h),
+                StreamError::Io(e) => {
+                    format!("version {} part {}: the sender vanished mid-transfer ({e}); not loaded", h.version, h.part)
+                }
+                StreamError::Corrupt(m) => m,
+            }),
         };
         if let Err(e) = &res {
             // A failed part fails its version: the controller's activate reports it at once.
@@ -471,7 +472,31 @@ impl Receiver {
         res
     }
 
-    fn receive_body<R: Read>(&self, r: &mut R, h: &Header) -> Result<(), String> {
+    /// Shared memory: the published file is read in place, unbuffered. Each chunk goes from the
+    /// tmpfs pages straight into this engine's reused tensor buffers (the one copy) and is CRC'd
+    /// there while in cache (the one verification pass, serving bucket and tensor CRCs). `pread`
+    /// rather than `mmap`: a file truncated under a mapping kills the reader with SIGBUS, while a
+    /// short read is a named error that leaves the loaded weights alone.
+    fn receive_shm(&self, p: &str, h: &Header) -> Result<(), String> {
+        let mut f = std::fs::File::open(p).map_err(|e| format!("cannot open the shared-memory snapshot {p}: {e}"))?;
+        let inner = wire::read_header(&mut f)
+            .map_err(|e| format!("shared-memory snapshot {p} is unreadable (truncated or torn: {e}); not loaded"))?;
+        if inner.version != h.version || inner.part != h.part || !crate::auth::token_eq(&inner.token, &self.token) {
+            return Err(format!(
+                "shared-memory snapshot {p} holds version {} part {}, not {} {}; not loaded",
+                inner.version, inner.part, h.version, h.part
+            ));
+        }
+        self.receive_body(&mut f, &inner).map_err(|e| match e {
+            StreamError::Io(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
+                format!("shared-memory snapshot {p} is truncated (version {}); not loaded", h.version)
+            }
+            StreamError::Io(e) => format!("cannot read the shared-memory snapshot {p}: {e}"),
+            StreamError::Corrupt(m) => format!("shared-memory snapshot {p}: {m}"),
+        })
+    }
+
+    fn receive_body<R: Read>(&self, r: &mut R, h: &Header) -> Result<(), StreamError> {
         let mut tensors: Vec<NamedTensor> = {
             let mut st = self.lock();
             h.tensors
@@ -484,17 +509,15 @@ impl Receiver {
                 .collect()
         };
         let mut dst: Vec<&mut [u8]> = tensors.iter_mut().map(|t| wire::as_bytes_mut(&mut t.data)).collect();
-        let (trailer, _) = wire::read_body(r, h, &mut dst).map_err(|e| match e {
-            StreamError::Io(e) => format!("stream broke off: {e}"),
-            StreamError::Corrupt(m) => m,
-        })?;
-        // Per-tensor CRCs over what was assembled (indices are relative to this part here).
-        for (k, (idx, want)) in trailer.tensor_crc.iter().enumerate() {
-            let t = tensors.get(k).ok_or_else(|| format!("trailer names tensor {idx} beyond the part"))?;
-            if wire::crc(wire::as_bytes(&t.data)) != *want {
-                return Err(format!("version {}: tensor {} failed its CRC-32 check; not loaded", h.version, t.name));
-            }
-        }
+        let lens: Vec<usize> = dst.iter().map(|d| d.len()).collect();
+        let (trailer, _, crcs) = wire::read_payload(r, h, &lens, &mut wire::Direct(&mut dst))?;
+        // Per-tensor CRCs of what was assembled, computed in the same pass as the buckets'.
+        let names: Vec<&str> = tensors.iter().map(|t| t.name.as_str()).collect();
+        wire::verify_crcs(h.version, &trailer, &names, &crcs).map_err(StreamError::Corrupt)?;
+        self.finish_part(h, tensors, trailer).map_err(StreamError::Corrupt)
+    }
+
+    fn finish_part(&self, h: &Header, tensors: Vec<NamedTensor>, trailer: wire::Trailer) -> Result<(), String> {
         let bytes: u64 = tensors.iter().map(|t| t.data.len() as u64 * 4).sum();
         let mut st = self.lock();
         st.bytes_received += bytes;
@@ -685,5 +708,125 @@ mod tests {
         let t = vec![Target { worker_id: "rollout-9".into(), data_addr: "127.0.0.1:1".into() }];
         let e = StreamPublisher::new(cfg).publish(&snap(1, &[10]), &t).unwrap_err();
         assert_eq!(e.worker_id, "rollout-9");
+    }
+
+    /// Sends `head` (and `body`, raw bytes after it) to `rx` as a sender would, then reads the
+    /// verdict unless `hang_up` (the sender vanishes).
+    fn send_raw(rx: &Receiver, head: &Header, body: &[u8], hang_up: bool) -> Option<String> {
+        let mut s = TcpStream::connect(rx.addr()).unwrap();
+        wire::write_header(&mut s, head).unwrap();
+        s.write_all(body).unwrap();
+        if hang_up {
+            return None;
+        }
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut line = String::new();
+        BufReader::new(&s).read_line(&mut line).unwrap();
+        Some(line)
+    }
+
+    /// A whole stream (header and body) of `snap` as bytes.
+    fn stream_bytes(snap: &WeightSnapshot) -> (Header, Vec<u8>) {
+        let h = Header::whole("tok", snap, 8192);
+        let mut buf = Vec::new();
+        wire::write_header(&mut buf, &h).unwrap();
+        wire::write_tensors(&mut buf, snap, 0..snap.tensors.len(), 8192, None, Faults::default()).unwrap();
+        (h, buf)
+    }
+
+    #[test]
+    fn truncated_shared_memory_snapshot_is_refused_and_named() {
+        let rx = Receiver::start("127.0.0.1:0", "tok").unwrap();
+        let mut cfg = TransportConfig::new(TransportKind::Broadcast, "tok");
+        cfg.bucket_bytes = 8192;
+        cfg.channel = Channel::Shm;
+        let mut p = StreamPublisher::new(cfg);
+        let v1 = snap(1, &[5000, 7000]);
+        p.publish(&v1, &targets(std::slice::from_ref(&rx))).unwrap();
+        let loaded = rx.take(1, Duration::from_secs(5)).unwrap();
+        // Version 2's file is cut short (a torn write, a full /dev/shm).
+        let v2 = snap(2, &[5000, 7000]);
+        let (h, bytes) = stream_bytes(&v2);
+        let path = std::env::temp_dir().join(format!("miles-test-trunc-{}", std::process::id()));
+        std::fs::write(&path, &bytes[..bytes.len() / 2]).unwrap();
+        let mut head = h.clone();
+        head.tensors.clear();
+        head.shm_path = Some(path.to_string_lossy().into_owned());
+        let verdict = send_raw(&rx, &head, &[], false).unwrap();
+        assert!(verdict.starts_with("err ") && verdict.contains("truncated"), "{verdict}");
+        let e = rx.take(2, Duration::from_secs(1)).unwrap_err();
+        assert!(e.contains("shared-memory snapshot") && e.contains("not loaded"), "{e}");
+        // The engine still holds version 1, and the next good version goes through.
+        assert_eq!(loaded, v1);
+        rx.recycle(loaded);
+        let v3 = snap(3, &[5000, 7000]);
+        p.publish(&v3, &targets(std::slice::from_ref(&rx))).unwrap();
+        assert_eq!(rx.take(3, Duration::from_secs(5)).unwrap(), v3);
+        let _ = std::fs::remove_file(&path);
+    }
+
+    #[test]
+    fn corrupted_shared_memory_snapshot_is_refused_and_named() {
+        let rx = Receiver::start("127.0.0.1:0", "tok").unwrap();
+        let mut cfg = TransportConfig::new(TransportKind::Broadcast, "tok");
+        cfg.bucket_bytes = 4096;
+        cfg.channel = Channel::Shm;
+        cfg.faults.corrupt_bucket = Some(1);
+        let e = StreamPublisher::new(cfg).publish(&snap(4, &[10000]), &targets(std::slice::from_ref(&rx))).unwrap_err();
+        assert_eq!(e.worker_id, "rollout-0");
+        assert!(
+            e.message.contains("shared-memory snapshot") && e.message.contains("bucket 1 failed its CRC-32"),
+            "{e}"
+        );
+        assert!(rx.take(4, Duration::from_secs(1)).unwrap_err().contains("not loaded"));
+    }
+
+    #[test]
+    fn sender_vanishing_mid_bucket_fails_the_version_at_once() {
+        let rx = Receiver::start("127.0.0.1:0", "tok").unwrap();
+        let (h, bytes) = stream_bytes(&snap(5, &[20000]));
+        let head_len = 4 + serde_json::to_vec(&h).unwrap().len();
+        // The header, a bucket length and half of that bucket; then the connection closes.
+        send_raw(&rx, &h, &bytes[head_len..head_len + 8 + 4096], true);
+        let t0 = Instant::now();
+        let e = rx.take(5, Duration::from_secs(10)).unwrap_err();
+        assert!(e.contains("vanished mid-transfer") && e.contains("not loaded"), "{e}");
+        assert!(t0.elapsed() < Duration::from_secs(5));
+    }
+
+    #[test]
+    fn sender_stalling_mid_bucket_is_bounded() {
+        let rx = Receiver::start_with_timeout("127.0.0.1:0", "tok", Duration::from_millis(300)).unwrap();
+        let (h, bytes) = stream_bytes(&snap(6, &[20000]));
+        let head_len = 4 + serde_json::to_vec(&h).unwrap().len();
+        let mut s = TcpStream::connect(rx.addr()).unwrap();
+        s.write_all(&bytes[..head_len + 8 + 4096]).unwrap();
+        let t0 = Instant::now();
+        let e = rx.take(6, Duration::from_secs(10)).unwrap_err();
+        assert!(e.contains("stalled mid-transfer"), "{e}");
+        assert!(t0.elapsed() < Duration::from_secs(5));
+        drop(s);
+    }
+
+    #[test]
+    fn engine_vanishing_mid_bucket_is_named_and_bounded() {
+        // A fake engine that reads a little of the stream and hangs up.
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap().to_string();
+        let eng = std::thread::spawn(move || {
+            let (mut c, _) = l.accept().unwrap();
+            let mut buf = vec![0u8; 64 << 10];
+            let _ = c.read_exact(&mut buf);
+        });
+        let mut cfg = TransportConfig::new(TransportKind::Broadcast, "tok");
+        cfg.channel = Channel::Tcp;
+        cfg.timeout = Duration::from_secs(2);
+        let t = vec![Target { worker_id: "rollout-3".into(), data_addr: addr }];
+        let t0 = Instant::now();
+        let e = StreamPublisher::new(cfg).publish(&snap(1, &[4 << 20]), &t).unwrap_err();
+        assert_eq!(e.worker_id, "rollout-3");
+        assert!(e.message.contains("unreachable or too slow"), "{e}");
+        assert!(t0.elapsed() < Duration::from_secs(10));
+        eng.join().unwrap();
     }
 }

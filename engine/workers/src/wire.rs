@@ -187,6 +187,105 @@ impl Faults {
     }
 }
 
+/// Bytes handled per step by every writer and reader of the format: a chunk is CRC'd while it
+/// sits in L2 and copied once (into the socket, the file or the destination buffer), so a byte
+/// crosses memory once per side instead of once per pass.
+pub const CHUNK: usize = 256 << 10;
+
+/// Where a sender's payload bytes come from, chunk by chunk: borrowed tensors ([`Pieces`]) or
+/// bytes produced on the fly (a disk delta's `new XOR old`).
+pub trait Source {
+    /// Bytes `range` of piece `piece` (never longer than [`CHUNK`]).
+    fn chunk(&mut self, piece: usize, range: std::ops::Range<usize>) -> &[u8];
+}
+
+/// The payload as borrowed byte slices, one per tensor.
+pub struct Pieces<'a>(pub &'a [&'a [u8]]);
+
+impl Source for Pieces<'_> {
+    fn chunk(&mut self, piece: usize, range: std::ops::Range<usize>) -> &[u8] {
+        &self.0[piece][range]
+    }
+}
+
+/// Where a receiver's payload bytes go, chunk by chunk.
+pub trait Sink {
+    /// The buffer that bytes `range` of piece `piece` are read into.
+    fn buf(&mut self, piece: usize, range: std::ops::Range<usize>) -> &mut [u8];
+    /// Those bytes have arrived (their bucket's CRC is checked at the bucket's end).
+    fn filled(&mut self, _piece: usize, _range: std::ops::Range<usize>) {}
+}
+
+/// Reads straight into the destination tensors: the one copy.
+pub struct Direct<'a, 'b>(pub &'a mut [&'b mut [u8]]);
+
+impl Sink for Direct<'_, '_> {
+    fn buf(&mut self, piece: usize, range: std::ops::Range<usize>) -> &mut [u8] {
+        &mut self.0[piece][range]
+    }
+}
+
+/// Writes the payload as buckets and the end mark, in one pass: each chunk's CRC-32 is computed
+/// once (while the chunk is in cache, right before it is written) and serves both its bucket's CRC
+/// and its piece's, combined with `crc32fast`'s `combine`. Returns the number of buckets and the
+/// CRC-32 of every piece as sent (before any fault). The caller writes the trailer.
+pub fn write_payload<W: Write, S: Source>(
+    w: &mut W,
+    lens: &[usize],
+    src: &mut S,
+    bucket_bytes: u64,
+    faults: Faults,
+) -> io::Result<(u32, Vec<u32>)> {
+    let bucket = bucket_bytes.max(4096) as usize;
+    let total: usize = lens.iter().sum();
+    let mut piece_h: Vec<crc32fast::Hasher> = lens.iter().map(|_| crc32fast::Hasher::new()).collect();
+    let (mut piece, mut off, mut sent, mut buckets) = (0usize, 0usize, 0usize, 0u32);
+    while sent < total {
+        let len = bucket.min(total - sent);
+        w.write_all(&(len as u64).to_le_bytes())?;
+        let mut bucket_h = crc32fast::Hasher::new();
+        let mut first = true;
+        let mut left = len;
+        while left > 0 {
+            while off == lens[piece] {
+                piece += 1;
+                off = 0;
+            }
+            let run = left.min(lens[piece] - off);
+            let mut seg = crc32fast::Hasher::new();
+            let mut at = off;
+            while at < off + run {
+                let take = CHUNK.min(off + run - at);
+                let chunk = src.chunk(piece, at..at + take);
+                seg.update(chunk);
+                if first && faults.corrupt_bucket == Some(buckets) {
+                    let mut bad = chunk.to_vec();
+                    bad[0] ^= 0x5a;
+                    w.write_all(&bad)?;
+                } else {
+                    w.write_all(chunk)?;
+                }
+                first = false;
+                at += take;
+            }
+            bucket_h.combine(&seg);
+            piece_h[piece].combine(&seg);
+            off += run;
+            left -= run;
+        }
+        w.write_all(&bucket_h.finalize().to_le_bytes())?;
+        sent += len;
+        buckets += 1;
+    }
+    w.write_all(&0u64.to_le_bytes())?;
+    Ok((buckets, piece_h.into_iter().map(|h| h.finalize()).collect()))
+}
+
+pub fn write_trailer<W: Write>(w: &mut W, trailer: &Trailer) -> io::Result<()> {
+    write_json(w, trailer)?;
+    w.flush()
+}
+
 /// Writes the payload `pieces` (the tensors' bytes in header order) as buckets, the end mark and
 /// the trailer. Returns the number of buckets.
 pub fn write_body<W: Write>(
@@ -196,45 +295,29 @@ pub fn write_body<W: Write>(
     trailer: &Trailer,
     faults: Faults,
 ) -> io::Result<u32> {
-    let bucket = bucket_bytes.max(4096) as usize;
-    let total: usize = pieces.iter().map(|p| p.len()).sum();
-    let mut buckets = 0u32;
-    let mut piece = 0usize;
-    let mut off = 0usize;
-    let mut sent = 0usize;
-    while sent < total {
-        let len = bucket.min(total - sent);
-        w.write_all(&(len as u64).to_le_bytes())?;
-        let mut h = crc32fast::Hasher::new();
-        let mut left = len;
-        let mut first = true;
-        while left > 0 {
-            while off == pieces[piece].len() {
-                piece += 1;
-                off = 0;
-            }
-            let take = left.min(pieces[piece].len() - off);
-            let chunk = &pieces[piece][off..off + take];
-            h.update(chunk);
-            if first && faults.corrupt_bucket == Some(buckets) {
-                let mut bad = chunk.to_vec();
-                bad[0] ^= 0x5a;
-                w.write_all(&bad)?;
-            } else {
-                w.write_all(chunk)?;
-            }
-            first = false;
-            off += take;
-            left -= take;
-        }
-        w.write_all(&h.finalize().to_le_bytes())?;
-        sent += len;
-        buckets += 1;
-    }
-    w.write_all(&0u64.to_le_bytes())?;
-    write_json(w, trailer)?;
-    w.flush()?;
-    Ok(buckets)
+    let lens: Vec<usize> = pieces.iter().map(|p| p.len()).collect();
+    let (b, _) = write_payload(w, &lens, &mut Pieces(pieces), bucket_bytes, faults)?;
+    write_trailer(w, trailer)?;
+    Ok(b)
+}
+
+/// Writes the tensors `indices` of `snap` (the header's tensors) as a body whose trailer carries
+/// the per-tensor CRCs computed in the same pass as the buckets' (no separate pass over the
+/// weights). Returns the number of buckets.
+pub fn write_tensors<W: Write>(
+    w: &mut W,
+    snap: &WeightSnapshot,
+    indices: std::ops::Range<usize>,
+    bucket_bytes: u64,
+    full_sha256: Option<String>,
+    faults: Faults,
+) -> io::Result<(u32, Trailer)> {
+    let pieces: Vec<&[u8]> = indices.clone().map(|i| as_bytes(&snap.tensors[i].data)).collect();
+    let lens: Vec<usize> = pieces.iter().map(|p| p.len()).collect();
+    let (b, crcs) = write_payload(w, &lens, &mut Pieces(&pieces), bucket_bytes, faults)?;
+    let trailer = Trailer { tensor_crc: indices.map(|i| i as u32).zip(crcs).collect(), full_sha256 };
+    write_trailer(w, &trailer)?;
+    Ok((b, trailer))
 }
 
 /// Why a stream was refused: what a receiver reports back and logs.
@@ -263,11 +346,24 @@ impl From<io::Error> for StreamError {
 /// Reads the buckets of a stream whose header was already read into `dst` (one slice per header
 /// tensor, sized to it), checking each bucket's CRC as it arrives, then reads the trailer.
 pub fn read_body<R: Read>(r: &mut R, h: &Header, dst: &mut [&mut [u8]]) -> Result<(Trailer, u32), StreamError> {
-    let total: usize = dst.iter().map(|d| d.len()).sum();
-    let mut got = 0usize;
-    let mut piece = 0usize;
-    let mut off = 0usize;
-    let mut buckets = 0u32;
+    let lens: Vec<usize> = dst.iter().map(|d| d.len()).collect();
+    let (t, b, _) = read_payload(r, h, &lens, &mut Direct(dst))?;
+    Ok((t, b))
+}
+
+/// Reads the buckets (payload `lens[i]` bytes per piece) into `sink` chunk by chunk, one CRC-32
+/// pass: each chunk's CRC is computed right after it lands (in cache) and combined into both its
+/// bucket's CRC (checked at the bucket's end: a corrupted bucket is refused there) and its piece's.
+/// Returns the trailer, the number of buckets and the CRC-32 of every piece as received.
+pub fn read_payload<R: Read, K: Sink>(
+    r: &mut R,
+    h: &Header,
+    lens: &[usize],
+    sink: &mut K,
+) -> Result<(Trailer, u32, Vec<u32>), StreamError> {
+    let total: usize = lens.iter().sum();
+    let mut piece_h: Vec<crc32fast::Hasher> = lens.iter().map(|_| crc32fast::Hasher::new()).collect();
+    let (mut got, mut piece, mut off, mut buckets) = (0usize, 0usize, 0usize, 0u32);
     loop {
         let mut len = [0u8; 8];
         r.read_exact(&mut len)?;
@@ -275,7 +371,7 @@ pub fn read_body<R: Read>(r: &mut R, h: &Header, dst: &mut [&mut [u8]]) -> Resul
         if len == 0 {
             break;
         }
-        if got + len > total {
+        if len > total - got {
             return Err(StreamError::Corrupt(format!(
                 "version {}: bucket {buckets} overruns the {total} payload bytes the header announced",
                 h.version
@@ -284,16 +380,25 @@ pub fn read_body<R: Read>(r: &mut R, h: &Header, dst: &mut [&mut [u8]]) -> Resul
         let mut hasher = crc32fast::Hasher::new();
         let mut left = len;
         while left > 0 {
-            while off == dst[piece].len() {
+            while off == lens[piece] {
                 piece += 1;
                 off = 0;
             }
-            let take = left.min(dst[piece].len() - off);
-            let chunk = &mut dst[piece][off..off + take];
-            r.read_exact(chunk)?;
-            hasher.update(chunk);
-            off += take;
-            left -= take;
+            let run = left.min(lens[piece] - off);
+            let mut seg = crc32fast::Hasher::new();
+            let mut at = off;
+            while at < off + run {
+                let take = CHUNK.min(off + run - at);
+                let chunk = sink.buf(piece, at..at + take);
+                r.read_exact(chunk)?;
+                seg.update(chunk);
+                sink.filled(piece, at..at + take);
+                at += take;
+            }
+            hasher.combine(&seg);
+            piece_h[piece].combine(&seg);
+            off += run;
+            left -= run;
         }
         let mut c = [0u8; 4];
         r.read_exact(&mut c)?;
@@ -313,7 +418,26 @@ pub fn read_body<R: Read>(r: &mut R, h: &Header, dst: &mut [&mut [u8]]) -> Resul
         )));
     }
     let trailer: Trailer = read_json(r, "trailer")?;
-    Ok((trailer, buckets))
+    Ok((trailer, buckets, piece_h.into_iter().map(|h| h.finalize()).collect()))
+}
+
+/// Checks the trailer's CRCs of the tensors at `indices` against `crcs` (computed while the
+/// payload was received): the per-tensor check without another pass over the weights.
+pub fn verify_crcs(version: u64, trailer: &Trailer, names: &[&str], crcs: &[u32]) -> Result<(), String> {
+    if trailer.tensor_crc.len() != crcs.len() {
+        return Err(format!(
+            "version {version}: the trailer lists {} tensors, the stream carried {}; not loaded",
+            trailer.tensor_crc.len(),
+            crcs.len()
+        ));
+    }
+    for (k, (&(_, want), &got)) in trailer.tensor_crc.iter().zip(crcs).enumerate() {
+        if want != got {
+            let name = names.get(k).copied().unwrap_or("?");
+            return Err(format!("version {version}: tensor {name} failed its CRC-32 check; not loaded"));
+        }
+    }
+    Ok(())
 }
 
 /// Checks the trailer's per-tensor CRCs against `tensors` (the assembled result).
