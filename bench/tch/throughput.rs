@@ -120,4 +120,101 @@ fn main() {
         let s = median(runs);
         println!("| {name} | {:.0} | {s:.3} |", toks as f64 / s);
     }
+
+    train_mfu();
+}
+
+/// The best fp32 matmul rate of this run (FLOP/s): square and model-shaped products, each the
+/// median of several, on the same threads as the training below.
+fn matmul_peak(shapes: &[(i64, i64, i64)]) -> (f64, String) {
+    let mut best = (0.0, String::new());
+    for &(m, k, n) in shapes {
+        let a = tch::Tensor::randn([m, k], (tch::Kind::Float, tch::Device::Cpu));
+        let b = tch::Tensor::randn([k, n], (tch::Kind::Float, tch::Device::Cpu));
+        let _ = a.matmul(&b);
+        let reps = ((2e10 / (2.0 * (m * k * n) as f64)) as usize).clamp(3, 50);
+        let rate = median(
+            (0..reps)
+                .map(|_| {
+                    let t = Instant::now();
+                    let c = a.matmul(&b);
+                    let _ = c.double_value(&[0, 0]);
+                    2.0 * (m * k * n) as f64 / t.elapsed().as_secs_f64()
+                })
+                .collect(),
+        );
+        if rate > best.0 {
+            best = (rate, format!("{m}x{k}x{n}"));
+        }
+    }
+    best
+}
+
+/// Training MFU at three sizes: one on-policy GRPO optimizer step (forward + backward over every
+/// position, no separate old-log-prob pass) against this run's fp32 matmul peak. FLOPs: 6 x the
+/// matmul parameters x tokens, plus attention's 12 x layers x d x T per token (fwd + bwd).
+fn train_mfu() {
+    println!();
+    println!("| size | params | batch | s/step (median) | trained tok/s | achieved GFLOP/s | peak GFLOP/s (shape) | MFU |");
+    println!("|---|---:|---|---:|---:|---:|---:|---:|");
+    for (name, d, layers, seqs, len) in [
+        ("0.1M (laptop, d64 L2)", 64i64, 2usize, 256usize, 16usize),
+        ("~10M (d384 L6)", 384, 6, 64, 64),
+        ("~50M (d640 L10)", 640, 10, 32, 64),
+    ] {
+        let spec: TrainSpec = serde_json::from_str(&format!(
+            r#"{{"lr": 0.0002, "micro_batch": {seqs}, "global_batch": {seqs}}}"#
+        ))
+        .expect("spec");
+        let policy = Policy::init(&cfg(d as usize, layers, len + 4), 1);
+        // Matmul parameters: every 2-D weight but the embeddings (a lookup, not a product).
+        let params: i64 = policy
+            .params()
+            .iter()
+            .filter(|(n, t)| t.dim() == 2 && !n.contains("embed_tokens"))
+            .map(|(_, t)| t.numel() as i64)
+            .sum();
+        let mut tr = TchTrainer::new(policy, spec);
+        let half = len / 2;
+        let batch: Vec<Trajectory> = prompts(seqs, half)
+            .into_iter()
+            .enumerate()
+            .map(|(i, p)| Trajectory {
+                response: p.iter().rev().copied().collect(),
+                prompt: p,
+                rollout_logprobs: vec![-1.0; half],
+                loss_mask: vec![1.0; half],
+                reward: (i % 2) as f32,
+                advantage: if i % 2 == 0 { 1.0 } else { -1.0 },
+                group: i / 8,
+                weight_version: 0,
+                routing: None,
+                teacher_logprobs: Vec::new(),
+            })
+            .collect();
+        let toks: usize = batch.iter().map(|t| t.prompt.len() + t.response.len()).sum();
+        let _ = tr.train_rl_impl(&batch, &[0.0002], 1.0).expect("train");
+        let s = median(
+            (0..5)
+                .map(|_| {
+                    let t = Instant::now();
+                    tr.train_rl_impl(&batch, &[0.0002], 1.0).expect("train");
+                    t.elapsed().as_secs_f64()
+                })
+                .collect(),
+        );
+        let flops = toks as f64 * (6.0 * params as f64 + 12.0 * layers as f64 * d as f64 * len as f64);
+        let rows = (seqs * len) as i64;
+        let (peak, shape) = matmul_peak(&[(rows, d, 3 * d), (rows, d, d), (rows, 3 * d, d), (1024, 1024, 1024)]);
+        let got = flops / s;
+        println!(
+            "| {name} | {:.2}M | {seqs} x {len} tok | {s:.3} | {:.0} | {:.1} | {:.1} ({shape}) | {:.1}% |",
+            params as f64 / 1e6,
+            toks as f64 / s,
+            got / 1e9,
+            peak / 1e9,
+            100.0 * got / peak
+        );
+        let _ = std::io::Write::flush(&mut std::io::stdout());
+    }
 }
