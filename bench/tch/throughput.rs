@@ -155,17 +155,18 @@ fn matmul_peak(shapes: &[(i64, i64, i64)]) -> (f64, String) {
 /// matmul parameters x tokens, plus attention's 12 x layers x d x T per token (fwd + bwd).
 fn train_mfu() {
     println!();
-    println!("| size | params | batch | s/step (median) | trained tok/s | achieved GFLOP/s | peak GFLOP/s (shape) | MFU |");
+    println!(
+        "| size | params | batch | s/step (median) | trained tok/s | achieved GFLOP/s | peak GFLOP/s (shape) | MFU |"
+    );
     println!("|---|---:|---|---:|---:|---:|---:|---:|");
     for (name, d, layers, seqs, len) in [
         ("0.1M (laptop, d64 L2)", 64i64, 2usize, 256usize, 16usize),
         ("~10M (d384 L6)", 384, 6, 64, 64),
         ("~50M (d640 L10)", 640, 10, 32, 64),
     ] {
-        let spec: TrainSpec = serde_json::from_str(&format!(
-            r#"{{"lr": 0.0002, "micro_batch": {seqs}, "global_batch": {seqs}}}"#
-        ))
-        .expect("spec");
+        let spec: TrainSpec =
+            serde_json::from_str(&format!(r#"{{"lr": 0.0002, "micro_batch": {seqs}, "global_batch": {seqs}}}"#))
+                .expect("spec");
         let policy = Policy::init(&cfg(d as usize, layers, len + 4), 1);
         // Matmul parameters: every 2-D weight but the embeddings (a lookup, not a product).
         let params: i64 = policy
