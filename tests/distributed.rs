@@ -4,6 +4,7 @@
 
 mod common;
 
+use common::metrics::{prompt_ledger as ledger, trained_steps};
 use common::process::{output, temp_dir, Proc};
 use common::tiny::{tiny_recipe, EVAL};
 use serde_json::Value;
@@ -206,26 +207,6 @@ fn a_worker_refuses_to_start_without_the_run_token() {
     );
     assert_eq!(o.status.code(), Some(2));
     assert!(stderr(&o).contains("MILES_RUN_TOKEN is not set"));
-}
-
-/// The prompt ledger of the newest checkpoint (async.json's source): every prompt served is
-/// trained, discarded with its reason, or waiting.
-fn ledger(out: &Path) -> miles_runtime::source::SourceState {
-    let mut ckpts: Vec<PathBuf> = std::fs::read_dir(out.join("checkpoints"))
-        .unwrap()
-        .flatten()
-        .map(|e| e.path())
-        .filter(|p| p.join("async.json").exists())
-        .collect();
-    ckpts.sort();
-    let p = ckpts.pop().unwrap_or_else(|| panic!("no asynchronous checkpoint in {}", out.display()));
-    let v: Value = serde_json::from_str(&std::fs::read_to_string(p.join("async.json")).unwrap()).unwrap();
-    serde_json::from_value(v["source"].clone()).unwrap()
-}
-
-/// Steps that trained (a metrics row with trained tokens).
-fn trained_steps(out: &Path) -> Vec<u64> {
-    metrics(out).iter().filter_map(|v| v["train/tokens"].as_u64().and(v["step"].as_u64())).collect()
 }
 
 #[test]

@@ -368,8 +368,7 @@ fn fully_async_with_miles_serve_as_the_engine_trains() {
     assert!(o.status.success(), "{err}");
     assert!(err.contains("rollout on SGLang-compatible server(s)"), "{err}");
     let rows = common::metrics::untimed(&out);
-    let steps: Vec<u64> = rows.iter().filter_map(|v| v["train/tokens"].as_u64().and(v["step"].as_u64())).collect();
-    assert_eq!(steps, (1..=6).collect::<Vec<_>>());
+    assert_eq!(common::metrics::trained_steps(&out), (1..=6).collect::<Vec<_>>());
     let swaps: f64 = rows.iter().filter_map(|v| v["rollout/fully_async/weight_swaps"].as_f64()).sum();
     assert!(swaps >= 1.0, "the server took new weights while the run went on");
     // The server holds a version the run pushed, read from the run's own weights directory.
@@ -377,12 +376,6 @@ fn fully_async_with_miles_serve_as_the_engine_trains() {
     assert_ne!(info["weight_version"], "0", "{info}");
     assert!(out.join("weights-http").is_dir());
     // Every prompt served was trained, dropped with a reason, or is waiting in the checkpoint.
-    let mut ckpts: Vec<PathBuf> =
-        std::fs::read_dir(out.join("checkpoints")).unwrap().flatten().map(|e| e.path()).collect();
-    ckpts.sort();
-    let v: Value =
-        serde_json::from_str(&std::fs::read_to_string(ckpts.last().unwrap().join("async.json")).unwrap()).unwrap();
-    let st: miles_runtime::source::SourceState = serde_json::from_value(v["source"].clone()).unwrap();
-    assert_eq!(st.accounting_faults(), Vec::<String>::new());
+    assert_eq!(common::metrics::prompt_ledger(&out).accounting_faults(), Vec::<String>::new());
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -113,14 +113,7 @@ fn fully_async_under_slurm_trains_with_every_prompt_accounted_for() {
     assert!(err.contains("submitted Slurm job"), "{err}");
     let script = std::fs::read_to_string(out.join("job.sbatch")).unwrap();
     assert_eq!(script.matches("srun ").count(), 2, "a trainer and an engine: {script}");
-    let steps: Vec<u64> =
-        metrics(&out).iter().filter_map(|v| v["train/tokens"].as_u64().and(v["step"].as_u64())).collect();
-    assert_eq!(steps, (1..=6).collect::<Vec<_>>());
-    let mut ckpts: Vec<_> = std::fs::read_dir(out.join("checkpoints")).unwrap().flatten().map(|e| e.path()).collect();
-    ckpts.sort();
-    let v: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(ckpts.last().unwrap().join("async.json")).unwrap()).unwrap();
-    let st: miles_runtime::source::SourceState = serde_json::from_value(v["source"].clone()).unwrap();
-    assert_eq!(st.accounting_faults(), Vec::<String>::new());
+    assert_eq!(common::metrics::trained_steps(&out), (1..=6).collect::<Vec<_>>());
+    assert_eq!(common::metrics::prompt_ledger(&out).accounting_faults(), Vec::<String>::new());
     let _ = std::fs::remove_dir_all(&dir);
 }
