@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::process::{output, temp_dir};
+use common::process::{run_recipe, temp_dir};
 use common::tiny::{tiny_recipe, EVAL};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -19,19 +19,7 @@ fn ray_ready() -> Result<(), String> {
 }
 
 fn run(recipe: &Path, out: &Path) -> String {
-    let o = output(
-        common::process::miles().args([
-            "run",
-            recipe.to_str().unwrap(),
-            "--out",
-            out.to_str().unwrap(),
-            "--threads",
-            "1",
-            "--progress",
-            "off",
-        ]),
-        Duration::from_secs(600),
-    );
+    let o = run_recipe(recipe, out, Duration::from_secs(600));
     let err = String::from_utf8_lossy(&o.stderr).into_owned();
     assert!(o.status.success(), "{}: {err}", recipe.display());
     err

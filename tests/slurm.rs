@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::process::{output, temp_dir};
+use common::process::{run_recipe, temp_dir};
 use common::tiny::{tiny_recipe, EVAL};
 use std::process::Command;
 use std::time::Duration;
@@ -45,19 +45,7 @@ fn grpo_under_slurm_learns_as_in_process() {
         let launcher = format!("launcher = {launcher}");
         std::fs::write(&r, tiny_recipe(&sync, 4, &[&launcher, EVAL])).unwrap();
         let out = dir.join(name);
-        let o = output(
-            common::process::miles().args([
-                "run",
-                r.to_str().unwrap(),
-                "--out",
-                out.to_str().unwrap(),
-                "--threads",
-                "1",
-                "--progress",
-                "off",
-            ]),
-            Duration::from_secs(600),
-        );
+        let o = run_recipe(&r, &out, Duration::from_secs(600));
         let err = String::from_utf8_lossy(&o.stderr);
         assert!(o.status.success(), "{name}: {err}");
         if name == "slurm" {
@@ -95,19 +83,7 @@ fn fully_async_under_slurm_trains_with_every_prompt_accounted_for() {
     );
     std::fs::write(&r, text).unwrap();
     let out = dir.join("out");
-    let o = output(
-        common::process::miles().args([
-            "run",
-            r.to_str().unwrap(),
-            "--out",
-            out.to_str().unwrap(),
-            "--threads",
-            "1",
-            "--progress",
-            "off",
-        ]),
-        Duration::from_secs(600),
-    );
+    let o = run_recipe(&r, &out, Duration::from_secs(600));
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(o.status.success(), "{err}");
     assert!(err.contains("submitted Slurm job"), "{err}");

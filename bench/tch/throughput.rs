@@ -35,6 +35,29 @@ fn prompts(n: usize, len: usize) -> Vec<Vec<u32>> {
         .collect()
 }
 
+/// A GRPO batch over `ps`: each prompt's response from `response`, rewards and advantages
+/// alternating, groups of 8.
+fn grpo_batch(ps: Vec<Vec<u32>>, response: impl Fn(&[u32]) -> Vec<u32>) -> Vec<Trajectory> {
+    ps.into_iter()
+        .enumerate()
+        .map(|(i, p)| {
+            let r = response(&p);
+            Trajectory {
+                rollout_logprobs: vec![-1.0; r.len()],
+                loss_mask: vec![1.0; r.len()],
+                response: r,
+                prompt: p,
+                reward: (i % 2) as f32,
+                advantage: if i % 2 == 0 { 1.0 } else { -1.0 },
+                group: i / 8,
+                weight_version: 0,
+                routing: None,
+                teacher_logprobs: Vec::new(),
+            }
+        })
+        .collect()
+}
+
 fn gen_tps(policy: &Policy, ps: &[Vec<u32>], n: usize, new: usize, cache: bool, reps: usize) -> f64 {
     let params = SamplingParams {
         max_new_tokens: new,
@@ -93,22 +116,7 @@ fn main() {
             serde_json::from_str(r#"{"lr": 0.0002, "micro_batch": 256, "global_batch": 256}"#).expect("spec");
         let mut tr = TchTrainer::new(Policy::init(&cfg(d, layers, 20), 1), spec);
         let ps = prompts(256, 8);
-        let batch: Vec<Trajectory> = ps
-            .iter()
-            .enumerate()
-            .map(|(i, p)| Trajectory {
-                prompt: p.clone(),
-                response: p.iter().rev().take(7).copied().chain([2]).collect(),
-                rollout_logprobs: vec![-1.0; 8],
-                loss_mask: vec![1.0; 8],
-                reward: (i % 2) as f32,
-                advantage: if i % 2 == 0 { 1.0 } else { -1.0 },
-                group: i / 8,
-                weight_version: 0,
-                routing: None,
-                teacher_logprobs: Vec::new(),
-            })
-            .collect();
+        let batch = grpo_batch(ps, |p| p.iter().rev().take(7).copied().chain([2]).collect());
         let toks: usize = batch.iter().map(|t| t.prompt.len() + t.response.len()).sum();
         let runs: Vec<f64> = (0..5)
             .map(|_| {
@@ -177,22 +185,7 @@ fn train_mfu() {
             .sum();
         let mut tr = TchTrainer::new(policy, spec);
         let half = len / 2;
-        let batch: Vec<Trajectory> = prompts(seqs, half)
-            .into_iter()
-            .enumerate()
-            .map(|(i, p)| Trajectory {
-                response: p.iter().rev().copied().collect(),
-                prompt: p,
-                rollout_logprobs: vec![-1.0; half],
-                loss_mask: vec![1.0; half],
-                reward: (i % 2) as f32,
-                advantage: if i % 2 == 0 { 1.0 } else { -1.0 },
-                group: i / 8,
-                weight_version: 0,
-                routing: None,
-                teacher_logprobs: Vec::new(),
-            })
-            .collect();
+        let batch = grpo_batch(prompts(seqs, half), |p| p.iter().rev().copied().collect());
         let toks: usize = batch.iter().map(|t| t.prompt.len() + t.response.len()).sum();
         let _ = tr.train_rl_impl(&batch, &[0.0002], 1.0).expect("train");
         let s = median(

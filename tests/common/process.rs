@@ -135,6 +135,13 @@ pub fn run_miles(args: &[&str]) -> Output {
     output(miles().args(args), Duration::from_secs(300))
 }
 
+/// `miles run RECIPE --out OUT` with one libtorch thread and no progress bar, to its end within
+/// `limit`.
+pub fn run_recipe(recipe: &std::path::Path, out: &std::path::Path, limit: Duration) -> Output {
+    let (r, o) = (recipe.to_str().unwrap_or_default(), out.to_str().unwrap_or_default());
+    output(miles().args(["run", r, "--out", o, "--threads", "1", "--progress", "off"]), limit)
+}
+
 /// A command's stdout then stderr, as text (what an assertion message shows).
 pub fn text(o: &Output) -> String {
     format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
