@@ -342,7 +342,7 @@ def main():
       f"backward = 2 x forward; pads, norms, softmax and AdamW not counted). Peak: libtorch fp32 matmul on "
       f"{a.threads} thread(s), the best matmul of the run (square n = 256..2048 and the model's own shapes, "
       f"measured before and after the runs: contention only lowers a measurement). The same CPU type measured "
-      f"~165 GFLOP/s at n = 2048 when quiet (/work/shared/context/toolchain-facts.md); under this run's load "
+      f"~165 GFLOP/s at n = 2048 when quiet (../shared/context/toolchain-facts.md, beside the repository); under this run's load "
       f"the square matmuls reached only {max(max(p['square'].values()) for p in peaks):.0f}.\n")
     w("| phase | ms per step | share | GFLOP/s achieved |")
     w("|---|---:|---:|---:|")
