@@ -431,7 +431,7 @@ pub const TABLE: &[Entry] = &[
     e("evaluate", "every", Support::All, "", &["run_trains_and_a_saved_plan_runs_exactly"]),
     e("evaluate", "temperature", Support::Refused(&["0", "0.0"]), "evaluation decodes greedily: remove `temperature`", &[]),
     e("evaluate", "limit", Support::All, "", &["greedy_answers_match_the_batch_engine"]),
-    e("evaluate", "mode", Support::Only(&[E], &["shared"]), "snapshot and external evaluation run beside the in-process asynchronous schedules", &["evaluation_modes_report_their_lag"]),
+    e("evaluate", "mode", Support::Only(&[E], &["shared"]), "snapshot and external evaluation need a second copy of the weights in the `miles run` process: with a launcher or URL engine set `mode = shared` (the rollout engines evaluate)", &["evaluation_modes_report_their_lag"]),
     e("evaluate", "command", Support::Only(&[E], &["none"]), "external evaluation runs beside the in-process asynchronous schedules", &["external_output"]),
     e("checkpoint", "", Support::All, "", &["resume_after_clean_stop_equals_uninterrupted"]),
     e("checkpoint", "every", Support::All, "", &["resume_after_clean_stop_equals_uninterrupted"]),
