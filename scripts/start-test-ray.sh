@@ -5,7 +5,7 @@
 #   bash scripts/start-test-ray.sh          # start (or check) it
 #   bash scripts/start-test-ray.sh stop     # stop it
 set -euo pipefail
-VENV=${MILES_RAY_VENV:-/opt/miles-ray}
+VENV=${MILES_RAY_VENV:-/opt/test-ray}
 RAY_VERSION=2.60.0
 export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S=1 RAY_USAGE_STATS_ENABLED=0
 
