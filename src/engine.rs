@@ -57,9 +57,16 @@ fn end_with_parent(cmd: &mut Command) {
 fn code_of(status: std::process::ExitStatus) -> u8 {
     match status.code() {
         Some(c) => u8::try_from(c).unwrap_or(1),
-        // Killed by a signal: say so, as a shell would.
+        // Killed by a signal: say so, and which, as a shell would.
         None => {
-            eprintln!("error: {ENGINE} was killed by a signal");
+            #[cfg(unix)]
+            let sig = std::os::unix::process::ExitStatusExt::signal(&status);
+            #[cfg(not(unix))]
+            let sig: Option<i32> = None;
+            match sig {
+                Some(n) => eprintln!("error: {ENGINE} was killed by signal {n}"),
+                None => eprintln!("error: {ENGINE} was killed by a signal"),
+            }
             1
         }
     }

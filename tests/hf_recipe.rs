@@ -162,3 +162,33 @@ recipe w {{
     assert!(runs[1].join("model/tokenizer.json").is_file());
     let _ = std::fs::remove_dir_all(&d);
 }
+
+/// A reward program that answers once and exits: the run's next write to its stdin meets a
+/// closed pipe. That is the reward's fault, named with its stage and the sample (E0517), never
+/// a SIGPIPE that kills the engine.
+#[test]
+fn a_reward_program_that_exits_early_is_named_not_a_signal() {
+    let dir = common::process::temp_dir("reward-exits");
+    let script = dir.join("once.py");
+    std::fs::write(
+        &script,
+        "import json, sys\nr = json.loads(sys.stdin.readline())\n\
+         print(json.dumps({\"id\": r[\"id\"], \"scores\": [0.0 for _ in r[\"samples\"]]}), flush=True)\n",
+    )
+    .unwrap();
+    let reward = format!(
+        "reward = command_reward(rollout) {{ command = [\"python3\", \"{}\"], timeout = 30.s }}",
+        script.display()
+    );
+    let recipe =
+        common::tiny::tiny_recipe("transport = local", 6, &[]).replace("reward = exact_match(rollout)", &reward);
+    assert!(recipe.contains("command_reward"), "{recipe}");
+    let r = dir.join("once.miles");
+    std::fs::write(&r, recipe).unwrap();
+    let o = common::process::run_recipe(&r, &dir.join("out"), std::time::Duration::from_secs(300));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success());
+    assert!(!err.contains("killed by signal"), "{err}");
+    assert!(err.contains("error[E0517]: reward `reward` failed") && err.contains("closed its stdout"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -39,12 +39,19 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    let cli = Cli::parse();
+    // A child that answers its parent on stdout (a teacher, an image reward) ends quietly when the
+    // parent is gone. Every other command keeps SIGPIPE ignored: a run writes to children of its
+    // own (teachers, rewards, environments), and one killed mid-write must be an error the run
+    // handles (restart, name it), not a signal that kills the run.
     #[cfg(unix)]
-    // SAFETY: restoring the default disposition of one signal before any thread starts.
-    unsafe {
-        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    if matches!(cli.command, Command::Teacher(_) | Command::ImageReward(_)) {
+        // SAFETY: restoring the default disposition of one signal before any thread starts.
+        unsafe {
+            libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+        }
     }
-    let code = match Cli::parse().command {
+    let code = match cli.command {
         Command::Run(a) => execute::run(a),
         Command::Diffuse(a) => diffuse::run(a),
         Command::ImageReward(a) => diffuse::reward_worker(a),
