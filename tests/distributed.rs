@@ -89,6 +89,21 @@ fn signal(pid: i32, sig: i32) {
     assert_eq!(unsafe { libc::kill(pid, sig) }, 0, "kill({pid}, {sig})");
 }
 
+/// Runs `recipe` (two engines, `on_failure = drop_engine`), SIGKILLs rollout-1 once step
+/// `after` is logged, and checks the run names it, goes on with the other engine, succeeds and
+/// leaves nothing running.
+fn run_killing_rollout_1(recipe: &Path, out: &Path, after: u64) {
+    let mut child = start(&["run", recipe.to_str().unwrap(), "--out", out.to_str().unwrap()]);
+    wait_for_step(out, after, &mut child);
+    signal(worker_pid(out, "rollout-1"), libc::SIGKILL);
+    let o = child.wait_output(LIMIT);
+    let err = stderr(&o);
+    assert!(o.status.success(), "{err}");
+    assert!(err.contains("worker rollout-1 on host"), "the dead worker is named: {err}");
+    assert!(err.contains("continuing with 1 rollout engine"), "{err}");
+    assert_nothing_left(&child);
+}
+
 #[test]
 fn one_engine_in_worker_processes_learns_bit_identically_to_in_process() {
     let dir = temp_dir("workers-same");
@@ -120,19 +135,9 @@ fn a_killed_rollout_engine_is_dropped_when_the_recipe_says_so() {
     let dir = temp_dir("workers-drop");
     let r = recipe(&dir, "local_processes { engines = 2, on_failure = drop_engine }", "broadcast", 14);
     let out = dir.join("out");
-    let mut child = start(&["run", r.to_str().unwrap(), "--out", out.to_str().unwrap()]);
-    wait_for_step(&out, 2, &mut child);
-    signal(worker_pid(&out, "rollout-1"), libc::SIGKILL);
-    let o = child.wait_output(LIMIT);
-    let err = stderr(&o);
-    assert!(o.status.success(), "{err}");
-    assert!(err.contains("worker rollout-1 on host"), "the dead worker is named: {err}");
-    assert!(err.contains("continuing with 1 rollout engine"), "{err}");
-    assert_nothing_left(&child);
+    run_killing_rollout_1(&r, &out, 2);
     // Every step trained on a full batch: no step is missing.
-    let steps: Vec<u64> =
-        metrics(&out).iter().filter_map(|v| v["train/tokens"].as_u64().map(|_| v["step"].as_u64().unwrap())).collect();
-    assert_eq!(steps, (1..=14).collect::<Vec<_>>());
+    assert_eq!(trained_steps(&out), (1..=14).collect::<Vec<_>>());
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -266,15 +271,7 @@ fn a_killed_engine_under_fully_async_loses_no_prompt() {
     );
     std::fs::write(&p, text).unwrap();
     let out = dir.join("out");
-    let mut child = start(&["run", p.to_str().unwrap(), "--out", out.to_str().unwrap()]);
-    wait_for_step(&out, 3, &mut child);
-    signal(worker_pid(&out, "rollout-1"), libc::SIGKILL);
-    let o = child.wait_output(LIMIT);
-    let err = stderr(&o);
-    assert!(o.status.success(), "{err}");
-    assert!(err.contains("worker rollout-1 on host"), "the dead worker is named: {err}");
-    assert!(err.contains("continuing with 1 rollout engine"), "{err}");
-    assert_nothing_left(&child);
+    run_killing_rollout_1(&p, &out, 3);
     assert_eq!(trained_steps(&out), (1..=14).collect::<Vec<_>>());
     // Nothing lost: the groups rollout-1 had in flight were generated again on rollout-0.
     let st = ledger(&out);

@@ -778,6 +778,11 @@ pub struct Summary {
 }
 
 impl RunSpec {
+    /// The schedule as the asynchronous executor runs it; `None` for `sync`.
+    pub fn async_schedule(&self) -> Option<crate::schedule::AsyncSpec> {
+        crate::schedule::resolve(&self.schedule, self.rollout.rollout_batch, self.rollout.samples_per_prompt)
+    }
+
     pub fn from_json(text: &str) -> Result<RunSpec, crate::RunError> {
         serde_json::from_str(text)
             .map_err(|e| crate::RunError::new(crate::E_SPEC, format!("run spec is not valid: {e}")))
@@ -979,7 +984,7 @@ impl RunSpec {
             }
             TaskKind::Data { .. } => {}
         }
-        if let Some(a) = crate::schedule::resolve(&self.schedule, r.rollout_batch, r.samples_per_prompt) {
+        if let Some(a) = self.async_schedule() {
             if a.max_concurrent == 0 {
                 return bad("schedule.max_concurrent", "must be at least 1");
             }

@@ -120,8 +120,7 @@ impl Backend for TchBackend {
     /// Three copies of the weights, one per thread: the trainer's, the streaming engine's
     /// (continuous batching, `max_concurrent` slots) and, for snapshot evaluation, a batch engine's.
     fn create_async(&self, spec: &RunSpec) -> Result<Option<miles_runtime::AsyncParts>, RunError> {
-        let r = &spec.rollout;
-        let Some(a) = miles_runtime::schedule::resolve(&spec.schedule, r.rollout_batch, r.samples_per_prompt) else {
+        let Some(a) = spec.async_schedule() else {
             return Ok(None);
         };
         guard("model init", || {

@@ -137,8 +137,7 @@ impl Backend for WorkersBackend {
     /// fleet never hold it while in flight. Snapshot evaluation needs a second engine copy that a
     /// fleet does not have (refused at check).
     fn create_async(&self, spec: &RunSpec) -> Result<Option<AsyncParts>, RunError> {
-        let r = &spec.rollout;
-        let Some(a) = miles_runtime::schedule::resolve(&spec.schedule, r.rollout_batch, r.samples_per_prompt) else {
+        let Some(a) = spec.async_schedule() else {
             return Ok(None);
         };
         if spec.eval.mode == EvalMode::Snapshot {

@@ -225,6 +225,40 @@ impl Sink for Direct<'_, '_> {
     }
 }
 
+/// One bucket of `len` payload bytes from the cursor (piece, offset) on, chunk by chunk (at most
+/// CHUNK bytes, never across a piece): `each` moves a chunk and adds its bytes to the hasher it is
+/// given, whose CRC then serves both the bucket's and the piece's (`combine`). Writer and reader
+/// walk the same layout through this one loop. Returns the bucket's CRC.
+fn bucket_chunks(
+    lens: &[usize],
+    (piece, off): (&mut usize, &mut usize),
+    len: usize,
+    piece_h: &mut [crc32fast::Hasher],
+    mut each: impl FnMut(usize, std::ops::Range<usize>, &mut crc32fast::Hasher) -> io::Result<()>,
+) -> io::Result<crc32fast::Hasher> {
+    let mut bucket_h = crc32fast::Hasher::new();
+    let mut left = len;
+    while left > 0 {
+        while *off == lens[*piece] {
+            *piece += 1;
+            *off = 0;
+        }
+        let run = left.min(lens[*piece] - *off);
+        let mut seg = crc32fast::Hasher::new();
+        let mut at = *off;
+        while at < *off + run {
+            let take = CHUNK.min(*off + run - at);
+            each(*piece, at..at + take, &mut seg)?;
+            at += take;
+        }
+        bucket_h.combine(&seg);
+        piece_h[*piece].combine(&seg);
+        *off += run;
+        left -= run;
+    }
+    Ok(bucket_h)
+}
+
 /// Writes the payload as buckets and the end mark, in one pass: each chunk's CRC-32 is computed
 /// once (while the chunk is in cache, right before it is written) and serves both its bucket's CRC
 /// and its piece's, combined with `crc32fast`'s `combine`. Returns the number of buckets and the
@@ -243,36 +277,20 @@ pub fn write_payload<W: Write, S: Source>(
     while sent < total {
         let len = bucket.min(total - sent);
         w.write_all(&(len as u64).to_le_bytes())?;
-        let mut bucket_h = crc32fast::Hasher::new();
         let mut first = true;
-        let mut left = len;
-        while left > 0 {
-            while off == lens[piece] {
-                piece += 1;
-                off = 0;
+        let bucket_h = bucket_chunks(lens, (&mut piece, &mut off), len, &mut piece_h, |p, range, seg| {
+            let chunk = src.chunk(p, range);
+            seg.update(chunk);
+            if first && faults.corrupt_bucket == Some(buckets) {
+                let mut bad = chunk.to_vec();
+                bad[0] ^= 0x5a;
+                w.write_all(&bad)?;
+            } else {
+                w.write_all(chunk)?;
             }
-            let run = left.min(lens[piece] - off);
-            let mut seg = crc32fast::Hasher::new();
-            let mut at = off;
-            while at < off + run {
-                let take = CHUNK.min(off + run - at);
-                let chunk = src.chunk(piece, at..at + take);
-                seg.update(chunk);
-                if first && faults.corrupt_bucket == Some(buckets) {
-                    let mut bad = chunk.to_vec();
-                    bad[0] ^= 0x5a;
-                    w.write_all(&bad)?;
-                } else {
-                    w.write_all(chunk)?;
-                }
-                first = false;
-                at += take;
-            }
-            bucket_h.combine(&seg);
-            piece_h[piece].combine(&seg);
-            off += run;
-            left -= run;
-        }
+            first = false;
+            Ok(())
+        })?;
         w.write_all(&bucket_h.finalize().to_le_bytes())?;
         sent += len;
         buckets += 1;
@@ -377,29 +395,13 @@ pub fn read_payload<R: Read, K: Sink>(
                 h.version
             )));
         }
-        let mut hasher = crc32fast::Hasher::new();
-        let mut left = len;
-        while left > 0 {
-            while off == lens[piece] {
-                piece += 1;
-                off = 0;
-            }
-            let run = left.min(lens[piece] - off);
-            let mut seg = crc32fast::Hasher::new();
-            let mut at = off;
-            while at < off + run {
-                let take = CHUNK.min(off + run - at);
-                let chunk = sink.buf(piece, at..at + take);
-                r.read_exact(chunk)?;
-                seg.update(chunk);
-                sink.filled(piece, at..at + take);
-                at += take;
-            }
-            hasher.combine(&seg);
-            piece_h[piece].combine(&seg);
-            off += run;
-            left -= run;
-        }
+        let hasher = bucket_chunks(lens, (&mut piece, &mut off), len, &mut piece_h, |p, range, seg| {
+            let chunk = sink.buf(p, range.clone());
+            r.read_exact(chunk)?;
+            seg.update(chunk);
+            sink.filled(p, range);
+            Ok(())
+        })?;
         let mut c = [0u8; 4];
         r.read_exact(&mut c)?;
         if u32::from_le_bytes(c) != hasher.finalize() {

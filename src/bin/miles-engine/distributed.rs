@@ -72,8 +72,7 @@ impl miles_runtime::Backend for HttpBackend {
     /// (every queued group in one request round) while the trainer here trains; each update
     /// reaches them as a checkpoint directory, as under the sync schedule.
     fn create_async(&self, spec: &RunSpec) -> Result<Option<miles_runtime::AsyncParts>, RunError> {
-        let r = &spec.rollout;
-        let Some(a) = miles_runtime::schedule::resolve(&spec.schedule, r.rollout_batch, r.samples_per_prompt) else {
+        let Some(a) = spec.async_schedule() else {
             return Ok(None);
         };
         if spec.eval.mode == miles_runtime::EvalMode::Snapshot {

@@ -137,7 +137,7 @@ pub(crate) fn run(
     started: Instant,
 ) -> Result<Summary, RunError> {
     let r = &spec.rollout;
-    let Some(cfg) = crate::schedule::resolve(&spec.schedule, r.rollout_batch, r.samples_per_prompt) else {
+    let Some(cfg) = spec.async_schedule() else {
         return Err(RunError::internal("the asynchronous executor was given the sync schedule"));
     };
     let out = &opts.out_dir;
