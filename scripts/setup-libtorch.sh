@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
-# Installs the libtorch that tch 0.26 needs (2.13.0) into .libtorch/ at the repository root.
+# Installs the libtorch that tch 0.24 needs (2.11.0) into .libtorch/ at the repository root.
 #
-# Why a wheel: the registry has no CPU-only libtorch 2.13.0 and tch's download feature cannot reach
+# Why 2.11.0: the GPU machine we measure on has torch 2.11.0+cu130 and no network; a binary built
+# here against the same version runs there against that machine's libtorch (scripts/gpu-bundle.sh).
+#
+# Why a wheel: the registry has no CPU-only libtorch 2.11.0 and tch's download feature cannot reach
 # its host, so we take the CUDA 13 torch wheel without its dependencies, plus the two small CUDA
 # runtime packages that libtorch_cpu.so links against, and delete the CUDA-only libraries a CPU
 # build never loads (1.1 GB -> ~0.57 GB). Versions are pinned by hash: with LIBTORCH pointing at a
@@ -14,7 +17,7 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 DEST="$ROOT/.libtorch"
 MARKER="$DEST/.miles-libtorch-version"
-WANT="torch==2.13.0 nvidia-cuda-runtime==13.0.96 nvidia-cuda-cupti==13.0.85"
+WANT="torch==2.11.0 nvidia-cuda-runtime==13.0.96 nvidia-cuda-cupti==13.0.85"
 
 die() {
     echo "setup-libtorch: error: $*" >&2
@@ -37,7 +40,8 @@ trap 'rm -rf "$TMP"' EXIT
 
 REQ="$TMP/requirements.txt"
 cat >"$REQ" <<'EOF'
-torch==2.13.0 --hash=sha256:60fcdcb2f3876e21146cb4524ef06397d727ca9ad5f020818547e25075fe3cb7
+torch==2.11.0 --hash=sha256:7aa2f9bbc6d4595ba72138026b2074be1233186150e9292865e04b7a63b8c67a \
+    --hash=sha256:0f68f4ac6d95d12e896c3b7a912b5871619542ec54d3649cf48cc1edd4dd2756
 nvidia-cuda-runtime==13.0.96 --hash=sha256:7f82250d7782aa23b6cfe765ecc7db554bd3c2870c43f3d1821f1d18aebf0548
 nvidia-cuda-cupti==13.0.85 --hash=sha256:4eb01c08e859bf924d222250d2e8f8b8ff6d3db4721288cf35d14252a4d933c8
 EOF

@@ -72,7 +72,31 @@ fn plan_once(args: &Args, overrides: Vec<(String, String)>) -> (u8, Vec<std::pat
 /// The plan of a compiled recipe: the one path from recipe to planner input, shared by
 /// `miles plan` and `miles run` (which saves it as OUT/plan.json for `miles report`).
 pub fn make_plan(recipe: &miles_compiler::CompiledRecipe) -> miles_plan::Plan {
-    miles_plan::plan(&miles_plan::plan_input(recipe))
+    let mut input = miles_plan::plan_input(recipe);
+    // The planner is pure; the machine's GPUs are looked up here, only when the recipe may use one.
+    if let Some(d) = input.device.as_mut().filter(|d| d.asked.value != "cpu") {
+        d.machine = Some(machine_gpus());
+    }
+    miles_plan::plan(&input)
+}
+
+/// This machine's GPUs through the CUDA driver (loaded at run time; absent: why, in words).
+fn machine_gpus() -> miles_plan::input::MachineGpus {
+    match miles_cuda::devices() {
+        Ok(gpus) => miles_plan::input::MachineGpus {
+            gpus: gpus
+                .iter()
+                .map(|g| miles_plan::input::MachineGpu {
+                    index: g.index,
+                    name: g.name.clone(),
+                    memory: g.memory_bytes,
+                    sm: g.sm(),
+                })
+                .collect(),
+            unavailable: None,
+        },
+        Err(e) => miles_plan::input::MachineGpus { gpus: Vec::new(), unavailable: Some(e.reason) },
+    }
 }
 
 /// The plan as `miles plan --format json` prints it: diagnostics with path, line and column.

@@ -153,7 +153,19 @@ pub fn compile_spec(file: &str, set: &[String], recipe: Option<String>) -> Resul
     }
     let r = crate::graph::pick_recipe(&c, file)?;
     match crate::runspec::job(r) {
-        Ok(spec) => Ok((spec, r.name.clone(), Some(crate::plan::plan_json(&c, &crate::plan::make_plan(r))))),
+        Ok(spec) => {
+            let plan = crate::plan::make_plan(r);
+            // A GPU the machine lacks stops the run here, at the recipe's line, before the engine
+            // starts (the engine would refuse it too, without the line).
+            let no_gpu: Vec<_> =
+                plan.diagnostics.iter().filter(|d| d.code == miles_runtime::E_NO_GPU).cloned().collect();
+            if !no_gpu.is_empty() {
+                emit(&c.program.sources, &no_gpu, DiagFormat::Auto);
+                eprintln!("miles run: not started: this machine cannot give the recipe its device");
+                return Err(1);
+            }
+            Ok((spec, r.name.clone(), Some(crate::plan::plan_json(&c, &plan))))
+        }
         Err(diags) => {
             emit(&c.program.sources, &diags, DiagFormat::Auto);
             eprintln!("miles run: not started: {} thing(s) the embedded backend cannot run", diags.len());

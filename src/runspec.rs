@@ -252,6 +252,20 @@ fn seed_and_stop(recipe: &CompiledRecipe) -> (u64, u64) {
     (seed, stop)
 }
 
+/// The `local` cluster's `device` (a spec without one computes on the CPU).
+pub fn device_of(recipe: &CompiledRecipe) -> DeviceSpec {
+    recipe
+        .settings
+        .as_record()
+        .and_then(|s| s.get("cluster"))
+        .and_then(Value::as_record)
+        .filter(|c| c.schema_name == "local")
+        .and_then(|c| c.get("device"))
+        .and_then(Value::as_enum)
+        .and_then(DeviceSpec::parse)
+        .unwrap_or_default()
+}
+
 pub fn run_spec(recipe: &CompiledRecipe) -> Result<RunSpec, Vec<Diagnostic>> {
     let mut m = Mapper { g: &recipe.graph, diags: Vec::new() };
     let settings = recipe.settings.as_record();
@@ -491,6 +505,7 @@ pub fn run_spec(recipe: &CompiledRecipe) -> Result<RunSpec, Vec<Diagnostic>> {
         checkpoint,
         distributed,
         schedule,
+        device: device_of(recipe),
         stages: StageNames {
             rollout: rollout.name.clone(),
             train: train.name.clone(),

@@ -97,6 +97,7 @@ fn input(gpus: u64) -> PlanInput {
         r3_id_bytes: None,
         episodes: None,
         assumptions: Assumptions::default(),
+        device: None,
     }
 }
 

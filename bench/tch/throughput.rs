@@ -2,6 +2,8 @@
 //! KV cache, and trained tokens/s of a GRPO step. Medians of several runs.
 //!
 //! `cargo bench -p miles-tch --bench throughput` (add `-- --threads N` to pin libtorch threads).
+//! `-- --device cuda` instead measures a ~0.5B decoder on the GPU against the same run's bf16
+//! matmul peak (bench/gpu/run.sh runs it there).
 
 use miles_runtime::{DecoderSizes, ModelConfig, SamplingParams, TrainSpec, Trajectory};
 use miles_tch::model::Policy;
@@ -86,6 +88,10 @@ fn main() {
         if let Some(n) = args.get(i + 1).and_then(|s| s.parse::<i32>().ok()) {
             tch::set_num_threads(n);
         }
+    }
+    if args.windows(2).any(|w| w[0] == "--device" && w[1] == "cuda") {
+        gpu_throughput();
+        return;
     }
     println!("libtorch threads: {}", tch::get_num_threads());
     println!("| case | cache tok/s | no-cache tok/s | ratio |");
@@ -211,4 +217,84 @@ fn train_mfu() {
         );
         let _ = std::io::Write::flush(&mut std::io::stdout());
     }
+}
+
+/// The bf16 matmul rate of the GPU (FLOP/s), the median of 10 timed 8192^3 products after 3
+/// warm-ups: the peak a run's MFU is set against.
+fn bf16_peak(device: tch::Device) -> f64 {
+    let n = 8192i64;
+    let a = tch::Tensor::randn([n, n], (tch::Kind::BFloat16, device));
+    let b = tch::Tensor::randn([n, n], (tch::Kind::BFloat16, device));
+    for _ in 0..3 {
+        let _ = a.matmul(&b);
+    }
+    tch::Cuda::synchronize(0);
+    median(
+        (0..10)
+            .map(|_| {
+                let t = Instant::now();
+                let _ = a.matmul(&b);
+                tch::Cuda::synchronize(0);
+                2.0 * (n * n * n) as f64 / t.elapsed().as_secs_f64()
+            })
+            .collect(),
+    )
+}
+
+/// A ~0.5B decoder on the GPU: generated tokens/s with the KV cache, and one GRPO optimizer step's
+/// trained tokens/s and MFU against `bf16_peak` of the same run (fp32 master weights, bf16 matmuls).
+fn gpu_throughput() {
+    let spec = miles_runtime::DeviceSpec::Cuda;
+    let (device, why) = miles_tch::device::select(spec).unwrap_or_else(|e| {
+        eprintln!("error[{}]: {}", e.code, e.message);
+        std::process::exit(1)
+    });
+    println!("device: {why}");
+    let peak = bf16_peak(device);
+    println!("bf16 matmul peak (8192^3, median of 10): {:.1} TFLOP/s", peak / 1e12);
+    let (d, layers, heads, len, seqs) = (1536usize, 16usize, 16usize, 512usize, 32usize);
+    let cfg = ModelConfig::decoder(DecoderSizes {
+        vocab_size: 16,
+        d_model: d,
+        n_layers: layers,
+        n_heads: heads,
+        n_kv_heads: heads / 4,
+        d_ff: 4096,
+        max_len: len + 8,
+    });
+    let policy = Policy::init(&cfg, 1);
+    let params: i64 = policy
+        .params()
+        .iter()
+        .filter(|(n, t)| t.dim() == 2 && !n.contains("embed_tokens"))
+        .map(|(_, t)| t.numel() as i64)
+        .sum();
+    println!("model: d{d} L{layers}, {:.0}M matmul parameters", params as f64 / 1e6);
+    let gen = gen_tps(&policy, &prompts(64, 16), 1, 128, true, 3);
+    println!("generation (64 prompts, 128 new tokens, KV cache): {gen:.0} tok/s");
+    let spec: TrainSpec =
+        serde_json::from_str(&format!(r#"{{"lr": 0.0002, "micro_batch": {seqs}, "global_batch": {seqs}}}"#))
+            .expect("spec");
+    let mut tr = TchTrainer::new(policy, spec);
+    let half = len / 2;
+    let batch = grpo_batch(prompts(seqs, half), |p| p.iter().rev().copied().collect());
+    let toks: usize = batch.iter().map(|t| t.prompt.len() + t.response.len()).sum();
+    let _ = tr.train_rl_impl(&batch, &[0.0002], 1.0).expect("train");
+    let s = median(
+        (0..5)
+            .map(|_| {
+                let t = Instant::now();
+                tr.train_rl_impl(&batch, &[0.0002], 1.0).expect("train");
+                tch::Cuda::synchronize(0);
+                t.elapsed().as_secs_f64()
+            })
+            .collect(),
+    );
+    let flops = toks as f64 * (6.0 * params as f64 + 12.0 * layers as f64 * d as f64 * len as f64);
+    println!(
+        "training ({seqs} x {len} tokens, one GRPO step, median of 5): {s:.3} s, {:.0} tok/s, {:.1} TFLOP/s, MFU {:.1}% of the bf16 peak",
+        toks as f64 / s,
+        flops / s / 1e12,
+        100.0 * flops / s / peak
+    );
 }

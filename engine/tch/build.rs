@@ -9,7 +9,21 @@ fn main() {
         // rustc-link-arg does not propagate to dependents; export the directory so a dependent's
         // build script (the `miles` CLI) can emit the same rpath from DEP_MILES_TCH_LIBTORCH_LIB.
         println!("cargo:libtorch_lib={dir}");
+        // The version a run checks a GPU machine's libtorch against (crate::device).
+        let version_py = std::path::Path::new(&dir).join("../version.py");
+        println!("cargo:rerun-if-changed={}", version_py.display());
+        let version = std::fs::read_to_string(&version_py)
+            .ok()
+            .and_then(|t| {
+                t.lines().find_map(|l| {
+                    let v = l.strip_prefix("__version__")?.split('=').nth(1)?.trim();
+                    Some(v.trim_matches(|c| c == '\'' || c == '"').to_string())
+                })
+            })
+            .unwrap_or_else(|| "unknown".into());
+        println!("cargo:rustc-env=MILES_TORCH_VERSION={version}");
     } else {
+        println!("cargo:rustc-env=MILES_TORCH_VERSION=unknown");
         println!(
             "cargo:warning=DEP_TCH_LIBTORCH_LIB is not set: binaries will need LD_LIBRARY_PATH \
              to find libtorch (run scripts/setup-libtorch.sh)"

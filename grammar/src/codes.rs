@@ -509,4 +509,15 @@ NaN), and its `on_error` is `stop`. The message names the stage, the sample and 
 instead. `on_error = drop` leaves the sample out, `zero` scores it 0; both are counted in the \
 `reward/dropped` and `reward/zeroed` metrics, never silent (docs/rewards.md).",
     },
+    Code {
+        code: "E0518",
+        title: "the machine lacks the GPUs or CUDA libraries the recipe needs",
+        explanation: "The recipe's `local` cluster says `device = cuda`, or asks for more GPUs than \
+the machine has, and this machine cannot give them: no NVIDIA driver (libcuda.so), no GPU visible \
+(CUDA_VISIBLE_DEVICES), fewer GPUs than asked (the message gives both numbers), or libtorch's CUDA \
+library (libtorch_cuda.so) missing or of another version than the one miles was built against \
+(the message names the library and the expected version). `miles plan` reports it before \
+anything starts; `miles run` stops with it before training. `device = auto` falls back to the CPU \
+instead, and says why. docs/gpu.md describes the GPU path.",
+    },
 ];

@@ -161,7 +161,15 @@ pub fn plan_input(recipe: &CompiledRecipe) -> PlanInput {
         r3_id_bytes,
         episodes,
         assumptions,
+        device: device_of(settings.and_then(|s| s.get("cluster")).and_then(Value::as_record)),
     }
+}
+
+/// A `local` cluster's `device`, with its span when the recipe set it.
+fn device_of(cluster: Option<&Record>) -> Option<DeviceInput> {
+    let c = cluster.filter(|c| c.schema_name == "local")?;
+    let asked = c.get("device").and_then(Value::as_enum)?.to_string();
+    Some(DeviceInput { asked: Spanned { value: asked, span: field_span(c, "device") }, machine: None })
 }
 
 /// The episodes of a rollout scored by an environment (`env_reward`): its turn limit, and what an

@@ -121,6 +121,38 @@ pub struct PlanInput {
     /// Modelling constants; every estimate lists the ones it used.
     #[serde(default)]
     pub assumptions: Assumptions,
+    /// A `local` cluster's `device` and, where the CLI looked, the machine's GPUs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device: Option<DeviceInput>,
+}
+
+/// What a `local` cluster asks of the machine (`device`) and what the machine has. The planner is
+/// pure: the caller discovers the GPUs (`miles plan` through the CUDA driver) and passes them in.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct DeviceInput {
+    /// cpu, cuda or auto, as the recipe says.
+    pub asked: Spanned<String>,
+    /// The machine's GPUs; `None`: not looked at (the recipe asked for the CPU).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub machine: Option<MachineGpus>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct MachineGpus {
+    pub gpus: Vec<MachineGpu>,
+    /// Why no GPU can be used (no driver, none visible), in words; `None` when `gpus` are usable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unavailable: Option<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct MachineGpu {
+    pub index: u32,
+    pub name: String,
+    /// Bytes.
+    pub memory: u64,
+    /// Compute capability as `sm_90`.
+    pub sm: String,
 }
 
 /// A rollout whose samples are multi-turn episodes: up to `max_turns` sampled turns of the

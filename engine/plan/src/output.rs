@@ -7,6 +7,20 @@ use serde::Serialize;
 /// Bumped whenever a field of [`Plan`] changes meaning or disappears (adding fields does not).
 pub const FORMAT_VERSION: u32 = 2;
 
+/// A `local` cluster's device in the plan (docs/gpu.md).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct DeviceReport {
+    /// cpu, cuda or auto.
+    pub asked: String,
+    /// "cpu" or "cuda:0"; `None` where the machine was not looked at (`miles plan` looks; a
+    /// plan made from a plan input alone does not).
+    pub resolved: Option<String>,
+    /// Why that device, in words.
+    pub why: String,
+    /// The machine's GPUs, one line each ("0: NVIDIA H200, 139.8 GiB, sm_90").
+    pub gpus: Vec<String>,
+}
+
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Plan {
     pub format_version: u32,
@@ -35,6 +49,9 @@ pub struct Plan {
     /// otherwise.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub diffusion: Option<DiffusionReport>,
+    /// A `local` cluster's device: what the recipe asked, what the machine has, what a run uses.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub device: Option<DeviceReport>,
     pub graph: Graph,
     pub diagnostics: Vec<Diagnostic>,
     pub summary: Summary,

@@ -13,6 +13,7 @@ pub use colocate::OFFLOAD_LINK_EFFICIENCY;
 mod batch;
 mod colocate;
 mod cpu;
+mod device;
 mod diffusion;
 mod episodes;
 mod layout;
@@ -109,6 +110,7 @@ pub fn plan(input: &PlanInput) -> Plan {
     }
     let mut cx = Ctx { input, pools, total_gpus: gpu, diags: early };
 
+    let device = device::plan_device(&mut cx);
     let batch = batch::resolve_batch(&mut cx);
     let episodes = episodes::plan_episodes(&cx);
     layout::validate_layouts(&mut cx);
@@ -313,6 +315,7 @@ pub fn plan(input: &PlanInput) -> Plan {
         buffer,
         colocation,
         diffusion,
+        device,
         graph: input.graph.clone(),
         diagnostics,
     }

@@ -105,6 +105,12 @@ pub fn render_sections(p: &Plan) -> String {
         "placement: {}",
         if p.placement == PlacementMode::Colocated { "colocated" } else { "disaggregated" }
     );
+    if let Some(d) = &p.device {
+        let _ = writeln!(o, "device: {} ({})", d.resolved.as_deref().unwrap_or("unresolved"), d.why);
+        for g in &d.gpus {
+            let _ = writeln!(o, "  gpu {g}");
+        }
+    }
     let _ = writeln!(o);
 
     let w_name =

@@ -106,3 +106,36 @@ fn embedded_process_items_by_hand() {
     input.schedule.mode = miles_plan::Spanned::new(miles_plan::ScheduleMode::Sync);
     assert_eq!(mem(&plan(&input), "warmup", "weight_copies"), 8_000_000);
 }
+
+/// A `local` cluster's `device` against what the machine has: `cuda` without a GPU is E0518
+/// naming both numbers and why; `auto` falls back to the CPU saying why; a GPU is listed and used.
+#[test]
+fn device_against_the_machine() {
+    use miles_plan::input::{DeviceInput, MachineGpu, MachineGpus};
+    let with = |asked: &str, machine: MachineGpus| {
+        let mut input = load("cpu_laptop");
+        input.device = Some(DeviceInput { asked: miles_plan::Spanned::new(asked.into()), machine: Some(machine) });
+        plan(&input)
+    };
+    let none = MachineGpus { gpus: Vec::new(), unavailable: Some("libcuda.so is not installed".into()) };
+    let p = with("cuda", none.clone());
+    let e: Vec<_> = p.diagnostics.iter().filter(|d| d.code == "E0518").collect();
+    assert_eq!(e.len(), 1, "{:?}", p.diagnostics);
+    assert!(e[0].message.contains("it needs 1 GPU, and this machine has 0"), "{}", e[0].message);
+    assert!(e[0].help.as_deref().unwrap_or("").contains("libcuda.so is not installed"));
+    assert_eq!(p.device.as_ref().unwrap().resolved, None);
+
+    let p = with("auto", none);
+    assert!(p.diagnostics.iter().all(|d| d.code != "E0518"));
+    let d = p.device.unwrap();
+    assert_eq!(d.resolved.as_deref(), Some("cpu"));
+    assert_eq!(d.why, "device = auto: libcuda.so is not installed");
+
+    let h200 = MachineGpu { index: 0, name: "NVIDIA H200".into(), memory: 150_121_545_728, sm: "sm_90".into() };
+    let p = with("cuda", MachineGpus { gpus: vec![h200], unavailable: None });
+    assert!(p.diagnostics.iter().all(|d| d.code != "E0518"));
+    let d = p.device.unwrap();
+    assert_eq!(d.resolved.as_deref(), Some("cuda:0"));
+    assert_eq!(d.gpus, vec!["0: NVIDIA H200, 139.8 GiB, sm_90".to_string()]);
+    assert!(render_text(&with("cpu", MachineGpus::default())).contains("device: cpu (device = cpu)"));
+}

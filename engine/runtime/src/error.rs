@@ -23,6 +23,8 @@ pub const E_BACKEND: &str = "E0508";
 pub const E_TIMEOUT: &str = "E0509";
 /// A prompt plus its answer does not fit the model's max_len.
 pub const E_TOO_LONG: &str = "E0510";
+/// The recipe asks for a GPU (or more GPUs, or CUDA libraries) that this machine lacks.
+pub const E_NO_GPU: &str = "E0518";
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct RunError {

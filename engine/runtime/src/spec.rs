@@ -97,6 +97,38 @@ pub struct RunSpec {
     /// The recipe's names of the stages, for messages.
     #[serde(default, skip_serializing_if = "StageNames::is_default")]
     pub stages: StageNames,
+    /// Where the embedded backend computes (the `local` cluster's `device`); a spec without one
+    /// runs on the CPU.
+    #[serde(default, skip_serializing_if = "DeviceSpec::is_cpu")]
+    pub device: DeviceSpec,
+}
+
+/// The `local` cluster's `device`: what the run asks of the machine. The backend resolves it once
+/// per process (`miles_tch::device`), before any tensor is made.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DeviceSpec {
+    #[default]
+    Cpu,
+    /// The machine's first visible GPU; a machine without one stops the run (E0518).
+    Cuda,
+    /// The GPU where the machine has one and libtorch's CUDA library loads, else the CPU.
+    Auto,
+}
+
+impl DeviceSpec {
+    pub fn is_cpu(&self) -> bool {
+        *self == DeviceSpec::Cpu
+    }
+
+    pub fn parse(s: &str) -> Option<DeviceSpec> {
+        match s {
+            "cpu" => Some(DeviceSpec::Cpu),
+            "cuda" => Some(DeviceSpec::Cuda),
+            "auto" => Some(DeviceSpec::Auto),
+            _ => None,
+        }
+    }
 }
 
 /// A Hugging Face model directory: config.json, model.safetensors (or shards with

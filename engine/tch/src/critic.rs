@@ -15,7 +15,7 @@ use crate::model::{load_named, read_tensors, write_tensors, Policy};
 use crate::train::AdamState;
 use miles_runtime::RunError;
 use std::path::Path;
-use tch::{Device, Kind, Tensor};
+use tch::{Kind, Tensor};
 
 pub struct Critic {
     pub model: Policy,
@@ -35,8 +35,8 @@ impl Critic {
         model.set_adapters(Vec::new());
         model.set_requires_grad(true);
         let d = model.cfg.d_model as i64;
-        let head = Tensor::zeros([1, d], (Kind::Float, Device::Cpu)).set_requires_grad(true);
-        let head_bias = Tensor::zeros([1], (Kind::Float, Device::Cpu)).set_requires_grad(true);
+        let head = Tensor::zeros([1, d], (Kind::Float, crate::device::current())).set_requires_grad(true);
+        let head_bias = Tensor::zeros([1], (Kind::Float, crate::device::current())).set_requires_grad(true);
         let mut c = Critic { model, head, head_bias, adam: AdamState::zeros(&[]) };
         c.adam = AdamState::zeros(&c.params());
         c

@@ -7,7 +7,7 @@ use crate::moe::{used_ids, Route};
 use miles_runtime::rng::Rng;
 use miles_runtime::tasks::{TokenId, PAD};
 use miles_runtime::{FinishReason, RouteId, Routing, RunError, Sample, SamplingParams, E_TOO_LONG};
-use tch::{Device, Kind, Tensor};
+use tch::{Kind, Tensor};
 
 /// Generates `n` samples per prompt. `use_cache = false` recomputes the whole prefix at every
 /// token (only for benchmarks and tests: same result, quadratic cost).
@@ -64,15 +64,15 @@ pub fn generate_recording(
     let p = prompts.len() as i64;
     let bsz = p * n as i64;
     let rows: Vec<i64> = (0..p).flat_map(|i| std::iter::repeat_n(i, n)).collect();
-    let rows_t = Tensor::from_slice(&rows);
+    let rows_t = crate::device::from_slice(&rows);
     let prompt_len: Vec<i64> = rows.iter().map(|&i| seqs[i as usize].len() as i64).collect();
     let row_budget: Vec<usize> = prompt_len.iter().map(|&l| params.max_new_tokens.min(max_len - l as usize)).collect();
 
-    let key_valid = Tensor::zeros([bsz, cap], (Kind::Bool, Device::Cpu));
+    let key_valid = Tensor::zeros([bsz, cap], (Kind::Bool, crate::device::current()));
     key_valid.narrow(1, 0, lp).copy_(&valid.index_select(0, &rows_t));
-    let all_tokens = Tensor::zeros([bsz, cap], (Kind::Int64, Device::Cpu));
+    let all_tokens = Tensor::zeros([bsz, cap], (Kind::Int64, crate::device::current()));
     all_tokens.narrow(1, 0, lp).copy_(&tokens.index_select(0, &rows_t));
-    let all_pos = Tensor::zeros([bsz, cap], (Kind::Int64, Device::Cpu));
+    let all_pos = Tensor::zeros([bsz, cap], (Kind::Int64, crate::device::current()));
     all_pos.narrow(1, 0, lp).copy_(&positions.index_select(0, &rows_t));
 
     let mut cache = None;
@@ -137,10 +137,10 @@ pub fn generate_recording(
             break;
         }
         let col = lp + t as i64;
-        let next_t = Tensor::from_slice(&next).view([bsz, 1]);
+        let next_t = crate::device::from_slice(&next).view([bsz, 1]);
         // A finished row keeps feeding PAD; its position stays inside the rotary table.
         let pos: Vec<i64> = prompt_len.iter().map(|&l| (l + t as i64).min(max_len as i64 - 1)).collect();
-        let pos_t = Tensor::from_slice(&pos).view([bsz, 1]);
+        let pos_t = crate::device::from_slice(&pos).view([bsz, 1]);
         let _ = key_valid.narrow(1, col, 1).fill_(1);
         all_tokens.narrow(1, col, 1).copy_(&next_t);
         all_pos.narrow(1, col, 1).copy_(&pos_t);

@@ -6,6 +6,7 @@
 
 pub mod cli;
 pub mod critic;
+pub mod device;
 pub mod diffusion;
 pub mod generate;
 pub mod hf;
@@ -67,10 +68,23 @@ fn guard<T>(what: &str, f: impl FnOnce() -> Result<T, RunError>) -> Result<T, Ru
 
 pub struct TchBackend;
 
+/// The recipe's `device` for this process, chosen before its first tensor and said once.
+pub fn select_device(spec: &RunSpec) -> Result<tch::Device, RunError> {
+    static SAID: std::sync::Once = std::sync::Once::new();
+    let (device, why) = device::select(spec.device)?;
+    SAID.call_once(|| {
+        if !(spec.device.is_cpu() && device == tch::Device::Cpu) {
+            eprintln!("miles: computing on {why}");
+        }
+    });
+    Ok(device)
+}
+
 /// The policy a run starts from: the spec's Hugging Face directory, else a seeded init. The
 /// directory must still say what `miles check` read from it (`spec.model`). Worker processes
 /// build their stages with it too, so a distributed run starts from the same weights.
 pub fn initial_policy(spec: &RunSpec) -> Result<(Policy, Option<hf::HfMeta>), RunError> {
+    select_device(spec)?;
     let Some(h) = &spec.hf else {
         let mut policy = Policy::init(&spec.model, spec.seed);
         policy.lora_spec = spec.train.lora.clone();

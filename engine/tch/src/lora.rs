@@ -21,7 +21,7 @@ use miles_runtime::rng::Rng;
 use miles_runtime::{LoraSpec, ModelConfig, NamedTensor, RunError, E_BACKEND, E_CHECKPOINT};
 use std::cell::Cell;
 use std::path::Path;
-use tch::{Device, Kind, Tensor};
+use tch::{Kind, Tensor};
 
 /// A linear layer of a transformer layer that LoRA can wrap.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -132,8 +132,8 @@ impl Adapters {
                         let data: Vec<f32> =
                             (0..r * inp).map(|_| ((rng.next_f64() * 2.0 - 1.0) * bound) as f32).collect();
                         Adapter {
-                            a: Tensor::from_slice(&data).view([r, inp]),
-                            b: Tensor::zeros([out, r], (Kind::Float, Device::Cpu)),
+                            a: crate::device::from_slice(&data).view([r, inp]),
+                            b: Tensor::zeros([out, r], (Kind::Float, crate::device::current())),
                         }
                     })
                 })
@@ -221,7 +221,7 @@ impl Adapters {
                 d.unwrap_or_else(|| {
                     let mut shape = lead.clone();
                     shape.push(out);
-                    Tensor::zeros(&shape[..], (Kind::Float, Device::Cpu))
+                    Tensor::zeros(&shape[..], (Kind::Float, crate::device::current()))
                 })
             })
             .collect();
@@ -250,7 +250,7 @@ impl Adapters {
                 .with_help("the adapters were made for another rank, target_modules or model"));
             }
             let mut p = p;
-            p.f_copy_(&Tensor::from_slice(&nt.data).view(&shape[..])).map_err(backend_err)?;
+            p.f_copy_(&crate::device::from_slice(&nt.data).view(&shape[..])).map_err(backend_err)?;
         }
         Ok(())
     }

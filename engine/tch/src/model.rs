@@ -82,7 +82,7 @@ impl KvCache {
         let cfg = &policy.cfg;
         let hd = cfg.head_dim() as i64;
         let shape = [batch, cfg.n_kv_heads as i64, capacity, hd];
-        let mk = || Tensor::zeros(shape, (policy.kind(), Device::Cpu));
+        let mk = || Tensor::zeros(shape, (policy.kind(), policy.device()));
         KvCache { k: (0..cfg.n_layers).map(|_| mk()).collect(), v: (0..cfg.n_layers).map(|_| mk()).collect(), len: 0 }
     }
 
@@ -108,7 +108,7 @@ impl SlotCache {
         let cfg = &policy.cfg;
         let hd = cfg.head_dim() as i64;
         let shape = [slots, cfg.max_len as i64, cfg.n_kv_heads as i64, hd];
-        let mk = || Tensor::zeros(shape, (policy.kind(), Device::Cpu));
+        let mk = || Tensor::zeros(shape, (policy.kind(), policy.device()));
         SlotCache { k: (0..cfg.n_layers).map(|_| mk()).collect(), v: (0..cfg.n_layers).map(|_| mk()).collect() }
     }
 }
@@ -191,8 +191,8 @@ fn rope_tables(cfg: &ModelConfig) -> (Tensor, Tensor) {
             scale_frequency(1.0 / cfg.rope_theta.powf(2.0 * i as f64 / hd as f64), cfg.rope_scaling.as_ref()) as f32
         })
         .collect();
-    let inv = Tensor::from_slice(&inv);
-    let pos = Tensor::arange(cfg.max_len as i64, (Kind::Float, Device::Cpu));
+    let inv = crate::device::from_slice(&inv);
+    let pos = Tensor::arange(cfg.max_len as i64, (Kind::Float, crate::device::current()));
     let freqs = pos.unsqueeze(1) * inv.unsqueeze(0);
     let emb = Tensor::cat(&[&freqs, &freqs], 1);
     (emb.cos(), emb.sin())
@@ -230,9 +230,9 @@ impl Policy {
             .map(|(i, name)| {
                 let shape = param_shape(cfg, &name);
                 let t = if name.ends_with(".bias") {
-                    Tensor::zeros(&shape[..], (Kind::Float, Device::Cpu))
+                    Tensor::zeros(&shape[..], (Kind::Float, crate::device::current()))
                 } else if shape.len() == 1 {
-                    Tensor::ones(&shape[..], (Kind::Float, Device::Cpu))
+                    Tensor::ones(&shape[..], (Kind::Float, crate::device::current()))
                 } else {
                     let n: i64 = shape.iter().product();
                     let std = if name.ends_with("o_proj.weight") || name.ends_with("down_proj.weight") {
@@ -242,7 +242,7 @@ impl Policy {
                     };
                     let mut rng = Rng::derived(seed, "init", i as u64);
                     let data: Vec<f32> = (0..n).map(|_| (rng.normal() * std) as f32).collect();
-                    Tensor::from_slice(&data).view(&shape[..])
+                    crate::device::from_slice(&data).view(&shape[..])
                 };
                 (name, t)
             })
@@ -253,6 +253,9 @@ impl Policy {
     /// `params` must hold `param_names(&cfg)` with their `param_shape`s (callers check; a missing
     /// one becomes an empty tensor that fails at the first forward).
     pub(crate) fn from_params(cfg: ModelConfig, params: Vec<(String, Tensor)>) -> Policy {
+        // On the process's device (`crate::device`) before any handle below is taken, so the
+        // fields stay shallow clones of `params`.
+        let params: Vec<(String, Tensor)> = params.into_iter().map(|(n, t)| (n, crate::device::put(t))).collect();
         let get = |name: &str| param_by_name(&params, name);
         let layers = (0..cfg.n_layers)
             .map(|i| {
@@ -314,6 +317,11 @@ impl Policy {
         &self.params
     }
 
+    /// Where the weights live (the process's device, `crate::device`).
+    pub fn device(&self) -> Device {
+        self.embed.device()
+    }
+
     /// What the forward computes in: fp32, or bf16 for an engine that samples in bf16.
     pub fn kind(&self) -> Kind {
         self.embed.kind()
@@ -333,6 +341,11 @@ impl Policy {
     pub(crate) fn lin(&self, x: &Tensor, w: &Tensor, bias: Option<&Tensor>) -> Tensor {
         if self.invariant {
             crate::invariant::linear(x, w, bias)
+        } else if x.kind() == Kind::Float && x.device().is_cuda() {
+            // On a GPU the matmuls run in bf16 (tensor cores) against fp32 master weights, as
+            // autocast would (tch's autocast picks fp16); the result comes back in fp32.
+            let bf = Kind::BFloat16;
+            x.to_kind(bf).linear(&w.to_kind(bf), bias.map(|b| b.to_kind(bf)).as_ref()).to_kind(Kind::Float)
         } else {
             x.linear(w, bias)
         }
@@ -494,8 +507,8 @@ impl Policy {
 
         // Query i (slot past+i) may see key j when j is a real token and j <= past+i; it always
         // sees itself, so pad rows stay finite (their outputs are never used).
-        let qi = Tensor::arange_start(past, s, (Kind::Int64, Device::Cpu)).unsqueeze(1);
-        let kj = Tensor::arange(s, (Kind::Int64, Device::Cpu)).unsqueeze(0);
+        let qi = Tensor::arange_start(past, s, (Kind::Int64, crate::device::current())).unsqueeze(1);
+        let kj = Tensor::arange(s, (Kind::Int64, crate::device::current())).unsqueeze(0);
         let causal = kj.le_tensor(&qi); // [T, S]
         let diag = kj.eq_tensor(&qi);
         let allowed = causal.unsqueeze(0).logical_and(&key_valid.unsqueeze(1)).logical_or(&diag.unsqueeze(0)); // [B, T, S]
@@ -588,9 +601,9 @@ impl Policy {
         let hd = cfg.head_dim() as i64;
         // Batch-invariant: attend over every column, as the trainer does over its max_len layout.
         let span = if self.invariant { cfg.max_len as i64 } else { positions.max().int64_value(&[]) + 1 };
-        let kj = Tensor::arange(span, (Kind::Int64, Device::Cpu)).view([1, 1, span]);
+        let kj = Tensor::arange(span, (Kind::Int64, crate::device::current())).view([1, 1, span]);
         let allowed = kj.le_tensor(&positions.unsqueeze(2)); // [B, T, span]
-        let mask = Tensor::zeros([b, 1, t, span], (self.kind(), Device::Cpu))
+        let mask = Tensor::zeros([b, 1, t, span], (self.kind(), self.device()))
             .masked_fill(&allowed.logical_not().unsqueeze(1), f64::NEG_INFINITY);
         let flat_pos = positions.reshape([-1]);
         let flat_rows = rows.unsqueeze(1).expand([b, t], false).reshape([-1]);
@@ -719,7 +732,7 @@ impl Policy {
                     format!("weight snapshot tensor {} {:?} does not match {} {:?}", nt.name, shape, name, p.size()),
                 ));
             }
-            p.f_copy_(&Tensor::from_slice(&nt.data).view(&shape[..])).map_err(backend_err)?;
+            p.f_copy_(&crate::device::from_slice(&nt.data).view(&shape[..])).map_err(backend_err)?;
         }
         if adapters.is_empty() {
             // A full update without adapters: the policy is the base alone (before RL began).
@@ -776,12 +789,15 @@ pub(crate) fn param_by_name(params: &[(String, Tensor)], name: &str) -> Tensor {
         .iter()
         .find(|(n, _)| n == name)
         .map(|(_, t)| t.shallow_clone())
-        .unwrap_or_else(|| Tensor::zeros([0], (Kind::Float, Device::Cpu)))
+        .unwrap_or_else(|| Tensor::zeros([0], (Kind::Float, crate::device::current())))
 }
 
 /// The one safetensors writer of checkpoints and exports: an error names the file.
 pub(crate) fn write_tensors<S: AsRef<str>, T: AsRef<Tensor>>(named: &[(S, T)], path: &Path) -> Result<(), RunError> {
-    Tensor::write_safetensors(named, path)
+    // The writer reads host memory: GPU tensors are copied to the host first.
+    let host: Vec<(&str, Tensor)> =
+        named.iter().map(|(n, t)| (n.as_ref(), t.as_ref().to_device(Device::Cpu))).collect();
+    Tensor::write_safetensors(&host, path)
         .map_err(|e| RunError::new(E_CHECKPOINT, format!("cannot write {}: {e}", path.display())))
 }
 
@@ -873,9 +889,9 @@ pub fn left_pad(seqs: &[Vec<i64>]) -> (Tensor, Tensor, Tensor, i64) {
     }
     let shape = [b as i64, l as i64];
     (
-        Tensor::from_slice(&tok).view(shape),
-        Tensor::from_slice(&valid).view(shape),
-        Tensor::from_slice(&pos).view(shape),
+        crate::device::from_slice(&tok).view(shape),
+        crate::device::from_slice(&valid).view(shape),
+        crate::device::from_slice(&pos).view(shape),
         l as i64,
     )
 }

@@ -90,10 +90,11 @@ impl TchStreamEngine {
                 tok[i * longest + j] = t as i64;
             }
         }
-        let tokens = Tensor::from_slice(&tok).view([n as i64, l]);
-        let positions = Tensor::arange(l, (tch::Kind::Int64, tch::Device::Cpu)).unsqueeze(0).repeat([n as i64, 1]);
+        let tokens = crate::device::from_slice(&tok).view([n as i64, l]);
+        let positions =
+            Tensor::arange(l, (tch::Kind::Int64, crate::device::current())).unsqueeze(0).repeat([n as i64, 1]);
         let rows_v: Vec<i64> = free[..n].iter().map(|&s| s as i64).collect();
-        let rows = Tensor::from_slice(&rows_v);
+        let rows = crate::device::from_slice(&rows_v);
         let mut route = self.route();
         let logits = self.policy.forward_slots_routed(&tokens, &positions, &rows, &mut self.cache, route.as_mut());
         let ids = route.as_ref().and_then(used_ids);
@@ -176,9 +177,9 @@ impl StreamEngine for TchStreamEngine {
             }
             // One decode step for every slot still going.
             let b = cont.len() as i64;
-            let tokens = Tensor::from_slice(&cont.iter().map(|c| c.1).collect::<Vec<_>>()).view([b, 1]);
-            let positions = Tensor::from_slice(&cont.iter().map(|c| c.2).collect::<Vec<_>>()).view([b, 1]);
-            let rows = Tensor::from_slice(&cont.iter().map(|c| c.0 as i64).collect::<Vec<_>>());
+            let tokens = crate::device::from_slice(&cont.iter().map(|c| c.1).collect::<Vec<_>>()).view([b, 1]);
+            let positions = crate::device::from_slice(&cont.iter().map(|c| c.2).collect::<Vec<_>>()).view([b, 1]);
+            let rows = crate::device::from_slice(&cont.iter().map(|c| c.0 as i64).collect::<Vec<_>>());
             let mut route = self.route();
             let logits = self.policy.forward_slots_routed(&tokens, &positions, &rows, &mut self.cache, route.as_mut());
             if let Some((ids, [_, _, l, k])) = route.as_ref().and_then(used_ids) {

@@ -35,6 +35,7 @@ impl TchTeacher {
     /// The run's teacher stage, checked against the student it distils into.
     pub fn for_run(spec: &RunSpec) -> Result<TchTeacher, RunError> {
         let o = spec.train.opd.as_ref().ok_or_else(|| RunError::new(E_BACKEND, "this run has no teacher stage"))?;
+        crate::select_device(spec)?;
         let (vocab, max_len) = (spec.model.vocab_size, spec.model.max_len);
         TchTeacher::load(o, vocab, max_len, spec.train.micro_batch, spec.rollout.temperature)
     }

@@ -53,7 +53,7 @@ pub fn pack(prompts: &[&[TokenId]], responses: &[&[TokenId]], masks: Option<&[&[
     }
     let targets = tokens.narrow(1, 1, w);
     Packed {
-        mask: Tensor::from_slice(&mask).view([b as i64, w]),
+        mask: crate::device::from_slice(&mask).view([b as i64, w]),
         targets,
         tokens,
         valid,
@@ -93,13 +93,14 @@ pub fn pack_aligned(
         }
     }
     let shape = [b as i64, l as i64];
-    let tokens = Tensor::from_slice(&tok).view(shape);
-    let positions = Tensor::arange(l as i64, (Kind::Int64, tch::Device::Cpu)).unsqueeze(0).repeat([b as i64, 1]);
+    let tokens = crate::device::from_slice(&tok).view(shape);
+    let positions =
+        Tensor::arange(l as i64, (Kind::Int64, crate::device::current())).unsqueeze(0).repeat([b as i64, 1]);
     Packed {
-        mask: Tensor::from_slice(&mask).view([b as i64, w as i64]),
+        mask: crate::device::from_slice(&mask).view([b as i64, w as i64]),
         targets: tokens.narrow(1, 1, w as i64),
         tokens,
-        valid: Tensor::from_slice(&valid).view(shape),
+        valid: crate::device::from_slice(&valid).view(shape),
         positions,
         offsets,
         lens: responses.iter().map(|r| r.len()).collect(),
@@ -127,7 +128,7 @@ impl Packed {
                 out[i * w + self.offsets[i] as usize + j] = values[i].get(j).copied().unwrap_or(0.0);
             }
         }
-        Tensor::from_slice(&out).view([b as i64, w as i64])
+        crate::device::from_slice(&out).view([b as i64, w as i64])
     }
 
     fn extract(&self, t: &Tensor) -> Result<Vec<Vec<f32>>, RunError> {
@@ -160,8 +161,8 @@ pub fn recorded_routes(chunk: &[Trajectory], pk: &Packed) -> Option<(Vec<Tensor>
         }
     }
     let shape = [b as i64, l as i64];
-    let ids = ids.iter().map(|v| Tensor::from_slice(v).view([b as i64, l as i64, k as i64])).collect();
-    Some((ids, Tensor::from_slice(&mask).view(shape)))
+    let ids = ids.iter().map(|v| crate::device::from_slice(v).view([b as i64, l as i64, k as i64])).collect();
+    Some((ids, crate::device::from_slice(&mask).view(shape)))
 }
 
 /// Log-probs of the targets [B, L-1] and the full log-softmax [B, L-1, V] at `temperature`,
@@ -483,7 +484,7 @@ impl TchTrainer {
                     Some(adv) => pk.align(&(0..chunk.len()).map(|i| adv[base + i].as_slice()).collect::<Vec<_>>()),
                     None => {
                         let adv: Vec<f32> = chunk.iter().map(|t| t.advantage).collect();
-                        Tensor::from_slice(&adv).view([chunk.len() as i64, 1])
+                        crate::device::from_slice(&adv).view([chunk.len() as i64, 1])
                     }
                 };
                 self.set_training(true);

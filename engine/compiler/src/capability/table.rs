@@ -304,6 +304,14 @@ fn rule_transport(cx: &Ctx, f: &FieldValue) -> Option<String> {
     }
 }
 
+fn rule_device(cx: &Ctx, f: &FieldValue) -> Option<String> {
+    // The denoiser (engine/tch/src/diffusion) makes its tensors on the CPU.
+    (f.value.as_enum() == Some("cuda") && !cx.stages("denoise").is_empty()).then(|| {
+        "a diffusion recipe computes on the CPU: set `device = cpu` (or `auto`, which resolves to the CPU for it)"
+            .into()
+    })
+}
+
 /// Tests that show a diffusion recipe's fields change what its run does.
 const DIFFUSION_RUN: &[&str] =
     &["a_diffusion_recipe_runs_through_the_binary", "diffusion_recipe_fields_reach_the_spec"];
@@ -439,6 +447,7 @@ pub const TABLE: &[Entry] = &[
     // ---- std/prelude: clusters, schedules ----------------------------------------------------
     e("local", "", Support::All, "this machine", TRAINS),
     e("local", "cpus", Support::Describes, DESCRIBES, &[]),
+    e("local", "device", Support::Rule(rule_device), "cpu, cuda (the machine's first GPU) or auto; a diffusion recipe computes on the CPU", &["cuda_is_refused_with_a_reason_where_the_machine_lacks_it", "a_cuda_recipe_on_a_machine_without_a_gpu_is_refused_before_training"]),
     e("local", "memory", Support::Describes, DESCRIBES, &[]),
     e("local", "memory_bandwidth", Support::Describes, DESCRIBES, &[]),
     e("local", "fp32", Support::Describes, DESCRIBES, &[]),

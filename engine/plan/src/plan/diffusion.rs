@@ -810,6 +810,7 @@ mod tests {
                 }),
                 span: None,
             },
+            device: None,
             stages: vec![
                 stage("pretrain", "denoise_pretrain", Role::Train),
                 stage("rollout", "denoise", Role::Rollout),

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Builds what bench/gpu/run.sh runs on the GPU machine into .gpu/ (git-ignored), to be carried
+# there: the release `miles` and `miles-engine`, the throughput benchmark and the GPU test binary,
+# stripped. They link libtorch 2.11.0 (scripts/setup-libtorch.sh), the version of the GPU
+# machine's torch, and find it there through LD_LIBRARY_PATH (bench/gpu/run.sh sets it from that
+# machine's Python); libtorch's CUDA half is loaded at run time (engine/tch/src/device.rs).
+#
+#   bash scripts/gpu-bundle.sh        # then: device run, carry [".gpu"], bash bench/gpu/run.sh $OUT
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$root/target}"
+[[ -f .libtorch/torch/lib/libtorch_cpu.so ]] || bash scripts/setup-libtorch.sh
+cargo build --release --quiet --bin miles --bin miles-engine
+cargo build --release --quiet -p miles-tch --bench throughput
+# The GPU tests; their path to `miles` is compiled in (CARGO_BIN_EXE_miles), so run.sh recreates
+# this build's target directory on the GPU machine when the checkout lies elsewhere there.
+tests=$(cargo test --release --no-run --test gpu --message-format=json 2>/dev/null \
+    | python3 -c 'import json,sys
+for l in sys.stdin:
+    m = json.loads(l)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "gpu":
+        print(m["executable"])' | tail -1)
+bench=$(ls -t "$CARGO_TARGET_DIR"/release/deps/throughput-* | grep -v '\.d$' | head -1)
+[[ -x "$tests" && -x "$bench" ]] || { echo "gpu-bundle: error: the test or bench binary was not built" >&2; exit 1; }
+rm -rf .gpu.tmp && mkdir -p .gpu.tmp
+cp "$CARGO_TARGET_DIR/release/miles" "$CARGO_TARGET_DIR/release/miles-engine" .gpu.tmp/
+cp "$tests" .gpu.tmp/gpu-tests
+cp "$bench" .gpu.tmp/throughput
+strip .gpu.tmp/* 2>/dev/null || true
+echo "$CARGO_TARGET_DIR/release" >.gpu.tmp/BUILD_DIR
+grep -o "torch==[0-9.]*" .libtorch/.miles-libtorch-version | cut -d= -f3 >.gpu.tmp/TORCH_VERSION
+rm -rf .gpu && mv .gpu.tmp .gpu
+echo "gpu-bundle: $(du -sh .gpu | cut -f1) in .gpu/ (libtorch $(cat .gpu/TORCH_VERSION))"
