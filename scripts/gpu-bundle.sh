@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds what bench/gpu/run.sh runs on the GPU machine into .gpu/ (git-ignored), to be carried
-# there: the release `miles` and `miles-engine`, the throughput benchmark and the GPU test binary,
+# there: the release `miles` and `miles-engine`, the throughput and IPC benchmarks and the GPU test binary,
 # stripped. They link libtorch 2.11.0 (scripts/setup-libtorch.sh), the version of the GPU
 # machine's torch, and find it there through LD_LIBRARY_PATH (bench/gpu/run.sh sets it from that
 # machine's Python); libtorch's CUDA half is loaded at run time (engine/tch/src/device.rs).
@@ -13,6 +13,7 @@ export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$root/target}"
 [[ -f .libtorch/torch/lib/libtorch_cpu.so ]] || bash scripts/setup-libtorch.sh
 cargo build --release --quiet --bin miles --bin miles-engine
 cargo build --release --quiet -p miles-tch --bench throughput
+cargo build --release --quiet -p miles-cuda --bench ipc
 # The GPU tests; their path to `miles` is compiled in (CARGO_BIN_EXE_miles), so run.sh recreates
 # this build's target directory on the GPU machine when the checkout lies elsewhere there.
 tests=$(cargo test --release --no-run --test gpu --message-format=json 2>/dev/null \
@@ -22,11 +23,13 @@ for l in sys.stdin:
     if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "gpu":
         print(m["executable"])' | tail -1)
 bench=$(ls -t "$CARGO_TARGET_DIR"/release/deps/throughput-* | grep -v '\.d$' | head -1)
-[[ -x "$tests" && -x "$bench" ]] || { echo "gpu-bundle: error: the test or bench binary was not built" >&2; exit 1; }
+ipc=$(ls -t "$CARGO_TARGET_DIR"/release/deps/ipc-* | grep -v '\.d$' | head -1)
+[[ -x "$tests" && -x "$bench" && -x "$ipc" ]] || { echo "gpu-bundle: error: the test or bench binary was not built" >&2; exit 1; }
 rm -rf .gpu.tmp && mkdir -p .gpu.tmp
 cp "$CARGO_TARGET_DIR/release/miles" "$CARGO_TARGET_DIR/release/miles-engine" .gpu.tmp/
 cp "$tests" .gpu.tmp/gpu-tests
 cp "$bench" .gpu.tmp/throughput
+cp "$ipc" .gpu.tmp/ipc
 strip .gpu.tmp/* 2>/dev/null || true
 echo "$CARGO_TARGET_DIR/release" >.gpu.tmp/BUILD_DIR
 grep -o "torch==[0-9.]*" .libtorch/.miles-libtorch-version | cut -d= -f3 >.gpu.tmp/TORCH_VERSION

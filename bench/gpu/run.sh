@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # One call on the GPU machine (under ~8 minutes): the GPU tests, the laptop GRPO recipe on CUDA
-# against the CPU (tests/gpu.rs), and a ~0.5B decoder's generation and training throughput with
-# MFU against the same run's bf16 matmul peak (bench/tch/throughput.rs --device cuda). Writes its
+# against the CPU (tests/gpu.rs), a ~0.5B decoder's generation and training throughput with MFU
+# against the same run's bf16 matmul peak (bench/tch/throughput.rs --device cuda), and a 1 GB CUDA
+# IPC hand-off between two processes against a device-to-device copy (bench/gpu/ipc.rs). Writes its
 # figures to the folder it is given (at most 8 files: what the device tool brings back).
 #
 # Here:   bash scripts/gpu-bundle.sh
 # There:  device run, carry [".gpu"], command: bash bench/gpu/run.sh $OUT
 #
-# Not measured yet: NCCL broadcast and CUDA IPC hand-off between two processes (issue #19 item 3;
-# not built). Record the results in bench/RESULTS.md with the date.
+# Not measured: NCCL broadcast (NCCL refuses two ranks on one GPU, and the machine has one).
+# Record the results in bench/RESULTS.md with the date.
 set -uo pipefail
 out="${1:?usage: bench/gpu/run.sh OUT_DIR}"
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -55,3 +56,8 @@ say "== throughput of a ~0.5B decoder (bench/tch/throughput.rs --device cuda)"
 timeout 180 .gpu/throughput --device cuda >"$out/throughput.txt" 2>&1
 say "throughput: exit $?"
 cat "$out/throughput.txt" >>"$log"
+
+say "== CUDA IPC hand-off, 1 GB (bench/gpu/ipc.rs)"
+timeout 120 .gpu/ipc --gb 1 >"$out/ipc.txt" 2>&1
+say "ipc: exit $?"
+cat "$out/ipc.txt" >>"$log"

@@ -4,6 +4,8 @@
 //! driver, and on a machine without one every query answers [`Unavailable`] naming the library,
 //! never a panic (cudarc panics on a call whose library is missing, so we look for it first).
 
+pub mod ipc;
+
 use cudarc::driver::{result, sys};
 use serde::Serialize;
 

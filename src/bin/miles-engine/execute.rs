@@ -110,7 +110,44 @@ pub fn run(args: Args) -> u8 {
         }
         Err(e) => {
             eprintln!("{e}");
+            if e.message.contains("out of memory") {
+                if let Some(note) = planned_memory(&out) {
+                    eprintln!("  note: {note}");
+                }
+            }
             1
         }
+    }
+}
+
+/// What the recipe's plan (OUT/plan.json, written by `miles run`) estimated for each stage's
+/// memory, set beside an out-of-memory error so the user sees which estimate the run exceeded.
+fn planned_memory(out: &std::path::Path) -> Option<String> {
+    let text = std::fs::read_to_string(out.join("plan.json")).ok()?;
+    let plan: serde_json::Value = serde_json::from_str(&text).ok()?;
+    let rows = plan.get("plan").unwrap_or(&plan).get("memory")?.as_array()?;
+    let each: Vec<String> = rows
+        .iter()
+        .filter_map(|r| {
+            let gb = r.get("total")?.as_f64()? / 1e9;
+            Some(format!("{} {gb:.2} GB", r.get("stage")?.as_str()?))
+        })
+        .collect();
+    (!each.is_empty()).then(|| format!("the plan estimated {} ({})", each.join(", "), out.join("plan.json").display()))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn an_out_of_memory_error_gets_the_plans_estimate_per_stage() {
+        let dir = std::env::temp_dir().join(format!("miles-oom-note-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        assert_eq!(super::planned_memory(&dir), None, "no plan, no note");
+        let plan =
+            r#"{"memory": [{"stage": "train", "total": 2500000000}, {"stage": "rollout", "total": 1000000000}]}"#;
+        std::fs::write(dir.join("plan.json"), plan).unwrap();
+        let note = super::planned_memory(&dir).unwrap();
+        assert!(note.starts_with("the plan estimated train 2.50 GB, rollout 1.00 GB ("), "{note}");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }
