@@ -460,7 +460,7 @@ pub const TABLE: &[Entry] = &[
     e("fully_async", "", Support::All, "", &["fully_async_tiny_run_trains_and_resumes", "async_schedules_run_with_engine_workers", "fully_async_with_miles_serve_as_the_engine_trains"]),
     e("fully_async", "max_staleness", Support::All, "", &["stale_groups_retry_or_discard"]),
     e("fully_async", "max_concurrent", Support::All, "", &["fully_async_runs_and_reports_its_metrics"]),
-    e("fully_async", "refill", Support::All, "", &["fully_async_runs_and_reports_its_metrics"]),
+    e("fully_async", "refill", Support::Only(&[E], &["per_group"]), "engines in worker processes or behind a URL take whole groups per call (a slot is refilled when its call returns): set `refill = per_group`; per-sample refill runs in process", &["fully_async_runs_and_reports_its_metrics", "async_schedules_run_with_engine_workers"]),
     e("fully_async", "buffer_capacity", Support::All, "", &["a_full_buffer_blocks_generation"]),
     e("fully_async", "update_interval", Support::All, "", &["in_place_swaps_record_every_version_and_respect_staleness"]),
     e("fully_async", "pause", Support::All, "", &["retract_and_abort_pauses_drop_requests_in_flight"]),
