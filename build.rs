@@ -7,4 +7,9 @@ fn main() {
         println!("cargo:rustc-link-arg-bins=-Wl,-rpath,{dir}");
         println!("cargo:rustc-link-arg-tests=-Wl,-rpath,{dir}");
     }
+    // The libtorch version miles-engine links (miles-tch's build script reads it), named when the
+    // engine cannot load its libraries.
+    println!("cargo:rerun-if-env-changed=DEP_MILES_TCH_TORCH_VERSION");
+    let version = std::env::var("DEP_MILES_TCH_TORCH_VERSION").unwrap_or_else(|_| "unknown".into());
+    println!("cargo:rustc-env=MILES_TORCH_VERSION={version}");
 }

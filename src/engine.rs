@@ -56,6 +56,15 @@ fn end_with_parent(cmd: &mut Command) {
 
 fn code_of(status: std::process::ExitStatus) -> u8 {
     match status.code() {
+        // The dynamic loader's exit: a library missing ("error while loading shared libraries")
+        // or of another version ("symbol lookup error"), printed just above by the loader.
+        Some(127) => {
+            eprintln!(
+                "error[E0508]: {ENGINE} could not load its libraries: it links libtorch {} (libtorch_cpu.so, libc10.so)\n  help: run scripts/setup-libtorch.sh, or point LD_LIBRARY_PATH at a torch/lib of that version (docs/gpu.md)",
+                env!("MILES_TORCH_VERSION")
+            );
+            127
+        }
         Some(c) => u8::try_from(c).unwrap_or(1),
         // Killed by a signal: say so, and which, as a shell would.
         None => {

@@ -125,3 +125,30 @@ fn the_laptop_recipe_learns_on_cuda_as_on_cpu() {
     assert!((c1 - g1).abs() <= 0.15, "final held-out accuracy within 0.15: cpu {c1:.3}, cuda {g1:.3}");
     eprintln!("held-out accuracy: cpu {c0:.3} -> {c1:.3}, cuda {g0:.3} -> {g1:.3}");
 }
+
+/// The engine's libtorch of another version or missing: the dynamic loader stops `miles-engine`
+/// before it runs, and `miles` names the libraries and the version it was built against. Made real
+/// here with an empty libtorch_cpu.so first on LD_LIBRARY_PATH (searched before the binary's
+/// runpath), which the loader refuses as it would a foreign one.
+#[test]
+fn an_engine_that_cannot_load_its_libtorch_is_named_with_the_version() {
+    let dir = temp_dir("gpu-loader");
+    std::fs::write(dir.join("libtorch_cpu.so"), b"").unwrap();
+    let out = dir.join("out");
+    let o = output(
+        common::process::miles().env("LD_LIBRARY_PATH", &dir).args([
+            "run",
+            "recipes/grpo-laptop.miles",
+            "--out",
+            out.to_str().unwrap(),
+            "--progress",
+            "off",
+        ]),
+        Duration::from_secs(120),
+    );
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(127), "{t}");
+    assert!(t.contains("E0508"), "{t}");
+    assert!(t.contains(&format!("libtorch {}", env!("MILES_TORCH_VERSION"))), "{t}");
+    assert!(!env!("MILES_TORCH_VERSION").starts_with("unknown"), "build.rs read the linked version");
+}

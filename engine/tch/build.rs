@@ -22,6 +22,8 @@ fn main() {
             })
             .unwrap_or_else(|| "unknown".into());
         println!("cargo:rustc-env=MILES_TORCH_VERSION={version}");
+        // For the `miles` CLI's message when `miles-engine` cannot load its libtorch.
+        println!("cargo:torch_version={version}");
     } else {
         println!("cargo:rustc-env=MILES_TORCH_VERSION=unknown");
         println!(
