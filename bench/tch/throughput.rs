@@ -138,6 +138,42 @@ fn main() {
     train_mfu();
 }
 
+/// Matmul parameters: every 2-D weight but the embeddings (a lookup, not a product).
+fn matmul_params(policy: &Policy) -> i64 {
+    policy
+        .params()
+        .iter()
+        .filter(|(n, t)| t.dim() == 2 && !n.contains("embed_tokens"))
+        .map(|(_, t)| t.numel() as i64)
+        .sum()
+}
+
+/// Trained tokens and the median seconds of 5 on-policy GRPO optimizer steps (after a warm-up) of
+/// `seqs` sequences of `len` tokens, on the policy's device (waited for on a GPU).
+fn time_train_step(policy: Policy, seqs: usize, len: usize) -> (usize, f64) {
+    let on_gpu = policy.device().is_cuda();
+    let spec: TrainSpec =
+        serde_json::from_str(&format!(r#"{{"lr": 0.0002, "micro_batch": {seqs}, "global_batch": {seqs}}}"#))
+            .expect("spec");
+    let mut tr = TchTrainer::new(policy, spec);
+    let batch = grpo_batch(prompts(seqs, len / 2), |p| p.iter().rev().copied().collect());
+    let toks: usize = batch.iter().map(|t| t.prompt.len() + t.response.len()).sum();
+    let _ = tr.train_rl_impl(&batch, &[0.0002], 1.0).expect("train");
+    let s = median(
+        (0..5)
+            .map(|_| {
+                let t = Instant::now();
+                tr.train_rl_impl(&batch, &[0.0002], 1.0).expect("train");
+                if on_gpu {
+                    tch::Cuda::synchronize(0);
+                }
+                t.elapsed().as_secs_f64()
+            })
+            .collect(),
+    );
+    (toks, s)
+}
+
 /// The best fp32 matmul rate of this run (FLOP/s): square and model-shaped products, each the
 /// median of several, on the same threads as the training below.
 fn matmul_peak(shapes: &[(i64, i64, i64)]) -> (f64, String) {
@@ -178,31 +214,9 @@ fn train_mfu() {
         ("~10M (d384 L6)", 384, 6, 64, 64),
         ("~50M (d640 L10)", 640, 10, 32, 64),
     ] {
-        let spec: TrainSpec =
-            serde_json::from_str(&format!(r#"{{"lr": 0.0002, "micro_batch": {seqs}, "global_batch": {seqs}}}"#))
-                .expect("spec");
         let policy = Policy::init(&cfg(d as usize, layers, len + 4), 1);
-        // Matmul parameters: every 2-D weight but the embeddings (a lookup, not a product).
-        let params: i64 = policy
-            .params()
-            .iter()
-            .filter(|(n, t)| t.dim() == 2 && !n.contains("embed_tokens"))
-            .map(|(_, t)| t.numel() as i64)
-            .sum();
-        let mut tr = TchTrainer::new(policy, spec);
-        let half = len / 2;
-        let batch = grpo_batch(prompts(seqs, half), |p| p.iter().rev().copied().collect());
-        let toks: usize = batch.iter().map(|t| t.prompt.len() + t.response.len()).sum();
-        let _ = tr.train_rl_impl(&batch, &[0.0002], 1.0).expect("train");
-        let s = median(
-            (0..5)
-                .map(|_| {
-                    let t = Instant::now();
-                    tr.train_rl_impl(&batch, &[0.0002], 1.0).expect("train");
-                    t.elapsed().as_secs_f64()
-                })
-                .collect(),
-        );
+        let params = matmul_params(&policy);
+        let (toks, s) = time_train_step(policy, seqs, len);
         let flops = toks as f64 * (6.0 * params as f64 + 12.0 * layers as f64 * d as f64 * len as f64);
         let rows = (seqs * len) as i64;
         let (peak, shape) = matmul_peak(&[(rows, d, 3 * d), (rows, d, d), (rows, 3 * d, d), (1024, 1024, 1024)]);
@@ -263,33 +277,11 @@ fn gpu_throughput() {
         max_len: len + 8,
     });
     let policy = Policy::init(&cfg, 1);
-    let params: i64 = policy
-        .params()
-        .iter()
-        .filter(|(n, t)| t.dim() == 2 && !n.contains("embed_tokens"))
-        .map(|(_, t)| t.numel() as i64)
-        .sum();
+    let params = matmul_params(&policy);
     println!("model: d{d} L{layers}, {:.0}M matmul parameters", params as f64 / 1e6);
     let gen = gen_tps(&policy, &prompts(64, 16), 1, 128, true, 3);
     println!("generation (64 prompts, 128 new tokens, KV cache): {gen:.0} tok/s");
-    let spec: TrainSpec =
-        serde_json::from_str(&format!(r#"{{"lr": 0.0002, "micro_batch": {seqs}, "global_batch": {seqs}}}"#))
-            .expect("spec");
-    let mut tr = TchTrainer::new(policy, spec);
-    let half = len / 2;
-    let batch = grpo_batch(prompts(seqs, half), |p| p.iter().rev().copied().collect());
-    let toks: usize = batch.iter().map(|t| t.prompt.len() + t.response.len()).sum();
-    let _ = tr.train_rl_impl(&batch, &[0.0002], 1.0).expect("train");
-    let s = median(
-        (0..5)
-            .map(|_| {
-                let t = Instant::now();
-                tr.train_rl_impl(&batch, &[0.0002], 1.0).expect("train");
-                tch::Cuda::synchronize(0);
-                t.elapsed().as_secs_f64()
-            })
-            .collect(),
-    );
+    let (toks, s) = time_train_step(policy, seqs, len);
     let flops = toks as f64 * (6.0 * params as f64 + 12.0 * layers as f64 * d as f64 * len as f64);
     println!(
         "training ({seqs} x {len} tokens, one GRPO step, median of 5): {s:.3} s, {:.0} tok/s, {:.1} TFLOP/s, MFU {:.1}% of the bf16 peak",

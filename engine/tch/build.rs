@@ -1,6 +1,9 @@
 // torch-sys links libtorch but puts no rpath on the final binary, so tests, examples and the CLI
 // would need LD_LIBRARY_PATH. torch-sys declares `links = "tch"` and exports the library
 // directory, which reaches us as DEP_TCH_LIBTORCH_LIB because we depend on it directly.
+#[path = "src/torch_version.rs"]
+mod torch_version;
+
 fn main() {
     println!("cargo:rerun-if-env-changed=DEP_TCH_LIBTORCH_LIB");
     if let Ok(dir) = std::env::var("DEP_TCH_LIBTORCH_LIB") {
@@ -14,12 +17,7 @@ fn main() {
         println!("cargo:rerun-if-changed={}", version_py.display());
         let version = std::fs::read_to_string(&version_py)
             .ok()
-            .and_then(|t| {
-                t.lines().find_map(|l| {
-                    let v = l.strip_prefix("__version__")?.split('=').nth(1)?.trim();
-                    Some(v.trim_matches(|c| c == '\'' || c == '"').to_string())
-                })
-            })
+            .and_then(|t| torch_version::parse_version_py(&t))
             .unwrap_or_else(|| "unknown".into());
         println!("cargo:rustc-env=MILES_TORCH_VERSION={version}");
         // For the `miles` CLI's message when `miles-engine` cannot load its libtorch.

@@ -112,10 +112,7 @@ fn libtorch_dir() -> Option<PathBuf> {
 /// torch/version.py's `__version__` for a wheel's torch/lib (None for a bare libtorch archive).
 fn torch_version(lib_dir: &Path) -> Option<String> {
     let text = std::fs::read_to_string(lib_dir.parent()?.join("version.py")).ok()?;
-    text.lines().find_map(|l| {
-        let v = l.strip_prefix("__version__")?.split('=').nth(1)?.trim();
-        Some(v.trim_matches(|c| c == '\'' || c == '"').to_string())
-    })
+    crate::torch_version::parse_version_py(&text)
 }
 
 fn dlopen_global(lib: &Path) -> Result<(), String> {

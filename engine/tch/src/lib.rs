@@ -16,6 +16,7 @@ pub mod model;
 pub mod moe;
 pub mod stream;
 pub mod teacher;
+mod torch_version;
 pub mod train;
 
 use miles_runtime::tasks::TokenId;
