@@ -49,8 +49,9 @@ impl TransportKind {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Channel {
     Tcp,
-    /// One file in /dev/shm written once and read by every engine; the socket carries only the
-    /// header. Needs every target on this host.
+    /// One shared-memory file (a sealed memfd, opened by the engines through /proc) written once
+    /// and read by every engine while it is written; the socket carries the header and "written up
+    /// to byte N" notices. Needs every target on this host, in the same PID namespace.
     Shm,
     /// Shared memory when every target address is loopback, TCP otherwise.
     Auto,
@@ -165,8 +166,9 @@ impl TransferPlan {
 /// Broadcast and p2p over sockets (or shared memory).
 pub struct StreamPublisher {
     pub cfg: TransportConfig,
-    /// Shared-memory files kept between versions; removed when the publisher goes.
-    shm_files: Vec<PathBuf>,
+    /// Shared-memory files kept (and mapped) between versions, one per part; unmapped and closed
+    /// when the publisher goes.
+    shm: Vec<ShmFile>,
     /// Distinguishes this publisher's files from another's in the same process.
     id: u64,
 }
@@ -174,22 +176,246 @@ pub struct StreamPublisher {
 impl StreamPublisher {
     pub fn new(cfg: TransportConfig) -> Self {
         static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-        StreamPublisher { cfg, shm_files: Vec::new(), id: NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed) }
+        StreamPublisher { cfg, shm: Vec::new(), id: NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed) }
     }
 }
 
-impl Drop for StreamPublisher {
+impl StreamPublisher {
+    /// [`WeightPublisher::publish`] through shared memory (see there).
+    fn publish_shm(
+        &mut self,
+        snap: &WeightSnapshot,
+        targets: &[Target],
+        plan: &TransferPlan,
+        full: Option<String>,
+        started: Instant,
+    ) -> Result<TransferReport, TransferError> {
+        let cfg = &self.cfg;
+        let parts = plan.shards.len() as u32;
+        let trainer_err = |message: String| TransferError { worker_id: "trainer".into(), message };
+        while self.shm.len() < plan.shards.len() {
+            let name = format!("miles-{}-{}-p{}", std::process::id(), self.id, self.shm.len());
+            let f =
+                ShmFile::create(&name).map_err(|e| trainer_err(format!("cannot create shared memory {name}: {e}")))?;
+            self.shm.push(f);
+        }
+        // Each file is sized for its whole stream before any engine opens it: payload, 12 bytes
+        // per bucket, header and trailer entries per tensor (it grows only for a larger snapshot;
+        // an engine maps what it finds when it opens the file and again when notices pass that).
+        for (s, r) in plan.shards.iter().enumerate() {
+            let payload: usize = r.clone().map(|i| snap.tensors[i].data.len() * 4).sum();
+            let buckets = payload.div_ceil(cfg.bucket_bytes.max(4096) as usize);
+            let f = &mut self.shm[s];
+            f.reserve(payload + 12 * buckets + 256 * r.len() + (64 << 10))
+                .map_err(|e| trainer_err(format!("cannot size shared memory {}: {e}", f.path)))?;
+        }
+        // Every engine is connected and has its header before the first byte is written.
+        let mut routes: Vec<Vec<ShmRoute>> = plan.shards.iter().map(|_| Vec::new()).collect();
+        for &(s, t) in &plan.routes {
+            let target = &targets[t];
+            let unreachable = |e: io::Error| TransferError {
+                worker_id: target.worker_id.clone(),
+                message: format!("{} unreachable or too slow: {e}", target.data_addr),
+            };
+            let sock = connect(&target.data_addr, cfg.timeout).map_err(unreachable)?;
+            let mut h = Header::part(&cfg.token, snap, cfg.bucket_bytes, (s as u32, parts), std::iter::empty());
+            h.shm_path = Some(self.shm[s].path.clone());
+            h.shm_notices = true;
+            let mut head = Vec::new();
+            wire::write_header(&mut head, &h).map_err(unreachable)?;
+            (&sock).write_all(&head).map_err(unreachable)?;
+            routes[s].push(ShmRoute { target: t, sock, failed: None });
+        }
+        let mut report = TransferReport {
+            transport: format!("{}/shm", cfg.kind.name()),
+            version: snap.version,
+            targets: targets.len() as u32,
+            ..Default::default()
+        };
+        for (s, r) in plan.shards.iter().enumerate() {
+            let h = Header::part(&cfg.token, snap, cfg.bucket_bytes, (s as u32, parts), r.clone());
+            let mut w = ShmWriter { shm: &mut self.shm[s], routes: &mut routes[s], pos: 0, notified: 0 };
+            let res = (|| -> io::Result<u32> {
+                wire::write_header(&mut w, &h)?;
+                let (b, _) = wire::write_tensors(&mut w, snap, r.clone(), cfg.bucket_bytes, full.clone(), cfg.faults)?;
+                if w.pos > w.notified {
+                    w.notify()?;
+                }
+                Ok(b)
+            })();
+            match res {
+                Ok(b) => report.buckets += b,
+                // Every engine of this part stopped reading: their verdicts say why.
+                Err(_) if w.routes.iter().all(|r| r.failed.is_some()) => {}
+                Err(e) => return Err(trainer_err(format!("cannot write shared memory {}: {e}", w.shm.path))),
+            }
+        }
+        // Verdicts, each bounded by the socket's timeout; the first failure (in route order) is
+        // reported, as for TCP.
+        let mut first_err: Option<TransferError> = None;
+        for r in routes.iter().flatten() {
+            let target = &targets[r.target];
+            let res = match (read_verdict(&r.sock), &r.failed) {
+                (Ok(v), _) => v,
+                (Err(e), None) => Err(format!("{} unreachable or too slow: {e}", target.data_addr)),
+                (Err(_), Some(e)) => Err(format!("{} unreachable or too slow: {e}", target.data_addr)),
+            };
+            if let (Err(message), None) = (res, &first_err) {
+                first_err = Some(TransferError { worker_id: target.worker_id.clone(), message });
+            }
+        }
+        if let Some(e) = first_err {
+            return Err(e);
+        }
+        let per_target: usize = snap.tensors.iter().map(|t| t.data.len() * 4).sum();
+        report.bytes = (per_target * targets.len()) as u64;
+        Ok(report.finish(started))
+    }
+}
+
+/// The publisher's shared-memory file of one part: a memfd sealed against shrinking (so an engine
+/// may map it: its pages can never vanish under the mapping), or a /dev/shm file where memfds are
+/// unavailable (engines then read it with `pread`). Mapped once, writable, pages resident: a
+/// version is memcpy'd into it, with no page faults and no per-version syscalls but the notices.
+struct ShmFile {
+    file: std::fs::File,
+    /// What an engine opens: /proc/<pid>/fd/<n> of the memfd, or the /dev/shm path.
+    path: String,
+    /// The /dev/shm fallback is removed when the publisher goes (a memfd goes with its last fd).
+    unlink: Option<PathBuf>,
+    map: *mut u8,
+    len: usize,
+}
+
+// SAFETY: the mapping is owned by this value alone (only the owning publisher writes through it).
+unsafe impl Send for ShmFile {}
+
+impl ShmFile {
+    fn create(name: &str) -> io::Result<ShmFile> {
+        use std::os::fd::{AsRawFd, FromRawFd};
+        let cname = std::ffi::CString::new(name).map_err(io::Error::other)?;
+        // SAFETY: plain syscall on a valid C string; the fd is owned by the File right after.
+        let fd = unsafe { libc::memfd_create(cname.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
+        let (file, path, unlink) = if fd >= 0 {
+            // SAFETY: fd is a fresh descriptor nobody else owns.
+            let file = unsafe { std::fs::File::from_raw_fd(fd) };
+            // Growing stays allowed (a larger snapshot); shrinking never (an engine's mapping),
+            // and nobody may add or remove seals afterwards.
+            // SAFETY: fcntl on our own valid fd.
+            if unsafe { libc::fcntl(file.as_raw_fd(), libc::F_ADD_SEALS, libc::F_SEAL_SHRINK | libc::F_SEAL_SEAL) } != 0
+            {
+                return Err(io::Error::last_os_error());
+            }
+            let path = format!("/proc/{}/fd/{}", std::process::id(), file.as_raw_fd());
+            (file, path, None)
+        } else {
+            let dir = shm_dir().ok_or_else(|| io::Error::other("shared memory needs memfd_create or /dev/shm"))?;
+            let p = dir.join(name);
+            let file = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&p)?;
+            (file, p.to_string_lossy().into_owned(), Some(p))
+        };
+        Ok(ShmFile { file, path, unlink, map: std::ptr::null_mut(), len: 0 })
+    }
+
+    /// Makes the file and its mapping at least `len` bytes (grown by a quarter at a time).
+    fn reserve(&mut self, len: usize) -> io::Result<()> {
+        use std::os::fd::AsRawFd;
+        if len <= self.len {
+            return Ok(());
+        }
+        let len = len.max(self.len + self.len / 4).next_multiple_of(2 << 20);
+        self.file.set_len(len as u64)?;
+        self.unmap();
+        // SAFETY: a fresh shared mapping of our own file, `len` bytes long (just sized so).
+        // MAP_POPULATE: the pages are allocated and mapped once here, not faulted per version.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED | libc::MAP_POPULATE,
+                self.file.as_raw_fd(),
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        self.map = p as *mut u8;
+        self.len = len;
+        Ok(())
+    }
+
+    fn unmap(&mut self) {
+        if !self.map.is_null() {
+            // SAFETY: map/len are exactly what mmap returned; no slice into it outlives a call.
+            unsafe { libc::munmap(self.map as *mut libc::c_void, self.len) };
+            self.map = std::ptr::null_mut();
+            self.len = 0;
+        }
+    }
+}
+
+impl Drop for ShmFile {
     fn drop(&mut self) {
-        for p in &self.shm_files {
+        self.unmap();
+        if let Some(p) = &self.unlink {
             let _ = std::fs::remove_file(p);
         }
     }
 }
 
-/// Bytes written so far through a file handle (its position).
-fn wire_len(mut f: &std::fs::File) -> io::Result<u64> {
-    use std::io::Seek;
-    f.stream_position()
+/// One engine connection of a shared-memory publish: its header went out first, notices follow.
+struct ShmRoute {
+    target: usize,
+    sock: TcpStream,
+    /// The first failed notice: this engine stopped reading (its verdict says why).
+    failed: Option<io::Error>,
+}
+
+/// Writes a part's stream into its mapped file and, every [`wire::READY_NOTICE`] bytes, tells
+/// each engine how far it may read: the engines copy bucket k while this writes bucket k+1.
+struct ShmWriter<'a> {
+    shm: &'a mut ShmFile,
+    routes: &'a mut [ShmRoute],
+    pos: usize,
+    notified: usize,
+}
+
+impl ShmWriter<'_> {
+    fn notify(&mut self) -> io::Result<()> {
+        let n = (self.pos as u64).to_le_bytes();
+        for r in self.routes.iter_mut().filter(|r| r.failed.is_none()) {
+            if let Err(e) = (&r.sock).write_all(&n) {
+                r.failed = Some(e);
+            }
+        }
+        self.notified = self.pos;
+        if self.routes.iter().all(|r| r.failed.is_some()) {
+            return Err(io::Error::new(io::ErrorKind::BrokenPipe, "every engine of this part stopped reading"));
+        }
+        Ok(())
+    }
+}
+
+impl Write for ShmWriter<'_> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let end = self.pos + buf.len();
+        self.shm.reserve(end)?;
+        // Plain stores (not streaming ones): the engine copies these bytes a few MB behind, while
+        // they may still be in the shared cache (measured: streaming stores made it slower).
+        // SAFETY: [pos, end) lies inside the mapping (just reserved); `buf` is ours, not in it.
+        unsafe { std::ptr::copy_nonoverlapping(buf.as_ptr(), self.shm.map.add(self.pos), buf.len()) };
+        self.pos = end;
+        if self.pos - self.notified >= wire::READY_NOTICE {
+            self.notify()?;
+        }
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
 }
 
 fn connect(addr: &str, timeout: Duration) -> io::Result<TcpStream> {
@@ -254,53 +480,14 @@ impl WeightPublisher for StreamPublisher {
             Channel::Auto => all_loopback(targets) && shm_dir().is_some(),
         } && !targets.is_empty();
 
-        // Shared memory: each part is written once into /dev/shm; every route sends its path.
-        let mut shm_files: Vec<Option<PathBuf>> = vec![None; plan.shards.len()];
-        let mut buckets_total = 0u32;
+        // Shared memory, pipelined: every engine gets its header first, then the publisher
+        // writes each part once into its mapped file and notices on the sockets tell the engines
+        // how far they may copy. No engine reads a version that is not yet notified, and the last
+        // publish waited for every verdict, so rewriting the file in place races with no reader
+        // (a reader checks the version in the file's header anyway).
         if use_shm {
-            let dir = shm_dir().ok_or_else(|| TransferError {
-                worker_id: "trainer".into(),
-                message: "shared memory needs /dev/shm".into(),
-            })?;
-            for (s, r) in plan.shards.iter().enumerate() {
-                // One file per part, overwritten in place by every version: a fresh tmpfs file
-                // fills at page-fault speed, several times slower than rewriting resident pages.
-                // No reader is active while we write (the last publish waited for every verdict);
-                // a reader checks the version in the header it reads.
-                let path = dir.join(format!("miles-{}-{}-p{s}", std::process::id(), self.id));
-                let res = (|| -> io::Result<u32> {
-                    let file = std::fs::OpenOptions::new().write(true).create(true).truncate(false).open(&path)?;
-                    // A small buffer for the framing only: chunks of the payload are larger and
-                    // go straight from the tensors into the file (one copy, CRC'd just before).
-                    let mut f = BufWriter::with_capacity(64 << 10, file);
-                    let h = Header::part(&cfg.token, snap, cfg.bucket_bytes, (s as u32, parts), r.clone());
-                    wire::write_header(&mut f, &h)?;
-                    let (b, _) =
-                        wire::write_tensors(&mut f, snap, r.clone(), cfg.bucket_bytes, full.clone(), cfg.faults)?;
-                    let file = f.into_inner().map_err(|e| e.into_error())?;
-                    let len = file.metadata()?.len();
-                    let written = wire_len(&file)?;
-                    if written < len {
-                        file.set_len(written)?;
-                    }
-                    Ok(b)
-                })();
-                match res {
-                    Ok(b) => buckets_total += b,
-                    Err(e) => {
-                        for p in shm_files.iter().flatten() {
-                            let _ = std::fs::remove_file(p);
-                        }
-                        return Err(TransferError {
-                            worker_id: "trainer".into(),
-                            message: format!("cannot write {}: {e}", path.display()),
-                        });
-                    }
-                }
-                shm_files[s] = Some(path);
-            }
+            return self.publish_shm(snap, targets, &plan, full, started);
         }
-
         let results: Vec<(usize, Result<u32, String>)> = std::thread::scope(|sc| {
             let handles: Vec<_> = plan
                 .routes
@@ -308,7 +495,6 @@ impl WeightPublisher for StreamPublisher {
                 .map(|&(s, t)| {
                     let range = plan.shards[s].clone();
                     let target = &targets[t];
-                    let shm = shm_files[s].clone();
                     let full = full.as_ref();
                     sc.spawn(move || {
                         let res = (|| -> io::Result<Result<u32, String>> {
@@ -316,18 +502,11 @@ impl WeightPublisher for StreamPublisher {
                             // Framing is buffered; payload chunks (CHUNK bytes, CRC'd in cache right
                             // before) go from the tensors to the socket with no copy in between.
                             let mut w = BufWriter::with_capacity(64 << 10, &sock);
-                            let mut h =
-                                Header::part(&cfg.token, snap, cfg.bucket_bytes, (s as u32, parts), range.clone());
-                            let buckets = if let Some(p) = &shm {
-                                h.tensors.clear();
-                                h.shm_path = Some(p.to_string_lossy().into_owned());
-                                wire::write_header(&mut w, &h)?;
-                                w.flush()?;
-                                0
-                            } else {
-                                wire::write_header(&mut w, &h)?;
-                                wire::write_tensors(&mut w, snap, range, cfg.bucket_bytes, full.cloned(), cfg.faults)?.0
-                            };
+                            let h = Header::part(&cfg.token, snap, cfg.bucket_bytes, (s as u32, parts), range.clone());
+                            wire::write_header(&mut w, &h)?;
+                            let buckets =
+                                wire::write_tensors(&mut w, snap, range, cfg.bucket_bytes, full.cloned(), cfg.faults)?
+                                    .0;
                             drop(w);
                             Ok(read_verdict(&sock)?.map(|_| buckets))
                         })();
@@ -340,9 +519,8 @@ impl WeightPublisher for StreamPublisher {
                 .map(|h| h.join().unwrap_or((usize::MAX, Err("sender thread panicked".into()))))
                 .collect()
         });
-        self.shm_files = shm_files.iter().flatten().cloned().collect();
         let mut report = TransferReport {
-            transport: format!("{}{}", cfg.kind.name(), if use_shm { "/shm" } else { "/tcp" }),
+            transport: format!("{}/tcp", cfg.kind.name()),
             version: snap.version,
             targets: targets.len() as u32,
             ..Default::default()
@@ -356,10 +534,160 @@ impl WeightPublisher for StreamPublisher {
                 }
             }
         }
-        report.buckets += buckets_total;
         let per_target: usize = (0..n).map(|i| snap.tensors[i].data.len() * 4).sum();
         report.bytes = (per_target * targets.len()) as u64;
         Ok(report.finish(started))
+    }
+}
+
+/// Whether `f` is a tmpfs memfd sealed against shrinking: mapped, its pages cannot vanish (no
+/// SIGBUS), and it is not hugetlbfs (whose faults may SIGBUS when the pool runs dry).
+fn sealed_shmem(f: &std::fs::File) -> bool {
+    use std::os::fd::AsRawFd;
+    // SAFETY: fcntl and fstatfs on a valid fd into a zeroed struct of the right type.
+    unsafe {
+        let seals = libc::fcntl(f.as_raw_fd(), libc::F_GET_SEALS);
+        let mut st: libc::statfs = std::mem::zeroed();
+        seals >= 0
+            && seals & libc::F_SEAL_SHRINK != 0
+            && libc::fstatfs(f.as_raw_fd(), &mut st) == 0
+            && st.f_type == libc::TMPFS_MAGIC
+    }
+}
+
+/// A read-only shared mapping of a whole sealed memfd.
+struct Mapping {
+    ptr: *const u8,
+    len: usize,
+}
+
+// SAFETY: the mapping is only read (through `ptr::copy`), never freed while an Arc holds it.
+unsafe impl Send for Mapping {}
+unsafe impl Sync for Mapping {}
+
+impl Mapping {
+    fn new(f: &std::fs::File, len: usize) -> io::Result<Mapping> {
+        use std::os::fd::AsRawFd;
+        if len == 0 {
+            return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "the file is empty"));
+        }
+        // SAFETY: a fresh read-only mapping of `len` bytes of a file at least that long that can
+        // no longer shrink (sealed), so every page stays backed. MAP_POPULATE: mapped once here
+        // rather than faulted in during every version's copy.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ,
+                libc::MAP_SHARED | libc::MAP_POPULATE,
+                f.as_raw_fd(),
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(Mapping { ptr: p as *const u8, len })
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: exactly what mmap returned; the last Arc is gone.
+        unsafe { libc::munmap(self.ptr as *mut libc::c_void, self.len) };
+    }
+}
+
+struct ShmMap {
+    /// (device, inode) of the file.
+    key: (u64, u64),
+    map: Arc<Mapping>,
+    /// The newest version read through it.
+    last: u64,
+}
+
+/// Reads a published shared-memory stream: from the kept mapping or with `pread`, never past
+/// what the publisher's notices announced (with notices) or the file's end (without).
+struct ShmReader<'a, 'b> {
+    f: std::fs::File,
+    map: Option<Arc<Mapping>>,
+    maps: &'a Mutex<Vec<ShmMap>>,
+    version: u64,
+    pos: u64,
+    /// Bytes the publisher has written (u64::MAX without notices: the whole file).
+    ready: u64,
+    notices: Option<&'a mut BufReader<&'b TcpStream>>,
+    timeout: Duration,
+}
+
+impl ShmReader<'_, '_> {
+    /// Waits (bounded by the socket's timeout) until the publisher announces bytes past `pos`.
+    fn wait_ready(&mut self) -> io::Result<()> {
+        let Some(sock) = self.notices.as_mut() else { return Ok(()) };
+        while self.ready <= self.pos {
+            let mut n = [0u8; 8];
+            sock.read_exact(&mut n).map_err(|e| match e.kind() {
+                io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!("the publisher stalled mid-transfer (nothing for {:.1} s)", self.timeout.as_secs_f64()),
+                ),
+                _ => io::Error::other(format!("the publisher vanished mid-transfer ({e})")),
+            })?;
+            self.ready = self.ready.max(u64::from_le_bytes(n));
+            // Notices already here: take the newest at once.
+            while sock.buffer().len() >= 8 {
+                sock.read_exact(&mut n)?;
+                self.ready = self.ready.max(u64::from_le_bytes(n));
+            }
+        }
+        if let Some(old) = self.map.clone() {
+            if self.ready > old.len as u64 {
+                // The file grew (a larger snapshot): map it again, whole.
+                let size = self.f.metadata()?.len();
+                if size < self.ready {
+                    return Err(io::Error::new(
+                        io::ErrorKind::InvalidData,
+                        format!("the publisher announced byte {} of a {size}-byte file", self.ready),
+                    ));
+                }
+                let m = Arc::new(Mapping::new(&self.f, size as usize)?);
+                let mut maps = self.maps.lock().unwrap_or_else(|p| p.into_inner());
+                if let Some(e) = maps.iter_mut().find(|e| Arc::ptr_eq(&e.map, &old)) {
+                    e.map = m.clone();
+                    e.last = e.last.max(self.version);
+                }
+                self.map = Some(m);
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Read for ShmReader<'_, '_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        if buf.is_empty() {
+            return Ok(0);
+        }
+        if self.pos >= self.ready {
+            self.wait_ready()?;
+        }
+        let n = buf.len().min((self.ready - self.pos).min(usize::MAX as u64) as usize);
+        let k = match &self.map {
+            Some(m) => {
+                // wait_ready keeps `ready` within the mapping.
+                // SAFETY: [pos, pos + n) lies inside the mapping of a file that cannot shrink;
+                // the publisher has finished writing those bytes (notified) and does not touch
+                // them again in this version. What was copied is verified (CRC) in `buf`.
+                unsafe { std::ptr::copy_nonoverlapping(m.ptr.add(self.pos as usize), buf.as_mut_ptr(), n) };
+                n
+            }
+            None => {
+                use std::os::unix::fs::FileExt;
+                self.f.read_at(&mut buf[..n], self.pos)?
+            }
+        };
+        self.pos += k as u64;
+        Ok(k)
     }
 }
 
@@ -391,6 +719,8 @@ pub struct Receiver {
     /// Bound on every read and write of a connection (a sender that stalls or vanishes mid-bucket
     /// fails its version after this long, named).
     timeout: Duration,
+    /// Publishers' sealed shared-memory files, mapped once and kept between versions.
+    maps: Arc<Mutex<Vec<ShmMap>>>,
 }
 
 impl Receiver {
@@ -408,6 +738,7 @@ impl Receiver {
             addr,
             token: Arc::new(token.into()),
             timeout,
+            maps: Arc::default(),
         };
         let me = r.clone();
         std::thread::Builder::new().name("weights-rx".into()).spawn(move || {
@@ -446,7 +777,7 @@ impl Receiver {
             return Err("refused: the stream does not carry this run's token".into());
         }
         let res = match &h.shm_path {
-            Some(p) => self.receive_shm(p, &h),
+            Some(p) => self.receive_shm(p, &h, &mut r),
             None => self.receive_body(&mut r, &h).map_err(|e| match e {
                 StreamError::Io(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => {
                     format!(
@@ -472,14 +803,32 @@ impl Receiver {
         res
     }
 
-    /// Shared memory: the published file is read in place, unbuffered. Each chunk goes from the
-    /// tmpfs pages straight into this engine's reused tensor buffers (the one copy) and is CRC'd
-    /// there while in cache (the one verification pass, serving bucket and tensor CRCs). `pread`
-    /// rather than `mmap`: a file truncated under a mapping kills the reader with SIGBUS, while a
-    /// short read is a named error that leaves the loaded weights alone.
-    fn receive_shm(&self, p: &str, h: &Header) -> Result<(), String> {
-        let mut f = std::fs::File::open(p).map_err(|e| format!("cannot open the shared-memory snapshot {p}: {e}"))?;
-        let inner = wire::read_header(&mut f)
+    /// Shared memory: the published file is read in place. Each chunk goes from the tmpfs pages
+    /// straight into this engine's reused tensor buffers (the one copy) and is CRC'd there while
+    /// in cache (the one verification pass, serving bucket and tensor CRCs). With notices
+    /// (`shm_notices`) only bytes the publisher has announced as written are read, while it writes
+    /// the rest. The file is read through a kept mapping only when it is a memfd sealed against
+    /// shrinking (checked here, not trusted from the header): a file truncated under a mapping
+    /// kills the reader with SIGBUS. Any other file is read with `pread`, where a short read is a
+    /// named error that leaves the loaded weights alone.
+    fn receive_shm(&self, p: &str, h: &Header, sock: &mut BufReader<&TcpStream>) -> Result<(), String> {
+        let f = std::fs::File::open(p).map_err(|e| format!("cannot open the shared-memory snapshot {p}: {e}"))?;
+        let map = if h.shm_notices && sealed_shmem(&f) {
+            Some(self.map_of(&f, h.version).map_err(|e| format!("cannot map the shared-memory snapshot {p}: {e}"))?)
+        } else {
+            None
+        };
+        let mut r = ShmReader {
+            f,
+            map,
+            maps: &self.maps,
+            version: h.version,
+            pos: 0,
+            ready: if h.shm_notices { 0 } else { u64::MAX },
+            notices: h.shm_notices.then_some(sock),
+            timeout: self.timeout,
+        };
+        let inner = wire::read_header(&mut r)
             .map_err(|e| format!("shared-memory snapshot {p} is unreadable (truncated or torn: {e}); not loaded"))?;
         if inner.version != h.version || inner.part != h.part || !crate::auth::token_eq(&inner.token, &self.token) {
             return Err(format!(
@@ -487,13 +836,36 @@ impl Receiver {
                 inner.version, inner.part, h.version, h.part
             ));
         }
-        self.receive_body(&mut f, &inner).map_err(|e| match e {
+        self.receive_body(&mut r, &inner).map_err(|e| match e {
             StreamError::Io(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
                 format!("shared-memory snapshot {p} is truncated (version {}); not loaded", h.version)
             }
-            StreamError::Io(e) => format!("cannot read the shared-memory snapshot {p}: {e}"),
+            StreamError::Io(e) => {
+                format!("cannot read the shared-memory snapshot {p} (version {}): {e}; not loaded", h.version)
+            }
             StreamError::Corrupt(m) => format!("shared-memory snapshot {p}: {m}"),
         })
+    }
+
+    /// The kept mapping of `f` (mapped now if new or grown). Mappings not used by the last two
+    /// versions are dropped: a gone publisher's memory is freed two versions later.
+    fn map_of(&self, f: &std::fs::File, version: u64) -> io::Result<Arc<Mapping>> {
+        use std::os::unix::fs::MetadataExt;
+        let m = f.metadata()?;
+        let (key, size) = ((m.dev(), m.ino()), m.len() as usize);
+        let mut maps = self.maps.lock().unwrap_or_else(|p| p.into_inner());
+        maps.retain(|e| e.key == key || e.last + 1 >= version);
+        if let Some(e) = maps.iter_mut().find(|e| e.key == key) {
+            e.last = e.last.max(version);
+            if e.map.len >= size {
+                return Ok(e.map.clone());
+            }
+            e.map = Arc::new(Mapping::new(f, size)?);
+            return Ok(e.map.clone());
+        }
+        let map = Arc::new(Mapping::new(f, size)?);
+        maps.push(ShmMap { key, map: map.clone(), last: version });
+        Ok(map)
     }
 
     fn receive_body<R: Read>(&self, r: &mut R, h: &Header) -> Result<(), StreamError> {
@@ -654,6 +1026,32 @@ mod tests {
                 r.recycle(got);
             }
         }
+    }
+
+    #[test]
+    fn shared_memory_grows_with_the_snapshot_and_serves_p2p_parts() {
+        let rx: Vec<Receiver> = (0..2).map(|_| Receiver::start("127.0.0.1:0", "tok").unwrap()).collect();
+        let mut cfg = TransportConfig::new(TransportKind::P2p, "tok");
+        cfg.bucket_bytes = 1 << 20;
+        cfg.channel = Channel::Shm;
+        let mut p = StreamPublisher::new(cfg);
+        // The second version is larger than the files sized for the first: they grow, and each
+        // engine maps them again.
+        for (v, elems) in [(1, vec![1000, 2000]), (2, vec![1_500_000, 1_200_000]), (3, vec![1000, 2000])] {
+            let s = snap(v, &elems);
+            p.publish(&s, &targets(&rx)).unwrap();
+            for r in &rx {
+                let got = r.take(v, Duration::from_secs(10)).unwrap();
+                assert_eq!(got, s);
+                r.recycle(got);
+            }
+        }
+        // The engines read through a mapping: the publisher's files are sealed memfds.
+        assert!(p.shm.iter().all(|f| f.unlink.is_none() && sealed_shmem(&f.file)), "memfd expected");
+        let plain = std::env::temp_dir().join(format!("miles-test-plain-{}", std::process::id()));
+        std::fs::write(&plain, b"x").unwrap();
+        assert!(!sealed_shmem(&std::fs::File::open(&plain).unwrap()));
+        let _ = std::fs::remove_file(&plain);
     }
 
     #[test]

@@ -41,7 +41,17 @@ pub struct Header {
     /// Shared memory: the stream itself is in this file; the socket carries only this header.
     #[serde(default)]
     pub shm_path: Option<String>,
+    /// Shared memory, pipelined: after this header the socket carries u64 LE notices "the file
+    /// is written up to byte N" (see [`READY_NOTICE`]), so the engine copies while the publisher
+    /// still writes. Without it the file is complete when the header arrives.
+    #[serde(default)]
+    pub shm_notices: bool,
 }
+
+/// A pipelined shared-memory publisher tells its engines how far the file is written at least
+/// every this many bytes (and once at the end): small enough that the engine's copy trails the
+/// writer by a few milliseconds, large enough that the notices cost nothing.
+pub const READY_NOTICE: usize = 4 << 20;
 
 impl Header {
     /// Part `part` of `parts` of `snap`: the tensors at `indices`, whole (no delta base, no shared
@@ -70,6 +80,7 @@ impl Header {
                 .collect(),
             delta_base: None,
             shm_path: None,
+            shm_notices: false,
         }
     }
 
