@@ -209,22 +209,31 @@ impl StreamPublisher {
             f.reserve(payload + 12 * buckets + 256 * r.len() + (64 << 10))
                 .map_err(|e| trainer_err(format!("cannot size shared memory {}: {e}", f.path)))?;
         }
-        // Every engine is connected and has its header before the first byte is written.
-        let mut routes: Vec<Vec<ShmRoute>> = plan.shards.iter().map(|_| Vec::new()).collect();
-        for &(s, t) in &plan.routes {
+        // Every engine is connected, then every one gets its header, before the first byte is
+        // written. Connections first: an engine that cannot be reached fails the publish before
+        // any other engine has read a header of this version, so the others hold no failure of it
+        // and the version can be published again to the engines that are left.
+        let unreachable = |t: usize| {
             let target = &targets[t];
-            let unreachable = |e: io::Error| TransferError {
+            move |e: io::Error| TransferError {
                 worker_id: target.worker_id.clone(),
                 message: format!("{} unreachable or too slow: {e}", target.data_addr),
-            };
-            let sock = connect(&target.data_addr, cfg.timeout).map_err(unreachable)?;
+            }
+        };
+        let mut socks = Vec::with_capacity(plan.routes.len());
+        for &(_, t) in &plan.routes {
+            socks.push(connect(&targets[t].data_addr, cfg.timeout).map_err(unreachable(t))?);
+        }
+        let mut routes: Vec<Vec<ShmRoute>> = plan.shards.iter().map(|_| Vec::new()).collect();
+        for (&(s, t), sock) in plan.routes.iter().zip(socks) {
             let mut h = Header::part(&cfg.token, snap, cfg.bucket_bytes, (s as u32, parts), std::iter::empty());
             h.shm_path = Some(self.shm[s].path.clone());
             h.shm_notices = true;
             let mut head = Vec::new();
-            wire::write_header(&mut head, &h).map_err(unreachable)?;
-            (&sock).write_all(&head).map_err(unreachable)?;
-            routes[s].push(ShmRoute { target: t, sock, failed: None });
+            wire::write_header(&mut head, &h).map_err(unreachable(t))?;
+            // An engine that vanishes now fails alone (its verdict names it); the others go on.
+            let failed = (&sock).write_all(&head).err();
+            routes[s].push(ShmRoute { target: t, sock, failed });
         }
         let mut report = TransferReport {
             transport: format!("{}/shm", cfg.kind.name()),
@@ -1106,6 +1115,27 @@ mod tests {
         let t = vec![Target { worker_id: "rollout-9".into(), data_addr: "127.0.0.1:1".into() }];
         let e = StreamPublisher::new(cfg).publish(&snap(1, &[10]), &t).unwrap_err();
         assert_eq!(e.worker_id, "rollout-9");
+    }
+
+    /// Over shared memory an unreachable engine fails the publish before the live one reads a
+    /// header of that version, so the same version published again to the engines left loads
+    /// (the controller drops a dead engine and publishes again: tests/distributed.rs).
+    #[test]
+    fn an_unreachable_engine_leaves_the_version_publishable_to_the_others_over_shm() {
+        let live = Receiver::start("127.0.0.1:0", "t").unwrap();
+        let mut cfg = TransportConfig {
+            timeout: Duration::from_millis(500),
+            ..TransportConfig::new(TransportKind::Broadcast, "t")
+        };
+        cfg.channel = Channel::Shm;
+        let mut p = StreamPublisher::new(cfg);
+        let s = snap(7, &[1000]);
+        let mut t = targets(std::slice::from_ref(&live));
+        t.push(Target { worker_id: "rollout-9".into(), data_addr: "127.0.0.1:1".into() });
+        assert_eq!(p.publish(&s, &t).unwrap_err().worker_id, "rollout-9");
+        t.pop();
+        p.publish(&s, &t).unwrap();
+        assert_eq!(live.take(7, Duration::from_secs(10)).unwrap(), s);
     }
 
     /// Sends `head` (and `body`, raw bytes after it) to `rx` as a sender would, then reads the
