@@ -31,6 +31,9 @@ if up; then
     echo "test Ray up: http://127.0.0.1:8265"
     exit 0
 fi
+# From the venv's directory: the head's processes keep the directory they start in, and a job
+# submission fails once it is gone (a test checkout deleted while the head runs on).
+cd "$VENV"
 "$VENV/bin/ray" start --head --node-ip-address=127.0.0.1 --dashboard-host=127.0.0.1 --dashboard-port=8265 \
     --num-cpus=4 --num-gpus=4 --include-dashboard=true --disable-usage-stats >/tmp/miles-test-ray.log 2>&1
 for _ in $(seq 1 60); do
