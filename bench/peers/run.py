@@ -1,8 +1,12 @@
 #!/usr/bin/env python3
 """Runs the GRPO comparison (miles vs TRL) and writes bench/peers/RESULTS-table.md.
 
-Both sides run recipes/compare-trl.miles: miles with `miles run`, TRL with trl/grpo_trl.py on the
-run spec miles prints and the prompts miles draws (tools/export-prompts). They alternate, seed by
+Both sides run one recipe (--recipe; default recipes/compare-trl.miles, the 0.1M model;
+recipes/compare-trl-10m.miles is the ~10M one): miles with `miles run`, TRL with trl/grpo_trl.py
+on the run spec miles prints (model sizes included) and the prompts miles draws
+(tools/export-prompts). Each recipe writes its own table and outputs: compare-trl.miles
+bench/peers/RESULTS-table.md and bench/out/peers/, compare-trl-NAME.miles
+bench/peers/RESULTS-table-NAME.md and bench/out/peers-NAME/. They alternate, seed by
 seed (the first side alternates too), so slow spells of this shared machine hit both. Peak memory
 is each process's max RSS (wait4). The machine's matmul peak (tools/peak-flops) is measured at the
 start and the end of the same run; the profile of our step comes from the per-phase timings in
@@ -58,7 +62,10 @@ def first_reach(rows, step_s, sm, threshold, window):
 
 
 def summarise(rows, threshold, window, gain):
-    step_s = [r["perf/step_s"] for r in rows]
+    # A step is generate-score-train-sync: miles' last step also runs the held-out evaluation
+    # (perf/eval_s), which TRL's steps never include, so it is taken out (both sides report it
+    # apart).
+    step_s = [r["perf/step_s"] - r.get("perf/eval_s", 0.0) for r in rows]
     rew = [r["rollout/reward_mean"] for r in rows]
     sm = smooth(rew, window)
     t_hit, s_hit = first_reach(rows, step_s, sm, threshold, window)
@@ -72,7 +79,11 @@ def summarise(rows, threshold, window, gain):
         "step_s": statistics.median(step_s),
         "gen_tok_s": tot("perf/gen_tokens") / tot("perf/gen_s"),
         "train_tok_s": tot("perf/trained_tokens") / tot("perf/train_s"),
-        "e2e_tok_s": tot("perf/trained_tokens") / tot("perf/step_s"),
+        "e2e_tok_s": tot("perf/trained_tokens") / sum(step_s),
+        "gen_ms": 1e3 * tot("perf/gen_s") / len(rows),
+        "train_ms": 1e3 * tot("perf/train_s") / len(rows),
+        "rest_ms": 1e3 * (sum(step_s) - tot("perf/gen_s") - tot("perf/train_s")) / len(rows),
+        "trained_tokens": tot("perf/trained_tokens") / len(rows),
         "reward_start": statistics.fmean(rew[:window]),
         "reward_end": statistics.fmean(rew[-window:]),
         "time_to_threshold_s": t_hit,
@@ -87,13 +98,14 @@ def summarise(rows, threshold, window, gain):
 
 
 def fwd_flops_per_token(m, kind, ctx):
-    """2 x (matmul weights touched per token) + attention scores and mixing over `ctx` keys."""
+    """2 x (matmul weights touched per token) + attention scores and mixing over `ctx` keys.
+    kind "gpt2": m may carry "n_inner" (the TRL side's MLP width; default GPT-2's 4 d)."""
     d, L, V = m["d_model"], m["n_layers"], m["vocab_size"]
     if kind == "miles":
         kv = d // m["n_heads"] * m["n_kv_heads"]
         per_layer = d * d * 2 + d * kv * 2 + 3 * d * m["d_ff"]  # q, o, k, v, gate/up/down
-    else:  # GPT-2: c_attn (3d), c_proj, 4x MLP
-        per_layer = 4 * d * d + 8 * d * d
+    else:  # GPT-2: c_attn (3d), c_proj, the MLP's two matrices
+        per_layer = 4 * d * d + 2 * d * m.get("n_inner", 4 * d)
     return 2 * (L * per_layer + V * d) + L * 4 * d * ctx
 
 
@@ -170,13 +182,23 @@ def main():
     ap.add_argument("--threshold", type=float, default=0.4, help="mean reward (over --window steps) to reach")
     ap.add_argument("--window", type=int, default=10)
     ap.add_argument("--gain", type=float, default=0.05, help="reward gain over the first --window steps to reach")
-    ap.add_argument("--out", default=os.path.join(ROOT, "bench/out/peers"))
-    ap.add_argument("--table", default=os.path.join(ROOT, "bench/peers/RESULTS-table.md"))
+    ap.add_argument("--out", default=None, help="default: bench/out/peers[-NAME] (NAME: see --table)")
+    ap.add_argument("--table", default=None, help="default: bench/peers/RESULTS-table.md for recipes/compare-trl.miles, "
+                    "bench/peers/RESULTS-table-NAME.md for recipes/compare-trl-NAME.miles (or any recipe's stem)")
+    ap.add_argument("--title", default=None, help="the table's heading (default: by the model size)")
     ap.add_argument("--label", default=None, help="what miles was built from (default: git rev of this tree)")
     a = ap.parse_args()
+    suffix = recipe_suffix(a.recipe)
+    if a.out is None:
+        a.out = os.path.join(ROOT, "bench/out", "peers" + (f"-{suffix}" if suffix else ""))
+    if a.table is None:
+        a.table = os.path.join(ROOT, "bench/peers", "RESULTS-table" + (f"-{suffix}" if suffix else "") + ".md")
 
     os.makedirs(a.out, exist_ok=True)
+    spec0 = json.loads(sh([a.miles, "run", a.recipe, "--print-spec"], cwd=ROOT))
     peak_cmd = [os.path.join(a.tools, "peak-flops"), "--threads", str(a.threads), "--json"]
+    for shape in model_shapes(spec0):
+        peak_cmd += ["--shape", shape]
     peaks = [json.loads(sh(peak_cmd))]
     print(f"peak before: {peaks[0]['peak_gflops']:.1f} GFLOP/s", file=sys.stderr)
 
@@ -209,13 +231,17 @@ def main():
             if side == "trl":
                 summ = json.load(open(os.path.join(out, "summary.json")))
                 s.update(params=summ["params"], sft_s=summ["sft_s"], import_s=summ["import_s"],
-                         versions=summ["versions"])
+                         versions=summ["versions"], gpt2=summ.get("gpt2"), eval_start=summ.get("eval_start"),
+                         eval_end=summ.get("eval_end"), eval_s=summ.get("eval_s"))
                 want = [[it["prompt"] for it in step] for step in json.load(open(prompts_path))["rollout"][:2]]
                 s["same_prompts"] = summ["first_prompts"] == want
             else:
                 s["profile"] = None  # filled below with the peak
                 s["rows"] = rows
                 s["spec"] = spec
+                evals = read_evals(os.path.join(out, "metrics.jsonl"))
+                if evals:
+                    s["eval_start"], s["eval_end"] = evals[0], evals[-1]
             runs.append(s)
             print(f"{side} seed {seed}: {s['step_s']*1e3:.0f} ms/step, reward {s['reward_start']:.2f} -> "
                   f"{s['reward_end']:.2f}, {wall:.0f} s, {rss:.0f} MiB", file=sys.stderr)
@@ -235,7 +261,7 @@ def main():
     param_gap = abs(miles_params - trl_params) / trl_params
     print(f"parameters: miles {miles_params}, TRL {trl_params} ({100*param_gap:.2f}% apart)", file=sys.stderr)
     if param_gap > 0.05:
-        sys.exit("the two models are more than 5% apart in parameters; fix recipes/compare-trl.miles")
+        sys.exit(f"the two models are more than 5% apart in parameters; fix {a.recipe}")
 
     for r in runs:
         if r["side"] == "miles":
@@ -250,7 +276,8 @@ def main():
             trained = statistics.fmean(x["perf/trained_tokens"] for x in rows)
             pl = [round((trained - gen_tok) / n)] * n
             rl = [round(gen_tok / n)] * n
-            gen_f, fwd_f = step_flops(m, "gpt2", pl, rl, ro["samples_per_prompt"])
+            gen_f, fwd_f = step_flops({**m, "n_inner": (r.get("gpt2") or {}).get("n_inner", 4 * m["d_model"])},
+                                      "gpt2", pl, rl, ro["samples_per_prompt"])
             # TRL does no separate old-log-prob pass when generation and optimisation are aligned.
             r["achieved_gflops"] = (gen_f + 3 * fwd_f) / statistics.fmean(x["perf/step_s"] for x in rows) / 1e9
 
@@ -275,19 +302,22 @@ def main():
     steps_n = first["steps"]
     lines = []
     w = lines.append
-    w("## GRPO side by side: miles and TRL on the same run\n")
-    w(f"Command: `bash bench/peers/run.sh` (seeds {a.seeds}, threads {a.threads}). Date: {date}. "
+    title = a.title or ("GRPO side by side: miles and TRL on the same run" if not suffix else
+                        f"TRL side-by-side at ~{size_words(miles_params)} parameters ({date})")
+    w(f"## {title}\n")
+    cmd = "bash bench/peers/run.sh" + ("" if a.recipe == "recipes/compare-trl.miles" else f" --recipe {a.recipe}")
+    w(f"Command: `{cmd}` (seeds {a.seeds}, threads {a.threads}). Date: {date}. "
       f"Machine: {os.cpu_count()} vCPUs ({cpu}), shared: other engineers were compiling "
       f"(load average {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} at the end); the sides alternate seed by seed "
-      f"so a slow spell hits both. Versions: miles at `{a.label or git_rev()}` (libtorch 2.13, release build); "
+      f"so a slow spell hits both. Versions: miles at `{a.label or git_rev()}` ({libtorch_version()}, release build); "
       f"TRL {trl_v['trl']}, transformers {trl_v['transformers']}, torch {trl_v['torch']} (CPU).\n")
     w(f"Run: `{a.recipe}`: two-digit addition, {spec['sft']['steps'] if spec.get('sft') else 0} SFT warm-up steps, "
       f"then {steps_n} GRPO steps of {spec['rollout']['rollout_batch']} prompts x {spec['rollout']['samples_per_prompt']} "
       f"samples, up to {spec['rollout']['max_new_tokens']} new tokens, lr {spec['train']['lr']}, one optimizer step per "
       f"RL step, {a.threads} thread(s). Same prompts in the same order on both sides "
       f"({'checked' if all(r.get('same_prompts') for r in by['trl']) else 'NOT the same: check the export'}). "
-      f"Models: miles {miles_params:,} parameters (Llama-style), TRL {trl_params:,} (GPT-2), "
-      f"{100*param_gap:.1f}% apart.\n")
+      f"Models: miles {miles_params:,} parameters (Llama-style: {L} layers, d {d}, {m['n_heads']} heads, SwiGLU {ff}), "
+      f"TRL {trl_params:,} (GPT-2{gpt2_words(by['trl'])}), {100*param_gap:.1f}% apart.\n")
     w(f"| | miles | TRL | miles / TRL |")
     w(f"|---|---:|---:|---:|")
     w(f"| seconds per GRPO step (median) | {fmt(col('miles','step_s'), 4)} | {fmt(col('trl','step_s'), 4)} | "
@@ -298,8 +328,17 @@ def main():
       f"{ratio('train_tok_s')} |")
     w(f"| trained tokens/s (whole step) | {fmt(col('miles','e2e_tok_s'), 0)} | {fmt(col('trl','e2e_tok_s'), 0)} | "
       f"{ratio('e2e_tok_s')} |")
+    w(f"| step split, ms per step (mean): generation / training / rest | "
+      f"{split(by['miles'])} | {split(by['trl'])} | |")
+    w(f"| trained tokens per step (prompt + response, mean) | {fmt(col('miles','trained_tokens'), 0)} | "
+      f"{fmt(col('trl','trained_tokens'), 0)} | |")
     w(f"| peak memory (max RSS, MiB) | {fmt(col('miles','rss_mib'), 0)} | {fmt(col('trl','rss_mib'), 0)} | "
       f"{ratio('rss_mib', inverse=True)} less |")
+    if all(r.get("eval_start") is not None for r in runs):
+        n_eval = spec["eval"]["prompts"]
+        w(f"| held-out greedy accuracy ({n_eval} test problems), after SFT -> after GRPO | "
+          f"{fmt(col('miles','eval_start'), 3)} -> {fmt(col('miles','eval_end'), 3)} | "
+          f"{fmt(col('trl','eval_start'), 3)} -> {fmt(col('trl','eval_end'), 3)} | |")
     w(f"| mean reward, first {a.window} steps | {fmt(col('miles','reward_start'), 3)} | {fmt(col('trl','reward_start'), 3)} | |")
     w(f"| mean reward, last {a.window} steps (after {steps_n}) | {fmt(col('miles','reward_end'), 3)} | "
       f"{fmt(col('trl','reward_end'), 3)} | |")
@@ -319,10 +358,13 @@ def main():
     w(f"Mean ± std over {a.seeds} seeds (0..{a.seeds-1}). Definitions, identical for both sides: a step is one "
       "generate-score-train-sync iteration, timed end to end (miles: `perf/step_s`; TRL: from one `on_step_end` to the "
       "next). Generated tokens/s: response tokens (EOS included) / time in generation (miles: the engine's `generate`; "
-      "TRL: `_generate_single_turn`, i.e. HF `generate`). Trained tokens: prompt + response tokens of the step's 128 "
+      "TRL: `_generate_single_turn`, i.e. HF `generate`). Trained tokens: prompt + response tokens of the step's "
+      f"{spec['rollout']['rollout_batch'] * spec['rollout']['samples_per_prompt']} "
       "samples; training phase: miles' `train_rl` (log-prob recompute when not on-policy, forward, backward, AdamW); TRL: the step minus "
       "its rollout phase (`_generate_and_score_completions`), i.e. loss forward, backward, optimizer and the Trainer "
-      "loop. Time to threshold: GRPO step time summed until the mean reward of the last "
+      "loop; the split's rest is the step minus both (miles: reward, sync, orchestration; TRL: tokenising, "
+      "reward, advantages, the Trainer loop outside its training step). The held-out evaluation (greedy, at the start "
+      "and the end) is outside the steps on both sides. Time to threshold: GRPO step time summed until the mean reward of the last "
       f"{a.window} steps first reaches {a.threshold}; SFT and start-up are excluded there and included in the last row. "
       f"TRL's start-up includes ~{statistics.fmean(col('trl','import_s')):.0f} s of Python imports.\n")
 
@@ -380,6 +422,55 @@ def main():
     json.dump({"runs": raw, "peaks": peaks, "params": {"miles": miles_params, "trl": trl_params}},
               open(os.path.join(a.out, "results.json"), "w"), indent=1)
     print(text)
+
+
+def recipe_suffix(recipe):
+    """'' for recipes/compare-trl.miles (the 0.1M table), NAME for recipes/compare-trl-NAME.miles,
+    else the recipe's file stem."""
+    stem = os.path.splitext(os.path.basename(recipe))[0]
+    if stem == "compare-trl":
+        return ""
+    return stem[len("compare-trl-"):] if stem.startswith("compare-trl-") else stem
+
+
+def model_shapes(spec):
+    """The GEMMs of the recipe's model for tools/peak-flops, as MxKxN: 1024 rows (a training batch
+    of 128 sequences x 8 tokens) through d -> d_ff, d -> d, d_ff -> d, and 128 rows (a decode
+    step of 128 samples) through d -> d_ff. At 0.1M these are peak-flops' defaults."""
+    m = spec["model"]
+    d, ff = m["d_model"], m["d_ff"]
+    return [f"1024x{d}x{ff}", f"1024x{d}x{d}", f"1024x{ff}x{d}", f"128x{d}x{ff}"]
+
+
+def read_evals(path):
+    """Held-out accuracies in the order written (step 0 after SFT, ..., the last step)."""
+    rows = [json.loads(line) for line in open(path) if line.strip()]
+    return [r["eval/accuracy"] for r in rows if "eval/accuracy" in r]
+
+
+def split(runs):
+    k = ["gen_ms", "train_ms", "rest_ms"]
+    return " / ".join(f"{statistics.fmean(r[x] for r in runs):.0f}" for x in k)
+
+
+def size_words(n):
+    """~10M for 10,634,112 (the order of magnitude a recipe names, rounded down), ~0.1M for 102,720."""
+    return f"{int(n // 1e6)}M" if n >= 1e6 else f"{n / 1e6:.1f}M"
+
+
+def gpt2_words(trl_runs):
+    g = next((r.get("gpt2") for r in trl_runs if r.get("gpt2")), None)
+    if not g:
+        return ""
+    return f": {g['n_layer']} layers, d {g['n_embd']}, {g['n_head']} heads, MLP {g['n_inner']}"
+
+
+def libtorch_version():
+    try:
+        d = next(x for x in os.listdir(os.path.join(ROOT, ".libtorch")) if x.startswith("torch-") and x.endswith(".dist-info"))
+        return "libtorch " + d[len("torch-"):-len(".dist-info")]
+    except (OSError, StopIteration):
+        return "libtorch"
 
 
 def git_rev():

@@ -2,7 +2,11 @@
 # The GRPO comparison in one command: miles and TRL on recipes/compare-trl.miles, alternately over
 # seeds, then the table (bench/peers/RESULTS-table.md) with the profile of our step.
 #
-#   bash bench/peers/run.sh [--seeds N] [--threads N] [--steps N] [--threshold R]
+#   bash bench/peers/run.sh [--recipe R] [--seeds N] [--threads N] [--steps N] [--threshold R]
+#
+# --recipe recipes/compare-trl-10m.miles: the same run at ~10M parameters (fewer steps), its table
+# in bench/peers/RESULTS-table-10m.md and outputs in bench/out/peers-10m/ (the 0.1M ones untouched).
+# ~10 min a seed on 2 shared cores.
 #
 # Installs what it needs first: libtorch (scripts/setup-libtorch.sh), the release `miles`, the
 # helpers in bench/peers/tools (own workspace), TRL in bench/out/trl-venv (~6 GB, git-ignored).

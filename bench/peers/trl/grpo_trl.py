@@ -1,13 +1,20 @@
-"""The TRL side of the comparison: the GRPO run of recipes/compare-trl.miles in TRL's GRPOTrainer.
+"""The TRL side of the comparison: the GRPO run of recipes/compare-trl*.miles in TRL's GRPOTrainer.
 
 Reads the run spec miles executes (`miles run --print-spec`) and the exact problems miles draws
 for it (bench/peers/tools export-prompts), so both sides train on the same prompts in the same
 order with the same group size, batch, completion length, learning rate, Adam settings, clip range
 and thread count. CPU only, offline (HF_HUB_OFFLINE=1): the model and the tokenizer are built here.
 
-  - model: GPT-2 (transformers' GPT2LMHeadModel) of the recipe's depth and width, 4x MLP, tied
-    embeddings, no dropout; its parameter count is printed next to miles' (bench/peers/run.py
-    checks they are within 5%).
+  - model: GPT-2 (transformers' GPT2LMHeadModel) sized from the spec's `model` (gpt2_config):
+    n_layer = n_layers, n_embd = d_model, n_head = n_heads, n_positions = max_len, vocab_size,
+    init std; GPT-2's own 4x MLP (n_inner = 4 d_model), which matches a SwiGLU of
+    d_ff = 8/3 d_model in parameters (recipes/compare-trl*.miles choose d_ff so); tied
+    embeddings, no dropout. Its parameter count and config go to summary.json, next to miles'
+    (bench/peers/run.py checks the counts are within 5%). GPT-2 has no grouped-query attention,
+    so a spec with n_kv_heads != n_heads is refused.
+  - held-out evaluation: greedy answers to the spec's first `eval.prompts` test problems, scored
+    as miles' eval (exact match ending in [EOS]), after the warm-up and after GRPO, timed apart
+    from the steps (as miles' eval is reported apart).
   - tokenizer: miles' character tokenizer ([PAD]=0, [BOS]=1, [EOS]=2, then the task's characters
     in sorted order), as a PreTrainedTokenizerFast that prepends [BOS] like miles' encode_prompt.
   - warm-up: the same supervised steps as miles' `sft` stage on the same problems (a plain PyTorch
@@ -110,6 +117,52 @@ def sft_warmup(model, spec, batches, chars):
     del opt
 
 
+def gpt2_config(m):
+    """The GPT-2 of a miles model spec: same depth, width, heads, context and vocabulary. The MLP
+    is GPT-2's 4 x d_model; miles' SwiGLU has three d_model x d_ff matrices against GPT-2's two,
+    so the two match in parameters at d_ff = 8/3 d_model (0.1M: 176 ~ 170.7 at d 64; 10M: 1024 at
+    d 384); run.py compares the totals."""
+    return dict(
+        vocab_size=m["vocab_size"],
+        n_positions=m["max_len"],
+        n_embd=m["d_model"],
+        n_layer=m["n_layers"],
+        n_head=m["n_heads"],
+        n_inner=4 * m["d_model"],
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+        initializer_range=m.get("init_std", 0.02),
+        bos_token_id=BOS,
+        eos_token_id=EOS,
+        pad_token_id=PAD,
+    )
+
+
+@torch.no_grad()
+def evaluate(model, items, max_new, chars):
+    """miles' held-out eval: greedy responses of up to max_new tokens to each prompt ([BOS] +
+    prompt), exact match of the answer ending in [EOS]. Returns (accuracy, mean response tokens)."""
+    cid = {c: i + 3 for i, c in enumerate(chars)}
+    was_training = model.training
+    model.eval()
+    seqs = [[BOS] + [cid[c] for c in it["prompt"]] for it in items]
+    width = max(len(q) for q in seqs)
+    ids = torch.tensor([[PAD] * (width - len(q)) + q for q in seqs])  # left-padded, as TRL does
+    att = torch.tensor([[0] * (width - len(q)) + [1] * len(q) for q in seqs])
+    out = model.generate(
+        input_ids=ids, attention_mask=att, max_new_tokens=max_new, do_sample=False,
+        eos_token_id=EOS, pad_token_id=PAD,
+    )[:, width:].tolist()
+    ok, toks = 0, 0
+    for resp, it in zip(out, items):
+        resp = resp[: resp.index(EOS) + 1] if EOS in resp else resp
+        toks += len(resp)
+        ok += int(EOS in resp and decode_answer(resp, chars) == it["label"])
+    model.train(was_training)
+    return ok / max(len(items), 1), toks / max(len(items), 1)
+
+
 class StepLog(TrainerCallback):
     """Per-step wall time (from one step's end to the next: everything the loop does), with the
     rollout-phase timings and token counts the wrapped trainer methods recorded."""
@@ -166,6 +219,12 @@ def main():
         "no entropy bonus": tr.get("entropy_coef", 0.0) == 0.0,
         "token aggregation (TRL's dapo)": tr.get("aggregation", "token") == "token",
         "constant learning rate, no warm-up": tr.get("decay", "none") == "none" and tr.get("warmup_steps", 0) == 0,
+        "multi-head attention (GPT-2 has no grouped-query attention: n_kv_heads == n_heads)": m.get(
+            "n_kv_heads", m["n_heads"]
+        )
+        == m["n_heads"],
+        "d_model a multiple of heads": m["d_model"] % m["n_heads"] == 0,
+        "a dense model (no experts)": not m.get("experts"),
     }
     bad = [k for k, ok in unsupported.items() if not ok]
     if bad:
@@ -176,21 +235,7 @@ def main():
     set_seed(seed)
     chars = data["tokenizer"]["chars"]
     tok = build_tokenizer(chars)
-    cfg = GPT2Config(
-        vocab_size=m["vocab_size"],
-        n_positions=m["max_len"],
-        n_embd=m["d_model"],
-        n_layer=m["n_layers"],
-        n_head=m["n_heads"],
-        n_inner=4 * m["d_model"],
-        resid_pdrop=0.0,
-        embd_pdrop=0.0,
-        attn_pdrop=0.0,
-        initializer_range=m.get("init_std", 0.02),
-        bos_token_id=BOS,
-        eos_token_id=EOS,
-        pad_token_id=PAD,
-    )
+    cfg = GPT2Config(**gpt2_config(m))
     model = GPT2LMHeadModel(cfg)
     n_params = sum(p.numel() for p in model.parameters())  # tied lm_head counted once
 
@@ -198,6 +243,10 @@ def main():
     if spec.get("sft"):
         sft_warmup(model, spec, data["sft"], chars)
     sft_s = time.perf_counter() - t0
+    test = data["test"][: max(1, spec.get("eval", {}).get("prompts", 200))]
+    t0 = time.perf_counter()
+    eval_start = evaluate(model, test, ro["max_new_tokens"], chars)
+    eval_s = time.perf_counter() - t0
 
     rows = [it for step in data["rollout"][:steps] for it in step]
     ds = Dataset.from_list(rows)
@@ -279,9 +328,17 @@ def main():
     t1 = time.perf_counter()
     trainer.train()
     grpo_s = time.perf_counter() - t1
+    t0 = time.perf_counter()
+    eval_end = evaluate(trainer.model, test, ro["max_new_tokens"], chars)
+    eval_s += time.perf_counter() - t0
     summary = {
         "framework": "trl",
         "params": n_params,
+        "gpt2": {k: cfg.to_dict()[k] for k in ("n_layer", "n_embd", "n_head", "n_inner", "n_positions", "vocab_size")},
+        "eval_start": eval_start[0],
+        "eval_end": eval_end[0],
+        "eval_prompts": len(test),
+        "eval_s": eval_s,
         "seed": seed,
         "threads": a.threads,
         "steps": steps,
@@ -297,7 +354,8 @@ def main():
         },
     }
     json.dump(summary, open(os.path.join(a.out, "summary.json"), "w"), indent=1)
-    print(f"trl: {n_params} parameters; SFT {sft_s:.1f} s; GRPO {steps} steps {grpo_s:.1f} s", file=sys.stderr)
+    print(f"trl: {n_params} parameters; SFT {sft_s:.1f} s; GRPO {steps} steps {grpo_s:.1f} s; held-out accuracy "
+          f"{eval_start[0]:.3f} -> {eval_end[0]:.3f}", file=sys.stderr)
 
 
 if __name__ == "__main__":

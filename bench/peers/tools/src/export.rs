@@ -5,12 +5,14 @@
 //! OUT.json: {"tokenizer": {"chars": [...]}, "sft": [[{prompt,label}] per SFT step],
 //! "rollout": [[{prompt,label}] per RL step 1..=steps], "test": [{prompt,label}]}
 
-use miles_runtime::tasks::{TaskItem, TaskSet};
+use miles_runtime::tasks::{PromptRow, TaskSet};
+use miles_runtime::tokenize::Tokenizer;
 use miles_runtime::RunSpec;
 use serde_json::{json, Value};
 
-fn items(v: &[TaskItem]) -> Value {
-    Value::Array(v.iter().map(|it| json!({"prompt": it.prompt, "label": it.label})).collect())
+/// A built-in task's rows: string prompts and string labels (as `PromptRow::text` makes them).
+fn items(v: &[PromptRow]) -> Value {
+    Value::Array(v.iter().map(|it| json!({"prompt": it.prompt.to_json(), "label": it.label})).collect())
 }
 
 fn main() {
@@ -32,7 +34,10 @@ fn main() {
         .map(|s| items(&task.train_batch(spec.seed, "rollout", s, spec.rollout.rollout_batch)))
         .collect();
     let out = json!({
-        "tokenizer": serde_json::to_value(&task.tokenizer).expect("tokenizer serialises"),
+        "tokenizer": match &task.tokenizer {
+            Tokenizer::Char(t) => serde_json::to_value(t).expect("tokenizer serialises"),
+            Tokenizer::Hf(_) => panic!("export-prompts: the TRL script mirrors only the character tokenizer"),
+        },
         "sft": sft,
         "rollout": rollout,
         "test": items(&task.test),

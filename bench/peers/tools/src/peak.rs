@@ -1,6 +1,7 @@
-//! `peak-flops [--threads N] [--json]`: fp32 matmul FLOP/s of libtorch on this machine, the
-//! denominator of our MFU. Square matmuls n = 256..2048 (the best is the "peak"), plus the
-//! shapes of the compared model's linear layers (what the step can reach at its own sizes).
+//! `peak-flops [--threads N] [--json] [--shape MxKxN]...`: fp32 matmul FLOP/s of libtorch on this
+//! machine, the denominator of our MFU. Square matmuls n = 256..2048 (the best is the "peak"),
+//! plus the shapes of the compared model's linear layers (what the step can reach at its own
+//! sizes): each `--shape` (bench/peers/run.py passes the recipe's), else the 0.1M model's.
 //! Median of several repetitions each; this machine is shared, so the runner measures it in the
 //! same run as the comparison.
 
@@ -47,9 +48,26 @@ fn main() {
     let _g = tch::no_grad_guard();
     let square: Vec<(i64, f64)> = [256i64, 512, 1024, 2048].iter().map(|&n| (n, gflops(n, n, n))).collect();
     let peak = square.iter().map(|x| x.1).fold(0.0, f64::max);
-    // The compared model's GEMMs: 1024 rows (128 sequences x 8 tokens) through d=64 -> 176 (MLP)
-    // and d=64 -> 64 (attention projections); 16 rows (one decode step of 16 prompts) likewise.
-    let small: Vec<(String, f64)> = [(1024i64, 64i64, 176i64), (1024, 64, 64), (1024, 176, 64), (128, 64, 176)]
+    // The compared model's GEMMs: by default recipes/compare-trl.miles' 1024 rows (128 sequences x
+    // 8 tokens) through d=64 -> 176 (MLP) and d=64 -> 64 (attention projections), and 128 rows.
+    let mut shapes: Vec<(i64, i64, i64)> = Vec::new();
+    for (i, a) in args.iter().enumerate() {
+        if a == "--shape" {
+            let dims: Vec<i64> = args
+                .get(i + 1)
+                .map(|s| s.split('x').filter_map(|d| d.parse().ok()).collect())
+                .unwrap_or_default();
+            if dims.len() != 3 || dims.iter().any(|&d| d < 1) {
+                eprintln!("peak-flops: --shape takes MxKxN (positive integers)");
+                std::process::exit(2);
+            }
+            shapes.push((dims[0], dims[1], dims[2]));
+        }
+    }
+    if shapes.is_empty() {
+        shapes = vec![(1024, 64, 176), (1024, 64, 64), (1024, 176, 64), (128, 64, 176)];
+    }
+    let small: Vec<(String, f64)> = shapes
         .iter()
         .map(|&(m, k, n)| (format!("{m}x{k}x{n}"), gflops(m, k, n)))
         .collect();
