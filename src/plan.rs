@@ -74,7 +74,7 @@ fn plan_once(args: &Args, overrides: Vec<(String, String)>) -> (u8, Vec<std::pat
 pub fn make_plan(recipe: &miles_compiler::CompiledRecipe) -> miles_plan::Plan {
     let mut input = miles_plan::plan_input(recipe);
     // The planner is pure; the machine's GPUs are looked up here, only when the recipe may use one.
-    if let Some(d) = input.device.as_mut().filter(|d| d.asked.value != "cpu") {
+    if let Some(d) = input.device.as_mut().filter(|d| d.asked.value != "cpu" && d.cpu_only.is_none()) {
         d.machine = Some(machine_gpus());
     }
     miles_plan::plan(&input)

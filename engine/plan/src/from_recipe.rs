@@ -161,15 +161,17 @@ pub fn plan_input(recipe: &CompiledRecipe) -> PlanInput {
         r3_id_bytes,
         episodes,
         assumptions,
-        device: device_of(settings.and_then(|s| s.get("cluster")).and_then(Value::as_record)),
+        device: device_of(settings.and_then(|s| s.get("cluster")).and_then(Value::as_record), g),
     }
 }
 
 /// A `local` cluster's `device`, with its span when the recipe set it.
-fn device_of(cluster: Option<&Record>) -> Option<DeviceInput> {
+fn device_of(cluster: Option<&Record>, g: &StageGraph) -> Option<DeviceInput> {
     let c = cluster.filter(|c| c.schema_name == "local")?;
     let asked = c.get("device").and_then(Value::as_enum)?.to_string();
-    Some(DeviceInput { asked: Spanned { value: asked, span: field_span(c, "device") }, machine: None })
+    // engine/tch/src/diffusion makes its tensors on the CPU (`device = cuda` there is E0511).
+    let cpu_only = g.nodes().any(|n| n.kind == "denoise").then(|| "a diffusion recipe computes on the CPU".to_string());
+    Some(DeviceInput { asked: Spanned { value: asked, span: field_span(c, "device") }, machine: None, cpu_only })
 }
 
 /// The episodes of a rollout scored by an environment (`env_reward`): its turn limit, and what an

@@ -135,6 +135,10 @@ pub struct DeviceInput {
     /// The machine's GPUs; `None`: not looked at (the recipe asked for the CPU).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub machine: Option<MachineGpus>,
+    /// Why the recipe computes on the CPU whatever it asks (a diffusion recipe's denoiser);
+    /// `auto` then resolves to the CPU without looking at the machine.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_only: Option<String>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]

@@ -114,7 +114,8 @@ fn device_against_the_machine() {
     use miles_plan::input::{DeviceInput, MachineGpu, MachineGpus};
     let with = |asked: &str, machine: MachineGpus| {
         let mut input = load("cpu_laptop");
-        input.device = Some(DeviceInput { asked: miles_plan::Spanned::new(asked.into()), machine: Some(machine) });
+        input.device =
+            Some(DeviceInput { asked: miles_plan::Spanned::new(asked.into()), machine: Some(machine), cpu_only: None });
         plan(&input)
     };
     let none = MachineGpus { gpus: Vec::new(), unavailable: Some("libcuda.so is not installed".into()) };

@@ -24,6 +24,9 @@ pub(super) fn plan_device(cx: &mut Ctx) -> Option<DeviceReport> {
     if asked == "cpu" {
         return Some(report(Some("cpu"), "device = cpu".into(), Vec::new()));
     }
+    if let Some(why) = &d.cpu_only {
+        return Some(report(Some("cpu"), format!("device = {asked}: {why}"), Vec::new()));
+    }
     let Some(m) = &d.machine else {
         return Some(report(None, format!("device = {asked}: the machine's GPUs were not looked at"), Vec::new()));
     };
