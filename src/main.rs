@@ -16,6 +16,7 @@ mod planfile;
 mod report;
 mod run;
 mod runspec;
+mod saved_plan;
 mod test;
 mod update;
 mod vendor;

@@ -87,13 +87,6 @@ pub fn devices() -> Result<Vec<Gpu>, Unavailable> {
     Ok(gpus)
 }
 
-/// One line per GPU for `miles plan` and logs: "0: NVIDIA H200, 139.8 GiB, sm_90".
-pub fn describe(gpus: &[Gpu]) -> Vec<String> {
-    gpus.iter()
-        .map(|g| format!("{}: {}, {:.1} GiB, {}", g.index, g.name, g.memory_bytes as f64 / (1u64 << 30) as f64, g.sm()))
-        .collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -109,18 +102,12 @@ mod tests {
                     assert!(g.memory_bytes > 0);
                     assert!(g.compute_capability.0 >= 3, "{g:?}");
                 }
-                eprintln!("GPUs: {:?}", describe(&gpus));
+                eprintln!("GPUs: {gpus:?}");
             }
             Err(e) => {
                 assert!(e.reason.contains("libcuda") || e.reason.contains("CUDA driver"), "{e}");
                 eprintln!("skipped the GPU half of this test: {e}");
             }
         }
-    }
-
-    #[test]
-    fn describe_names_memory_and_architecture() {
-        let g = Gpu { index: 0, name: "NVIDIA H200".into(), memory_bytes: 150_121_545_728, compute_capability: (9, 0) };
-        assert_eq!(describe(&[g]), vec!["0: NVIDIA H200, 139.8 GiB, sm_90".to_string()]);
     }
 }

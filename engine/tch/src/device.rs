@@ -9,6 +9,7 @@
 
 use miles_runtime::{DeviceSpec, RunError, E_NO_GPU};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use tch::Device;
 
@@ -16,11 +17,18 @@ use tch::Device;
 /// libtorch, read by build.rs): another version's libraries cannot be loaded into it.
 pub const BUILT_TORCH: &str = env!("MILES_TORCH_VERSION");
 
+/// What `select` chose (it holds the lock while it opens CUDA); `ON_GPU` mirrors it for
+/// `current`, which every input tensor of a forward calls.
 static CHOSEN: Mutex<Option<Device>> = Mutex::new(None);
+static ON_GPU: AtomicBool = AtomicBool::new(false);
 
-/// Where this process's tensors live.
+/// Where this process's tensors live: the first visible GPU once `select` chose it, else the CPU.
 pub fn current() -> Device {
-    CHOSEN.lock().unwrap_or_else(|p| p.into_inner()).unwrap_or(Device::Cpu)
+    if ON_GPU.load(Ordering::Acquire) {
+        Device::Cuda(0)
+    } else {
+        Device::Cpu
+    }
 }
 
 /// `t` on this process's device (no copy on the CPU).
@@ -57,11 +65,13 @@ pub fn select(want: DeviceSpec) -> Result<(Device, String), RunError> {
                 )
             })?;
             *chosen = Some(d);
+            ON_GPU.store(true, Ordering::Release);
             Ok((d, "cuda:0 (device = cuda)".into()))
         }
         DeviceSpec::Auto => match open_cuda() {
             Ok(d) => {
                 *chosen = Some(d);
+                ON_GPU.store(true, Ordering::Release);
                 Ok((d, "cuda:0 (device = auto: a GPU and libtorch's CUDA library are here)".into()))
             }
             Err(why) => Ok((Device::Cpu, format!("cpu (device = auto: {why})"))),

@@ -123,6 +123,12 @@ fn drop_cached(path: &Path) {
     }
 }
 
+/// The bytes of the tensors whose `picked` flag is set, in order: what a delta's XOR pass reads
+/// (the publisher's previous version) or patches (the host's copy).
+fn picked_bytes_mut<'a>(tensors: &'a mut [NamedTensor], picked: &[bool]) -> Vec<&'a mut [u8]> {
+    tensors.iter_mut().zip(picked).filter(|(_, &p)| p).map(|(t, _)| wire::as_bytes_mut(&mut t.data)).collect()
+}
+
 fn sync_dir(dir: &Path) {
     if let Ok(d) = fs::File::open(dir) {
         let _ = d.sync_all();
@@ -278,13 +284,7 @@ impl WeightPublisher for DeltaPublisher {
                 }
                 let mut src = XorSource {
                     new: changed.iter().map(|&i| wire::as_bytes(&snap.tensors[i].data)).collect(),
-                    old: base
-                        .tensors
-                        .iter_mut()
-                        .zip(&is_changed)
-                        .filter(|(_, &c)| c)
-                        .map(|(t, _)| wire::as_bytes_mut(&mut t.data))
-                        .collect(),
+                    old: picked_bytes_mut(&mut base.tensors, &is_changed),
                     scratch: vec![0u8; wire::CHUNK],
                     new_crc: changed.iter().map(|_| crc32fast::Hasher::new()).collect(),
                 };
@@ -491,13 +491,7 @@ fn read_stream(
                 crcs = snap.tensors.iter().map(|t| wire::crc(wire::as_bytes(&t.data))).collect();
             }
             let mut sink = XorSink {
-                dst: snap
-                    .tensors
-                    .iter_mut()
-                    .zip(&wanted)
-                    .filter(|(_, &w)| w)
-                    .map(|(t, _)| wire::as_bytes_mut(&mut t.data))
-                    .collect(),
+                dst: picked_bytes_mut(&mut snap.tensors, &wanted),
                 scratch: vec![0u8; wire::CHUNK],
                 patched_crc: h.tensors.iter().map(|_| crc32fast::Hasher::new()).collect(),
             };

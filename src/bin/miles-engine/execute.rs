@@ -123,9 +123,8 @@ pub fn run(args: Args) -> u8 {
 /// What the recipe's plan (OUT/plan.json, written by `miles run`) estimated for each stage's
 /// memory, set beside an out-of-memory error so the user sees which estimate the run exceeded.
 fn planned_memory(out: &std::path::Path) -> Option<String> {
-    let text = std::fs::read_to_string(out.join("plan.json")).ok()?;
-    let plan: serde_json::Value = serde_json::from_str(&text).ok()?;
-    let rows = plan.get("plan").unwrap_or(&plan).get("memory")?.as_array()?;
+    let plan = crate::saved_plan::load_plan(out).ok()??;
+    let rows = plan.get("memory")?.as_array()?;
     let each: Vec<String> = rows
         .iter()
         .filter_map(|r| {
@@ -143,8 +142,7 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("miles-oom-note-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         assert_eq!(super::planned_memory(&dir), None, "no plan, no note");
-        let plan =
-            r#"{"memory": [{"stage": "train", "total": 2500000000}, {"stage": "rollout", "total": 1000000000}]}"#;
+        let plan = r#"{"format_version": 2, "memory": [{"stage": "train", "total": 2500000000}, {"stage": "rollout", "total": 1000000000}]}"#;
         std::fs::write(dir.join("plan.json"), plan).unwrap();
         let note = super::planned_memory(&dir).unwrap();
         assert!(note.starts_with("the plan estimated train 2.50 GB, rollout 1.00 GB ("), "{note}");

@@ -6,6 +6,8 @@
 mod diffuse;
 mod distributed;
 mod execute;
+#[path = "../../saved_plan.rs"]
+mod saved_plan;
 mod worker;
 
 use clap::{Parser, Subcommand};
