@@ -344,6 +344,7 @@ pub fn compile_recipe(ev: &mut Eval, r: ItemRef, overrides: &[Override]) -> Opti
         None => ev.prelude_decl("local").and_then(|l| ev.build_record(l, BTreeMap::new(), recipe_span)),
     };
     if let Some(state) = ev.recipe.as_mut() {
+        state.cluster_failed = cluster.is_none();
         state.cluster = cluster;
     }
 

@@ -87,6 +87,9 @@ pub struct RecipeState {
     pub(crate) settings_in_progress: bool,
     pub module: u32,
     pub cluster: Option<Value>,
+    /// The cluster's expression failed (its error is reported): the settings are not built, so
+    /// no second error says the cluster is missing.
+    pub cluster_failed: bool,
     /// The recipe's name: where recipe-level check failures point.
     pub name_span: Span,
 }

@@ -142,7 +142,7 @@ impl<'p> Eval<'p> {
             self.recipe.as_ref()?.settings_exprs.clone().into_iter().collect();
         let mut provided = BTreeMap::new();
         let decls = self.decl_fields(schema);
-        let mut ok = true;
+        let mut ok = !self.recipe.as_ref()?.cluster_failed;
         for (name, (expr, module, name_span)) in exprs {
             let Some(decl) = decls.iter().find(|d| d.name.name == name) else {
                 let id = ast::Ident { name: name.clone(), span: name_span };
