@@ -14,6 +14,16 @@ export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$root/target}"
 cargo build --release --quiet --bin miles --bin miles-engine
 cargo build --release --quiet -p miles-tch --bench throughput
 cargo build --release --quiet -p miles-cuda --bench ipc
+# The NCCL channel's unit tests (engine/cuda and engine/workers), run by bench/gpu/run.sh.
+unit() {
+    cargo test --release --no-run -p "$1" --lib --message-format=json 2>/dev/null | python3 -c 'import json,sys
+for l in sys.stdin:
+    m = json.loads(l)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["kind"] == ["lib"]:
+        print(m["executable"])' | tail -1
+}
+cuda_tests=$(unit miles-cuda)
+workers_tests=$(unit miles-workers)
 # The GPU tests; their path to `miles` is compiled in (CARGO_BIN_EXE_miles), so run.sh recreates
 # this build's target directory on the GPU machine when the checkout lies elsewhere there.
 tests=$(cargo test --release --no-run --test gpu --message-format=json 2>/dev/null \
@@ -24,12 +34,14 @@ for l in sys.stdin:
         print(m["executable"])' | tail -1)
 bench=$(ls -t "$CARGO_TARGET_DIR"/release/deps/throughput-* | grep -v '\.d$' | head -1)
 ipc=$(ls -t "$CARGO_TARGET_DIR"/release/deps/ipc-* | grep -v '\.d$' | head -1)
-[[ -x "$tests" && -x "$bench" && -x "$ipc" ]] || { echo "gpu-bundle: error: the test or bench binary was not built" >&2; exit 1; }
+[[ -x "$tests" && -x "$bench" && -x "$ipc" && -x "$cuda_tests" && -x "$workers_tests" ]] || { echo "gpu-bundle: error: the test or bench binary was not built" >&2; exit 1; }
 rm -rf .gpu.tmp && mkdir -p .gpu.tmp
 cp "$CARGO_TARGET_DIR/release/miles" "$CARGO_TARGET_DIR/release/miles-engine" .gpu.tmp/
 cp "$tests" .gpu.tmp/gpu-tests
 cp "$bench" .gpu.tmp/throughput
 cp "$ipc" .gpu.tmp/ipc
+cp "$cuda_tests" .gpu.tmp/cuda-tests
+cp "$workers_tests" .gpu.tmp/workers-tests
 strip .gpu.tmp/* 2>/dev/null || true
 echo "$CARGO_TARGET_DIR/release" >.gpu.tmp/BUILD_DIR
 grep -o "torch==[0-9.]*" .libtorch/.miles-libtorch-version | cut -d= -f3 >.gpu.tmp/TORCH_VERSION

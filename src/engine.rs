@@ -83,6 +83,13 @@ fn code_of(status: std::process::ExitStatus) -> u8 {
 
 /// Runs the engine with `input` on its standard input; its output goes straight to ours.
 pub fn run_with_stdin(mut cmd: Command, input: &[u8]) -> u8 {
+    // An engine that dies before reading its spec (its libtorch does not load: exit 127) closes
+    // the pipe: the write must fail, not kill `miles` with SIGPIPE before it names the cause.
+    #[cfg(unix)]
+    // SAFETY: changing one signal's disposition (the engine ignores it too, as Rust binaries do).
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_IGN);
+    }
     cmd.stdin(Stdio::piped());
     let mut child = match cmd.spawn() {
         Ok(c) => c,
@@ -92,8 +99,11 @@ pub fn run_with_stdin(mut cmd: Command, input: &[u8]) -> u8 {
         }
     };
     if let Some(mut stdin) = child.stdin.take() {
-        if let Err(e) = stdin.write_all(input) {
-            eprintln!("error[E0508]: cannot pass the run spec to {ENGINE}: {e}");
+        match stdin.write_all(input) {
+            // It ended without reading: its exit status says why (below).
+            Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => {}
+            Err(e) => eprintln!("error[E0508]: cannot pass the run spec to {ENGINE}: {e}"),
+            Ok(()) => {}
         }
     }
     match child.wait() {

@@ -77,7 +77,18 @@ pub fn make_plan(recipe: &miles_compiler::CompiledRecipe) -> miles_plan::Plan {
     if let Some(d) = input.device.as_mut().filter(|d| d.asked.value != "cpu" && d.cpu_only.is_none()) {
         d.machine = Some(machine_gpus());
     }
+    if let Some(d) = input.device.as_mut() {
+        d.cpu_bf16 = cpu_has_bf16();
+    }
     miles_plan::plan(&input)
+}
+
+/// Whether this CPU has bf16 GEMM instructions (AVX512-BF16 or AMX), from /proc/cpuinfo's
+/// flags; `None` where that cannot be read (not Linux).
+fn cpu_has_bf16() -> Option<bool> {
+    let info = std::fs::read_to_string("/proc/cpuinfo").ok()?;
+    let flags = info.lines().find(|l| l.starts_with("flags"))?;
+    Some(flags.split_whitespace().any(|f| f == "avx512_bf16" || f == "amx_bf16"))
 }
 
 /// This machine's GPUs through the CUDA driver (loaded at run time; absent: why, in words).

@@ -208,14 +208,16 @@ fn moe_config(r: &Record) -> Option<MoeConfig> {
 
 /// What the rollout's engine samples in: the embedded engine's `precision`; any other engine
 /// (a server by URL) is not the embedded engine's to say, so fp32.
-fn engine_precision(engine: Option<&Record>) -> EnginePrecision {
-    match engine
-        .filter(|e| e.schema_name == "embedded_engine")
-        .and_then(|e| e.get("precision"))
-        .and_then(Value::as_enum)
-    {
-        Some("bf16") => EnginePrecision::Bf16,
-        _ => EnginePrecision::Fp32,
+fn engine_precision(engine: Option<&Record>) -> Precision {
+    embedded_precision(engine, "embedded_engine")
+}
+
+/// The `precision` of a record of the embedded backend's `schema` (its engine or its trainer);
+/// fp32 for any other record, whose precision is not the embedded backend's to run.
+fn embedded_precision(record: Option<&Record>, schema: &str) -> Precision {
+    match record.filter(|e| e.schema_name == schema).and_then(|e| e.get("precision")).and_then(Value::as_enum) {
+        Some("bf16") => Precision::Bf16,
+        _ => Precision::Fp32,
     }
 }
 
@@ -433,6 +435,7 @@ pub fn run_spec(recipe: &CompiledRecipe) -> Result<RunSpec, Vec<Diagnostic>> {
         global_batch: m.u64(train, "global_batch") as usize,
         lora: m.record(train, "lora").map(|r| lora_spec(r, seed, partial_credit)),
         opd: m.opd_spec(train),
+        precision: embedded_precision(m.record(train, "backend"), "embedded_trainer"),
         ppo: (train.kind == "ppo").then(|| PpoSpec {
             critic_lr: m.f64(train, "critic_lr"),
             gamma: m.f64(train, "gamma"),
@@ -476,6 +479,7 @@ pub fn run_spec(recipe: &CompiledRecipe) -> Result<RunSpec, Vec<Diagnostic>> {
             launcher: miles_runtime::distributed::LauncherSpec::InProcess,
             rollout_workers: engine_urls.len(),
             transport: "disk".into(),
+            channel: "auto".into(),
             bucket_bytes: 0,
             verify_full: false,
             on_worker_failure: Default::default(),
@@ -707,6 +711,7 @@ fn distributed_spec(l: &Record, sync: Option<&StageNode>) -> Option<miles_runtim
         _ => return None,
     };
     let transport = sync.and_then(|n| n.param("transport")).and_then(Value::as_enum).unwrap_or("broadcast").to_string();
+    let channel = sync.and_then(|n| n.param("channel")).and_then(Value::as_enum).unwrap_or("auto").to_string();
     let bucket_bytes = sync
         .and_then(|n| n.param("bucket"))
         .and_then(Value::as_q)
@@ -717,6 +722,7 @@ fn distributed_spec(l: &Record, sync: Option<&StageNode>) -> Option<miles_runtim
         launcher,
         rollout_workers: int("engines", 1).max(1) as usize,
         transport,
+        channel,
         bucket_bytes,
         verify_full,
         on_worker_failure: if l.get("on_failure").and_then(Value::as_enum) == Some("drop_engine") {

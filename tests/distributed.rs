@@ -130,6 +130,39 @@ fn one_engine_in_worker_processes_learns_bit_identically_to_in_process() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// The trainer's `precision = bf16` reaches a trainer wherever it runs: in a worker process the
+/// run is the in-process bf16 run number for number, and both differ from the fp32 run (so the
+/// GEMMs really ran in bf16).
+#[test]
+fn a_bf16_trainer_trains_in_bf16_in_process_and_in_a_worker_alike() {
+    let dir = temp_dir("workers-bf16");
+    let bf16 = |p: PathBuf| -> PathBuf {
+        let text = std::fs::read_to_string(&p).unwrap();
+        let edited = text.replace("lr = 1e-3 }", "lr = 1e-3, backend = embedded_trainer { precision = bf16 } }");
+        assert_ne!(text, edited, "the tiny recipe's train stage changed: update this test");
+        let q = p.with_file_name(format!("bf16-{}", p.file_name().unwrap().to_str().unwrap()));
+        std::fs::write(&q, edited).unwrap();
+        q
+    };
+    let fp32 = recipe(&dir, "in_process", "local", 3);
+    let in_process = bf16(recipe(&dir, "in_process", "local", 3));
+    let dir_w = dir.join("w");
+    std::fs::create_dir_all(&dir_w).unwrap();
+    let worker = bf16(recipe(&dir_w, "local_processes { engines = 1 }", "broadcast", 3));
+    let mut runs = Vec::new();
+    for (name, r) in [("fp32", &fp32), ("bf16", &in_process), ("bf16-worker", &worker)] {
+        let out = dir.join(name);
+        let o = run(&["run", r.to_str().unwrap(), "--out", out.to_str().unwrap()]);
+        assert!(o.status.success(), "{name}: {}", stderr(&o));
+        runs.push(metrics(&out));
+    }
+    assert_eq!(runs[1], runs[2], "bf16 in a worker process is the in-process bf16 run");
+    assert_ne!(runs[0], runs[1], "bf16 GEMMs change the run");
+    let spec = std::fs::read_to_string(dir.join("bf16-worker/spec.json")).unwrap();
+    assert!(spec.contains("\"precision\": \"bf16\""), "the run spec carries the trainer's precision: {spec}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn a_killed_rollout_engine_is_dropped_when_the_recipe_says_so() {
     let dir = temp_dir("workers-drop");
@@ -199,6 +232,44 @@ fn a_corrupted_weight_bucket_is_detected_and_not_loaded() {
     assert!(!o.status.success());
     assert!(err.contains("error[E0514]") && err.contains("bucket 0 failed its CRC-32"), "{err}");
     assert!(err.contains("not loaded"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The `weights` stage's `channel` reaches the trainer worker: a forced tcp is what every update
+/// reports (auto would pick shared memory on loopback). `nccl` stops the run at the first update
+/// naming what is missing (here: the CUDA driver or libnccl) and the stage's field, with no panic
+/// and no process left; where NCCL is present, both worker processes take GPU 0 and the handshake
+/// refuses two ranks on one GPU.
+#[test]
+fn the_weight_channel_reaches_the_workers_and_nccl_names_what_is_missing() {
+    let dir = temp_dir("workers-channel");
+    let r = recipe(&dir, "local_processes { engines = 1 }", "broadcast, channel = tcp", 2);
+    let out = dir.join("tcp");
+    let o = run(&["run", r.to_str().unwrap(), "--out", out.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let sync = std::fs::read_to_string(out.join("sync.jsonl")).unwrap();
+    assert!(sync.lines().count() >= 2 && sync.lines().all(|l| l.contains("\"broadcast/tcp\"")), "{sync}");
+
+    let r = recipe(&dir, "local_processes { engines = 1 }", "broadcast, channel = nccl", 2);
+    let out = dir.join("nccl");
+    let mut p = Proc::spawn(
+        miles(&["run", r.to_str().unwrap(), "--out", out.to_str().unwrap()])
+            .stdin(Stdio::null())
+            .stderr(Stdio::piped()),
+    );
+    let o = p.wait_output(LIMIT);
+    assert_nothing_left(&p);
+    let err = stderr(&o);
+    assert!(!o.status.success());
+    assert!(!err.contains("panicked"), "{err}");
+    assert!(err.contains("error[E0514]"), "{err}");
+    match miles_cuda::nccl::available() {
+        Err(_) => {
+            assert!(err.contains("channel = nccl"), "{err}");
+            assert!(err.contains("libnccl.so.2") || err.contains("libcuda.so"), "{err}");
+        }
+        Ok(_) => assert!(err.contains("two ranks on one GPU"), "{err}"),
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -95,7 +95,7 @@ fn miles_plan_prints_the_device_and_the_machine_gpus() {
 }
 
 /// The laptop recipe learns on CUDA as on the CPU: the same seed, the same metrics within a
-/// tolerance (bf16 matmuls and GPU reduction order differ from the CPU's fp32), held-out accuracy
+/// tolerance (fp32 on both; the GPU's reduction order and kernels differ from the CPU's), held-out accuracy
 /// rising on both. Runs only where there is a GPU (bench/gpu/run.sh).
 #[test]
 fn the_laptop_recipe_learns_on_cuda_as_on_cpu() {

@@ -36,6 +36,21 @@ fn glm5_reference_plans_cleanly_with_streaming() {
     insta::assert_snapshot!("glm5_agentic.json", miles_plan::render_json(&p));
 }
 
+/// The recipe's weight channel is on the weight-sync lines (text and HTML) and in the JSON; auto
+/// is not written, so every other plan reads as before.
+#[test]
+fn a_weight_channel_is_shown_where_the_transport_is() {
+    let p = plan("recipes/glm5-agentic.miles", &[("sync.channel", "nccl")]);
+    let text = miles_plan::render_text(&p);
+    assert!(text.contains("weights train -> rollout, p2p over nccl,"), "{text}");
+    assert!(text.contains("by p2p over nccl: est."), "{text}");
+    let json = miles_plan::render_json(&p).replace(' ', "");
+    assert!(json.contains("\"channel\":\"nccl\""), "{json}");
+    let plain = plan("recipes/glm5-agentic.miles", &[]);
+    assert!(!miles_plan::render_text(&plain).contains("p2p over"));
+    assert!(!miles_plan::render_json(&plain).contains("\"channel\""));
+}
+
 /// ... and does not fit with weights, gradients and ~279 GB of optimizer state in HBM.
 #[test]
 fn glm5_reference_does_not_fit_with_optimizer_on_gpu() {

@@ -8,7 +8,9 @@
 # Here:   bash scripts/gpu-bundle.sh
 # There:  device run, carry [".gpu"], command: bash bench/gpu/run.sh $OUT
 #
-# Not measured: NCCL broadcast (NCCL refuses two ranks on one GPU, and the machine has one).
+# The NCCL weight channel's unit tests run on any GPU count: with one GPU they check the library,
+# a one-rank communicator, the bounded join and the refusal of two ranks on one GPU; the
+# trainer-to-engine broadcast itself needs two GPUs and is skipped, with the reason, below that.
 # Record the results in bench/RESULTS.md with the date.
 set -uo pipefail
 out="${1:?usage: bench/gpu/run.sh OUT_DIR}"
@@ -61,3 +63,16 @@ say "== CUDA IPC hand-off, 1 GB (bench/gpu/ipc.rs)"
 timeout 120 .gpu/ipc --gb 1 >"$out/ipc.txt" 2>&1
 say "ipc: exit $?"
 cat "$out/ipc.txt" >>"$log"
+
+say "== NCCL weight channel (engine/cuda/src/nccl.rs, engine/workers/src/nccl.rs)"
+gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+nccl_log="$(mktemp)"
+timeout 120 .gpu/cuda-tests nccl --test-threads 1 --nocapture >"$nccl_log" 2>&1
+say "nccl (cuda): exit $?"
+timeout 180 .gpu/workers-tests nccl --test-threads 1 --nocapture >>"$nccl_log" 2>&1
+say "nccl (workers): exit $?"
+if (( gpus < 2 )); then
+    say "nccl broadcast trainer -> engine: skipped: $gpus GPU visible; NCCL needs one GPU per rank"
+fi
+grep -E "^test |skipped|panicked|assert" "$nccl_log" >>"$log"
+rm -f "$nccl_log"

@@ -196,7 +196,9 @@ def main():
 
     os.makedirs(a.out, exist_ok=True)
     spec0 = json.loads(sh([a.miles, "run", a.recipe, "--print-spec"], cwd=ROOT))
-    peak_cmd = [os.path.join(a.tools, "peak-flops"), "--threads", str(a.threads), "--json"]
+    # A recipe whose trainer computes its GEMMs in bf16 is measured against libtorch's bf16 peak.
+    kind = spec0["train"].get("precision", "fp32")
+    peak_cmd = [os.path.join(a.tools, "peak-flops"), "--threads", str(a.threads), "--json", "--kind", kind]
     for shape in model_shapes(spec0):
         peak_cmd += ["--shape", shape]
     peaks = [json.loads(sh(peak_cmd))]
@@ -381,11 +383,12 @@ def main():
     w("### Profile of a miles GRPO step\n")
     w(f"Mean over all steps and seeds of the per-phase timings miles writes to metrics.jsonl (`perf/*`). "
       f"FLOPs: matmul FLOPs of real tokens (2 x weights per token, plus attention over the causal context; "
-      f"backward = 2 x forward; pads, norms, softmax and AdamW not counted). Peak: libtorch fp32 matmul on "
+      f"backward = 2 x forward; pads, norms, softmax and AdamW not counted). Peak: libtorch {kind} matmul on "
       f"{a.threads} thread(s), the best matmul of the run (square n = 256..2048 and the model's own shapes, "
-      f"measured before and after the runs: contention only lowers a measurement). The same CPU type measured "
-      f"~165 GFLOP/s at n = 2048 when quiet (../shared/context/toolchain-facts.md, beside the repository); under this run's load "
-      f"the square matmuls reached only {max(max(p['square'].values()) for p in peaks):.0f}.\n")
+      f"measured before and after the runs: contention only lowers a measurement)."
+      + (f" The same CPU type measured ~165 GFLOP/s (fp32) at n = 2048 when quiet (../shared/context/toolchain-facts.md, "
+         f"beside the repository); under this run's load the square matmuls reached only "
+         f"{max(max(p['square'].values()) for p in peaks):.0f}.\n" if kind == "fp32" else "\n"))
     w("| phase | ms per step | share | GFLOP/s achieved |")
     w("|---|---:|---:|---:|")
     tot = ph["step_s"]
@@ -406,8 +409,9 @@ def main():
         w(f"| {name} | {v*1e3:.2f} | {100*v/tot:.0f}% | {g} |")
     w(f"| **whole step** | **{tot*1e3:.2f}** | 100% | **{ach:.2f}** |")
     w("")
-    w(f"MFU on this CPU: **{100*mfu:.1f}%** of the run's {peak:.0f} GFLOP/s peak, {100*ach/165:.1f}% of the quiet "
-      f"165 GFLOP/s ({ach:.2f} GFLOP/s over the whole step; "
+    quiet = f", {100*ach/165:.1f}% of the quiet fp32 165 GFLOP/s" if kind == "fp32" else ""
+    w(f"MFU on this CPU: **{100*mfu:.1f}%** of the run's {peak:.0f} GFLOP/s {kind} peak{quiet} "
+      f"({ach:.2f} GFLOP/s over the whole step; "
       f"{prof[0]['step_flops']/1e6:.1f} MFLOP per step at {prof[0]['prompt_len']:.1f} prompt + "
       f"{prof[0]['resp_len']:.1f} response tokens per sample). TRL, same FLOP model with its GPT-2: "
       f"{statistics.fmean(r['achieved_gflops'] for r in by['trl']):.2f} GFLOP/s. "

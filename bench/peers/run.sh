@@ -16,7 +16,7 @@ root="$(cd "$(dirname "$0")/../.." && pwd)"
 cd "$root"
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$root/target}"
 [[ -f .libtorch/torch/lib/libtorch_cpu.so ]] || bash scripts/setup-libtorch.sh
-cargo build --release --quiet --bin miles
+cargo build --release --quiet --bin miles --bin miles-engine  # `miles run` execs miles-engine
 cargo build --release --quiet --manifest-path bench/peers/tools/Cargo.toml
 bash bench/peers/trl/setup.sh
 python3 bench/peers/run.py --miles "$CARGO_TARGET_DIR/release/miles" --tools "$CARGO_TARGET_DIR/release" "$@"

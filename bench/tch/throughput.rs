@@ -276,7 +276,9 @@ fn gpu_throughput() {
         d_ff: 4096,
         max_len: len + 8,
     });
-    let policy = Policy::init(&cfg, 1);
+    let mut policy = Policy::init(&cfg, 1);
+    // The trainer's `precision = bf16`: bf16 GEMMs on tensor cores against fp32 weights.
+    policy.bf16_matmuls = true;
     let params = matmul_params(&policy);
     println!("model: d{d} L{layers}, {:.0}M matmul parameters", params as f64 / 1e6);
     let gen = gen_tps(&policy, &prompts(64, 16), 1, 128, true, 3);

@@ -378,6 +378,14 @@ would train in fp32 on the host: set `backend = fsdp { gpus = ... }` or `megatro
 stage kind declared in the recipe's own modules, such as a teacher), so the plan gives it no \
 GPUs, no memory and no time. Plan its GPUs yourself, or run the model behind a reward service.",
     },
+    Code {
+        code: "E0411",
+        title: "bf16 on a CPU without bf16 instructions",
+        explanation: "A warning from `miles plan` and `miles run` on this machine: an embedded trainer or \
+engine computes in bf16 (`precision = bf16`), and this CPU has neither AVX512-BF16 nor AMX. \
+libtorch then emulates bf16 GEMMs, which run slower than fp32 ones, so bf16 only costs \
+accuracy here. Set `precision = fp32`, or run on a CPU with bf16 instructions (docs/precision.md).",
+    },
     // ---- E05xx: running and data ----------------------------------------------------------
     Code {
         code: "E0501",

@@ -225,11 +225,14 @@ def main():
         == m["n_heads"],
         "d_model a multiple of heads": m["d_model"] % m["n_heads"] == 0,
         "a dense model (no experts)": not m.get("experts"),
+        # TRL generates with its training model: one precision for both (bf16: autocast, bf16=True).
+        "the engine's precision equal to the trainer's": ro.get("precision", "fp32") == tr.get("precision", "fp32"),
     }
     bad = [k for k, ok in unsupported.items() if not ok]
     if bad:
         sys.exit("grpo_trl.py mirrors only: " + "; ".join(bad))
 
+    bf16 = tr.get("precision", "fp32") == "bf16"
     os.makedirs(a.out, exist_ok=True)
     torch.set_num_threads(a.threads)
     set_seed(seed)
@@ -241,11 +244,14 @@ def main():
 
     t0 = time.perf_counter()
     if spec.get("sft"):
-        sft_warmup(model, spec, data["sft"], chars)
+        # miles' trainer runs its SFT warm-up in its own precision too.
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            sft_warmup(model, spec, data["sft"], chars)
     sft_s = time.perf_counter() - t0
     test = data["test"][: max(1, spec.get("eval", {}).get("prompts", 200))]
     t0 = time.perf_counter()
-    eval_start = evaluate(model, test, ro["max_new_tokens"], chars)
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):  # miles evaluates on its engine
+        eval_start = evaluate(model, test, ro["max_new_tokens"], chars)
     eval_s = time.perf_counter() - t0
 
     rows = [it for step in data["rollout"][:steps] for it in step]
@@ -288,7 +294,7 @@ def main():
         seed=seed,
         data_seed=seed,
         use_cpu=True,
-        bf16=False,
+        bf16=bf16,
         fp16=False,
         logging_steps=1,
         save_strategy="no",
@@ -329,7 +335,8 @@ def main():
     trainer.train()
     grpo_s = time.perf_counter() - t1
     t0 = time.perf_counter()
-    eval_end = evaluate(trainer.model, test, ro["max_new_tokens"], chars)
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+        eval_end = evaluate(trainer.model, test, ro["max_new_tokens"], chars)
     eval_s += time.perf_counter() - t0
     summary = {
         "framework": "trl",

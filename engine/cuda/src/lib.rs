@@ -5,6 +5,7 @@
 //! never a panic (cudarc panics on a call whose library is missing, so we look for it first).
 
 pub mod ipc;
+pub mod nccl;
 
 use cudarc::driver::{result, sys};
 use serde::Serialize;

@@ -129,6 +129,7 @@ pub fn plan_input(recipe: &CompiledRecipe) -> PlanInput {
         }
         stages.push(stage);
     }
+    sft_on_the_rl_trainer(&mut stages);
     let placement = match settings.and_then(|s| s.fields.get("placement")) {
         Some(f) => Placement {
             embedded: embedded_extras(g),
@@ -171,7 +172,12 @@ fn device_of(cluster: Option<&Record>, g: &StageGraph) -> Option<DeviceInput> {
     let asked = c.get("device").and_then(Value::as_enum)?.to_string();
     // engine/tch/src/diffusion makes its tensors on the CPU (`device = cuda` there is E0511).
     let cpu_only = g.nodes().any(|n| n.kind == "denoise").then(|| "a diffusion recipe computes on the CPU".to_string());
-    Some(DeviceInput { asked: Spanned { value: asked, span: field_span(c, "device") }, machine: None, cpu_only })
+    Some(DeviceInput {
+        asked: Spanned { value: asked, span: field_span(c, "device") },
+        machine: None,
+        cpu_only,
+        cpu_bf16: None,
+    })
 }
 
 /// The episodes of a rollout scored by an environment (`env_reward`): its turn limit, and what an
@@ -560,6 +566,7 @@ fn engine_of(r: &Record, prompt_len: Spanned<u64>, response_len: Spanned<u64>) -
         dp: Spanned::new(1),
         ep: int("ep", 1),
         precision,
+        embedded: r.schema_name == "embedded_engine",
         kv_precision: None,
         mem_fraction: f64_of(r, "mem_fraction")
             .map(|v| spanned(v, field_span(r, "mem_fraction")))
@@ -569,6 +576,24 @@ fn engine_of(r: &Record, prompt_len: Spanned<u64>, response_len: Spanned<u64>) -
         prefix_cache_hit: f64_of(r, "prefix_cache_hit").map(|v| spanned(v, field_span(r, "prefix_cache_hit"))),
         prompt_len,
         response_len,
+    }
+}
+
+/// The embedded backend runs an SFT warm-up on the RL trainer that follows it (one trainer in
+/// one process, engine/tch `train_sft`), so the warm-up computes in that trainer's precision.
+fn sft_on_the_rl_trainer(stages: &mut [Stage]) {
+    let Some(precision) = stages
+        .iter()
+        .filter(|s| s.role == Role::Train)
+        .find_map(|s| s.trainer.as_ref().filter(|t| t.backend.value == Backend::Embedded))
+        .map(|t| t.precision)
+    else {
+        return;
+    };
+    for st in stages.iter_mut().filter(|s| s.role == Role::Sft) {
+        if let Some(t) = st.trainer.as_mut().filter(|t| t.backend.value == Backend::Embedded) {
+            t.precision = precision;
+        }
     }
 }
 
@@ -661,12 +686,19 @@ fn sync_of(node: &StageNode) -> WeightSync {
         Some("local") => Transport::Local,
         _ => Transport::Broadcast,
     };
+    let channel = match node.param("channel").and_then(Value::as_enum) {
+        Some("tcp") => WeightChannel::Tcp,
+        Some("shm") => WeightChannel::Shm,
+        Some("nccl") => WeightChannel::Nccl,
+        _ => WeightChannel::Auto,
+    };
     let bucket = node.param("bucket").and_then(Value::as_q).and_then(q_to_u64).unwrap_or(512_000_000);
     WeightSync {
         name: node.name.clone(),
         from: name_of("train"),
         to: name_of("rollout"),
         transport: spanned(transport, param_span(node, "transport")),
+        channel,
         bucket: spanned(bucket, param_span(node, "bucket")),
         span: Some(node.name_span),
     }

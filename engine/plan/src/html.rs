@@ -127,7 +127,7 @@ fn stages_table(o: &mut String, p: &Plan) {
             esc(&s.name),
             esc(&s.from),
             esc(&s.to),
-            s.transport.as_str(),
+            s.how(),
             gb(s.bucket),
             secs(s.estimate.seconds)
         );
@@ -409,7 +409,7 @@ fn estimates(o: &mut String, p: &Plan) {
             "<tr><th>{}</th><td>{} by {}: {} per update{}</td></tr>",
             esc(&s.name),
             gb(s.bytes),
-            s.transport.as_str(),
+            s.how(),
             secs(s.estimate.seconds),
             if alts.is_empty() { String::new() } else { format!(" (vs {})", alts.join(", ")) }
         );

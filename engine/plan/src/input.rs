@@ -139,6 +139,10 @@ pub struct DeviceInput {
     /// `auto` then resolves to the CPU without looking at the machine.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cpu_only: Option<String>,
+    /// Whether this machine's CPU has bf16 GEMM instructions (AVX512-BF16 or AMX); `None`: not
+    /// looked at. Without them a `precision = bf16` embedded stage runs, slowly (E0411).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_bf16: Option<bool>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -464,6 +468,9 @@ pub struct Engine {
     #[serde(default = "one")]
     pub ep: Spanned<u64>,
     pub precision: Spanned<Precision>,
+    /// The embedded engine (`embedded_engine`): its `precision` is what its CPU GEMMs run in.
+    #[serde(default)]
+    pub embedded: bool,
     /// KV-cache element type; `None`: bf16.
     #[serde(default)]
     pub kv_precision: Option<Spanned<Precision>>,
@@ -794,7 +801,32 @@ impl Transport {
     }
 }
 
-/// `weights(from -> to) { transport = ..., bucket = ... }`.
+/// What carries broadcast and p2p between processes (`weights.channel`); auto is not shown.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum WeightChannel {
+    #[default]
+    Auto,
+    Tcp,
+    Shm,
+    Nccl,
+}
+
+impl WeightChannel {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WeightChannel::Auto => "auto",
+            WeightChannel::Tcp => "tcp",
+            WeightChannel::Shm => "shm",
+            WeightChannel::Nccl => "nccl",
+        }
+    }
+    pub fn is_auto(&self) -> bool {
+        *self == WeightChannel::Auto
+    }
+}
+
+/// `weights(from -> to) { transport = ..., channel = ..., bucket = ... }`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct WeightSync {
     pub name: String,
@@ -803,6 +835,8 @@ pub struct WeightSync {
     /// The rollout stage's name.
     pub to: String,
     pub transport: Spanned<Transport>,
+    #[serde(default, skip_serializing_if = "WeightChannel::is_auto")]
+    pub channel: WeightChannel,
     /// Bytes per bucket.
     pub bucket: Spanned<u64>,
     #[serde(default, serialize_with = "opt_span", deserialize_with = "de_opt_span")]
@@ -863,6 +897,8 @@ pub const EMBEDDED_AUTOGRAD_SCALE: f64 = 1.4;
 
 /// `Assumptions::embedded_flops_per_s`' default (see there).
 pub const EMBEDDED_FLOPS_PER_S: f64 = 64e9;
+/// `Assumptions::embedded_bf16_flops_per_s`' default (see there).
+pub const EMBEDDED_BF16_FLOPS_PER_S: f64 = 256e9;
 /// `Assumptions::embedded_kernel_s`' default (see there).
 pub const EMBEDDED_KERNEL_S: f64 = 5e-6;
 /// `Assumptions::embedded_bytes_per_s`' default (see there).
@@ -919,6 +955,12 @@ pub struct Assumptions {
     /// model's own shapes on one thread reached 62-90 GFLOP/s under load (bench/RESULTS.md,
     /// "Profile of a miles GRPO step": 1024x64x176 64.7, 1024x64x64 90.2, 128x64x176 62.1).
     pub embedded_flops_per_s: f64,
+    /// The same for bf16 GEMMs (an embedded trainer's or engine's `precision = bf16`): 4 x
+    /// `embedded_flops_per_s`, the ratio libtorch's bf16 and fp32 matmuls measured at the 10M
+    /// comparison model's shapes on one thread of an AVX512-BF16 CPU (AMD EPYC, Zen 4: 397-428
+    /// against 95-100 GFLOP/s, 2026-12-02, bench/RESULTS.md "bf16 GEMMs on the CPU"). A CPU
+    /// without AVX512-BF16 or AMX runs them slower than fp32: a machine-dependent figure.
+    pub embedded_bf16_flops_per_s: f64,
     /// Fixed cost of one ATen op (dispatch, allocation, autograd bookkeeping), s. Calibrated on
     /// recipes/grpo-laptop.miles (`miles run --set stop=20.steps --threads 1`): its optimizer
     /// phase, ~250 ops on tiny tensors, took a median 1.30 ms: ~5 us per op. (Fitting this and
@@ -961,6 +1003,7 @@ impl Default for Assumptions {
             embedded_process_bytes: EMBEDDED_PROCESS_BYTES,
             embedded_autograd_scale: EMBEDDED_AUTOGRAD_SCALE,
             embedded_flops_per_s: EMBEDDED_FLOPS_PER_S,
+            embedded_bf16_flops_per_s: EMBEDDED_BF16_FLOPS_PER_S,
             embedded_kernel_s: EMBEDDED_KERNEL_S,
             embedded_bytes_per_s: EMBEDDED_BYTES_PER_S,
             mean_prompt_tokens: None,

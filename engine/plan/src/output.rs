@@ -1,6 +1,6 @@
 //! The plan: plain data, serialised as the JSON form of `miles plan --json`.
 
-use crate::input::{Graph, PlacementMode, Role, ScheduleMode, Transport};
+use crate::input::{Graph, PlacementMode, Role, ScheduleMode, Transport, WeightChannel};
 use miles_grammar::diag::Diagnostic;
 use serde::Serialize;
 
@@ -259,6 +259,9 @@ pub struct SyncReport {
     pub from: String,
     pub to: String,
     pub transport: Transport,
+    /// The recipe's channel for broadcast and p2p; written only when not auto.
+    #[serde(skip_serializing_if = "WeightChannel::is_auto")]
+    pub channel: WeightChannel,
     pub bucket: u64,
     /// Bytes of converted weights every rollout engine receives (with LoRA: the adapters).
     pub bytes: u64,
@@ -268,6 +271,19 @@ pub struct SyncReport {
     pub estimate: Estimate,
     /// The same update by the other transports the placement allows.
     pub alternatives: Vec<TransportEstimate>,
+}
+
+impl SyncReport {
+    /// The transport as the plan writes it: `broadcast`, or `broadcast over nccl` where the
+    /// recipe chose a channel.
+    pub fn how(&self) -> String {
+        match (self.transport, self.channel) {
+            (Transport::Broadcast | Transport::P2p, c) if !c.is_auto() => {
+                format!("{} over {}", self.transport.as_str(), c.as_str())
+            }
+            (t, _) => t.as_str().to_string(),
+        }
+    }
 }
 
 /// Colocated rollout and training on the same GPUs (docs/plan.md, "Colocated placement").

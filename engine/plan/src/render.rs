@@ -140,7 +140,7 @@ pub fn render_sections(p: &Plan) -> String {
             s.name,
             s.from,
             s.to,
-            s.transport.as_str(),
+            s.how(),
             gb(s.bucket),
             secs(s.estimate.seconds),
             if alts.is_empty() { String::new() } else { format!(" ({})", alts.join(", ")) }
@@ -248,7 +248,7 @@ pub fn render_sections(p: &Plan) -> String {
                 if s.lora { "adapters" } else { "weights" },
                 s.from,
                 s.to,
-                s.transport.as_str(),
+                s.how(),
                 secs(s.estimate.seconds)
             );
             for a in &s.estimate.assumptions {

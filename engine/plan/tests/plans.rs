@@ -114,8 +114,12 @@ fn device_against_the_machine() {
     use miles_plan::input::{DeviceInput, MachineGpu, MachineGpus};
     let with = |asked: &str, machine: MachineGpus| {
         let mut input = load("cpu_laptop");
-        input.device =
-            Some(DeviceInput { asked: miles_plan::Spanned::new(asked.into()), machine: Some(machine), cpu_only: None });
+        input.device = Some(DeviceInput {
+            asked: miles_plan::Spanned::new(asked.into()),
+            machine: Some(machine),
+            cpu_only: None,
+            cpu_bf16: None,
+        });
         plan(&input)
     };
     let none = MachineGpus { gpus: Vec::new(), unavailable: Some("libcuda.so is not installed".into()) };
@@ -139,4 +143,31 @@ fn device_against_the_machine() {
     assert_eq!(d.resolved.as_deref(), Some("cuda:0"));
     assert_eq!(d.gpus, vec!["0: NVIDIA H200, 139.8 GiB, sm_90".to_string()]);
     assert!(render_text(&with("cpu", MachineGpus::default())).contains("device: cpu (device = cpu)"));
+}
+
+/// E0411: a bf16 embedded trainer on a CPU found without AVX512-BF16 or AMX is a warning naming
+/// the stage; with the instructions, or not looked at, nothing is said (the engine's case:
+/// tests/recipes.rs, this fixture has no engine).
+#[test]
+fn bf16_on_a_cpu_without_bf16_instructions_warns() {
+    use miles_plan::input::{DeviceInput, Precision};
+    let with = |cpu_bf16: Option<bool>, trainer: Precision| {
+        let mut input = load("cpu_laptop");
+        input.device = Some(DeviceInput {
+            asked: miles_plan::Spanned::new("cpu".into()),
+            machine: None,
+            cpu_only: None,
+            cpu_bf16,
+        });
+        for t in input.stages.iter_mut().filter_map(|st| st.trainer.as_mut()) {
+            t.precision = miles_plan::Spanned::new(trainer);
+        }
+        plan(&input).diagnostics.into_iter().filter(|d| d.code == "E0411").map(|d| d.message).collect::<Vec<_>>()
+    };
+    let w = with(Some(false), Precision::Bf16);
+    assert_eq!(w.len(), 2, "the SFT warm-up and the GRPO trainer: {w:?}");
+    assert!(w[1].starts_with("train: `embedded_trainer { precision = bf16 }` on a CPU without AVX512-BF16"), "{w:?}");
+    assert!(with(Some(true), Precision::Bf16).is_empty());
+    assert!(with(None, Precision::Bf16).is_empty());
+    assert!(with(Some(false), Precision::Fp32).is_empty());
 }

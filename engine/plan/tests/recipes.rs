@@ -1009,3 +1009,52 @@ fn expected_lengths_must_lie_within_their_bounds() {
     let msgs = check_messages(&with_means(&src, "        mean_prompt_tokens = 0.tokens\n", ""));
     assert!(msgs.iter().any(|m| m.contains("expected prompt length must be between")), "{msgs:?}");
 }
+
+/// The embedded trainer's `precision = bf16` is its GEMMs': its weights, gradients and Adam
+/// state stay fp32, a bf16 copy of the weights is added (the GEMMs' operands, kept for
+/// backward), and the step's matmuls are priced at the bf16 rate.
+#[test]
+fn a_bf16_embedded_trainer_keeps_fp32_state_and_prices_bf16_gemms() {
+    let fp32_src = include_str!("../../../recipes/compare-trl-10m.miles");
+    let bf16_src = fp32_src.replace(
+        "optimizer = adam { beta2 = 0.999, weight_decay = 0.0 }",
+        "optimizer = adam { beta2 = 0.999, weight_decay = 0.0 }\n        backend = embedded_trainer { precision = bf16 }",
+    );
+    assert_ne!(fp32_src, bf16_src, "recipes/compare-trl-10m.miles changed: update this test");
+    let (fp32, bf16) = (planned(fp32_src), planned(&bf16_src));
+    for name in ["weights", "gradients", "optimizer", "activations"] {
+        assert_eq!(item(&bf16, name), item(&fp32, name), "{name}");
+    }
+    assert_eq!(item(&fp32, "gemm_casts"), 0);
+    // 10,634,112 parameters x 2 B.
+    assert_eq!(item(&bf16, "gemm_casts"), item(&fp32, "weights") / 2);
+    assert_eq!(item(&bf16, "gemm_casts"), 2 * 10_634_112);
+    assert_eq!(memory_of(&bf16, "train").total, memory_of(&fp32, "train").total + item(&bf16, "gemm_casts"));
+    let (s32, s16) = (fp32.step.as_ref().expect("step"), bf16.step.as_ref().expect("step"));
+    assert!(s16.train_s < 0.7 * s32.train_s, "bf16 GEMMs at 4x the fp32 rate: {} vs {}", s16.train_s, s32.train_s);
+    let notes = |p: &Plan| serde_json::to_value(p).unwrap()["step"]["train_step"]["assumptions"].to_string();
+    assert!(notes(&bf16).contains("bf16 matmuls at 256 GFLOP/s"), "{}", notes(&bf16));
+    assert!(notes(&fp32).contains(": matmuls at 64 GFLOP/s"), "{}", notes(&fp32));
+
+    // As recipes/compare-trl-10m-bf16.miles, sampling in bf16 too: on a CPU without bf16
+    // instructions both are E0411 warnings, each at its `precision`.
+    let both = bf16_src.replace(
+        "temperature        = 1.0",
+        "temperature = 1.0\n        engine = embedded_engine { precision = bf16 }",
+    );
+    assert_ne!(both, bf16_src);
+    let c = compiled(&both);
+    assert!(!c.has_errors(), "{:#?}", c.diagnostics);
+    let mut input = plan_input(&c.recipes[0]);
+    let d = input.device.as_mut().expect("a local cluster's device");
+    // `device = auto` on a machine without a GPU resolves to the CPU.
+    d.machine = Some(miles_plan::input::MachineGpus { gpus: Vec::new(), unavailable: Some("no driver".into()) });
+    d.cpu_bf16 = Some(false);
+    let p = plan(&input);
+    let w: Vec<_> = p.diagnostics.iter().filter(|d| d.code == "E0411").collect();
+    let names: Vec<_> = w.iter().map(|d| d.message.split(':').next().unwrap_or("")).collect();
+    assert_eq!(names, ["rollout", "train"], "{w:#?}");
+    assert!(w.iter().all(|d| d.primary.is_some()), "each at its field: {w:#?}");
+    input.device.as_mut().unwrap().cpu_bf16 = Some(true);
+    assert!(plan(&input).diagnostics.iter().all(|d| d.code != "E0411"));
+}

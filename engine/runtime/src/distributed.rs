@@ -14,6 +14,10 @@ pub struct DistributedSpec {
     /// broadcast | p2p | disk_delta.
     #[serde(default = "broadcast")]
     pub transport: String,
+    /// broadcast and p2p: auto | tcp | shm | nccl (auto: shared memory when every engine is on
+    /// this host, else TCP).
+    #[serde(default = "auto")]
+    pub channel: String,
     #[serde(default = "bucket")]
     pub bucket_bytes: u64,
     /// Also compare a SHA-256 of the whole weights after each transfer.
@@ -91,6 +95,9 @@ fn one() -> usize {
 }
 fn broadcast() -> String {
     "broadcast".into()
+}
+fn auto() -> String {
+    "auto".into()
 }
 fn bucket() -> u64 {
     512 << 20

@@ -460,8 +460,8 @@ pub struct RolloutSpec {
     pub max_prompt_tokens: Option<usize>,
     /// The rollout engine's compute precision (the embedded engine: fp32, or bf16 weights and
     /// activations, as production engines sample, the trainer staying fp32).
-    #[serde(default, skip_serializing_if = "EnginePrecision::is_fp32")]
-    pub precision: EnginePrecision,
+    #[serde(default, skip_serializing_if = "Precision::is_fp32")]
+    pub precision: Precision,
     /// R3: the engine records every token's routed experts (an MoE policy); None: it does not.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub r3: Option<R3Spec>,
@@ -471,18 +471,19 @@ pub struct RolloutSpec {
     pub batch_invariant: bool,
 }
 
-/// What the embedded engine computes in.
+/// What the embedded backend computes in: the engine's `precision` (bf16: weights and
+/// activations in bf16) and the trainer's (bf16: matmuls in bf16 against fp32 master weights).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
-pub enum EnginePrecision {
+pub enum Precision {
     #[default]
     Fp32,
     Bf16,
 }
 
-impl EnginePrecision {
+impl Precision {
     fn is_fp32(&self) -> bool {
-        *self == EnginePrecision::Fp32
+        *self == Precision::Fp32
     }
 }
 
@@ -581,6 +582,10 @@ pub struct TrainSpec {
     /// On-policy distillation: a teacher's per-token log-probs join the advantage.
     #[serde(default)]
     pub opd: Option<OpdSpec>,
+    /// The embedded trainer's `precision`: bf16 runs the policy's matmuls in bf16 (as autocast
+    /// does) against fp32 weights, gradients and optimizer state; fp32 runs everything in fp32.
+    #[serde(default, skip_serializing_if = "Precision::is_fp32")]
+    pub precision: Precision,
 }
 
 /// std/prelude's `opd`: advantage_t = task_coef x the task's advantage + coef x

@@ -190,17 +190,19 @@ impl TchEngine {
 pub fn engine_policy(policy: &Policy, spec: &RunSpec) -> Result<Policy, RunError> {
     let mut p = engine_copy(policy, spec)?;
     p.invariant = spec.rollout.batch_invariant;
+    // The engine computes in its own `precision`, whatever the trainer's.
+    p.bf16_matmuls = false;
     Ok(p)
 }
 
 fn engine_copy(policy: &Policy, spec: &RunSpec) -> Result<Policy, RunError> {
     match spec.rollout.precision {
-        miles_runtime::EnginePrecision::Fp32 => Ok(policy.deep_copy()),
-        miles_runtime::EnginePrecision::Bf16 if spec.train.lora.is_some() => Err(RunError::new(
+        miles_runtime::Precision::Fp32 => Ok(policy.deep_copy()),
+        miles_runtime::Precision::Bf16 if spec.train.lora.is_some() => Err(RunError::new(
             E_BACKEND,
             "a bf16 embedded engine does not run LoRA adapters (they stay fp32): sample in fp32 or train without LoRA",
         )),
-        miles_runtime::EnginePrecision::Bf16 => Ok(policy.to_kind(tch::Kind::BFloat16)),
+        miles_runtime::Precision::Bf16 => Ok(policy.to_kind(tch::Kind::BFloat16)),
     }
 }
 

@@ -65,6 +65,44 @@ pub struct Policy {
     /// Batch-invariant kernels (`crate::invariant`): set on the engine's and the trainer's copies
     /// of a `batch_invariant` run.
     pub invariant: bool,
+    /// Matmuls in bf16 against these fp32 weights, results back in fp32, as autocast does: the
+    /// embedded trainer's `precision = bf16`, on the CPU (AVX512-BF16/AMX) and on a GPU alike.
+    pub bf16_matmuls: bool,
+}
+
+/// How a policy's GEMMs compute: libtorch's in the weights' kind, bf16 against fp32 weights, or
+/// the batch-invariant kernel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Gemm {
+    Plain,
+    Bf16,
+    Invariant,
+}
+
+impl Gemm {
+    /// `x W^T (+ bias)`, in fp32 under bf16 GEMMs (what attention, norms and the residual take).
+    pub(crate) fn linear(self, x: &Tensor, w: &Tensor, bias: Option<&Tensor>) -> Tensor {
+        match self {
+            Gemm::Bf16 => self.linear_low(x, w, bias).to_kind(Kind::Float),
+            _ => self.linear_low(x, w, bias),
+        }
+    }
+
+    /// `linear`, its output left in bf16 under bf16 GEMMs: for an MLP's inner activations, whose
+    /// elementwise ops (and their backward) then move half the bytes, as under autocast.
+    pub(crate) fn linear_low(self, x: &Tensor, w: &Tensor, bias: Option<&Tensor>) -> Tensor {
+        match self {
+            Gemm::Invariant => crate::invariant::linear(x, w, bias),
+            // Autocast by hand (tch's autocast picks fp16): the gradient flows back through the
+            // casts into the fp32 weights.
+            Gemm::Bf16 => {
+                let bf =
+                    |t: &Tensor| if t.kind() == Kind::BFloat16 { t.shallow_clone() } else { t.to_kind(Kind::BFloat16) };
+                bf(x).linear(&bf(w), bias.map(bf).as_ref())
+            }
+            Gemm::Plain => x.linear(w, bias),
+        }
+    }
 }
 
 /// Per-layer key/value buffers of a batch, preallocated to the longest sequence so a decode step
@@ -310,6 +348,7 @@ impl Policy {
             loras: Vec::new(),
             active: 0,
             invariant: false,
+            bf16_matmuls: false,
         }
     }
 
@@ -334,21 +373,22 @@ impl Policy {
         let mut p = Policy::from_params(self.cfg.clone(), params);
         p.lora_spec = self.lora_spec.clone();
         p.invariant = self.invariant;
+        p.bf16_matmuls = self.bf16_matmuls;
         p
     }
 
-    /// `x W^T (+ bias)` with libtorch's GEMM, or the batch-invariant kernel.
-    pub(crate) fn lin(&self, x: &Tensor, w: &Tensor, bias: Option<&Tensor>) -> Tensor {
-        if self.invariant {
-            crate::invariant::linear(x, w, bias)
-        } else if x.kind() == Kind::Float && x.device().is_cuda() {
-            // On a GPU the matmuls run in bf16 (tensor cores) against fp32 master weights, as
-            // autocast would (tch's autocast picks fp16); the result comes back in fp32.
-            let bf = Kind::BFloat16;
-            x.to_kind(bf).linear(&w.to_kind(bf), bias.map(|b| b.to_kind(bf)).as_ref()).to_kind(Kind::Float)
-        } else {
-            x.linear(w, bias)
+    /// How this policy's GEMMs compute.
+    pub(crate) fn gemm(&self) -> Gemm {
+        match (self.invariant, self.bf16_matmuls) {
+            (true, _) => Gemm::Invariant,
+            (false, true) => Gemm::Bf16,
+            (false, false) => Gemm::Plain,
         }
+    }
+
+    /// `x W^T (+ bias)` as [`Policy::gemm`] says.
+    pub(crate) fn lin(&self, x: &Tensor, w: &Tensor, bias: Option<&Tensor>) -> Tensor {
+        self.gemm().linear(x, w, bias)
     }
 
     pub fn set_requires_grad(&self, on: bool) {
@@ -365,6 +405,7 @@ impl Policy {
         p.loras = self.loras.iter().map(Adapters::deep_copy).collect();
         p.active = self.active;
         p.invariant = self.invariant;
+        p.bf16_matmuls = self.bf16_matmuls;
         p
     }
 
@@ -376,6 +417,7 @@ impl Policy {
         p.loras = self.loras.iter().map(Adapters::deep_copy).collect();
         p.active = self.active;
         p.invariant = self.invariant;
+        p.bf16_matmuls = self.bf16_matmuls;
         p
     }
 
@@ -434,13 +476,20 @@ impl Policy {
         match &layer.mlp {
             Mlp::Dense(m) => {
                 let ff = m.gate.size()[0];
-                let gu = self.lin(xn, &Tensor::cat(&[&m.gate, &m.up], 0), None);
+                // The inner activations stay bf16 under bf16 GEMMs, unless adapters (fp32) add
+                // their terms to them.
+                let gemm = self.gemm();
+                let gate_up = Tensor::cat(&[&m.gate, &m.up], 0);
+                let gu = match self.lora() {
+                    None => gemm.linear_low(xn, &gate_up, None),
+                    Some(_) => gemm.linear(xn, &gate_up, None),
+                };
                 let gu = self.add_deltas(li, gu, &[(Target::Gate, ff), (Target::Up, ff)], xn);
                 let act = gu.narrow(-1, 0, ff).silu() * gu.narrow(-1, ff, ff);
                 self.proj(li, Target::Down, &act, &m.down, None)
             }
             Mlp::Moe(m) => match &self.cfg.moe {
-                Some(c) => m.forward(c, xn, route, self.invariant),
+                Some(c) => m.forward(c, xn, route, self.gemm()),
                 None => xn.zeros_like(),
             },
         }

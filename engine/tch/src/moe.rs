@@ -14,6 +14,7 @@
 //! top-k is computed either way, so the route mismatch (`r3/route_mismatch`) is measured with and
 //! without replay.
 
+use crate::model::Gemm;
 use miles_runtime::{Gating, MoeConfig};
 use tch::{Kind, Tensor};
 
@@ -25,17 +26,10 @@ pub(crate) struct Swiglu {
 }
 
 impl Swiglu {
-    fn apply(&self, x: &Tensor, invariant: bool) -> Tensor {
-        let lin = |x: &Tensor, w: &Tensor| {
-            if invariant {
-                crate::invariant::linear(x, w, None)
-            } else {
-                x.linear::<Tensor>(w, None)
-            }
-        };
+    fn apply(&self, x: &Tensor, gemm: Gemm) -> Tensor {
         let f = self.gate.size()[0];
-        let gu = lin(x, &Tensor::cat(&[&self.gate, &self.up], 0));
-        lin(&(gu.narrow(-1, 0, f).silu() * gu.narrow(-1, f, f)), &self.down)
+        let gu = gemm.linear_low(x, &Tensor::cat(&[&self.gate, &self.up], 0), None);
+        gemm.linear(&(gu.narrow(-1, 0, f).silu() * gu.narrow(-1, f, f)), &self.down, None)
     }
 }
 
@@ -106,8 +100,10 @@ impl Route {
 
 impl MoeLayer {
     /// The MLP output [B, T, d] for normed inputs `x` [B, T, d] (any float kind: the engine's
-    /// bf16 or the trainer's fp32), with the batch-invariant kernels when `invariant`.
-    pub(crate) fn forward(&self, cfg: &MoeConfig, x: &Tensor, route: Option<&mut Route>, invariant: bool) -> Tensor {
+    /// bf16 or the trainer's fp32), the experts' GEMMs as `gemm` says. The router's GEMM is fp32
+    /// under bf16 matmuls (routes must not flip with the trainer's precision).
+    pub(crate) fn forward(&self, cfg: &MoeConfig, x: &Tensor, route: Option<&mut Route>, gemm: Gemm) -> Tensor {
+        let invariant = gemm == Gemm::Invariant;
         let size = x.size();
         let (b, t, d) = (size[0], size[1], size[2]);
         let k = cfg.top_k as i64;
@@ -139,7 +135,7 @@ impl MoeLayer {
         let w = if cfg.norm_topk { &w / w.sum_dim_intlist(-1, true, Kind::Float).clamp_min(1e-20) } else { w };
         let w = w.to_kind(x.kind());
         let mut out = match &self.shared {
-            Some(s) => s.apply(&flat, invariant),
+            Some(s) => s.apply(&flat, gemm),
             None => flat.zeros_like(),
         };
         // Each expert computes only its tokens: the gradient reaches the experts that were used.
@@ -151,7 +147,7 @@ impl MoeLayer {
                 continue;
             }
             let we = (&w * hit.to_kind(w.kind())).sum_dim_intlist(-1, false, w.kind()).index_select(0, &rows);
-            let ye = expert.apply(&flat.index_select(0, &rows), invariant) * we.unsqueeze(-1);
+            let ye = expert.apply(&flat.index_select(0, &rows), gemm) * we.unsqueeze(-1);
             out = out.index_add(0, &rows, &ye);
         }
         // The sampler records routes only; the load and the aux loss are for the passes that
@@ -269,7 +265,7 @@ mod tests {
 
     fn run(l: &MoeLayer, c: &MoeConfig, x: &[&[f32]], route: &mut Route) -> Vec<f32> {
         let x = t(x).unsqueeze(0);
-        let y = l.forward(c, &x, Some(route), false);
+        let y = l.forward(c, &x, Some(route), Gemm::Plain);
         Vec::<f32>::try_from(y.reshape([-1])).unwrap()
     }
 
@@ -315,7 +311,7 @@ mod tests {
         let mask = Tensor::from_slice(&[true]).view([1, 1]);
         let mut r = Route { replay: Some((vec![recorded], mask)), ..Route::default() };
         let x = t(&[&[1.0, 0.5]]).unsqueeze(0);
-        let y = l.forward(&cfg(Gating::Softmax), &x, Some(&mut r), false);
+        let y = l.forward(&cfg(Gating::Softmax), &x, Some(&mut r), Gemm::Plain);
         let e: Vec<f64> = [1.0f64, 0.5, -1.5].iter().map(|z| z.exp()).collect();
         let (w2, w0) = (e[2] / (e[0] + e[2]), e[0] / (e[0] + e[2]));
         let unit = silu(1.0) * 0.5;

@@ -270,6 +270,7 @@ impl TchTrainer {
     /// rollout says so (in process and in a `miles worker` alike).
     pub fn for_run(mut policy: Policy, spec: &miles_runtime::RunSpec, source: Option<crate::hf::HfMeta>) -> TchTrainer {
         policy.invariant = spec.rollout.batch_invariant;
+        policy.bf16_matmuls = spec.train.precision == miles_runtime::Precision::Bf16;
         let mut t = TchTrainer::new(policy, spec.train.clone());
         t.replay = spec.rollout.r3.as_ref().is_some_and(|r| r.replay);
         t.source = source;

@@ -162,7 +162,7 @@ fn bf16_engine_differs_from_fp32_trainer() {
     let policy = Policy::init(&cfg, 8);
     let mut spec = RunSpec::from_json(include_str!("../../runtime/tests/data/tiny.json")).unwrap();
     spec.model = cfg.clone();
-    spec.rollout.precision = miles_runtime::EnginePrecision::Bf16;
+    spec.rollout.precision = miles_runtime::Precision::Bf16;
     let engine = miles_tch::engine_policy(&policy, &spec).unwrap();
     assert_eq!(engine.kind(), Kind::BFloat16);
     let p = prompts();
@@ -270,7 +270,7 @@ fn moe_r3_run_resumes_exactly() {
     let (tmp, opts, metrics) = (common::run_dir, common::quiet, common::untimed_metrics);
     let mut s = RunSpec::from_json(include_str!("../../runtime/tests/data/tiny.json")).unwrap();
     s.model.moe = moe_cfg(0, 0).moe;
-    s.rollout.precision = miles_runtime::EnginePrecision::Bf16;
+    s.rollout.precision = miles_runtime::Precision::Bf16;
     s.rollout.r3 = Some(miles_runtime::R3Spec { replay: true, id: RouteId::U8 });
     let (full, part) = (tmp("moe-full"), tmp("moe-part"));
     miles_tch::run(&s, &opts(&full)).unwrap();

@@ -70,6 +70,7 @@ fn trainer_logprobs(policy: &Policy, samples: &[StreamSample], temperature: f64)
             lora: None,
             ppo: None,
             opd: None,
+            precision: Default::default(),
         },
     );
     let ps = prompts();

@@ -258,3 +258,39 @@ fn micro_batches_accumulate_to_the_full_batch_gradient() {
         }
     }
 }
+
+/// `precision = bf16` on the embedded trainer: the GEMMs run in bf16 (the logits move by bf16
+/// rounding, not more, and not by nothing), while weights and gradients stay fp32 and the
+/// gradient points where fp32's does.
+#[test]
+fn bf16_matmuls_follow_fp32_within_rounding_and_keep_fp32_weights_and_gradients() {
+    one_thread();
+    let seqs = vec![vec![1i64, 5, 6, 7, 8], vec![1, 9, 10, 3]];
+    let (tok, valid, pos, _) = left_pad(&seqs);
+    let run = |bf16: bool| -> (Tensor, Vec<f32>) {
+        let mut p = Policy::init(&cfg(), 7);
+        p.bf16_matmuls = bf16;
+        p.set_requires_grad(true);
+        let logits = p.forward(&tok, &pos, &valid, None);
+        assert_eq!(logits.kind(), tch::Kind::Float, "logits come back in fp32");
+        logits.log_softmax(-1, tch::Kind::Float).mean(tch::Kind::Float).backward();
+        let mut grad = Vec::new();
+        for (name, w) in p.params() {
+            assert_eq!(w.kind(), tch::Kind::Float, "{name}: master weights stay fp32");
+            let g = w.grad();
+            assert_eq!(g.kind(), tch::Kind::Float, "{name}: fp32 gradient");
+            grad.extend(vals(&g));
+        }
+        (logits.detach(), grad)
+    };
+    let (l32, g32) = run(false);
+    let (l16, g16) = run(true);
+    let diff = vals(&(&l16 - &l32).abs()).into_iter().fold(0f32, f32::max);
+    let scale = vals(&l32.abs()).into_iter().fold(0f32, f32::max);
+    assert!(diff > 0.0, "bf16 GEMMs must change the logits (else they did not run in bf16)");
+    assert!(diff <= 0.05 * scale.max(1.0), "bf16 rounding only: max |diff| {diff}, max |logit| {scale}");
+    let dot: f64 = g32.iter().zip(&g16).map(|(a, b)| (*a as f64) * (*b as f64)).sum();
+    let norm = |g: &[f32]| g.iter().map(|x| (*x as f64).powi(2)).sum::<f64>().sqrt();
+    let cosine = dot / (norm(&g32) * norm(&g16));
+    assert!(cosine > 0.99, "the bf16 gradient points where fp32's does: cosine {cosine}");
+}

@@ -238,6 +238,7 @@ impl WorkersBackend {
             },
             deadlines,
             transport: d.transport.clone(),
+            channel: d.channel.clone(),
             bucket_bytes: d.bucket_bytes,
             verify_full: d.verify_full,
             delta_dir: self.out_dir.join("weights"),

@@ -6,12 +6,13 @@
 //! - [`remote`]: the controller's clients, which implement the same traits, so the executor drives
 //!   remote stages exactly as local ones.
 //! - [`transport`], [`delta`], [`wire`]: weight transports (broadcast, p2p, disk-delta) and their
-//!   verified byte format.
+//!   verified byte format; [`nccl`]: broadcast and p2p GPU to GPU (the `nccl` channel).
 //! - [`launcher`]: how worker processes are started (local processes, Slurm, Ray).
 //! - [`http`]: the SGLang-compatible HTTP rollout API (`miles serve`) and its client.
 
 pub mod auth;
 pub mod delta;
+pub mod nccl;
 pub mod transport;
 pub mod wire;
 

@@ -211,6 +211,8 @@ pub struct Fleet {
     pub on_failure: OnFailure,
     pub deadlines: Deadlines,
     pub transport: String,
+    /// broadcast and p2p: auto | tcp | shm | nccl.
+    pub channel: String,
     pub bucket_bytes: u64,
     pub verify_full: bool,
     pub delta_dir: PathBuf,
@@ -526,6 +528,7 @@ impl Trainer for RemoteTrainer {
                     delta_dir: f.delta_dir.to_string_lossy().into_owned(),
                     shards: 0,
                     timeout_ms: (f.deadlines.call.as_millis() as u64 * 3 / 4).max(1),
+                    channel: f.channel.clone(),
                 }
             };
             match call_shared(&self.fleet, Which::Trainer, None, |mut c| async move { c.publish_weights(req).await }) {

@@ -7,6 +7,9 @@
 //!   engine ranks that need it; every (shard, rank) route is its own concurrent connection.
 //! - **disk-delta**: [`crate::delta`].
 //!
+//! Broadcast and p2p go over a [`Channel`]: TCP, shared memory, or NCCL ([`crate::nccl`]), the
+//! `weights` stage's `channel` (auto: shared memory when every engine is on this host).
+//!
 //! The executor (and later the asynchronous runtime) sees only [`WeightPublisher::publish`] and a
 //! [`TransferReport`]: which transport runs is the recipe's `weights` stage's choice.
 
@@ -55,6 +58,30 @@ pub enum Channel {
     Shm,
     /// Shared memory when every target address is loopback, TCP otherwise.
     Auto,
+    /// GPU to GPU through one NCCL communicator of the trainer and the engines ([`crate::nccl`]);
+    /// the socket carries the header, a handshake and the verdict.
+    Nccl,
+}
+
+impl Channel {
+    /// The `weights` stage's `channel` (`""`: auto, for requests from older controllers).
+    pub fn parse(s: &str) -> Option<Channel> {
+        match s {
+            "" | "auto" => Some(Channel::Auto),
+            "tcp" => Some(Channel::Tcp),
+            "shm" => Some(Channel::Shm),
+            "nccl" => Some(Channel::Nccl),
+            _ => None,
+        }
+    }
+    pub fn name(self) -> &'static str {
+        match self {
+            Channel::Tcp => "tcp",
+            Channel::Shm => "shm",
+            Channel::Auto => "auto",
+            Channel::Nccl => "nccl",
+        }
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -66,6 +93,8 @@ pub struct TransportConfig {
     /// p2p: trainer shards (0 = one per target, at most 4).
     pub shards: usize,
     pub channel: Channel,
+    /// NCCL: this process's GPU ordinal (None: `MILES_CUDA_DEVICE`, else 0).
+    pub gpu: Option<u32>,
     pub token: String,
     /// Bound on connecting, on each write and on waiting for an engine's verdict.
     pub timeout: Duration,
@@ -80,6 +109,7 @@ impl TransportConfig {
             verify_full: false,
             shards: 0,
             channel: Channel::Auto,
+            gpu: None,
             token: token.into(),
             timeout: Duration::from_secs(60),
             faults: Faults::default(),
@@ -171,12 +201,19 @@ pub struct StreamPublisher {
     shm: Vec<ShmFile>,
     /// Distinguishes this publisher's files from another's in the same process.
     id: u64,
+    /// NCCL: the serialized body, reused between versions.
+    nccl_stream: Vec<u8>,
 }
 
 impl StreamPublisher {
     pub fn new(cfg: TransportConfig) -> Self {
         static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-        StreamPublisher { cfg, shm: Vec::new(), id: NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed) }
+        StreamPublisher {
+            cfg,
+            shm: Vec::new(),
+            id: NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            nccl_stream: Vec::new(),
+        }
     }
 }
 
@@ -427,7 +464,7 @@ impl Write for ShmWriter<'_> {
     }
 }
 
-fn connect(addr: &str, timeout: Duration) -> io::Result<TcpStream> {
+pub(crate) fn connect(addr: &str, timeout: Duration) -> io::Result<TcpStream> {
     let mut last = io::Error::new(io::ErrorKind::NotFound, format!("{addr} resolves to no address"));
     for a in addr.to_socket_addrs()? {
         match TcpStream::connect_timeout(&a, timeout) {
@@ -457,8 +494,12 @@ fn read_verdict(s: &TcpStream) -> io::Result<Result<(), String>> {
     }
 }
 
+fn is_loopback(t: &Target) -> bool {
+    t.data_addr.to_socket_addrs().map(|mut a| a.all(|x| x.ip().is_loopback())).unwrap_or(false)
+}
+
 fn all_loopback(targets: &[Target]) -> bool {
-    targets.iter().all(|t| t.data_addr.to_socket_addrs().map(|mut a| a.all(|x| x.ip().is_loopback())).unwrap_or(false))
+    targets.iter().all(is_loopback)
 }
 
 fn shm_dir() -> Option<PathBuf> {
@@ -484,9 +525,30 @@ impl WeightPublisher for StreamPublisher {
         let parts = plan.shards.len() as u32;
         let full = cfg.verify_full.then(|| wire::full_digest(&snap.tensors));
         let use_shm = match cfg.channel {
-            Channel::Shm => true,
+            Channel::Shm => {
+                // Forced: an engine elsewhere is an error, not a silent fall-back to TCP.
+                if let Some(t) = targets.iter().find(|t| !is_loopback(t)) {
+                    return Err(TransferError {
+                        worker_id: t.worker_id.clone(),
+                        message: format!(
+                            "channel = shm needs every engine on this host, but {} is at {}, not a loopback \
+                             address; use channel = tcp (or auto, which picks shared memory only where it can)",
+                            t.worker_id, t.data_addr
+                        ),
+                    });
+                }
+                true
+            }
             Channel::Tcp => false,
             Channel::Auto => all_loopback(targets) && shm_dir().is_some(),
+            // Every unsharded engine needs the whole snapshot: p2p over NCCL is one broadcast.
+            Channel::Nccl if !targets.is_empty() => {
+                let mut buf = std::mem::take(&mut self.nccl_stream);
+                let res = crate::nccl::publish(cfg, snap, targets, full, &mut buf, started);
+                self.nccl_stream = buf;
+                return res;
+            }
+            Channel::Nccl => false,
         } && !targets.is_empty();
 
         // Shared memory, pipelined: every engine gets its header first, then the publisher
@@ -730,6 +792,8 @@ pub struct Receiver {
     timeout: Duration,
     /// Publishers' sealed shared-memory files, mapped once and kept between versions.
     maps: Arc<Mutex<Vec<ShmMap>>>,
+    /// NCCL: this engine's GPU ordinal (None: `MILES_CUDA_DEVICE`, else 0).
+    gpu: Option<u32>,
 }
 
 impl Receiver {
@@ -740,6 +804,15 @@ impl Receiver {
 
     /// [`Receiver::start`] with another bound on each read of a stream.
     pub fn start_with_timeout(bind: &str, token: &str, timeout: Duration) -> io::Result<Receiver> {
+        Receiver::start_opts(bind, token, timeout, None)
+    }
+
+    /// [`Receiver::start`] whose NCCL rank uses GPU `ordinal` (two ranks in one process).
+    pub fn start_on_gpu(bind: &str, token: &str, ordinal: u32) -> io::Result<Receiver> {
+        Receiver::start_opts(bind, token, Duration::from_secs(60), Some(ordinal))
+    }
+
+    fn start_opts(bind: &str, token: &str, timeout: Duration, gpu: Option<u32>) -> io::Result<Receiver> {
         let listener = TcpListener::bind(bind)?;
         let addr = listener.local_addr()?;
         let r = Receiver {
@@ -748,6 +821,7 @@ impl Receiver {
             token: Arc::new(token.into()),
             timeout,
             maps: Arc::default(),
+            gpu,
         };
         let me = r.clone();
         std::thread::Builder::new().name("weights-rx".into()).spawn(move || {
@@ -761,6 +835,15 @@ impl Receiver {
 
     pub fn addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// The bound on each read of a stream (and, over NCCL, on joining and each broadcast).
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    pub(crate) fn gpu(&self) -> Option<u32> {
+        self.gpu
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
@@ -785,9 +868,10 @@ impl Receiver {
         if !crate::auth::token_eq(&h.token, &self.token) {
             return Err("refused: the stream does not carry this run's token".into());
         }
-        let res = match &h.shm_path {
-            Some(p) => self.receive_shm(p, &h, &mut r),
-            None => self.receive_body(&mut r, &h).map_err(|e| match e {
+        let res = match (&h.shm_path, &h.nccl) {
+            (_, Some(n)) => crate::nccl::receive(self, &h, n, &mut r),
+            (Some(p), None) => self.receive_shm(p, &h, &mut r),
+            (None, None) => self.receive_body(&mut r, &h).map_err(|e| match e {
                 StreamError::Io(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => {
                     format!(
                         "version {} part {}: the sender stalled mid-transfer (nothing for {:.1} s); not loaded",
@@ -877,7 +961,7 @@ impl Receiver {
         Ok(map)
     }
 
-    fn receive_body<R: Read>(&self, r: &mut R, h: &Header) -> Result<(), StreamError> {
+    pub(crate) fn receive_body<R: Read>(&self, r: &mut R, h: &Header) -> Result<(), StreamError> {
         let mut tensors: Vec<NamedTensor> = {
             let mut st = self.lock();
             h.tensors
@@ -993,7 +1077,7 @@ pub fn publisher(cfg: TransportConfig, delta_dir: Option<PathBuf>) -> Box<dyn We
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     pub(crate) fn snap(version: u64, elems: &[usize]) -> WeightSnapshot {
@@ -1115,6 +1199,43 @@ mod tests {
         let t = vec![Target { worker_id: "rollout-9".into(), data_addr: "127.0.0.1:1".into() }];
         let e = StreamPublisher::new(cfg).publish(&snap(1, &[10]), &t).unwrap_err();
         assert_eq!(e.worker_id, "rollout-9");
+    }
+
+    /// A forced shared-memory channel with an engine on another host fails at once, naming the
+    /// engine and its address, and sends nothing to the engines on this host (no fall-back).
+    #[test]
+    fn a_forced_shm_channel_refuses_an_engine_on_another_host() {
+        let live = Receiver::start("127.0.0.1:0", "t").unwrap();
+        let mut cfg = TransportConfig::new(TransportKind::Broadcast, "t");
+        cfg.channel = Channel::Shm;
+        let mut t = targets(std::slice::from_ref(&live));
+        t.push(Target { worker_id: "rollout-1".into(), data_addr: "10.1.2.3:7000".into() });
+        let t0 = Instant::now();
+        let e = StreamPublisher::new(cfg).publish(&snap(1, &[100]), &t).unwrap_err();
+        assert_eq!(e.worker_id, "rollout-1");
+        assert!(e.message.contains("channel = shm") && e.message.contains("10.1.2.3:7000"), "{e}");
+        assert!(t0.elapsed() < Duration::from_secs(2));
+        assert!(live.take(1, Duration::from_millis(100)).is_err());
+        assert_eq!(live.bytes_received(), 0);
+    }
+
+    /// The recipe's `channel` as the worker protocol carries it; a forced tcp never uses shared
+    /// memory, even with every engine on this host (where auto does).
+    #[test]
+    fn the_recipe_channel_is_parsed_and_forces_the_stream() {
+        for c in [Channel::Auto, Channel::Tcp, Channel::Shm, Channel::Nccl] {
+            assert_eq!(Channel::parse(c.name()), Some(c));
+        }
+        assert_eq!(Channel::parse(""), Some(Channel::Auto));
+        assert_eq!(Channel::parse("infiniband"), None);
+        let rx = Receiver::start("127.0.0.1:0", "t").unwrap();
+        for (c, want) in [(Channel::Tcp, "broadcast/tcp"), (Channel::Shm, "broadcast/shm")] {
+            let mut cfg = TransportConfig::new(TransportKind::Broadcast, "t");
+            cfg.channel = c;
+            let rep = StreamPublisher::new(cfg).publish(&snap(1, &[100]), &targets(std::slice::from_ref(&rx))).unwrap();
+            assert_eq!(rep.transport, want);
+            rx.recycle(rx.take(1, Duration::from_secs(5)).unwrap());
+        }
     }
 
     /// Over shared memory an unreachable engine fails the publish before the live one reads a

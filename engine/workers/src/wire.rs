@@ -46,6 +46,25 @@ pub struct Header {
     /// still writes. Without it the file is complete when the header arrives.
     #[serde(default)]
     pub shm_notices: bool,
+    /// NCCL: the body goes through an NCCL communicator (crate::nccl); the socket carries this
+    /// header, the handshake and the verdict.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nccl: Option<NcclHeader>,
+}
+
+/// What an engine needs to join the trainer's NCCL communicator and read the body from it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct NcclHeader {
+    /// The communicator's ncclUniqueId, 256 hex characters.
+    pub id: String,
+    /// This engine's rank (the trainer is 0) of `ranks`.
+    pub rank: u32,
+    pub ranks: u32,
+    /// Bytes of the body, broadcast in chunks of `chunk_bytes` (the last one shorter).
+    pub stream_bytes: u64,
+    pub chunk_bytes: u64,
+    /// The trainer's GPU UUID: an engine on the same GPU refuses at once (NCCL cannot).
+    pub trainer_gpu: String,
 }
 
 /// A pipelined shared-memory publisher tells its engines how far the file is written at least
@@ -81,6 +100,7 @@ impl Header {
             delta_base: None,
             shm_path: None,
             shm_notices: false,
+            nccl: None,
         }
     }
 

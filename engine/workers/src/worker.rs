@@ -280,7 +280,10 @@ impl worker_server::Worker for Svc {
         let r = req.into_inner();
         let kind = TransportKind::parse(&r.transport)
             .ok_or_else(|| Status::invalid_argument(format!("unknown transport {}", r.transport)))?;
+        let channel = transport::Channel::parse(&r.channel)
+            .ok_or_else(|| Status::invalid_argument(format!("unknown weight channel {}", r.channel)))?;
         let mut cfg = TransportConfig::new(kind, self.cfg.token.clone());
+        cfg.channel = channel;
         cfg.bucket_bytes = r.bucket_bytes.max(1 << 16);
         cfg.verify_full = r.verify_full;
         cfg.shards = r.shards as usize;
@@ -290,7 +293,15 @@ impl worker_server::Worker for Svc {
         }
         let targets: Vec<Target> =
             r.targets.into_iter().map(|t| Target { worker_id: t.worker_id, data_addr: t.data_addr }).collect();
-        let key = format!("{}|{}|{}|{}|{}", r.transport, r.delta_dir, r.bucket_bytes, r.verify_full, r.shards);
+        let key = format!(
+            "{}|{}|{}|{}|{}|{}",
+            r.transport,
+            channel.name(),
+            r.delta_dir,
+            r.bucket_bytes,
+            r.verify_full,
+            r.shards
+        );
         let delta_dir = (!r.delta_dir.is_empty()).then(|| PathBuf::from(&r.delta_dir));
         let (hosted, publisher) = (self.hosted.clone(), self.publisher.clone());
         let report = tokio::task::spawn_blocking(move || -> Result<transport::TransferReport, RunError> {

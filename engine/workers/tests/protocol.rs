@@ -160,6 +160,7 @@ fn fleet(engine_delays: &[Duration], on_failure: OnFailure, call: Duration, tran
         on_failure,
         deadlines,
         transport: transport.into(),
+        channel: "auto".into(),
         bucket_bytes: 1 << 16,
         verify_full: true,
         delta_dir: std::env::temp_dir().join(format!("miles-proto-delta-{}-{transport}", std::process::id())),

@@ -84,11 +84,12 @@ pub fn run(args: Args) -> u8 {
         }
         Some(d) => {
             eprintln!(
-                "miles run: {name}: {} RL steps, trainer and {} rollout engine(s) as worker processes ({:?} launcher, {} transport); output in {}",
+                "miles run: {name}: {} RL steps, trainer and {} rollout engine(s) as worker processes ({:?} launcher, {} transport{}); output in {}",
                 spec.steps,
                 d.rollout_workers,
                 d.launcher,
                 d.transport,
+                if d.channel == "auto" { String::new() } else { format!(" over {}", d.channel) },
                 out.display()
             );
             crate::distributed::run(&spec, &opts)

@@ -1,5 +1,6 @@
-//! `peak-flops [--threads N] [--json] [--shape MxKxN]...`: fp32 matmul FLOP/s of libtorch on this
-//! machine, the denominator of our MFU. Square matmuls n = 256..2048 (the best is the "peak"),
+//! `peak-flops [--threads N] [--json] [--kind fp32|bf16] [--shape MxKxN]...`: matmul FLOP/s of
+//! libtorch on this machine in fp32 (default) or bf16 (a bf16 recipe's GEMMs), the denominator of
+//! our MFU. Square matmuls n = 256..2048 (the best is the "peak"),
 //! plus the shapes of the compared model's linear layers (what the step can reach at its own
 //! sizes): each `--shape` (bench/peers/run.py passes the recipe's), else the 0.1M model's.
 //! Median of several repetitions each; this machine is shared, so the runner measures it in the
@@ -14,9 +15,9 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 /// GFLOP/s of [m,k] x [k,n] (2mkn FLOPs), median of `reps` timed calls after a warm-up.
-fn gflops(m: i64, k: i64, n: i64) -> f64 {
-    let a = Tensor::randn([m, k], (Kind::Float, Device::Cpu));
-    let b = Tensor::randn([k, n], (Kind::Float, Device::Cpu));
+fn gflops(kind: Kind, m: i64, k: i64, n: i64) -> f64 {
+    let a = Tensor::randn([m, k], (kind, Device::Cpu));
+    let b = Tensor::randn([k, n], (kind, Device::Cpu));
     let flops = 2.0 * (m * k * n) as f64;
     // Enough calls per timing that one lasts >= ~20 ms, so timer and dispatch noise vanish.
     let per = ((2e8 / flops).ceil() as usize).clamp(1, 100_000);
@@ -45,8 +46,17 @@ fn main() {
         tch::set_num_threads(t);
     }
     let json = args.iter().any(|a| a == "--json");
+    let kind = match args.iter().position(|a| a == "--kind").and_then(|i| args.get(i + 1)).map(String::as_str) {
+        None | Some("fp32") => Kind::Float,
+        Some("bf16") => Kind::BFloat16,
+        Some(other) => {
+            eprintln!("peak-flops: --kind takes fp32 or bf16, not {other}");
+            std::process::exit(2);
+        }
+    };
+    let kind_name = if kind == Kind::Float { "fp32" } else { "bf16" };
     let _g = tch::no_grad_guard();
-    let square: Vec<(i64, f64)> = [256i64, 512, 1024, 2048].iter().map(|&n| (n, gflops(n, n, n))).collect();
+    let square: Vec<(i64, f64)> = [256i64, 512, 1024, 2048].iter().map(|&n| (n, gflops(kind, n, n, n))).collect();
     let peak = square.iter().map(|x| x.1).fold(0.0, f64::max);
     // The compared model's GEMMs: by default recipes/compare-trl.miles' 1024 rows (128 sequences x
     // 8 tokens) through d=64 -> 176 (MLP) and d=64 -> 64 (attention projections), and 128 rows.
@@ -69,7 +79,7 @@ fn main() {
     }
     let small: Vec<(String, f64)> = shapes
         .iter()
-        .map(|&(m, k, n)| (format!("{m}x{k}x{n}"), gflops(m, k, n)))
+        .map(|&(m, k, n)| (format!("{m}x{k}x{n}"), gflops(kind, m, k, n)))
         .collect();
     if json {
         let sq: Vec<String> = square.iter().map(|(n, g)| format!("\"{n}\": {g:.2}")).collect();
@@ -81,7 +91,7 @@ fn main() {
             sm.join(", ")
         );
     } else {
-        println!("libtorch fp32 matmul, {} thread(s):", tch::get_num_threads());
+        println!("libtorch {kind_name} matmul, {} thread(s):", tch::get_num_threads());
         for (n, g) in &square {
             println!("  {n}x{n}x{n}: {g:.1} GFLOP/s");
         }

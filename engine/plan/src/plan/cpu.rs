@@ -127,9 +127,21 @@ pub(crate) fn rate(a: &Assumptions) -> CpuRate {
     CpuRate { flops_per_s: a.embedded_flops_per_s, kernel_s: a.embedded_kernel_s, bytes_per_s: a.embedded_bytes_per_s }
 }
 
+/// `rate` with GEMMs in `gemm`: bf16 ones at `embedded_bf16_flops_per_s`.
+fn rate_in(a: &Assumptions, gemm: Precision) -> (CpuRate, &'static str) {
+    match gemm {
+        Precision::Bf16 => (CpuRate { flops_per_s: a.embedded_bf16_flops_per_s, ..rate(a) }, "bf16 "),
+        _ => (rate(a), ""),
+    }
+}
+
 pub(super) fn rate_note(r: &CpuRate) -> String {
+    rate_note_in(r, "")
+}
+
+fn rate_note_in(r: &CpuRate, gemm: &str) -> String {
     format!(
-        "one libtorch thread (miles run --threads 1; a recipe cannot set threads): matmuls at {:.0} GFLOP/s, {:.0} us per op, other ops write at {:.1} GB/s",
+        "one libtorch thread (miles run --threads 1; a recipe cannot set threads): {gemm}matmuls at {:.0} GFLOP/s, {:.0} us per op, other ops write at {:.1} GB/s",
         r.flops_per_s / 1e9,
         r.kernel_s * 1e6,
         r.bytes_per_s / 1e9
@@ -153,7 +165,8 @@ pub(super) fn train_step(
     entropy_in_loss: bool,
     lengths: Option<&super::lengths::Lengths>,
 ) -> (Estimate, f64, f64) {
-    let r = rate(a);
+    // The embedded trainer's `precision` is its GEMMs' (its weights stay fp32).
+    let (r, gemm) = rate_in(a, t.precision.value);
     // Priced at the expected sequence (a micro-batch pads to its longest, so this is low when
     // lengths vary much); memory stays at seq_len (`train_mem`).
     let seq = lengths.map_or(t.seq_len.value as f64, |l| l.sequence(t.seq_len.value));
@@ -224,7 +237,7 @@ pub(super) fn train_step(
             total.kernels,
             total.bytes / 1e6
         ),
-        rate_note(&r),
+        rate_note_in(&r, gemm),
     ];
     if critic {
         notes.push(format!("critic: values + value loss forward and backward: {:.3} s of the step", critic_s));
@@ -261,7 +274,7 @@ pub(super) fn rollout(
 ) -> Option<Estimate> {
     let input = cx.input;
     let e = input.stages.iter().filter(|s| s.role == Role::Rollout).find_map(|s| s.engine.as_ref())?;
-    let r = rate(&input.assumptions);
+    let (r, gemm) = rate_in(&input.assumptions, if e.embedded { e.precision.value } else { Precision::Fp32 });
     let lengths = super::lengths::plan_lengths(cx);
     let (prompts, samples) = (b.rollout_batch as f64, b.samples_per_rollout as f64);
     // The prompt block pads to the batch's longest prompt; priced at the expected one.
@@ -333,7 +346,7 @@ pub(super) fn rollout(
                 "every response full length"
             }
         ),
-        rate_note(&r),
+        rate_note_in(&r, gemm),
     ];
     super::lengths::note_into(lengths.as_ref(), &mut assumptions);
     Some(Estimate { seconds, assumptions })

@@ -3,10 +3,46 @@
 //! lacks is E0518 here, before anything starts; `auto` falls back to the CPU and says why.
 
 use super::Ctx;
-use crate::input::MachineGpus;
+use crate::input::{Backend, MachineGpus, Precision};
 use crate::output::DeviceReport;
 
 pub(super) fn plan_device(cx: &mut Ctx) -> Option<DeviceReport> {
+    let report = resolve(cx)?;
+    if report.resolved.as_deref() == Some("cpu") {
+        warn_bf16_without_instructions(cx);
+    }
+    Some(report)
+}
+
+/// E0411: a `precision = bf16` embedded trainer or engine on a CPU the caller found without
+/// AVX512-BF16 or AMX, where libtorch emulates bf16 GEMMs more slowly than fp32.
+fn warn_bf16_without_instructions(cx: &mut Ctx) {
+    if cx.input.device.as_ref().and_then(|d| d.cpu_bf16) != Some(false) {
+        return;
+    }
+    let mut found = Vec::new();
+    for st in &cx.input.stages {
+        if let Some(t) = st.trainer.as_ref().filter(|t| t.backend.value == Backend::Embedded) {
+            if t.precision.value == Precision::Bf16 {
+                found.push((st.name.clone(), "embedded_trainer", t.precision.span));
+            }
+        }
+        if let Some(e) = st.engine.as_ref().filter(|e| e.embedded && e.precision.value == Precision::Bf16) {
+            found.push((st.name.clone(), "embedded_engine", e.precision.span));
+        }
+    }
+    for (stage, schema, span) in found {
+        cx.warning(
+            "E0411",
+            format!("{stage}: `{schema} {{ precision = bf16 }}` on a CPU without AVX512-BF16 or AMX: libtorch emulates bf16 GEMMs there, slower than fp32"),
+            span,
+            "bf16 on this CPU",
+            Some("set precision = fp32 on this machine (the plan's bf16 step time assumes a CPU with bf16 instructions)".into()),
+        );
+    }
+}
+
+fn resolve(cx: &mut Ctx) -> Option<DeviceReport> {
     let d = cx.input.device.as_ref()?;
     let asked = d.asked.value.clone();
     let lines = |m: &MachineGpus| {

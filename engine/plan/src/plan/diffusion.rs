@@ -591,6 +591,7 @@ pub(super) fn plan_diffusion(cx: &mut Ctx, d: &Diffusion, memory: &mut Vec<Memor
             from: s.from.clone(),
             to: s.to.clone(),
             transport: s.transport.value,
+            channel: s.channel,
             bucket: s.bucket.value,
             bytes: (4.0 * p) as u64,
             lora: false,

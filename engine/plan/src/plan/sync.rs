@@ -101,6 +101,7 @@ pub(super) fn plan_syncs(
             from: s.from.clone(),
             to: s.to.clone(),
             transport: chosen,
+            channel: s.channel,
             bucket: s.bucket.value,
             bytes: shape.bytes as u64,
             lora: t.lora.is_some(),

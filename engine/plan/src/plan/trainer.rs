@@ -75,6 +75,9 @@ pub(super) struct TrainMem {
     /// its no-grad forward over one micro-batch.
     teacher_weights: f64,
     teacher_activations: f64,
+    /// The embedded trainer's bf16 GEMMs (`precision = bf16`): bf16 copies of the weights, made
+    /// per forward and kept for backward (0 in fp32).
+    gemm_casts: f64,
 }
 
 impl TrainMem {
@@ -100,6 +103,7 @@ impl TrainMem {
             + self.critic_gradients
             + critic_opt
             + self.teacher_weights
+            + self.gemm_casts
     }
 
     /// Optimizer state of the policy and the critic together: what an offload moves.
@@ -247,6 +251,10 @@ pub(super) fn train_mem(
         critic_activations,
         teacher_weights,
         teacher_activations,
+        gemm_casts: match (host, t.precision.value) {
+            (Some(_), Precision::Bf16) => s.weights / 2.0,
+            _ => 0.0,
+        },
     }
 }
 
@@ -288,7 +296,9 @@ pub(super) fn plan_trainer(
         cp: t.cp.value,
         ep: t.ep.value,
         dp,
-        precision: t.precision.value,
+        // The embedded trainer keeps fp32 weights, gradients and Adam state: its `precision` is
+        // its GEMMs' (`TrainMem::gemm_casts`, `cpu::train_step`).
+        precision: if t.backend.value == Backend::Embedded { Precision::Fp32 } else { t.precision.value },
     };
     if l.backend == Backend::Megatron && !(l.tp * l.cp * l.dp).is_multiple_of(l.etp() * l.ep) {
         cx.error(
@@ -451,6 +461,13 @@ pub(super) fn plan_trainer(
             },
         },
     ]);
+    if mem.gemm_casts > 0.0 {
+        items.push(MemItem {
+            name: "gemm_casts".into(),
+            bytes: mem.gemm_casts as u64,
+            note: "bf16 x 2 B: the weights the bf16 GEMMs read (precision = bf16), kept for backward".into(),
+        });
+    }
     if critic {
         items.extend(critic_items(m, &l, t, &mem, host));
     }
