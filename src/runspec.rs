@@ -206,14 +206,9 @@ fn moe_config(r: &Record) -> Option<MoeConfig> {
     })
 }
 
-/// What the rollout's engine samples in: the embedded engine's `precision`; any other engine
-/// (a server by URL) is not the embedded engine's to say, so fp32.
-fn engine_precision(engine: Option<&Record>) -> Precision {
-    embedded_precision(engine, "embedded_engine")
-}
-
 /// The `precision` of a record of the embedded backend's `schema` (its engine or its trainer);
-/// fp32 for any other record, whose precision is not the embedded backend's to run.
+/// fp32 for any other record (a server by URL), whose precision is not the embedded backend's to
+/// run.
 fn embedded_precision(record: Option<&Record>, schema: &str) -> Precision {
     match record.filter(|e| e.schema_name == schema).and_then(|e| e.get("precision")).and_then(Value::as_enum) {
         Some("bf16") => Precision::Bf16,
@@ -397,7 +392,7 @@ pub fn run_spec(recipe: &CompiledRecipe) -> Result<RunSpec, Vec<Diagnostic>> {
         top_p: m.f64(rollout, "top_p"),
         top_k: m.u64(rollout, "top_k") as usize,
         max_prompt_tokens: Some(m.u64(rollout, "max_prompt_tokens") as usize).filter(|n| *n > 0),
-        precision: engine_precision(m.record(rollout, "engine")),
+        precision: embedded_precision(m.record(rollout, "engine"), "embedded_engine"),
         r3: r3_spec(rollout),
         batch_invariant: m.bool(rollout, "batch_invariant"),
     };

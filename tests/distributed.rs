@@ -39,6 +39,13 @@ fn run(args: &[&str]) -> Output {
     output(&mut miles(args), LIMIT)
 }
 
+/// `miles run RECIPE --out OUT`, which must succeed (`what` names the run in the failure).
+fn run_ok(recipe: &Path, out: &Path, what: &str) -> Output {
+    let o = run(&["run", recipe.to_str().unwrap(), "--out", out.to_str().unwrap()]);
+    assert!(o.status.success(), "{what}: {}", stderr(&o));
+    o
+}
+
 /// Starts a run in the background, its stderr piped.
 fn start(args: &[&str]) -> Proc {
     Proc::spawn(miles(args).stdin(Stdio::null()).stderr(Stdio::piped()))
@@ -109,13 +116,11 @@ fn one_engine_in_worker_processes_learns_bit_identically_to_in_process() {
     let dir = temp_dir("workers-same");
     let a = recipe(&dir, "in_process", "local", 4);
     let out_a = dir.join("a");
-    let o = run(&["run", a.to_str().unwrap(), "--out", out_a.to_str().unwrap()]);
-    assert!(o.status.success(), "{}", stderr(&o));
+    run_ok(&a, &out_a, "in process");
     for transport in ["broadcast", "p2p", "disk_delta"] {
         let b = recipe(&dir, "local_processes { engines = 1 }", transport, 4);
         let out_b = dir.join(transport);
-        let o = run(&["run", b.to_str().unwrap(), "--out", out_b.to_str().unwrap()]);
-        assert!(o.status.success(), "{transport}: {}", stderr(&o));
+        let o = run_ok(&b, &out_b, transport);
         assert!(stderr(&o).contains("workers up (local_processes)"), "{}", stderr(&o));
         // Same seed, same threads, exact weight transfer: the same run, number for number.
         let (ma, mb) = (metrics(&out_a), metrics(&out_b));
@@ -152,8 +157,7 @@ fn a_bf16_trainer_trains_in_bf16_in_process_and_in_a_worker_alike() {
     let mut runs = Vec::new();
     for (name, r) in [("fp32", &fp32), ("bf16", &in_process), ("bf16-worker", &worker)] {
         let out = dir.join(name);
-        let o = run(&["run", r.to_str().unwrap(), "--out", out.to_str().unwrap()]);
-        assert!(o.status.success(), "{name}: {}", stderr(&o));
+        run_ok(r, &out, name);
         runs.push(metrics(&out));
     }
     assert_eq!(runs[1], runs[2], "bf16 in a worker process is the in-process bf16 run");
@@ -245,8 +249,7 @@ fn the_weight_channel_reaches_the_workers_and_nccl_names_what_is_missing() {
     let dir = temp_dir("workers-channel");
     let r = recipe(&dir, "local_processes { engines = 1 }", "broadcast, channel = tcp", 2);
     let out = dir.join("tcp");
-    let o = run(&["run", r.to_str().unwrap(), "--out", out.to_str().unwrap()]);
-    assert!(o.status.success(), "{}", stderr(&o));
+    run_ok(&r, &out, "channel = tcp");
     let sync = std::fs::read_to_string(out.join("sync.jsonl")).unwrap();
     assert!(sync.lines().count() >= 2 && sync.lines().all(|l| l.contains("\"broadcast/tcp\"")), "{sync}");
 

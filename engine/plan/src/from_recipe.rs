@@ -129,7 +129,6 @@ pub fn plan_input(recipe: &CompiledRecipe) -> PlanInput {
         }
         stages.push(stage);
     }
-    sft_on_the_rl_trainer(&mut stages);
     let placement = match settings.and_then(|s| s.fields.get("placement")) {
         Some(f) => Placement {
             embedded: embedded_extras(g),
@@ -576,24 +575,6 @@ fn engine_of(r: &Record, prompt_len: Spanned<u64>, response_len: Spanned<u64>) -
         prefix_cache_hit: f64_of(r, "prefix_cache_hit").map(|v| spanned(v, field_span(r, "prefix_cache_hit"))),
         prompt_len,
         response_len,
-    }
-}
-
-/// The embedded backend runs an SFT warm-up on the RL trainer that follows it (one trainer in
-/// one process, engine/tch `train_sft`), so the warm-up computes in that trainer's precision.
-fn sft_on_the_rl_trainer(stages: &mut [Stage]) {
-    let Some(precision) = stages
-        .iter()
-        .filter(|s| s.role == Role::Train)
-        .find_map(|s| s.trainer.as_ref().filter(|t| t.backend.value == Backend::Embedded))
-        .map(|t| t.precision)
-    else {
-        return;
-    };
-    for st in stages.iter_mut().filter(|s| s.role == Role::Sft) {
-        if let Some(t) = st.trainer.as_mut().filter(|t| t.backend.value == Backend::Embedded) {
-            t.precision = precision;
-        }
     }
 }
 

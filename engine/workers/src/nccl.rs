@@ -101,12 +101,7 @@ pub(crate) fn publish(
         if let Some((other, _)) = gpus.iter().find(|(_, g)| g == gpu) {
             return Err(TransferError {
                 worker_id: t.worker_id.clone(),
-                message: format!(
-                    "NCCL cannot put two ranks on one GPU: {} and {other} are both on {gpu} (a one-GPU machine cannot \
-                     use channel = nccl); give each process its own GPU (CUDA_VISIBLE_DEVICES or MILES_CUDA_DEVICE), \
-                     or use channel = shm or tcp",
-                    t.worker_id
-                ),
+                message: same_gpu(&format!("{} and {other}", t.worker_id), gpu),
             });
         }
         gpus.push((t.worker_id.clone(), gpu.to_string()));
@@ -182,6 +177,14 @@ fn blame(targets: &[Target], readers: &mut [BufReader<&TcpStream>], e: &cn::Comm
     }
 }
 
+/// Two ranks found on one GPU (`who`: both, named), which NCCL refuses.
+fn same_gpu(who: &str, gpu: &str) -> String {
+    format!(
+        "NCCL cannot put two ranks on one GPU: {who} are both on {gpu} (a one-GPU machine cannot use channel = nccl); \
+         give each process its own GPU (CUDA_VISIBLE_DEVICES or MILES_CUDA_DEVICE), or use channel = shm or tcp"
+    )
+}
+
 fn read_line(r: &mut BufReader<&TcpStream>) -> io::Result<String> {
     let mut line = String::new();
     if r.read_line(&mut line)? == 0 {
@@ -202,11 +205,7 @@ pub(crate) fn receive(
     let ordinal = rx.gpu().map_or_else(cn::device_ordinal, Ok).map_err(|e| e.reason)?;
     let gpu = cn::gpu_uuid(ordinal).map_err(|e| unavailable("rollout engine", &e.reason))?;
     if gpu == n.trainer_gpu {
-        return Err(format!(
-            "NCCL cannot put two ranks on one GPU: this engine and the trainer are both on {gpu} (a one-GPU machine \
-             cannot use channel = nccl); give each process its own GPU (CUDA_VISIBLE_DEVICES or MILES_CUDA_DEVICE), \
-             or use channel = shm or tcp"
-        ));
+        return Err(same_gpu("this engine and the trainer", &gpu));
     }
     let id = UniqueId::from_hex(&n.id).ok_or("bad stream: the NCCL id is not 256 hex characters")?;
     let mut s: &TcpStream = sock.get_ref();
