@@ -564,10 +564,16 @@ impl Trainer for RemoteTrainer {
                         let failed = f
                             .engines
                             .iter()
-                            .position(|r| r.alive && e.message.contains(&format!("{} failed", r.reg.worker_id)));
+                            .position(|r| e.message.contains(&format!("{} failed", r.reg.worker_id)))
+                            .map(|i| (i, f.engines[i].alive));
                         (failed, f.deadlines.short.min(f.deadlines.call))
                     };
-                    let Some(i) = failed else { return Err(e) };
+                    let Some((i, alive)) = failed else { return Err(e) };
+                    // Dropped by the generation side while this update was in flight (fully_async):
+                    // publish again to the engines left.
+                    if !alive {
+                        continue;
+                    }
                     let probe = call_shared(&self.fleet, Which::Engine(i), Some(short), |mut c| async move {
                         c.health(pb::HealthRequest {}).await
                     });
