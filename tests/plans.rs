@@ -27,6 +27,38 @@ fn laptop_recipe() {
     insta::assert_snapshot!("grpo_laptop.json", miles_plan::render_json(&p));
 }
 
+/// The laptop recipe planned on a machine whose CUDA driver shows an H200 (a fake one: the
+/// planner is pure, `miles plan` passes what the driver says): `device = auto` resolves to it,
+/// the step is priced at its datasheet rates, said to be unmeasured, and the memory row is the
+/// GPU's.
+#[test]
+fn laptop_recipe_on_an_h200() {
+    use miles_plan::input::{MachineGpu, MachineGpus};
+    let c = compile(&Disk, &["recipes/grpo-laptop.miles".to_string()], &Options::default());
+    assert!(!c.has_errors(), "{:#?}", c.diagnostics);
+    let mut input = miles_plan::plan_input(&c.recipes[0]);
+    let device = input.device.as_mut().expect("a local cluster's device");
+    device.machine = Some(MachineGpus {
+        gpus: vec![MachineGpu { index: 0, name: "NVIDIA H200".into(), memory: 150_121_545_728, sm: "sm_90".into() }],
+        unavailable: None,
+    });
+    let p = miles_plan::plan(&input);
+    assert_eq!(p.summary.errors, 0);
+    let text = miles_plan::render_text(&p);
+    assert!(
+        text.contains("device: cuda:0 (device = auto: NVIDIA H200; the step time below is priced for it"),
+        "{text}"
+    );
+    assert!(!text.contains("not priced"), "{text}");
+    let json = miles_plan::render_json(&p);
+    assert!(json.contains("on the GPU NVIDIA H200 (H200 SXM datasheet, dense)"), "{json}");
+    // Priced on the GPU the same counts cost less than on one CPU thread.
+    let cpu = plan("recipes/grpo-laptop.miles", &[]);
+    assert!(p.step.as_ref().unwrap().step.seconds < cpu.step.as_ref().unwrap().step.seconds);
+    insta::assert_snapshot!("grpo_laptop_h200.txt", text);
+    insta::assert_snapshot!("grpo_laptop_h200.json", json);
+}
+
 /// The paper's reference run plans cleanly with optimizer state streamed from disk ...
 #[test]
 fn glm5_reference_plans_cleanly_with_streaming() {

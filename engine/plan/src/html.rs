@@ -103,7 +103,7 @@ fn stages_table(o: &mut String, p: &Plan) {
     for s in &p.stages {
         let cls = if s.symbol == "!" { " err" } else { "" };
         let place = match s.placed {
-            Where::Host => "host".to_string(),
+            Where::Host => crate::render::host_words(p),
             Where::Shared => format!("GPUs {} (shared with {})", ranges(&s.ranges), s.shares_with.join(", ")),
             Where::Own => format!("GPUs {}", ranges(&s.ranges)),
         };

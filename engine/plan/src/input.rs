@@ -903,6 +903,14 @@ pub const EMBEDDED_BF16_FLOPS_PER_S: f64 = 256e9;
 pub const EMBEDDED_KERNEL_S: f64 = 5e-6;
 /// `Assumptions::embedded_bytes_per_s`' default (see there).
 pub const EMBEDDED_BYTES_PER_S: f64 = 2.3e9;
+/// `Assumptions::embedded_gpu_gemm_efficiency`' default (see there).
+pub const EMBEDDED_GPU_GEMM_EFFICIENCY: f64 = 0.5;
+/// `Assumptions::embedded_gpu_kernel_s`' default (see there).
+pub const EMBEDDED_GPU_KERNEL_S: f64 = 10e-6;
+/// `Assumptions::embedded_gpu_bandwidth_efficiency`' default (see there).
+pub const EMBEDDED_GPU_BANDWIDTH_EFFICIENCY: f64 = 0.7;
+/// `Assumptions::embedded_gpu_sync_s`' default (see there).
+pub const EMBEDDED_GPU_SYNC_S: f64 = 20e-6;
 
 /// Modelling constants. Defaults are documented in docs/plan.md with their source.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -971,6 +979,23 @@ pub struct Assumptions {
     /// same 20 steps: rollout + train medians 24.7 + 134.6 ms against the model's FLOP and op
     /// terms (51.9 ms) leave 107 ms for 249 MB written: 2.3 GB/s.
     pub embedded_bytes_per_s: f64,
+    /// Step time of the embedded backend on a GPU (`local { device }` resolved to cuda:0;
+    /// docs/plan.md, "Step time on a GPU"): the share of the GPU's dense datasheet peak its GEMMs
+    /// reach (`plan/gpu.rs`: the bf16 tensor-core peak for `precision = bf16`, the fp32
+    /// non-tensor-core peak for fp32, as libtorch leaves TF32 off for matmuls). An assumption,
+    /// not measured: no GPU run of miles has been measured yet.
+    pub embedded_gpu_gemm_efficiency: f64,
+    /// Cost of one ATen op on a GPU, s: eager libtorch from Rust launches each kernel from the
+    /// host (dispatch, allocation, the launch), ~10 us, the bound of a small model whose kernels
+    /// are shorter. An assumption, not measured.
+    pub embedded_gpu_kernel_s: f64,
+    /// Share of the GPU's datasheet HBM bandwidth the non-matmul ops reach. An assumption, not
+    /// measured.
+    pub embedded_gpu_bandwidth_efficiency: f64,
+    /// A sampled token's device-to-host read of the logits on a GPU (docs/gpu.md: sampling reads
+    /// each step's logits back to the host), s: a synchronising copy, ~20 us. An assumption, not
+    /// measured.
+    pub embedded_gpu_sync_s: f64,
     /// `generate.mean_prompt_tokens`: the recipe's expected prompt length, tokens. A planning
     /// assumption the recipe states, for time only: prefill and trained tokens are priced at it,
     /// memory (KV cache, activations, buffer) stays sized for max_prompt_tokens. `None`: the
@@ -1006,6 +1031,10 @@ impl Default for Assumptions {
             embedded_bf16_flops_per_s: EMBEDDED_BF16_FLOPS_PER_S,
             embedded_kernel_s: EMBEDDED_KERNEL_S,
             embedded_bytes_per_s: EMBEDDED_BYTES_PER_S,
+            embedded_gpu_gemm_efficiency: EMBEDDED_GPU_GEMM_EFFICIENCY,
+            embedded_gpu_kernel_s: EMBEDDED_GPU_KERNEL_S,
+            embedded_gpu_bandwidth_efficiency: EMBEDDED_GPU_BANDWIDTH_EFFICIENCY,
+            embedded_gpu_sync_s: EMBEDDED_GPU_SYNC_S,
             mean_prompt_tokens: None,
             mean_response_tokens: None,
         }

@@ -12,10 +12,11 @@ pub use colocate::OFFLOAD_LINK_EFFICIENCY;
 
 mod batch;
 mod colocate;
-mod cpu;
 mod device;
 mod diffusion;
+mod embedded;
 mod episodes;
+mod gpu;
 mod layout;
 mod lengths;
 mod placement;
@@ -39,6 +40,9 @@ struct Ctx<'a> {
     pools: Vec<Pool<'a>>,
     total_gpus: u64,
     diags: Vec<Diagnostic>,
+    /// The GPU the embedded process computes on, where a `local` cluster's `device` resolved to
+    /// cuda:0 (`device::plan_device`); `None`: the host's CPU.
+    gpu: Option<gpu::Gpu>,
 }
 
 impl<'a> Ctx<'a> {
@@ -108,7 +112,7 @@ pub fn plan(input: &PlanInput) -> Plan {
         gpu = gpu.saturating_add(gpus);
         node = node.saturating_add(p.nodes.value);
     }
-    let mut cx = Ctx { input, pools, total_gpus: gpu, diags: early };
+    let mut cx = Ctx { input, pools, total_gpus: gpu, diags: early, gpu: None };
 
     let device = device::plan_device(&mut cx);
     let batch = batch::resolve_batch(&mut cx);

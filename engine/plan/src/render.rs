@@ -26,7 +26,10 @@ pub(crate) fn role_counts(p: &Plan) -> String {
         parts.push(format!("{} idle", p.summary.idle_gpus));
     }
     if parts.is_empty() {
-        "host only".into()
+        match resolved_gpu(p) {
+            Some(gpu) => format!("host only, computing on {gpu}"),
+            None => "host only".into(),
+        }
     } else {
         parts.join(", ")
     }
@@ -63,10 +66,23 @@ pub fn summary_line(p: &Plan) -> String {
     )
 }
 
+/// The host, and the GPU its embedded process computes on where a `local` cluster's `device`
+/// resolved to one.
+pub(crate) fn host_words(p: &Plan) -> String {
+    match resolved_gpu(p) {
+        Some(gpu) => format!("host ({gpu})"),
+        None => "host".into(),
+    }
+}
+
+fn resolved_gpu(p: &Plan) -> Option<&str> {
+    p.device.as_ref().and_then(|d| d.resolved.as_deref()).filter(|r| r.starts_with("cuda"))
+}
+
 /// Where a stage runs, in words.
 fn place_words(p: &Plan, s: &StagePlan) -> String {
     match s.placed {
-        Where::Host => "host".into(),
+        Where::Host => host_words(p),
         _ if s.ranges.is_empty() => "-".into(),
         _ => {
             let first = s.ranges.first().map_or(0, |r| r.first);

@@ -262,39 +262,49 @@ pub(crate) fn teacher_flops_per_token(teacher_active: f64, layers: f64, seq: f64
     2.0 * teacher_active + 2.0 * layers * seq * attn_width
 }
 
-/// Work of the embedded backend on a CPU host (docs/plan.md, "Step time on a CPU host"): matmul
-/// FLOPs, ATen ops ("kernels", each with a fixed dispatch cost) and bytes the non-matmul ops write.
+/// Work of the embedded backend (docs/plan.md, "Step time on a CPU host", "Step time on a GPU"):
+/// matmul FLOPs, ATen ops ("kernels", each with a fixed dispatch cost) and bytes the non-matmul
+/// ops write. Counted once (plan/embedded.rs), priced at a CPU's or a GPU's `Rate`.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub(crate) struct CpuWork {
+pub(crate) struct Work {
     pub flops: f64,
     pub kernels: f64,
     pub bytes: f64,
 }
 
-impl CpuWork {
-    pub(crate) fn scale(self, k: f64) -> CpuWork {
-        CpuWork { flops: self.flops * k, kernels: self.kernels * k, bytes: self.bytes * k }
+impl Work {
+    pub(crate) fn scale(self, k: f64) -> Work {
+        Work { flops: self.flops * k, kernels: self.kernels * k, bytes: self.bytes * k }
     }
 }
 
-impl std::ops::Add for CpuWork {
-    type Output = CpuWork;
-    fn add(self, o: CpuWork) -> CpuWork {
-        CpuWork { flops: self.flops + o.flops, kernels: self.kernels + o.kernels, bytes: self.bytes + o.bytes }
+impl std::ops::Add for Work {
+    type Output = Work;
+    fn add(self, o: Work) -> Work {
+        Work { flops: self.flops + o.flops, kernels: self.kernels + o.kernels, bytes: self.bytes + o.bytes }
     }
 }
 
-/// The rates `CpuWork` runs at on one libtorch thread.
+/// The rates `Work` runs at: one libtorch thread of the host (`embedded::rate`), or the GPU the
+/// process computes on (`gpu::rate`).
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub(crate) struct CpuRate {
+pub(crate) struct Rate {
+    /// Effective matmul rate, FLOP/s.
     pub flops_per_s: f64,
+    /// Cost of one ATen op, s: dispatch on the CPU; on a GPU the host-side launch, the bound
+    /// while kernels are shorter than it.
     pub kernel_s: f64,
+    /// Effective rate at which the non-matmul ops write, bytes/s.
     pub bytes_per_s: f64,
+    /// A sampled token's device-to-host read of the logits, s (0 on the CPU: nothing to copy).
+    pub sync_s: f64,
 }
 
 /// FLOPs / effective FLOP/s + kernels x per-kernel cost + bytes / effective bandwidth: libtorch's
-/// CPU ops run one after another on one thread, so their costs add.
-pub(crate) fn cpu_seconds(w: &CpuWork, r: &CpuRate) -> f64 {
+/// CPU ops run one after another on one thread, so their costs add; on a GPU eager libtorch
+/// launches the same ops one after another, and the sum is taken as the same bound (no overlap
+/// of the host's launches with the kernels is credited).
+pub(crate) fn work_seconds(w: &Work, r: &Rate) -> f64 {
     div(w.flops, r.flops_per_s) + w.kernels * r.kernel_s + div(w.bytes, r.bytes_per_s)
 }
 
@@ -435,10 +445,10 @@ mod tests {
 
     #[test]
     fn cpu_seconds_adds_the_three_terms() {
-        let w = CpuWork { flops: 2e9, kernels: 100.0, bytes: 1e8 };
-        let r = CpuRate { flops_per_s: 1e9, kernel_s: 1e-5, bytes_per_s: 1e9 };
+        let w = Work { flops: 2e9, kernels: 100.0, bytes: 1e8 };
+        let r = Rate { flops_per_s: 1e9, kernel_s: 1e-5, bytes_per_s: 1e9, sync_s: 0.0 };
         // 2 s of matmuls + 1 ms of dispatch + 0.1 s of writes.
-        assert!((cpu_seconds(&w, &r) - 2.101).abs() < 1e-12);
+        assert!((work_seconds(&w, &r) - 2.101).abs() < 1e-12);
         assert_eq!((w + w).scale(0.5), w);
     }
 

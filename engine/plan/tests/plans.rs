@@ -145,6 +145,61 @@ fn device_against_the_machine() {
     assert!(render_text(&with("cpu", MachineGpus::default())).contains("device: cpu (device = cpu)"));
 }
 
+/// On a GPU the embedded step is priced at the GPU's datasheet rates, and the line says so and
+/// that they are not measured; the embedded process's memory is checked against the GPU's
+/// (E0401, naming it), with `device = cpu` among the fixes.
+#[test]
+fn a_gpu_prices_the_step_and_bounds_the_memory() {
+    use miles_plan::input::{DeviceInput, MachineGpu, MachineGpus};
+    let on_in = |name: &str, memory: u64, precision: miles_plan::input::Precision| {
+        let mut input = load("cpu_laptop");
+        for t in input.stages.iter_mut().filter_map(|st| st.trainer.as_mut()) {
+            t.precision = miles_plan::Spanned::new(precision);
+        }
+        input.device = Some(DeviceInput {
+            asked: miles_plan::Spanned::new("auto".into()),
+            machine: Some(MachineGpus {
+                gpus: vec![MachineGpu { index: 0, name: name.into(), memory, sm: "sm_90".into() }],
+                unavailable: None,
+            }),
+            cpu_only: None,
+            cpu_bf16: None,
+        });
+        plan(&input)
+    };
+    let on = |name: &str, memory: u64| on_in(name, memory, miles_plan::input::Precision::Fp32);
+    let p = on("NVIDIA H200", 150_121_545_728);
+    let why = &p.device.as_ref().unwrap().why;
+    assert!(why.starts_with("device = auto: NVIDIA H200; the step time below is priced for it (H200 SXM datasheet, dense: fp32 (no tensor cores, TF32 off) matmuls at 67.0 TFLOP/s x 50%, HBM 4.80 TB/s x 70%, 10 us per op)"), "{why}");
+    assert!(why.ends_with("datasheet assumptions, not yet measured on a GPU"), "{why}");
+    assert!(!why.contains("not priced"), "{why}");
+    assert!(p.diagnostics.iter().all(|d| d.code != "E0401"), "{:?}", p.diagnostics);
+    let train = p.memory.iter().find(|m| m.stage == "train").unwrap();
+    assert_eq!((train.device.as_str(), train.capacity), ("NVIDIA H200", 150_121_545_728));
+
+    // bf16 GEMMs: the tensor cores' dense peak instead.
+    let p = on_in("NVIDIA H200", 150_121_545_728, miles_plan::input::Precision::Bf16);
+    let why = &p.device.as_ref().unwrap().why;
+    assert!(why.contains("dense: bf16 tensor-core matmuls at 989.5 TFLOP/s x 50%, HBM"), "{why}");
+
+    let p = on("NVIDIA GeForce GT 1030", 100_000_000);
+    assert!(p
+        .device
+        .as_ref()
+        .unwrap()
+        .why
+        .contains("is not in the plan's GPU table, so a conservative fallback (not a datasheet)"));
+    let e: Vec<_> = p.diagnostics.iter().filter(|d| d.code == "E0401").collect();
+    assert_eq!(e.len(), 1, "the warm-up's row holds the process: {:?}", p.diagnostics);
+    assert!(e[0].message.starts_with("warmup does not fit in GPU memory:"), "{}", e[0].message);
+    assert!(e[0].message.contains("NVIDIA GeForce GT 1030 has 0.1 GB usable"), "{}", e[0].message);
+    assert!(
+        e[0].help.as_deref().unwrap_or("").contains("`device = cpu` (the host, slower): 22.1 GB usable (fits)"),
+        "{:?}",
+        e[0].help
+    );
+}
+
 /// E0411: a bf16 embedded trainer on a CPU found without AVX512-BF16 or AMX is a warning naming
 /// the stage; with the instructions, or not looked at, nothing is said (the engine's case:
 /// tests/recipes.rs, this fixture has no engine).

@@ -1,7 +1,9 @@
 //! A `local` cluster's `device`: which device a run on this machine computes on, from what the
 //! recipe asks and the GPUs the caller found (docs/gpu.md). A recipe that needs a GPU the machine
-//! lacks is E0518 here, before anything starts; `auto` falls back to the CPU and says why.
+//! lacks is E0518 here, before anything starts; `auto` falls back to the CPU and says why. A
+//! GPU it resolves to prices the embedded backend's step (`Ctx::gpu`, plan/gpu.rs).
 
+use super::gpu::Gpu;
 use super::Ctx;
 use crate::input::{Backend, MachineGpus, Precision};
 use crate::output::DeviceReport;
@@ -71,12 +73,13 @@ fn resolve(cx: &mut Ctx) -> Option<DeviceReport> {
         Some(why) => why.clone(),
         None => "the CUDA driver shows no GPU (check CUDA_VISIBLE_DEVICES)".into(),
     };
-    // The step estimates below are the CPU model's (plan/cpu.rs); a GPU run is not priced yet.
-    const UNPRICED: &str = "the step time below is the CPU model's; a run on the GPU is not priced yet";
     match (asked.as_str(), usable) {
         (_, true) => {
-            let g = &m.gpus[0];
-            Some(report(Some("cuda:0"), format!("device = {asked}: {} ({UNPRICED})", g.name), lines(m)))
+            // The embedded backend's step is priced on this GPU (plan/embedded.rs at plan/gpu.rs's rates).
+            let g = Gpu::new(&m.gpus[0]);
+            let why = format!("device = {asked}: {}", priced_note(cx, &g));
+            cx.gpu = Some(g);
+            Some(report(Some("cuda:0"), why, lines(m)))
         }
         ("cuda", false) => {
             let found = m.gpus.len();
@@ -94,4 +97,34 @@ fn resolve(cx: &mut Ctx) -> Option<DeviceReport> {
         }
         _ => Some(report(Some("cpu"), format!("device = auto: {}", missing()), lines(m))),
     }
+}
+
+/// What the device line says of a GPU's pricing: its name, where its peaks come from, the peak
+/// and efficiency of each precision the embedded stages compute in, and that none of it is
+/// measured.
+fn priced_note(cx: &Ctx, g: &Gpu) -> String {
+    let a = &cx.input.assumptions;
+    let mut used = Vec::new();
+    for st in &cx.input.stages {
+        let trainer = st.trainer.as_ref().filter(|t| t.backend.value == Backend::Embedded).map(|t| t.precision.value);
+        let engine = st.engine.as_ref().filter(|e| e.embedded).map(|e| e.precision.value);
+        for p in trainer.into_iter().chain(engine) {
+            let p = if p == Precision::Fp32 { Precision::Fp32 } else { Precision::Bf16 };
+            if !used.contains(&p) {
+                used.push(p);
+            }
+        }
+    }
+    if used.is_empty() {
+        used.push(Precision::Fp32);
+    }
+    let gemms: Vec<String> = used.iter().map(|&p| g.gemm_note(a, p)).collect();
+    format!(
+        "{}; the step time below is priced for it ({}: {}, {}, {:.0} us per op): datasheet assumptions, not yet measured on a GPU",
+        g.name,
+        g.source(),
+        gemms.join(", "),
+        g.hbm_note(a),
+        a.embedded_gpu_kernel_s * 1e6
+    )
 }

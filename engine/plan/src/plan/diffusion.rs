@@ -3,15 +3,15 @@
 //! `conditions_per_step x samples_per_condition` images in micro-groups, scores each micro-group
 //! on a reward thread (streamed while the next denoises, or after the batch) and recomputes the
 //! trained denoising steps with gradients (engine/tch/src/diffusion). Memory is itemised like
-//! the embedded trainer's; time uses the CPU model of `cpu.rs` (`time::cpu_seconds`: FLOPs at
+//! the embedded trainer's; time uses the CPU model of `embedded.rs` (`time::work_seconds`: FLOPs at
 //! `embedded_flops_per_s`, ops at `embedded_kernel_s`, bytes at `embedded_bytes_per_s`). The op
-//! and element counts below are read off the engine's code, as `cpu::LAYER_KERNELS` is.
+//! and element counts below are read off the engine's code, as `embedded::LAYER_KERNELS` is.
 
-use super::cpu::{self, ADAM_BYTES_PER_PARAM, ADAM_KERNELS_PER_TENSOR, LOSS_KERNELS};
+use super::embedded::{self, ADAM_BYTES_PER_PARAM, ADAM_KERNELS_PER_TENSOR, LOSS_KERNELS};
 use super::Ctx;
 use crate::input::*;
 use crate::output::*;
-use crate::time::{cpu_seconds, CpuWork};
+use crate::time::{work_seconds, Work};
 use crate::units::{bytes_fixed, gb_fixed, params as param_count};
 use miles_grammar::diag::Diagnostic;
 
@@ -90,8 +90,8 @@ pub(crate) fn forward_elements(m: &DenoiserSpec) -> f64 {
 
 /// One denoiser forward over `rows` rows: 2 x params FLOPs per row (the record's `params`:
 /// biases, norms and the condition table are counted, an upper bound of ~1%).
-pub(crate) fn forward(m: &DenoiserSpec, rows: f64) -> CpuWork {
-    CpuWork {
+pub(crate) fn forward(m: &DenoiserSpec, rows: f64) -> Work {
+    Work {
         flops: 2.0 * m.params as f64 * rows,
         kernels: DENOISER_KERNELS + DENOISER_BLOCK_KERNELS * m.layers as f64,
         bytes: 4.0 * rows * forward_elements(m),
@@ -101,22 +101,22 @@ pub(crate) fn forward(m: &DenoiserSpec, rows: f64) -> CpuWork {
 /// The guided noise prediction and posterior mean of `images` images at one step: the forward
 /// (two rows per image under guidance), guidance's cats and combination (2 + 3 S^2 per image),
 /// the posterior mean (7 S^2 per image).
-fn step_mean(m: &DenoiserSpec, images: f64, two: bool) -> CpuWork {
+fn step_mean(m: &DenoiserSpec, images: f64, two: bool) -> Work {
     let s2 = pixels(m);
     let rows = if two { 2.0 } else { 1.0 } * images;
     let guided = if two {
-        CpuWork { flops: 0.0, kernels: GUIDED_EPS_KERNELS, bytes: 4.0 * images * 5.0 * s2 }
+        Work { flops: 0.0, kernels: GUIDED_EPS_KERNELS, bytes: 4.0 * images * 5.0 * s2 }
     } else {
-        CpuWork { flops: 0.0, kernels: 1.0, bytes: 0.0 }
+        Work { flops: 0.0, kernels: 1.0, bytes: 0.0 }
     };
-    forward(m, rows) + guided + CpuWork { flops: 0.0, kernels: POSTERIOR_MEAN_KERNELS, bytes: 4.0 * images * 7.0 * s2 }
+    forward(m, rows) + guided + Work { flops: 0.0, kernels: POSTERIOR_MEAN_KERNELS, bytes: 4.0 * images * 7.0 * s2 }
 }
 
 /// One sampler step of a micro-group (ddpm.rs `sample`): the mean, the noise (its rows, cat,
 /// x sigma, + mean: 4 S^2 per image) and the log-probability (2 S^2 per image).
-pub(crate) fn sampler_step(m: &DenoiserSpec, images: f64, two: bool) -> CpuWork {
+pub(crate) fn sampler_step(m: &DenoiserSpec, images: f64, two: bool) -> Work {
     step_mean(m, images, two)
-        + CpuWork {
+        + Work {
             flops: 0.0,
             kernels: NOISE_KERNELS + LOGPROB_KERNELS + NOISE_KERNELS_PER_IMAGE * images,
             bytes: 4.0 * images * 6.0 * pixels(m),
@@ -125,9 +125,9 @@ pub(crate) fn sampler_step(m: &DenoiserSpec, images: f64, two: bool) -> CpuWork 
 
 /// Denoising one micro-group: T sampler steps, then x_T's noise, the clamp and the finiteness
 /// check (3 S^2 per image).
-pub(crate) fn denoise_micro_group(m: &DenoiserSpec, images: f64, steps: f64, two: bool) -> CpuWork {
+pub(crate) fn denoise_micro_group(m: &DenoiserSpec, images: f64, steps: f64, two: bool) -> Work {
     sampler_step(m, images, two).scale(steps)
-        + CpuWork {
+        + Work {
             flops: 0.0,
             kernels: MICRO_GROUP_KERNELS + NOISE_KERNELS_PER_IMAGE * images,
             bytes: 4.0 * images * 3.0 * pixels(m),
@@ -136,12 +136,12 @@ pub(crate) fn denoise_micro_group(m: &DenoiserSpec, images: f64, steps: f64, two
 
 /// The forward of one trained step of one micro-group, whose graph the backward pass walks
 /// (rl.rs `accumulate_rl_gradients`): the mean with gradients, the log-probability, the
-/// clipped loss (`cpu::LOSS_KERNELS`) and with a KL term its 2 S^2 per image and ops. Its bytes
+/// clipped loss (`embedded::LOSS_KERNELS`) and with a KL term its 2 S^2 per image and ops. Its bytes
 /// are what autograd keeps until that step's backward.
-pub(crate) fn trained_step_graph(m: &DenoiserSpec, images: f64, two: bool, kl: bool) -> CpuWork {
+pub(crate) fn trained_step_graph(m: &DenoiserSpec, images: f64, two: bool, kl: bool) -> Work {
     let s2 = pixels(m);
     step_mean(m, images, two)
-        + CpuWork {
+        + Work {
             flops: 0.0,
             // The condition ids, the log-prob, the loss, and the loss / steps before backward.
             kernels: 1.0 + LOGPROB_KERNELS + LOSS_KERNELS + 1.0 + if kl { KL_KERNELS } else { 0.0 },
@@ -150,29 +150,26 @@ pub(crate) fn trained_step_graph(m: &DenoiserSpec, images: f64, two: bool, kl: b
 }
 
 /// One trained step of one micro-group: the graph's forward and its backward (2 x its FLOPs,
-/// ops and bytes: `cpu::backward`), plus the frozen reference's no-grad mean when kl_coef > 0.
-pub(crate) fn trained_step(m: &DenoiserSpec, images: f64, two: bool, kl: bool) -> CpuWork {
+/// ops and bytes: `embedded::backward`), plus the frozen reference's no-grad mean when kl_coef > 0.
+pub(crate) fn trained_step(m: &DenoiserSpec, images: f64, two: bool, kl: bool) -> Work {
     let g = trained_step_graph(m, images, two, kl);
-    let reference = if kl {
-        step_mean(m, images, two) + CpuWork { kernels: 1.0, ..CpuWork::default() }
-    } else {
-        CpuWork::default()
-    };
-    g + cpu::backward(g) + reference
+    let reference =
+        if kl { step_mean(m, images, two) + Work { kernels: 1.0, ..Work::default() } } else { Work::default() };
+    g + embedded::backward(g) + reference
 }
 
 /// AdamW over `tensors` tensors of `params` parameters (the trainer's `adam_step`, as
-/// `cpu::train_step` counts it).
-fn adam(tensors: f64, params: f64) -> CpuWork {
-    CpuWork { flops: 0.0, kernels: ADAM_KERNELS_PER_TENSOR * tensors, bytes: ADAM_BYTES_PER_PARAM * params }
+/// `embedded::train_step` counts it).
+fn adam(tensors: f64, params: f64) -> Work {
+    Work { flops: 0.0, kernels: ADAM_KERNELS_PER_TENSOR * tensors, bytes: ADAM_BYTES_PER_PARAM * params }
 }
 
 /// One pretraining step of `batch` images: forward, the denoising loss (6 S^2 per image),
 /// backward (2x), AdamW.
-pub(crate) fn pretrain_step(m: &DenoiserSpec, batch: f64) -> CpuWork {
-    let g = forward(m, batch)
-        + CpuWork { flops: 0.0, kernels: PRETRAIN_LOSS_KERNELS, bytes: 4.0 * batch * 6.0 * pixels(m) };
-    g + cpu::backward(g) + adam(denoiser_tensors(m), m.params as f64)
+pub(crate) fn pretrain_step(m: &DenoiserSpec, batch: f64) -> Work {
+    let g =
+        forward(m, batch) + Work { flops: 0.0, kernels: PRETRAIN_LOSS_KERNELS, bytes: 4.0 * batch * 6.0 * pixels(m) };
+    g + embedded::backward(g) + adam(denoiser_tensors(m), m.params as f64)
 }
 
 /// Side after the two 2x2 max-pools (floor, as libtorch's pool and reward.rs's `side / 4`).
@@ -207,7 +204,7 @@ pub(crate) fn classifier_flops(side: u64, conditions: u64) -> f64 {
 /// Scoring `images` images (reward.rs `score`): FLOPs above, `CLASSIFIER_KERNELS` ops, and the
 /// fp32 outputs: the pixel copy (S^2), conv1 and its ReLU (2 C1 S^2), the pool, conv2 and ReLU
 /// (C1 + 2 C2 (S/2)^2), the pool (C2 (S/4)^2), fc1 and ReLU (128), fc2, temperature, softmax (3K).
-pub(crate) fn classifier_forward(side: u64, conditions: u64, images: f64) -> CpuWork {
+pub(crate) fn classifier_forward(side: u64, conditions: u64, images: f64) -> Work {
     let (p1, p2) = pooled(side);
     let s2 = side * side;
     let elements = s2
@@ -217,7 +214,7 @@ pub(crate) fn classifier_forward(side: u64, conditions: u64, images: f64) -> Cpu
         + CLS_C2 * p2 * p2
         + 2 * CLS_HIDDEN
         + 3 * conditions;
-    CpuWork {
+    Work {
         flops: images * classifier_flops(side, conditions),
         kernels: CLASSIFIER_KERNELS,
         bytes: 4.0 * images * elements as f64,
@@ -225,8 +222,8 @@ pub(crate) fn classifier_forward(side: u64, conditions: u64, images: f64) -> Cpu
 }
 
 /// An analytic term over `images` images: `finite_rows`' ops and its pixel copy.
-fn analytic(m: &DenoiserSpec, images: f64) -> CpuWork {
-    CpuWork { flops: 0.0, kernels: ANALYTIC_KERNELS, bytes: 4.0 * images * pixels(m) }
+fn analytic(m: &DenoiserSpec, images: f64) -> Work {
+    Work { flops: 0.0, kernels: ANALYTIC_KERNELS, bytes: 4.0 * images * pixels(m) }
 }
 
 /// The rollout of `n` micro-groups of denoising time `d` and scoring time `r` each: with every
@@ -247,7 +244,7 @@ pub(crate) fn trajectory_bytes(m: &DenoiserSpec, images: u64, steps: u64) -> f64
     i * ((2.0 * t + 1.0) * pixels(m) * 4.0 + t * 8.0)
 }
 
-fn work_note(w: &CpuWork, per: &str) -> String {
+fn work_note(w: &Work, per: &str) -> String {
     format!("{:.3e} matmul FLOPs, {:.0} ops, {} written {per}", w.flops, w.kernels, bytes_fixed(w.bytes))
 }
 
@@ -269,7 +266,7 @@ pub(super) fn plan_diffusion(cx: &mut Ctx, d: &Diffusion, memory: &mut Vec<Memor
     let input = cx.input;
     let host = input.cluster.host.as_ref().filter(|_| input.cluster.pools.is_empty())?;
     let a = &input.assumptions;
-    let r = cpu::rate(a);
+    let r = embedded::rate(a);
     let m = &d.model;
     let t = d.rollout.steps.max(1);
     let mg = d.rollout.micro_group.max(1);
@@ -285,7 +282,7 @@ pub(super) fn plan_diffusion(cx: &mut Ctx, d: &Diffusion, memory: &mut Vec<Memor
 
     // Denoising: n micro-groups of mg images, one after another on the main thread.
     let dmg = denoise_micro_group(m, mg as f64, t as f64, two);
-    let d_s = cpu_seconds(&dmg, &r);
+    let d_s = work_seconds(&dmg, &r);
     let denoise_work = dmg.scale(n as f64);
     let denoise = Estimate {
         seconds: d_s * n as f64,
@@ -321,7 +318,7 @@ pub(super) fn plan_diffusion(cx: &mut Ctx, d: &Diffusion, memory: &mut Vec<Memor
                 work_note(&denoise_work, "per RL step"),
                 ms(d_s)
             ),
-            cpu::rate_note(&r),
+            embedded::rate_note(&r),
         ],
     };
 
@@ -332,7 +329,7 @@ pub(super) fn plan_diffusion(cx: &mut Ctx, d: &Diffusion, memory: &mut Vec<Memor
         if rw.analytic {
             w = w + analytic(m, mg as f64);
         }
-        let compute = cpu_seconds(&w, &r);
+        let compute = work_seconds(&w, &r);
         let per = compute + rw.extra_cost_s;
         let mut notes = vec![
             format!(
@@ -368,13 +365,13 @@ pub(super) fn plan_diffusion(cx: &mut Ctx, d: &Diffusion, memory: &mut Vec<Memor
         let opt = adam(denoiser_tensors(m), m.params as f64);
         let w = per.scale((n * trained) as f64)
             + opt
-            + CpuWork { kernels: n as f64, ..CpuWork::default() };
+            + Work { kernels: n as f64, ..Work::default() };
         let graph = trained_step_graph(m, mg as f64, two, kl);
         Estimate {
-            seconds: cpu_seconds(&w, &r),
+            seconds: work_seconds(&w, &r),
             assumptions: vec![
                 format!(
-                    "{n} micro-group(s) x {trained} trained step(s) of {t} x {mg} images: the step's mean with gradients ({f} row(s) per image), log-prob ({LOGPROB_KERNELS} ops), clipped loss ({LOSS_KERNELS} ops, cpu.rs LOSS_KERNELS){}; backward 2x its FLOPs, ops and bytes",
+                    "{n} micro-group(s) x {trained} trained step(s) of {t} x {mg} images: the step's mean with gradients ({f} row(s) per image), log-prob ({LOGPROB_KERNELS} ops), clipped loss ({LOSS_KERNELS} ops, embedded.rs LOSS_KERNELS){}; backward 2x its FLOPs, ops and bytes",
                     if kl { format!(" + KL ({KL_KERNELS} ops)") } else { String::new() }
                 ),
                 if kl {
@@ -383,13 +380,13 @@ pub(super) fn plan_diffusion(cx: &mut Ctx, d: &Diffusion, memory: &mut Vec<Memor
                     "kl_coef 0: no reference forward".into()
                 },
                 format!(
-                    "AdamW: {} ops x {:.0} tensors, {} B per parameter (as cpu.rs)",
+                    "AdamW: {} ops x {:.0} tensors, {} B per parameter (as embedded.rs)",
                     ADAM_KERNELS_PER_TENSOR,
                     denoiser_tensors(m),
                     ADAM_BYTES_PER_PARAM
                 ),
                 format!("{}; one trained step's graph {:.2} MB", work_note(&w, "per RL step"), graph.bytes / 1e6),
-                cpu::rate_note(&r),
+                embedded::rate_note(&r),
             ],
         }
     });
@@ -409,7 +406,7 @@ pub(super) fn plan_diffusion(cx: &mut Ctx, d: &Diffusion, memory: &mut Vec<Memor
         }
         let extra = d.reward.as_ref().map_or(0.0, |rw| rw.extra_cost_s);
         Estimate {
-            seconds: cpu_seconds(&w, &r) + extra,
+            seconds: work_seconds(&w, &r) + extra,
             assumptions: vec![
                 format!(
                     "{} held-out images denoised at once ({t} steps), scored (extra_cost once){}; every {} steps and at step 0, not in the step time",
@@ -426,7 +423,7 @@ pub(super) fn plan_diffusion(cx: &mut Ctx, d: &Diffusion, memory: &mut Vec<Memor
     let pretrain = d.pretrain.as_ref().map(|p| {
         let w = pretrain_step(m, p.batch as f64).scale(p.steps as f64);
         Estimate {
-            seconds: cpu_seconds(&w, &r),
+            seconds: work_seconds(&w, &r),
             assumptions: vec![
                 format!(
                     "{} steps x {} images: forward + denoising loss ({PRETRAIN_LOSS_KERNELS} ops, 6 side^2 per image) + backward (2x) + AdamW; the domain's images (drawn in Rust) not counted",
@@ -441,10 +438,10 @@ pub(super) fn plan_diffusion(cx: &mut Ctx, d: &Diffusion, memory: &mut Vec<Memor
     let classifiers = (cls_steps + judge_steps > 0).then(|| {
         let b = CLASSIFIER_BATCH as f64;
         let fwd = classifier_forward(m.side, m.conditions, b);
-        let step = fwd + cpu::backward(fwd) + adam(CLS_TENSORS, cls_params as f64);
+        let step = fwd + embedded::backward(fwd) + adam(CLS_TENSORS, cls_params as f64);
         let w = step.scale((cls_steps + judge_steps) as f64);
         Estimate {
-            seconds: cpu_seconds(&w, &r),
+            seconds: work_seconds(&w, &r),
             assumptions: vec![
                 format!(
                     "{} x {CLASSIFIER_BATCH} images: forward + backward (2x) + Adam over {CLS_TENSORS} tensors; the domain's images not counted",
@@ -684,8 +681,8 @@ mod tests {
         DenoiserSpec { side: 4, conditions: 2, hidden: 8, layers: 1, params: 552 }
     }
 
-    fn work(flops: f64, kernels: f64, bytes: f64) -> CpuWork {
-        CpuWork { flops, kernels, bytes }
+    fn work(flops: f64, kernels: f64, bytes: f64) -> Work {
+        Work { flops, kernels, bytes }
     }
 
     #[test]
@@ -877,19 +874,18 @@ mod tests {
     #[test]
     fn step_phases_follow_the_cpu_model() {
         let a = Assumptions::default();
-        let r = cpu::rate(&a);
+        let r = embedded::rate(&a);
         let m = tiny();
         let p = crate::plan(&input(0.0, true));
         let d = p.diffusion.as_ref().unwrap();
         // Denoise: 2 micro-groups of 2 images x 3 steps.
-        let dmg = cpu_seconds(&denoise_micro_group(&m, 2.0, 3.0, true), &r);
+        let dmg = work_seconds(&denoise_micro_group(&m, 2.0, 3.0, true), &r);
         assert!((d.denoise_micro_group_s - dmg).abs() < 1e-15);
         assert!((d.step.denoise_s - 2.0 * dmg).abs() < 1e-15);
         // Train FLOPs: 2 micro-groups x 3 steps x (3 x 4 rows + 4 reference rows) x 1104.
         let w = trained_step(&m, 2.0, true, true);
         assert_eq!(w.flops, 16.0 * 1104.0);
-        let train =
-            cpu_seconds(&(w.scale(6.0) + adam(15.0, 552.0) + CpuWork { kernels: 2.0, ..CpuWork::default() }), &r);
+        let train = work_seconds(&(w.scale(6.0) + adam(15.0, 552.0) + Work { kernels: 2.0, ..Work::default() }), &r);
         assert!((d.step.train_s - train).abs() < 1e-15);
         // The step is the report's: rollout + train, nothing for sync.
         let st = p.step.as_ref().unwrap();

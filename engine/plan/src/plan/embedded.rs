@@ -1,13 +1,31 @@
-//! Step time of the embedded backend on a CPU-only host (docs/plan.md, "Step time on a CPU
-//! host"). libtorch on one thread runs every op to completion, so a pass costs the sum of its
-//! ops: matmul FLOPs at an effective rate, a fixed dispatch cost per op ("kernel"), and the
-//! bytes the non-matmul ops write at an effective rate. At 0.1M parameters the last two dominate
-//! (bench/RESULTS.md, "Profile of a miles GRPO step"); matmuls take over from ~10M parameters.
+//! Step time of the embedded backend (docs/plan.md, "Step time on a CPU host", "Step time on a
+//! GPU"): the work of each pass counted once, here, and priced at the rate of where the process
+//! computes (`On`). libtorch on one CPU thread runs every op to completion, so a pass costs the
+//! sum of its ops: matmul FLOPs at an effective rate, a fixed dispatch cost per op ("kernel"),
+//! and the bytes the non-matmul ops write at an effective rate. At 0.1M parameters the last two
+//! dominate (bench/RESULTS.md, "Profile of a miles GRPO step"); matmuls take over from ~10M
+//! parameters. On a GPU (`gpu::rate`) the same counts are priced at the GPU's datasheet peaks and
+//! a host-side launch per op, plus a logits read-back per sampled token.
 
+use super::gpu::{self, Gpu};
 use crate::input::*;
 use crate::model::{self, div};
 use crate::output::Estimate;
-use crate::time::{cpu_seconds, CpuRate, CpuWork};
+use crate::time::{work_seconds, Rate, Work};
+
+/// Where the embedded process computes, as the plan prices its work: the host's one libtorch
+/// thread, or the GPU a `local` cluster's `device` resolved to (`Ctx::gpu`).
+#[derive(Clone, Copy, Debug)]
+pub(super) enum On<'a> {
+    Cpu,
+    Gpu(&'a Gpu),
+}
+
+impl<'a> On<'a> {
+    pub(super) fn of(cx: &'a super::Ctx) -> On<'a> {
+        cx.gpu.as_ref().map_or(On::Cpu, On::Gpu)
+    }
+}
 
 /// ATen ops of one decoder layer's forward, counted in `Policy::hidden` (no biases, no q/k
 /// norms): RMSNorm, the q|k|v weight cat and GEMM, rotary (neg, cat, two muls, add), the
@@ -79,7 +97,7 @@ fn layer_kernels(m: &ModelSpec) -> f64 {
 /// keys x q; kernels counted per layer and head; bytes: the FP32 tensors the forward writes,
 /// `model::embedded_layer_elements` per layer (a decode step also copies the repeated cache,
 /// 2 q per key) plus the head's.
-pub(crate) fn forward(m: &ModelSpec, p: &Pass) -> CpuWork {
+pub(crate) fn forward(m: &ModelSpec, p: &Pass) -> Work {
     let tokens = p.rows * p.tokens;
     let layers = m.layers as f64;
     let d = m.hidden_size as f64;
@@ -114,32 +132,42 @@ pub(crate) fn forward(m: &ModelSpec, p: &Pass) -> CpuWork {
             }
         }
     }
-    CpuWork { flops: tokens * flops, kernels, bytes: 4.0 * tokens * per_token }
+    Work { flops: tokens * flops, kernels, bytes: 4.0 * tokens * per_token }
 }
 
 /// A backward pass: twice the forward's FLOPs (input and weight gradients), kernels and bytes.
 /// With LoRA the frozen base needs no weight gradients; not modelled (an upper bound).
-pub(crate) fn backward(fwd: CpuWork) -> CpuWork {
+pub(crate) fn backward(fwd: Work) -> Work {
     fwd.scale(2.0)
 }
 
-pub(crate) fn rate(a: &Assumptions) -> CpuRate {
-    CpuRate { flops_per_s: a.embedded_flops_per_s, kernel_s: a.embedded_kernel_s, bytes_per_s: a.embedded_bytes_per_s }
-}
-
-/// `rate` with GEMMs in `gemm`: bf16 ones at `embedded_bf16_flops_per_s`.
-fn rate_in(a: &Assumptions, gemm: Precision) -> (CpuRate, &'static str) {
-    match gemm {
-        Precision::Bf16 => (CpuRate { flops_per_s: a.embedded_bf16_flops_per_s, ..rate(a) }, "bf16 "),
-        _ => (rate(a), ""),
+pub(crate) fn rate(a: &Assumptions) -> Rate {
+    Rate {
+        flops_per_s: a.embedded_flops_per_s,
+        kernel_s: a.embedded_kernel_s,
+        bytes_per_s: a.embedded_bytes_per_s,
+        sync_s: 0.0,
     }
 }
 
-pub(super) fn rate_note(r: &CpuRate) -> String {
+/// The rate of `on` with GEMMs in `gemm`, and what it assumed in words. On the CPU: `rate`, bf16
+/// GEMMs at `embedded_bf16_flops_per_s`; on a GPU: `gpu::rate`.
+pub(super) fn rate_in(a: &Assumptions, on: On, gemm: Precision) -> (Rate, String) {
+    match (on, gemm) {
+        (On::Gpu(g), _) => (gpu::rate(a, g, gemm), gpu::rate_note(a, g, gemm)),
+        (On::Cpu, Precision::Bf16) => {
+            let r = Rate { flops_per_s: a.embedded_bf16_flops_per_s, ..rate(a) };
+            (r, rate_note_in(&r, "bf16 "))
+        }
+        (On::Cpu, _) => (rate(a), rate_note(&rate(a))),
+    }
+}
+
+pub(super) fn rate_note(r: &Rate) -> String {
     rate_note_in(r, "")
 }
 
-fn rate_note_in(r: &CpuRate, gemm: &str) -> String {
+fn rate_note_in(r: &Rate, gemm: &str) -> String {
     format!(
         "one libtorch thread (miles run --threads 1; a recipe cannot set threads): {gemm}matmuls at {:.0} GFLOP/s, {:.0} us per op, other ops write at {:.1} GB/s",
         r.flops_per_s / 1e9,
@@ -156,6 +184,7 @@ fn rate_note_in(r: &CpuRate, gemm: &str) -> String {
 #[allow(clippy::too_many_arguments)]
 pub(super) fn train_step(
     a: &Assumptions,
+    on: On,
     m: &ModelSpec,
     t: &Trainer,
     global: Option<u64>,
@@ -166,7 +195,7 @@ pub(super) fn train_step(
     lengths: Option<&super::lengths::Lengths>,
 ) -> (Estimate, f64, f64) {
     // The embedded trainer's `precision` is its GEMMs' (its weights stay fp32).
-    let (r, gemm) = rate_in(a, t.precision.value);
+    let (r, rate_note) = rate_in(a, on, t.precision.value);
     // Priced at the expected sequence (a micro-batch pads to its longest, so this is low when
     // lengths vary much); memory stays at seq_len (`train_mem`).
     let seq = lengths.map_or(t.seq_len.value as f64, |l| l.sequence(t.seq_len.value));
@@ -187,13 +216,13 @@ pub(super) fn train_step(
     let fwd = forward(m, &pass(micro, true, false));
     let policy = (fwd + backward(fwd)).scale(micros);
     let no_grad = forward(m, &pass(micro, false, false)).scale(micros);
-    let old = if steps_per_rollout > 1 { no_grad } else { CpuWork::default() };
-    let reference = if kl_reference { no_grad } else { CpuWork::default() };
+    let old = if steps_per_rollout > 1 { no_grad } else { Work::default() };
+    let reference = if kl_reference { no_grad } else { Work::default() };
     let params = match lora {
         Some(lo) => model::lora_params(m, lo).other + model::lora_params(m, lo).routed,
         None => m.params as f64,
     };
-    let mut adam = CpuWork {
+    let mut adam = Work {
         flops: 0.0,
         kernels: ADAM_KERNELS_PER_TENSOR * trainable_tensors(m, lora),
         bytes: ADAM_BYTES_PER_PARAM * params,
@@ -202,22 +231,22 @@ pub(super) fn train_step(
         let c = forward(m, &pass(micro, false, true));
         let cp = model::critic_spec(m).params as f64;
         adam = adam
-            + CpuWork {
+            + Work {
                 flops: 0.0,
                 kernels: ADAM_KERNELS_PER_TENSOR * trainable_tensors(m, None),
                 bytes: ADAM_BYTES_PER_PARAM * cp,
             };
         (c + c + backward(c)).scale(micros)
     } else {
-        CpuWork::default()
+        Work::default()
     };
-    let teacher_work = t.teacher.as_ref().map_or(CpuWork::default(), |tm| {
+    let teacher_work = t.teacher.as_ref().map_or(Work::default(), |tm| {
         forward(tm, &Pass { lora: None, entropy_in_loss: false, ..pass(micro, false, false) }).scale(micros)
     });
     let total = policy + old + reference + critic_work + teacher_work + adam;
-    let seconds = cpu_seconds(&total, &r);
-    let critic_s = cpu_seconds(&critic_work, &r);
-    let teacher_s = cpu_seconds(&teacher_work, &r);
+    let seconds = work_seconds(&total, &r);
+    let critic_s = work_seconds(&critic_work, &r);
+    let teacher_s = work_seconds(&teacher_work, &r);
     let mut notes = vec![
         format!(
             "{} micro-batch(es) of {} x seq {}: forward with loss + backward (2x its FLOPs, ops and bytes){}{}",
@@ -237,7 +266,7 @@ pub(super) fn train_step(
             total.kernels,
             total.bytes / 1e6
         ),
-        rate_note_in(&r, gemm),
+        rate_note,
     ];
     if critic {
         notes.push(format!("critic: values + value loss forward and backward: {:.3} s of the step", critic_s));
@@ -274,7 +303,8 @@ pub(super) fn rollout(
 ) -> Option<Estimate> {
     let input = cx.input;
     let e = input.stages.iter().filter(|s| s.role == Role::Rollout).find_map(|s| s.engine.as_ref())?;
-    let (r, gemm) = rate_in(&input.assumptions, if e.embedded { e.precision.value } else { Precision::Fp32 });
+    let on = On::of(cx);
+    let (r, rate_note) = rate_in(&input.assumptions, on, if e.embedded { e.precision.value } else { Precision::Fp32 });
     let lengths = super::lengths::plan_lengths(cx);
     let (prompts, samples) = (b.rollout_batch as f64, b.samples_per_rollout as f64);
     // The prompt block pads to the batch's longest prompt; priced at the expected one.
@@ -317,7 +347,10 @@ pub(super) fn rollout(
     if turns > 1.0 {
         work = work + forward(m, &pass(later_rows, 1.0, context, true)).scale(steps * (turns - 1.0));
     }
-    let seconds = cpu_seconds(&work, &r);
+    // Each call samples its prefill's token and one per decode step, each a read of the logits
+    // back to the host on a GPU (`Rate::sync_s`, 0 on the CPU).
+    let sampled = (steps + 1.0) * turns;
+    let seconds = work_seconds(&work, &r) + sampled * r.sync_s;
     let mut assumptions = vec![
         format!(
             "embedded engine: {} prompts prefilled ({} tokens), {} samples x {} decode steps of one token{}",
@@ -346,26 +379,49 @@ pub(super) fn rollout(
                 "every response full length"
             }
         ),
-        rate_note_in(&r, gemm),
+        rate_note,
     ];
+    if r.sync_s > 0.0 {
+        assumptions.push(format!(
+            "{sampled:.0} sampling steps (each call's prefill and decode steps), each a device-to-host read of the logits: {:.1} ms of the rollout",
+            sampled * r.sync_s * 1e3
+        ));
+    }
     super::lengths::note_into(lengths.as_ref(), &mut assumptions);
     Some(Estimate { seconds, assumptions })
 }
 
 /// The local handoff in the embedded process: each tensor of the update (the weights, or the
-/// adapters under LoRA) copied into the engine's, read + write at the host's memory bandwidth,
-/// one op per tensor.
-pub(super) fn sync(a: &Assumptions, host: &HostSpec, m: &ModelSpec, lora: Option<&Lora>, bytes: f64) -> Estimate {
+/// adapters under LoRA) copied into the engine's, read + write at the host's memory bandwidth
+/// (on a GPU: device to device at its HBM's, `embedded_gpu_bandwidth_efficiency` of it), one op
+/// per tensor.
+pub(super) fn sync(
+    a: &Assumptions,
+    on: On,
+    host: &HostSpec,
+    m: &ModelSpec,
+    lora: Option<&Lora>,
+    bytes: f64,
+) -> Estimate {
     let tensors = trainable_tensors(m, lora);
-    let seconds = div(2.0 * bytes, host.memory_bandwidth) + tensors * a.embedded_kernel_s;
+    let (bw, kernel_s, path, source) = match on {
+        On::Cpu => (host.memory_bandwidth, a.embedded_kernel_s, String::new(), String::new()),
+        On::Gpu(g) => (
+            g.peaks.hbm * a.embedded_gpu_bandwidth_efficiency,
+            a.embedded_gpu_kernel_s,
+            format!(" device to device on {}", g.name),
+            format!(" ({}, {}; not measured)", g.hbm_note(a), g.source()),
+        ),
+    };
+    let seconds = div(2.0 * bytes, bw) + tensors * kernel_s;
     Estimate {
         seconds,
         assumptions: vec![format!(
-            "local handoff: {:.2} MB in {:.0} tensors copied (read + write) at {:.0} GB/s, {:.0} us per copy",
+            "local handoff: {:.2} MB in {:.0} tensors copied{path} (read + write) at {:.0} GB/s{source}, {:.0} us per copy",
             bytes / 1e6,
             tensors,
-            host.memory_bandwidth / 1e9,
-            a.embedded_kernel_s * 1e6
+            bw / 1e9,
+            kernel_s * 1e6
         )],
     }
 }
@@ -373,7 +429,7 @@ pub(super) fn sync(a: &Assumptions, host: &HostSpec, m: &ModelSpec, lora: Option
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::time::{cpu_seconds, CpuRate};
+    use crate::time::{work_seconds, Rate};
 
     /// A 1-layer model: d 4, one head of 4, MLP 8, vocab 10, 100 active parameters.
     fn tiny() -> ModelSpec {
@@ -416,9 +472,94 @@ mod tests {
         // head 3d + vocab = 22: 118 x 2 tokens x 4 B.
         assert_eq!(w.bytes, 944.0);
         // At 1 GFLOP/s, 5 us per op, 1 GB/s: 464 ns + 180 us + 944 ns.
-        let r = CpuRate { flops_per_s: 1e9, kernel_s: 5e-6, bytes_per_s: 1e9 };
-        assert!((cpu_seconds(&w, &r) - (464e-9 + 180e-6 + 944e-9)).abs() < 1e-15);
+        let r = Rate { flops_per_s: 1e9, kernel_s: 5e-6, bytes_per_s: 1e9, sync_s: 0.0 };
+        assert!((work_seconds(&w, &r) - (464e-9 + 180e-6 + 944e-9)).abs() < 1e-15);
         // A backward pass doubles all three.
         assert_eq!(backward(w), w.scale(2.0));
+    }
+
+    /// A dense 8B decoder (Qwen3-8B's shape).
+    fn dense_8b() -> ModelSpec {
+        ModelSpec {
+            name: "8b".into(),
+            params: 8_200_000_000,
+            active_params: 8_200_000_000,
+            layers: 36,
+            dense_layers: 36,
+            hidden_size: 4096,
+            heads: 32,
+            kv_heads: 8,
+            head_dim: 128,
+            vocab: 151_936,
+            experts: 0,
+            top_k: 0,
+            attention: Attention::Gqa,
+            kv_lora_rank: None,
+            qk_rope_head_dim: None,
+            intermediate_size: Some(12_288),
+            tied_embeddings: Some(false),
+            ..crate::fixtures::glm5()
+        }
+    }
+
+    /// The three terms of `work_seconds` apart: FLOPs, ops, bytes.
+    fn terms(w: &Work, r: &Rate) -> (f64, f64, f64) {
+        (w.flops / r.flops_per_s, w.kernels * r.kernel_s, w.bytes / r.bytes_per_s)
+    }
+
+    fn h200() -> Gpu {
+        Gpu::new(&MachineGpu { index: 0, name: "NVIDIA H200".into(), memory: 150_121_545_728, sm: "sm_90".into() })
+    }
+
+    /// The same counts priced on a GPU: a tiny model's pass is its ops' launches, an 8B model's
+    /// training pass its matmuls (bf16 tensor cores or fp32 without them).
+    #[test]
+    fn on_a_gpu_a_small_model_is_launch_bound_and_a_large_one_flop_bound() {
+        let a = Assumptions::default();
+        let g = h200();
+        let pass = |rows: f64, tokens: f64, loss: bool| Pass {
+            rows,
+            tokens,
+            keys: tokens,
+            decode: false,
+            loss,
+            critic: false,
+            lora: None,
+            entropy_in_loss: false,
+        };
+        for p in [Precision::Bf16, Precision::Fp32] {
+            let (r, note) = rate_in(&a, On::Gpu(&g), p);
+            assert!(note.contains("NVIDIA H200 (H200 SXM datasheet, dense)"), "{note}");
+            let small = forward(&tiny(), &pass(32.0, 16.0, true));
+            let (f, k, b) = terms(&small, &r);
+            assert!(k > 100.0 * (f + b), "{p:?}: flops {f:e} s, ops {k:e} s, bytes {b:e} s");
+            let w = forward(&dense_8b(), &pass(4.0, 2048.0, true));
+            let large = w + backward(w);
+            let (f, k, b) = terms(&large, &r);
+            assert!(f > 2.0 * (k + b), "{p:?}: flops {f:e} s, ops {k:e} s, bytes {b:e} s");
+        }
+        // bf16 GEMMs run at the tensor cores' peak, fp32 ones at the fp32 peak: ~15x apart.
+        let bf16 = rate_in(&a, On::Gpu(&g), Precision::Bf16).0;
+        let fp32 = rate_in(&a, On::Gpu(&g), Precision::Fp32).0;
+        assert!((bf16.flops_per_s / fp32.flops_per_s - 989.5 / 67.0).abs() < 1e-9);
+        // The CPU's rate is unchanged by the GPU's: no logits to read back.
+        assert_eq!(rate_in(&a, On::Cpu, Precision::Fp32).0, rate(&a));
+        assert_eq!(rate(&a).sync_s, 0.0);
+    }
+
+    /// The GPU's launch cost is its own assumption: the same ops cost 10 us each there, 5 us on
+    /// one CPU thread, and a decode step's logits read back adds `embedded_gpu_sync_s`.
+    #[test]
+    fn gpu_rates_are_the_assumptions_they_name() {
+        let a = Assumptions::default();
+        let g = h200();
+        let (r, _) = rate_in(&a, On::Gpu(&g), Precision::Bf16);
+        assert_eq!((r.kernel_s, r.sync_s), (a.embedded_gpu_kernel_s, a.embedded_gpu_sync_s));
+        assert_eq!(rate_in(&a, On::Cpu, Precision::Bf16).0.kernel_s, a.embedded_kernel_s);
+        let host = HostSpec { name: "host".into(), cpus: 16, memory: 64 << 30, memory_bandwidth: 50e9, fp32: None };
+        let cpu = sync(&a, On::Cpu, &host, &tiny(), None, 1e9);
+        let gpu = sync(&a, On::Gpu(&g), &host, &tiny(), None, 1e9);
+        assert!(gpu.seconds < cpu.seconds / 10.0, "{} vs {}", gpu.seconds, cpu.seconds);
+        assert!(gpu.assumptions[0].contains("device to device on NVIDIA H200"), "{:?}", gpu.assumptions);
     }
 }

@@ -297,7 +297,7 @@ pub(super) fn plan_trainer(
         ep: t.ep.value,
         dp,
         // The embedded trainer keeps fp32 weights, gradients and Adam state: its `precision` is
-        // its GEMMs' (`TrainMem::gemm_casts`, `cpu::train_step`).
+        // its GEMMs' (`TrainMem::gemm_casts`, `embedded::train_step`).
         precision: if t.backend.value == Backend::Embedded { Precision::Fp32 } else { t.precision.value },
     };
     if l.backend == Backend::Megatron && !(l.tp * l.cp * l.dp).is_multiple_of(l.etp() * l.ep) {
@@ -311,9 +311,14 @@ pub(super) fn plan_trainer(
         return None;
     }
     let device = cx.device(&pl.ranges);
-    let (dev_name, capacity, usable_share) = match (device, &cx.input.cluster.host) {
-        (Some(g), _) if !on_host => (g.name.clone(), g.hbm, a.usable_hbm),
-        (_, Some(h)) => (h.name.clone(), h.memory, a.usable_hbm),
+    // The embedded process on a `local` cluster whose device resolved to a GPU keeps every tensor
+    // there (docs/gpu.md): its memory is checked against that GPU's, as the driver reports it.
+    let on_gpu =
+        cx.gpu.as_ref().filter(|_| on_host && l.backend == Backend::Embedded).map(|g| (g.name.clone(), g.memory));
+    let (dev_name, capacity, usable_share) = match (device, &cx.input.cluster.host, &on_gpu) {
+        (Some(g), _, _) if !on_host => (g.name.clone(), g.hbm, a.usable_hbm),
+        (_, _, Some((name, memory))) => (name.clone(), *memory, a.usable_hbm),
+        (_, Some(h), _) => (h.name.clone(), h.memory, a.usable_hbm),
         _ => return None,
     };
     let usable = capacity as f64 * usable_share;
@@ -522,7 +527,20 @@ pub(super) fn plan_trainer(
     }
     if !fits {
         let over = total - usable;
-        let fixes = train_fixes(cx, m, &l, t, critic, global, &mem, usable, gpus, &stream_cost, &cpu_cost);
+        let mut fixes = train_fixes(cx, m, &l, t, critic, global, &mem, usable, gpus, &stream_cost, &cpu_cost);
+        if let (Some(_), Some(h)) = (&on_gpu, &cx.input.cluster.host) {
+            // On the GPU of a `local` cluster: the host's memory is the other place it can run.
+            let host_usable = h.memory as f64 * usable_share;
+            fixes.push(format!(
+                "`device = cpu` (the host, slower): {} usable ({})",
+                gb_fixed(host_usable),
+                if total <= host_usable {
+                    "fits".to_string()
+                } else {
+                    format!("still {} over", gb_fixed(total - host_usable))
+                }
+            ));
+        }
         let mut d = Diagnostic::error(
             "E0401",
             format!(
@@ -651,8 +669,10 @@ pub(super) fn plan_trainer(
     let (step, critic_s, teacher_s, cpu) = match (cpu_host, host) {
         (Some(hs), Some(h)) => {
             let spr = batch.map_or(1, |b| b.steps_per_rollout);
-            let (est, critic_s, teacher_s) = super::cpu::train_step(
+            let on = super::embedded::On::of(cx);
+            let (est, critic_s, teacher_s) = super::embedded::train_step(
                 a,
+                on,
                 m,
                 t,
                 global,
@@ -662,9 +682,9 @@ pub(super) fn plan_trainer(
                 h.entropy_in_loss,
                 lengths.as_ref(),
             );
-            let rollout = batch.and_then(|b| super::cpu::rollout(cx, m, b, t.lora.as_ref()));
+            let rollout = batch.and_then(|b| super::embedded::rollout(cx, m, b, t.lora.as_ref()));
             let bytes = lora.as_ref().map_or(m.params as f64 * l.precision.bytes(), |lo| lo.sync_bytes as f64);
-            let sync = super::cpu::sync(a, hs, m, t.lora.as_ref(), bytes);
+            let sync = super::embedded::sync(a, on, hs, m, t.lora.as_ref(), bytes);
             (est, critic_s, teacher_s, Some(CpuSide { rollout, sync }))
         }
         _ => (gpu_step, critic_s, teacher_s, None),
