@@ -59,13 +59,13 @@ impl PlanFile {
             run_spec: None,
             diffusion_spec: None,
         }
-        .with_job(crate::runspec::job(recipe).ok())
+        .with_job(crate::runspec::run_job(recipe).ok())
     }
 
-    fn with_job(mut self, job: Option<crate::runspec::Job>) -> PlanFile {
+    fn with_job(mut self, job: Option<crate::runspec::RunJob>) -> PlanFile {
         match job {
-            Some(crate::runspec::Job::Lm(s)) => self.run_spec = Some(*s),
-            Some(crate::runspec::Job::Diffusion(s)) => self.diffusion_spec = Some(*s),
+            Some(crate::runspec::RunJob::Lm(s)) => self.run_spec = Some(*s),
+            Some(crate::runspec::RunJob::Diffusion(s)) => self.diffusion_spec = Some(*s),
             None => {}
         }
         self
@@ -73,7 +73,7 @@ impl PlanFile {
 }
 
 /// Reads a saved plan for `miles run --plan`: refuses it when a source changed since planning.
-pub fn load_for_run(path: &std::path::Path) -> Result<(crate::runspec::Job, String), u8> {
+pub fn load_for_run(path: &std::path::Path) -> Result<(crate::runspec::RunJob, String), u8> {
     let refuse = |msg: String| {
         eprintln!("error[E0512]: {msg}\n  help: plan again: miles plan RECIPE --out {}", path.display());
         1u8
@@ -99,8 +99,8 @@ pub fn load_for_run(path: &std::path::Path) -> Result<(crate::runspec::Job, Stri
         }
     }
     match (file.run_spec, file.diffusion_spec) {
-        (Some(spec), _) => Ok((crate::runspec::Job::Lm(Box::new(spec)), file.recipe)),
-        (None, Some(spec)) => Ok((crate::runspec::Job::Diffusion(Box::new(spec)), file.recipe)),
+        (Some(spec), _) => Ok((crate::runspec::RunJob::Lm(Box::new(spec)), file.recipe)),
+        (None, Some(spec)) => Ok((crate::runspec::RunJob::Diffusion(Box::new(spec)), file.recipe)),
         (None, None) => Err(refuse(format!(
             "recipe `{}` was planned for a cluster; the embedded backend cannot run it",
             file.recipe

@@ -4,7 +4,7 @@
 
 use crate::diagnostics::{emit, summary};
 use crate::files::{write_atomic, DiskFs};
-use crate::runspec::Job;
+use crate::runspec::RunJob;
 use crate::DiagFormat;
 use miles_compiler::Options;
 use std::path::PathBuf;
@@ -65,15 +65,15 @@ pub fn run(args: Args) -> u8 {
     };
     if let Some(n) = args.steps {
         match &mut job {
-            Job::Lm(s) => s.steps = n,
-            Job::Diffusion(s) => s.rl.steps = n,
+            RunJob::Lm(s) => s.steps = n,
+            RunJob::Diffusion(s) => s.rl.steps = n,
         }
     }
     if args.print_spec {
         println!("{}", serde_json::to_string_pretty(&job).unwrap_or_default());
         return 0;
     }
-    if args.resume && matches!(job, Job::Diffusion(_)) {
+    if args.resume && matches!(job, RunJob::Diffusion(_)) {
         eprintln!(
             "error[E0511]: a diffusion run does not resume yet: it writes no checkpoints to resume from (its last \
              good denoiser is OUT/denoiser.safetensors)\n  help: run it again without --resume, into a new --out"
@@ -97,8 +97,8 @@ pub fn run(args: Args) -> u8 {
     // Training links libtorch, whose loading alone costs ~0.5 s; it runs in the sibling
     // `miles-engine` binary so that `miles check` and the other language verbs start instantly.
     let (verb, json) = match &job {
-        Job::Lm(s) => ("run", serde_json::to_vec(s)),
-        Job::Diffusion(s) => ("diffuse", serde_json::to_vec(s)),
+        RunJob::Lm(s) => ("run", serde_json::to_vec(s)),
+        RunJob::Diffusion(s) => ("diffuse", serde_json::to_vec(s)),
     };
     let json = match json {
         Ok(j) => j,
@@ -137,7 +137,11 @@ fn saved_plan(path: &std::path::Path) -> Option<String> {
 
 /// Compiles a recipe and maps it onto a run spec, rendering every diagnostic on failure; also
 /// the recipe's plan as JSON (OUT/plan.json).
-pub fn compile_spec(file: &str, set: &[String], recipe: Option<String>) -> Result<(Job, String, Option<String>), u8> {
+pub fn compile_spec(
+    file: &str,
+    set: &[String],
+    recipe: Option<String>,
+) -> Result<(RunJob, String, Option<String>), u8> {
     let overrides = crate::check::parse_sets(set).map_err(|e| {
         eprintln!("error: {e}");
         2u8
@@ -152,7 +156,7 @@ pub fn compile_spec(file: &str, set: &[String], recipe: Option<String>) -> Resul
         return Err(1);
     }
     let r = crate::graph::pick_recipe(&c, file)?;
-    match crate::runspec::job(r) {
+    match crate::runspec::run_job(r) {
         Ok(spec) => {
             let plan = crate::plan::make_plan(r);
             // A GPU the machine lacks stops the run here, at the recipe's line, before the engine

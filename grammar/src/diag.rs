@@ -3,6 +3,8 @@
 
 use serde::Serialize;
 
+pub use crate::spanned::Spanned;
+
 /// Index of a source file in the compiler's source map (`miles_compiler::Sources`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Default)]
 pub struct FileId(pub u32);

@@ -13,6 +13,7 @@ mod keywords;
 mod lex;
 mod parse;
 mod shift;
+pub mod spanned;
 
 pub use depth::{MAX_DEPTH, MAX_EXPR_DEPTH};
 pub use keywords::{CONTEXTUAL_KEYWORDS, ITEM_KEYWORDS, KEYWORDS};

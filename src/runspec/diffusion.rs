@@ -3,9 +3,8 @@
 //! table have refused what the run cannot do; what is left here is the recipe's shape: one
 //! denoiser, one `denoise` rollout, one `image_reward`, one `diffusion_grpo`, E0511 otherwise.
 
-use super::{rec_steps, rec_u64, Mapper};
-use miles_compiler::graph::StageNode;
-use miles_compiler::value::{PortKind, Value};
+use super::Mapper;
+use miles_compiler::job::{DiffusionJob, Family, StageJob};
 use miles_compiler::{CompiledRecipe, Diagnostic};
 use miles_runtime::diffusion::*;
 use std::path::PathBuf;
@@ -18,9 +17,18 @@ pub fn is_diffusion(recipe: &CompiledRecipe) -> bool {
     recipe.graph.nodes().any(|n| n.kind == "denoise")
 }
 
+/// The one stage of `kind`; a second is refused.
+fn one<'r>(m: &mut Mapper<'r>, kind: &str) -> Option<&'r StageJob> {
+    let all = m.stages_of_kind(kind);
+    for extra in all.iter().skip(1) {
+        m.unsupported(extra.name_span, format!("a second `{kind}` stage"), "a diffusion run has one of each stage");
+    }
+    all.first().copied()
+}
+
 pub fn diffusion_spec(recipe: &CompiledRecipe) -> Result<DiffusionRunSpec, Vec<Diagnostic>> {
-    let mut m = Mapper { g: &recipe.graph, diags: Vec::new() };
-    let (seed, stop) = super::seed_and_stop(recipe);
+    let mut m = Mapper::new(recipe);
+    let (seed, stop) = (recipe.job.seed, recipe.job.stop);
     for node in recipe.graph.nodes() {
         if !KINDS.contains(&node.kind.as_str()) {
             m.unsupported(
@@ -30,19 +38,12 @@ pub fn diffusion_spec(recipe: &CompiledRecipe) -> Result<DiffusionRunSpec, Vec<D
             );
         }
     }
-    fn one<'r>(m: &mut Mapper<'r>, kind: &str) -> Option<&'r StageNode> {
-        let all = m.stage_by_kind(|n| n.kind == kind);
-        for extra in all.iter().skip(1) {
-            m.unsupported(extra.name_span, format!("a second `{kind}` stage"), "a diffusion run has one of each stage");
-        }
-        all.first().copied()
-    }
     let rollout = one(&mut m, "denoise");
     let reward = one(&mut m, "image_reward");
     let train = one(&mut m, "diffusion_grpo");
-    let pretrain = one(&mut m, "denoise_pretrain");
-    let eval = one(&mut m, "image_eval");
-    let (Some(rollout), Some(reward), Some(train)) = (rollout, reward, train) else {
+    one(&mut m, "denoise_pretrain");
+    one(&mut m, "image_eval");
+    let (Some(rollout), Some(_), Some(_)) = (rollout, reward, train) else {
         let d = Diagnostic::error(
             "E0511",
             "the embedded backend runs a diffusion recipe with a `denoise` rollout, an `image_reward` and a `diffusion_grpo` trainer",
@@ -52,7 +53,7 @@ pub fn diffusion_spec(recipe: &CompiledRecipe) -> Result<DiffusionRunSpec, Vec<D
         m.diags.push(d);
         return Err(m.diags);
     };
-    let Some(model) = rollout.model.as_deref().filter(|r| r.schema_name == "denoiser") else {
+    let Family::Diffusion(d) = &recipe.job.family else {
         m.unsupported(
             rollout.name_span,
             "a denoising rollout without a `denoiser` model".into(),
@@ -60,82 +61,69 @@ pub fn diffusion_spec(recipe: &CompiledRecipe) -> Result<DiffusionRunSpec, Vec<D
         );
         return Err(m.diags);
     };
-    let n = |name: &str| rec_u64(model, name) as usize;
-    let model =
-        DenoiserConfig { side: n("side"), conditions: n("conditions"), hidden: n("hidden"), layers: n("layers") };
-    // The trainer must train the rollout's samples with the reward that scored them.
-    if m.upstream(train, PortKind::Scores).map(|r| r.name.as_str()) != Some(reward.name.as_str()) {
-        m.unsupported(
-            train.name_span,
-            "a trainer fed by another reward".into(),
-            "train = diffusion_grpo(rollout, reward)",
-        );
-    }
-
-    let schedule = match rollout.param("schedule").and_then(Value::as_enum) {
-        Some("linear") => ScheduleKind::Linear,
-        _ => ScheduleKind::Cosine,
+    let DiffusionJob { model, pretrain, rollout: r, reward: Some(reward), train: Some(train), eval } = &**d else {
+        unreachable!("a diffusion job reads the first image_reward and diffusion_grpo, present here")
     };
+    let model = DenoiserConfig {
+        side: model.side as usize,
+        conditions: model.conditions as usize,
+        hidden: model.hidden as usize,
+        layers: model.layers as usize,
+    };
+    // The trainer must train the rollout's samples with the reward that scored them.
+    if train.reward.as_deref() != Some(reward.stage.as_str()) {
+        let span = recipe.job.stage(&train.stage).map_or(rollout.name_span, |t| t.name_span);
+        m.unsupported(span, "a trainer fed by another reward".into(), "train = diffusion_grpo(rollout, reward)");
+    }
     let pretrain = match pretrain {
-        Some(p) => PretrainSpec {
-            steps: rec_steps(p, "steps"),
-            lr: m.f64(p, "lr"),
-            batch: m.u64(p, "batch") as usize,
-            p_uncond: m.f64(p, "p_uncond"),
-            seed: p.param("seed").and_then(Value::as_i64).map(|s| s.max(0) as u64),
-        },
+        Some(p) => {
+            PretrainSpec { steps: p.steps, lr: p.lr, batch: p.batch as usize, p_uncond: p.p_uncond, seed: p.seed }
+        }
         // No pretraining stage: RL starts from the seeded, untrained denoiser.
         None => PretrainSpec { steps: 0, lr: 0.0, batch: 1, p_uncond: 0.0, seed: None },
     };
-    let analytic = match reward.param("analytic").and_then(Value::as_enum) {
-        Some("brightness") => Some(AnalyticReward::Brightness),
-        Some("contrast") => Some(AnalyticReward::Contrast),
-        Some("center_mass") => Some(AnalyticReward::CenterMass),
-        _ => None,
-    };
-    let extra_cost_ms =
-        reward.param("extra_cost").and_then(Value::as_q).map(|q| (q.to_f64() * 1000.0).round().max(0.0) as u64);
-    let train_steps = match train.param("train_steps") {
-        Some(v) if *v != Value::None => Some(m.u64(train, "train_steps") as usize),
-        _ => None,
-    };
     let (every, samples, judge_steps) = match eval {
-        Some(e) => (rec_steps(e, "every").max(1), m.u64(e, "samples") as usize, m.u64(e, "judge_steps")),
+        Some(e) => (e.every.max(1), e.samples as usize, e.judge_steps),
         // No evaluation stage: the held-out samples are drawn once before RL and once at the end.
         None => (stop.max(1), 32, 0),
     };
     let spec = DiffusionRunSpec {
         seed,
         model,
-        schedule,
-        steps: m.u64(rollout, "steps") as usize,
-        eta: m.f64(rollout, "eta"),
-        guidance: m.f64(rollout, "guidance"),
+        schedule: if r.schedule == "linear" { ScheduleKind::Linear } else { ScheduleKind::Cosine },
+        steps: r.steps as usize,
+        eta: r.eta,
+        guidance: r.guidance,
         pretrain,
         reward: DiffusionRewardSpec {
-            classifier_steps: m.u64(reward, "classifier_steps"),
-            classifier_path: reward.param("classifier").and_then(Value::as_str).map(PathBuf::from),
-            classifier_weight: m.f64(reward, "classifier_weight"),
-            classifier_temperature: m.f64(reward, "temperature"),
-            analytic,
-            analytic_weight: m.f64(reward, "analytic_weight"),
-            extra_cost_ms: extra_cost_ms.unwrap_or(0),
-            process: m.bool(reward, "process"),
+            classifier_steps: reward.classifier_steps,
+            classifier_path: reward.classifier.as_ref().map(PathBuf::from),
+            classifier_weight: reward.classifier_weight,
+            classifier_temperature: reward.temperature,
+            analytic: match reward.analytic.as_deref() {
+                Some("brightness") => Some(AnalyticReward::Brightness),
+                Some("contrast") => Some(AnalyticReward::Contrast),
+                Some("center_mass") => Some(AnalyticReward::CenterMass),
+                _ => None,
+            },
+            analytic_weight: reward.analytic_weight,
+            extra_cost_ms: (reward.extra_cost_s * 1000.0).round().max(0.0) as u64,
+            process: reward.process,
         },
         rl: DiffusionRlSpec {
             steps: stop,
-            conditions_per_step: m.u64(train, "conditions_per_step") as usize,
-            samples_per_condition: m.u64(rollout, "samples_per_condition") as usize,
-            micro_group: m.u64(rollout, "micro_group") as usize,
-            lr: m.f64(train, "lr"),
-            clip: m.f64(train, "clip"),
-            kl_coef: m.f64(train, "kl_coef"),
-            train_steps,
-            std_norm: m.bool(train, "std_norm"),
-            grad_clip: m.f64(train, "grad_clip"),
+            conditions_per_step: train.conditions_per_step as usize,
+            samples_per_condition: r.samples_per_condition as usize,
+            micro_group: r.micro_group as usize,
+            lr: train.lr,
+            clip: train.clip,
+            kl_coef: train.kl_coef,
+            train_steps: train.train_steps.map(|n| n as usize),
+            std_norm: train.std_norm,
+            grad_clip: train.grad_clip,
         },
         eval: DiffusionEvalSpec { every, samples, judge_steps },
-        streaming: m.bool(reward, "streaming"),
+        streaming: reward.streaming,
     };
     // The runtime's own rules, a backstop: the stdlib's checks state each at its field first.
     if let Err(e) = spec.validate() {

@@ -7,6 +7,7 @@ pub mod eval;
 pub mod fs;
 pub mod graph;
 pub mod hf;
+pub mod job;
 pub mod num;
 pub mod program;
 pub mod recipe;
@@ -14,7 +15,7 @@ pub mod suggest;
 pub mod types;
 pub mod value;
 
-pub use miles_grammar::diag::{Diagnostic, FileId, Severity, Span};
+pub use miles_grammar::diag::{Diagnostic, FileId, Severity, Span, Spanned};
 pub use program::{ParseCache, Program, Sources};
 pub use recipe::{CompiledRecipe, Override};
 

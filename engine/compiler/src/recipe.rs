@@ -21,6 +21,8 @@ pub struct CompiledRecipe {
     /// The cluster's name as the recipe gives it (`on fleet`); `local` when absent.
     pub cluster_name: String,
     pub graph: StageGraph,
+    /// The recipe read once as typed values, for `miles plan` and `miles run` (`job/`).
+    pub job: crate::job::Job,
 }
 
 /// `--set key=value`: a dotted path into the recipe and a parsed expression.
@@ -449,7 +451,8 @@ pub fn compile_recipe(ev: &mut Eval, r: ItemRef, overrides: &[Override]) -> Opti
     let settings = settings?;
     ev.recipe = None;
     let cluster_name = g.on.as_ref().map(|(p, _)| p.dotted()).unwrap_or_else(|| "local".to_string());
-    Some(CompiledRecipe { name: recipe_name.name, span: recipe_span, item: r, settings, cluster_name, graph })
+    let job = crate::job::Job::read(&graph, &settings);
+    Some(CompiledRecipe { name: recipe_name.name, span: recipe_span, item: r, settings, cluster_name, graph, job })
 }
 
 fn dotted(path: &[Ident]) -> String {

@@ -1,118 +1,142 @@
-//! From a compiled recipe to the planner's input: reads the resolved stage graph and the
-//! catalog records (`schema gpu`, `schema llm`, `schema transformer`, ...) field by field.
-//!
-//! The recipe has already passed the compiler's checks, so a missing or mistyped field here is
-//! a bug in this mapping, not in the recipe; such a field falls back to `None`/a default and the
-//! planner reports what it cannot plan.
+//! From a compiled recipe to the planner's input. The recipe's meaning comes from its typed
+//! `Job` (`miles_compiler::job`, the reading `miles run` uses too); what is left here is the
+//! planner's own: the hardware and model catalogs (`schema gpu`, `schema llm`, clusters), the
+//! parameter count of a decoder, and the plan input's shape.
 
 use crate::input::*;
-use miles_compiler::graph::{ChannelKind, StageGraph, StageNode};
-use miles_compiler::num::Q;
-use miles_compiler::value::{Record, Value};
+use miles_compiler::graph::{ChannelKind, StageGraph};
+use miles_compiler::job::read::Fields;
+use miles_compiler::job::{self as job, Family, Job, ModelJob, StageJob};
+use miles_compiler::value::Record;
 use miles_compiler::CompiledRecipe;
-use miles_grammar::diag::Span;
-use std::collections::HashMap;
 
 /// Builds the planner's input for one compiled recipe.
 pub fn plan_input(recipe: &CompiledRecipe) -> PlanInput {
+    let job = &recipe.job;
     let settings = recipe.settings.as_record();
-    let g = &recipe.graph;
-    let cluster = settings.and_then(|s| s.get("cluster")).and_then(Value::as_record);
-    let cluster = cluster_of(&recipe.cluster_name, cluster);
+    let cluster = cluster_of(&recipe.cluster_name, settings.and_then(|s| s.record("cluster")));
+    let episodes = episodes_of(job);
+    // The rollout's expected lengths, when the recipe states them (time only: docs/plan.md).
+    let main = job.main_rollout().and_then(|r| r.rollout.as_ref());
+    let assumptions = Assumptions {
+        mean_prompt_tokens: main.and_then(|r| r.mean_prompt_tokens),
+        mean_response_tokens: main.and_then(|r| r.mean_response_tokens),
+        ..Assumptions::default()
+    };
+    let planner = Planner { job, episodes: &episodes, assumptions: &assumptions };
     let mut stages = Vec::new();
-    let mut syncs = Vec::new();
     let mut batch = Batch::default();
     let mut r3 = Spanned::new(false);
     let mut r3_id_bytes = None;
-    let episodes = episodes_of(g);
-    // The rollout's expected lengths, when the recipe states them (time only: docs/plan.md).
-    // The rollout the (first) trainer reads, else the first `generate`.
-    let rollout_node = g
-        .nodes()
-        .filter(|n| role_of(n) == Role::Train)
-        .find_map(|t| upstream_rollout(g, t))
-        .or_else(|| g.nodes().find(|n| n.kind == "generate"));
-    let mean = |name: &str| rollout_node.and_then(|n| n.param(name)).and_then(Value::as_f64);
-    let assumptions = Assumptions {
-        mean_prompt_tokens: mean("mean_prompt_tokens").filter(|v| v.is_finite()),
-        mean_response_tokens: mean("mean_response_tokens").filter(|v| v.is_finite()),
-        ..Assumptions::default()
-    };
-    // With episodes, a rollout's (and its trainer's) sequence is a whole episode.
-    let as_episode = |(prompt, response): (Spanned<u64>, Spanned<u64>), model: Option<&ModelSpec>| match &episodes {
-        Some(e) => {
-            let n = e.tokens(&assumptions, model.map(|m| m.max_context));
-            (prompt, Spanned { value: n.saturating_sub(prompt.value), span: response.span })
+    for s in &job.stages {
+        let stage = planner.stage(s);
+        if let Some(r) = s.rollout.as_ref().and_then(|r| r.r3.as_ref()) {
+            r3 = Spanned { value: true, span: r.span };
+            r3_id_bytes = r.dtype.map(|d| match d {
+                job::RouteDtype::U8 => 1,
+                job::RouteDtype::U16 => 2,
+                job::RouteDtype::I32 => 4,
+            });
         }
-        None => (prompt, response),
-    };
-    // What a trainer trains on per sequence: its rollout's prompt + response (an episode's whole
-    // context).
-    let trainer_seq_len = |train: &StageNode, model: Option<&ModelSpec>| {
-        let rollout = upstream_rollout(g, train).map(|r| lengths(g, r));
-        let (prompt, response) = as_episode(rollout.unwrap_or((Spanned::new(0), Spanned::new(0))), model);
+        if let Some(t) = s.train.as_ref().filter(|_| s.role == job::Role::Train && batch.rollout_batch.is_none()) {
+            batch.rollout_batch = t.rollout_batch;
+            batch.global_batch = t.global_batch;
+            batch.steps_per_rollout = t.steps_per_rollout;
+            batch.samples_per_prompt =
+                job.rollout_of(s).and_then(|r| r.rollout.as_ref()).and_then(|r| r.samples_per_prompt);
+        }
+        stages.push(stage);
+    }
+    let mode = job.placement.as_ref().map(|p| Spanned {
+        value: if p.value == "colocated" { PlacementMode::Colocated } else { PlacementMode::Disaggregated },
+        span: p.span,
+    });
+    let placement =
+        Placement { embedded: embedded_extras(job), diffusion: diffusion_of(job), mode: mode.unwrap_or_default() };
+    PlanInput {
+        recipe: recipe.name.clone(),
+        cluster,
+        stages,
+        graph: graph_of(&recipe.graph, job),
+        placement,
+        syncs: job.syncs.iter().map(sync_of).collect(),
+        schedule: schedule_of(&job.schedule),
+        batch,
+        r3,
+        r3_id_bytes,
+        episodes,
+        assumptions,
+        device: device_of(job),
+    }
+}
+
+/// What the planner reads of a job, with the episodes and assumptions that size its sequences.
+struct Planner<'a> {
+    job: &'a Job,
+    episodes: &'a Option<Episodes>,
+    assumptions: &'a Assumptions,
+}
+
+impl Planner<'_> {
+    /// With episodes, a rollout's (and its trainer's) sequence is a whole episode.
+    fn as_episode(
+        &self,
+        (prompt, response): (Spanned<u64>, Spanned<u64>),
+        model: Option<&ModelSpec>,
+    ) -> (Spanned<u64>, Spanned<u64>) {
+        match self.episodes {
+            Some(e) => {
+                let n = e.tokens(self.assumptions, model.map(|m| m.max_context));
+                (prompt, Spanned { value: n.saturating_sub(prompt.value), span: response.span })
+            }
+            None => (prompt, response),
+        }
+    }
+
+    /// What a trainer trains on per sequence: its rollout's prompt + response (an episode's
+    /// whole context).
+    fn trainer_seq_len(&self, train: &StageJob, model: Option<&ModelSpec>) -> Spanned<u64> {
+        let rollout = self.job.rollout_of(train).and_then(|r| r.rollout.as_ref()).map(lengths);
+        let (prompt, response) = self.as_episode(rollout.unwrap_or((Spanned::new(0), Spanned::new(0))), model);
         Spanned::new(prompt.value + response.value)
-    };
-    for node in g.nodes() {
-        if node.kind == "weights" {
-            syncs.push(sync_of(node));
-            continue;
-        }
-        let role = role_of(node);
-        let model = node.model.as_deref().and_then(model_spec);
+    }
+
+    fn stage(&self, s: &StageJob) -> Stage {
         let mut stage = Stage {
-            name: node.name.clone(),
-            kind: node.kind.clone(),
-            role,
-            model,
+            name: s.name.clone(),
+            kind: s.kind.clone(),
+            role: role_of(s.role),
+            model: s.model.as_ref().and_then(model_spec),
             gpus: None,
             engine: None,
             trainer: None,
             teacher: None,
-            span: Some(node.name_span),
+            span: Some(s.name_span),
         };
-        if role == Role::Rollout || role == Role::Eval {
-            if let Some(engine) = rec(node, "engine") {
-                if engine.schema_name == "sglang" && engine.get("url").is_none_or(|u| *u == Value::None) {
-                    stage.gpus = Some(gpu_request(engine));
-                }
-                let (prompt, response) = as_episode(lengths(g, node), stage.model.as_ref());
-                stage.engine = Some(engine_of(engine, prompt, response));
+        if let Some(engine) = s.rollout.as_ref().and_then(|r| Some((r, r.engine.as_ref()?))) {
+            let (rollout, engine) = engine;
+            if engine.on_gpus() {
+                stage.gpus = Some(gpu_request(engine.gpus, engine.first_gpu));
             }
-            // `record_routing` defaults to `routing_replay`: its span is the replay's when defaulted.
-            if let Some((true, s)) = param_bool(node, "record_routing") {
-                r3 = spanned(true, s.or_else(|| param_span(node, "routing_replay")));
-                r3_id_bytes = match node.param("routing_dtype").and_then(Value::as_enum) {
-                    Some("u8") => Some(1),
-                    Some("u16") => Some(2),
-                    Some("i32") => Some(4),
-                    _ => None,
-                };
-            }
+            let (prompt, response) = self.as_episode(lengths(rollout), stage.model.as_ref());
+            stage.engine = Some(engine_of(engine, prompt, response));
         }
-        if role.trains() {
-            let seq_len = trainer_seq_len(node, stage.model.as_ref());
-            if let Some(backend) = rec(node, "backend") {
-                if matches!(backend.schema_name.as_str(), "megatron" | "fsdp") {
-                    stage.gpus = Some(gpu_request(backend));
-                }
-                let offload = rec(node, "optimizer").and_then(|o| enum_of(o, "state"));
-                stage.trainer = Some(trainer_of(g, node, backend, seq_len, offload));
+        if let Some(backend) = s.train.as_ref().and_then(|t| t.backend.as_ref()) {
+            let seq_len = self.trainer_seq_len(s, stage.model.as_ref());
+            if backend.on_gpus() {
+                stage.gpus = Some(gpu_request(backend.gpus, backend.first_gpu));
             }
-            if role == Role::Train && batch.rollout_batch.is_none() {
-                batch.rollout_batch = param_int(node, "rollout_batch");
-                batch.global_batch = param_int(node, "global_batch");
-                batch.steps_per_rollout = param_int(node, "steps_per_rollout");
-                batch.samples_per_prompt = upstream_rollout(g, node).and_then(|r| param_int(r, "samples_per_prompt"));
-            }
+            let offload = s.train.as_ref().and_then(|t| t.optimizer.as_ref()).and_then(|o| o.state.clone());
+            stage.trainer = Some(self.trainer_of(s, backend, seq_len, offload));
         }
         // An OPD teacher stage on GPUs of its own: the trainer that reads it says what it scores.
-        if let Some(n) = node.kind.eq("teacher_logprobs").then(|| param_int(node, "gpus")).flatten() {
-            stage.gpus = Some(spanned(GpuRequest::Count(n.value), n.span));
-            let reader = g.nodes().find(|t| teacher_stage_of(g, t).is_some_and(|x| x.name == node.name));
+        if let Some(n) = s.teacher.as_ref().and_then(|t| t.gpus) {
+            stage.gpus = Some(Spanned { value: GpuRequest::Count(n.value), span: n.span });
+            let reader = self.job.stages.iter().find(|t| self.job.teacher_of(t).is_some_and(|x| x.name == s.name));
             stage.teacher = reader.and_then(|t| {
-                let student = t.model.as_deref().and_then(model_spec);
-                let tr = trainer_of(g, t, rec(t, "backend")?, trainer_seq_len(t, student.as_ref()), None);
+                let student = t.model.as_ref().and_then(model_spec);
+                let backend = t.train.as_ref()?.backend.as_ref()?;
+                let tr = self.trainer_of(t, backend, self.trainer_seq_len(t, student.as_ref()), None);
                 Some(TeacherJob {
                     seq_len: tr.seq_len.value,
                     micro_batch: tr.micro_batch.value,
@@ -122,249 +146,334 @@ pub fn plan_input(recipe: &CompiledRecipe) -> PlanInput {
         }
         // A kind the planner does not know, running a model of its own (a teacher in a field):
         // that model is the one E0410 names, whatever the stage's ports lead to.
-        if stage.trainer.is_none() && stage.engine.is_none() && !KNOWN_KINDS.contains(&node.kind.as_str()) {
-            if let Some(m) = node.params.values().find_map(|p| p.value.as_record().and_then(model_spec)) {
+        if stage.trainer.is_none() && stage.engine.is_none() && !KNOWN_KINDS.contains(&s.kind.as_str()) {
+            if let Some(m) = s.field_models.iter().find_map(model_spec) {
                 stage.model = Some(m);
             }
         }
-        stages.push(stage);
+        stage
     }
-    let placement = match settings.and_then(|s| s.fields.get("placement")) {
-        Some(f) => Placement {
-            embedded: embedded_extras(g),
-            diffusion: diffusion_of(g),
-            mode: spanned(
-                if f.value.as_enum() == Some("colocated") {
-                    PlacementMode::Colocated
-                } else {
-                    PlacementMode::Disaggregated
+
+    fn trainer_of(
+        &self,
+        s: &StageJob,
+        b: &job::BackendJob,
+        seq_len: Spanned<u64>,
+        offload: Option<Spanned<String>>,
+    ) -> Trainer {
+        let t = s.train.as_ref();
+        // `opd = opd { teacher = <a teacher_logprobs stage> }`: that stage's model, read like the
+        // policy (`model_spec`), and where it runs; on GPUs of its own it is planned apart.
+        let teacher = self.job.teacher_of(s).filter(|t| t.teacher.as_ref().is_none_or(|x| x.gpus.is_none()));
+        let one = |v: Option<Spanned<u64>>| v.unwrap_or(Spanned::new(1));
+        let backend = match b.schema.as_str() {
+            "megatron" => Backend::Megatron,
+            "fsdp" => Backend::Fsdp,
+            _ => Backend::Embedded,
+        };
+        let recompute = match &b.recompute {
+            Some(r) => Spanned {
+                value: match r.value.as_str() {
+                    "full" => Recompute::Full,
+                    "selective" => Recompute::Selective,
+                    _ => Recompute::Off,
                 },
-                (!f.defaulted).then_some(f.span),
-            ),
-        },
-        None => Placement { embedded: embedded_extras(g), diffusion: diffusion_of(g), ..Placement::default() },
-    };
-    let schedule = settings
-        .and_then(|s| s.fields.get("schedule"))
-        .map(|f| schedule_of(&f.value, f.span, f.defaulted))
-        .unwrap_or_default();
-    PlanInput {
-        recipe: recipe.name.clone(),
-        cluster,
-        stages,
-        graph: graph_of(g),
-        placement,
-        syncs,
-        schedule,
-        batch,
-        r3,
-        r3_id_bytes,
-        episodes,
-        assumptions,
-        device: device_of(settings.and_then(|s| s.get("cluster")).and_then(Value::as_record), g),
+                span: r.span,
+            },
+            None => Spanned::new(Recompute::Off),
+        };
+        let optimizer_offload = match offload {
+            Some(o) => Spanned {
+                value: match o.value.as_str() {
+                    "cpu" => OptimizerOffload::Cpu,
+                    "stream_from_disk" => OptimizerOffload::StreamFromDisk,
+                    _ => OptimizerOffload::OnGpu,
+                },
+                span: o.span,
+            },
+            None => Spanned::new(OptimizerOffload::OnGpu),
+        };
+        // The embedded trainer has no micro-batch of its own: the stage's `micro_batch` (or the
+        // SFT `batch`) is what it holds in memory at once.
+        let micro_batch = if backend == Backend::Embedded {
+            one(t.and_then(|t| t.micro_batch.or(t.batch)))
+        } else {
+            one(b.micro_batch)
+        };
+        Trainer {
+            backend: Spanned::new(backend),
+            tp: one(b.tp),
+            pp: one(b.pp),
+            cp: one(b.cp),
+            ep: one(b.ep),
+            dp: b.dp,
+            precision: precision_of(b.precision),
+            micro_batch,
+            seq_len,
+            recompute,
+            optimizer_offload,
+            lora: t.and_then(|t| t.lora.as_ref()).map(lora_of),
+            teacher: teacher.and_then(|t| t.model.as_ref()).and_then(model_spec),
+            teacher_process: teacher.and_then(|t| t.teacher.as_ref()).is_some_and(|t| t.process),
+        }
     }
 }
 
+fn role_of(role: job::Role) -> Role {
+    match role {
+        job::Role::Sft => Role::Sft,
+        job::Role::Rollout => Role::Rollout,
+        job::Role::Eval => Role::Eval,
+        job::Role::Teacher => Role::Teacher,
+        job::Role::Reward => Role::Reward,
+        job::Role::Train => Role::Train,
+        job::Role::Other => Role::Other,
+    }
+}
+
+/// Prompt and response lengths of a rollout (tokens).
+fn lengths(r: &job::RolloutJob) -> (Spanned<u64>, Spanned<u64>) {
+    (r.prompt_tokens, r.response_tokens)
+}
+
 /// A `local` cluster's `device`, with its span when the recipe set it.
-fn device_of(cluster: Option<&Record>, g: &StageGraph) -> Option<DeviceInput> {
-    let c = cluster.filter(|c| c.schema_name == "local")?;
-    let asked = c.get("device").and_then(Value::as_enum)?.to_string();
+fn device_of(job: &Job) -> Option<DeviceInput> {
+    let asked = job.device.clone()?;
     // engine/tch/src/diffusion makes its tensors on the CPU (`device = cuda` there is E0511).
-    let cpu_only = g.nodes().any(|n| n.kind == "denoise").then(|| "a diffusion recipe computes on the CPU".to_string());
-    Some(DeviceInput {
-        asked: Spanned { value: asked, span: field_span(c, "device") },
-        machine: None,
-        cpu_only,
-        cpu_bf16: None,
-    })
+    let cpu_only =
+        job.stages.iter().any(|s| s.kind == "denoise").then(|| "a diffusion recipe computes on the CPU".to_string());
+    Some(DeviceInput { asked, machine: None, cpu_only, cpu_bf16: None })
 }
 
 /// The episodes of a rollout scored by an environment (`env_reward`): its turn limit, and what an
 /// observation of a built-in environment adds (the calculator's `<result>N</result>`, one token
 /// per character on the embedded char tokenizer).
-fn episodes_of(g: &StageGraph) -> Option<Episodes> {
-    let node = g.nodes().find(|n| n.kind == "env_reward")?;
-    let env = rec(node, "env");
+fn episodes_of(job: &Job) -> Option<Episodes> {
+    let e = job.episodes()?;
+    let env = e.env.as_ref();
     let observation_tokens = match env.map(|e| e.schema_name.as_str()) {
         Some("calculator") => {
-            let digits = env.and_then(|e| int_of(e, "digits")).map_or(2, |d| d.0);
+            let digits = env.and_then(|e| e.u64("digits")).map_or(2, |d| d.value);
             Some("<result></result>".len() as u64 + 2 * digits)
         }
         _ => None,
     };
-    let (prompt, turn) = upstream_rollout(g, node).map(|r| lengths(g, r)).unwrap_or_default();
+    let rollout = e.rollout.as_deref().and_then(|r| job.stage(r)).and_then(|r| r.rollout.as_ref());
+    let (prompt, turn) = rollout.map(lengths).unwrap_or_default();
     Some(Episodes {
         env: env.map_or_else(|| "?".into(), |e| e.schema_name.clone()),
-        max_turns: param_int(node, "max_turns").unwrap_or(Spanned::new(4)),
+        max_turns: e.max_turns,
         observation_tokens,
         prompt_tokens: prompt.value,
         turn_tokens: turn.value,
-        compact_keep_turns: rec(node, "compact").map(|c| int_of(c, "keep_turns").map_or(1, |k| k.0)),
-        mean_turns: node
-            .param("mean_turns")
-            .and_then(Value::as_f64)
-            .filter(|v| v.is_finite())
-            .map(|v| spanned(v, param_span(node, "mean_turns"))),
+        compact_keep_turns: e.compact_keep_turns,
+        mean_turns: e.mean_turns,
     })
 }
 
 /// What the embedded process holds besides the trainer: a KL reference (`kl_coef > 0` on a
 /// trainer), a snapshot evaluation's engine (`evaluate { mode = snapshot }`), the entropy's graph
 /// (`entropy_coef > 0`).
-fn embedded_extras(g: &StageGraph) -> EmbeddedExtras {
-    let positive = |n: &StageNode, name: &str| n.param(name).and_then(Value::as_f64).is_some_and(|v| v > 0.0);
-    let trainers = || g.nodes().filter(|n| role_of(n) == Role::Train);
+fn embedded_extras(job: &Job) -> EmbeddedExtras {
+    let trainers = || job.trainers().filter_map(|s| s.train.as_ref());
     EmbeddedExtras {
-        kl_reference: trainers().any(|n| positive(n, "kl_coef")),
-        eval_snapshot: g
-            .nodes()
-            .any(|n| role_of(n) == Role::Eval && n.param("mode").and_then(Value::as_enum) == Some("snapshot")),
-        entropy_in_loss: trainers().any(|n| positive(n, "entropy_coef")),
+        kl_reference: trainers().any(|t| t.kl_coef > 0.0),
+        eval_snapshot: job
+            .stages
+            .iter()
+            .any(|s| s.role == job::Role::Eval && s.eval.as_ref().and_then(|e| e.mode.as_deref()) == Some("snapshot")),
+        entropy_in_loss: trainers().any(|t| t.entropy_coef > 0.0),
     }
 }
 
 /// A diffusion RL recipe: a `denoise` stage sampling from a `denoiser` record, with the first
 /// `denoise_pretrain`, `image_reward`, `diffusion_grpo` and `image_eval` stages (docs/plan.md,
 /// "Diffusion RL"). `None` for every other recipe.
-fn diffusion_of(g: &StageGraph) -> Option<Diffusion> {
-    let rollout = g.nodes().find(|n| n.kind == "denoise")?;
-    let r = rollout.model.as_deref().filter(|r| r.schema_name == "denoiser")?;
-    let model = DenoiserSpec {
-        side: u64_of(r, "side")?,
-        conditions: u64_of(r, "conditions")?,
-        hidden: u64_of(r, "hidden")?,
-        layers: u64_of(r, "layers")?,
-        params: u64_of(r, "params")?,
-    };
-    let of_kind = |kind: &str| g.nodes().find(|n| n.kind == kind);
-    let num = |n: &StageNode, name: &str| n.param(name).and_then(Value::as_q).and_then(q_to_u64);
-    let real = |n: &StageNode, name: &str| n.param(name).and_then(Value::as_f64);
+fn diffusion_of(job: &Job) -> Option<Diffusion> {
+    let Family::Diffusion(d) = &job.family else { return None };
+    let m = &d.model;
     Some(Diffusion {
-        model,
-        pretrain: of_kind("denoise_pretrain").map(|n| DenoisePretrain {
-            stage: n.name.clone(),
-            steps: num(n, "steps").unwrap_or(3000),
-            batch: num(n, "batch").unwrap_or(64),
+        model: DenoiserSpec {
+            side: m.side,
+            conditions: m.conditions,
+            hidden: m.hidden,
+            layers: m.layers,
+            params: m.params,
+        },
+        pretrain: d.pretrain.as_ref().map(|p| DenoisePretrain {
+            stage: p.stage.clone(),
+            steps: p.steps,
+            batch: p.batch,
         }),
         rollout: DenoiseRollout {
-            stage: rollout.name.clone(),
-            steps: num(rollout, "steps").unwrap_or(20),
-            guidance: real(rollout, "guidance").unwrap_or(3.0),
-            samples_per_condition: num(rollout, "samples_per_condition").unwrap_or(8),
-            micro_group: num(rollout, "micro_group").unwrap_or(8),
+            stage: d.rollout.stage.clone(),
+            steps: d.rollout.steps,
+            guidance: d.rollout.guidance,
+            samples_per_condition: d.rollout.samples_per_condition,
+            micro_group: d.rollout.micro_group,
         },
-        reward: of_kind("image_reward").map(|n| ImageReward {
-            stage: n.name.clone(),
-            streaming: n.param("streaming").and_then(Value::as_bool).unwrap_or(true),
-            process: n.param("process").and_then(Value::as_bool).unwrap_or(false),
-            extra_cost_s: real(n, "extra_cost").filter(|x| x.is_finite() && *x > 0.0).unwrap_or(0.0),
-            classifier_steps: match n.param("classifier").and_then(|v| v.as_str()) {
-                Some(_) => None,
-                None => Some(num(n, "classifier_steps").unwrap_or(300)),
-            },
-            analytic: n.param("analytic").and_then(Value::as_enum).is_some(),
+        reward: d.reward.as_ref().map(|r| ImageReward {
+            stage: r.stage.clone(),
+            streaming: r.streaming,
+            process: r.process,
+            extra_cost_s: Some(r.extra_cost_s).filter(|x| x.is_finite() && *x > 0.0).unwrap_or(0.0),
+            classifier_steps: r.classifier.is_none().then_some(r.classifier_steps),
+            analytic: r.analytic.is_some(),
         }),
-        train: of_kind("diffusion_grpo").map(|n| DiffusionTrainer {
-            stage: n.name.clone(),
-            conditions_per_step: num(n, "conditions_per_step").unwrap_or(4),
-            train_steps: n.param("train_steps").and_then(Value::as_i64).and_then(|v| u64::try_from(v).ok()),
-            kl_coef: real(n, "kl_coef").filter(|x| x.is_finite() && *x > 0.0).unwrap_or(0.0),
+        train: d.train.as_ref().map(|t| DiffusionTrainer {
+            stage: t.stage.clone(),
+            conditions_per_step: t.conditions_per_step,
+            train_steps: t.train_steps,
+            kl_coef: Some(t.kl_coef).filter(|x| x.is_finite() && *x > 0.0).unwrap_or(0.0),
         }),
-        eval: of_kind("image_eval").map(|n| ImageEval {
-            stage: n.name.clone(),
-            every: num(n, "every").unwrap_or(25),
-            samples: num(n, "samples").unwrap_or(32),
-            judge_steps: num(n, "judge_steps").unwrap_or(600),
+        eval: d.eval.as_ref().map(|e| ImageEval {
+            stage: e.stage.clone(),
+            every: e.every,
+            samples: e.samples,
+            judge_steps: e.judge_steps,
         }),
     })
 }
 
-fn spanned<T>(value: T, span: Option<Span>) -> Spanned<T> {
-    Spanned { value, span }
-}
-
 /// `gpus` (a count), `gpus` + `first_gpu` (a range), or neither (the planner sizes the stage).
-fn gpu_request(r: &Record) -> Spanned<GpuRequest> {
-    match (int_of(r, "gpus"), int_of(r, "first_gpu")) {
-        (Some((n, s)), Some((first, fs))) => {
-            spanned(GpuRequest::Range { first, last: first + n.saturating_sub(1) }, fs.or(s))
-        }
-        (Some((n, s)), None) => spanned(GpuRequest::Count(n), s),
+fn gpu_request(gpus: Option<Spanned<u64>>, first_gpu: Option<Spanned<u64>>) -> Spanned<GpuRequest> {
+    match (gpus, first_gpu) {
+        (Some(n), Some(first)) => Spanned {
+            value: GpuRequest::Range { first: first.value, last: first.value + n.value.saturating_sub(1) },
+            span: first.span.or(n.span),
+        },
+        (Some(n), None) => Spanned { value: GpuRequest::Count(n.value), span: n.span },
         _ => Spanned::new(GpuRequest::Auto),
     }
 }
 
-fn role_of(node: &StageNode) -> Role {
-    use miles_compiler::value::PortKind;
-    match (node.kind.as_str(), node.output) {
-        ("sft", _) => Role::Sft,
-        ("generate", _) => Role::Rollout,
-        ("evaluate", _) => Role::Eval,
-        ("teacher_logprobs", _) => Role::Teacher,
-        (_, Some(PortKind::Trajectories)) => Role::Rollout,
-        (_, Some(PortKind::Scores)) => Role::Reward,
-        (_, Some(PortKind::Policy)) => Role::Train,
-        _ => Role::Other,
+fn precision_of(p: Option<Spanned<job::Precision>>) -> Spanned<Precision> {
+    p.map_or(Spanned::new(Precision::Fp32), |p| {
+        p.map(|p| match p {
+            job::Precision::Fp32 => Precision::Fp32,
+            job::Precision::Bf16 => Precision::Bf16,
+            job::Precision::Fp16 => Precision::Fp16,
+            job::Precision::Fp8Blockwise => Precision::Fp8Blockwise,
+            job::Precision::Mxfp8 => Precision::Mxfp8,
+            job::Precision::Nvfp4 => Precision::Nvfp4,
+        })
+    })
+}
+
+fn engine_of(e: &job::EngineJob, prompt_len: Spanned<u64>, response_len: Spanned<u64>) -> Engine {
+    Engine {
+        engines: None,
+        tp: e.tp.unwrap_or(Spanned::new(1)),
+        dp: Spanned::new(1),
+        ep: e.ep.unwrap_or(Spanned::new(1)),
+        precision: precision_of(e.precision),
+        embedded: e.schema == "embedded_engine",
+        kv_precision: None,
+        mem_fraction: e.mem_fraction.unwrap_or(Spanned::new(0.85)),
+        max_concurrent: e.max_concurrent,
+        // A planning assumption the recipe states on its engine (std/prelude `sglang`).
+        prefix_cache_hit: e.prefix_cache_hit,
+        prompt_len,
+        response_len,
     }
 }
 
-/// A parameter that is a record (`engine`, `backend`, `optimizer`).
-fn rec<'a>(node: &'a StageNode, name: &str) -> Option<&'a Record> {
-    node.param(name).and_then(Value::as_record)
+/// `lora { rank, adapters, target_modules }`; a module named twice is counted once.
+fn lora_of(l: &job::LoraJob) -> Lora {
+    let mut target_modules: Vec<LoraTarget> =
+        l.target_modules.iter().filter_map(|m| LoraTarget::from_name(m)).collect();
+    target_modules.sort();
+    target_modules.dedup();
+    Lora { rank: l.rank, adapters: l.adapters, target_modules, dropout: l.dropout, span: l.span }
 }
 
-fn param_span(node: &StageNode, name: &str) -> Option<Span> {
-    node.params.get(name).filter(|p| !p.defaulted).map(|p| p.span)
+fn sync_of(s: &job::SyncJob) -> WeightSync {
+    let transport = match s.transport.value.as_str() {
+        "p2p" => Transport::P2p,
+        "disk_delta" => Transport::DiskDelta,
+        "local" => Transport::Local,
+        _ => Transport::Broadcast,
+    };
+    let channel = match s.channel.as_str() {
+        "tcp" => WeightChannel::Tcp,
+        "shm" => WeightChannel::Shm,
+        "nccl" => WeightChannel::Nccl,
+        _ => WeightChannel::Auto,
+    };
+    WeightSync {
+        name: s.name.clone(),
+        from: s.from.clone(),
+        to: s.to.clone(),
+        transport: Spanned { value: transport, span: s.transport.span },
+        channel,
+        bucket: s.bucket,
+        span: Some(s.name_span),
+    }
 }
 
-fn param_int(node: &StageNode, name: &str) -> Option<Spanned<u64>> {
-    let v = node.param(name)?.as_i64()?;
-    Some(spanned(u64::try_from(v).ok()?, param_span(node, name)))
+fn schedule_of(s: &job::ScheduleJob) -> Schedule {
+    let mode = match s.mode.value.as_str() {
+        "fully_async" => ScheduleMode::FullyAsync,
+        "one_step_off" => ScheduleMode::OneStepOff,
+        _ => ScheduleMode::Sync,
+    };
+    Schedule {
+        mode: Spanned { value: mode, span: s.mode.span },
+        max_staleness: s.max_staleness,
+        buffer_capacity: s.buffer_capacity,
+        max_concurrent: if mode == ScheduleMode::FullyAsync { s.max_concurrent } else { None },
+    }
 }
 
-fn param_bool(node: &StageNode, name: &str) -> Option<(bool, Option<Span>)> {
-    Some((node.param(name)?.as_bool()?, param_span(node, name)))
+fn graph_of(g: &StageGraph, job: &Job) -> Graph {
+    let role = |name: &str| job.stage(name).map_or(Role::Other, |s| role_of(s.role));
+    Graph {
+        nodes: g
+            .nodes()
+            .map(|n| GraphNode { id: n.name.clone(), label: n.kind.clone(), role: role(&n.name) })
+            .collect(),
+        edges: g
+            .edges()
+            .into_iter()
+            .map(|(a, b, c)| GraphEdge {
+                from: a.to_string(),
+                to: b.to_string(),
+                label: format!("{:?}", c.kind),
+                weights: c.kind == ChannelKind::Weights,
+            })
+            .collect(),
+    }
 }
 
-fn field_span(r: &Record, name: &str) -> Option<Span> {
-    r.fields.get(name).filter(|f| !f.defaulted && f.span != Span::default()).map(|f| f.span)
-}
-
-fn int_of(r: &Record, name: &str) -> Option<(u64, Option<Span>)> {
-    let v = r.get(name)?.as_i64()?;
-    Some((u64::try_from(v).ok()?, field_span(r, name)))
-}
+// ---- the planner's catalogs: clusters, GPUs, catalog models, a decoder's parameters ----------
 
 fn u64_of(r: &Record, name: &str) -> Option<u64> {
-    r.get(name).and_then(Value::as_q).and_then(q_to_u64)
-}
-
-fn q_to_u64(q: Q) -> Option<u64> {
-    let f = q.to_f64();
-    (f.is_finite() && f >= 0.0).then(|| f.round() as u64)
+    r.u64(name).map(|v| v.value)
 }
 
 fn f64_of(r: &Record, name: &str) -> Option<f64> {
-    r.get(name).and_then(Value::as_f64)
-}
-
-fn enum_of<'a>(r: &'a Record, name: &str) -> Option<(&'a str, Option<Span>)> {
-    Some((r.get(name)?.as_enum()?, field_span(r, name)))
+    r.f64(name).map(|v| v.value)
 }
 
 fn str_of(r: &Record, name: &str) -> Option<String> {
-    r.get(name).and_then(|v| v.as_str()).map(str::to_string)
+    r.str(name).map(str::to_string)
 }
 
 fn cluster_of(name: &str, r: Option<&Record>) -> Cluster {
     let Some(r) = r else { return Cluster { name: name.to_string(), pools: Vec::new(), host: None, span: None } };
     match r.schema_name.as_str() {
         "gpu_cluster" => {
-            let gpu = r.get("gpu").and_then(Value::as_record).and_then(gpu_spec);
-            let gpus = u64_of(r, "gpus").unwrap_or(0);
+            let gpu = r.record("gpu").and_then(gpu_spec);
+            let gpus = r.u64("gpus");
             let per_node = u64_of(r, "gpus_per_node").unwrap_or(1).max(1);
             let pools = gpu
-                .map(|g| vec![NodePool { gpu: g, nodes: spanned(gpus.div_ceil(per_node), field_span(r, "gpus")) }])
+                .map(|g| {
+                    let n = gpus.map_or(0, |v| v.value);
+                    vec![NodePool {
+                        gpu: g,
+                        nodes: Spanned { value: n.div_ceil(per_node), span: gpus.and_then(|v| v.span) },
+                    }]
+                })
                 .unwrap_or_default();
             Cluster { name: name.to_string(), pools, host: None, span: Some(r.span) }
         }
@@ -397,7 +506,7 @@ fn arch_of(s: &str) -> Arch {
 fn gpu_spec(r: &Record) -> Option<GpuSpec> {
     Some(GpuSpec {
         name: str_of(r, "name")?,
-        arch: arch_of(r.get("arch")?.as_enum()?),
+        arch: arch_of(r.member("arch")?.value),
         hbm: u64_of(r, "hbm")?,
         hbm_bandwidth: f64_of(r, "hbm_bandwidth")?,
         bf16: f64_of(r, "bf16")?,
@@ -413,52 +522,26 @@ fn gpu_spec(r: &Record) -> Option<GpuSpec> {
     })
 }
 
-fn model_spec(r: &Record) -> Option<ModelSpec> {
-    match r.schema_name.as_str() {
-        "llm" => Some(ModelSpec {
-            name: str_of(r, "name")?,
-            params: u64_of(r, "params")?,
-            active_params: u64_of(r, "active_params")?,
-            layers: u64_of(r, "layers")?,
-            dense_layers: u64_of(r, "dense_layers").unwrap_or(0),
-            hidden_size: u64_of(r, "hidden_size")?,
-            heads: u64_of(r, "heads")?,
-            kv_heads: u64_of(r, "kv_heads")?,
-            head_dim: u64_of(r, "head_dim")?,
-            vocab: u64_of(r, "vocab")?,
-            experts: u64_of(r, "experts").unwrap_or(0),
-            top_k: u64_of(r, "top_k").unwrap_or(0),
-            max_context: u64_of(r, "max_context")?,
-            attention: match r.get("attention")?.as_enum()? {
-                "mha" => Attention::Mha,
-                "mla" => Attention::Mla,
-                _ => Attention::Gqa,
-            },
-            kv_lora_rank: u64_of(r, "kv_lora_rank"),
-            qk_rope_head_dim: u64_of(r, "qk_rope_head_dim"),
-            sparse_topk: u64_of(r, "sparse_topk"),
-            index_head_dim: u64_of(r, "index_head_dim"),
-            update_requantize_s: f64_of(r, "update_requantize"),
-            intermediate_size: None,
-            tied_embeddings: None,
-        }),
+/// A model as the planner sizes it: a catalog entry from its record, a decoder from its shape.
+pub(crate) fn model_spec(m: &ModelJob) -> Option<ModelSpec> {
+    match m {
+        ModelJob::Catalog(r) => llm_spec(r),
         // The embedded backend's decoder: parameters counted from its shape (docs/plan.md).
         // With `experts > 0` every layer from `dense_layers` on is a mixture of experts: a router
         // (experts x d_model), `experts` SwiGLU experts of `expert_d_ff` (top_k of them active
         // per token) and an optional shared expert of `shared_expert_d_ff`.
-        "transformer" => {
-            let (d, heads, kv) = (u64_of(r, "d_model")?, u64_of(r, "heads")?.max(1), u64_of(r, "kv_heads")?);
-            let (ff, vocab, hd, layers) = (u64_of(r, "d_ff")?, u64_of(r, "vocab")?, d / heads, u64_of(r, "layers")?);
+        ModelJob::Transformer { sizes, moe } => {
+            let (d, heads, kv) = (sizes.d_model, sizes.heads.max(1), sizes.kv_heads);
+            let (ff, vocab, hd, layers) = (sizes.d_ff, sizes.vocab, d / heads, sizes.layers);
             let attn = d * heads * hd + 2 * d * kv * hd + heads * hd * d;
-            let experts = u64_of(r, "experts").unwrap_or(0);
-            let (top_k, dense_layers) = if experts == 0 {
-                (0, 0)
-            } else {
-                (u64_of(r, "top_k").unwrap_or(0), u64_of(r, "dense_layers").unwrap_or(0).min(layers))
+            let experts = moe.as_ref().map_or(0, |m| m.experts);
+            let (top_k, dense_layers) = match moe {
+                Some(m) => (m.top_k, m.dense_layers.min(layers)),
+                None => (0, 0),
             };
             let moe_layers = if experts == 0 { 0 } else { layers - dense_layers };
-            let expert = 3 * d * u64_of(r, "expert_d_ff").unwrap_or(ff);
-            let shared = 3 * d * u64_of(r, "shared_expert_d_ff").unwrap_or(0);
+            let expert = 3 * d * moe.as_ref().map_or(ff, |m| m.expert_d_ff);
+            let shared = 3 * d * moe.as_ref().map_or(0, |m| m.shared_expert_d_ff);
             // The embedding and the LM head are two matrices (2 x vocab x d).
             let common = 2 * vocab * d
                 + layers * (attn + 2 * d)
@@ -467,7 +550,8 @@ fn model_spec(r: &Record) -> Option<ModelSpec> {
                 + moe_layers * (shared + experts * d);
             let params = common + moe_layers * experts * expert;
             let active_params = common + moe_layers * top_k * expert;
-            decoder_spec(r, "transformer", params, hd).map(|m| ModelSpec {
+            let m = decoder_spec(sizes, "transformer", params, hd);
+            Some(ModelSpec {
                 name: if experts == 0 { m.name } else { format!("{} MoE top-{top_k} of {experts}", m.name) },
                 active_params,
                 dense_layers,
@@ -479,245 +563,70 @@ fn model_spec(r: &Record) -> Option<ModelSpec> {
         }
         // A Hugging Face directory: the sizes `miles check` read from its config.json, the
         // parameters counted there (biases, q/k norms and tied embeddings included).
-        "hf" => {
-            let (arch, tied) = match r.get("config") {
-                Some(Value::Map(m)) => (
-                    m.get("architecture").and_then(|v| v.as_str()).unwrap_or("hf").to_string(),
-                    m.get("tie_embeddings").and_then(Value::as_bool),
-                ),
-                _ => ("hf".into(), None),
-            };
-            decoder_spec(r, &arch, u64_of(r, "params")?, u64_of(r, "head_dim")?)
-                .map(|m| ModelSpec { tied_embeddings: tied, ..m })
-        }
-        _ => None,
+        ModelJob::Hf(h) => Some(ModelSpec {
+            tied_embeddings: h.tie_embeddings,
+            ..decoder_spec(&h.sizes, &h.architecture, h.params, h.head_dim)
+        }),
+        ModelJob::Denoiser(_) | ModelJob::Other { .. } => None,
     }
 }
 
-/// A dense decoder's plan input from the fields `transformer` and `hf` share (layers, d_model,
-/// heads, kv_heads, vocab, max_len), named `<name> <layers>x<d_model>`.
-fn decoder_spec(r: &Record, name: &str, params: u64, head_dim: u64) -> Option<ModelSpec> {
-    let (layers, d, heads, kv) =
-        (u64_of(r, "layers")?, u64_of(r, "d_model")?, u64_of(r, "heads")?.max(1), u64_of(r, "kv_heads")?);
+/// A `schema llm` catalog entry (std/models), field by field.
+fn llm_spec(r: &Record) -> Option<ModelSpec> {
     Some(ModelSpec {
-        name: format!("{name} {layers}x{d}"),
+        name: str_of(r, "name")?,
+        params: u64_of(r, "params")?,
+        active_params: u64_of(r, "active_params")?,
+        layers: u64_of(r, "layers")?,
+        dense_layers: u64_of(r, "dense_layers").unwrap_or(0),
+        hidden_size: u64_of(r, "hidden_size")?,
+        heads: u64_of(r, "heads")?,
+        kv_heads: u64_of(r, "kv_heads")?,
+        head_dim: u64_of(r, "head_dim")?,
+        vocab: u64_of(r, "vocab")?,
+        experts: u64_of(r, "experts").unwrap_or(0),
+        top_k: u64_of(r, "top_k").unwrap_or(0),
+        max_context: u64_of(r, "max_context")?,
+        attention: match r.member("attention")?.value {
+            "mha" => Attention::Mha,
+            "mla" => Attention::Mla,
+            _ => Attention::Gqa,
+        },
+        kv_lora_rank: u64_of(r, "kv_lora_rank"),
+        qk_rope_head_dim: u64_of(r, "qk_rope_head_dim"),
+        sparse_topk: u64_of(r, "sparse_topk"),
+        index_head_dim: u64_of(r, "index_head_dim"),
+        update_requantize_s: f64_of(r, "update_requantize"),
+        intermediate_size: None,
+        tied_embeddings: None,
+    })
+}
+
+/// A dense decoder's plan input from the sizes `transformer` and `hf` share, named
+/// `<name> <layers>x<d_model>`.
+fn decoder_spec(s: &job::Decoder, name: &str, params: u64, head_dim: u64) -> ModelSpec {
+    let heads = s.heads.max(1);
+    ModelSpec {
+        name: format!("{name} {}x{}", s.layers, s.d_model),
         params,
         active_params: params,
-        layers,
+        layers: s.layers,
         dense_layers: 0,
-        hidden_size: d,
+        hidden_size: s.d_model,
         heads,
-        kv_heads: kv,
+        kv_heads: s.kv_heads,
         head_dim,
-        vocab: u64_of(r, "vocab")?,
+        vocab: s.vocab,
         experts: 0,
         top_k: 0,
-        max_context: u64_of(r, "max_len")?,
-        attention: if kv == heads { Attention::Mha } else { Attention::Gqa },
+        max_context: s.max_len,
+        attention: if s.kv_heads == heads { Attention::Mha } else { Attention::Gqa },
         kv_lora_rank: None,
         qk_rope_head_dim: None,
         sparse_topk: None,
         index_head_dim: None,
         update_requantize_s: None,
-        intermediate_size: u64_of(r, "d_ff"),
+        intermediate_size: Some(s.d_ff),
         tied_embeddings: None,
-    })
-}
-
-fn precision_of(s: &str) -> Precision {
-    match s {
-        "fp32" => Precision::Fp32,
-        "fp16" => Precision::Fp16,
-        "fp8_blockwise" => Precision::Fp8Blockwise,
-        "mxfp8" => Precision::Mxfp8,
-        "nvfp4" => Precision::Nvfp4,
-        _ => Precision::Bf16,
-    }
-}
-
-/// Prompt and response lengths of a rollout (tokens).
-fn lengths(g: &StageGraph, node: &StageNode) -> (Spanned<u64>, Spanned<u64>) {
-    let node = if node.param("max_new_tokens").is_some() { node } else { upstream_rollout(g, node).unwrap_or(node) };
-    let get = |name: &str| {
-        node.param(name)
-            .and_then(Value::as_q)
-            .and_then(q_to_u64)
-            .map(|v| spanned(v, param_span(node, name)))
-            .unwrap_or(Spanned::new(0))
-    };
-    (get("max_prompt_tokens"), get("max_new_tokens"))
-}
-
-fn upstream_rollout<'g>(g: &'g StageGraph, node: &StageNode) -> Option<&'g StageNode> {
-    node.inputs.values().find_map(|v| match v {
-        Value::Stage(n) => g.node(n).filter(|up| up.output == Some(miles_compiler::value::PortKind::Trajectories)),
-        _ => None,
-    })
-}
-
-fn engine_of(r: &Record, prompt_len: Spanned<u64>, response_len: Spanned<u64>) -> Engine {
-    let int = |name: &str, default: u64| int_of(r, name).map(|(v, s)| spanned(v, s)).unwrap_or(Spanned::new(default));
-    let precision =
-        enum_of(r, "precision").map(|(p, s)| spanned(precision_of(p), s)).unwrap_or(Spanned::new(Precision::Fp32));
-    Engine {
-        engines: None,
-        tp: int("tp", 1),
-        dp: Spanned::new(1),
-        ep: int("ep", 1),
-        precision,
-        embedded: r.schema_name == "embedded_engine",
-        kv_precision: None,
-        mem_fraction: f64_of(r, "mem_fraction")
-            .map(|v| spanned(v, field_span(r, "mem_fraction")))
-            .unwrap_or(Spanned::new(0.85)),
-        max_concurrent: int_of(r, "max_concurrent").map(|(v, s)| spanned(v, s)),
-        // A planning assumption the recipe states on its engine (std/prelude `sglang`).
-        prefix_cache_hit: f64_of(r, "prefix_cache_hit").map(|v| spanned(v, field_span(r, "prefix_cache_hit"))),
-        prompt_len,
-        response_len,
-    }
-}
-
-fn trainer_of(
-    g: &StageGraph,
-    node: &StageNode,
-    b: &Record,
-    seq_len: Spanned<u64>,
-    offload: Option<(&str, Option<Span>)>,
-) -> Trainer {
-    // `opd = opd { teacher = <a teacher_logprobs stage> }`: that stage's model, read like the
-    // policy (`model_spec`), and where it runs; on GPUs of its own it is planned apart.
-    let teacher = teacher_stage_of(g, node).filter(|t| t.param("gpus").is_none_or(|v| *v == Value::None));
-    let int = |name: &str| int_of(b, name).map(|(v, s)| spanned(v, s)).unwrap_or(Spanned::new(1));
-    let backend = match b.schema_name.as_str() {
-        "megatron" => Backend::Megatron,
-        "fsdp" => Backend::Fsdp,
-        _ => Backend::Embedded,
-    };
-    let precision =
-        enum_of(b, "precision").map(|(p, s)| spanned(precision_of(p), s)).unwrap_or(Spanned::new(Precision::Fp32));
-    let recompute = match enum_of(b, "recompute") {
-        Some(("full", s)) => spanned(Recompute::Full, s),
-        Some(("selective", s)) => spanned(Recompute::Selective, s),
-        Some((_, s)) => spanned(Recompute::Off, s),
-        None => Spanned::new(Recompute::Off),
-    };
-    let optimizer_offload = match offload {
-        Some(("cpu", s)) => spanned(OptimizerOffload::Cpu, s),
-        Some(("stream_from_disk", s)) => spanned(OptimizerOffload::StreamFromDisk, s),
-        Some((_, s)) => spanned(OptimizerOffload::OnGpu, s),
-        None => Spanned::new(OptimizerOffload::OnGpu),
-    };
-    // The embedded trainer has no micro-batch of its own: the stage's `micro_batch` (or the
-    // SFT `batch`) is what it holds in memory at once.
-    let micro_batch = if backend == Backend::Embedded {
-        param_int(node, "micro_batch").or_else(|| param_int(node, "batch")).unwrap_or(Spanned::new(1))
-    } else {
-        int("micro_batch")
-    };
-    Trainer {
-        backend: Spanned::new(backend),
-        tp: int("tp"),
-        pp: int("pp"),
-        cp: int("cp"),
-        ep: int("ep"),
-        dp: int_of(b, "dp").map(|(v, s)| spanned(v, s)),
-        precision,
-        micro_batch,
-        seq_len,
-        recompute,
-        optimizer_offload,
-        lora: rec(node, "lora").map(|r| lora_of(r, param_span(node, "lora"))),
-        teacher: teacher.and_then(|t| t.model.as_deref()).and_then(model_spec),
-        teacher_process: teacher.and_then(|t| t.param("process")).and_then(Value::as_bool).unwrap_or(false),
-    }
-}
-
-/// The `teacher_logprobs` stage a trainer's `opd` reads.
-fn teacher_stage_of<'g>(g: &'g StageGraph, train: &StageNode) -> Option<&'g StageNode> {
-    match rec(train, "opd").and_then(|o| o.get("teacher")) {
-        Some(Value::Stage(n)) => g.node(n),
-        _ => None,
-    }
-}
-
-/// `lora { rank, adapters, target_modules }`; a module named twice is counted once.
-fn lora_of(r: &Record, span: Option<Span>) -> Lora {
-    let int = |name: &str| int_of(r, name).map(|(v, s)| spanned(v, s)).unwrap_or(Spanned::new(1));
-    let mut target_modules = match r.get("target_modules") {
-        Some(Value::List(items)) => items.iter().filter_map(|v| v.as_enum().and_then(LoraTarget::from_name)).collect(),
-        _ => default_lora_targets(),
-    };
-    target_modules.sort();
-    target_modules.dedup();
-    // `dropout: Float in 0..1` (std/prelude); clamped so a value the checker let through cannot
-    // turn into negative or runaway memory.
-    let dropout = f64_of(r, "dropout").filter(|d| d.is_finite()).map_or(0.0, |d| d.clamp(0.0, 1.0));
-    Lora { rank: int("rank"), adapters: int("adapters"), target_modules, dropout, span }
-}
-
-fn sync_of(node: &StageNode) -> WeightSync {
-    let name_of = |port: &str| match node.inputs.get(port) {
-        Some(Value::Stage(n)) => n.clone(),
-        _ => String::new(),
-    };
-    let transport = match node.param("transport").and_then(Value::as_enum) {
-        Some("p2p") => Transport::P2p,
-        Some("disk_delta") => Transport::DiskDelta,
-        Some("local") => Transport::Local,
-        _ => Transport::Broadcast,
-    };
-    let channel = match node.param("channel").and_then(Value::as_enum) {
-        Some("tcp") => WeightChannel::Tcp,
-        Some("shm") => WeightChannel::Shm,
-        Some("nccl") => WeightChannel::Nccl,
-        _ => WeightChannel::Auto,
-    };
-    let bucket = node.param("bucket").and_then(Value::as_q).and_then(q_to_u64).unwrap_or(512_000_000);
-    WeightSync {
-        name: node.name.clone(),
-        from: name_of("train"),
-        to: name_of("rollout"),
-        transport: spanned(transport, param_span(node, "transport")),
-        channel,
-        bucket: spanned(bucket, param_span(node, "bucket")),
-        span: Some(node.name_span),
-    }
-}
-
-fn schedule_of(v: &Value, span: Span, defaulted: bool) -> Schedule {
-    let Some(r) = v.as_record() else { return Schedule::default() };
-    let mode = match r.schema_name.as_str() {
-        "fully_async" => ScheduleMode::FullyAsync,
-        "one_step_off" => ScheduleMode::OneStepOff,
-        _ => ScheduleMode::Sync,
-    };
-    let int = |name: &str| int_of(r, name).map(|(v, s)| spanned(v, s));
-    Schedule {
-        mode: spanned(mode, (!defaulted).then_some(span)),
-        max_staleness: int("max_staleness"),
-        buffer_capacity: int("buffer_capacity"),
-        max_concurrent: if mode == ScheduleMode::FullyAsync { int("max_concurrent") } else { None },
-    }
-}
-
-fn graph_of(g: &StageGraph) -> Graph {
-    let roles: HashMap<&str, Role> =
-        g.nodes().map(|n| (n.name.as_str(), if n.kind == "weights" { Role::Other } else { role_of(n) })).collect();
-    Graph {
-        nodes: g
-            .nodes()
-            .map(|n| GraphNode { id: n.name.clone(), label: n.kind.clone(), role: roles[n.name.as_str()] })
-            .collect(),
-        edges: g
-            .edges()
-            .into_iter()
-            .map(|(a, b, c)| GraphEdge {
-                from: a.to_string(),
-                to: b.to_string(),
-                label: format!("{:?}", c.kind),
-                weights: c.kind == ChannelKind::Weights,
-            })
-            .collect(),
     }
 }

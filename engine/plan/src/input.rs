@@ -6,87 +6,11 @@
 //! `schema gpu`, `schema host` and `schema llm` declarations in those catalogs, so the compiler can
 //! map a record field by field.
 
-use miles_grammar::diag::{FileId, Span};
-use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use miles_grammar::diag::Span;
+use serde::{Deserialize, Serialize};
 
-/// A user-settable figure and where the recipe set it, so a plan error can point at the line.
-///
-/// In JSON a value without a span is written bare (`8`), one with a span as
-/// `{"value": 8, "span": {"file": 0, "start": 10, "end": 11}}`; both forms are read back.
-#[derive(Clone, Copy, Debug, PartialEq, Default)]
-pub struct Spanned<T> {
-    pub value: T,
-    pub span: Option<Span>,
-}
-
-impl<T> Spanned<T> {
-    pub fn new(value: T) -> Spanned<T> {
-        Spanned { value, span: None }
-    }
-    pub fn at(value: T, span: Span) -> Spanned<T> {
-        Spanned { value, span: Some(span) }
-    }
-}
-
-impl<T> From<T> for Spanned<T> {
-    fn from(value: T) -> Spanned<T> {
-        Spanned::new(value)
-    }
-}
-
-// `Span` lives in miles-grammar and only derives `Serialize`; this mirror lets plan inputs be
-// read back from JSON fixtures without widening the grammar crate's API.
-#[derive(Serialize, Deserialize)]
-struct SpanRepr {
-    file: u32,
-    start: u32,
-    end: u32,
-}
-
-#[derive(Serialize, Deserialize)]
-struct SpannedRepr<T> {
-    value: T,
-    span: SpanRepr,
-}
-
-#[derive(Deserialize)]
-#[serde(untagged)]
-enum SpannedIn<T> {
-    WithSpan(SpannedRepr<T>),
-    Bare(T),
-}
-
-impl<T: Serialize> Serialize for Spanned<T> {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        match self.span {
-            None => self.value.serialize(s),
-            Some(sp) => {
-                SpannedRepr { value: &self.value, span: SpanRepr { file: sp.file.0, start: sp.start, end: sp.end } }
-                    .serialize(s)
-            }
-        }
-    }
-}
-
-impl<'de, T: Deserialize<'de>> Deserialize<'de> for Spanned<T> {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        Ok(match SpannedIn::deserialize(d)? {
-            SpannedIn::Bare(value) => Spanned::new(value),
-            SpannedIn::WithSpan(r) => Spanned {
-                value: r.value,
-                span: Some(Span { file: FileId(r.span.file), start: r.span.start, end: r.span.end }),
-            },
-        })
-    }
-}
-
-fn opt_span<S: Serializer>(span: &Option<Span>, s: S) -> Result<S::Ok, S::Error> {
-    span.map(|sp| SpanRepr { file: sp.file.0, start: sp.start, end: sp.end }).serialize(s)
-}
-
-fn de_opt_span<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Span>, D::Error> {
-    Ok(Option::<SpanRepr>::deserialize(d)?.map(|r| Span { file: FileId(r.file), start: r.start, end: r.end }))
-}
+pub use miles_grammar::diag::Spanned;
+use miles_grammar::spanned::{deserialize_opt_span as de_opt_span, serialize_opt_span as opt_span};
 
 /// Everything `miles plan` needs to know about one recipe.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
