@@ -1,9 +1,16 @@
 #!/usr/bin/env bash
 # The laptop GRPO recipe (recipes/grpo-laptop.miles) under fully_async { max_staleness = 1 } in
-# three set-ups, seeds 1-3, one run after the other: in process (the embedded backend), with two
-# rollout engines as worker processes (launcher = local_processes { engines = 2 }, broadcast over
-# TCP), and with `miles serve` as the engine (engine = sglang { url }). Held-out accuracy at the RL
-# start and the end, wall time and the async metrics. Output in bench/out/async-workers/.
+# three set-ups, seeds 1-3, one run after the other:
+#  - inproc: in process (the embedded backend);
+#  - workers: two rollout engines as worker processes (launcher = local_processes { engines = 2 }),
+#    weights by `transport = broadcast, bucket = 4.MB` with the default `channel = auto`: shared
+#    memory here, as every worker listens on loopback (the launcher's default bind, 127.0.0.1) on
+#    this host, so sync.jsonl says `broadcast/shm`; auto falls back to TCP only on a host without
+#    /dev/shm;
+#  - serve: `miles serve` as the engine (engine = sglang { url }), each update a checkpoint
+#    directory the server loads through /update_weights_from_disk.
+# Held-out accuracy at the RL start and the end, wall time and the async metrics. Output in
+# bench/out/async-workers/.
 #
 #   bash bench/async/workers.sh [MILES_BINARY]     (default: target/release/miles, built first)
 set -euo pipefail
