@@ -12,6 +12,8 @@ use miles_compiler::{CompiledRecipe, Diagnostic, Span};
 use miles_runtime::routing::RouteId;
 use miles_runtime::spec::*;
 
+#[cfg(test)]
+mod agree;
 pub mod diffusion;
 mod launch;
 mod reward;
