@@ -115,6 +115,25 @@ pub fn render_text(p: &Plan) -> String {
 /// the findings with their source lines).
 pub fn render_sections(p: &Plan) -> String {
     let mut o = String::new();
+    header(&mut o, p);
+    stage_lines(&mut o, p);
+    memory_section(&mut o, p);
+    rollout_section(&mut o, p);
+    gpu_map_section(&mut o, p);
+    sync_section(&mut o, p);
+    colocation_section(&mut o, p);
+    if let Some(d) = &p.diffusion {
+        diffusion_text(&mut o, d, p.step.as_ref());
+    } else if let Some(st) = &p.step {
+        step_section(&mut o, p, st);
+    }
+    batch_section(&mut o, p);
+    episodes_section(&mut o, p);
+    o
+}
+
+/// The header: recipe and cluster, placement, and the device a `local` cluster resolved to.
+fn header(o: &mut String, p: &Plan) {
     let _ = writeln!(o, "miles plan: {} on {}", p.recipe, cluster_line(p));
     let _ = writeln!(
         o,
@@ -128,7 +147,10 @@ pub fn render_sections(p: &Plan) -> String {
         }
     }
     let _ = writeln!(o);
+}
 
+/// One line per stage and weight sync, terraform-style, and the schedule's.
+fn stage_lines(o: &mut String, p: &Plan) {
     let w_name =
         p.stages.iter().map(|s| s.name.len()).chain(p.syncs.iter().map(|s| s.name.len())).max().unwrap_or(4).max(8);
     for s in &p.stages {
@@ -171,7 +193,10 @@ pub fn render_sections(p: &Plan) -> String {
             p.buffer.as_ref().and_then(|b| b.max_staleness).map(|s| format!(", max staleness {s}")).unwrap_or_default()
         );
     }
+}
 
+/// Memory per rank, item by item, with the verdict, LoRA's full fine-tune and the offload.
+fn memory_section(o: &mut String, p: &Plan) {
     if !p.memory.is_empty() {
         let _ = writeln!(o, "\nMemory per rank (one GPU, or the host on a CPU-only cluster)");
         for m in &p.memory {
@@ -212,7 +237,10 @@ pub fn render_sections(p: &Plan) -> String {
             }
         }
     }
+}
 
+/// Each rollout stage's engines, KV cache and throughput.
+fn rollout_section(o: &mut String, p: &Plan) {
     if !p.rollouts.is_empty() {
         let _ = writeln!(o, "\nRollout");
         for r in &p.rollouts {
@@ -237,7 +265,10 @@ pub fn render_sections(p: &Plan) -> String {
             }
         }
     }
+}
 
+/// Which stages occupy which GPUs and nodes.
+fn gpu_map_section(o: &mut String, p: &Plan) {
     if !p.gpu_map.is_empty() {
         let _ = writeln!(o, "\nGPU map");
         for s in &p.gpu_map {
@@ -252,7 +283,10 @@ pub fn render_sections(p: &Plan) -> String {
             let _ = writeln!(o, "  {:16} {:14} {}", gpus, nodes, who);
         }
     }
+}
 
+/// Each weight sync's bytes, transport, estimate and assumptions.
+fn sync_section(o: &mut String, p: &Plan) {
     if !p.syncs.is_empty() {
         let _ = writeln!(o, "\nWeight sync");
         for s in &p.syncs {
@@ -272,7 +306,10 @@ pub fn render_sections(p: &Plan) -> String {
             }
         }
     }
+}
 
+/// Colocated placement: both actors resident, or the idle one evicted each step.
+fn colocation_section(o: &mut String, p: &Plan) {
     if let Some(c) = &p.colocation {
         let _ = writeln!(o, "\nColocated placement");
         let _ = writeln!(
@@ -295,56 +332,56 @@ pub fn render_sections(p: &Plan) -> String {
             let _ = writeln!(o, "    - {a}");
         }
     }
+}
 
-    if let Some(d) = &p.diffusion {
-        diffusion_text(&mut o, d, p.step.as_ref());
-    } else if let Some(st) = &p.step {
-        let _ = writeln!(o, "\nTime per step (estimates)");
-        let _ = writeln!(o, "  rollout   {:>8}", secs(st.rollout_s));
-        if st.teacher_stage_s > 0.0 {
-            let _ = writeln!(
-                o,
-                "  teacher   {:>8}  (the teacher stage on its own GPUs: a no-grad forward over the batch)",
-                secs(st.teacher_stage_s)
-            );
-        }
-        let _ =
-            writeln!(o, "  train     {:>8}  ({} per optimizer step)", secs(st.train_s), secs(st.train_step.seconds));
-        if st.critic_s > 0.0 {
-            let _ =
-                writeln!(o, "    critic  {:>8}  (in train: values + value loss of the PPO critic)", secs(st.critic_s));
-        }
-        if st.teacher_s > 0.0 {
-            let _ = writeln!(
-                o,
-                "    teacher {:>8}  (of train: the teacher stage's no-grad forward, before the trainer's passes)",
-                secs(st.teacher_s)
-            );
-        }
-        if st.offload_s > 0.0 {
-            let _ = writeln!(o, "  offload   {:>8}", secs(st.offload_s));
-        }
-        if st.switch_s > 0.0 {
-            let _ =
-                writeln!(o, "  evict     {:>8}  (colocated: offload + reload of the idle actor)", secs(st.switch_s));
-        }
-        let _ = writeln!(o, "  sync      {:>8}", secs(st.sync_s));
+/// The time per step, phase by phase (a language-model recipe's; `diffusion_text` has a
+/// diffusion recipe's).
+fn step_section(o: &mut String, p: &Plan, st: &StepReport) {
+    let _ = writeln!(o, "\nTime per step (estimates)");
+    let _ = writeln!(o, "  rollout   {:>8}", secs(st.rollout_s));
+    if st.teacher_stage_s > 0.0 {
         let _ = writeln!(
             o,
-            "  step      {:>8}  {}{}",
-            secs(st.step.seconds),
-            st.mode.as_str(),
-            if st.mode == ScheduleMode::Sync {
-                format!(" (overlapped: {})", secs(st.async_step_s))
-            } else {
-                format!(" (synchronous: {})", secs(st.sync_step_s))
-            }
+            "  teacher   {:>8}  (the teacher stage on its own GPUs: a no-grad forward over the batch)",
+            secs(st.teacher_stage_s)
         );
-        if let Some(l) = &p.lengths {
-            let _ = writeln!(o, "  lengths   {}", lengths_line(l));
-        }
     }
+    let _ = writeln!(o, "  train     {:>8}  ({} per optimizer step)", secs(st.train_s), secs(st.train_step.seconds));
+    if st.critic_s > 0.0 {
+        let _ = writeln!(o, "    critic  {:>8}  (in train: values + value loss of the PPO critic)", secs(st.critic_s));
+    }
+    if st.teacher_s > 0.0 {
+        let _ = writeln!(
+            o,
+            "    teacher {:>8}  (of train: the teacher stage's no-grad forward, before the trainer's passes)",
+            secs(st.teacher_s)
+        );
+    }
+    if st.offload_s > 0.0 {
+        let _ = writeln!(o, "  offload   {:>8}", secs(st.offload_s));
+    }
+    if st.switch_s > 0.0 {
+        let _ = writeln!(o, "  evict     {:>8}  (colocated: offload + reload of the idle actor)", secs(st.switch_s));
+    }
+    let _ = writeln!(o, "  sync      {:>8}", secs(st.sync_s));
+    let _ = writeln!(
+        o,
+        "  step      {:>8}  {}{}",
+        secs(st.step.seconds),
+        st.mode.as_str(),
+        if st.mode == ScheduleMode::Sync {
+            format!(" (overlapped: {})", secs(st.async_step_s))
+        } else {
+            format!(" (synchronous: {})", secs(st.sync_step_s))
+        }
+    );
+    if let Some(l) = &p.lengths {
+        let _ = writeln!(o, "  lengths   {}", lengths_line(l));
+    }
+}
 
+/// The batch arithmetic and the buffer.
+fn batch_section(o: &mut String, p: &Plan) {
     if let Some(b) = &p.batch {
         let _ = writeln!(o, "\nBatch");
         let _ = writeln!(
@@ -377,7 +414,10 @@ pub fn render_sections(p: &Plan) -> String {
             }
         );
     }
+}
 
+/// Multi-turn episodes: their lengths and prefill.
+fn episodes_section(o: &mut String, p: &Plan) {
     if let Some(e) = &p.episodes {
         let _ = writeln!(o, "\nEpisodes ({} environment)", e.env);
         let _ = writeln!(
@@ -403,7 +443,6 @@ pub fn render_sections(p: &Plan) -> String {
             );
         }
     }
-    o
 }
 
 /// A diffusion recipe's time per phase, one-off costs and batch arithmetic (docs/plan.md,
@@ -569,7 +608,6 @@ fn lengths_line(l: &LengthReport) -> String {
     }
 }
 
-/// The plan's findings as brief text lines (`error[E0401]: ...` and help).
 /// Bytes as `gb` writes them, with kB below 0.1 MB (a small model's R3 data per trajectory).
 fn small_bytes(bytes: u64) -> String {
     if bytes < 100_000 {
@@ -579,6 +617,7 @@ fn small_bytes(bytes: u64) -> String {
     }
 }
 
+/// The plan's findings as brief text lines (`error[E0401]: ...` and help).
 pub fn render_diagnostics(p: &Plan) -> String {
     let mut o = String::new();
     if !p.diagnostics.is_empty() {

@@ -11,7 +11,7 @@ use super::embedded::{self, ADAM_BYTES_PER_PARAM, ADAM_KERNELS_PER_TENSOR, LOSS_
 use super::Ctx;
 use crate::input::*;
 use crate::output::*;
-use crate::time::{work_seconds, Work};
+use crate::time::{self, work_seconds, Work};
 use crate::units::{bytes_fixed, gb_fixed, params as param_count};
 use miles_grammar::diag::Diagnostic;
 
@@ -260,29 +260,149 @@ pub(super) struct Planned {
     pub(super) syncs: Vec<SyncReport>,
 }
 
+/// A diffusion step's figures, as every phase reads them.
+struct Shape {
+    /// Denoising steps T.
+    t: u64,
+    /// Images per micro-group.
+    mg: u64,
+    samples_per_condition: u64,
+    conditions: u64,
+    images: u64,
+    /// Micro-groups per step.
+    n: u64,
+    /// Classifier-free guidance's two rows per image and step.
+    two: bool,
+    /// Denoiser rows per image and step.
+    f: u64,
+    /// Denoising steps trained per image.
+    trained: u64,
+    kl: bool,
+}
+
+impl Shape {
+    fn of(d: &Diffusion) -> Shape {
+        let t = d.rollout.steps.max(1);
+        let mg = d.rollout.micro_group.max(1);
+        let spc = d.rollout.samples_per_condition.max(1);
+        let conditions = d.train.as_ref().map_or(1, |tr| tr.conditions_per_step.max(1));
+        let images = conditions * spc;
+        Shape {
+            t,
+            mg,
+            samples_per_condition: spc,
+            conditions,
+            images,
+            n: images.div_ceil(mg),
+            two: two_terms(d.rollout.guidance),
+            f: forwards_per_step(d.rollout.guidance),
+            trained: d.train.as_ref().and_then(|tr| tr.train_steps).unwrap_or(t).clamp(1, t),
+            kl: d.train.as_ref().is_some_and(|tr| tr.kl_coef > 0.0),
+        }
+    }
+}
+
 /// Plans a diffusion recipe on a CPU host; `None` on a GPU cluster (the embedded backend runs
 /// on the host CPU only).
 pub(super) fn plan_diffusion(cx: &mut Ctx, d: &Diffusion, memory: &mut Vec<MemoryReport>) -> Option<Planned> {
     let input = cx.input;
     let host = input.cluster.host.as_ref().filter(|_| input.cluster.pools.is_empty())?;
-    let a = &input.assumptions;
-    let r = embedded::rate(a);
+    let r = embedded::rate(&input.assumptions);
     let m = &d.model;
-    let t = d.rollout.steps.max(1);
-    let mg = d.rollout.micro_group.max(1);
-    let spc = d.rollout.samples_per_condition.max(1);
-    let conditions = d.train.as_ref().map_or(1, |tr| tr.conditions_per_step.max(1));
-    let images = conditions * spc;
-    let n = images.div_ceil(mg);
-    let two = two_terms(d.rollout.guidance);
-    let f = forwards_per_step(d.rollout.guidance);
-    let trained = d.train.as_ref().and_then(|tr| tr.train_steps).unwrap_or(t).clamp(1, t);
-    let kl = d.train.as_ref().is_some_and(|tr| tr.kl_coef > 0.0);
-    let s2 = m.side * m.side;
+    let sh = Shape::of(d);
+    let cls_params = classifier_params(m.side, m.conditions);
 
-    // Denoising: n micro-groups of mg images, one after another on the main thread.
+    let (denoise, d_s) = denoise_time(d, &sh, &r);
+    let reward = reward_time(d, &sh, &r, host, cls_params);
+    let r_s = reward.as_ref().map_or(0.0, |x| x.1);
+    let streaming = d.reward.as_ref().is_some_and(|rw| rw.streaming);
+    let (whole, streamed) = rollout_times(sh.n, d_s, r_s);
+    let rollout_s = if streaming { streamed } else { whole };
+    let train = train_time(d, &sh, &r);
+    let train_s = train.as_ref().map_or(0.0, |e| e.seconds);
+    let step_s = rollout_s + train_s;
+    let eval = eval_time(d, &sh, &r);
+    let pretrain = pretrain_time(d, &r);
+    let classifiers = classifiers_time(d, &r, cls_params);
+    let one_off_s = pretrain.as_ref().map_or(0.0, |e| e.seconds) + classifiers.as_ref().map_or(0.0, |e| e.seconds);
+
+    plan_memory(cx, d, host, &sh, cls_params, memory);
+    let syncs = weight_syncs(input, m);
+    let notes = vec![
+        "the diffusion run is synchronous: rollout (denoise + rewards), then training; no weight copy".into(),
+        format!(
+            "rollout: {} micro-groups, d = {} to denoise, r = {} to score each: whole batch n d + n r = {}, streamed d + (n - 1) max(d, r) + r = {}; the recipe {}",
+            sh.n,
+            ms(d_s),
+            ms(r_s),
+            ms(whole),
+            ms(streamed),
+            if streaming { "streams" } else { "scores after the batch" }
+        ),
+        "one libtorch thread for denoising and training (a recipe cannot set threads, so the plan assumes 1)".into(),
+    ];
+    let train_step = train.clone().unwrap_or(Estimate { seconds: 0.0, assumptions: Vec::new() });
+    let step = StepReport {
+        mode: input.schedule.mode.value,
+        rollout_s,
+        train_s,
+        train_step,
+        critic_s: 0.0,
+        teacher_s: 0.0,
+        teacher_stage_s: 0.0,
+        sync_s: 0.0,
+        offload_s: 0.0,
+        switch_s: 0.0,
+        sync_step_s: step_s,
+        async_step_s: step_s,
+        step: Estimate { seconds: step_s, assumptions: notes },
+    };
+    let report = DiffusionReport {
+        model: m.name(),
+        params: m.params,
+        batch: DiffusionBatch {
+            conditions_per_step: sh.conditions,
+            samples_per_condition: sh.samples_per_condition,
+            images_per_step: sh.images,
+            micro_group: sh.mg,
+            micro_groups_per_step: sh.n,
+            denoising_steps: sh.t,
+            trained_steps: sh.trained,
+            forwards_per_step: sh.f,
+            trajectory_bytes: trajectory_bytes(m, sh.images, sh.t) as u64,
+        },
+        step: DiffusionStep {
+            rollout_s,
+            denoise_s: denoise.seconds,
+            reward_wait_s: rollout_s - denoise.seconds,
+            train_s,
+            step_s,
+        },
+        denoise,
+        denoise_micro_group_s: d_s,
+        reward: reward.map(|x| x.0),
+        reward_micro_group_s: r_s,
+        streaming,
+        reward_process: d.reward.as_ref().is_some_and(|r| r.process),
+        whole_batch_s: whole,
+        streamed_s: streamed,
+        train,
+        eval,
+        eval_every: d.eval.as_ref().map(|e| e.every),
+        pretrain,
+        classifiers,
+        one_off_s,
+    };
+    Some(Planned { report, step, syncs })
+}
+
+/// Denoising: n micro-groups of mg images, one after another on the main thread. Returns the
+/// step's estimate and one micro-group's seconds.
+fn denoise_time(d: &Diffusion, sh: &Shape, r: &time::Rate) -> (Estimate, f64) {
+    let m = &d.model;
+    let (n, mg, t, f, two) = (sh.n, sh.mg, sh.t, sh.f, sh.two);
     let dmg = denoise_micro_group(m, mg as f64, t as f64, two);
-    let d_s = work_seconds(&dmg, &r);
+    let d_s = work_seconds(&dmg, r);
     let denoise_work = dmg.scale(n as f64);
     let denoise = Estimate {
         seconds: d_s * n as f64,
@@ -318,18 +438,23 @@ pub(super) fn plan_diffusion(cx: &mut Ctx, d: &Diffusion, memory: &mut Vec<Memor
                 work_note(&denoise_work, "per RL step"),
                 ms(d_s)
             ),
-            embedded::rate_note(&r),
+            embedded::rate_note(r),
         ],
     };
+    (denoise, d_s)
+}
 
-    // Scoring: per micro-group on the reward thread.
-    let cls_params = classifier_params(m.side, m.conditions);
-    let reward = d.reward.as_ref().map(|rw| {
+/// Scoring: per micro-group on the reward thread. Returns the step's estimate and one
+/// micro-group's seconds (its compute and the recipe's stand-in latency).
+fn reward_time(d: &Diffusion, sh: &Shape, r: &time::Rate, host: &HostSpec, cls_params: u64) -> Option<(Estimate, f64)> {
+    let m = &d.model;
+    let (n, mg) = (sh.n, sh.mg);
+    d.reward.as_ref().map(|rw| {
         let mut w = classifier_forward(m.side, m.conditions, mg as f64);
         if rw.analytic {
             w = w + analytic(m, mg as f64);
         }
-        let compute = work_seconds(&w, &r);
+        let compute = work_seconds(&w, r);
         let per = compute + rw.extra_cost_s;
         let mut notes = vec![
             format!(
@@ -353,14 +478,14 @@ pub(super) fn plan_diffusion(cx: &mut Ctx, d: &Diffusion, memory: &mut Vec<Memor
             ));
         }
         (Estimate { seconds: per * n as f64, assumptions: notes }, per)
-    });
-    let r_s = reward.as_ref().map_or(0.0, |x| x.1);
-    let streaming = d.reward.as_ref().is_some_and(|rw| rw.streaming);
-    let (whole, streamed) = rollout_times(n, d_s, r_s);
-    let rollout_s = if streaming { streamed } else { whole };
+    })
+}
 
-    // Training: per micro-group and trained step, forward + backward (+ reference), then AdamW.
-    let train = d.train.as_ref().map(|tr| {
+/// Training: per micro-group and trained step, forward + backward (+ reference), then AdamW.
+fn train_time(d: &Diffusion, sh: &Shape, r: &time::Rate) -> Option<Estimate> {
+    let m = &d.model;
+    let (n, mg, t, f, two, kl, trained) = (sh.n, sh.mg, sh.t, sh.f, sh.two, sh.kl, sh.trained);
+    d.train.as_ref().map(|tr| {
         let per = trained_step(m, mg as f64, two, kl);
         let opt = adam(denoiser_tensors(m), m.params as f64);
         let w = per.scale((n * trained) as f64)
@@ -368,7 +493,7 @@ pub(super) fn plan_diffusion(cx: &mut Ctx, d: &Diffusion, memory: &mut Vec<Memor
             + Work { kernels: n as f64, ..Work::default() };
         let graph = trained_step_graph(m, mg as f64, two, kl);
         Estimate {
-            seconds: work_seconds(&w, &r),
+            seconds: work_seconds(&w, r),
             assumptions: vec![
                 format!(
                     "{n} micro-group(s) x {trained} trained step(s) of {t} x {mg} images: the step's mean with gradients ({f} row(s) per image), log-prob ({LOGPROB_KERNELS} ops), clipped loss ({LOSS_KERNELS} ops, embedded.rs LOSS_KERNELS){}; backward 2x its FLOPs, ops and bytes",
@@ -386,16 +511,18 @@ pub(super) fn plan_diffusion(cx: &mut Ctx, d: &Diffusion, memory: &mut Vec<Memor
                     ADAM_BYTES_PER_PARAM
                 ),
                 format!("{}; one trained step's graph {:.2} MB", work_note(&w, "per RL step"), graph.bytes / 1e6),
-                embedded::rate_note(&r),
+                embedded::rate_note(r),
             ],
         }
-    });
-    let train_s = train.as_ref().map_or(0.0, |e| e.seconds);
-    let step_s = rollout_s + train_s;
+    })
+}
 
-    // Once per evaluation, outside the step.
+/// Once per evaluation, outside the step: the held-out images denoised, scored and judged.
+fn eval_time(d: &Diffusion, sh: &Shape, r: &time::Rate) -> Option<Estimate> {
+    let m = &d.model;
+    let (t, two) = (sh.t, sh.two);
     let judge = d.eval.as_ref().is_some_and(|e| e.judge_steps > 0);
-    let eval = d.eval.as_ref().map(|e| {
+    d.eval.as_ref().map(|e| {
         let k = e.samples.max(1) as f64;
         let mut w = denoise_micro_group(m, k, t as f64, two) + classifier_forward(m.side, m.conditions, k);
         if d.reward.as_ref().is_some_and(|rw| rw.analytic) {
@@ -406,7 +533,7 @@ pub(super) fn plan_diffusion(cx: &mut Ctx, d: &Diffusion, memory: &mut Vec<Memor
         }
         let extra = d.reward.as_ref().map_or(0.0, |rw| rw.extra_cost_s);
         Estimate {
-            seconds: work_seconds(&w, &r) + extra,
+            seconds: work_seconds(&w, r) + extra,
             assumptions: vec![
                 format!(
                     "{} held-out images denoised at once ({t} steps), scored (extra_cost once){}; every {} steps and at step 0, not in the step time",
@@ -417,13 +544,16 @@ pub(super) fn plan_diffusion(cx: &mut Ctx, d: &Diffusion, memory: &mut Vec<Memor
                 format!("{}; the grid SVG and the checkpoint write not counted", work_note(&w, "per evaluation")),
             ],
         }
-    });
+    })
+}
 
-    // Once, before RL.
-    let pretrain = d.pretrain.as_ref().map(|p| {
+/// Once, before RL: the denoiser's pretraining.
+fn pretrain_time(d: &Diffusion, r: &time::Rate) -> Option<Estimate> {
+    let m = &d.model;
+    d.pretrain.as_ref().map(|p| {
         let w = pretrain_step(m, p.batch as f64).scale(p.steps as f64);
         Estimate {
-            seconds: work_seconds(&w, &r),
+            seconds: work_seconds(&w, r),
             assumptions: vec![
                 format!(
                     "{} steps x {} images: forward + denoising loss ({PRETRAIN_LOSS_KERNELS} ops, 6 side^2 per image) + backward (2x) + AdamW; the domain's images (drawn in Rust) not counted",
@@ -432,16 +562,21 @@ pub(super) fn plan_diffusion(cx: &mut Ctx, d: &Diffusion, memory: &mut Vec<Memor
                 work_note(&w, "in all"),
             ],
         }
-    });
+    })
+}
+
+/// Once, before RL: the reward classifier's and the judge's training.
+fn classifiers_time(d: &Diffusion, r: &time::Rate, cls_params: u64) -> Option<Estimate> {
+    let m = &d.model;
     let cls_steps = d.reward.as_ref().and_then(|rw| rw.classifier_steps).unwrap_or(0);
     let judge_steps = d.eval.as_ref().map_or(0, |e| e.judge_steps);
-    let classifiers = (cls_steps + judge_steps > 0).then(|| {
+    (cls_steps + judge_steps > 0).then(|| {
         let b = CLASSIFIER_BATCH as f64;
         let fwd = classifier_forward(m.side, m.conditions, b);
         let step = fwd + embedded::backward(fwd) + adam(CLS_TENSORS, cls_params as f64);
         let w = step.scale((cls_steps + judge_steps) as f64);
         Estimate {
-            seconds: work_seconds(&w, &r),
+            seconds: work_seconds(&w, r),
             assumptions: vec![
                 format!(
                     "{} x {CLASSIFIER_BATCH} images: forward + backward (2x) + Adam over {CLS_TENSORS} tensors; the domain's images not counted",
@@ -454,16 +589,68 @@ pub(super) fn plan_diffusion(cx: &mut Ctx, d: &Diffusion, memory: &mut Vec<Memor
                 work_note(&w, "in all"),
             ],
         }
-    });
-    let one_off_s = pretrain.as_ref().map_or(0.0, |e| e.seconds) + classifiers.as_ref().map_or(0.0, |e| e.seconds);
+    })
+}
 
-    // Memory of the one process.
+/// Memory of the one process, item by item, checked against the host's (E0401).
+fn plan_memory(
+    cx: &mut Ctx,
+    d: &Diffusion,
+    host: &HostSpec,
+    sh: &Shape,
+    cls_params: u64,
+    memory: &mut Vec<MemoryReport>,
+) {
+    let a = &cx.input.assumptions;
+    let items = memory_items(d, sh, a, cls_params);
+    let total: u64 = items.iter().map(|i| i.bytes).sum();
+    let usable = host.memory as f64 * a.usable_hbm;
+    let fits = (total as f64) <= usable;
+    let row_stage = d.train.as_ref().map_or(d.rollout.stage.clone(), |tr| tr.stage.clone());
+    if !fits {
+        let mut diag = Diagnostic::error(
+            "E0401",
+            format!(
+                "{row_stage} does not fit in host memory: {} for the diffusion process, {} has {} usable",
+                gb_fixed(total as f64),
+                host.name,
+                gb_fixed(usable)
+            ),
+        )
+        .with_help("fewer conditions_per_step or samples_per_condition, fewer denoising steps, or a smaller denoiser");
+        if let Some(sp) = cx.input.stages.iter().find(|s| s.name == row_stage).and_then(|s| s.span) {
+            diag = diag.with_primary(sp, format!("needs {}", gb_fixed(total as f64)));
+        }
+        cx.diags.push(diag);
+    }
+    memory.push(MemoryReport {
+        stage: row_stage,
+        role: if d.train.is_some() { Role::Train } else { Role::Rollout },
+        device: host.name.clone(),
+        capacity: host.memory,
+        usable: usable as u64,
+        items,
+        total,
+        fits,
+        offload: None,
+        lora: None,
+    });
+}
+
+/// The process's rows: the denoiser's weights, gradients and AdamW state, the KL reference, the
+/// classifiers, the step's trajectories, the evaluation's, the larger of RL's and pretraining's
+/// activations, and the process's resident base.
+fn memory_items(d: &Diffusion, sh: &Shape, a: &Assumptions, cls_params: u64) -> Vec<MemItem> {
+    let m = &d.model;
+    let (t, mg, f, images) = (sh.t, sh.mg, sh.f, sh.images);
+    let s2 = m.side * m.side;
     let p = m.params as f64;
     let traj = trajectory_bytes(m, images, t);
     let scale = a.embedded_autograd_scale;
-    let rl_act = scale * trained_step_graph(m, mg as f64, two, kl).bytes;
+    let rl_act = scale * trained_step_graph(m, mg as f64, sh.two, sh.kl).bytes;
     let pre_act =
         d.pretrain.as_ref().map_or(0.0, |pr| scale * 4.0 * pr.batch as f64 * (forward_elements(m) + 6.0 * s2 as f64));
+    let judge = d.eval.as_ref().is_some_and(|e| e.judge_steps > 0);
     let mut items = vec![
         MemItem {
             name: "weights".into(),
@@ -493,7 +680,7 @@ pub(super) fn plan_diffusion(cx: &mut Ctx, d: &Diffusion, memory: &mut Vec<Memor
             ),
         },
     ];
-    if kl {
+    if sh.kl {
         items.insert(
             3,
             MemItem {
@@ -547,40 +734,13 @@ pub(super) fn plan_diffusion(cx: &mut Ctx, d: &Diffusion, memory: &mut Vec<Memor
         bytes: a.embedded_process_bytes as u64,
         note: "libtorch, runtime and task data resident (measured)".into(),
     });
-    let total: u64 = items.iter().map(|i| i.bytes).sum();
-    let usable = host.memory as f64 * a.usable_hbm;
-    let fits = (total as f64) <= usable;
-    let row_stage = d.train.as_ref().map_or(d.rollout.stage.clone(), |tr| tr.stage.clone());
-    if !fits {
-        let mut diag = Diagnostic::error(
-            "E0401",
-            format!(
-                "{row_stage} does not fit in host memory: {} for the diffusion process, {} has {} usable",
-                gb_fixed(total as f64),
-                host.name,
-                gb_fixed(usable)
-            ),
-        )
-        .with_help("fewer conditions_per_step or samples_per_condition, fewer denoising steps, or a smaller denoiser");
-        if let Some(sp) = input.stages.iter().find(|s| s.name == row_stage).and_then(|s| s.span) {
-            diag = diag.with_primary(sp, format!("needs {}", gb_fixed(total as f64)));
-        }
-        cx.diags.push(diag);
-    }
-    memory.push(MemoryReport {
-        stage: row_stage,
-        role: if d.train.is_some() { Role::Train } else { Role::Rollout },
-        device: host.name.clone(),
-        capacity: host.memory,
-        usable: usable as u64,
-        items,
-        total,
-        fits,
-        offload: None,
-        lora: None,
-    });
+    items
+}
 
-    let syncs = input
+/// The recipe's weight syncs, priced at nothing: the sampler reads the trained denoiser.
+fn weight_syncs(input: &PlanInput, m: &DenoiserSpec) -> Vec<SyncReport> {
+    let p = m.params as f64;
+    input
         .syncs
         .iter()
         .map(|s| SyncReport {
@@ -600,74 +760,7 @@ pub(super) fn plan_diffusion(cx: &mut Ctx, d: &Diffusion, memory: &mut Vec<Memor
             },
             alternatives: Vec::new(),
         })
-        .collect();
-
-    let notes = vec![
-        "the diffusion run is synchronous: rollout (denoise + rewards), then training; no weight copy".into(),
-        format!(
-            "rollout: {} micro-groups, d = {} to denoise, r = {} to score each: whole batch n d + n r = {}, streamed d + (n - 1) max(d, r) + r = {}; the recipe {}",
-            n,
-            ms(d_s),
-            ms(r_s),
-            ms(whole),
-            ms(streamed),
-            if streaming { "streams" } else { "scores after the batch" }
-        ),
-        "one libtorch thread for denoising and training (a recipe cannot set threads, so the plan assumes 1)".into(),
-    ];
-    let train_step = train.clone().unwrap_or(Estimate { seconds: 0.0, assumptions: Vec::new() });
-    let step = StepReport {
-        mode: input.schedule.mode.value,
-        rollout_s,
-        train_s,
-        train_step,
-        critic_s: 0.0,
-        teacher_s: 0.0,
-        teacher_stage_s: 0.0,
-        sync_s: 0.0,
-        offload_s: 0.0,
-        switch_s: 0.0,
-        sync_step_s: step_s,
-        async_step_s: step_s,
-        step: Estimate { seconds: step_s, assumptions: notes },
-    };
-    let report = DiffusionReport {
-        model: m.name(),
-        params: m.params,
-        batch: DiffusionBatch {
-            conditions_per_step: conditions,
-            samples_per_condition: spc,
-            images_per_step: images,
-            micro_group: mg,
-            micro_groups_per_step: n,
-            denoising_steps: t,
-            trained_steps: trained,
-            forwards_per_step: f,
-            trajectory_bytes: traj as u64,
-        },
-        step: DiffusionStep {
-            rollout_s,
-            denoise_s: denoise.seconds,
-            reward_wait_s: rollout_s - denoise.seconds,
-            train_s,
-            step_s,
-        },
-        denoise,
-        denoise_micro_group_s: d_s,
-        reward: reward.map(|x| x.0),
-        reward_micro_group_s: r_s,
-        streaming,
-        reward_process: d.reward.as_ref().is_some_and(|r| r.process),
-        whole_batch_s: whole,
-        streamed_s: streamed,
-        train,
-        eval,
-        eval_every: d.eval.as_ref().map(|e| e.every),
-        pretrain,
-        classifiers,
-        one_off_s,
-    };
-    Some(Planned { report, step, syncs })
+        .collect()
 }
 
 #[cfg(test)]

@@ -86,80 +86,118 @@ impl Placed {
 
 pub(super) fn place(cx: &mut Ctx) -> Vec<Placed> {
     let input = cx.input;
-    let n = input.stages.len();
-    let mut out: Vec<Placed> =
-        vec![Placed { placed: Where::Host, ranges: Vec::new(), shares_with: Vec::new(), error: false }; n];
-    for (i, st) in input.stages.iter().enumerate() {
-        out[i].error = st.trainer.as_ref().is_some_and(|t| !layout_ok(t))
-            || st.engine.as_ref().is_some_and(|e| !engine_ok(e))
-            || ((st.trainer.is_some() || st.engine.is_some()) && st.model.is_none())
-            || embedded_on_gpus(cx.total_gpus, st);
-    }
-    // An embedded trainer on a GPU cluster (E0409) stays on the host: it gets no GPUs.
-    let total = cx.total_gpus;
-    let gpu_trainer = move |st: &Stage| st.trainer.is_some() && !embedded_on_gpus(total, st);
-    let uses_gpu =
-        |st: &Stage| gpu_trainer(st) || st.engine.is_some() || st.gpus.is_some_and(|g| g.value != GpuRequest::Auto);
+    let mut out: Vec<Placed> = input
+        .stages
+        .iter()
+        .map(|st| Placed { placed: Where::Host, ranges: Vec::new(), shares_with: Vec::new(), error: invalid(cx, st) })
+        .collect();
     if cx.total_gpus == 0 {
-        for (i, st) in input.stages.iter().enumerate() {
-            if st.gpus.is_some_and(|g| g.value != GpuRequest::Auto) {
-                let span = st.gpus.and_then(|g| g.span).or(st.span);
-                cx.error(
-                    "E0403",
-                    format!("{} asks for GPUs but cluster {} has none", st.name, input.cluster.name),
-                    span,
-                    "no GPU to give",
-                    None,
-                );
-                out[i].error = true;
-            } else if uses_gpu(st) && input.cluster.host.is_none() {
-                cx.error(
-                    "E0403",
-                    format!("{}: cluster {} has neither GPUs nor a host", st.name, input.cluster.name),
-                    input.cluster.span.or(st.span),
-                    "nothing to run on",
-                    None,
-                );
-                out[i].error = true;
-            }
-        }
+        refuse_gpus(cx, &mut out);
         return out;
     }
     let mut free = Free(vec![(0, cx.total_gpus)]);
-    let colocated = input.placement.mode.value == PlacementMode::Colocated;
-    let co = |st: &Stage| {
-        colocated
-            && matches!(st.role, Role::Rollout | Role::Train | Role::Sft)
-            && (gpu_trainer(st) || st.engine.is_some())
-    };
-
-    // Colocated group: one shared range, the first explicit request among them or every GPU.
-    let group: Vec<usize> = (0..n).filter(|&i| co(&input.stages[i])).collect();
-    if !group.is_empty() {
-        let req =
-            group.iter().find_map(|&i| input.stages[i].gpus.filter(|g| g.value != GpuRequest::Auto).map(|g| (i, g)));
-        let ranges = match req {
-            Some((i, g)) => take(cx, &mut free, &input.stages[i], g),
-            None => free.take_count(cx.total_gpus),
-        };
-        let names: Vec<String> = group.iter().map(|&i| input.stages[i].name.clone()).collect();
-        for (k, &i) in group.iter().enumerate() {
-            match &ranges {
-                Some(r) => {
-                    out[i].ranges = r.clone();
-                    out[i].placed = if k == 0 { Where::Own } else { Where::Shared };
-                    out[i].shares_with = names.iter().filter(|x| **x != input.stages[i].name).cloned().collect();
-                }
-                None => out[i].error = true,
+    place_colocated(cx, &mut free, &mut out);
+    let auto = place_requested(cx, &mut free, &mut out);
+    split_rest(cx, &mut free, &mut out, &auto);
+    // Eval stages without GPUs of their own evaluate on the first rollout stage's engines.
+    if let Some(r) = input.stages.iter().position(|s| s.role == Role::Rollout) {
+        for (i, st) in input.stages.iter().enumerate() {
+            if st.role == Role::Eval && st.gpus.is_none() {
+                out[i].ranges = out[r].ranges.clone();
+                out[i].placed = if out[i].ranges.is_empty() { Where::Host } else { Where::Shared };
+                out[i].shares_with = vec![input.stages[r].name.clone()];
             }
         }
     }
+    out
+}
 
-    // Explicit ranges, then explicit or derived counts, then the automatic split.
+/// A stage the layout checks refused, or one with a trainer or engine but no model: placed
+/// nowhere.
+fn invalid(cx: &Ctx, st: &Stage) -> bool {
+    st.trainer.as_ref().is_some_and(|t| !layout_ok(t))
+        || st.engine.as_ref().is_some_and(|e| !engine_ok(e))
+        || ((st.trainer.is_some() || st.engine.is_some()) && st.model.is_none())
+        || embedded_on_gpus(cx.total_gpus, st)
+}
+
+/// A trainer that runs on GPUs: an embedded trainer on a GPU cluster (E0409) stays on the host.
+fn gpu_trainer(cx: &Ctx, st: &Stage) -> bool {
+    st.trainer.is_some() && !embedded_on_gpus(cx.total_gpus, st)
+}
+
+fn uses_gpu(cx: &Ctx, st: &Stage) -> bool {
+    gpu_trainer(cx, st) || st.engine.is_some() || st.gpus.is_some_and(|g| g.value != GpuRequest::Auto)
+}
+
+/// A stage of the colocated group: rollout, train and SFT stages with an engine or a GPU trainer.
+fn colocated(cx: &Ctx, st: &Stage) -> bool {
+    cx.input.placement.mode.value == PlacementMode::Colocated
+        && matches!(st.role, Role::Rollout | Role::Train | Role::Sft)
+        && (gpu_trainer(cx, st) || st.engine.is_some())
+}
+
+/// A cluster without GPUs: E0403 for each stage that asks for GPUs, or that needs a device and
+/// has no host either.
+fn refuse_gpus(cx: &mut Ctx, out: &mut [Placed]) {
+    let input = cx.input;
+    for (i, st) in input.stages.iter().enumerate() {
+        if st.gpus.is_some_and(|g| g.value != GpuRequest::Auto) {
+            let span = st.gpus.and_then(|g| g.span).or(st.span);
+            cx.error(
+                "E0403",
+                format!("{} asks for GPUs but cluster {} has none", st.name, input.cluster.name),
+                span,
+                "no GPU to give",
+                None,
+            );
+            out[i].error = true;
+        } else if uses_gpu(cx, st) && input.cluster.host.is_none() {
+            cx.error(
+                "E0403",
+                format!("{}: cluster {} has neither GPUs nor a host", st.name, input.cluster.name),
+                input.cluster.span.or(st.span),
+                "nothing to run on",
+                None,
+            );
+            out[i].error = true;
+        }
+    }
+}
+
+/// The colocated group: one shared range, the first explicit request among them or every GPU.
+fn place_colocated(cx: &mut Ctx, free: &mut Free, out: &mut [Placed]) {
+    let input = cx.input;
+    let group: Vec<usize> = (0..input.stages.len()).filter(|&i| colocated(cx, &input.stages[i])).collect();
+    if group.is_empty() {
+        return;
+    }
+    let req = group.iter().find_map(|&i| input.stages[i].gpus.filter(|g| g.value != GpuRequest::Auto).map(|g| (i, g)));
+    let ranges = match req {
+        Some((i, g)) => take(cx, free, &input.stages[i], g),
+        None => free.take_count(cx.total_gpus),
+    };
+    let names: Vec<String> = group.iter().map(|&i| input.stages[i].name.clone()).collect();
+    for (k, &i) in group.iter().enumerate() {
+        match &ranges {
+            Some(r) => {
+                out[i].ranges = r.clone();
+                out[i].placed = if k == 0 { Where::Own } else { Where::Shared };
+                out[i].shares_with = names.iter().filter(|x| **x != input.stages[i].name).cloned().collect();
+            }
+            None => out[i].error = true,
+        }
+    }
+}
+
+/// Explicit ranges, then explicit or derived counts. Returns the stages left to the automatic
+/// split.
+fn place_requested(cx: &mut Ctx, free: &mut Free, out: &mut [Placed]) -> Vec<usize> {
+    let input = cx.input;
     let mut auto: Vec<usize> = Vec::new();
     for pass in 0..2 {
         for (i, st) in input.stages.iter().enumerate() {
-            if co(st) || !uses_gpu(st) && st.gpus.is_none() {
+            if colocated(cx, st) || !uses_gpu(cx, st) && st.gpus.is_none() {
                 continue;
             }
             if st.role == Role::Eval && st.gpus.is_none() {
@@ -170,7 +208,7 @@ pub(super) fn place(cx: &mut Ctx) -> Vec<Placed> {
             match (pass, req) {
                 (0, Some(GpuRequest::Range { .. })) | (1, Some(GpuRequest::Count(_))) => {
                     let g = st.gpus.unwrap_or_default();
-                    match take(cx, &mut free, st, g) {
+                    match take(cx, free, st, g) {
                         Some(r) => (out[i].ranges, out[i].placed) = (r, Where::Own),
                         None => out[i].error = true,
                     }
@@ -199,14 +237,18 @@ pub(super) fn place(cx: &mut Ctx) -> Vec<Placed> {
             }
         }
     }
-    // Split what is left evenly among the automatic stages, rounded down to each one's unit.
+    auto
+}
+
+/// Splits what is left evenly among the automatic stages, rounded down to each one's unit.
+fn split_rest(cx: &mut Ctx, free: &mut Free, out: &mut [Placed], auto: &[usize]) {
     let left = free.total();
     let k = auto.iter().filter(|&&i| !out[i].error).count() as u64;
-    for &i in &auto {
+    for &i in auto {
         if out[i].error {
             continue;
         }
-        let st = &input.stages[i];
+        let st = &cx.input.stages[i];
         let unit = st.trainer.as_ref().map(trainer_unit).or(st.engine.as_ref().map(|e| e.tp.value)).unwrap_or(1).max(1);
         let share = div(left as f64, k as f64) as u64 / unit * unit;
         match free.take_count(share) {
@@ -223,17 +265,6 @@ pub(super) fn place(cx: &mut Ctx) -> Vec<Placed> {
             }
         }
     }
-    // Eval stages without GPUs of their own evaluate on the first rollout stage's engines.
-    if let Some(r) = input.stages.iter().position(|s| s.role == Role::Rollout) {
-        for (i, st) in input.stages.iter().enumerate() {
-            if st.role == Role::Eval && st.gpus.is_none() {
-                out[i].ranges = out[r].ranges.clone();
-                out[i].placed = if out[i].ranges.is_empty() { Where::Host } else { Where::Shared };
-                out[i].shares_with = vec![input.stages[r].name.clone()];
-            }
-        }
-    }
-    out
 }
 
 /// The first `n` GPUs of `ranges`, in order (all of them when they hold fewer).
