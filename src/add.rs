@@ -68,7 +68,7 @@ pub fn run(args: Args) -> u8 {
     });
     match result {
         Ok(b) => {
-            if let Err(e) = project::write_atomic(std::path::Path::new(&path), new_text.as_bytes()) {
+            if let Err(e) = crate::files::write_atomic(&path, new_text.as_bytes()) {
                 eprintln!("error: cannot write {path}: {e}");
                 return 1;
             }

@@ -55,7 +55,7 @@ pub fn run(args: Args) -> u8 {
                 if args.check {
                     println!("would reformat {}", path.display());
                     code = code.max(1);
-                } else if let Err(e) = write_atomically(path, &formatted) {
+                } else if let Err(e) = crate::files::DiskFs::write_atomic(path, formatted.as_bytes()) {
                     eprintln!("error: {}: {e}", path.display());
                     code = code.max(2);
                 } else {
@@ -82,25 +82,6 @@ fn collect(p: &Path, out: &mut Vec<PathBuf>) {
     } else {
         out.push(p.to_path_buf());
     }
-}
-
-/// Writes `text` to a temporary file beside `path`, with `path`'s permissions, then renames it
-/// over `path`.
-pub fn write_atomically(path: &Path, text: &str) -> std::io::Result<()> {
-    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
-    let name = path.file_name().map(|n| n.to_string_lossy().to_string()).unwrap_or_default();
-    let tmp = dir.join(format!(".{name}.fmt-{}", std::process::id()));
-    let result = (|| {
-        std::fs::write(&tmp, text)?;
-        if let Ok(meta) = std::fs::metadata(path) {
-            std::fs::set_permissions(&tmp, meta.permissions())?;
-        }
-        std::fs::rename(&tmp, path)
-    })();
-    if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    result
 }
 
 #[cfg(test)]

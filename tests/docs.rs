@@ -147,3 +147,42 @@ fn language_md_examples_check_as_documented() {
     }
     assert!(problems.is_empty(), "{}", problems.join("\n"));
 }
+
+/// The workspace crates a `Cargo.toml` depends on (its `[dependencies]`, without the `miles-`
+/// prefix), sorted.
+fn manifest_deps(manifest: &str) -> Vec<String> {
+    let mut deps: Vec<String> = manifest
+        .split("\n[")
+        .filter(|section| section.starts_with("dependencies]"))
+        .flat_map(|section| section.lines().skip(1))
+        .filter_map(|line| line.split(['=', ' ', '.']).next()?.strip_prefix("miles-").map(str::to_string))
+        .collect();
+    deps.sort();
+    deps
+}
+
+/// docs/architecture.md's crate table states each crate's workspace dependencies (before the `;`
+/// of its last column) as its Cargo.toml does.
+#[test]
+fn architecture_md_names_each_crates_workspace_dependencies() {
+    let md = std::fs::read_to_string(root().join("docs/architecture.md")).unwrap();
+    let mut rows = 0;
+    for line in md.lines().filter(|l| l.starts_with("| `miles-")) {
+        let cells: Vec<&str> = line.split(" | ").collect();
+        let (name, path) = (cells[0].trim_start_matches("| ").trim_matches('`'), cells[1].trim_matches('`'));
+        let last = cells.last().unwrap().trim_end_matches(" |").trim_end_matches('|');
+        let mut stated: Vec<String> = last
+            .split(';')
+            .next()
+            .unwrap()
+            .split(',')
+            .map(|s| s.trim().to_string())
+            .filter(|s| !s.is_empty() && s != "none")
+            .collect();
+        stated.sort();
+        let manifest = std::fs::read_to_string(root().join(path).join("Cargo.toml")).unwrap();
+        assert_eq!(stated, manifest_deps(&manifest), "{name}: docs/architecture.md's `depends on` vs {path}Cargo.toml");
+        rows += 1;
+    }
+    assert_eq!(rows, 10, "a row for every library crate of the workspace");
+}

@@ -43,6 +43,34 @@ impl FileSystem for DiskFs {
     }
 }
 
+impl DiskFs {
+    /// Writes a file atomically, the language tools' one way to write (formatted sources,
+    /// `miles.lock`, plans, reports, docs): a temporary file beside `path` (with `path`'s
+    /// permissions when it exists), fsync, then rename, so a crash or a full disk never leaves a
+    /// half-written file where a good one was. The engine's writes (checkpoints, weights) have
+    /// their own in `miles_runtime::atomic_write`.
+    pub fn write_atomic(path: impl AsRef<std::path::Path>, bytes: &[u8]) -> std::io::Result<()> {
+        use std::io::Write;
+        let target = path.as_ref();
+        let dir = target.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."));
+        let name = target.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "out".into());
+        let tmp = dir.join(format!(".{name}.tmp.{}", std::process::id()));
+        let result = (|| {
+            let mut f = std::fs::File::create(&tmp)?;
+            f.write_all(bytes)?;
+            if let Ok(meta) = std::fs::metadata(target) {
+                f.set_permissions(meta.permissions())?;
+            }
+            f.sync_all()?;
+            std::fs::rename(&tmp, target)
+        })();
+        if result.is_err() {
+            let _ = std::fs::remove_file(&tmp);
+        }
+        result
+    }
+}
+
 /// FNV-1a, 64-bit, of the concatenation of `parts`: a content hash that is stable across runs
 /// and platforms (unlike `DefaultHasher`) and needs no dependency; not for security. The saved
 /// plan's source hashes and the editor's stdlib directory name both use it.

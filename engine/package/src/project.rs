@@ -219,7 +219,7 @@ pub fn build(project: &Project, cache: &Cache, mode: &Mode, sources: &mut Source
     }
     let lock_changed = old.as_ref() != Some(&lock);
     if lock_changed && *mode != Mode::Frozen {
-        write_atomic(Path::new(&lock_path), lock.render().as_bytes()).map_err(|e| {
+        miles_compiler::fs::DiskFs::write_atomic(Path::new(&lock_path), lock.render().as_bytes()).map_err(|e| {
             Diagnostic::error("E0114", format!("cannot write {lock_path}: {e}"))
                 .with_help("check the directory is writable")
         })?;
@@ -288,26 +288,6 @@ fn fetch(cache: &Cache, name: &str, url: &str, commit: &str) -> Result<PathBuf, 
 fn io_error(name: &str, e: &std::io::Error) -> Diagnostic {
     Diagnostic::error("E0114", format!("cannot read the sources of `{name}`: {e}"))
         .with_help("check the cache directory")
-}
-
-/// Writes through a temporary file and a rename: a crash never leaves half a file.
-pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    use std::io::Write;
-    let tmp = path.with_file_name(format!(
-        ".{}.tmp.{}",
-        path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default(),
-        std::process::id()
-    ));
-    let r = (|| {
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(bytes)?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, path)
-    })();
-    if r.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    r
 }
 
 /// Copies every dependency's files into `dir/NAME` (for `miles vendor`), each through a
