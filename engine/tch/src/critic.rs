@@ -53,7 +53,10 @@ impl Critic {
 
     /// Values [B, T] of every position of `tokens` (the critic's trunk, then the value head).
     pub fn values(&self, tokens: &Tensor, positions: &Tensor, valid: &Tensor) -> Tensor {
-        self.model.hidden(tokens, positions, valid, None).linear(&self.head, Some(&self.head_bias)).squeeze_dim(-1)
+        self.model
+            .hidden(tokens, positions, valid, None, None)
+            .linear(&self.head, Some(&self.head_bias))
+            .squeeze_dim(-1)
     }
 
     pub fn zero_grad(&self) {

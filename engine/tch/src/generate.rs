@@ -39,57 +39,12 @@ pub fn generate_recording(
         return generate_invariant(policy, prompts, n, params, version, record);
     }
     let record = record.filter(|_| use_cache).and_then(|id| policy.cfg.moe.as_ref().map(|m| (id, m)));
-    let mut route = record.map(|_| Route::default());
     if prompts.is_empty() || n == 0 {
         return Ok(Vec::new());
     }
     let _g = tch::no_grad_guard();
-    let max_len = policy.cfg.max_len;
-    let longest = prompts.iter().map(|p| p.len()).max().unwrap_or(0);
-    if longest == 0 || longest >= max_len {
-        return Err(RunError::new(
-            E_TOO_LONG,
-            format!("prompt of {longest} tokens does not fit model max_len {max_len} (or is empty)"),
-        ));
-    }
-    let vocab = policy.cfg.vocab_size;
-    let seqs: Vec<Vec<i64>> = prompts.iter().map(|p| p.iter().map(|&t| t as i64).collect()).collect();
-    let (tokens, valid, positions, lp) = left_pad(&seqs);
-    // The left-padded prompt block ends at column lp; new tokens follow. Positions never exceed
-    // max_len - 1: a row reaching that length stops with `length`. Each row has its own budget,
-    // so one long context (an episode's later turn) does not cut the others' short.
-    let shortest = prompts.iter().map(|p| p.len()).min().unwrap_or(0);
-    let max_new = params.max_new_tokens.min(max_len - shortest);
-    let cap = lp + max_new as i64;
-    let p = prompts.len() as i64;
-    let bsz = p * n as i64;
-    let rows: Vec<i64> = (0..p).flat_map(|i| std::iter::repeat_n(i, n)).collect();
-    let rows_t = crate::device::from_slice(&rows);
-    let prompt_len: Vec<i64> = rows.iter().map(|&i| seqs[i as usize].len() as i64).collect();
-    let row_budget: Vec<usize> = prompt_len.iter().map(|&l| params.max_new_tokens.min(max_len - l as usize)).collect();
-
-    let key_valid = Tensor::zeros([bsz, cap], (Kind::Bool, crate::device::current()));
-    key_valid.narrow(1, 0, lp).copy_(&valid.index_select(0, &rows_t));
-    let all_tokens = Tensor::zeros([bsz, cap], (Kind::Int64, crate::device::current()));
-    all_tokens.narrow(1, 0, lp).copy_(&tokens.index_select(0, &rows_t));
-    let all_pos = Tensor::zeros([bsz, cap], (Kind::Int64, crate::device::current()));
-    all_pos.narrow(1, 0, lp).copy_(&positions.index_select(0, &rows_t));
-
-    let mut cache = None;
-    let mut last = if use_cache {
-        let mut c = KvCache::new(policy, p, cap);
-        let logits = policy.forward_routed(&tokens, &positions, &valid, Some(&mut c), route.as_mut());
-        c.select_rows(&rows_t);
-        cache = Some(c);
-        logits.select(1, lp - 1).index_select(0, &rows_t)
-    } else {
-        let logits = policy.forward(&tokens, &positions, &valid, None);
-        logits.select(1, lp - 1).index_select(0, &rows_t)
-    };
-
-    let mut rng = Rng::new(params.seed);
-    let b = bsz as usize;
-    let mut out: Vec<Sample> = (0..b)
+    let mut d = Decode::prefill(policy, prompts, n, params, use_cache, record.is_some())?;
+    let mut out: Vec<Sample> = (0..d.rows.len())
         .map(|i| Sample {
             prompt_index: i / n,
             response: Vec::new(),
@@ -99,77 +54,17 @@ pub fn generate_recording(
             routing: record.map(|(id, m)| Routing::new(m.moe_layers(policy.cfg.n_layers), m.top_k, id)),
         })
         .collect();
-    // The prompt's routing: prefill row rows[i], its real (last prompt_len) columns.
-    if let Some((ids, [_, t, l, k])) = route.as_ref().and_then(used_ids) {
-        for (i, s) in out.iter_mut().enumerate() {
-            let (row, len) = (rows[i] as usize, prompt_len[i] as usize);
-            if let Some(r) = s.routing.as_mut() {
-                for col in t - len..t {
-                    let at = (row * t + col) * l * k;
-                    r.push_token(&ids[at..at + l * k]);
-                }
-            }
-        }
-    }
-    let mut done = vec![false; b];
-    let mut next = vec![PAD as i64; b];
-    let mut scratch = Vec::with_capacity(vocab);
-    for t in 0..max_new {
-        let logits: Vec<f32> = Vec::<f32>::try_from(last.contiguous().view([-1])).map_err(backend_err)?;
-        for i in 0..b {
-            if done[i] {
-                next[i] = PAD as i64;
-                continue;
-            }
-            let row = &logits[i * vocab..(i + 1) * vocab];
-            let (tok, lp) = sample_token(row, params, &mut rng, &mut scratch);
-            out[i].response.push(tok);
-            out[i].logprobs.push(lp);
-            next[i] = tok as i64;
-            if params.stop_tokens.contains(&tok) {
-                out[i].finish = FinishReason::Stop;
-                done[i] = true;
-            } else if out[i].response.len() >= row_budget[i] {
-                done[i] = true;
-            }
-        }
-        if done.iter().all(|&d| d) || t + 1 == max_new {
+    d.record_prompts(&mut out);
+    let mut rng = Rng::new(params.seed);
+    let mut done = vec![false; out.len()];
+    let mut scratch = Vec::with_capacity(policy.cfg.vocab_size);
+    for t in 0..d.max_new {
+        let next = d.sample(&mut out, &mut done, params, &mut rng, &mut scratch)?;
+        if done.iter().all(|&x| x) || t + 1 == d.max_new {
             break;
         }
-        let col = lp + t as i64;
-        let next_t = crate::device::from_slice(&next).view([bsz, 1]);
-        // A finished row keeps feeding PAD; its position stays inside the rotary table.
-        let pos: Vec<i64> = prompt_len.iter().map(|&l| (l + t as i64).min(max_len as i64 - 1)).collect();
-        let pos_t = crate::device::from_slice(&pos).view([bsz, 1]);
-        let _ = key_valid.narrow(1, col, 1).fill_(1);
-        all_tokens.narrow(1, col, 1).copy_(&next_t);
-        all_pos.narrow(1, col, 1).copy_(&pos_t);
-        if let Some(r) = route.as_mut() {
-            *r = Route::default();
-        }
-        last = match cache.as_mut() {
-            Some(c) => policy
-                .forward_routed(&next_t, &pos_t, &key_valid.narrow(1, 0, col + 1), Some(c), route.as_mut())
-                .select(1, 0),
-            None => policy
-                .forward(
-                    &all_tokens.narrow(1, 0, col + 1),
-                    &all_pos.narrow(1, 0, col + 1),
-                    &key_valid.narrow(1, 0, col + 1),
-                    None,
-                )
-                .select(1, col),
-        };
-        // Rows that sampled token t fed it to this step.
-        if let Some((ids, [_, _, l, k])) = route.as_ref().and_then(used_ids) {
-            for (i, s) in out.iter_mut().enumerate() {
-                if s.response.len() == t + 1 {
-                    if let Some(r) = s.routing.as_mut() {
-                        r.push_token(&ids[i * l * k..(i + 1) * l * k]);
-                    }
-                }
-            }
-        }
+        d.step(t, &next);
+        d.record_step(&mut out, t);
     }
     // The engine forwards every token but a response's last (a row that finished while others
     // went on fed its last one too): keep prompt + response - 1, what the trainer replays.
@@ -180,6 +75,176 @@ pub fn generate_recording(
         }
     }
     Ok(out)
+}
+
+/// One batch's decoding state: every sample's row (each prompt's repeated n times), the columns
+/// fed so far (left-padded prompts, then one column per step), the KV cache (or none: every step
+/// recomputes the whole prefix), the route being recorded and the logits of each row's last token.
+struct Decode<'p> {
+    policy: &'p Policy,
+    /// Each sample's prompt (its row in the prefill).
+    rows: Vec<i64>,
+    prompt_len: Vec<i64>,
+    /// Tokens each sample may still add: `max_new_tokens` within the model's `max_len`.
+    budget: Vec<usize>,
+    /// Steps the longest budget allows.
+    max_new: usize,
+    /// Width of the left-padded prompt block; new tokens follow it.
+    width: i64,
+    key_valid: Tensor,
+    tokens: Tensor,
+    positions: Tensor,
+    cache: Option<KvCache>,
+    route: Option<Route>,
+    /// Logits [rows, V] of each sample's last fed token.
+    last: Tensor,
+}
+
+impl<'p> Decode<'p> {
+    /// Prefills each prompt once (recording its route when `record`) and repeats its cache rows
+    /// for its n samples.
+    fn prefill(
+        policy: &'p Policy,
+        prompts: &[Vec<TokenId>],
+        n: usize,
+        params: &SamplingParams,
+        use_cache: bool,
+        record: bool,
+    ) -> Result<Decode<'p>, RunError> {
+        let max_len = policy.cfg.max_len;
+        let longest = prompts.iter().map(|p| p.len()).max().unwrap_or(0);
+        if longest == 0 || longest >= max_len {
+            return Err(RunError::new(
+                E_TOO_LONG,
+                format!("prompt of {longest} tokens does not fit model max_len {max_len} (or is empty)"),
+            ));
+        }
+        let seqs: Vec<Vec<i64>> = prompts.iter().map(|p| p.iter().map(|&t| t as i64).collect()).collect();
+        let (tokens, valid, positions, lp) = left_pad(&seqs);
+        // The left-padded prompt block ends at column lp; new tokens follow. Positions never exceed
+        // max_len - 1: a row reaching that length stops with `length`. Each row has its own budget,
+        // so one long context (an episode's later turn) does not cut the others' short.
+        let shortest = prompts.iter().map(|p| p.len()).min().unwrap_or(0);
+        let max_new = params.max_new_tokens.min(max_len - shortest);
+        let cap = lp + max_new as i64;
+        let p = prompts.len() as i64;
+        let bsz = p * n as i64;
+        let rows: Vec<i64> = (0..p).flat_map(|i| std::iter::repeat_n(i, n)).collect();
+        let rows_t = crate::device::from_slice(&rows);
+        let prompt_len: Vec<i64> = rows.iter().map(|&i| seqs[i as usize].len() as i64).collect();
+        let budget: Vec<usize> = prompt_len.iter().map(|&l| params.max_new_tokens.min(max_len - l as usize)).collect();
+
+        let block = |x: &Tensor, kind: Kind| {
+            let all = Tensor::zeros([bsz, cap], (kind, crate::device::current()));
+            all.narrow(1, 0, lp).copy_(&x.index_select(0, &rows_t));
+            all
+        };
+        let (key_valid, all_tokens, all_pos) =
+            (block(&valid, Kind::Bool), block(&tokens, Kind::Int64), block(&positions, Kind::Int64));
+        let mut cache = use_cache.then(|| KvCache::new(policy, p, cap));
+        let mut route = record.then(Route::default);
+        let logits = policy.forward_routed(&tokens, &positions, &valid, cache.as_mut(), route.as_mut());
+        if let Some(c) = cache.as_mut() {
+            c.select_rows(&rows_t);
+        }
+        let last = logits.select(1, lp - 1).index_select(0, &rows_t);
+        Ok(Decode {
+            policy,
+            rows,
+            prompt_len,
+            budget,
+            max_new,
+            width: lp,
+            key_valid,
+            tokens: all_tokens,
+            positions: all_pos,
+            cache,
+            route,
+            last,
+        })
+    }
+
+    /// The prompt's routing: prefill row rows[i], its real (last prompt_len) columns.
+    fn record_prompts(&self, out: &mut [Sample]) {
+        let Some((ids, [_, t, l, k])) = self.route.as_ref().and_then(used_ids) else { return };
+        for (i, s) in out.iter_mut().enumerate() {
+            let (row, len) = (self.rows[i] as usize, self.prompt_len[i] as usize);
+            if let Some(r) = s.routing.as_mut() {
+                for col in t - len..t {
+                    let at = (row * t + col) * l * k;
+                    r.push_token(&ids[at..at + l * k]);
+                }
+            }
+        }
+    }
+
+    /// Samples each unfinished row's next token from `last`, in row order (the RNG's order);
+    /// returns the tokens to feed (PAD for finished rows).
+    fn sample(
+        &self,
+        out: &mut [Sample],
+        done: &mut [bool],
+        params: &SamplingParams,
+        rng: &mut Rng,
+        scratch: &mut Vec<(f64, usize)>,
+    ) -> Result<Vec<i64>, RunError> {
+        let vocab = self.policy.cfg.vocab_size;
+        let logits: Vec<f32> = Vec::<f32>::try_from(self.last.contiguous().view([-1])).map_err(backend_err)?;
+        let mut next = vec![PAD as i64; out.len()];
+        for i in 0..out.len() {
+            if done[i] {
+                continue;
+            }
+            let row = &logits[i * vocab..(i + 1) * vocab];
+            let (tok, lp) = sample_token(row, params, rng, scratch);
+            out[i].response.push(tok);
+            out[i].logprobs.push(lp);
+            next[i] = tok as i64;
+            if params.stop_tokens.contains(&tok) {
+                out[i].finish = FinishReason::Stop;
+                done[i] = true;
+            } else if out[i].response.len() >= self.budget[i] {
+                done[i] = true;
+            }
+        }
+        Ok(next)
+    }
+
+    /// Feeds step `t`'s tokens `next` (column width + t) and keeps the logits they give.
+    fn step(&mut self, t: usize, next: &[i64]) {
+        let (policy, bsz) = (self.policy, self.rows.len() as i64);
+        let max_len = policy.cfg.max_len as i64;
+        let col = self.width + t as i64;
+        let next_t = crate::device::from_slice(next).view([bsz, 1]);
+        // A finished row keeps feeding PAD; its position stays inside the rotary table.
+        let pos: Vec<i64> = self.prompt_len.iter().map(|&l| (l + t as i64).min(max_len - 1)).collect();
+        let pos_t = crate::device::from_slice(&pos).view([bsz, 1]);
+        let _ = self.key_valid.narrow(1, col, 1).fill_(1);
+        self.tokens.narrow(1, col, 1).copy_(&next_t);
+        self.positions.narrow(1, col, 1).copy_(&pos_t);
+        if let Some(r) = self.route.as_mut() {
+            *r = Route::default();
+        }
+        let valid = self.key_valid.narrow(1, 0, col + 1);
+        self.last = match self.cache.as_mut() {
+            Some(c) => policy.forward_routed(&next_t, &pos_t, &valid, Some(c), self.route.as_mut()).select(1, 0),
+            None => policy
+                .forward(&self.tokens.narrow(1, 0, col + 1), &self.positions.narrow(1, 0, col + 1), &valid, None)
+                .select(1, col),
+        };
+    }
+
+    /// Step `t`'s routing: rows that sampled token t fed it to this step.
+    fn record_step(&self, out: &mut [Sample], t: usize) {
+        let Some((ids, [_, _, l, k])) = self.route.as_ref().and_then(used_ids) else { return };
+        for (i, s) in out.iter_mut().enumerate() {
+            if s.response.len() == t + 1 {
+                if let Some(r) = s.routing.as_mut() {
+                    r.push_token(&ids[i * l * k..(i + 1) * l * k]);
+                }
+            }
+        }
+    }
 }
 
 fn prompt_len_of(s: &Sample, prompts: &[Vec<TokenId>]) -> usize {

@@ -41,86 +41,17 @@ pub fn run(spec: &DiffusionRunSpec, out: &Path, threads: Option<usize>) -> Resul
     // judge, the held-out samples) follows the pretraining seed; RL's own draws follow `seed`.
     let base_seed = spec.pretrain.seed.unwrap_or(spec.seed);
     let schedule = Schedule::new(spec.schedule, spec.steps)?;
-
-    // The reward model: trained on the domain, or loaded; its input shape must be the denoiser's.
-    let (classifier, accuracy) = match &spec.reward.classifier_path {
-        Some(p) => (Classifier::load_dir(p, spec.model.side, spec.model.conditions)?, f32::NAN),
-        None => {
-            let (c, acc) = Classifier::train_on_domain(
-                &domain,
-                spec.reward.classifier_steps as usize,
-                32,
-                3e-3,
-                base_seed ^ 0xC1A5,
-            )?;
-            // Kept, so another recipe can reward against the same model (`classifier = "..."`).
-            c.save_dir(&out.join("classifier"))?;
-            (c, acc)
-        }
-    };
+    let (classifier, accuracy) = reward_model(spec, &domain, base_seed, out)?;
     // The judge: trained like the reward model from an unrelated seed, never optimised against.
     let judge = match spec.eval.judge_steps {
         0 => None,
         n => Some(Classifier::train_on_domain(&domain, n as usize, 32, 3e-3, base_seed ^ 0x7D6E_0001)?.0),
     };
-    let mut classifier = classifier.with_extra_cost(Duration::from_millis(spec.reward.extra_cost_ms));
-    classifier.temperature = spec.reward.classifier_temperature;
-    let mut stage = match worker_exe {
-        Some(exe) => {
-            let classifier = match &spec.reward.classifier_path {
-                Some(p) => p.clone(),
-                None => out.join("classifier"),
-            };
-            let config = WorkerConfig {
-                classifier,
-                side: spec.model.side,
-                conditions: spec.model.conditions,
-                reward: spec.reward.clone(),
-            };
-            RewardStage::Process(ProcessStage::start(&exe, &config)?)
-        }
-        None => RewardStage::Thread(ThreadStage::start(Scorer::new(classifier, &spec.reward))),
-    };
-    // Pretraining: the plain denoising loss on domain images.
+    let mut stage = reward_stage(spec, classifier, worker_exe, out)?;
     let model = Denoiser::init(&spec.model, base_seed)?;
     model.set_requires_grad(true);
-    let adam_spec = |lr: f64, grad_clip: f64| -> TrainSpec {
-        serde_json::from_value(json!({"lr": lr, "micro_batch": 1, "global_batch": 1, "grad_clip": grad_clip}))
-            .expect("static spec")
-    };
     let mut opt = DenoiserAdam::new(&model, adam_spec(spec.pretrain.lr, 1.0));
-    let mut rng = Rng::derived(base_seed, "diffusion-pretrain", 0);
-    let (mut loss_sum, mut since) = (0.0, 0u64);
-    for i in 0..spec.pretrain.steps {
-        let conds: Vec<i64> =
-            (0..spec.pretrain.batch).map(|_| (rng.next_f64() * spec.model.conditions as f64) as i64).collect();
-        let x0 = domain.batch(&conds, &mut rng);
-        let loss = pretrain_loss(&model, &schedule, &x0, &conds, &mut rng, spec.pretrain.p_uncond)?;
-        let l = loss.double_value(&[]);
-        if !l.is_finite() {
-            // Before the update: the weights are still those of step i.
-            return Err(RunError::new(
-                E_NONFINITE,
-                format!(
-                    "the denoiser's pretraining loss became {l} at pretraining step {}; nothing was saved yet",
-                    i + 1
-                ),
-            )
-            .with_help("lower denoise_pretrain.lr"));
-        }
-        loss.backward();
-        opt.step(&model, spec.pretrain.lr)?;
-        loss_sum += l;
-        since += 1;
-        if (i + 1) % 100 == 0 || i + 1 == spec.pretrain.steps {
-            write_row(
-                &mut metrics,
-                0,
-                &[("pretrain/loss", loss_sum / since as f64), ("pretrain/step", (i + 1) as f64)],
-            )?;
-            (loss_sum, since) = (0.0, 0);
-        }
-    }
+    pretrain(&model, &mut opt, spec, &domain, &schedule, base_seed, &mut metrics)?;
     // The frozen reference only when a KL term reads it.
     let reference = (spec.rl.kl_coef > 0.0).then(|| {
         let r = model.deep_copy();
@@ -131,31 +62,9 @@ pub fn run(spec: &DiffusionRunSpec, out: &Path, threads: Option<usize>) -> Resul
     opt = DenoiserAdam::new(&model, adam_spec(spec.rl.lr, spec.rl.grad_clip));
     model.save(&out.join("denoiser.safetensors"))?;
 
-    let eval_pairs = domain.eval_pairs(spec.eval.samples, base_seed ^ 0xE7A1);
-    let eval = |model: &Denoiser, stage: &mut RewardStage, step: u64| -> Result<Eval, RunError> {
-        let conds: Vec<i64> = eval_pairs.iter().map(|p| p.0).collect();
-        let params = SampleParams { guidance: spec.guidance, eta: spec.eta, seed: base_seed ^ 0xE7A1 };
-        let traj = sample(model, &conds, &schedule, params)?;
-        let images = traj.images();
-        let r = stage.score_now(&images, &conds)?;
-        let cols = spec.model.conditions.min(conds.len()).max(1);
-        write_grid_svg(
-            &out.join(format!("grids/step-{step:05}.svg")),
-            &images,
-            cols,
-            &format!("step {step}: held-out samples"),
-        )?;
-        let judge = match &judge {
-            Some(j) => accuracy_of(&j.predict(&images)?, &conds),
-            None => f64::NAN,
-        };
-        Ok(Eval {
-            reward: r.iter().map(|x| *x as f64).sum::<f64>() / r.len().max(1) as f64,
-            judge,
-            diversity: diversity(&images, &conds)?,
-        })
-    };
-    let first = eval(&model, &mut stage, 0)?;
+    let pairs = domain.eval_pairs(spec.eval.samples, base_seed ^ 0xE7A1);
+    let evaluation = Evaluation { spec, out, schedule: &schedule, judge, pairs, seed: base_seed ^ 0xE7A1 };
+    let first = evaluation.run(&model, &mut stage, 0)?;
     // The step whose weights denoiser.safetensors holds (0: the pretrained denoiser).
     let mut saved_at = 0;
     let mut row = first.row();
@@ -164,56 +73,12 @@ pub fn run(spec: &DiffusionRunSpec, out: &Path, threads: Option<usize>) -> Resul
     let mut last = first;
 
     let mut step_rng = Rng::derived(spec.seed, "diffusion-conditions", 0);
-    let (g, mg) = (spec.rl.samples_per_condition, spec.rl.micro_group);
     for step in 1..=spec.rl.steps {
         let t_step = Instant::now();
-        let conds: Vec<i64> = (0..spec.rl.conditions_per_step)
-            .map(|_| (step_rng.next_f64() * spec.model.conditions as f64) as i64)
-            .collect();
-        let all: Vec<i64> = conds.iter().flat_map(|&c| std::iter::repeat_n(c, g)).collect();
-        let micro: Vec<Vec<i64>> = all.chunks(mg).map(<[i64]>::to_vec).collect();
-        let t_roll = Instant::now();
-        let (trajs, rewards, denoise_s, wait_s) =
-            rollout(&model, &schedule, spec, step, &micro, &mut stage).map_err(|e| at_rl_step(e, step, saved_at))?;
-        let rollout_s = t_roll.elapsed().as_secs_f64();
-        let group_of: Vec<usize> = (0..all.len()).map(|i| i / g).collect();
-        let adv = group_advantages(&rewards, &group_of, spec.rl.std_norm);
-        // RL: every micro-group's recorded trajectory, the loss averaged over micro-groups.
-        let t_train = Instant::now();
-        let steps = choose_steps(spec.steps, spec.rl.train_steps, spec.seed, step);
-        let n = trajs.len() as f64;
-        let loss_spec = RlLossSpec { clip: spec.rl.clip, kl_coef: spec.rl.kl_coef / n };
-        let (mut loss, mut clip, mut kl) = (0.0, 0.0, 0.0);
-        for (k, tr) in trajs.iter().enumerate() {
-            let a: Vec<f32> = adv[k * mg..(k + 1) * mg].iter().map(|x| x / n as f32).collect();
-            let st = accumulate_rl_gradients(
-                &model,
-                reference.as_ref(),
-                tr,
-                &Tensor::from_slice(&a),
-                &steps,
-                &schedule,
-                loss_spec,
-            )
-            .map_err(|e| at_rl_step(e, step, saved_at))?;
-            (loss, clip, kl) = (loss + st.loss * n, clip + st.clip_frac / n, kl + st.kl * n);
-        }
-        let grad_norm = opt.step(&model, spec.rl.lr)?;
-        let train_s = t_train.elapsed().as_secs_f64();
-        let mean_r = rewards.iter().map(|x| *x as f64).sum::<f64>() / rewards.len().max(1) as f64;
-        let mut row: Vec<(&str, f64)> = vec![
-            ("rollout/reward_mean", mean_r),
-            ("train/loss", loss / n),
-            ("train/clip_frac", clip),
-            ("train/kl", kl / n),
-            ("train/grad_norm", grad_norm),
-            ("perf/rollout_s", rollout_s),
-            ("perf/denoise_s", denoise_s),
-            ("perf/reward_wait_s", wait_s),
-            ("perf/train_s", train_s),
-        ];
+        let rl = RlStep { model: &model, reference: reference.as_ref(), schedule: &schedule, spec, step, saved_at };
+        let mut row = rl.run(&mut step_rng, &mut stage, &mut opt)?;
         if step % spec.eval.every == 0 || step == spec.rl.steps {
-            last = eval(&model, &mut stage, step).map_err(|e| at_rl_step(e, step, saved_at))?;
+            last = evaluation.run(&model, &mut stage, step).map_err(|e| at_rl_step(e, step, saved_at))?;
             model.save(&out.join("denoiser.safetensors"))?;
             saved_at = step;
             row.extend(last.row());
@@ -237,6 +102,223 @@ pub fn run(spec: &DiffusionRunSpec, out: &Path, threads: Option<usize>) -> Resul
         judge_end: last.judge,
         wall_seconds: t0.elapsed().as_secs_f64(),
     })
+}
+
+/// The denoiser's AdamW settings at `lr`.
+fn adam_spec(lr: f64, grad_clip: f64) -> TrainSpec {
+    serde_json::from_value(json!({"lr": lr, "micro_batch": 1, "global_batch": 1, "grad_clip": grad_clip}))
+        .expect("static spec")
+}
+
+/// The reward model: trained on the domain (and kept in `out/classifier`, so another recipe can
+/// reward against the same model), or loaded; its input shape must be the denoiser's. With its
+/// held-out accuracy (NaN when loaded).
+fn reward_model(
+    spec: &DiffusionRunSpec,
+    domain: &Domain,
+    base_seed: u64,
+    out: &Path,
+) -> Result<(Classifier, f32), RunError> {
+    match &spec.reward.classifier_path {
+        Some(p) => Ok((Classifier::load_dir(p, spec.model.side, spec.model.conditions)?, f32::NAN)),
+        None => {
+            let (c, acc) = Classifier::train_on_domain(
+                domain,
+                spec.reward.classifier_steps as usize,
+                32,
+                3e-3,
+                base_seed ^ 0xC1A5,
+            )?;
+            // Kept, so another recipe can reward against the same model (`classifier = "..."`).
+            c.save_dir(&out.join("classifier"))?;
+            Ok((c, acc))
+        }
+    }
+}
+
+/// The reward stage scoring `classifier`'s rewards: a worker process (`worker_exe`, which loads
+/// the classifier from its directory) or a thread of this one.
+fn reward_stage(
+    spec: &DiffusionRunSpec,
+    classifier: Classifier,
+    worker_exe: Option<std::path::PathBuf>,
+    out: &Path,
+) -> Result<RewardStage, RunError> {
+    let mut classifier = classifier.with_extra_cost(Duration::from_millis(spec.reward.extra_cost_ms));
+    classifier.temperature = spec.reward.classifier_temperature;
+    Ok(match worker_exe {
+        Some(exe) => {
+            let classifier = match &spec.reward.classifier_path {
+                Some(p) => p.clone(),
+                None => out.join("classifier"),
+            };
+            let config = WorkerConfig {
+                classifier,
+                side: spec.model.side,
+                conditions: spec.model.conditions,
+                reward: spec.reward.clone(),
+            };
+            RewardStage::Process(ProcessStage::start(&exe, &config)?)
+        }
+        None => RewardStage::Thread(ThreadStage::start(Scorer::new(classifier, &spec.reward))),
+    })
+}
+
+/// Pretraining: the plain denoising loss on domain images, its mean written every 100 steps.
+fn pretrain(
+    model: &Denoiser,
+    opt: &mut DenoiserAdam,
+    spec: &DiffusionRunSpec,
+    domain: &Domain,
+    schedule: &Schedule,
+    base_seed: u64,
+    metrics: &mut Metrics,
+) -> Result<(), RunError> {
+    let mut rng = Rng::derived(base_seed, "diffusion-pretrain", 0);
+    let (mut loss_sum, mut since) = (0.0, 0u64);
+    for i in 0..spec.pretrain.steps {
+        let conds: Vec<i64> =
+            (0..spec.pretrain.batch).map(|_| (rng.next_f64() * spec.model.conditions as f64) as i64).collect();
+        let x0 = domain.batch(&conds, &mut rng);
+        let loss = pretrain_loss(model, schedule, &x0, &conds, &mut rng, spec.pretrain.p_uncond)?;
+        let l = loss.double_value(&[]);
+        if !l.is_finite() {
+            // Before the update: the weights are still those of step i.
+            return Err(RunError::new(
+                E_NONFINITE,
+                format!(
+                    "the denoiser's pretraining loss became {l} at pretraining step {}; nothing was saved yet",
+                    i + 1
+                ),
+            )
+            .with_help("lower denoise_pretrain.lr"));
+        }
+        loss.backward();
+        opt.step(model, spec.pretrain.lr)?;
+        loss_sum += l;
+        since += 1;
+        if (i + 1) % 100 == 0 || i + 1 == spec.pretrain.steps {
+            write_row(metrics, 0, &[("pretrain/loss", loss_sum / since as f64), ("pretrain/step", (i + 1) as f64)])?;
+            (loss_sum, since) = (0.0, 0);
+        }
+    }
+    Ok(())
+}
+
+/// The held-out evaluation: fixed (condition, seed) pairs sampled, scored by the reward stage and
+/// the judge, and drawn as a grid.
+struct Evaluation<'a> {
+    spec: &'a DiffusionRunSpec,
+    out: &'a Path,
+    schedule: &'a Schedule,
+    judge: Option<Classifier>,
+    pairs: Vec<(i64, u64)>,
+    /// The sampler's seed.
+    seed: u64,
+}
+
+impl Evaluation<'_> {
+    fn run(&self, model: &Denoiser, stage: &mut RewardStage, step: u64) -> Result<Eval, RunError> {
+        let spec = self.spec;
+        let conds: Vec<i64> = self.pairs.iter().map(|p| p.0).collect();
+        let params = SampleParams { guidance: spec.guidance, eta: spec.eta, seed: self.seed };
+        let traj = sample(model, &conds, self.schedule, params)?;
+        let images = traj.images();
+        let r = stage.score_now(&images, &conds)?;
+        let cols = spec.model.conditions.min(conds.len()).max(1);
+        write_grid_svg(
+            &self.out.join(format!("grids/step-{step:05}.svg")),
+            &images,
+            cols,
+            &format!("step {step}: held-out samples"),
+        )?;
+        let judge = match &self.judge {
+            Some(j) => accuracy_of(&j.predict(&images)?, &conds),
+            None => f64::NAN,
+        };
+        Ok(Eval {
+            reward: r.iter().map(|x| *x as f64).sum::<f64>() / r.len().max(1) as f64,
+            judge,
+            diversity: diversity(&images, &conds)?,
+        })
+    }
+}
+
+/// One RL step: conditions drawn, their micro-groups denoised and rewarded, group-relative
+/// advantages, the clipped per-step objective's gradients and one optimizer step.
+struct RlStep<'a> {
+    model: &'a Denoiser,
+    reference: Option<&'a Denoiser>,
+    schedule: &'a Schedule,
+    spec: &'a DiffusionRunSpec,
+    step: u64,
+    /// The step whose weights denoiser.safetensors holds, for a non-finite value's error.
+    saved_at: u64,
+}
+
+impl RlStep<'_> {
+    /// Runs the step; returns its metrics row.
+    fn run(
+        &self,
+        step_rng: &mut Rng,
+        stage: &mut RewardStage,
+        opt: &mut DenoiserAdam,
+    ) -> Result<Vec<(&'static str, f64)>, RunError> {
+        let (spec, step) = (self.spec, self.step);
+        let (g, mg) = (spec.rl.samples_per_condition, spec.rl.micro_group);
+        let conds: Vec<i64> = (0..spec.rl.conditions_per_step)
+            .map(|_| (step_rng.next_f64() * spec.model.conditions as f64) as i64)
+            .collect();
+        let all: Vec<i64> = conds.iter().flat_map(|&c| std::iter::repeat_n(c, g)).collect();
+        let micro: Vec<Vec<i64>> = all.chunks(mg).map(<[i64]>::to_vec).collect();
+        let t_roll = Instant::now();
+        let (trajs, rewards, denoise_s, wait_s) = rollout(self.model, self.schedule, spec, step, &micro, stage)
+            .map_err(|e| at_rl_step(e, step, self.saved_at))?;
+        let rollout_s = t_roll.elapsed().as_secs_f64();
+        let group_of: Vec<usize> = (0..all.len()).map(|i| i / g).collect();
+        let adv = group_advantages(&rewards, &group_of, spec.rl.std_norm);
+        let t_train = Instant::now();
+        let (loss, clip, kl) = self.accumulate(&trajs, &adv).map_err(|e| at_rl_step(e, step, self.saved_at))?;
+        let grad_norm = opt.step(self.model, spec.rl.lr)?;
+        let train_s = t_train.elapsed().as_secs_f64();
+        let mean_r = rewards.iter().map(|x| *x as f64).sum::<f64>() / rewards.len().max(1) as f64;
+        Ok(vec![
+            ("rollout/reward_mean", mean_r),
+            ("train/loss", loss),
+            ("train/clip_frac", clip),
+            ("train/kl", kl),
+            ("train/grad_norm", grad_norm),
+            ("perf/rollout_s", rollout_s),
+            ("perf/denoise_s", denoise_s),
+            ("perf/reward_wait_s", wait_s),
+            ("perf/train_s", train_s),
+        ])
+    }
+
+    /// Every micro-group's recorded trajectory's gradients, the loss averaged over micro-groups.
+    /// Returns the loss, the clip fraction and the KL.
+    fn accumulate(&self, trajs: &[Trajectory], adv: &[f32]) -> Result<(f64, f64, f64), RunError> {
+        let spec = self.spec;
+        let mg = spec.rl.micro_group;
+        let steps = choose_steps(spec.steps, spec.rl.train_steps, spec.seed, self.step);
+        let n = trajs.len() as f64;
+        let loss_spec = RlLossSpec { clip: spec.rl.clip, kl_coef: spec.rl.kl_coef / n };
+        let (mut loss, mut clip, mut kl) = (0.0, 0.0, 0.0);
+        for (k, tr) in trajs.iter().enumerate() {
+            let a: Vec<f32> = adv[k * mg..(k + 1) * mg].iter().map(|x| x / n as f32).collect();
+            let st = accumulate_rl_gradients(
+                self.model,
+                self.reference,
+                tr,
+                &Tensor::from_slice(&a),
+                &steps,
+                self.schedule,
+                loss_spec,
+            )?;
+            (loss, clip, kl) = (loss + st.loss * n, clip + st.clip_frac / n, kl + st.kl * n);
+        }
+        Ok((loss / n, clip, kl / n))
+    }
 }
 
 /// Denoises the step's micro-groups one after another and has the reward stage score them:

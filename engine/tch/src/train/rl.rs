@@ -1,0 +1,286 @@
+//! The RL step (GRPO, PPO, on-policy distillation): the inputs computed before any update (the
+//! behaviour and reference log-probs, PPO's targets, per-token advantages), then per optimizer
+//! step its micro-batches, each a training forward and the enabled terms of the loss (the clipped
+//! policy gradient, the KL to the reference, the entropy bonus, MoE's load-balancing loss), then
+//! PPO's critic.
+
+use super::advantage::{chunk_advantages, require_teacher_logprobs, token_advantages};
+use super::loss::{aggregate, entropy, kl_k3, masked_sum, pg_terms, token_logprobs, trained_tokens, Denominators};
+use super::moe::{add_aux_loss, MoeAcc};
+use super::optim::optimizer_slices;
+use super::pack::{pack_chunk, pack_for, recorded_routes, Packed};
+use super::ppo::{critic_targets, train_critic, CriticTargets};
+use super::TchTrainer;
+use crate::critic::Critic;
+use crate::model::Policy;
+use crate::moe::Route;
+use miles_runtime::{OpdStats, RunError, TrainStats, Trajectory};
+use std::time::Instant;
+use tch::Tensor;
+
+/// What the RL step reads besides the trajectories, all computed before any weight changes.
+struct RlInputs {
+    /// The behaviour policy's log-probs per response token, from a pass over the weights that
+    /// generated the batch; None on-policy (one optimizer step: the training forward's own).
+    old: Option<Vec<Vec<f32>>>,
+    /// The frozen reference's log-probs, when a KL term reads them.
+    reference: Option<Vec<Vec<f32>>>,
+    /// PPO's advantages, returns and old values.
+    targets: Option<CriticTargets>,
+    /// Per-token advantages (PPO's, distillation's, or both); None: one per response.
+    token_adv: Option<Vec<Vec<f32>>>,
+}
+
+/// Sums over the batch's trained tokens, divided by their count in the step's statistics.
+#[derive(Default)]
+struct TokenSums {
+    /// |trainer's behaviour log-prob - sampler's|.
+    logp_diff: f64,
+    /// k3 KL between the trainer's behaviour log-probs and the sampler's.
+    rollout_kl: f64,
+    entropy: f64,
+    clip: f64,
+    kl: f64,
+    tis: f64,
+}
+
+impl TokenSums {
+    /// The drift between the trainer's behaviour log-probs `old` and the sampler's, per token.
+    fn add_rollout_drift(&mut self, batch: &[Trajectory], old: &[Vec<f32>]) {
+        for (t, o) in batch.iter().zip(old) {
+            for ((a, b), m) in o.iter().zip(&t.rollout_logprobs).zip(&t.loss_mask) {
+                self.logp_diff += ((a - b).abs() * m) as f64;
+                let d = (*a - *b) as f64;
+                self.rollout_kl += (d.exp() - d - 1.0) * *m as f64;
+            }
+        }
+    }
+
+    fn finish(self, st: &mut TrainStats, tokens: f64) {
+        st.logp_diff = self.logp_diff / tokens.max(1.0);
+        st.rollout_kl = self.rollout_kl / tokens.max(1.0);
+        let n = tokens.max(1.0);
+        st.entropy = self.entropy / n;
+        st.clip_frac = self.clip / n;
+        st.kl = self.kl / n;
+        st.tis_weight = self.tis / n;
+        st.tokens = tokens as u64;
+    }
+}
+
+/// One micro-batch of an optimizer step: rows `base..` of the batch, and the step's denominators.
+struct Micro<'a> {
+    chunk: &'a [Trajectory],
+    base: usize,
+    /// Rows in the step's slice (the MoE loss's share).
+    slice_len: usize,
+    denom: &'a Denominators,
+}
+
+/// A training forward over a micro-batch: the targets' log-probs (in the autograd graph), the full
+/// log-softmax, and MoE's load-balancing loss and flipped-route mask.
+struct Forward {
+    lp: Tensor,
+    logp_all: Tensor,
+    aux: Option<Tensor>,
+    flipped: Option<Tensor>,
+}
+
+impl TchTrainer {
+    /// Log-probs of each trajectory's response under `policy` (no grad, in micro-batches),
+    /// replaying recorded routing when `replay` (the old and reference passes see the experts the
+    /// training forward will use).
+    pub(crate) fn logprobs_of(
+        policy: &Policy,
+        batch: &[Trajectory],
+        micro: usize,
+        temperature: f64,
+        replay: bool,
+    ) -> Result<Vec<Vec<f32>>, RunError> {
+        let _g = tch::no_grad_guard();
+        let mut out = Vec::with_capacity(batch.len());
+        for chunk in batch.chunks(micro.max(1)) {
+            let pk = pack_chunk(chunk, false, |p, r, m| pack_for(policy, p, r, m));
+            let mut route = match (replay, policy.cfg.moe.is_some()) {
+                (true, true) => Some(Route::for_batch(recorded_routes(chunk, &pk), &pk.valid, false)),
+                _ => None,
+            };
+            let (lp, _) = token_logprobs(policy, &pk, temperature, route.as_mut());
+            out.extend(pk.extract(&lp)?);
+        }
+        Ok(out)
+    }
+
+    pub fn train_rl_impl(
+        &mut self,
+        batch: &[Trajectory],
+        lrs: &[f64],
+        temperature: f64,
+    ) -> Result<TrainStats, RunError> {
+        let mut moe = MoeAcc::new(&self.policy, self.replay);
+        let kept = moe.as_mut().and_then(|m| m.drop_unfit(batch, &self.policy));
+        let batch = kept.as_deref().unwrap_or(batch);
+        self.begin_lora();
+        if self.spec.ppo.is_some() && self.critic.is_none() {
+            self.critic = Some(Critic::from_policy(&self.policy));
+        }
+        let micro = self.spec.micro_batch.max(1);
+        // Phase timings for the profile (CPU ops are synchronous, so wall time is the op's time).
+        let t_lp = Instant::now();
+        let (inputs, opd) = self.rl_inputs(batch, lrs.len() == 1, temperature)?;
+        let mut st = TrainStats { logprob_s: t_lp.elapsed().as_secs_f64(), opd, ..TrainStats::default() };
+        let mut sums = TokenSums::default();
+        if let Some(old) = &inputs.old {
+            sums.add_rollout_drift(batch, old);
+        }
+        for (lo, slice, lr) in optimizer_slices(batch, lrs) {
+            let denom = Denominators::of(slice);
+            self.zero_grad();
+            let mut loss_acc = 0f64;
+            for (ci, chunk) in slice.chunks(micro).enumerate() {
+                let m = Micro { chunk, base: lo + ci * micro, slice_len: slice.len(), denom: &denom };
+                loss_acc += self.rl_micro_batch(&m, &inputs, temperature, &mut moe, &mut sums, &mut st)?;
+            }
+            let t_opt = Instant::now();
+            let norm = self.optimizer_step(lr)?;
+            st.optimizer_s += t_opt.elapsed().as_secs_f64();
+            st.loss += loss_acc;
+            st.grad_norm += norm;
+            st.optimizer_steps += 1;
+        }
+        if let (Some(p), Some(tg), Some(c)) = (&self.spec.ppo, &inputs.targets, self.critic.as_mut()) {
+            st.critic = Some(train_critic(c, &self.spec, p, batch, lrs, tg)?);
+        }
+        let k = st.optimizer_steps.max(1) as f64;
+        st.loss /= k;
+        st.grad_norm /= k;
+        sums.finish(&mut st, trained_tokens(batch));
+        st.moe = moe.map(MoeAcc::finish);
+        Ok(st)
+    }
+
+    /// The step's inputs, before any update. On-policy (one optimizer step for the whole batch)
+    /// every micro-batch is computed before the update, so the "old" log-probs are the detached
+    /// log-probs of the training forward itself and the separate pass is skipped. With several
+    /// steps per batch, later slices see updated weights, so the old log-probs come from a pass
+    /// over the weights that generated the batch (the trainer's view of them).
+    fn rl_inputs(
+        &self,
+        batch: &[Trajectory],
+        on_policy: bool,
+        temperature: f64,
+    ) -> Result<(RlInputs, Option<OpdStats>), RunError> {
+        let micro = self.spec.micro_batch.max(1);
+        let old = match on_policy {
+            true => None,
+            false => Some(Self::logprobs_of(&self.policy, batch, micro, temperature, self.replay)?),
+        };
+        let reference = match (&self.reference, self.spec.kl_coef > 0.0) {
+            (Some(r), true) => Some(Self::logprobs_of(r, batch, micro, temperature, self.replay)?),
+            _ => None,
+        };
+        // PPO: per-token advantages and returns from the critic's values before any update.
+        let targets = match (&self.spec.ppo, &self.critic) {
+            (Some(p), Some(c)) => Some(critic_targets(c, batch, micro, p)?),
+            _ => None,
+        };
+        if let Some(o) = &self.spec.opd {
+            require_teacher_logprobs(batch, o)?;
+        }
+        let (token_adv, opd) = token_advantages(batch, targets.as_ref(), self.spec.opd.as_ref());
+        Ok((RlInputs { old, reference, targets, token_adv }, opd))
+    }
+
+    /// One micro-batch: the training forward, the loss of the enabled terms, its backward and the
+    /// statistics. Returns the loss's value.
+    // `a = a + b` on purpose: tch's `+=` is in-place and would corrupt the autograd graph.
+    #[allow(clippy::assign_op_pattern)]
+    fn rl_micro_batch(
+        &mut self,
+        m: &Micro,
+        inputs: &RlInputs,
+        temperature: f64,
+        moe: &mut Option<MoeAcc>,
+        sums: &mut TokenSums,
+        st: &mut TrainStats,
+    ) -> Result<f64, RunError> {
+        let t_fwd = Instant::now();
+        let pk = pack_chunk(m.chunk, true, |p, r, ms| pack_for(&self.policy, p, r, ms));
+        let rollv: Vec<&[f32]> = m.chunk.iter().map(|t| t.rollout_logprobs.as_slice()).collect();
+        let roll_t = pk.align(&rollv);
+        let adv_t = chunk_advantages(m.chunk, m.base, &pk, inputs.token_adv.as_deref());
+        let f = self.training_forward(m.chunk, &pk, temperature, moe);
+        let old_t = match &inputs.old {
+            Some(old) => pk.align_rows(old, m.base),
+            None => on_policy_old(&f, &roll_t, &pk, moe.as_mut(), sums),
+        };
+        // PPO's `rollout_logprobs`: the behaviour policy is the sampler's.
+        let old_t = match self.spec.ppo.as_ref().is_some_and(|p| p.rollout_logprobs) {
+            true => roll_t.shallow_clone(),
+            false => old_t,
+        };
+        let s = &self.spec;
+        let terms = pg_terms(&f.lp, &old_t, &roll_t, &adv_t, s.clip_low, s.clip_high, s.tis_cap);
+        // The entropy is a statistic unless it is in the loss: then no gradient graph.
+        let entropy = entropy(&f.logp_all, s.entropy_coef != 0.0);
+        let mut tok_loss = terms.pg.shallow_clone();
+        if let Some(refs) = &inputs.reference {
+            let kl = kl_k3(&f.lp, &pk.align_rows(refs, m.base));
+            sums.kl += masked_sum(&kl, &pk.mask);
+            tok_loss = tok_loss + kl * s.kl_coef;
+        }
+        if s.entropy_coef != 0.0 {
+            tok_loss = tok_loss - &entropy * s.entropy_coef;
+        }
+        let loss = aggregate(tok_loss * &pk.mask, &pk.mask, s.aggregation, m.denom);
+        // The load-balancing loss, weighted so the micro-batches' terms add up to the slice's.
+        let loss = add_aux_loss(loss, f.aux, self.policy.cfg.moe.as_ref(), m.chunk.len(), m.slice_len as f64);
+        let lv = self.finite_loss(&loss, "loss is NaN/infinite; weights were not updated")?;
+        st.forward_s += t_fwd.elapsed().as_secs_f64();
+        let t_bwd = Instant::now();
+        loss.backward();
+        st.backward_s += t_bwd.elapsed().as_secs_f64();
+        let t_stats = Instant::now();
+        let _g = tch::no_grad_guard();
+        sums.entropy += masked_sum(&entropy, &pk.mask);
+        sums.clip += masked_sum(&terms.clipped, &pk.mask);
+        sums.tis += masked_sum(&terms.tis, &pk.mask);
+        // The statistics are forward-side work (reductions of forward tensors).
+        st.forward_s += t_stats.elapsed().as_secs_f64();
+        Ok(lv)
+    }
+
+    /// The training forward over `pk` (adapter dropout on), MoE layers replaying `chunk`'s
+    /// recorded experts under R3 and adding their routing to `moe`.
+    fn training_forward(
+        &self,
+        chunk: &[Trajectory],
+        pk: &Packed,
+        temperature: f64,
+        moe: &mut Option<MoeAcc>,
+    ) -> Forward {
+        self.set_training(true);
+        let mut pass = moe.as_ref().map(|m| m.pass_route(chunk, pk));
+        let (lp, logp_all) = token_logprobs(&self.policy, pk, temperature, pass.as_mut().map(|p| &mut p.route));
+        self.set_training(false);
+        let (aux, flipped) = match (moe.as_mut(), pass.as_ref()) {
+            (Some(m), Some(p)) => m.add(p, pk),
+            _ => (None, None),
+        };
+        Forward { lp, logp_all, aux, flipped }
+    }
+}
+
+/// On-policy, the behaviour log-probs are the training forward's own, detached; their drift from
+/// the sampler's `roll_t` is measured here, and (MoE) on the tokens whose route flipped.
+fn on_policy_old(f: &Forward, roll_t: &Tensor, pk: &Packed, moe: Option<&mut MoeAcc>, sums: &mut TokenSums) -> Tensor {
+    let old_t = f.lp.detach();
+    let _g = tch::no_grad_guard();
+    let diff = (&old_t - roll_t).abs() * &pk.mask;
+    sums.logp_diff += diff.sum(tch::Kind::Double).double_value(&[]);
+    sums.rollout_kl += masked_sum(&kl_k3(roll_t, &old_t), &pk.mask);
+    if let (Some(m), Some(flipped)) = (moe, &f.flipped) {
+        m.add_flip_drift(&diff, flipped, pk);
+    }
+    old_t
+}
