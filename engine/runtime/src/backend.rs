@@ -1,91 +1,14 @@
 //! The traits a compute backend implements. The synchronous executor drives them; the asynchronous
 //! and distributed runtimes plug in behind the same traits (an engine may be remote, a transport
-//! may broadcast or write deltas to disk).
+//! may broadcast or write deltas to disk). What they exchange (sampling settings, samples,
+//! trajectories) is plain data in `sample`.
 
+use crate::sample::{GenRequest, Sample, SamplingParams, StreamSample, Trajectory};
 use crate::spec::{RunSpec, TrainSpec};
-use crate::tasks::TokenId;
+use crate::token::TokenId;
 use crate::RunError;
 use serde::{Deserialize, Serialize};
 use std::path::Path;
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum FinishReason {
-    /// A stop token was sampled (it is the last token of the response).
-    Stop,
-    /// `max_new_tokens` (or the model's max_len) was reached.
-    Length,
-}
-
-#[derive(Debug, Clone, PartialEq)]
-pub struct SamplingParams {
-    pub max_new_tokens: usize,
-    pub temperature: f64,
-    /// Nucleus filter; 1.0 = off.
-    pub top_p: f64,
-    /// 0 = off.
-    pub top_k: usize,
-    pub stop_tokens: Vec<TokenId>,
-    /// Argmax decoding (evaluation); the other filters are then ignored.
-    pub greedy: bool,
-    /// Seed of this call's sampling stream: same seed, prompts and weights -> same samples.
-    pub seed: u64,
-}
-
-impl SamplingParams {
-    /// The rollout stage's sampling settings, to EOS, with stream `seed`.
-    pub fn rollout(r: &crate::spec::RolloutSpec, seed: u64) -> SamplingParams {
-        SamplingParams {
-            max_new_tokens: r.max_new_tokens,
-            temperature: r.temperature,
-            top_p: r.top_p,
-            top_k: r.top_k,
-            stop_tokens: vec![crate::tasks::EOS],
-            greedy: false,
-            seed,
-        }
-    }
-
-    /// The same settings, ending a response on any of `stop` (the run tokenizer's stop ids).
-    pub fn with_stop(mut self, stop: Vec<TokenId>) -> SamplingParams {
-        self.stop_tokens = stop;
-        self
-    }
-
-    /// Greedy decoding to EOS: what evaluation measures.
-    pub fn greedy(max_new_tokens: usize) -> SamplingParams {
-        SamplingParams { greedy: true, ..SamplingParams::plain(max_new_tokens, 0) }
-    }
-
-    /// Sampling from the full distribution (temperature 1, no top-p/top-k) to EOS.
-    pub fn plain(max_new_tokens: usize, seed: u64) -> SamplingParams {
-        SamplingParams {
-            max_new_tokens,
-            temperature: 1.0,
-            top_p: 1.0,
-            top_k: 0,
-            stop_tokens: vec![crate::tasks::EOS],
-            greedy: false,
-            seed,
-        }
-    }
-}
-
-/// One generated response.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Sample {
-    /// Index into the `prompts` slice given to `generate` (the GRPO group).
-    pub prompt_index: usize,
-    pub response: Vec<TokenId>,
-    /// log p(token) under the engine's policy with logits divided by the temperature, before any
-    /// top-k/top-p truncation (what the trainer recomputes). Greedy decoding reports temperature 1.
-    pub logprobs: Vec<f32>,
-    pub finish: FinishReason,
-    /// Version of the weights that generated it.
-    pub weight_version: u64,
-    /// R3: every forwarded token's routed experts (prompt then response), when recorded.
-    pub routing: Option<crate::Routing>,
-}
 
 pub trait RolloutEngine {
     /// `n` samples for each prompt, grouped: samples of prompt i are contiguous, in order. A
@@ -114,44 +37,27 @@ fn one_adapter(i: usize) -> Result<(), RunError> {
     }
 }
 
-/// A scored sample as the trainer consumes it.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Trajectory {
-    pub prompt: Vec<TokenId>,
-    pub response: Vec<TokenId>,
-    /// Sampling log-probs from the engine, one per response token.
-    pub rollout_logprobs: Vec<f32>,
-    /// 1 for tokens the policy is trained on, 0 for context (one per response token).
-    pub loss_mask: Vec<f32>,
-    pub reward: f32,
-    pub advantage: f32,
-    pub group: usize,
-    pub weight_version: u64,
-    /// R3: the experts the engine routed each token to (an MoE policy with `record_routing`).
-    pub routing: Option<crate::Routing>,
-    /// On-policy distillation: the teacher stage's log-prob of each response token; empty until
-    /// the teacher scores the batch (and in a run without one).
-    pub teacher_logprobs: Vec<f32>,
-}
-
-impl Trajectory {
-    /// A prompt and response to score (log-probs of the response under some model), with every
-    /// response token counted and nothing else set.
-    pub fn to_score(prompt: Vec<TokenId>, response: Vec<TokenId>) -> Trajectory {
-        let n = response.len();
-        Trajectory {
-            prompt,
-            response,
-            rollout_logprobs: vec![0.0; n],
-            loss_mask: vec![1.0; n],
-            reward: 0.0,
-            advantage: 0.0,
-            group: 0,
-            weight_version: 0,
-            routing: None,
-            teacher_logprobs: Vec::new(),
-        }
-    }
+/// The rollout engine as the asynchronous executor drives it (`stream`): requests of one sample
+/// each, submitted and advanced step by step (continuous batching), weights swapped between two
+/// steps while requests are in flight. It runs on the executor's generation thread, hence `Send`.
+pub trait StreamEngine: Send {
+    /// Requests the engine holds at once; the executor never has more in flight.
+    fn slots(&self) -> usize;
+    /// Starts a request (it is prefilled at the next `step`).
+    fn submit(&mut self, req: GenRequest) -> Result<(), RunError>;
+    /// Advances every request in flight (at least one token each, when there is any) and returns
+    /// those that finished.
+    fn step(&mut self) -> Result<Vec<StreamSample>, RunError>;
+    fn in_flight(&self) -> usize;
+    /// Aborts every request in flight and returns them, partial, with `aborted = true`.
+    fn abort_all(&mut self) -> Vec<StreamSample>;
+    /// Swaps the weights between two steps. Requests in flight continue under the new ones (their
+    /// KV cache stays as computed), and record the new version from their next token on.
+    fn load_weights(&mut self, weights: &WeightSnapshot) -> Result<(), RunError>;
+    fn weight_version(&self) -> u64;
+    /// Called once on the generation thread before anything else: the engine's own intra-op
+    /// thread budget (the trainer keeps its own on the executor's thread).
+    fn bind_thread(&mut self, _threads: Option<usize>) {}
 }
 
 /// What one RL train call reports (means over the call's tokens unless said otherwise).
@@ -352,7 +258,7 @@ pub type EngineAndTrainer = (Box<dyn RolloutEngine>, Box<dyn Trainer>);
 /// What `Backend::create_async` returns: the parts of a one_step_off or fully_async run.
 pub struct AsyncParts {
     /// Runs on the generation thread (in-process, or a client of a remote engine).
-    pub engine: Box<dyn crate::stream::StreamEngine>,
+    pub engine: Box<dyn StreamEngine>,
     /// Stays on the executor's thread.
     pub trainer: Box<dyn Trainer>,
     /// A second engine for `eval.mode = snapshot`, on its own thread; None for the other modes.

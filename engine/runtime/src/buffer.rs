@@ -12,10 +12,10 @@
 //! prompt (served -> in flight -> buffered -> drawn or dropped) is atomic with respect to a
 //! checkpoint's snapshot.
 
+use crate::sample::StreamSample;
 use crate::schedule::{DropAction, GroupFilter};
 use crate::source::{DropReason, Pending, PromptSource};
-use crate::stream::StreamSample;
-use crate::tasks::TokenId;
+use crate::token::TokenId;
 use std::collections::{BTreeMap, VecDeque};
 
 /// A finished, scored group: every sample of one prompt.
@@ -224,7 +224,7 @@ impl Buffer {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::stream::VersionSpan;
+    use crate::sample::VersionSpan;
     use crate::FinishReason;
 
     fn group(p: Pending, versions: &[u64], rewards: &[f32]) -> Group {

@@ -140,9 +140,9 @@ pub fn post_json(url: &Url, body: &str, timeout: Duration) -> Result<String, Htt
     match status {
         200..=299 => Ok(body),
         // Busy or broken for now: another try may succeed.
-        429 | 500..=599 => Err(transient(format!("HTTP {status}: {}", crate::reward::truncate(body.trim(), 200)))),
+        429 | 500..=599 => Err(transient(format!("HTTP {status}: {}", crate::quote::truncate(body.trim(), 200)))),
         _ => Err(HttpError {
-            what: format!("HTTP {status}: {}", crate::reward::truncate(body.trim(), 200)),
+            what: format!("HTTP {status}: {}", crate::quote::truncate(body.trim(), 200)),
             retry: false,
             timed_out: false,
         }),
@@ -178,7 +178,7 @@ fn parse_response(raw: &[u8]) -> Result<(u16, String), String> {
     let end = header_end(raw).ok_or_else(|| "connection closed before a whole HTTP answer".to_string())?;
     let head = String::from_utf8_lossy(&raw[..end]).into_owned();
     let status = head.split_whitespace().nth(1).and_then(|s| s.parse::<u16>().ok()).ok_or_else(|| {
-        format!("not an HTTP answer: {}", crate::reward::truncate(head.lines().next().unwrap_or(""), 100))
+        format!("not an HTTP answer: {}", crate::quote::truncate(head.lines().next().unwrap_or(""), 100))
     })?;
     let rest = &raw[end..];
     let body = if let Some(n) = header(&head, "content-length").and_then(|v| v.parse::<usize>().ok()) {

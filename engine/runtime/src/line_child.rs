@@ -170,7 +170,7 @@ impl StderrTail {
         if last.is_empty() {
             what
         } else {
-            format!("{what}; stderr ends: {}", crate::reward::truncate_tail(&last, 400))
+            format!("{what}; stderr ends: {}", crate::quote::truncate_tail(&last, 400))
         }
     }
 }

@@ -37,7 +37,7 @@ impl Fnv1a {
         bytes.into_iter().fold(self, |h, &b| h.value(b as u64))
     }
 
-    pub fn tokens<'t>(self, tokens: impl IntoIterator<Item = &'t crate::tasks::TokenId>) -> Fnv1a {
+    pub fn tokens<'t>(self, tokens: impl IntoIterator<Item = &'t crate::token::TokenId>) -> Fnv1a {
         tokens.into_iter().fold(self, |h, &t| h.value(t as u64))
     }
 }

@@ -1,7 +1,7 @@
 //! How generation and training are interleaved (the recipe's `schedule` setting), as run-spec data,
-//! and the one resolved configuration the asynchronous executor (`async_exec`) runs.
+//! and the one resolved configuration the asynchronous executor (`run::async_`) runs.
 //!
-//! - `sync`: generate a batch, train on it, sync the weights, repeat (`exec::run_with`).
+//! - `sync`: generate a batch, train on it, sync the weights, repeat (`run::sync`).
 //! - `one_step_off`: the batch of step n+1 is generated while step n trains, always under the
 //!   weights of step n-1 (staleness exactly 1 from step 2 on). Weights are swapped only when no
 //!   request is in flight, so a batch never mixes versions.

@@ -15,9 +15,9 @@
 
 use crate::backend::*;
 use crate::rng::{derive_seed, Rng};
+use crate::sample::{FinishReason, GenRequest, Sample, SamplingParams, StreamSample, Trajectory, VersionSpan};
 use crate::spec::RunSpec;
-use crate::stream::{GenRequest, StreamEngine, StreamSample, VersionSpan};
-use crate::tasks::{TokenId, BOS, EOS};
+use crate::token::{TokenId, BOS, EOS};
 use crate::{RunError, E_CHECKPOINT};
 use serde::{Deserialize, Serialize};
 use std::path::Path;
@@ -334,7 +334,7 @@ impl Trainer for SimTrainer {
     }
 
     fn save(&self, dir: &Path) -> Result<(), RunError> {
-        crate::exec::write_json(&dir.join(SIM_TRAINER_FILE), &self.state)
+        crate::atomic_write::write_json(&dir.join(SIM_TRAINER_FILE), &self.state)
     }
 
     fn load(&mut self, dir: &Path) -> Result<(), RunError> {

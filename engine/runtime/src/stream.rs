@@ -1,120 +1,21 @@
-//! The rollout engine as the asynchronous executor drives it: requests of one sample each are
-//! submitted and advanced step by step (continuous batching), so a slot is reused as soon as its
-//! sample finishes, and weights can be swapped between two steps while requests are in flight.
+//! The rollout engine as the asynchronous executor drives it ([`StreamEngine`], a backend trait):
+//! requests of one sample each are submitted and advanced step by step (continuous batching), so
+//! a slot is reused as soon as its sample finishes, and weights can be swapped between two steps
+//! while requests are in flight.
 //!
 //! An engine runs on the executor's generation thread, hence `Send`. In-process engines (the
 //! embedded backend's `TchStreamEngine`) implement the trait natively; any batch
 //! [`RolloutEngine`] (e.g. a remote engine behind a network transport) is adapted by
-//! [`BatchedStream`], at group granularity.
+//! [`BatchedStream`], at group granularity, and [`StreamAsBatch`] lends a streaming engine as a
+//! batch one. The requests and samples are plain data (`sample`).
 
-use crate::backend::{FinishReason, RolloutEngine, SamplingParams, WeightSnapshot};
-use crate::tasks::TokenId;
+pub use crate::backend::StreamEngine;
+pub use crate::sample::{GenRequest, StreamSample, VersionSpan};
+
+use crate::backend::{RolloutEngine, WeightSnapshot};
+use crate::sample::SamplingParams;
+use crate::token::TokenId;
 use crate::RunError;
-use serde::{Deserialize, Serialize};
-
-/// One sample to generate. `params.seed` seeds this sample's own sampling stream.
-#[derive(Debug, Clone, PartialEq)]
-pub struct GenRequest {
-    /// Unique among the requests in flight; finished samples carry it back.
-    pub id: u64,
-    pub prompt: Vec<TokenId>,
-    pub params: SamplingParams,
-}
-
-/// The tokens from `from_token` on (up to the next span) were sampled from logits computed under
-/// weight version `version`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct VersionSpan {
-    pub version: u64,
-    pub from_token: usize,
-}
-
-/// A finished (or aborted) request.
-#[derive(Debug, Clone, PartialEq)]
-pub struct StreamSample {
-    pub id: u64,
-    pub response: Vec<TokenId>,
-    /// Sampling log-probs, as in [`crate::Sample`].
-    pub logprobs: Vec<f32>,
-    pub finish: FinishReason,
-    /// Every weight version the sample was generated under, oldest first; more than one when a
-    /// weight update happened while it was in flight (pause = in_place).
-    pub versions: Vec<VersionSpan>,
-    /// Aborted before it finished (retract/abort pauses, a lost engine): never trained on.
-    pub aborted: bool,
-    /// R3: every forwarded token's routed experts (prompt then response), when recorded.
-    pub routing: Option<crate::Routing>,
-}
-
-impl StreamSample {
-    /// A request aborted before it was started: no tokens, under weight version `version`.
-    pub fn aborted_unstarted(id: u64, version: u64) -> StreamSample {
-        StreamSample {
-            id,
-            response: Vec::new(),
-            logprobs: Vec::new(),
-            finish: FinishReason::Length,
-            versions: vec![VersionSpan { version, from_token: 0 }],
-            aborted: true,
-            routing: None,
-        }
-    }
-
-    pub fn oldest_version(&self) -> u64 {
-        self.versions.iter().map(|v| v.version).min().unwrap_or(0)
-    }
-
-    /// The weight version of each response token.
-    pub fn token_versions(&self) -> Vec<u64> {
-        let mut out = Vec::with_capacity(self.response.len());
-        let mut spans = self.versions.iter().peekable();
-        let mut current = self.versions.first().map_or(0, |v| v.version);
-        for k in 0..self.response.len() {
-            while let Some(v) = spans.next_if(|v| v.from_token <= k) {
-                current = v.version;
-            }
-            out.push(current);
-        }
-        out
-    }
-}
-
-impl VersionSpan {
-    /// Spans of a version per token (one span per run of equal versions; one span at version 0
-    /// for no tokens).
-    pub fn of_tokens(versions: &[u64]) -> Vec<VersionSpan> {
-        let mut spans: Vec<VersionSpan> = Vec::new();
-        for (k, &v) in versions.iter().enumerate() {
-            if spans.last().is_none_or(|s| s.version != v) {
-                spans.push(VersionSpan { version: v, from_token: k });
-            }
-        }
-        if spans.is_empty() {
-            spans.push(VersionSpan { version: 0, from_token: 0 });
-        }
-        spans
-    }
-}
-
-pub trait StreamEngine: Send {
-    /// Requests the engine holds at once; the executor never has more in flight.
-    fn slots(&self) -> usize;
-    /// Starts a request (it is prefilled at the next `step`).
-    fn submit(&mut self, req: GenRequest) -> Result<(), RunError>;
-    /// Advances every request in flight (at least one token each, when there is any) and returns
-    /// those that finished.
-    fn step(&mut self) -> Result<Vec<StreamSample>, RunError>;
-    fn in_flight(&self) -> usize;
-    /// Aborts every request in flight and returns them, partial, with `aborted = true`.
-    fn abort_all(&mut self) -> Vec<StreamSample>;
-    /// Swaps the weights between two steps. Requests in flight continue under the new ones (their
-    /// KV cache stays as computed), and record the new version from their next token on.
-    fn load_weights(&mut self, weights: &WeightSnapshot) -> Result<(), RunError>;
-    fn weight_version(&self) -> u64;
-    /// Called once on the generation thread before anything else: the engine's own intra-op
-    /// thread budget (the trainer keeps its own on the executor's thread).
-    fn bind_thread(&mut self, _threads: Option<usize>) {}
-}
 
 /// Any batch [`RolloutEngine`] as a [`StreamEngine`]: each `step` generates every queued request
 /// in one `generate` call, so requests finish together and slots refill per batch. Samples of the
@@ -298,6 +199,7 @@ fn same_settings(a: &SamplingParams, b: &SamplingParams) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::sample::FinishReason;
 
     fn sample(len: usize, versions: Vec<VersionSpan>) -> StreamSample {
         StreamSample {

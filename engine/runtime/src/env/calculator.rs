@@ -6,29 +6,13 @@
 //! small alphabet, so a tiny char-level policy on CPU can learn to copy the question into the
 //! tool and the result into its answer.
 
+pub use crate::spec::env::CalculatorSpec;
+
 use super::{Action, EnvFault, Environment, StepResult, Task};
 use crate::rng::Rng;
 use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::Duration;
-
-#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct CalculatorSpec {
-    /// Digits of each operand of a generated question (1..=6).
-    pub digits: u32,
-    /// Reward of each well-formed tool call (0 = only the answer counts).
-    pub tool_reward: f32,
-    /// Share of the demonstrations that call the tool; the others answer at once (right, as if
-    /// by heart). A policy that cannot multiply then learns from RL that the tool pays.
-    pub demo_tool_rate: f32,
-}
-
-impl Default for CalculatorSpec {
-    fn default() -> Self {
-        CalculatorSpec { digits: 2, tool_reward: 0.0, demo_tool_rate: 1.0 }
-    }
-}
 
 pub struct Calculator {
     spec: CalculatorSpec,

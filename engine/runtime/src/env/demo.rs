@@ -7,7 +7,7 @@
 
 use super::{Action, EnvFault, Environment, Task};
 use crate::session::{ChatCodec, Role};
-use crate::tasks::TokenId;
+use crate::token::TokenId;
 use crate::RunError;
 use std::time::Duration;
 
@@ -77,7 +77,8 @@ fn demonstrate_one(
 mod tests {
     use super::*;
     use crate::env::{run_episodes, Calculator, EpisodeLimits, OnEnvError, RewardMode, ToolFormat, TurnSample};
-    use crate::tasks::{CharTokenizer, EOS};
+    use crate::token::EOS;
+    use crate::tokenize::CharTokenizer;
     use crate::tokenize::Tokenizer;
     use crate::FinishReason;
     use serde_json::json;

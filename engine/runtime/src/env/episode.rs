@@ -14,38 +14,17 @@
 //! extend the last turn, so the session must use the `branching` rule: the compacted turn starts a
 //! new chain, and each chain is a trajectory of its own.
 
+pub use crate::spec::env::{OnEnvError, RewardMode};
+
 use super::{Action, EndReason, EnvFault, Environment, StepResult, Task, ToolFormat};
-use crate::backend::FinishReason;
+use crate::sample::FinishReason;
 use crate::session::{message_key, output_key, retokenize, ChatCodec, MessageKey, Role, Rule, Session};
-use crate::tasks::TokenId;
+use crate::token::TokenId;
 use crate::RunError;
-use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
-
-/// How an episode's reward is made from the environment's per-step rewards.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum RewardMode {
-    /// The last reward the environment gave (0 when none).
-    #[default]
-    Final,
-    /// The sum of every step's reward.
-    Sum,
-}
-
-/// What an episode ended by an environment fault trains on.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum OnEnvError {
-    /// Leaves the batch (its group keeps the others).
-    #[default]
-    Drop,
-    /// Trains on the reward so far (0 under `final` when none came).
-    Score,
-}
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct EpisodeLimits {

@@ -16,28 +16,18 @@
 //! that exits fails every waiting episode (`env_crashed`, quoting its status and stderr) and is
 //! started afresh for the next call. Its stderr is kept (the last few KiB) to quote.
 
+pub use crate::spec::env::JsonlSpec;
+
 use super::{Action, EnvFault, Environment, StepResult, Task};
 use crate::line_child::LineChild;
-use crate::reward::truncate;
+use crate::quote::truncate;
 use crate::{RunError, E_SPEC};
 use serde_json::{json, Value};
 use std::collections::HashMap;
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{self, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-
-#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct JsonlSpec {
-    pub name: String,
-    /// Program and arguments, not through a shell: `["python3", "env.py"]`.
-    #[serde(rename = "command")]
-    pub argv: Vec<String>,
-    #[serde(default)]
-    pub cwd: Option<PathBuf>,
-}
 
 type Reply = Result<Value, EnvFault>;
 

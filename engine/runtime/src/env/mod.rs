@@ -12,7 +12,6 @@ pub mod demo;
 pub mod episode;
 pub mod jsonl;
 pub mod openenv;
-pub mod rollout;
 pub mod spec;
 pub mod tools;
 mod ws;

@@ -18,31 +18,17 @@
 //! (or its only string field, or the whole object as JSON). OpenEnv has one `done` flag: it is
 //! taken as `terminated`.
 
+pub use crate::spec::env::OpenEnvSpec;
+
 use super::ws::{WebSocket, WsError};
 use super::{Action, EnvFault, Environment, StepResult, Task};
 use crate::http_client::{self, Url};
-use crate::reward::truncate;
+use crate::quote::truncate;
 use crate::{RunError, E_SPEC};
 use serde_json::{json, Value};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-
-#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct OpenEnvSpec {
-    pub name: String,
-    /// Base URL of the server: `http://host:port` (`ws://` is accepted too).
-    pub url: String,
-    /// Field of the action object the model's text goes in (`None`: the first tool call's
-    /// arguments are the action).
-    #[serde(default)]
-    pub action_field: Option<String>,
-    /// Field of the observation object shown to the model (`None`: its only string field, else
-    /// the object as JSON).
-    #[serde(default)]
-    pub observation_field: Option<String>,
-}
 
 pub struct OpenEnv {
     spec: OpenEnvSpec,

@@ -4,17 +4,9 @@
 //! A call that does not parse is not an error of the run: the episode driver shows the model what
 //! was wrong as the observation of that turn.
 
-use serde::{Deserialize, Serialize};
+pub use crate::spec::env::ToolFormat;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ToolFormat {
-    /// `<tool>name args</tool>`; the arguments are the text after the name.
-    #[default]
-    Tag,
-    /// `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` (Qwen2.5/Qwen3, Hermes).
-    Hermes,
-}
+use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ToolCall {

@@ -14,6 +14,8 @@ pub mod task;
 pub mod text;
 pub mod verifier;
 
+pub use crate::quote::{truncate, truncate_tail};
+pub use crate::spec::reward::OnRewardError;
 pub use command::{CommandReward, CommandSpec};
 pub use http::{HttpReward, HttpSpec};
 pub use spec::RewardSpec;
@@ -21,7 +23,7 @@ pub use task::TaskReward;
 pub use verifier::{Verifier, VerifierReward};
 
 use crate::{FinishReason, RunError};
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use std::fmt;
 
 /// A reward stage failed (crashed, timed out, answered malformed output) and its policy is
@@ -43,19 +45,6 @@ pub struct RewardInput {
     pub metadata: serde_json::Value,
     #[serde(rename = "finish_reason")]
     pub finish: FinishReason,
-}
-
-/// What a reward stage does with a sample it could not score.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum OnRewardError {
-    /// The sample leaves the batch (its GRPO group keeps the others); counted in `reward/dropped`.
-    Drop,
-    /// The sample scores 0; counted in `reward/zeroed`, never silently.
-    Zero,
-    /// The run stops with an error naming the stage, the sample and what the reward returned.
-    #[default]
-    Stop,
 }
 
 /// Why one sample got no score: the stage, the sample, and what happened (truncated).
@@ -159,24 +148,6 @@ impl RewardTally {
     }
 }
 
-/// At most `max` characters of `s`, marked when cut: failures quote what a reward returned.
-pub fn truncate(s: &str, max: usize) -> String {
-    match s.char_indices().nth(max) {
-        None => s.to_string(),
-        Some((i, _)) => format!("{}… ({} bytes in all)", &s[..i], s.len()),
-    }
-}
-
-/// The last `max` characters of `s`, marked when cut: a program's last words.
-pub fn truncate_tail(s: &str, max: usize) -> String {
-    let n = s.chars().count();
-    if n <= max {
-        return s.to_string();
-    }
-    let start = s.char_indices().nth(n - max).map(|(i, _)| i).unwrap_or(0);
-    format!("…{}", &s[start..])
-}
-
 #[cfg(test)]
 pub(crate) fn input(id: &str, response: &str, label: serde_json::Value) -> RewardInput {
     RewardInput {
@@ -209,14 +180,5 @@ mod tests {
         let mut t = RewardTally::default();
         t.add(&[z, RewardOutcome::Score(1.0), settle(OnRewardError::Drop, failure(false)).unwrap()]);
         assert_eq!(t, RewardTally { scored: 1, zeroed: 1, dropped: 1 });
-    }
-
-    #[test]
-    fn truncation() {
-        assert_eq!(truncate("abc", 5), "abc");
-        assert_eq!(truncate("abcdef", 3), "abc… (6 bytes in all)");
-        assert_eq!(truncate("ééé", 1), "é… (6 bytes in all)");
-        assert_eq!(truncate_tail("abcdef", 2), "…ef");
-        assert_eq!(truncate_tail("ab", 2), "ab");
     }
 }

@@ -1,68 +1,12 @@
-//! A reward stage as the run spec carries it, and its construction. The RunSpec holds a list of
-//! these (`rewards: Vec<RewardSpec>`); the executors build each once per run and call
-//! [`BatchReward::score_batch`] per batch.
+//! A reward stage as the run spec carries it (`spec::reward`), and its construction. The RunSpec
+//! holds a list of these (`rewards: Vec<RewardSpec>`); the executors build each once per run and
+//! call [`BatchReward::score_batch`] per batch.
 
-use super::{BatchReward, CommandReward, CommandSpec, HttpReward, HttpSpec, OnRewardError, Verifier, VerifierReward};
+pub use crate::spec::reward::RewardSpec;
+
+use super::{BatchReward, CommandReward, CommandSpec, HttpReward, HttpSpec, Verifier, VerifierReward};
 use crate::RunError;
-use serde::{Deserialize, Serialize};
-use std::path::PathBuf;
 use std::time::Duration;
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "type", rename_all = "snake_case")]
-pub enum RewardSpec {
-    /// A built-in verifier: `kind` is math, exact, normalised, regex (with `pattern`) or
-    /// json_schema (with an optional `schema`).
-    Verifier {
-        name: String,
-        kind: String,
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        pattern: Option<String>,
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        schema: Option<serde_json::Value>,
-        #[serde(default)]
-        on_error: OnRewardError,
-    },
-    /// `command_reward { command, timeout, on_error }`.
-    Command {
-        name: String,
-        command: Vec<String>,
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        cwd: Option<PathBuf>,
-        #[serde(default = "default_timeout_s")]
-        timeout_s: f64,
-        #[serde(default)]
-        on_error: OnRewardError,
-    },
-    /// `http_reward { url, concurrency, batch_size, timeout, retries, on_error }`.
-    Http {
-        name: String,
-        url: String,
-        #[serde(default = "default_concurrency")]
-        concurrency: usize,
-        #[serde(default = "default_batch_size")]
-        batch_size: usize,
-        #[serde(default = "default_timeout_s")]
-        timeout_s: f64,
-        #[serde(default = "default_retries")]
-        retries: u32,
-        #[serde(default)]
-        on_error: OnRewardError,
-    },
-}
-
-fn default_timeout_s() -> f64 {
-    60.0
-}
-fn default_concurrency() -> usize {
-    8
-}
-fn default_batch_size() -> usize {
-    32
-}
-fn default_retries() -> u32 {
-    2
-}
 
 fn timeout(name: &str, s: f64) -> Result<Duration, RunError> {
     Duration::try_from_secs_f64(s).ok().filter(|d| !d.is_zero()).ok_or_else(|| {
@@ -126,7 +70,7 @@ pub fn build_run_reward(spec: &crate::RunSpec) -> Result<Box<dyn BatchReward>, R
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::reward::{input, RewardOutcome};
+    use crate::reward::{input, OnRewardError, RewardOutcome};
     use serde_json::json;
 
     #[test]

@@ -1,10 +1,11 @@
 //! The built-in tasks' exact-match verifier as a [`BatchReward`], so the executors score every
 //! batch through one interface: the label is the task's answer. A row whose metadata has
 //! `answer_ends_at` (the verbose reverse task's, `>`) is scored on the text before the first such
-//! separator, of its label and of the response (all of the response when it has none).
+//! separator, of its label and of the response (all of the response when it has none): the
+//! generators of `tasks` mark such rows with [`ANSWER_ENDS_AT`].
 
 use super::{BatchReward, RewardInput, RewardOutcome};
-use crate::RunError;
+use crate::{FinishReason, RunError};
 
 /// Exact match against the label, with the task's partial credit.
 pub struct TaskReward {
@@ -22,19 +23,49 @@ impl BatchReward for TaskReward {
             .iter()
             .map(|it| {
                 let label = text(&it.label);
-                let score = match it.metadata.get(crate::tasks::ANSWER_ENDS_AT).and_then(|v| v.as_str()) {
-                    Some(sep) => crate::tasks::verify(
-                        crate::tasks::answer_part(&label, sep),
-                        crate::tasks::answer_part(&it.response, sep),
-                        it.finish,
-                        self.partial_credit,
-                    ),
-                    None => crate::tasks::verify(&label, &it.response, it.finish, self.partial_credit),
+                let score = match it.metadata.get(ANSWER_ENDS_AT).and_then(|v| v.as_str()) {
+                    Some(sep) => {
+                        verify(answer_part(&label, sep), answer_part(&it.response, sep), it.finish, self.partial_credit)
+                    }
+                    None => verify(&label, &it.response, it.finish, self.partial_credit),
                 };
                 RewardOutcome::Score(score)
             })
             .collect())
     }
+}
+
+/// The metadata key of a row whose answer ends at a separator: its value (a string, `>` for the
+/// verbose reverse task) is where the scored text of the label and of a response ends, at its
+/// first occurrence (the whole text when it has none).
+pub const ANSWER_ENDS_AT: &str = "answer_ends_at";
+
+/// The text of `text` before the first `sep` (all of it when `sep` is absent or empty).
+pub fn answer_part<'a>(text: &'a str, sep: &str) -> &'a str {
+    if sep.is_empty() {
+        return text;
+    }
+    text.split_once(sep).map_or(text, |(head, _)| head)
+}
+
+/// The verifier (public for tests and other backends).
+pub fn verify(label: &str, response: &str, finish: FinishReason, partial_credit: bool) -> f32 {
+    let exact = finish == FinishReason::Stop && response == label;
+    if exact {
+        return 1.0;
+    }
+    if !partial_credit {
+        return 0.0;
+    }
+    let l: Vec<char> = label.chars().collect();
+    let r: Vec<char> = response.chars().collect();
+    let n = l.len().max(r.len());
+    if n == 0 {
+        return 0.0;
+    }
+    let same = l.iter().zip(r.iter()).filter(|(a, b)| a == b).count();
+    // An inexact answer never earns full credit.
+    (same as f32 / n as f32).min(0.9)
 }
 
 #[cfg(test)]

@@ -9,7 +9,7 @@
 //! `naive_ids` is the path TITO replaces: re-render the whole conversation as text (each sampled
 //! turn decoded) and re-tokenise it, as an OpenAI-style harness does each turn.
 
-use crate::tasks::TokenId;
+use crate::token::TokenId;
 use crate::tokenize::{RenderOptions, Tokenizer};
 use serde_json::json;
 
@@ -146,7 +146,7 @@ impl<'a> ChatCodec<'a> {
                 let mut v = t.encode_prompt(first).map_err(|e| e.message)?;
                 for (a, _, o) in turns {
                     v.extend(t.encode(a).map_err(|e| e.message)?);
-                    v.push(crate::tasks::EOS);
+                    v.push(crate::token::EOS);
                     v.extend(char_lossy(t, o));
                 }
                 v
@@ -179,7 +179,7 @@ impl<'a> ChatCodec<'a> {
 
 /// An environment's text over a char vocabulary: characters outside it are left out (an
 /// environment may say more than the task's alphabet; the policy cannot read it either way).
-fn char_lossy(t: &crate::tasks::CharTokenizer, text: &str) -> Vec<TokenId> {
+fn char_lossy(t: &crate::tokenize::CharTokenizer, text: &str) -> Vec<TokenId> {
     text.chars().filter_map(|c| t.id(c)).collect()
 }
 

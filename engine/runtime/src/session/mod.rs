@@ -16,19 +16,11 @@
 pub mod codec;
 pub mod retokenize;
 
+pub use crate::spec::env::Rule;
 pub use codec::{ChatCodec, Role};
 
-use crate::backend::{FinishReason, Trajectory};
-use crate::tasks::TokenId;
-use serde::{Deserialize, Serialize};
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Rule {
-    #[default]
-    Linear,
-    Branching,
-}
+use crate::sample::{FinishReason, Trajectory};
+use crate::token::TokenId;
 
 /// A message of the conversation, as a key: equal messages have equal keys (FNV-1a of the role
 /// and content; an assistant message's content is its token ids).

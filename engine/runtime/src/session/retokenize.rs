@@ -10,7 +10,7 @@
 //! rewrites history (Qwen3 drops earlier turns' reasoning; a harness re-serialises parsed tool
 //! calls) changes earlier turns' text itself.
 
-use crate::tasks::TokenId;
+use crate::token::TokenId;
 
 /// Above this many DP cells the count is the larger differing span (an upper bound).
 const MAX_CELLS: usize = 1 << 24;
@@ -39,7 +39,7 @@ pub fn mismatch(tito: &[TokenId], naive: &[TokenId]) -> usize {
 mod tests {
     use super::*;
     use crate::session::{message_key, ChatCodec, Role, Rule, Session};
-    use crate::tasks::CharTokenizer;
+    use crate::tokenize::CharTokenizer;
     use crate::tokenize::{HfTokenizer, Tokenizer};
     use crate::FinishReason;
     use std::path::PathBuf;
@@ -136,8 +136,8 @@ mod tests {
         assert_eq!(codec.delimiters(Role::User), ("", ""));
         let Tokenizer::Char(t) = &tok else { unreachable!() };
         let mut turn1 = t.encode("<tool>calc 37*59</tool>").unwrap();
-        turn1.push(crate::tasks::EOS);
-        let (tito, naive) = episode(&codec, turn1, crate::tasks::EOS);
+        turn1.push(crate::token::EOS);
+        let (tito, naive) = episode(&codec, turn1, crate::token::EOS);
         assert_eq!(mismatch(&tito, &naive), 0);
     }
 }

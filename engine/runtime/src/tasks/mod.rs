@@ -1,19 +1,20 @@
 //! Tasks with verifiable rewards: deterministic prompt generators (arithmetic, string reverse and
 //! sort) or prompts from a JSONL or Parquet file, disjoint train/test splits, the run's tokenizer
-//! (the built-in character one, or a model directory's Hugging Face one), and the exact-match
-//! verifier.
+//! (the built-in character one, or a model directory's Hugging Face one); the exact-match verifier
+//! the built-in tasks are scored by is the reward's (`reward::task`).
 
 pub mod parquet;
 pub mod prompts;
-pub mod tokenizer;
 
+pub use crate::reward::task::{answer_part, verify, ANSWER_ENDS_AT};
+pub use crate::token::{TokenId, BOS, EOS, PAD};
+pub use crate::tokenize::CharTokenizer;
 pub use prompts::{Prompt, PromptRow};
-pub use tokenizer::{CharTokenizer, TokenId, BOS, EOS, PAD};
 
 use crate::rng::Rng;
 use crate::spec::{TaskKind, TaskSpec};
 use crate::tokenize::{HfTokenizer, Tokenizer};
-use crate::{FinishReason, RunError, E_DATA_FILE, E_SPEC};
+use crate::{RunError, E_DATA_FILE, E_SPEC};
 use std::collections::HashSet;
 
 /// A procedural generator of problems. `sample` draws one problem; `space` is the number of
@@ -33,19 +34,6 @@ enum Generator {
         sort: bool,
         working: usize,
     },
-}
-
-/// The metadata key of a row whose answer ends at a separator: its value (a string, `>` for the
-/// verbose reverse task) is where the scored text of the label and of a response ends, at its
-/// first occurrence (the whole text when it has none).
-pub const ANSWER_ENDS_AT: &str = "answer_ends_at";
-
-/// The text of `text` before the first `sep` (all of it when `sep` is absent or empty).
-pub fn answer_part<'a>(text: &'a str, sep: &str) -> &'a str {
-    if sep.is_empty() {
-        return text;
-    }
-    text.split_once(sep).map_or(text, |(head, _)| head)
 }
 
 impl Generator {
@@ -340,30 +328,11 @@ fn max_lens<'a>(tokenizer: &Tokenizer, rows: impl Iterator<Item = &'a PromptRow>
     Ok((p, a))
 }
 
-/// The verifier (public for tests and other backends).
-pub fn verify(label: &str, response: &str, finish: FinishReason, partial_credit: bool) -> f32 {
-    let exact = finish == FinishReason::Stop && response == label;
-    if exact {
-        return 1.0;
-    }
-    if !partial_credit {
-        return 0.0;
-    }
-    let l: Vec<char> = label.chars().collect();
-    let r: Vec<char> = response.chars().collect();
-    let n = l.len().max(r.len());
-    if n == 0 {
-        return 0.0;
-    }
-    let same = l.iter().zip(r.iter()).filter(|(a, b)| a == b).count();
-    // An inexact answer never earns full credit.
-    (same as f32 / n as f32).min(0.9)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::spec::SplitSpec;
+    use crate::FinishReason;
 
     fn spec(kind: TaskKind) -> TaskSpec {
         TaskSpec { kind, split: SplitSpec { test_size: 50, seed: 3 }, partial_credit: false }

@@ -3,6 +3,8 @@
 //! (`[{role, content, ...}]`); the label and every other field travel untouched, as JSON, to the
 //! reward. See docs/data.md.
 
+pub use crate::tokenize::{Messages, Prompt};
+
 use super::parquet as pq;
 use crate::reward::RewardInput;
 use crate::spec::OnError;
@@ -34,23 +36,6 @@ fn default_label_field() -> String {
     "label".into()
 }
 
-/// A prompt as the data gave it.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Prompt {
-    Text(String),
-    Chat(Messages),
-}
-
-/// Chat messages, each an object with a string `role`, and `content` a string, a list of parts,
-/// or null (an assistant turn with `tool_calls`). Other keys (`tool_calls`, `name`,
-/// `tool_call_id`, ...) are kept. `json` is the messages' text in the file's key order, which a
-/// chat template's `tojson` reproduces.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Messages {
-    pub json: String,
-    pub list: Vec<Map<String, Value>>,
-}
-
 /// One row of a prompt file.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PromptRow {
@@ -61,16 +46,6 @@ pub struct PromptRow {
     pub metadata: Map<String, Value>,
     /// `file:line` (JSONL) or `file#row` (Parquet, from 1): where a fault points.
     pub origin: String,
-}
-
-impl Prompt {
-    /// The prompt as JSON: a string, or the list of messages.
-    pub fn to_json(&self) -> Value {
-        match self {
-            Prompt::Text(s) => Value::String(s.clone()),
-            Prompt::Chat(m) => Value::Array(m.list.iter().cloned().map(Value::Object).collect()),
-        }
-    }
 }
 
 impl PromptRow {
@@ -225,7 +200,7 @@ pub(crate) fn row(
         Some(other) => {
             return Err(format!(
                 "field `{name}` must be a string or a list of chat messages, found {}",
-                crate::reward::truncate(&other.to_string(), 80)
+                crate::quote::truncate(&other.to_string(), 80)
             ))
         }
     };
@@ -255,7 +230,7 @@ fn messages(name: &str, items: Vec<Value>) -> Result<Vec<Map<String, Value>>, St
                 Some(other) => {
                     return Err(format!(
                         "message {i} of `{name}`: `content` must be a string, a list of parts or null, found {}",
-                        crate::reward::truncate(&other.to_string(), 60)
+                        crate::quote::truncate(&other.to_string(), 60)
                     ))
                 }
             }

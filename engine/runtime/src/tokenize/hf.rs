@@ -5,7 +5,7 @@
 
 use super::chat::{ChatTemplate, RenderOptions};
 use super::SpecialTokens;
-use crate::tasks::TokenId;
+use crate::token::TokenId;
 use crate::{RunError, E_DATA_FILE};
 use serde_json::Value;
 use std::collections::BTreeMap;
@@ -140,7 +140,7 @@ impl HfTokenizer {
     /// `add_special_tokens` as in `tokenizer(text, add_special_tokens=...)`.
     pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<TokenId>, RunError> {
         self.inner.encode(text, add_special_tokens).map(|e| e.get_ids().to_vec()).map_err(|e| {
-            RunError::new(crate::E_DATA_LINE, format!("cannot tokenize {:?}: {e}", crate::reward::truncate(text, 60)))
+            RunError::new(crate::E_DATA_LINE, format!("cannot tokenize {:?}: {e}", crate::quote::truncate(text, 60)))
         })
     }
 
@@ -280,8 +280,8 @@ mod tests {
 
     #[test]
     fn the_common_tokenizer_renders_chat_prompts_and_stops_at_end_of_turn() {
-        use crate::tasks::prompts::{Messages, Prompt};
         use crate::tokenize::Tokenizer;
+        use crate::tokenize::{Messages, Prompt};
         let t = Tokenizer::Hf(Box::new(HfTokenizer::load(&dir("qwen3")).unwrap()));
         let json = r#"[{"role": "user", "content": "Say hello."}]"#;
         let list = serde_json::from_str(json).unwrap();

@@ -1,17 +1,20 @@
 //! Text to token ids and back, for either tokenizer a run may use: the character tokenizer of
-//! the built-in tasks (`tasks::CharTokenizer`) or a Hugging Face tokenizer loaded from a model
-//! directory (`hf`), with its special tokens and chat template (`chat`). The executors hold a
-//! [`Tokenizer`] and call the same methods for both.
+//! the built-in tasks (`chars`) or a Hugging Face tokenizer loaded from a model directory (`hf`),
+//! with its special tokens and chat template (`chat`); a prompt is text or chat messages
+//! (`prompt`). The executors hold a [`Tokenizer`] and call the same methods for both.
 
+pub mod chars;
 pub mod chat;
 pub mod hf;
+pub mod prompt;
 mod pyjson;
 
+pub use chars::CharTokenizer;
 pub use chat::{ChatTemplate, RenderOptions};
 pub use hf::HfTokenizer;
+pub use prompt::{Messages, Prompt};
 
-use crate::tasks::prompts::Prompt;
-use crate::tasks::{CharTokenizer, TokenId};
+use crate::token::TokenId;
 use crate::RunError;
 
 /// The ids a run treats specially. `stop` holds every id that ends a response: the eos token,
@@ -43,7 +46,7 @@ impl Tokenizer {
     pub fn special(&self) -> SpecialTokens {
         match self {
             Tokenizer::Char(_) => {
-                use crate::tasks::{BOS, EOS, PAD};
+                use crate::token::{BOS, EOS, PAD};
                 SpecialTokens { bos: Some(BOS), eos: Some(EOS), pad: Some(PAD), end_of_turn: None, stop: vec![EOS] }
             }
             Tokenizer::Hf(t) => t.special().clone(),
@@ -100,8 +103,8 @@ impl Tokenizer {
         match self {
             Tokenizer::Char(t) => {
                 let (tokenizer, config) = t.hf_files();
-                crate::exec::write_json(&dir.join("tokenizer.json"), &tokenizer)?;
-                crate::exec::write_json(&dir.join("tokenizer_config.json"), &config)
+                crate::atomic_write::write_json(&dir.join("tokenizer.json"), &tokenizer)?;
+                crate::atomic_write::write_json(&dir.join("tokenizer_config.json"), &config)
             }
             Tokenizer::Hf(t) => t.copy_files(dir),
         }
@@ -139,10 +142,10 @@ mod tests {
     fn the_char_tokenizer_behind_the_common_api() {
         let t = Tokenizer::Char(CharTokenizer::new("12+=".chars()));
         let p = t.encode_prompt(&Prompt::Text("1+2=".into())).unwrap();
-        assert_eq!(p[0], crate::tasks::BOS);
+        assert_eq!(p[0], crate::token::BOS);
         assert_eq!(t.decode(&t.encode_answer("21").unwrap()), "21");
-        assert_eq!(t.special().stop, vec![crate::tasks::EOS]);
-        let chat = Prompt::Chat(crate::tasks::prompts::Messages { json: "[]".into(), list: vec![] });
+        assert_eq!(t.special().stop, vec![crate::token::EOS]);
+        let chat = Prompt::Chat(Messages { json: "[]".into(), list: vec![] });
         assert!(t.encode_prompt(&chat).unwrap_err().message.starts_with("a chat prompt needs"));
     }
 }

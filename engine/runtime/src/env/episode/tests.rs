@@ -4,7 +4,8 @@
 use super::*;
 use crate::env::calculator::{CalculatorSpec, ALPHABET};
 use crate::env::{Calculator, StepResult};
-use crate::tasks::{CharTokenizer, EOS};
+use crate::token::EOS;
+use crate::tokenize::CharTokenizer;
 use crate::tokenize::Tokenizer;
 use serde_json::json;
 
@@ -86,14 +87,14 @@ fn a_policy_that_uses_the_tool_solves_every_episode() {
 
 #[test]
 fn a_buffered_group_carries_each_episodes_prompt_mask_and_reward() {
-    // The asynchronous buffer's view of a group (env::rollout::buffered_group): what the
+    // The asynchronous buffer's view of a group (run::step::episodes::buffered_group): what the
     // trainer gets for an episode is its TITO trajectory, observations masked.
     let t = tok();
     let codec = ChatCodec::new(&t, None).unwrap();
     let env = Calculator::new(CalculatorSpec::default());
     let mut rs = run_episodes(&env, &tasks(3), &codec, &EpisodeLimits::default(), &mut solver(&t)).unwrap();
     rs[2].end = EndReason::EnvCrashed;
-    let (samples, rewards, parts) = crate::env::rollout::buffered_group(rs.clone(), OnEnvError::Drop);
+    let (samples, rewards, parts) = crate::run::step::episodes::buffered_group(rs.clone(), OnEnvError::Drop);
     assert_eq!((samples.len(), rewards, parts.results.len()), (2, vec![1.0, 1.0], 3));
     for (i, s) in samples.iter().enumerate() {
         let tr = &rs[i].session.trajectories()[0];
@@ -101,7 +102,7 @@ fn a_buffered_group_carries_each_episodes_prompt_mask_and_reward() {
         assert_eq!(parts.masks[i].iter().filter(|m| **m == 0.0).count(), rs[i].observation_tokens);
         assert_eq!((s.finish, s.oldest_version(), s.token_versions().len()), (FinishReason::Stop, 7, s.response.len()));
     }
-    let (kept, ..) = crate::env::rollout::buffered_group(rs, OnEnvError::Score);
+    let (kept, ..) = crate::run::step::episodes::buffered_group(rs, OnEnvError::Score);
     assert_eq!((kept.len(), kept[2].finish), (3, FinishReason::Length));
 }
 

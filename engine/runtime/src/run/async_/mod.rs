@@ -22,20 +22,26 @@ mod eval;
 mod generate;
 mod train;
 
-use crate::backend::*;
+use crate::atomic_write::write_json;
+use crate::backend::{AsyncParts, Backend, LocalHandoff, StreamEngine, Trainer, WeightSnapshot, WeightTransport};
 use crate::buffer::Buffer;
-use crate::exec::{save_checkpoint, start_fresh, summary, write_json, Outputs, Position};
+use crate::reward::spec::build_run_reward;
+use crate::reward::BatchReward;
+use crate::run::step::checkpoint::{save_checkpoint, save_final_model};
+use crate::run::step::episodes::EnvRunner;
+use crate::run::step::open::{start_fresh, summary, Outputs, Position};
+use crate::run::step::teacher::TeacherStage;
 use crate::schedule::{AsyncSpec, EvalMode};
 use crate::source::{PromptSource, SourceState};
 use crate::spec::{RunOptions, RunSpec, Summary};
-use crate::stream::StreamEngine;
 use crate::tasks::TaskSet;
-use crate::*;
+use crate::{RunError, E_BACKEND, E_CHECKPOINT, E_SPEC, E_TIMEOUT};
 use eval::{acc_metrics, evaluate_stream, write_eval_row, EvalResult, EvalRunner};
 use generate::generation_loop;
 use serde_json::{json, Map};
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
+use std::sync::mpsc::Receiver;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 use train::{train_loop, TrainProgress};
@@ -148,56 +154,14 @@ pub(crate) fn run(
             .with_help("set schedule = sync, or run in-process on the embedded backend"));
     };
     let AsyncParts { mut engine, mut trainer, eval_engine } = parts;
-    let mut teacher = crate::exec::TeacherStage::for_run(spec, backend)?;
+    let mut teacher = TeacherStage::for_run(spec, backend)?;
     let mut transport: Box<dyn WeightTransport> = Box::new(LocalHandoff);
     let task = Arc::new(task);
     // Evaluations on this thread (the first and the last); the generation thread builds its own.
-    let mut main_reward = crate::reward::spec::build_run_reward(spec)?;
-    let main_env = crate::env::rollout::EnvRunner::for_run(spec)?;
+    let mut main = MainEval { reward: build_run_reward(spec)?, env: EnvRunner::for_run(spec)? };
 
-    let (start, version, source) = match outs.resume_from.take() {
-        Some((dir, st)) => {
-            let p = dir.join(ASYNC_FILE);
-            let text = std::fs::read_to_string(&p).map_err(|e| RunError::io(E_CHECKPOINT, "cannot read", &p, e))?;
-            let ac: AsyncCkpt = serde_json::from_str(&text)
-                .map_err(|e| RunError::new(E_CHECKPOINT, format!("{}: {e}", p.display())))?;
-            trainer.load(&dir)?;
-            let mut w = transport.transfer(trainer.export_weights()?)?;
-            w.version = ac.version;
-            engine.load_weights(&w)?;
-            outs.progress.note(&format!(
-                "resumed from {} (step {}, weight version {})",
-                dir.display(),
-                st.step,
-                ac.version
-            ));
-            (Position::resumed(dir, &st), ac.version, PromptSource::from_state(ac.source, cfg.starvation_retries))
-        }
-        None => {
-            let source = PromptSource::new(cfg.starvation_retries);
-            let snap = AsyncCkpt { version: 0, source: source.state([]) };
-            let mut row = Map::new();
-            row.insert("eval/lag_steps".into(), json!(0));
-            let start = start_fresh(
-                spec,
-                &task,
-                trainer.as_mut(),
-                transport.as_mut(),
-                &mut outs,
-                engine.as_mut(),
-                |e, mut w| {
-                    w.version = 0;
-                    e.load_weights(&w)?;
-                    e.bind_thread(opts.threads);
-                    Ok(())
-                },
-                |e, _| evaluate_stream(spec, &task, main_reward.as_mut(), main_env.as_ref(), e),
-                row,
-                |d| write_json(&d.join(ASYNC_FILE), &snap),
-            )?;
-            (start, 0, source)
-        }
-    };
+    let (start, version, source) =
+        open(spec, opts, &cfg, &mut outs, trainer.as_mut(), transport.as_mut(), engine.as_mut(), &task, &mut main)?;
     let Position { mut step, eval_start, mut eval_last, mut last_ckpt } = start;
     let Outputs { ckpt_root, metrics_path, mut metrics, mut progress, .. } = outs;
 
@@ -221,35 +185,7 @@ pub(crate) fn run(
     let stall = Duration::from_secs_f64(cfg.stall_timeout_s);
 
     // The generation thread. It hands the engine back when it stops, for the final evaluation.
-    let (engine_tx, engine_rx) = std::sync::mpsc::channel::<Box<dyn StreamEngine>>();
-    {
-        let shared = shared.clone();
-        let task = task.clone();
-        let spec = spec.clone();
-        let cfg = cfg.clone();
-        let threads = opts.threads;
-        std::thread::Builder::new()
-            .name("miles-generation".into())
-            .spawn(move || {
-                engine.bind_thread(threads);
-                let res = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                    generation_loop(&shared, engine.as_mut(), &spec, &cfg, &task)
-                }));
-                let err = match res {
-                    Ok(Ok(())) => None,
-                    Ok(Err(e)) => Some(e),
-                    Err(_) => Some(RunError::internal("the generation thread panicked")),
-                };
-                {
-                    let mut st = shared.lock();
-                    st.gen_error = err;
-                    st.gen_done = true;
-                }
-                shared.cv.notify_all();
-                let _ = engine_tx.send(engine);
-            })
-            .map_err(|e| RunError::new(E_BACKEND, format!("cannot start the generation thread: {e}")))?;
-    }
+    let engine_rx = spawn_generation(&shared, engine, spec, &cfg, &task, opts.threads)?;
     let mut evals = EvalRunner::start(spec, &cfg, eval_engine, &task, out, opts.threads)?;
 
     let result = train_loop(
@@ -289,27 +225,18 @@ pub(crate) fn run(
 
     if !stopped_early {
         // The final evaluation, on exactly the final weights (the engine may lag an update).
-        let pending = shared.lock().weights.take();
-        let version = shared.lock().version;
-        let t0 = Instant::now();
-        let res = match spec.eval.mode {
-            EvalMode::Shared => {
-                if pending.is_some() || engine.weight_version() != version {
-                    let mut w = transport.transfer(trainer.export_weights()?)?;
-                    w.version = version;
-                    engine.load_weights(&w)?;
-                }
-                let acc = evaluate_stream(spec, &task, main_reward.as_mut(), main_env.as_ref(), engine.as_mut())?;
-                Some(EvalResult { step, metrics: acc_metrics(acc), seconds: t0.elapsed().as_secs_f64() })
-            }
-            _ => {
-                evals.request(step, trainer.as_ref(), transport.as_mut())?;
-                None
-            }
-        };
-        let mut done: Vec<EvalResult> = res.into_iter().collect();
-        done.extend(evals.finish(stall)?);
-        done.append(&mut shared.lock().eval_results);
+        let done = final_evals(
+            spec,
+            &task,
+            &shared,
+            engine.as_mut(),
+            trainer.as_ref(),
+            transport.as_mut(),
+            &mut main,
+            &mut evals,
+            step,
+            stall,
+        )?;
         for r in done {
             if let Some(acc) = write_eval_row(&mut metrics, &r, step)? {
                 if r.step == step {
@@ -319,10 +246,155 @@ pub(crate) fn run(
             }
         }
         last_ckpt = Some(checkpoint(spec, &ckpt_root, &shared, step, eval_start, eval_last, trainer.as_ref())?);
-        crate::exec::save_final_model(out, trainer.as_ref(), &task)?;
+        save_final_model(out, trainer.as_ref(), &task)?;
     }
     let at = Position { step, eval_start, eval_last, last_ckpt };
     Ok(summary(at, last_reward, stopped_early, metrics_path, started, &mut progress))
+}
+
+/// The reward and environment of the evaluations on the executor's thread (the first and the
+/// last); the generation thread builds its own. Made reward first; dropped environment first.
+struct MainEval {
+    env: Option<EnvRunner>,
+    reward: Box<dyn BatchReward>,
+}
+
+/// Where the run starts (its position, the weight version, the data source): the checkpoint it
+/// resumes from (the executor's own file beside the trainer's), or a fresh run's opening.
+#[allow(clippy::too_many_arguments)]
+fn open(
+    spec: &RunSpec,
+    opts: &RunOptions,
+    cfg: &AsyncSpec,
+    outs: &mut Outputs,
+    trainer: &mut dyn Trainer,
+    transport: &mut dyn WeightTransport,
+    engine: &mut dyn StreamEngine,
+    task: &TaskSet,
+    main: &mut MainEval,
+) -> Result<(Position, u64, PromptSource), RunError> {
+    Ok(match outs.resume_from.take() {
+        Some((dir, st)) => {
+            let p = dir.join(ASYNC_FILE);
+            let text = std::fs::read_to_string(&p).map_err(|e| RunError::io(E_CHECKPOINT, "cannot read", &p, e))?;
+            let ac: AsyncCkpt = serde_json::from_str(&text)
+                .map_err(|e| RunError::new(E_CHECKPOINT, format!("{}: {e}", p.display())))?;
+            trainer.load(&dir)?;
+            let mut w = transport.transfer(trainer.export_weights()?)?;
+            w.version = ac.version;
+            engine.load_weights(&w)?;
+            outs.progress.note(&format!(
+                "resumed from {} (step {}, weight version {})",
+                dir.display(),
+                st.step,
+                ac.version
+            ));
+            (Position::resumed(dir, &st), ac.version, PromptSource::from_state(ac.source, cfg.starvation_retries))
+        }
+        None => {
+            let source = PromptSource::new(cfg.starvation_retries);
+            let snap = AsyncCkpt { version: 0, source: source.state([]) };
+            let mut row = Map::new();
+            row.insert("eval/lag_steps".into(), json!(0));
+            let start = start_fresh(
+                spec,
+                task,
+                trainer,
+                transport,
+                outs,
+                engine,
+                |e, mut w| {
+                    w.version = 0;
+                    e.load_weights(&w)?;
+                    e.bind_thread(opts.threads);
+                    Ok(())
+                },
+                |e, _| evaluate_stream(spec, task, main.reward.as_mut(), main.env.as_ref(), e),
+                row,
+                |d| write_json(&d.join(ASYNC_FILE), &snap),
+            )?;
+            (start, 0, source)
+        }
+    })
+}
+
+/// Starts the generation thread with the engine; the receiver gets the engine back when the
+/// thread stops.
+fn spawn_generation(
+    shared: &Arc<Shared>,
+    mut engine: Box<dyn StreamEngine>,
+    spec: &RunSpec,
+    cfg: &AsyncSpec,
+    task: &Arc<TaskSet>,
+    threads: Option<usize>,
+) -> Result<Receiver<Box<dyn StreamEngine>>, RunError> {
+    let (engine_tx, engine_rx) = std::sync::mpsc::channel::<Box<dyn StreamEngine>>();
+    let shared = shared.clone();
+    let task = task.clone();
+    let spec = spec.clone();
+    let cfg = cfg.clone();
+    std::thread::Builder::new()
+        .name("miles-generation".into())
+        .spawn(move || {
+            engine.bind_thread(threads);
+            let res = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                generation_loop(&shared, engine.as_mut(), &spec, &cfg, &task)
+            }));
+            let err = match res {
+                Ok(Ok(())) => None,
+                Ok(Err(e)) => Some(e),
+                Err(_) => Some(RunError::internal("the generation thread panicked")),
+            };
+            {
+                let mut st = shared.lock();
+                st.gen_error = err;
+                st.gen_done = true;
+            }
+            shared.cv.notify_all();
+            let _ = engine_tx.send(engine);
+        })
+        .map_err(|e| RunError::new(E_BACKEND, format!("cannot start the generation thread: {e}")))?;
+    Ok(engine_rx)
+}
+
+/// The evaluations a finished run still owes, the final one included: on the shared engine (with
+/// the final weights loaded when it lags them), or requested from the snapshot or external
+/// runner; then every evaluation still running, and those the generation thread finished.
+#[allow(clippy::too_many_arguments)]
+fn final_evals(
+    spec: &RunSpec,
+    task: &TaskSet,
+    shared: &Shared,
+    engine: &mut dyn StreamEngine,
+    trainer: &dyn Trainer,
+    transport: &mut dyn WeightTransport,
+    main: &mut MainEval,
+    evals: &mut EvalRunner,
+    step: u64,
+    stall: Duration,
+) -> Result<Vec<EvalResult>, RunError> {
+    let pending = shared.lock().weights.take();
+    let version = shared.lock().version;
+    let t0 = Instant::now();
+    let res = match spec.eval.mode {
+        EvalMode::Shared => {
+            if pending.is_some() || engine.weight_version() != version {
+                let mut w = transport.transfer(trainer.export_weights()?)?;
+                w.version = version;
+                engine.load_weights(&w)?;
+            }
+            let acc = evaluate_stream(spec, task, main.reward.as_mut(), main.env.as_ref(), engine)?;
+            Some(EvalResult { step, metrics: acc_metrics(acc), seconds: t0.elapsed().as_secs_f64() })
+        }
+        _ => {
+            evals.request(step, trainer, transport)?;
+            None
+        }
+    };
+    let mut done: Vec<EvalResult> = res.into_iter().collect();
+    done.extend(evals.finish(stall)?);
+    done.append(&mut shared.lock().eval_results);
+    Ok(done)
 }
 
 /// The data source and the prompts buffered or in flight, as one consistent snapshot.

@@ -1,11 +1,13 @@
-//! Scoring: responses through the run's reward, and held-out evaluation (single responses or
-//! greedy episodes).
+//! Held-out evaluation: greedy single responses scored by the run's reward, or greedy episodes.
 
-use super::*;
-use crate::env::rollout::EnvRunner;
+use super::episodes::EnvRunner;
+use super::score::{score_responses, Scored};
+use crate::backend::RolloutEngine;
 use crate::reward::{BatchReward, RewardOutcome};
+use crate::sample::SamplingParams;
 use crate::spec::RunSpec;
-use crate::tasks::{PromptRow, TaskSet, TokenId};
+use crate::tasks::{PromptRow, TaskSet};
+use crate::RunError;
 
 /// Held-out success and mean sampled tokens on the first `eval.prompts` test items: greedy
 /// responses scored by the run's reward, or, in a run with an environment, one greedy episode per
@@ -44,28 +46,4 @@ fn eval_rows<'t>(spec: &RunSpec, task: &'t TaskSet) -> &'t [PromptRow] {
 pub(crate) fn eval_score(outcomes: &[RewardOutcome]) -> f64 {
     let full = outcomes.iter().filter(|o| o.reward().is_some_and(|r| r >= 1.0)).count();
     full as f64 / outcomes.len().max(1) as f64
-}
-
-/// A response to score: its sample id (what a failing reward's message names, e.g.
-/// `step12/p3/s1`), its prompt row, its ids and how it ended.
-pub(crate) type Scored<'a> = (String, &'a PromptRow, &'a [TokenId], FinishReason);
-
-/// Scores responses with `reward`, in order.
-pub(crate) fn score_responses(
-    reward: &mut dyn BatchReward,
-    task: &TaskSet,
-    responses: &[Scored],
-) -> Result<Vec<RewardOutcome>, RunError> {
-    let inputs: Vec<_> = responses
-        .iter()
-        .map(|(id, row, ids, finish)| row.reward_input(id.clone(), task.tokenizer.decode(ids), *finish))
-        .collect();
-    let out = reward.score_batch(&inputs)?;
-    if out.len() != inputs.len() {
-        return Err(RunError::new(
-            crate::reward::E_REWARD,
-            format!("reward `{}` returned {} results for {} samples", reward.name(), out.len(), inputs.len()),
-        ));
-    }
-    Ok(out)
 }

@@ -1,14 +1,10 @@
 //! Character tokenizer: one token per Unicode scalar, plus PAD, BOS and EOS.
 
+use crate::token::{TokenId, BOS, EOS, PAD};
 use crate::{RunError, E_DATA_LINE};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeSet;
 
-pub type TokenId = u32;
-
-pub const PAD: TokenId = 0;
-pub const BOS: TokenId = 1;
-pub const EOS: TokenId = 2;
 const N_SPECIAL: usize = 3;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

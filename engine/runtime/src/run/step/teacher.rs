@@ -2,7 +2,10 @@
 //! between the reward and the trainer, a frozen teacher scores every response token of the
 //! step's batch; the trainer folds the scores into the advantage. Both executors run it here.
 
-use crate::{Backend, RunError, RunSpec, TeacherScorer, TrainStats, Trajectory, E_BACKEND, E_NONFINITE};
+use crate::backend::{Backend, TeacherScorer, TrainStats};
+use crate::sample::Trajectory;
+use crate::spec::RunSpec;
+use crate::{RunError, E_BACKEND, E_NONFINITE};
 use std::time::Instant;
 
 pub(crate) struct TeacherStage {

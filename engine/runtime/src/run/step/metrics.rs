@@ -1,6 +1,7 @@
 //! metrics.jsonl (appended and flushed per step, cut back on resume) and its TensorBoard copy.
 
-use super::*;
+use crate::atomic_write::write_atomically;
+use crate::{RunError, E_OUT_DIR};
 use serde_json::{Map, Value};
 use std::fs;
 use std::io::Write;

@@ -3,14 +3,16 @@
 //! turned into trajectories whose loss mask covers only the sampled ids, and group-relative
 //! advantages over the episodes of one row. Evaluation plays one greedy episode per test row.
 
-use super::episode::{metrics, run_episodes, EpisodeLimits, EpisodeResult, TurnSample};
-use super::spec::EnvRunSpec;
-use super::{Environment, Task};
-use crate::backend::{grpo_advantages, RolloutEngine, SamplingParams};
-use crate::exec::StepBatch;
+use super::batch::StepBatch;
+use crate::backend::{grpo_advantages, RolloutEngine};
+use crate::env::episode::{metrics, run_episodes, EpisodeLimits, EpisodeResult, TurnSample};
+use crate::env::spec::EnvRunSpec;
+use crate::env::{EndReason, Environment, OnEnvError, Task};
 use crate::rng::derive_seed;
+use crate::sample::SamplingParams;
 use crate::session::ChatCodec;
-use crate::tasks::{PromptRow, TaskSet, TokenId};
+use crate::tasks::{PromptRow, TaskSet};
+use crate::token::TokenId;
 use crate::RunError;
 use serde_json::Value;
 
@@ -108,7 +110,7 @@ impl EnvRunner {
                 batch.push(t.to_trajectory(*reward, *a, *g));
             }
         }
-        let stopped = results.iter().filter(|r| r.end == super::EndReason::Done).count();
+        let stopped = results.iter().filter(|r| r.end == EndReason::Done).count();
         StepBatch {
             batch,
             rewards,
@@ -152,18 +154,18 @@ pub fn all_episodes_faulted(what: &str) -> RunError {
 /// metrics. A sample's finish is `Stop` when its episode ended `done`.
 pub fn buffered_group(
     results: Vec<EpisodeResult>,
-    on_env_error: super::OnEnvError,
-) -> (Vec<crate::stream::StreamSample>, Vec<f32>, crate::buffer::EpisodeParts) {
-    use crate::stream::{StreamSample, VersionSpan};
+    on_env_error: OnEnvError,
+) -> (Vec<crate::sample::StreamSample>, Vec<f32>, crate::buffer::EpisodeParts) {
+    use crate::sample::{StreamSample, VersionSpan};
     let mut samples = Vec::new();
     let mut rewards = Vec::new();
     let mut parts = crate::buffer::EpisodeParts::default();
     for (k, r) in results.iter().enumerate() {
         let Some(reward) = r.training_reward(on_env_error) else { continue };
-        let finish = if r.end == super::EndReason::Done {
-            crate::backend::FinishReason::Stop
+        let finish = if r.end == EndReason::Done {
+            crate::sample::FinishReason::Stop
         } else {
-            crate::backend::FinishReason::Length
+            crate::sample::FinishReason::Length
         };
         for t in r.session.trajectories() {
             samples.push(StreamSample {

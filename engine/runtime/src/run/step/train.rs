@@ -1,8 +1,10 @@
-//! One RL step's pieces both executors share: the learning rates, training with a non-finite
-//! check, the wall-time limit, and the step's metrics columns.
+//! One RL step's training, as both executors run it: the learning rates, training with a
+//! non-finite check, the wall-time limit, and the step's metrics columns.
 
-use super::*;
+use crate::backend::{lr_at, TrainStats, Trainer};
+use crate::sample::Trajectory;
 use crate::spec::{RunOptions, RunSpec};
+use crate::{RunError, E_NONFINITE, E_TIMEOUT};
 use serde_json::{json, Map, Value};
 use std::path::PathBuf;
 use std::time::Instant;

@@ -1,10 +1,13 @@
 //! The SFT warm-up before RL: on the task's demonstrations, or an environment's gold episodes.
 
-use super::*;
+use super::episodes::tasks_of;
+use super::metrics::Metrics;
+use crate::backend::{schedule, Trainer};
 use crate::progress::Progress;
 use crate::rng::derive_seed;
 use crate::spec::RunSpec;
 use crate::tasks::TaskSet;
+use crate::{RunError, E_NONFINITE};
 use serde_json::{json, Map};
 
 pub(crate) fn run_sft(
@@ -28,10 +31,8 @@ pub(crate) fn run_sft(
                 let codec = crate::session::ChatCodec::new(&task.tokenizer, None).map_err(|e| {
                     RunError::new(crate::E_SPEC, format!("the tokenizer cannot frame observations: {e}"))
                 })?;
-                let tasks: Vec<_> = crate::env::rollout::tasks_of(&items, 1, derive_seed(spec.seed, "sft", k), "sft")
-                    .into_iter()
-                    .map(|(_, t)| t)
-                    .collect();
+                let tasks: Vec<_> =
+                    tasks_of(&items, 1, derive_seed(spec.seed, "sft", k), "sft").into_iter().map(|(_, t)| t).collect();
                 crate::env::demo::demonstration_pairs(
                     env.as_ref(),
                     &tasks,

@@ -2,10 +2,15 @@
 //! holds another run), the task, a fresh run's opening (SFT, reference, first weights, step-0
 //! evaluation and checkpoint), a resumed run's position, and the summary.
 
-use super::*;
+use super::checkpoint::{latest_checkpoint, save_checkpoint, CkptState};
+use super::metrics::Metrics;
+use super::sft::run_sft;
+use crate::atomic_write::write_json;
+use crate::backend::{Trainer, WeightSnapshot, WeightTransport};
 use crate::progress::Progress;
 use crate::spec::{RunOptions, RunSpec, Summary};
 use crate::tasks::TaskSet;
+use crate::{RunError, E_OUT_DIR, E_TOO_LONG, E_VOCAB};
 use serde_json::{json, Map, Value};
 use std::fs;
 use std::path::{Path, PathBuf};

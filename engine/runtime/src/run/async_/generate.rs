@@ -13,20 +13,22 @@
 
 use super::eval::{acc_metrics, evaluate_stream, EvalResult};
 use super::{timeout_err, Shared, State};
-use crate::backend::*;
+use crate::backend::StreamEngine;
 use crate::buffer::Group;
-use crate::env::episode::parallel;
-use crate::env::rollout::{buffered_group, tasks_of, EnvRunner};
+use crate::env::episode::{parallel, EnvCall};
 use crate::env::{Action, EnvFault, Episode, EpisodeResult, StepResult, TurnSample};
+use crate::reward::spec::build_run_reward;
 use crate::reward::BatchReward;
 use crate::rng::derive_seed;
+use crate::run::step::episodes::{all_episodes_faulted, buffered_group, tasks_of, EnvRunner};
+use crate::run::step::score::{score_responses, Scored};
+use crate::sample::{GenRequest, SamplingParams, StreamSample};
 use crate::schedule::{AsyncSpec, DropAction, PauseMode, Refill};
 use crate::session::ChatCodec;
 use crate::source::{Pending, Served};
 use crate::spec::RunSpec;
-use crate::stream::{GenRequest, StreamEngine, StreamSample};
 use crate::tasks::{PromptRow, TaskSet};
-use crate::*;
+use crate::RunError;
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
@@ -69,10 +71,10 @@ struct EnvWork {
     pid: u64,
     j: usize,
     action: Action,
-    call: crate::env::episode::EnvCall,
+    call: EnvCall,
 }
 
-type TaskId = crate::tasks::TokenId;
+type TaskId = crate::token::TokenId;
 
 struct Generator<'a> {
     spec: &'a RunSpec,
@@ -103,7 +105,7 @@ pub(super) fn generation_loop(
         spec,
         cfg,
         task,
-        reward: crate::reward::spec::build_run_reward(spec)?,
+        reward: build_run_reward(spec)?,
         stop: task.stop_tokens(),
         building: BTreeMap::new(),
         requests: HashMap::new(),
@@ -459,7 +461,7 @@ impl Generator<'_> {
                 self.faulted_in_a_row += 1;
                 if self.faulted_in_a_row >= self.spec.rollout.rollout_batch.max(1) {
                     let what = format!("{} groups in a row", self.faulted_in_a_row);
-                    return Err(crate::env::rollout::all_episodes_faulted(&what));
+                    return Err(all_episodes_faulted(&what));
                 }
             } else {
                 self.faulted_in_a_row = 0;
@@ -467,12 +469,12 @@ impl Generator<'_> {
             Some((samples, rewards, Some(parts)))
         } else {
             let samples: Vec<StreamSample> = samples.into_iter().flatten().collect();
-            let responses: Vec<crate::exec::Scored> = samples
+            let responses: Vec<Scored> = samples
                 .iter()
                 .enumerate()
                 .map(|(j, s)| (format!("prompt{}/s{j}", prompt.id), &item, &s.response[..], s.finish))
                 .collect();
-            let outcomes = crate::exec::score_responses(self.reward.as_mut(), self.task, &responses)?;
+            let outcomes = score_responses(self.reward.as_mut(), self.task, &responses)?;
             // A dropped sample leaves its group; the others keep their rewards.
             let kept: (Vec<StreamSample>, Vec<f32>) =
                 samples.into_iter().zip(&outcomes).filter_map(|(s, o)| o.reward().map(|r| (s, r))).unzip();

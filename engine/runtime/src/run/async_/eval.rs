@@ -2,16 +2,19 @@
 //! (`evaluate_stream`), on a second engine beside training (snapshot), or by an external command;
 //! each is written as its own metrics row at the step it measured.
 
-use super::{timeout_err, EvalMode};
-use crate::backend::*;
-use crate::env::rollout::EnvRunner;
-use crate::exec::{write_dir_atomically, Metrics};
+use super::timeout_err;
+use crate::atomic_write::write_dir_atomically;
+use crate::backend::{EvalEngine, StreamEngine, Trainer, WeightSnapshot, WeightTransport};
+use crate::reward::spec::build_run_reward;
 use crate::reward::BatchReward;
-use crate::schedule::AsyncSpec;
+use crate::run::step::episodes::EnvRunner;
+use crate::run::step::eval::evaluate;
+use crate::run::step::metrics::Metrics;
+use crate::schedule::{AsyncSpec, EvalMode};
 use crate::spec::RunSpec;
-use crate::stream::{StreamAsBatch, StreamEngine};
+use crate::stream::StreamAsBatch;
 use crate::tasks::TaskSet;
-use crate::*;
+use crate::{RunError, E_BACKEND, E_OUT_DIR, E_SPEC};
 use serde_json::{json, Map, Value};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -43,7 +46,7 @@ pub(super) fn write_eval_row(metrics: &mut Metrics, r: &EvalResult, now: u64) ->
     Ok(r.metrics.iter().find(|(k, _)| k == "accuracy").map(|(_, v)| *v))
 }
 
-/// Held-out success on the shared streaming engine (`exec::evaluate`, episodes included): its
+/// Held-out success on the shared streaming engine (`step::eval::evaluate`, episodes included): its
 /// requests go in as the engine has slots, with ids far above the generation thread's (which is
 /// idle while this runs: a caller drains or aborts generation first).
 pub(super) fn evaluate_stream(
@@ -54,7 +57,7 @@ pub(super) fn evaluate_stream(
     engine: &mut dyn StreamEngine,
 ) -> Result<(f64, f64), RunError> {
     let mut batch = StreamAsBatch { engine, base_id: u64::MAX / 2 };
-    crate::exec::evaluate(spec, task, reward, env, &mut batch)
+    evaluate(spec, task, reward, env, &mut batch)
 }
 
 /// Snapshot and external evaluations, which run beside training.
@@ -99,7 +102,7 @@ impl EvalRunner {
                 let (res_tx, rx) = std::sync::mpsc::channel();
                 let task = task.clone();
                 let spec = spec.clone();
-                let mut reward = crate::reward::spec::build_run_reward(&spec)?;
+                let mut reward = build_run_reward(&spec)?;
                 let env = EnvRunner::for_run(&spec)?;
                 std::thread::Builder::new()
                     .name("miles-eval".into())
@@ -109,9 +112,7 @@ impl EvalRunner {
                             let t0 = Instant::now();
                             let res = engine
                                 .load_weights(&w)
-                                .and_then(|_| {
-                                    crate::exec::evaluate(&spec, &task, reward.as_mut(), env.as_ref(), engine.as_mut())
-                                })
+                                .and_then(|_| evaluate(&spec, &task, reward.as_mut(), env.as_ref(), engine.as_mut()))
                                 .map(|acc| EvalResult {
                                     step,
                                     metrics: acc_metrics(acc),

@@ -6,7 +6,20 @@
 //! step), so no trajectory of one adapter reaches another's update. One weight update then
 //! carries every adapter.
 
-use super::*;
+use super::StepOutcome;
+use crate::backend::{RolloutEngine, TrainStats, Trainer};
+use crate::reward::BatchReward;
+use crate::rng::derive_seed;
+use crate::run::step::batch::{single_turn_batch, StepBatch};
+use crate::run::step::eval::evaluate;
+use crate::run::step::open::build_task_for;
+use crate::run::step::train::{step_lrs, train_checked};
+use crate::sample::SamplingParams;
+use crate::spec::RunSpec;
+use crate::tasks::TaskSet;
+use crate::RunError;
+use serde_json::{json, Map};
+use std::time::Instant;
 
 pub(crate) struct Lane {
     pub(crate) name: String,

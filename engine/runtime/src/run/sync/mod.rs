@@ -1,0 +1,283 @@
+//! The synchronous schedule: optional SFT warm-up, then per step generate -> reward -> train ->
+//! sync weights, with evaluation, atomic checkpoints, exact resume and metrics.jsonl. Multi-LoRA's
+//! named adapters run here, as lanes of a step (`lanes`).
+
+pub(crate) mod lanes;
+
+use crate::backend::{Backend, LocalHandoff, RolloutEngine, TrainStats, Trainer, WeightTransport};
+use crate::reward::spec::build_run_reward;
+use crate::reward::BatchReward;
+use crate::rng::derive_seed;
+use crate::run::step::batch::{single_turn_batch, StepBatch};
+use crate::run::step::checkpoint::{save_checkpoint, save_final_model};
+use crate::run::step::episodes::{all_episodes_faulted, EnvRunner};
+use crate::run::step::eval::evaluate;
+use crate::run::step::open::{start_fresh, summary, Outputs, Position};
+use crate::run::step::teacher::TeacherStage;
+use crate::run::step::train::{
+    check_wall_time, count_flat_groups, insert_perf, insert_train_stats, step_lrs, train_checked, StepTimes,
+};
+use crate::sample::SamplingParams;
+use crate::spec::{RunOptions, RunSpec, Summary};
+use crate::tasks::TaskSet;
+use crate::RunError;
+use lanes::Lane;
+use serde_json::{json, Map};
+use std::path::PathBuf;
+use std::time::Instant;
+
+/// Runs `spec` under the sync schedule (`run_with` has validated it and built its task and lanes).
+pub(super) fn run(
+    spec: &RunSpec,
+    opts: &RunOptions,
+    backend: &dyn Backend,
+    task: TaskSet,
+    mut lanes: Vec<Lane>,
+    started: Instant,
+) -> Result<Summary, RunError> {
+    let mut outs = Outputs::open(spec, opts)?;
+    let mut p = Parts::create(spec, opts, backend)?;
+    let start = p.open(spec, &task, &lanes, &mut outs)?;
+    let Position { mut step, eval_start, mut eval_last, mut last_ckpt } = start;
+    let Outputs { ckpt_root, metrics_path, mut metrics, mut progress, .. } = outs;
+    let out = &opts.out_dir;
+
+    let mut last_reward = None;
+    let mut steps_this_run = 0u64;
+    let mut stopped_early = false;
+    while step < spec.steps {
+        if let Some(n) = opts.stop_after {
+            if steps_this_run >= n {
+                stopped_early = true;
+                break;
+            }
+        }
+        check_wall_time(opts, started, step)?;
+        step += 1;
+        steps_this_run += 1;
+        let t_step = Instant::now();
+        let outcome = if !lanes.is_empty() {
+            // Multi-LoRA: every lane generates, is scored and trains with its own adapter.
+            let (engine, trainer, reward) = (p.engine.as_mut(), p.trainer.as_mut(), p.reward.as_mut());
+            lanes::step(spec, &mut lanes, engine, trainer, reward, step, &last_ckpt)?
+        } else {
+            p.rollout_and_train(spec, &task, step, &last_ckpt)?
+        };
+        let StepOutcome { sb, ts, lrs, cols: lane_cols, gen_s, reward_s, teacher_s, train_s } = outcome;
+        let t_sync = Instant::now();
+        let w = p.transport.transfer(p.trainer.export_weights()?)?;
+        p.engine.load_weights(&w)?;
+        let sync_s = t_sync.elapsed().as_secs_f64();
+
+        let version = p.engine.weight_version();
+        let (mut row, reward_mean) = step_row(spec, step, version, lanes.len(), &sb, &ts, &lrs, lane_cols);
+        let do_eval = step == spec.steps || (spec.eval.every > 0 && step % spec.eval.every == 0);
+        if do_eval {
+            let t0 = Instant::now();
+            let acc = match lanes.is_empty() {
+                true => evaluate(spec, &task, p.eval_reward.as_mut(), p.env.as_ref(), p.engine.as_mut())?,
+                false => lanes::evaluate_lanes(spec, &lanes, p.eval_reward.as_mut(), p.engine.as_mut(), &mut row)?,
+            };
+            row.insert("eval/accuracy".into(), json!(acc.0));
+            row.insert("eval/response_len".into(), json!(acc.1));
+            row.insert("perf/eval_s".into(), json!(t0.elapsed().as_secs_f64()));
+            eval_last = Some(acc.0);
+            progress.eval(step, acc.0);
+        }
+        let gen_tokens = sb.sampled_tokens;
+        let trained: usize = sb.batch.iter().map(|t| t.prompt.len() + t.response.len()).sum();
+        let times = StepTimes { gen_s, reward_s, teacher_s, train_s, sync_s, step_s: t_step.elapsed().as_secs_f64() };
+        let sync_bytes = p.trainer.last_sync_bytes().map_or(w.bytes(), |b| b as usize);
+        insert_perf(&mut row, &ts, &times, gen_tokens as u64, trained, sync_bytes);
+        metrics.write(&row)?;
+        last_reward = Some(reward_mean);
+        progress.step(step, reward_mean, gen_tokens as f64 / gen_s.max(1e-9), trained as f64 / train_s.max(1e-9));
+
+        let ck = spec.checkpoint.every;
+        if (ck > 0 && step % ck == 0) || step == spec.steps {
+            let trainer = p.trainer.as_ref();
+            last_ckpt = Some(save_checkpoint(&ckpt_root, spec, step, eval_start, eval_last, trainer, |_| Ok(()))?);
+        }
+    }
+    if !stopped_early {
+        save_final_model(out, p.trainer.as_ref(), &task)?;
+    }
+    let at = Position { step, eval_start, eval_last, last_ckpt };
+    Ok(summary(at, last_reward, stopped_early, metrics_path, started, &mut progress))
+}
+
+/// What a synchronous run holds from its opening to its end: the backend's engine and trainer,
+/// the teacher stage, the rollouts' reward and the evaluations' own, the environment, and the
+/// weight transport. Made in that order; the fields are declared in the reverse one, so they are
+/// dropped (processes stopped, connections closed) last made, first.
+struct Parts {
+    transport: Box<dyn WeightTransport>,
+    env: Option<EnvRunner>,
+    eval_reward: Box<dyn BatchReward>,
+    reward: Box<dyn BatchReward>,
+    teacher: Option<TeacherStage>,
+    trainer: Box<dyn Trainer>,
+    engine: Box<dyn RolloutEngine>,
+}
+
+impl Parts {
+    fn create(spec: &RunSpec, opts: &RunOptions, backend: &dyn Backend) -> Result<Parts, RunError> {
+        backend.set_threads(opts.threads);
+        let (engine, trainer) = backend.create(spec)?;
+        let teacher = TeacherStage::for_run(spec, backend)?;
+        let reward = build_run_reward(spec)?;
+        let eval_reward = build_run_reward(spec)?;
+        let env = EnvRunner::for_run(spec)?;
+        let transport: Box<dyn WeightTransport> = Box::new(LocalHandoff);
+        Ok(Parts { transport, env, eval_reward, reward, teacher, trainer, engine })
+    }
+
+    /// Where the run starts: the checkpoint it resumes from, or a fresh run's opening.
+    fn open(
+        &mut self,
+        spec: &RunSpec,
+        task: &TaskSet,
+        lanes: &[Lane],
+        outs: &mut Outputs,
+    ) -> Result<Position, RunError> {
+        Ok(match outs.resume_from.take() {
+            Some((dir, st)) => {
+                self.trainer.load(&dir)?;
+                let w = self.transport.transfer(self.trainer.export_weights()?)?;
+                self.engine.load_weights(&w)?;
+                outs.progress.note(&format!("resumed from {} (step {})", dir.display(), st.step));
+                Position::resumed(dir, &st)
+            }
+            None => {
+                let (eval_reward, env) = (&mut self.eval_reward, &self.env);
+                start_fresh(
+                    spec,
+                    task,
+                    self.trainer.as_mut(),
+                    self.transport.as_mut(),
+                    outs,
+                    self.engine.as_mut(),
+                    |e, w| e.load_weights(&w),
+                    |e, row| match lanes.is_empty() {
+                        true => evaluate(spec, task, eval_reward.as_mut(), env.as_ref(), e),
+                        false => lanes::evaluate_lanes(spec, lanes, eval_reward.as_mut(), e, row),
+                    },
+                    Map::new(),
+                    |_| Ok(()),
+                )?
+            }
+        })
+    }
+
+    /// A step's rollout (single responses scored by the run's reward, or episodes), the teacher
+    /// stage, and training.
+    fn rollout_and_train(
+        &mut self,
+        spec: &RunSpec,
+        task: &TaskSet,
+        step: u64,
+        last_ckpt: &Option<PathBuf>,
+    ) -> Result<StepOutcome, RunError> {
+        let r = &spec.rollout;
+        let items = task.train_batch(spec.seed, "rollout", step, r.rollout_batch);
+        let params = SamplingParams::rollout(r, derive_seed(spec.seed, "sampling", step)).with_stop(task.stop_tokens());
+        let t_gen = Instant::now();
+        let (mut sb, gen_s, t_reward) = match &self.env {
+            Some(env) => {
+                // Episodes: generation and the environment interleave turn by turn.
+                let (groups, results) = env.play(
+                    task,
+                    self.engine.as_mut(),
+                    &items,
+                    r.samples_per_prompt,
+                    &params,
+                    &format!("step{step}"),
+                )?;
+                (env.batch(&groups, &results), t_gen.elapsed().as_secs_f64(), Instant::now())
+            }
+            None => {
+                let prompts =
+                    items.iter().map(|it| task.tokenizer.encode_prompt(&it.prompt)).collect::<Result<Vec<_>, _>>()?;
+                let samples = self.engine.generate(&prompts, r.samples_per_prompt, &params)?;
+                let gen_s = t_gen.elapsed().as_secs_f64();
+                let t_reward = Instant::now();
+                let sb = single_turn_batch(spec, task, self.reward.as_mut(), &items, &prompts, &samples, step)?;
+                (sb, gen_s, t_reward)
+            }
+        };
+        if sb.batch.is_empty() {
+            let e = match &self.env {
+                Some(_) => all_episodes_faulted(&format!("step {step}")),
+                None => RunError::new(
+                    crate::reward::E_REWARD,
+                    format!("step {step}: the reward `{}` dropped every sample of the batch", self.reward.name()),
+                )
+                .with_help("the reward failed on every sample: fix it, or set `on_error = zero`"),
+            };
+            return Err(e);
+        }
+        let lrs = step_lrs(spec, step);
+        let reward_s = t_reward.elapsed().as_secs_f64();
+        let teacher_s = match self.teacher.as_mut() {
+            Some(t) => t.score(&mut sb.batch)?,
+            None => 0.0,
+        };
+        let t_train = Instant::now();
+        let mut ts = train_checked(self.trainer.as_mut(), &sb.batch, &lrs, r.temperature, step, last_ckpt)?;
+        let train_s = t_train.elapsed().as_secs_f64();
+        if let Some(t) = &self.teacher {
+            t.note(&mut ts);
+        }
+        Ok(StepOutcome { sb, ts, lrs, cols: Map::new(), gen_s, reward_s, teacher_s, train_s })
+    }
+}
+
+/// A step's metrics row before its evaluation and timings: the rollout's columns (`rollout/*` and
+/// the batch's own), the training stats, and multi-LoRA's per-adapter columns; with the step's
+/// mean reward.
+#[allow(clippy::too_many_arguments)]
+fn step_row(
+    spec: &RunSpec,
+    step: u64,
+    weight_version: u64,
+    lanes: usize,
+    sb: &StepBatch,
+    ts: &TrainStats,
+    lrs: &[f64],
+    lane_cols: Map<String, serde_json::Value>,
+) -> (Map<String, serde_json::Value>, f64) {
+    let r = &spec.rollout;
+    let rewards = &sb.rewards;
+    let n = rewards.len().max(1) as f64;
+    let n_samples = sb.responses.max(1) as f64;
+    let reward_mean = rewards.iter().map(|&x| x as f64).sum::<f64>() / n;
+    let flat_groups = count_flat_groups(rewards, &sb.groups);
+    let mut row = Map::new();
+    row.insert("step".into(), json!(step));
+    row.insert("weight_version".into(), json!(weight_version));
+    row.insert("rollout/reward_mean".into(), json!(reward_mean));
+    row.insert("rollout/solved_frac".into(), json!(rewards.iter().filter(|&&x| x >= 1.0).count() as f64 / n));
+    row.insert("rollout/response_len".into(), json!(sb.sampled_tokens as f64 / n_samples));
+    row.insert("rollout/stop_frac".into(), json!(sb.stopped as f64 / n_samples));
+    row.insert("rollout/flat_group_frac".into(), json!(flat_groups as f64 / (r.rollout_batch * lanes.max(1)) as f64));
+    for (k, v) in &sb.metrics {
+        row.insert(k.clone(), json!(v));
+    }
+    insert_train_stats(&mut row, ts, lrs);
+    row.extend(lane_cols);
+    (row, reward_mean)
+}
+
+/// A step's rollout and training, as the metrics row reads them: the batch, the training
+/// stats and learning rates, extra columns (multi-LoRA's per-adapter ones) and phase seconds.
+pub(crate) struct StepOutcome {
+    pub(crate) sb: StepBatch,
+    pub(crate) ts: TrainStats,
+    pub(crate) lrs: Vec<f64>,
+    pub(crate) cols: Map<String, serde_json::Value>,
+    pub(crate) gen_s: f64,
+    pub(crate) reward_s: f64,
+    /// The teacher stage's scoring (on-policy distillation); 0 without one.
+    pub(crate) teacher_s: f64,
+    pub(crate) train_s: f64,
+}

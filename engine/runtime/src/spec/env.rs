@@ -1,0 +1,179 @@
+//! A run's environment settings (the run spec's `env`, docs/agents.md), as plain data: which
+//! environment and its own settings, an episode's limits and reward rules, and the TITO rule of
+//! its sessions. `env::spec` builds the environment and the episode driver's limits from them.
+
+use crate::RunError;
+use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
+use std::time::Duration;
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum EnvSpec {
+    Calculator(CalculatorSpec),
+    Jsonl(JsonlSpec),
+    #[serde(rename = "openenv")]
+    OpenEnv(OpenEnvSpec),
+}
+
+/// A run whose rollouts are multi-turn episodes against an environment (the run spec's `env`):
+/// which environment, and the limits and reward rules of an episode.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EnvRunSpec {
+    pub env: EnvSpec,
+    #[serde(default = "default_max_turns")]
+    pub max_turns: usize,
+    #[serde(default = "default_turn_timeout_s")]
+    pub turn_timeout_s: f64,
+    #[serde(default = "default_episode_timeout_s")]
+    pub episode_timeout_s: f64,
+    /// Environment calls in flight at once.
+    #[serde(default = "default_concurrency")]
+    pub concurrency: usize,
+    #[serde(default)]
+    pub tool_format: ToolFormat,
+    #[serde(default)]
+    pub reward: RewardMode,
+    #[serde(default)]
+    pub on_env_error: OnEnvError,
+    /// The TITO rule of each episode's session (`linear` unless the recipe's `tito` says).
+    #[serde(default)]
+    pub session: Rule,
+    /// Compact a full context to the first observation and the last this many turns, instead of
+    /// ending the episode (`None`). Needs `session = branching`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compact_keep_turns: Option<usize>,
+}
+
+fn default_max_turns() -> usize {
+    4
+}
+fn default_turn_timeout_s() -> f64 {
+    30.0
+}
+fn default_episode_timeout_s() -> f64 {
+    600.0
+}
+fn default_concurrency() -> usize {
+    16
+}
+
+impl EnvRunSpec {
+    /// Checks the episode settings, and returns the turn and the episode timeouts: every error
+    /// the episode driver's limits (`env::spec`) can give, so a spec validates without them.
+    pub(crate) fn timeouts(&self) -> Result<(Duration, Duration), RunError> {
+        let secs = |name: &str, s: f64| {
+            std::time::Duration::try_from_secs_f64(s).ok().filter(|d| !d.is_zero()).ok_or_else(|| {
+                RunError::new(
+                    crate::E_SPEC,
+                    format!("run spec field `env.{name}`: must be a positive number of seconds"),
+                )
+            })
+        };
+        if self.max_turns == 0 || self.concurrency == 0 {
+            return Err(RunError::new(
+                crate::E_SPEC,
+                "run spec field `env.max_turns`/`env.concurrency`: must be at least 1",
+            ));
+        }
+        if self.compact_keep_turns.is_some() && self.session != Rule::Branching {
+            return Err(RunError::new(
+                crate::E_SPEC,
+                "run spec field `env.compact_keep_turns`: compaction needs `env.session = branching` (a compacted context does not extend the last turn)",
+            ));
+        }
+        Ok((secs("turn_timeout_s", self.turn_timeout_s)?, secs("episode_timeout_s", self.episode_timeout_s)?))
+    }
+}
+
+/// The built-in `calculator` environment's settings (`env::calculator`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct CalculatorSpec {
+    /// Digits of each operand of a generated question (1..=6).
+    pub digits: u32,
+    /// Reward of each well-formed tool call (0 = only the answer counts).
+    pub tool_reward: f32,
+    /// Share of the demonstrations that call the tool; the others answer at once (right, as if
+    /// by heart). A policy that cannot multiply then learns from RL that the tool pays.
+    pub demo_tool_rate: f32,
+}
+
+impl Default for CalculatorSpec {
+    fn default() -> Self {
+        CalculatorSpec { digits: 2, tool_reward: 0.0, demo_tool_rate: 1.0 }
+    }
+}
+
+/// A `jsonl` environment: the user's program (`env::jsonl`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JsonlSpec {
+    pub name: String,
+    /// Program and arguments, not through a shell: `["python3", "env.py"]`.
+    #[serde(rename = "command")]
+    pub argv: Vec<String>,
+    #[serde(default)]
+    pub cwd: Option<PathBuf>,
+}
+
+/// An `openenv` environment: an HTTP service speaking OpenEnv's protocol (`env::openenv`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OpenEnvSpec {
+    pub name: String,
+    /// Base URL of the server: `http://host:port` (`ws://` is accepted too).
+    pub url: String,
+    /// Field of the action object the model's text goes in (`None`: the first tool call's
+    /// arguments are the action).
+    #[serde(default)]
+    pub action_field: Option<String>,
+    /// Field of the observation object shown to the model (`None`: its only string field, else
+    /// the object as JSON).
+    #[serde(default)]
+    pub observation_field: Option<String>,
+}
+
+/// The format of the tool calls the episode driver parses from the model's output (`env::tools`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ToolFormat {
+    /// `<tool>name args</tool>`; the arguments are the text after the name.
+    #[default]
+    Tag,
+    /// `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` (Qwen2.5/Qwen3, Hermes).
+    Hermes,
+}
+
+/// How an episode's reward is made from the environment's per-step rewards.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RewardMode {
+    /// The last reward the environment gave (0 when none).
+    #[default]
+    Final,
+    /// The sum of every step's reward.
+    Sum,
+}
+
+/// What an episode ended by an environment fault trains on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnEnvError {
+    /// Leaves the batch (its group keeps the others).
+    #[default]
+    Drop,
+    /// Trains on the reward so far (0 under `final` when none came).
+    Score,
+}
+
+/// The TITO rule of an episode's session (`session`): `linear` (one growing context) or
+/// `branching` (a turn attaches to the deepest checkpoint whose message path is a prefix).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Rule {
+    #[default]
+    Linear,
+    Branching,
+}

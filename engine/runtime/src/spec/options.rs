@@ -1,0 +1,64 @@
+//! What one invocation adds to a spec (not part of the recipe), and what a run reports.
+
+use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
+
+/// How progress is shown on stderr.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ProgressMode {
+    /// A bar when stderr is a terminal, plain lines otherwise.
+    #[default]
+    Auto,
+    Plain,
+    Off,
+}
+
+/// Per-invocation options (not part of the recipe).
+#[derive(Debug, Clone)]
+pub struct RunOptions {
+    /// Receives metrics.jsonl, spec.json, checkpoints/ and the final model.
+    pub out_dir: PathBuf,
+    /// Continue from the newest checkpoint in out_dir (same data order and RNG state).
+    pub resume: bool,
+    pub progress: ProgressMode,
+    /// Stop cleanly after this many RL steps in this invocation (tests of resume).
+    pub stop_after: Option<u64>,
+    /// Intra-op threads of the backend; None = backend default. Results are bit-exact only for
+    /// the same thread count.
+    pub threads: Option<usize>,
+    /// Upper bound on the whole run's wall time; exceeded -> E0509 after the current step.
+    pub max_wall: Option<std::time::Duration>,
+}
+
+impl RunOptions {
+    pub fn new(out_dir: impl Into<PathBuf>) -> Self {
+        RunOptions {
+            out_dir: out_dir.into(),
+            resume: false,
+            progress: ProgressMode::Auto,
+            stop_after: None,
+            threads: None,
+            max_wall: None,
+        }
+    }
+}
+
+/// What a finished (or cleanly stopped) run reports.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Summary {
+    /// RL steps completed in total (including those before a resume).
+    pub steps_done: u64,
+    /// Held-out accuracy after SFT, before the first RL step.
+    pub eval_start: Option<f64>,
+    /// Last held-out accuracy measured.
+    pub eval_end: Option<f64>,
+    /// Mean reward of the last step's rollouts.
+    pub last_reward: Option<f64>,
+    /// Newest checkpoint directory, if any was written.
+    pub checkpoint: Option<PathBuf>,
+    pub metrics_path: PathBuf,
+    pub wall_seconds: f64,
+    /// True when `stop_after` ended the run before `steps`.
+    pub stopped_early: bool,
+}

@@ -1,0 +1,102 @@
+//! Which task a run learns, its held-out split, and what a malformed data row does.
+
+use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
+
+/// Which task, its held-out split and how it is rewarded.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TaskSpec {
+    pub kind: TaskKind,
+    #[serde(default)]
+    pub split: SplitSpec,
+    /// Exact match gives 1/0. With partial credit the reward is the fraction of answer positions
+    /// that match (still 1 only for an exact match).
+    #[serde(default)]
+    pub partial_credit: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
+pub enum TaskKind {
+    /// "a+b=" -> "c", operands with 1..=digits digits.
+    Addition { digits: u32 },
+    /// "a*b=" -> "c", operands with 1..=digits digits.
+    Multiplication { digits: u32 },
+    /// "abc>" -> "cba", strings over `alphabet` of length min_len..=max_len. With `working` > 0
+    /// the answer is verbose: "abc>" -> "cba>ab" (the answer, `>`, the string's first `working`
+    /// letters), and only a response's text before its first `>` is scored.
+    Reverse {
+        min_len: usize,
+        max_len: usize,
+        #[serde(default = "default_alphabet")]
+        alphabet: String,
+        #[serde(default, skip_serializing_if = "is_zero")]
+        working: usize,
+    },
+    /// "cab>" -> "abc" (characters sorted), same parameters as reverse.
+    Sort {
+        min_len: usize,
+        max_len: usize,
+        #[serde(default = "default_alphabet")]
+        alphabet: String,
+    },
+    /// Prompts from a JSONL or Parquet file (by extension; docs/data.md): the `prompt_field` of a
+    /// row is a string or a list of chat messages, the `label_field` and the other fields go to the
+    /// reward untouched. Without `test_path`, `split.test_size` rows (chosen by `split.seed`) are
+    /// held out.
+    #[serde(alias = "jsonl")]
+    Data {
+        path: PathBuf,
+        prompt_field: String,
+        label_field: String,
+        #[serde(default)]
+        test_path: Option<PathBuf>,
+        #[serde(default)]
+        on_error: OnError,
+    },
+}
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
+}
+
+fn default_alphabet() -> String {
+    "abcdefghij".to_string()
+}
+
+/// What a malformed JSONL line does: reported with file:line either way.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnError {
+    /// Warn and skip the line.
+    #[default]
+    Skip,
+    /// Stop the run with an error.
+    Stop,
+}
+
+/// The held-out split. Train prompts never equal a test prompt.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SplitSpec {
+    /// Number of held-out prompts (capped at half of a small task's whole problem space).
+    #[serde(default = "default_test_size")]
+    pub test_size: usize,
+    /// Seed of the split alone, so runs with different master seeds share one test set.
+    #[serde(default = "default_split_seed")]
+    pub seed: u64,
+}
+
+fn default_test_size() -> usize {
+    200
+}
+fn default_split_seed() -> u64 {
+    1234
+}
+
+impl Default for SplitSpec {
+    fn default() -> Self {
+        SplitSpec { test_size: default_test_size(), seed: default_split_seed() }
+    }
+}
