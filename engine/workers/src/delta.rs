@@ -49,26 +49,11 @@ impl DeltaPublisher {
     }
 }
 
-/// Writes `path` through a temporary file renamed over it, so a reader never sees half a file and
-/// a failed write (a full disk) leaves the previous file as it was. One fsync of the file after its
-/// last byte (never per bucket); the caller syncs the directory once for all the renames of a
-/// publish.
+/// Writes `path` through a temporary file renamed over it (`atomic_write::write_with`: one fsync
+/// of the file after its last byte, never per bucket); the caller syncs the directory once for
+/// all the renames of a publish.
 fn write_atomic(path: &Path, fill: impl FnOnce(&mut BufWriter<fs::File>) -> io::Result<()>) -> io::Result<()> {
-    let tmp = path.with_extension(format!("tmp-{}", std::process::id()));
-    let res = (|| {
-        // A small buffer for the framing; payload chunks are larger and go straight to the file.
-        let mut w = BufWriter::with_capacity(64 << 10, fs::File::create(&tmp)?);
-        fill(&mut w)?;
-        w.flush()?;
-        let f = w.into_inner().map_err(|e| e.into_error())?;
-        f.sync_all()?;
-        drop(f);
-        fs::rename(&tmp, path)
-    })();
-    if res.is_err() {
-        let _ = fs::remove_file(&tmp);
-    }
-    res
+    miles_runtime::atomic_write::write_with(path, fill)
 }
 
 /// The host's local copy, written into the spare slot (`weights.bin.spare`, the version before the

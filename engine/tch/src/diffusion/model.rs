@@ -222,14 +222,7 @@ impl Denoiser {
     /// mid-write leaves the last good file); an error names it.
     pub fn save(&self, path: &Path) -> Result<(), RunError> {
         let named: Vec<(&str, Tensor)> = self.params.iter().map(|(n, t)| (n.as_str(), t.detach())).collect();
-        let tmp = path.with_extension(format!("tmp-{}", std::process::id()));
-        let written = write_tensors(&named, &tmp).and_then(|_| {
-            std::fs::rename(&tmp, path).map_err(|e| RunError::io(miles_runtime::E_CHECKPOINT, "cannot write", path, e))
-        });
-        if written.is_err() {
-            let _ = std::fs::remove_file(&tmp);
-        }
-        written
+        miles_runtime::atomic_write::replace_file(path, |tmp| write_tensors(&named, tmp))
     }
 
     /// A denoiser of `cfg` with the weights of a file `save` wrote (every name, with its shape).

@@ -247,14 +247,10 @@ impl Classifier {
 
     /// Writes the parameters as safetensors, atomically (a temp file beside `path`, renamed).
     pub fn save(&self, path: &Path) -> Result<(), RunError> {
-        let tmp = path.with_extension(format!("tmp-{}", std::process::id()));
-        let written = Tensor::write_safetensors(&self.params, &tmp)
-            .map_err(|e| RunError::new(E_CHECKPOINT, format!("cannot write {}: {e}", path.display())))
-            .and_then(|_| std::fs::rename(&tmp, path).map_err(|e| RunError::io(E_CHECKPOINT, "cannot write", path, e)));
-        if written.is_err() {
-            let _ = std::fs::remove_file(&tmp);
-        }
-        written
+        miles_runtime::atomic_write::replace_file(path, |tmp| {
+            Tensor::write_safetensors(&self.params, tmp)
+                .map_err(|e| RunError::new(E_CHECKPOINT, format!("cannot write {}: {e}", path.display())))
+        })
     }
 
     /// Writes the classifier as a directory: `model.safetensors` and `config.json` (its kind,

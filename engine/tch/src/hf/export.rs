@@ -9,39 +9,7 @@ use std::fs;
 use std::path::Path;
 
 pub(super) fn export(policy: &Policy, dir: &Path, source: Option<&HfMeta>) -> Result<(), RunError> {
-    let io = |what: &str, p: &Path, e: std::io::Error| RunError::io(E_CHECKPOINT, what, p, e);
-    let name = dir.file_name().map(|n| n.to_string_lossy().to_string()).unwrap_or_else(|| "model".into());
-    let parent = match dir.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-        _ => Path::new(".").to_path_buf(),
-    };
-    fs::create_dir_all(&parent).map_err(|e| io("cannot create", &parent, e))?;
-    let tmp = parent.join(format!(".{name}.tmp-{}", std::process::id()));
-    let old = parent.join(format!(".{name}.old-{}", std::process::id()));
-    let _ = fs::remove_dir_all(&tmp);
-    fs::create_dir(&tmp).map_err(|e| io("cannot create", &tmp, e))?;
-    let filled = fill(policy, &tmp, source);
-    if let Err(e) = filled {
-        let _ = fs::remove_dir_all(&tmp);
-        return Err(e);
-    }
-    // A directory cannot be renamed over a non-empty one: move the old one aside first.
-    let had_old = dir.exists();
-    if had_old {
-        let _ = fs::remove_dir_all(&old);
-        fs::rename(dir, &old).map_err(|e| io("cannot replace", dir, e))?;
-    }
-    if let Err(e) = fs::rename(&tmp, dir) {
-        if had_old {
-            let _ = fs::rename(&old, dir);
-        }
-        let _ = fs::remove_dir_all(&tmp);
-        return Err(io("cannot write", dir, e));
-    }
-    if had_old {
-        let _ = fs::remove_dir_all(&old);
-    }
-    Ok(())
+    miles_runtime::atomic_write::write_dir_atomically(dir, |tmp| fill(policy, tmp, source))
 }
 
 /// With LoRA attached, `tmp` gets the merged model, and beside it `adapter/` (PEFT's adapter
