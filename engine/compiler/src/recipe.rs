@@ -198,44 +198,70 @@ pub fn compile_recipe(ev: &mut Eval, r: ItemRef, overrides: &[Override]) -> Opti
 
     ev.recipe = Some(crate::eval::RecipeState { module: r.module, name_span: recipe.name.span, ..Default::default() });
 
-    // Classify bindings into stage instances and settings.
-    struct Pending {
-        index: usize,
-        args: Vec<ast::Arg>,
-        module: u32,
-        args_span: Span,
-    }
-    let mut pending = Vec::new();
-    let mut stage_fields: BTreeMap<String, BTreeMap<String, (Expr, u32, Span)>> = BTreeMap::new();
-    let mut setting_exprs: BTreeMap<String, (Expr, u32, Span)> = BTreeMap::new();
-    let mut kinds: BTreeMap<String, ItemRef> = BTreeMap::new();
-    type StageCall = (ItemRef, Vec<ast::Arg>);
-    let mut order: Vec<(BindingSrc, Option<StageCall>)> = Vec::new();
-    for b in &g.bindings {
+    let mut bindings = classify_bindings(ev, &g.bindings);
+    apply_amendments(ev, &g.amends, &mut bindings);
+    let pending = add_instances(ev, bindings);
+    evaluate_cluster(ev, g.on.as_ref(), recipe_span);
+    bind_arguments(ev, &pending)?;
+
+    // Every field of every stage, then their checks.
+    let field_ok = evaluate_fields(ev, &recipe_name)?;
+    let settings = ev.recipe_settings();
+    run_checks(ev, r, &g, &recipe_name, field_ok.len())?;
+
+    let graph = lower(ev)?;
+    graph_checks(ev, &graph);
+    let settings = settings?;
+    ev.recipe = None;
+    let cluster_name = g.on.as_ref().map(|(p, _)| p.dotted()).unwrap_or_else(|| "local".to_string());
+    let job = crate::job::Job::read(&graph, &settings);
+    Some(CompiledRecipe { name: recipe_name.name, span: recipe_span, item: r, settings, cluster_name, graph, job })
+}
+
+/// An expression bound in a recipe, the module its names resolve in, and the span of its name.
+type Bound = (Expr, u32, Span);
+
+/// A stage binding's kind and arguments.
+type StageCall = (ItemRef, Vec<ast::Arg>);
+
+/// The recipe's bindings sorted into stage instances and settings.
+struct Classified {
+    /// Per stage instance, the fields its block sets.
+    stage_fields: BTreeMap<String, BTreeMap<String, Bound>>,
+    /// Non-stage bindings: the recipe's settings.
+    setting_exprs: BTreeMap<String, Bound>,
+    /// Per stage instance, its stage kind.
+    kinds: BTreeMap<String, ItemRef>,
+    /// Every binding kept, in order, with its kind and arguments when it is a stage.
+    order: Vec<(BindingSrc, Option<StageCall>)>,
+}
+
+/// A stage instance whose arguments are still to be evaluated against its kind's ports.
+struct Pending {
+    index: usize,
+    args: Vec<ast::Arg>,
+    module: u32,
+    args_span: Span,
+}
+
+/// Classifies bindings into stage instances and settings.
+fn classify_bindings(ev: &mut Eval, bindings: &[BindingSrc]) -> Classified {
+    let mut c = Classified {
+        stage_fields: BTreeMap::new(),
+        setting_exprs: BTreeMap::new(),
+        kinds: BTreeMap::new(),
+        order: Vec::new(),
+    };
+    for b in bindings {
         let mut stage = None;
         if let Some((callee, args, fields)) = stage_call(&b.expr) {
             // Stage kinds live at module level, so the callee is resolved there.
             let quiet_callee = ev.eval(callee, Env::Module(b.module), None);
             if let Some(Value::Decl(k)) = quiet_callee {
                 if matches!(ev.program.item(k).kind, ItemKind::Stage(_)) {
-                    let mut fmap = BTreeMap::new();
-                    for f in fields {
-                        let Some(first) = f.path.segments.first() else { continue };
-                        if f.path.segments.len() > 1 {
-                            ev.report(
-                                Diagnostic::error("E0209", "a dotted path cannot be set inside a stage block")
-                                    .with_primary(f.path.span, "write the nested record instead"),
-                            );
-                            continue;
-                        }
-                        if let Some((_, _, prev)) = fmap.get(&first.name) {
-                            ev.report(set_twice(first, *prev));
-                            continue;
-                        }
-                        fmap.insert(first.name.clone(), (f.value.clone(), b.module, first.span));
-                    }
-                    stage_fields.insert(b.name.name.clone(), fmap);
-                    kinds.insert(b.name.name.clone(), k);
+                    let fmap = stage_block_fields(ev, fields, b.module);
+                    c.stage_fields.insert(b.name.name.clone(), fmap);
+                    c.kinds.insert(b.name.name.clone(), k);
                     stage = Some((k, args.to_vec()));
                 }
             } else if quiet_callee.is_none() {
@@ -244,51 +270,44 @@ pub fn compile_recipe(ev: &mut Eval, r: ItemRef, overrides: &[Override]) -> Opti
             }
         }
         if stage.is_none() {
-            setting_exprs.insert(b.name.name.clone(), (b.expr.clone(), b.module, b.name.span));
+            c.setting_exprs.insert(b.name.name.clone(), (b.expr.clone(), b.module, b.name.span));
         }
-        order.push((b.clone(), stage));
+        c.order.push((b.clone(), stage));
     }
+    c
+}
 
-    // Amendments: `train.lr = ...`, `--set schedule.max_staleness=4`.
-    for a in &g.amends {
+/// The fields a stage block sets, each once and undotted.
+fn stage_block_fields(ev: &mut Eval, fields: &[Binding], module: u32) -> BTreeMap<String, Bound> {
+    let mut fmap = BTreeMap::new();
+    for f in fields {
+        let Some(first) = f.path.segments.first() else { continue };
+        if f.path.segments.len() > 1 {
+            ev.report(
+                Diagnostic::error("E0209", "a dotted path cannot be set inside a stage block")
+                    .with_primary(f.path.span, "write the nested record instead"),
+            );
+            continue;
+        }
+        if let Some((_, _, prev)) = fmap.get(&first.name) {
+            ev.report(set_twice(first, *prev));
+            continue;
+        }
+        fmap.insert(first.name.clone(), (f.value.clone(), module, first.span));
+    }
+    fmap
+}
+
+/// Amendments: `train.lr = ...`, `--set schedule.max_staleness=4`.
+fn apply_amendments(ev: &mut Eval, amends: &[Amend], c: &mut Classified) {
+    for a in amends {
         let head = &a.path[0];
-        if let Some(fields) = stage_fields.get_mut(&head.name) {
-            let kind = kinds[&head.name];
-            let Some(field) = a.path.get(1) else {
-                // `reward = ...` as an amendment or `--set`: a stage is amended field by field.
-                ev.report(
-                    Diagnostic::error("E0209", format!("cannot replace the stage `{}` with an amendment", head.name))
-                        .with_primary(a.span, "a stage is amended one field at a time")
-                        .with_help(format!(
-                            "set one of its fields (`{}.FIELD = ...`), or write a recipe that `extends` this one and binds `{}` anew",
-                            head.name, head.name
-                        )),
-                );
-                continue;
-            };
-            if ev.decl_field(kind, &field.name).is_none() {
-                ev.unknown_field(kind, field);
-                continue;
-            }
-            if a.path.len() == 2 {
-                fields.insert(field.name.clone(), (a.value.clone(), a.module, field.span));
-            } else {
-                let ok = match fields.get_mut(&field.name) {
-                    Some((e, _, _)) => amend_expr(e, &a.path[2..], &a.value, a.span),
-                    None => false,
-                };
-                if !ok {
-                    ev.report(
-                        Diagnostic::error("E0209", format!("cannot amend `{}`", dotted(&a.path)))
-                            .with_primary(a.span, "no record literal to amend at this path")
-                            .with_help(format!("set the whole field instead: `{}.{} = ...`", head.name, field.name)),
-                    );
-                }
-            }
-        } else if let Some(slot) = setting_exprs.get_mut(&head.name).filter(|_| a.path.len() == 1) {
+        if let Some(fields) = c.stage_fields.get_mut(&head.name) {
+            amend_stage(ev, a, fields, c.kinds[&head.name]);
+        } else if let Some(slot) = c.setting_exprs.get_mut(&head.name).filter(|_| a.path.len() == 1) {
             // `--set seed=3` where the recipe says `seed = 1`: the new value replaces it.
             *slot = (a.value.clone(), a.module, head.span);
-        } else if let Some((e, _, _)) = setting_exprs.get_mut(&head.name) {
+        } else if let Some((e, _, _)) = c.setting_exprs.get_mut(&head.name) {
             if !amend_expr(e, &a.path[1..], &a.value, a.span) {
                 ev.report(
                     Diagnostic::error("E0209", format!("cannot amend `{}`", dotted(&a.path)))
@@ -298,10 +317,10 @@ pub fn compile_recipe(ev: &mut Eval, r: ItemRef, overrides: &[Override]) -> Opti
             }
         } else if a.path.len() == 1 {
             // `--set stop=500.steps` for a setting the recipe leaves at its default.
-            setting_exprs.insert(head.name.clone(), (a.value.clone(), a.module, head.span));
+            c.setting_exprs.insert(head.name.clone(), (a.value.clone(), a.module, head.span));
         } else {
-            let mut names: Vec<String> = stage_fields.keys().cloned().collect();
-            names.extend(setting_exprs.keys().cloned());
+            let mut names: Vec<String> = c.stage_fields.keys().cloned().collect();
+            names.extend(c.setting_exprs.keys().cloned());
             let mut d = Diagnostic::error("E0209", format!("the recipe has no stage or setting `{}`", head.name))
                 .with_primary(head.span, "not found");
             if let Some(s) = crate::suggest::did_you_mean(&head.name, names.iter().map(|s| s.as_str())) {
@@ -310,7 +329,50 @@ pub fn compile_recipe(ev: &mut Eval, r: ItemRef, overrides: &[Override]) -> Opti
             ev.report(d);
         }
     }
+}
 
+/// An amendment to a stage instance (`train.lr = ...`): one declared field of its `kind` is
+/// set, or a record literal inside one amended.
+fn amend_stage(ev: &mut Eval, a: &Amend, fields: &mut BTreeMap<String, Bound>, kind: ItemRef) {
+    let head = &a.path[0];
+    let Some(field) = a.path.get(1) else {
+        // `reward = ...` as an amendment or `--set`: a stage is amended field by field.
+        ev.report(
+            Diagnostic::error("E0209", format!("cannot replace the stage `{}` with an amendment", head.name))
+                .with_primary(a.span, "a stage is amended one field at a time")
+                .with_help(format!(
+                    "set one of its fields (`{}.FIELD = ...`), or write a recipe that `extends` this one and binds `{}` anew",
+                    head.name, head.name
+                )),
+        );
+        return;
+    };
+    if ev.decl_field(kind, &field.name).is_none() {
+        ev.unknown_field(kind, field);
+        return;
+    }
+    if a.path.len() == 2 {
+        fields.insert(field.name.clone(), (a.value.clone(), a.module, field.span));
+    } else {
+        let ok = match fields.get_mut(&field.name) {
+            Some((e, _, _)) => amend_expr(e, &a.path[2..], &a.value, a.span),
+            None => false,
+        };
+        if !ok {
+            ev.report(
+                Diagnostic::error("E0209", format!("cannot amend `{}`", dotted(&a.path)))
+                    .with_primary(a.span, "no record literal to amend at this path")
+                    .with_help(format!("set the whole field instead: `{}.{} = ...`", head.name, field.name)),
+            );
+        }
+    }
+}
+
+/// Adds the stage instances, in binding order, and hands the settings to the recipe state;
+/// returns each instance's arguments, still to be evaluated.
+fn add_instances(ev: &mut Eval, c: Classified) -> Vec<Pending> {
+    let Classified { mut stage_fields, setting_exprs, order, .. } = c;
+    let mut pending = Vec::new();
     for (b, stage) in order {
         if let Some((kind, args)) = stage {
             let provided = stage_fields.remove(&b.name.name).unwrap_or_default();
@@ -335,9 +397,12 @@ pub fn compile_recipe(ev: &mut Eval, r: ItemRef, overrides: &[Override]) -> Opti
     if let Some(state) = ev.recipe.as_mut() {
         state.settings_exprs = setting_exprs;
     }
+    pending
+}
 
-    // The cluster: `on laptop`, else a local machine.
-    let cluster = match &g.on {
+/// The cluster: `on laptop`, else a local machine.
+fn evaluate_cluster(ev: &mut Eval, on: Option<&(ast::Path, u32)>, recipe_span: Span) {
+    let cluster = match on {
         Some((path, module)) => {
             let e = Expr { kind: path_expr(path), span: path.span };
             let want = ev.named_interface("Cluster");
@@ -349,9 +414,11 @@ pub fn compile_recipe(ev: &mut Eval, r: ItemRef, overrides: &[Override]) -> Opti
         state.cluster_failed = cluster.is_none();
         state.cluster = cluster;
     }
+}
 
-    // Arguments, checked against the ports.
-    for p in &pending {
+/// Arguments, checked against the ports.
+fn bind_arguments(ev: &mut Eval, pending: &[Pending]) -> Option<()> {
+    for p in pending {
         let kind = ev.recipe.as_ref()?.instances[p.index].kind;
         let ItemKind::Stage(decl) = &ev.program.item(kind).kind else { continue };
         let ports: Vec<(String, ast::TypeExpr)> =
@@ -386,8 +453,12 @@ pub fn compile_recipe(ev: &mut Eval, r: ItemRef, overrides: &[Override]) -> Opti
         }
         ev.set_instance_args(p.index, args, arrow);
     }
+    Some(())
+}
 
-    // Every field of every stage, then their checks.
+/// Evaluates every field of every stage instance, reporting fields their kind does not declare
+/// (and a recipe with no stages); one flag per instance, whether all its fields are sound.
+fn evaluate_fields(ev: &mut Eval, recipe_name: &Ident) -> Option<Vec<bool>> {
     let n = ev.recipe.as_ref()?.instances.len();
     if n == 0 {
         ev.report(
@@ -417,10 +488,15 @@ pub fn compile_recipe(ev: &mut Eval, r: ItemRef, overrides: &[Override]) -> Opti
             }
         }
     }
-    let settings = ev.recipe_settings();
+    Some(field_ok)
+}
+
+/// The checks of the first `n` stage instances' kinds (and the build's house rules on stdlib
+/// kinds), then the recipe's own and inherited checks.
+fn run_checks(ev: &mut Eval, r: ItemRef, g: &Gathered, recipe_name: &Ident, n: usize) -> Option<()> {
     // Checks run even when some field is broken: a check that reads a broken field evaluates
     // to nothing and stays silent, the others still report, so every mistake shows at once.
-    for i in 0..field_ok.len() {
+    for i in 0..n {
         let (kind, span) = {
             let inst = &ev.recipe.as_ref()?.instances[i];
             (inst.kind, inst.name_span)
@@ -442,17 +518,10 @@ pub fn compile_recipe(ev: &mut Eval, r: ItemRef, overrides: &[Override]) -> Opti
         }
     }
     for (c, module, owner) in &g.checks {
-        let labels = if *owner != r { inherited_rule_labels(ev, &g, c, *owner, &recipe_name) } else { Vec::new() };
+        let labels = if *owner != r { inherited_rule_labels(ev, g, c, *owner, recipe_name) } else { Vec::new() };
         ev.run_check(c, Env::Recipe(*module), c.span, *owner, &labels);
     }
-
-    let graph = lower(ev)?;
-    graph_checks(ev, &graph);
-    let settings = settings?;
-    ev.recipe = None;
-    let cluster_name = g.on.as_ref().map(|(p, _)| p.dotted()).unwrap_or_else(|| "local".to_string());
-    let job = crate::job::Job::read(&graph, &settings);
-    Some(CompiledRecipe { name: recipe_name.name, span: recipe_span, item: r, settings, cluster_name, graph, job })
+    Some(())
 }
 
 fn dotted(path: &[Ident]) -> String {

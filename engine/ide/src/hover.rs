@@ -107,154 +107,40 @@ fn value_type_name(v: &Value) -> String {
 fn describe_def(a: &Analysis, def: &Def, at: Option<(FileId, usize)>) -> String {
     let p = a.program();
     let module_key = module_label(&p.module(def.module).key);
-    let mut sig = String::new();
-    let mut extra = Vec::new();
-    match def.kind {
-        DefKind::Const | DefKind::Model | DefKind::Cluster => {
-            let item = def.item.map(|r| p.item(r));
-            let kw = match def.kind {
-                DefKind::Const => "const",
-                DefKind::Model => "model",
-                _ => "cluster",
-            };
-            sig = format!("{kw} {}", def.name);
-            if let Some(Item { kind: ItemKind::Const(c), .. }) = item {
-                if let Some(t) = &c.ty {
-                    sig.push_str(&format!(": {}", type_text(p, t)));
-                }
-            }
-            if let Some(r) = def.item {
-                // The compilation's value first: it read the files an `hf` model names.
-                let v = a.compilation.item_values.get(&r).cloned().or_else(|| Eval::new(p).item_value(r));
-                if let Some(v) = v {
-                    extra.push(format!("{} = `{}`", value_type_name(&v), v));
-                    // A record's every field, defaults and derived ones included (an `hf`
-                    // model's sizes come from its config.json); a map shows its size only.
-                    if let Value::Record(rec) = &v {
-                        let lines: Vec<String> = rec
-                            .fields
-                            .iter()
-                            .map(|(k, fv)| {
-                                let shown = match &fv.value {
-                                    Value::Map(m) => format!("{{ {} keys }}", m.len()),
-                                    x => x.to_string(),
-                                };
-                                format!("{k} = {shown}{}", if fv.defaulted { "   (default)" } else { "" })
-                            })
-                            .collect();
-                        if lines.len() > 1 {
-                            extra.push(format!("```miles\n{}\n```", lines.join("\n")));
-                        }
-                    }
-                }
-            }
-        }
+    let (sig, extra) = match def.kind {
+        DefKind::Const | DefKind::Model | DefKind::Cluster => describe_valued_item(a, def),
         DefKind::Enum => {
             let members = def.item.map(|r| enum_member_names(p, r)).unwrap_or_default();
-            sig = format!("enum {} {{ {} }}", def.name, members.join(", "));
+            (format!("enum {} {{ {} }}", def.name, members.join(", ")), Vec::new())
         }
         DefKind::EnumMember => {
             let e = def.container.map(|r| item_name(p, r)).unwrap_or_default();
-            sig = format!("{e}.{}", def.name);
+            (format!("{e}.{}", def.name), Vec::new())
         }
-        DefKind::Interface => {
-            sig = format!("interface {}", def.name);
-            if let Some(r) = def.item {
-                let impls = implementors(p, r);
-                if !impls.is_empty() {
-                    extra.push(format!(
-                        "schemas: {}",
-                        impls.iter().map(|n| format!("`{n}`")).collect::<Vec<_>>().join(", ")
-                    ));
-                }
-            }
-        }
-        DefKind::Schema => {
-            if let Some(ItemKind::Schema(s)) = def.item.map(|r| &p.item(r).kind) {
-                sig = format!("schema {}", def.name);
-                if let Some(i) = &s.interface {
-                    sig.push_str(&format!(" is {}", i.name));
-                }
-                sig.push_str(&fields_block(p, &s.fields));
-            }
-        }
+        DefKind::Interface => describe_interface(p, def),
+        DefKind::Schema => (schema_signature(p, def), Vec::new()),
         DefKind::StageKind => {
+            let mut sig = String::new();
             if let Some(ItemKind::Stage(s)) = def.item.map(|r| &p.item(r).kind) {
                 sig = stage_signature(p, s);
                 sig.push_str(&fields_block(p, &s.fields));
             }
+            (sig, Vec::new())
         }
         DefKind::Recipe => {
-            sig = format!("recipe {}", def.name);
+            let mut extra = Vec::new();
             if let Some(r) = a.compilation.recipe(&def.name) {
                 let stages: Vec<String> = r.graph.nodes().map(|n| format!("`{}` ({})", n.name, n.kind)).collect();
                 extra.push(format!("stages: {}", stages.join(", ")));
             }
+            (format!("recipe {}", def.name), extra)
         }
-        DefKind::Field => {
-            let decl = def.container.and_then(|r| decl_fields(p, r).iter().find(|f| f.name.span == def.span));
-            if let Some(f) = decl {
-                sig = field_signature(p, f);
-            }
-            let owner = def.container.map(|r| item_name(p, r)).unwrap_or_default();
-            extra.push(format!("field of `{owner}`"));
-            if let Some(f) = decl {
-                let mut ev = Eval::new(p);
-                if let Some(Type::Quantity(d)) = ev.resolve_type(def.module, &f.ty).as_ref().map(|t| t.strip_optional())
-                {
-                    extra.push(format!("unit: {} (e.g. `1.{}`)", d.name(), miles_compiler::types::suggested_unit(*d)));
-                }
-            }
-            if let Some((file, offset)) = at {
-                if let Some((recipe, stage, field)) = recipe_field_at(a, file, offset) {
-                    if let Some(v) = param_value(a, &recipe, &stage, &field) {
-                        extra.push(v);
-                    }
-                }
-            }
-        }
-        DefKind::Port => {
-            if let Some(ItemKind::Stage(s)) = def.container.map(|r| &p.item(r).kind) {
-                if let Some(port) = s.ports.iter().find(|x| x.name.span == def.span) {
-                    sig = format!("{}: {}", port.name.name, type_text(p, &port.ty));
-                }
-                extra.push(format!("input of stage kind `{}`", s.name.name));
-            }
-        }
-        DefKind::StageInstance => {
-            let recipe = def.container.map(|r| item_name(p, r)).unwrap_or_default();
-            sig = format!("{} = {}", def.name, instance_kind_text(p, def).unwrap_or_default());
-            if let Some(node) = recipes_with(a, &recipe).find_map(|r| r.graph.node(&def.name)) {
-                sig = format!("{}: {} -> {}", def.name, node.kind, node.output.map(|o| o.name()).unwrap_or("()"));
-                extra.push(format!("declared in `{}`", node.kind_path));
-                let mut lines = Vec::new();
-                for (k, prm) in &node.params {
-                    lines.push(format!("{k} = {}{}", prm.value, if prm.defaulted { "   (default)" } else { "" }));
-                }
-                if !lines.is_empty() {
-                    extra.push(format!("```miles\n{}\n```", lines.join("\n")));
-                }
-            }
-        }
-        DefKind::Setting => {
-            let recipe = def.container.map(|r| item_name(p, r)).unwrap_or_default();
-            sig = format!("{} (recipe setting)", def.name);
-            if let Some(s) = settings_schema(p) {
-                if let Some(f) = decl_fields(p, s).iter().find(|f| f.name.name == def.name) {
-                    sig = field_signature(p, f);
-                    if let Some(d) = &f.doc {
-                        extra.push(d.text.clone());
-                    }
-                }
-            }
-            if let Some(r) = recipes_with(a, &recipe).next() {
-                if let Some(v) = r.settings.as_record().and_then(|rec| rec.get(&def.name)) {
-                    extra.push(format!("value: `{v}`"));
-                }
-            }
-        }
-        DefKind::Module => sig = format!("module {}", def.name),
-    }
+        DefKind::Field => describe_field(a, def, at),
+        DefKind::Port => describe_port(p, def),
+        DefKind::StageInstance => describe_stage_instance(a, def),
+        DefKind::Setting => describe_setting(a, def),
+        DefKind::Module => (format!("module {}", def.name), Vec::new()),
+    };
     let mut md = format!("```miles\n{sig}\n```");
     let mut body = Vec::new();
     if let Some(d) = &def.doc {
@@ -265,6 +151,161 @@ fn describe_def(a: &Analysis, def: &Def, at: Option<(FileId, usize)>) -> String 
     md.push_str("\n---\n");
     md.push_str(&body.join("\n\n"));
     md
+}
+
+/// A signature and the lines that follow the docs: what `describe_def` shows for one kind.
+type Described = (String, Vec<String>);
+
+/// A constant, model or cluster: its declared type and its value, a record's every field.
+fn describe_valued_item(a: &Analysis, def: &Def) -> Described {
+    let p = a.program();
+    let mut extra = Vec::new();
+    let item = def.item.map(|r| p.item(r));
+    let kw = match def.kind {
+        DefKind::Const => "const",
+        DefKind::Model => "model",
+        _ => "cluster",
+    };
+    let mut sig = format!("{kw} {}", def.name);
+    if let Some(Item { kind: ItemKind::Const(c), .. }) = item {
+        if let Some(t) = &c.ty {
+            sig.push_str(&format!(": {}", type_text(p, t)));
+        }
+    }
+    if let Some(r) = def.item {
+        // The compilation's value first: it read the files an `hf` model names.
+        let v = a.compilation.item_values.get(&r).cloned().or_else(|| Eval::new(p).item_value(r));
+        if let Some(v) = v {
+            extra.push(format!("{} = `{}`", value_type_name(&v), v));
+            // A record's every field, defaults and derived ones included (an `hf`
+            // model's sizes come from its config.json); a map shows its size only.
+            if let Value::Record(rec) = &v {
+                let lines: Vec<String> = rec
+                    .fields
+                    .iter()
+                    .map(|(k, fv)| {
+                        let shown = match &fv.value {
+                            Value::Map(m) => format!("{{ {} keys }}", m.len()),
+                            x => x.to_string(),
+                        };
+                        format!("{k} = {shown}{}", if fv.defaulted { "   (default)" } else { "" })
+                    })
+                    .collect();
+                if lines.len() > 1 {
+                    extra.push(format!("```miles\n{}\n```", lines.join("\n")));
+                }
+            }
+        }
+    }
+    (sig, extra)
+}
+
+/// An interface: the schemas that implement it.
+fn describe_interface(p: &Program, def: &Def) -> Described {
+    let mut extra = Vec::new();
+    if let Some(r) = def.item {
+        let impls = implementors(p, r);
+        if !impls.is_empty() {
+            extra.push(format!("schemas: {}", impls.iter().map(|n| format!("`{n}`")).collect::<Vec<_>>().join(", ")));
+        }
+    }
+    (format!("interface {}", def.name), extra)
+}
+
+/// `schema name is Interface { fields }`; empty when the definition is no schema.
+fn schema_signature(p: &Program, def: &Def) -> String {
+    let mut sig = String::new();
+    if let Some(ItemKind::Schema(s)) = def.item.map(|r| &p.item(r).kind) {
+        sig = format!("schema {}", def.name);
+        if let Some(i) = &s.interface {
+            sig.push_str(&format!(" is {}", i.name));
+        }
+        sig.push_str(&fields_block(p, &s.fields));
+    }
+    sig
+}
+
+/// A field of a schema or stage kind: its declaration, owner and unit, and, on a field set in
+/// a recipe (`at`), its value there.
+fn describe_field(a: &Analysis, def: &Def, at: Option<(FileId, usize)>) -> Described {
+    let p = a.program();
+    let mut sig = String::new();
+    let mut extra = Vec::new();
+    let decl = def.container.and_then(|r| decl_fields(p, r).iter().find(|f| f.name.span == def.span));
+    if let Some(f) = decl {
+        sig = field_signature(p, f);
+    }
+    let owner = def.container.map(|r| item_name(p, r)).unwrap_or_default();
+    extra.push(format!("field of `{owner}`"));
+    if let Some(f) = decl {
+        let mut ev = Eval::new(p);
+        if let Some(Type::Quantity(d)) = ev.resolve_type(def.module, &f.ty).as_ref().map(|t| t.strip_optional()) {
+            extra.push(format!("unit: {} (e.g. `1.{}`)", d.name(), miles_compiler::types::suggested_unit(*d)));
+        }
+    }
+    if let Some((file, offset)) = at {
+        if let Some((recipe, stage, field)) = recipe_field_at(a, file, offset) {
+            if let Some(v) = param_value(a, &recipe, &stage, &field) {
+                extra.push(v);
+            }
+        }
+    }
+    (sig, extra)
+}
+
+/// An input port of a stage kind: its type and its stage kind.
+fn describe_port(p: &Program, def: &Def) -> Described {
+    let mut sig = String::new();
+    let mut extra = Vec::new();
+    if let Some(ItemKind::Stage(s)) = def.container.map(|r| &p.item(r).kind) {
+        if let Some(port) = s.ports.iter().find(|x| x.name.span == def.span) {
+            sig = format!("{}: {}", port.name.name, type_text(p, &port.ty));
+        }
+        extra.push(format!("input of stage kind `{}`", s.name.name));
+    }
+    (sig, extra)
+}
+
+/// A stage instance of a recipe: its kind and output and, once compiled, every parameter.
+fn describe_stage_instance(a: &Analysis, def: &Def) -> Described {
+    let p = a.program();
+    let mut extra = Vec::new();
+    let recipe = def.container.map(|r| item_name(p, r)).unwrap_or_default();
+    let mut sig = format!("{} = {}", def.name, instance_kind_text(p, def).unwrap_or_default());
+    if let Some(node) = recipes_with(a, &recipe).find_map(|r| r.graph.node(&def.name)) {
+        sig = format!("{}: {} -> {}", def.name, node.kind, node.output.map(|o| o.name()).unwrap_or("()"));
+        extra.push(format!("declared in `{}`", node.kind_path));
+        let mut lines = Vec::new();
+        for (k, prm) in &node.params {
+            lines.push(format!("{k} = {}{}", prm.value, if prm.defaulted { "   (default)" } else { "" }));
+        }
+        if !lines.is_empty() {
+            extra.push(format!("```miles\n{}\n```", lines.join("\n")));
+        }
+    }
+    (sig, extra)
+}
+
+/// A recipe setting: its declaration in the settings schema, its docs, and its value.
+fn describe_setting(a: &Analysis, def: &Def) -> Described {
+    let p = a.program();
+    let mut extra = Vec::new();
+    let recipe = def.container.map(|r| item_name(p, r)).unwrap_or_default();
+    let mut sig = format!("{} (recipe setting)", def.name);
+    if let Some(s) = settings_schema(p) {
+        if let Some(f) = decl_fields(p, s).iter().find(|f| f.name.name == def.name) {
+            sig = field_signature(p, f);
+            if let Some(d) = &f.doc {
+                extra.push(d.text.clone());
+            }
+        }
+    }
+    if let Some(r) = recipes_with(a, &recipe).next() {
+        if let Some(v) = r.settings.as_record().and_then(|rec| rec.get(&def.name)) {
+            extra.push(format!("value: `{v}`"));
+        }
+    }
+    (sig, extra)
 }
 
 fn recipes_with<'a>(a: &'a Analysis, name: &str) -> std::vec::IntoIter<&'a miles_compiler::CompiledRecipe> {
