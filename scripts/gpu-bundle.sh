@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds what bench/gpu/run.sh runs on the GPU machine into .gpu/ (git-ignored), to be carried
-# there: the release `miles` and `miles-engine`, the throughput and IPC benchmarks and the GPU test binary,
+# there: the release `miles` and `miles-engine`, the throughput and IPC benchmarks and the e2e test binary,
 # stripped. They link libtorch 2.11.0 (scripts/setup-libtorch.sh), the version of the GPU
 # machine's torch, and find it there through LD_LIBRARY_PATH (bench/gpu/run.sh sets it from that
 # machine's Python); libtorch's CUDA half is loaded at run time (engine/tch/src/device.rs).
@@ -24,13 +24,14 @@ for l in sys.stdin:
 }
 cuda_tests=$(unit miles-cuda)
 workers_tests=$(unit miles-workers)
-# The GPU tests; their path to `miles` is compiled in (CARGO_BIN_EXE_miles), so run.sh recreates
-# this build's target directory on the GPU machine when the checkout lies elsewhere there.
-tests=$(cargo test --release --no-run --test gpu --message-format=json 2>/dev/null \
+# The GPU tests (the `gpu` module of the end-to-end test binary, tests/e2e/; run.sh runs `gpu::`);
+# their path to `miles` is compiled in (CARGO_BIN_EXE_miles), so run.sh recreates this build's
+# target directory on the GPU machine when the checkout lies elsewhere there.
+tests=$(cargo test --release --no-run --test e2e --message-format=json 2>/dev/null \
     | python3 -c 'import json,sys
 for l in sys.stdin:
     m = json.loads(l)
-    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "gpu":
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "e2e":
         print(m["executable"])' | tail -1)
 bench=$(ls -t "$CARGO_TARGET_DIR"/release/deps/throughput-* | grep -v '\.d$' | head -1)
 ipc=$(ls -t "$CARGO_TARGET_DIR"/release/deps/ipc-* | grep -v '\.d$' | head -1)

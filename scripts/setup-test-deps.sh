@@ -19,16 +19,16 @@ else
     apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
 fi
 
-# A single-node Slurm cluster on 127.0.0.1 with fake GPUs, for tests/slurm.rs (idempotent;
+# A single-node Slurm cluster on 127.0.0.1 with fake GPUs, for tests/e2e/slurm.rs (idempotent;
 # the tests skip with a printed reason when it is absent).
 if [[ $(id -u) -eq 0 ]]; then
-    bash "$(dirname "${BASH_SOURCE[0]}")/start-test-slurm.sh" || echo "setup-test-deps: no test Slurm; tests/slurm.rs will skip" >&2
+    bash "$(dirname "${BASH_SOURCE[0]}")/start-test-slurm.sh" || echo "setup-test-deps: no test Slurm; tests/e2e/slurm.rs will skip" >&2
 fi
 
 # A single-node Ray head on 127.0.0.1 (ray[default] in its own virtual environment), for
-# tests/ray.rs (idempotent; the test skips with a printed reason when it is absent).
+# tests/e2e/ray.rs (idempotent; the test skips with a printed reason when it is absent).
 if command -v python3 >/dev/null 2>&1; then
-    bash "$(dirname "${BASH_SOURCE[0]}")/start-test-ray.sh" || echo "setup-test-deps: no test Ray; tests/ray.rs will skip" >&2
+    bash "$(dirname "${BASH_SOURCE[0]}")/start-test-ray.sh" || echo "setup-test-deps: no test Ray; tests/e2e/ray.rs will skip" >&2
 fi
 
 # openenv-core in its own virtual environment, for engine/runtime/tests/openenv.rs (a real OpenEnv

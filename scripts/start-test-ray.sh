@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A single-node Ray head on 127.0.0.1 (Jobs API on :8265) for tests/ray.rs, with four fake GPUs.
+# A single-node Ray head on 127.0.0.1 (Jobs API on :8265) for tests/e2e/ray.rs, with four fake GPUs.
 # Idempotent: installs ray[default] in its own virtual environment if missing, starts the head if
 # the Jobs API does not answer, and waits (bounded) until it does.
 #   bash scripts/start-test-ray.sh          # start (or check) it

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A single-node Slurm on 127.0.0.1 for the distributed tests (tests/slurm.rs), with four fake GPUs
+# A single-node Slurm on 127.0.0.1 for the distributed tests (tests/e2e/slurm.rs), with four fake GPUs
 # (character devices listed in gres.conf: srun/sbatch --gres=gpu:N set CUDA_VISIBLE_DEVICES).
 # Idempotent: installs slurm-wlm and munge if missing, (re)writes the config, starts munged,
 # slurmctld and slurmd if they are not running, and waits until the node is idle.

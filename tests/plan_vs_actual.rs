@@ -2,6 +2,10 @@
 //! OUT/plan.json before the engine starts, the engine records its peak RSS, and `miles report`
 //! sets the two side by side. Memory and the median step are held to ratios, the step's loosely
 //! (the machine is noisy and may be loaded); bench/RESULTS.md has the measured ratios.
+//!
+//! A test binary of its own, not a module of tests/e2e/, so that no other test runs beside it
+//! (cargo runs test binaries one after another): the step is timed, and beside two end-to-end
+//! runs on a small machine it measured x5.3 against the bound of x4.5.
 
 mod common;
 

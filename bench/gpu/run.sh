@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One call on the GPU machine (under ~8 minutes): the GPU tests, the laptop GRPO recipe on CUDA
-# against the CPU (tests/gpu.rs), a ~0.5B decoder's generation and training throughput with MFU
+# against the CPU (tests/e2e/gpu.rs), a ~0.5B decoder's generation and training throughput with MFU
 # against the same run's bf16 matmul peak (bench/tch/throughput.rs --device cuda), and a 1 GB CUDA
 # IPC hand-off between two processes against a device-to-device copy (bench/gpu/ipc.rs). Writes its
 # figures to the folder it is given (at most 8 files: what the device tool brings back).
@@ -48,9 +48,9 @@ fi
 } >"$out/env.txt" 2>&1
 cat "$out/env.txt" >>"$log"
 
-say "== GPU tests (tests/gpu.rs), the laptop recipe on CPU and CUDA"
+say "== GPU tests (tests/e2e/gpu.rs), the laptop recipe on CPU and CUDA"
 start=$(date +%s)
-MILES_GPU_OUT="$out" timeout 300 .gpu/gpu-tests --test-threads 1 --nocapture >"$out/tests.log" 2>&1
+MILES_GPU_OUT="$out" timeout 300 .gpu/gpu-tests gpu:: --test-threads 1 --nocapture >"$out/tests.log" 2>&1
 say "tests: exit $? in $(( $(date +%s) - start )) s (log: tests.log)"
 grep -E "^test |held-out accuracy|skipped" "$out/tests.log" | tee -a "$log"
 

@@ -183,7 +183,7 @@ mod tests {
         crate::parse(FileId(0), src).1.iter().map(|d| d.code).collect()
     }
 
-    // 20 times MAX_EXPR_DEPTH; tests/cli.rs checks and formats a 200,000-term sum end to end.
+    // 20 times MAX_EXPR_DEPTH; tests/language/cli.rs checks and formats a 200,000-term sum end to end.
     #[test]
     fn a_long_operator_chain_is_not_deep() {
         let sum = format!("const x = 1{}\n", " + 1".repeat(20_000));

@@ -124,7 +124,7 @@ fn a_bad_teacher_is_refused_with_its_name() {
     assert!(e.contains("sample 0 reached the trainer without the teacher stage `teacher`'s log-probs"), "{e}");
     assert_eq!(Trainer::export_full_weights(&tr).unwrap().tensors, before.tensors);
     // A teacher with NaN weights answers NaN, which the runtime's teacher stage refuses, naming
-    // the sample (engine/runtime/src/exec/teacher.rs; tests/opd.rs runs it end to end).
+    // the sample (engine/runtime/src/exec/teacher.rs; tests/e2e/opd.rs runs it end to end).
     let nan = Policy::init(&cfg, 2);
     let _g = tch::no_grad_guard();
     for (n, t) in nan.params() {

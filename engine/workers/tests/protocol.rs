@@ -108,7 +108,7 @@ fn start_worker(id: &str, role: Role, ctrl: Option<String>, token: &str, delay: 
     let factory: miles_workers::worker::Factory = Arc::new(move |role, _: &RunSpec, _| match role {
         Role::Rollout => Ok(Hosted::Rollout(Box::new(Echo { version: 0, delay }))),
         Role::Trainer => Ok(Hosted::Trainer(Box::new(Stamp { version: 0 }))),
-        // The teacher worker runs the real teacher end to end (tests/opd.rs).
+        // The teacher worker runs the real teacher end to end (tests/e2e/opd.rs).
         Role::Teacher => Err(RunError::new(miles_runtime::E_BACKEND, "no teacher in the protocol tests")),
     });
     let (tx, rx) = std::sync::mpsc::channel();

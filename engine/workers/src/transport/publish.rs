@@ -336,7 +336,7 @@ mod tests {
 
     /// Over shared memory an unreachable engine fails the publish before the live one reads a
     /// header of that version, so the same version published again to the engines left loads
-    /// (the controller drops a dead engine and publishes again: tests/distributed.rs).
+    /// (the controller drops a dead engine and publishes again: tests/e2e/distributed.rs).
     #[test]
     fn an_unreachable_engine_leaves_the_version_publishable_to_the_others_over_shm() {
         let live = Receiver::start("127.0.0.1:0", "t").unwrap();

@@ -3,7 +3,7 @@
 //! refusal or the CPU fallback and says what it skipped; on a GPU machine (bench/gpu/run.sh) the
 //! same tests run the recipe on the GPU.
 
-mod common;
+use crate::common;
 
 use common::metrics;
 use common::process::{output, run_miles, run_recipe, temp_dir, text};

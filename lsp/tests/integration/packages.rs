@@ -3,14 +3,12 @@
 //! cache; a git dependency that is not fetched is one diagnostic asking for `miles fetch`, and the
 //! editor never writes `miles.lock`.
 
-mod support;
-
+use crate::support::{self, *};
 use insta::assert_snapshot;
 use miles_package::cache::Cache;
 use miles_package::project::{self, Mode};
 use serde_json::{json, Value};
 use std::path::Path;
-use support::*;
 
 const PLATFORM: &str = r#"//- platform/miles.toml
 [package]

@@ -3,7 +3,7 @@
 //! and resumes exactly after kill -9; in worker processes it trains bit-identically to in-process
 //! over every transport.
 
-mod common;
+use crate::common;
 
 use common::process::{miles, output, temp_dir, text, Proc};
 use common::tiny::{tiny_recipe, EVAL};

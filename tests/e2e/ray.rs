@@ -3,7 +3,7 @@
 //! runs fully_async with every prompt accounted for. Needs the single-node head of
 //! scripts/start-test-ray.sh; skipped (with the reason printed) when it is absent.
 
-mod common;
+use crate::common;
 
 use common::process::{run_recipe, temp_dir};
 use common::tiny::{tiny_recipe, EVAL};

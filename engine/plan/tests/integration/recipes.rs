@@ -1015,7 +1015,7 @@ fn expected_lengths_must_lie_within_their_bounds() {
 /// backward), and the step's matmuls are priced at the bf16 rate.
 #[test]
 fn a_bf16_embedded_trainer_keeps_fp32_state_and_prices_bf16_gemms() {
-    let fp32_src = include_str!("../../../recipes/compare-trl-10m.miles");
+    let fp32_src = include_str!("../../../../recipes/compare-trl-10m.miles");
     let bf16_src = fp32_src.replace(
         "optimizer = adam { beta2 = 0.999, weight_decay = 0.0 }",
         "optimizer = adam { beta2 = 0.999, weight_decay = 0.0 }\n        backend = embedded_trainer { precision = bf16 }",

@@ -1,12 +1,13 @@
 //! The documentation is tested like code.
 //!
 //! - docs/errors.md is generated from the error-code registry (`miles_grammar::codes::CODES`):
-//!   `UPDATE_DOCS=1 cargo test --test docs` rewrites it; otherwise the test fails when they differ.
+//!   `UPDATE_DOCS=1 cargo test --test language docs::` rewrites it; otherwise the test fails when
+//!   they differ.
 //! - Every ```miles block of docs/language.md must check without a diagnostic; every
 //!   ```miles,fails block must report exactly the codes of its `// error: E....` comments, each on
 //!   the line of its comment.
 
-mod common;
+use crate::common;
 
 use miles_grammar::codes::CODES;
 use std::path::Path;
@@ -20,7 +21,7 @@ fn errors_md() -> String {
         "# Error codes\n\n\
          Every diagnostic miles reports has one of these codes. `miles explain CODE` prints the same \
          text.\n\n\
-         <!-- Generated from grammar/src/codes.rs by `UPDATE_DOCS=1 cargo test --test docs`; \
+         <!-- Generated from grammar/src/codes.rs by `UPDATE_DOCS=1 cargo test --test language docs::`; \
          do not edit by hand. -->\n",
     );
     let groups = [
@@ -61,7 +62,7 @@ fn errors_md_is_generated_from_the_registry() {
         return;
     }
     let have = std::fs::read_to_string(&path).unwrap_or_default();
-    assert!(have == want, "docs/errors.md is out of date: run `UPDATE_DOCS=1 cargo test --test docs`");
+    assert!(have == want, "docs/errors.md is out of date: run `UPDATE_DOCS=1 cargo test --test language docs::`");
 }
 
 #[test]

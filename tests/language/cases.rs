@@ -6,13 +6,14 @@
 //! Directives in the entry file: `// set: key=value` (a `--set` override, repeatable) and
 //! `// recipe: NAME` (compile only that recipe).
 //!
-//! New or changed snapshots: `INSTA_UPDATE=always cargo test --test cases`, then review every
-//! changed `.snap` with `git diff` before committing. CI (`CI=true`) never writes snapshots.
+//! New or changed snapshots: `INSTA_UPDATE=always cargo test --test language cases::`, then
+//! review every changed `.snap` with `git diff` before committing. CI (`CI=true`) never writes
+//! snapshots.
 //!
 //! Besides the snapshots, this file asserts coverage: every code of E0001-E0399 in the registry
 //! appears in some case, and every `check` of std/stages and std/prelude fails in some case.
 
-mod common;
+use crate::common;
 
 use common::{compile_files, invariant_violations, render};
 use miles_compiler::eval::Eval;
@@ -76,7 +77,7 @@ fn load_cases() -> Vec<Case> {
 fn synthetic_cases() -> Vec<Case> {
     let one = |name: &str, text: Vec<u8>| Case {
         name: name.into(),
-        source: PathBuf::from(format!("tests/cases.rs ({name})")),
+        source: PathBuf::from(format!("tests/language/cases.rs ({name})")),
         files: vec![("main.miles".into(), text)],
         entry: "main.miles".into(),
     };
@@ -231,8 +232,8 @@ fn cases() {
 }
 
 /// Codes that need a package build (a manifest, a lock, git): a single-file case cannot raise
-/// them. engine/package/tests and tests/packages.rs make E0110-E0119 fire (E0119, a library
-/// test that fails: `a_failing_library_test_is_e0119`).
+/// them. engine/package/tests and tests/language/packages.rs make E0110-E0119 fire (E0119, a
+/// library test that fails: `a_failing_library_test_is_e0119`).
 const PACKAGE_CODES: &[&str] =
     &["E0110", "E0111", "E0112", "E0113", "E0114", "E0115", "E0116", "E0117", "E0118", "E0119"];
 

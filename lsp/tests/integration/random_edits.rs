@@ -4,12 +4,10 @@
 //! of the text must equal the client's. Seeded and bounded in time, so it runs in the normal
 //! suite in seconds.
 
-mod support;
-
+use crate::support::Client;
 use miles_lsp::convert::LineIndex;
 use serde_json::json;
 use std::time::{Duration, Instant};
-use support::Client;
 
 /// xorshift64*: deterministic, no dependency.
 struct Rng(u64);
@@ -69,7 +67,7 @@ const FRAGMENTS: &[&str] = &[
     "\r\n",
 ];
 
-const SEED_TEXT: &str = include_str!("../../recipes/grpo-arith.miles");
+const SEED_TEXT: &str = include_str!("../../../recipes/grpo-arith.miles");
 
 fn char_floor(s: &str, mut i: usize) -> usize {
     while i > 0 && !s.is_char_boundary(i) {

@@ -3,7 +3,7 @@
 //! metrics, and refuses a teacher with another vocabulary, one that is not trained weights and a
 //! teacher stage no trainer reads.
 
-mod common;
+use crate::common;
 
 use common::process::{miles, output, temp_dir, text, Proc};
 use common::tiny::{tiny_recipe, EVAL};

@@ -2,7 +2,7 @@
 //! and the faults of docs/distributed.md are reported with the worker's name and handled as the
 //! recipe says. Each test runs a tiny model for a few seconds.
 
-mod common;
+use crate::common;
 
 use common::metrics::{prompt_ledger as ledger, trained_steps};
 use common::process::{output, temp_dir, Proc};

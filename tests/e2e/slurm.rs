@@ -2,7 +2,7 @@
 //! `srun` step per worker; the run learns exactly as in-process. Needs the single-node test
 //! cluster of scripts/start-test-slurm.sh; skipped (with the reason printed) when it is absent.
 
-mod common;
+use crate::common;
 
 use common::process::{run_recipe, temp_dir};
 use common::tiny::{tiny_recipe, EVAL};

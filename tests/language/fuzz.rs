@@ -3,10 +3,10 @@
 //! inside their file on character boundaries).
 //!
 //! A bounded run is part of the normal suite; for a longer one:
-//! `PROPTEST_CASES=20000 cargo test --release --test fuzz`. The cargo-fuzz target under fuzz/
-//! runs the same pipeline with coverage guidance (see fuzz/README.md).
+//! `PROPTEST_CASES=20000 cargo test --release --test language fuzz::`. The cargo-fuzz target
+//! under fuzz/ runs the same pipeline with coverage guidance (see fuzz/README.md).
 
-mod common;
+use crate::common;
 
 use common::{compile_files, invariant_violations};
 use miles_compiler::Options;

@@ -3,7 +3,7 @@
 //! fixture, chat prompts from JSONL, a Python `command_reward`) and a Parquet + `verify` variant on
 //! the qwen2 fixture; what the directory lacks is a `miles check` error at the user's line.
 
-mod common;
+use crate::common;
 
 use common::process::{run_miles as miles, temp_dir, text};
 use serde_json::Value;

@@ -1,7 +1,7 @@
 //! `miles serve MODEL_DIR`: the SGLang-compatible HTTP API over the embedded engine, driven with
 //! the same client a rollout stage uses for `engine = sglang { url = ... }`.
 
-mod common;
+use crate::common;
 
 use common::process::{output, temp_dir, Proc};
 use common::tiny::tiny_recipe;

@@ -2,7 +2,7 @@
 //! output formats. Bad input must never panic, hang or overflow the stack: it exits 1 with
 //! diagnostics.
 
-mod common;
+use crate::common;
 
 use common::process::output;
 use std::path::{Path, PathBuf};

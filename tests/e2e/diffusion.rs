@@ -3,7 +3,7 @@
 //! recipe rewards against the first run's classifier, and a classifier of another image size is a
 //! `miles check` error, as are text stages on a denoiser and `--resume`.
 
-mod common;
+use crate::common;
 
 use common::process::{miles, output, temp_dir, text, Proc};
 use serde_json::Value;

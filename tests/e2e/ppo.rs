@@ -1,7 +1,7 @@
 //! PPO through the built binary: a `ppo` recipe checks, plans its critic, trains with critic
 //! metrics, checkpoints the critic, and runs in worker processes number for number as in process.
 
-mod common;
+use crate::common;
 
 use common::process::{miles, output, temp_dir, text};
 use common::tiny::{tiny_recipe, EVAL};

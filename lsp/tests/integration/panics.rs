@@ -2,10 +2,8 @@
 //! notification (a log line), never the editor session. The server's `panic_once_on` injects the
 //! panic inside the guarded handler, so these tests run the real guard.
 
-mod support;
-
+use crate::support::*;
 use serde_json::json;
-use support::*;
 
 const FIXTURE: &str = r#"recipe tiny {
     rollout = generate(transformer { layers = 2, d_model = 64, heads = 4, vocab = 16 }) {

@@ -1,14 +1,12 @@
 //! The server over JSON-RPC, in process: multi-file fixtures with a `$0` cursor, answers
-//! rendered as short text and snapshotted (lsp/tests/snapshots/). What each feature answers is
-//! tested in the IDE layer (engine/ide, `$0` fixture tests at the end of each module); these
-//! tests cover what the server adds: publication, conversion to LSP positions and kinds, the
-//! search over every open document, files on disk, and the panic guard.
+//! rendered as short text and snapshotted (lsp/tests/integration/snapshots/). What each feature
+//! answers is tested in the IDE layer (engine/ide, `$0` fixture tests at the end of each module);
+//! these tests cover what the server adds: publication, conversion to LSP positions and kinds,
+//! the search over every open document, files on disk, and the panic guard.
 
-mod support;
-
+use crate::support::*;
 use insta::assert_snapshot;
 use serde_json::{json, Value};
-use support::*;
 
 /// A recipe that imports a library module and the stdlib task; `$0` goes where each test asks.
 fn recipe(body_marker: &str) -> String {

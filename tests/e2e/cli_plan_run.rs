@@ -1,7 +1,7 @@
 //! End to end through the built binary: `miles plan` (text, JSON, --out, --html,
 //! --detailed-exitcode, --set), `miles run` (a tiny recipe, --plan, refusals) and `miles report`.
 
-mod common;
+use crate::common;
 
 use common::process::{run_miles as miles, temp_dir, text};
 use std::path::Path;

@@ -2,7 +2,7 @@
 //! replayed by the fp32 trainer (no route mismatch), in process and across worker processes, and
 //! the R3 bytes the run measures are the planner's figure for the same recipe.
 
-mod common;
+use crate::common;
 
 use common::metrics::without_perf;
 use common::process::{miles, output, temp_dir, text};

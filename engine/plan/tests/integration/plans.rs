@@ -202,7 +202,7 @@ fn a_gpu_prices_the_step_and_bounds_the_memory() {
 
 /// E0411: a bf16 embedded trainer on a CPU found without AVX512-BF16 or AMX is a warning naming
 /// the stage; with the instructions, or not looked at, nothing is said (the engine's case:
-/// tests/recipes.rs, this fixture has no engine).
+/// tests/integration/recipes.rs, this fixture has no engine).
 #[test]
 fn bf16_on_a_cpu_without_bf16_instructions_warns() {
     use miles_plan::input::{DeviceInput, Precision};

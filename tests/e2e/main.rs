@@ -1,0 +1,24 @@
+//! The end-to-end tests, one test binary (`cargo test --test e2e`; link time dominates a test
+//! build, issue #34): the built `miles` and `miles-engine` plan, train, serve and report, in
+//! process, in worker processes, under Slurm and Ray (`slurm`, `ray`: skipped, saying why, when
+//! scripts/start-test-slurm.sh or scripts/start-test-ray.sh has not started one) and on a GPU
+//! (`gpu`: the refusal or the CPU fallback without one; bench/gpu/run.sh runs `gpu::` on a GPU
+//! machine). Each module was a test binary of its own; `cargo test --test e2e MODULE::` runs one.
+//! tests/plan_vs_actual.rs stays a binary of its own: it times a run's steps, so nothing may run
+//! beside it.
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod cli_plan_run;
+mod diffusion;
+mod distributed;
+mod gpu;
+mod hf_recipe;
+mod lora;
+mod moe;
+mod opd;
+mod ppo;
+mod ray;
+mod serve;
+mod slurm;
