@@ -1,6 +1,6 @@
 //! The language tools' integration tests, one test binary (`cargo test --test language`; link
 //! time dominates a test build, issue #34): the compiler on `tests/cases/`, the documentation,
-//! property tests, the shipped recipes' plans, and the `miles` binary's check, graph, explain,
+//! property tests, the shipped recipes' plans, the code's size limits, and the `miles` binary's check, graph, explain,
 //! fmt and package verbs. Nothing here trains; the whole binary runs in seconds to a minute.
 //! Each module was a test binary of its own. Snapshots are in `snapshots/`, named
 //! `language__MODULE__NAME.snap`, except `cases`', which are in `tests/cases/snapshots/`.
@@ -14,3 +14,4 @@ mod docs;
 mod fuzz;
 mod packages;
 mod plans;
+mod shape;
