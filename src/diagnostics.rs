@@ -42,7 +42,7 @@ pub fn render(sources: &Sources, d: &Diagnostic, color: bool) -> String {
         Severity::Warning => miette::Severity::Warning,
         Severity::Note => miette::Severity::Advice,
     };
-    let mut md = MietteDiagnostic::new(d.message.clone()).with_code(d.code).with_severity(severity);
+    let mut md = MietteDiagnostic::new(d.message.clone()).with_code(d.code.as_str()).with_severity(severity);
     let mut help = d.help.clone().unwrap_or_default();
     if let Some(rule) = &d.rule {
         let (line, _) = sources.line_col(rule.span);

@@ -9,6 +9,7 @@ use miles_compiler::graph::StageNode;
 use miles_compiler::job::read::{refusal_span, Fields};
 use miles_compiler::job::{self, Job, ModelJob, StageJob};
 use miles_compiler::{CompiledRecipe, Diagnostic, Span};
+use miles_grammar::diag::ErrorCode;
 use miles_runtime::routing::RouteId;
 use miles_runtime::spec::*;
 
@@ -62,7 +63,7 @@ impl<'r> Mapper<'r> {
 
     fn unsupported(&mut self, span: Span, what: String, help: &str) {
         self.diags.push(
-            Diagnostic::error("E0511", format!("the embedded backend cannot run {what}"))
+            Diagnostic::error(ErrorCode::E0511, format!("the embedded backend cannot run {what}"))
                 .with_primary(span, "not supported by `miles run` on this machine")
                 .with_help(help.to_string()),
         );
@@ -196,7 +197,7 @@ fn rollout_and_trainer<'r>(m: &mut Mapper<'r>) -> Result<(&'r StageJob, &'r Stag
     let (Some(rollout), Some(train)) = (rollouts.first().copied(), trainers.first().copied()) else {
         let recipe = m.recipe;
         let d = Diagnostic::error(
-            "E0511",
+            ErrorCode::E0511,
             "the embedded backend runs a recipe with a `generate` rollout and a `grpo` trainer",
         )
         .with_primary(

@@ -180,7 +180,7 @@ mod tests {
     use crate::diag::FileId;
 
     fn codes(src: &str) -> Vec<&'static str> {
-        crate::parse(FileId(0), src).1.iter().map(|d| d.code).collect()
+        crate::parse(FileId(0), src).1.iter().map(|d| d.code.as_str()).collect()
     }
 
     // 20 times MAX_EXPR_DEPTH; tests/language/cli.rs checks and formats a 200,000-term sum end to end.

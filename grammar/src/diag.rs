@@ -3,6 +3,7 @@
 
 use serde::Serialize;
 
+pub use crate::codes::ErrorCode;
 pub use crate::spanned::Spanned;
 
 /// Index of a source file in the compiler's source map (`miles_compiler::Sources`).
@@ -66,7 +67,7 @@ pub struct Rule {
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Diagnostic {
     /// Stable code, `E0001`...; registered in `codes::CODES`.
-    pub code: &'static str,
+    pub code: ErrorCode,
     pub severity: Severity,
     pub message: String,
     /// The primary label; `None` only for diagnostics about no particular source (a missing file
@@ -79,7 +80,7 @@ pub struct Diagnostic {
 }
 
 impl Diagnostic {
-    pub fn error(code: &'static str, message: impl Into<String>) -> Diagnostic {
+    pub fn error(code: ErrorCode, message: impl Into<String>) -> Diagnostic {
         Diagnostic {
             code,
             severity: Severity::Error,
@@ -91,7 +92,7 @@ impl Diagnostic {
             fixes: Vec::new(),
         }
     }
-    pub fn warning(code: &'static str, message: impl Into<String>) -> Diagnostic {
+    pub fn warning(code: ErrorCode, message: impl Into<String>) -> Diagnostic {
         Diagnostic { severity: Severity::Warning, ..Diagnostic::error(code, message) }
     }
     pub fn with_primary(mut self, span: Span, message: impl Into<String>) -> Diagnostic {

@@ -2,6 +2,7 @@
 //! panics; what it cannot read becomes a diagnostic and is left out of the tree.
 
 use crate::ast::*;
+use crate::codes::ErrorCode;
 use crate::depth::{too_deep_brackets, MAX_DEPTH};
 use crate::diag::{Diagnostic, FileId, Span};
 use crate::lex::{next_char_boundary, trim_trivia};
@@ -35,16 +36,19 @@ pub fn parse(file: FileId, src: &str) -> (SourceFile, Vec<Diagnostic>) {
 fn refuse(file: FileId, src: &str) -> Option<Vec<Diagnostic>> {
     if src.len() > MAX_FILE_BYTES {
         return Some(vec![Diagnostic::error(
-            "E0006",
+            ErrorCode::E0006,
             format!("file is {} bytes; the limit is {} bytes", src.len(), MAX_FILE_BYTES),
         )
         .with_primary(Span::new(file, 0, 0), "file too large")
         .with_help("split it into modules and `import` them")]);
     }
     if let Some(at) = too_deep_brackets(src) {
-        return Some(vec![Diagnostic::error("E0003", format!("brackets nest more than {MAX_DEPTH} levels deep"))
-            .with_primary(Span::new(file, at, at + 1), "this bracket is too deep")
-            .with_help("flatten the expression; no recipe needs this much nesting")]);
+        return Some(vec![Diagnostic::error(
+            ErrorCode::E0003,
+            format!("brackets nest more than {MAX_DEPTH} levels deep"),
+        )
+        .with_primary(Span::new(file, at, at + 1), "this bracket is too deep")
+        .with_help("flatten the expression; no recipe needs this much nesting")]);
     }
     None
 }
@@ -94,11 +98,11 @@ fn parse_items(b: &mut Builder<'_>) -> (Vec<Item>, bool) {
             let d = if message.contains("stack limit") {
                 // Where the stack ran out depends on frame sizes: point at the line instead.
                 let line = b.src[..at.min(b.src.len())].rfind('\n').map(|i| i + 1).unwrap_or(0);
-                Diagnostic::error("E0003", "this file nests too deeply to parse")
+                Diagnostic::error(ErrorCode::E0003, "this file nests too deeply to parse")
                     .with_primary(Span::new(b.file, line, line), "the parser ran out of stack on this line")
                     .with_help("flatten the nesting (`if` inside `if`, ...) into named constants")
             } else {
-                Diagnostic::error("E0001", format!("could not parse this file: {message}"))
+                Diagnostic::error(ErrorCode::E0001, format!("could not parse this file: {message}"))
                     .with_primary(Span::new(b.file, at, at), "here")
             };
             b.diags.push(d);
@@ -112,7 +116,8 @@ pub fn parse_expr(file: FileId, src: &str) -> (Option<Expr>, Vec<Diagnostic>) {
     let mut b = Builder { file, src, diags: Vec::new(), sig_end: usize::MAX, hit_end: false, depth: 0 };
     if too_deep_brackets(src).is_some() || src.len() > MAX_FILE_BYTES {
         b.diags.push(
-            Diagnostic::error("E0003", "expression too deep or too long").with_primary(Span::new(file, 0, 0), "here"),
+            Diagnostic::error(ErrorCode::E0003, "expression too deep or too long")
+                .with_primary(Span::new(file, 0, 0), "here"),
         );
         return (None, b.diags);
     }
@@ -129,7 +134,8 @@ pub fn parse_expr(file: FileId, src: &str) -> (Option<Expr>, Vec<Diagnostic>) {
             let at = error_at(&e);
             let end = next_char_boundary(src, at);
             b.diags.push(
-                Diagnostic::error("E0001", "expected an expression").with_primary(Span::new(file, at, end), "here"),
+                Diagnostic::error(ErrorCode::E0001, "expected an expression")
+                    .with_primary(Span::new(file, at, end), "here"),
             );
             (None, b.diags)
         }

@@ -405,7 +405,7 @@ fn invalidate(st: &mut State, uri: &Url, key: &str) {
     st.analyses.retain(|u, a| {
         u != uri
             && a.program().module_by_key(key).is_none()
-            && !a.compilation.diagnostics.iter().any(|d| d.code == "E0101")
+            && !a.compilation.diagnostics.iter().any(|d| d.code == miles_grammar::diag::ErrorCode::E0101)
     });
 }
 

@@ -6,6 +6,7 @@
 use super::Mapper;
 use miles_compiler::job::{DiffusionJob, Family, StageJob};
 use miles_compiler::{CompiledRecipe, Diagnostic};
+use miles_grammar::diag::ErrorCode;
 use miles_runtime::diffusion::*;
 use std::path::PathBuf;
 
@@ -45,7 +46,7 @@ pub fn diffusion_spec(recipe: &CompiledRecipe) -> Result<DiffusionRunSpec, Vec<D
     one(&mut m, "image_eval");
     let (Some(rollout), Some(_), Some(_)) = (rollout, reward, train) else {
         let d = Diagnostic::error(
-            "E0511",
+            ErrorCode::E0511,
             "the embedded backend runs a diffusion recipe with a `denoise` rollout, an `image_reward` and a `diffusion_grpo` trainer",
         )
         .with_primary(rollout.map(|n| n.name_span).unwrap_or(recipe.span), "this recipe lacks one of them")
@@ -128,7 +129,8 @@ pub fn diffusion_spec(recipe: &CompiledRecipe) -> Result<DiffusionRunSpec, Vec<D
     // The runtime's own rules, a backstop: the stdlib's checks state each at its field first.
     if let Err(e) = spec.validate() {
         m.diags.push(
-            Diagnostic::error("E0511", e.message).with_primary(rollout.name_span, "the diffusion run refuses this"),
+            Diagnostic::error(ErrorCode::E0511, e.message)
+                .with_primary(rollout.name_span, "the diffusion run refuses this"),
         );
     }
     if m.diags.is_empty() {

@@ -6,6 +6,7 @@ use miles_compiler::graph::StageNode;
 use miles_compiler::job::read::{refusal_span, Fields};
 use miles_compiler::job::EpisodesJob;
 use miles_compiler::Diagnostic;
+use miles_grammar::diag::ErrorCode;
 use miles_runtime::reward::RewardSpec;
 
 /// None: the task's exact match.
@@ -28,7 +29,7 @@ pub(super) fn reward_spec(diags: &mut Vec<Diagnostic>, r: &StageNode) -> Option<
                     Ok(v) => Some(v),
                     Err(e) => {
                         diags.push(
-                            Diagnostic::error("E0511", format!("`schema_text` is not valid JSON: {e}"))
+                            Diagnostic::error(ErrorCode::E0511, format!("`schema_text` is not valid JSON: {e}"))
                                 .with_primary(refusal_span(r, "schema_text"), "a JSON schema, as text"),
                         );
                         None

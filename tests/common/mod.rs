@@ -26,7 +26,7 @@ pub fn compile_str(src: &str) -> Compilation {
 }
 
 pub fn codes_of(c: &Compilation) -> Vec<&'static str> {
-    c.diagnostics.iter().map(|d| d.code).collect()
+    c.diagnostics.iter().map(|d| d.code.as_str()).collect()
 }
 
 /// `file:line:col`, 1-based. In the standard library, which others edit, just the file: the
@@ -98,7 +98,7 @@ pub fn invariant_violations(sources: &Sources, diags: &[Diagnostic]) -> Vec<Stri
     };
     for d in diags {
         let what = format!("{} `{}`", d.code, d.message);
-        if codes::lookup(d.code).is_none() {
+        if codes::lookup(&d.code).is_none() {
             bad.push(format!("{what}: code not in the registry"));
         }
         if d.message.trim().is_empty() {

@@ -190,7 +190,7 @@ fn cases() {
             failures.push(format!("{}: {v}", case.name));
         }
         for d in &c.diagnostics {
-            codes_seen.insert(d.code);
+            codes_seen.insert(d.code.as_str());
             if let Some(r) = &d.rule {
                 rules_seen.insert((c.program.sources.get(r.span.file).unwrap().path.clone(), r.span.start));
             }

@@ -121,7 +121,7 @@ fn language_md_examples_check_as_documented() {
         let got: Vec<(usize, &str)> = c
             .diagnostics
             .iter()
-            .map(|d| (d.primary.as_ref().map(|p| c.program.sources.line_col(p.span).0).unwrap_or(0), d.code))
+            .map(|d| (d.primary.as_ref().map(|p| c.program.sources.line_col(p.span).0).unwrap_or(0), d.code.as_str()))
             .collect();
         let mut want: Vec<(usize, &str)> = Vec::new();
         for (i, l) in b.text.lines().enumerate() {

@@ -100,7 +100,7 @@ fn glm5_reference_does_not_fit_with_optimizer_on_gpu() {
 /// ranges are plan errors (E0403); without `gpus` an engine takes what the trainer leaves.
 #[test]
 fn explicit_and_automatic_gpu_placement() {
-    let codes = |p: &miles_plan::Plan| p.diagnostics.iter().map(|d| d.code).collect::<Vec<_>>();
+    let codes = |p: &miles_plan::Plan| p.diagnostics.iter().map(|d| d.code.as_str()).collect::<Vec<_>>();
     let p = plan("recipes/glm5-agentic.miles", &[("rollout.engine.first_gpu", "32"), ("train.backend.first_gpu", "0")]);
     assert!(codes(&p).is_empty(), "{}", miles_plan::render_text(&p));
     assert!(miles_plan::render_text(&p).contains("GPUs 32-63"));

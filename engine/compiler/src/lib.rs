@@ -21,6 +21,7 @@ pub use recipe::{CompiledRecipe, Override};
 
 use eval::Eval;
 use miles_grammar::ast::{self, ExprKind, Ident, ItemKind};
+use miles_grammar::diag::ErrorCode;
 use value::ItemRef;
 
 #[derive(Clone, Debug, Default)]
@@ -151,7 +152,7 @@ pub fn compile_with(
                     _ => None,
                 })
                 .collect();
-            let mut d = Diagnostic::error("E0308", format!("no recipe `{want}` in the given files"));
+            let mut d = Diagnostic::error(ErrorCode::E0308, format!("no recipe `{want}` in the given files"));
             d = match suggest::did_you_mean(want, names.iter().map(|s| s.as_str())) {
                 Some(s) => d.with_help(format!("did you mean `{s}`?")),
                 None => {
@@ -199,7 +200,7 @@ fn override_items(program: &mut Program, overrides: Vec<Override>, diags: &mut V
         if o.path.len() != 2 {
             diags.push(
                 Diagnostic::error(
-                    "E0209",
+                    ErrorCode::E0209,
                     format!("`{}` is a model or cluster: set one of its fields", o.path[0].name),
                 )
                 .with_primary(o.span, "expected `name.field`")
@@ -216,7 +217,7 @@ fn override_items(program: &mut Program, overrides: Vec<Override>, diags: &mut V
             let ExprKind::Record { fields, .. } = &mut b.value.kind else {
                 diags.push(
                     Diagnostic::error(
-                        "E0209",
+                        ErrorCode::E0209,
                         format!("`{}` is not written as a record: its fields cannot be set", b.name.name),
                     )
                     .with_primary(o.span, "this override")
@@ -261,7 +262,7 @@ fn parse_house_rules(program: &mut Program, diags: &mut Vec<Diagnostic>) -> Vec<
         let whole = Span::new(file, 0, rule.check.len());
         if !kinds.contains(&rule.stage) {
             let mut d = Diagnostic::error(
-                "E0112",
+                ErrorCode::E0112,
                 format!("invalid miles.toml: house rule {} names no stage kind `{}`", rule.origin, rule.stage),
             )
             .with_primary(whole, "this rule's check")
@@ -307,7 +308,7 @@ fn parse_overrides(program: &mut Program, raw: &[(String, String)], diags: &mut 
         });
         if !valid {
             diags.push(
-                Diagnostic::error("E0209", format!("`{key}` is not a field path"))
+                Diagnostic::error(ErrorCode::E0209, format!("`{key}` is not a field path"))
                     .with_primary(whole, "expected `stage.field` or `setting`")
                     .with_help("example: --set train.lr=1e-4"),
             );

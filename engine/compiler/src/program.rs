@@ -4,8 +4,9 @@
 use crate::fs::{join, parent_dir, FileSystem};
 use crate::suggest::did_you_mean;
 use crate::value::ItemRef;
-use miles_grammar::ast::{ItemKind, SourceFile};
-use miles_grammar::diag::{Diagnostic, FileId, Span};
+use miles_grammar::ast::{Ident, ItemKind, SourceFile};
+
+use miles_grammar::diag::{Diagnostic, ErrorCode, FileId, Span};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
@@ -305,7 +306,7 @@ impl Loader<'_> {
                 let module = key.strip_prefix(o.root.as_str()).unwrap_or(key).trim_start_matches('/');
                 let module = module.strip_suffix(".miles").unwrap_or(module);
                 let mut d = Diagnostic::error(
-                    "E0101",
+                    ErrorCode::E0101,
                     format!("package `{}` has no module `{module}` (cannot read {key}: {why})", o.name),
                 );
                 match did_you_mean(module, o.modules.iter().map(String::as_str)) {
@@ -320,7 +321,7 @@ impl Loader<'_> {
                 }
                 d
             }
-            None => Diagnostic::error("E0101", format!("cannot read module `{key}`: {why}"))
+            None => Diagnostic::error(ErrorCode::E0101, format!("cannot read module `{key}`: {why}"))
                 .with_help("paths are relative to the importing file; the `.miles` extension is implied"),
         };
         if let Some(sp) = from {
@@ -348,66 +349,14 @@ pub fn decode(bytes: Vec<u8>) -> (String, Option<usize>) {
 impl Loader<'_> {
     fn load(&mut self, key: &str, from: Option<Span>) -> Option<u32> {
         if let Some(pos) = self.stack.iter().position(|(k, _)| k == key) {
-            let mut path: Vec<&str> = self.stack[pos..].iter().map(|(k, _)| k.as_str()).collect();
-            path.push(key);
-            let mut d = Diagnostic::error("E0102", format!("import cycle: {}", path.join(" -> ")))
-                .with_help("move what both modules need into a third module that both import");
-            if let Some(sp) = from {
-                d = d.with_primary(sp, "this import closes the cycle");
-            }
-            for (_, sp) in self.stack[pos + 1..].iter() {
-                if let Some(sp) = sp {
-                    d = d.with_secondary(*sp, "imported here");
-                }
-            }
-            self.diags.push(d);
+            self.report_cycle(pos, key, from);
             return None;
         }
         if let Some(&id) = self.by_key.get(key) {
             return Some(id);
         }
         let is_std = key.starts_with("std/");
-        let text = if is_std {
-            match stdlib_source(key) {
-                Some(t) => t.to_string(),
-                None => {
-                    let known: Vec<&str> = STDLIB.iter().map(|(k, _)| *k).collect();
-                    let mut d = Diagnostic::error("E0101", format!("no module `{key}` in the standard library"));
-                    if let Some(sp) = from {
-                        d = d.with_primary(sp, "not found");
-                    }
-                    if let Some(s) = did_you_mean(key, known.iter().copied()) {
-                        d = d.with_help(format!("did you mean `{s}`?"));
-                        if let Some(sp) = from {
-                            d = d.with_fix(format!("replace with `{s}`"), sp, s);
-                        }
-                    } else {
-                        d = d.with_help(format!("standard modules: {}", known.join(", ")));
-                    }
-                    self.diags.push(d);
-                    return None;
-                }
-            }
-        } else {
-            match self.fs.read(key) {
-                Ok(bytes) => {
-                    let (text, bad) = decode(bytes);
-                    if let Some(at) = bad {
-                        let file = FileId(self.program.sources.files.len() as u32);
-                        self.diags.push(
-                            Diagnostic::error("E0004", "file is not valid UTF-8")
-                                .with_primary(Span::new(file, at, at), "first invalid byte here")
-                                .with_help("save the file as UTF-8"),
-                        );
-                    }
-                    text
-                }
-                Err(why) => {
-                    self.diags.push(self.unreadable(key, from, &why));
-                    return None;
-                }
-            }
-        };
+        let text = if is_std { self.stdlib_text(key, from)? } else { self.file_text(key, from)? };
         let file = self.program.sources.add(key.to_string(), text);
         let (ast, parse_diags) = {
             let text = &self.program.sources.files[file.0 as usize].text;
@@ -420,27 +369,7 @@ impl Loader<'_> {
         } else {
             PRELUDE.iter().filter_map(|p| self.by_key.get(*p).copied()).collect()
         };
-        // Own declarations first.
-        let mut own = HashMap::new();
-        let mut scope = HashMap::new();
-        for (index, item) in ast.items.iter().enumerate() {
-            if let Some(name) = item.name() {
-                let r = ItemRef { module: id, index: index as u32 };
-                if let Some(prev) = own.get(&name.name) {
-                    let prev: &ItemRef = prev;
-                    let prev_span = ast.items[prev.index as usize].name().map(|n| n.span).unwrap_or(name.span);
-                    self.diags.push(
-                        Diagnostic::error("E0104", format!("`{}` is defined twice", name.name))
-                            .with_primary(name.span, "second definition")
-                            .with_secondary(prev_span, "first defined here")
-                            .with_help("rename one of them"),
-                    );
-                    continue;
-                }
-                own.insert(name.name.clone(), r);
-                scope.insert(name.name.clone(), ScopeEntry::Item(r));
-            }
-        }
+        let (own, scope) = self.own_declarations(&ast, id);
         self.program.modules.push(Module {
             key: key.to_string(),
             file,
@@ -452,8 +381,106 @@ impl Loader<'_> {
         });
         self.by_key.insert(key.to_string(), id);
         self.stack.push((key.to_string(), from));
-        // Imports.
-        let mut bound: Vec<(String, ScopeEntry, Span)> = Vec::new();
+        let bound = self.load_imports(key, &ast);
+        self.stack.pop();
+        self.bind(id, bound);
+        self.program.modules[id as usize].ast = ast;
+        Some(id)
+    }
+
+    /// E0102: `key` is already being loaded further up the stack, from `pos` on.
+    fn report_cycle(&mut self, pos: usize, key: &str, from: Option<Span>) {
+        let mut path: Vec<&str> = self.stack[pos..].iter().map(|(k, _)| k.as_str()).collect();
+        path.push(key);
+        let mut d = Diagnostic::error(ErrorCode::E0102, format!("import cycle: {}", path.join(" -> ")))
+            .with_help("move what both modules need into a third module that both import");
+        if let Some(sp) = from {
+            d = d.with_primary(sp, "this import closes the cycle");
+        }
+        for (_, sp) in self.stack[pos + 1..].iter() {
+            if let Some(sp) = sp {
+                d = d.with_secondary(*sp, "imported here");
+            }
+        }
+        self.diags.push(d);
+    }
+
+    /// A standard module's text; E0101 (with the closest name) when there is none.
+    fn stdlib_text(&mut self, key: &str, from: Option<Span>) -> Option<String> {
+        if let Some(t) = stdlib_source(key) {
+            return Some(t.to_string());
+        }
+        let known: Vec<&str> = STDLIB.iter().map(|(k, _)| *k).collect();
+        let mut d = Diagnostic::error(ErrorCode::E0101, format!("no module `{key}` in the standard library"));
+        if let Some(sp) = from {
+            d = d.with_primary(sp, "not found");
+        }
+        if let Some(s) = did_you_mean(key, known.iter().copied()) {
+            d = d.with_help(format!("did you mean `{s}`?"));
+            if let Some(sp) = from {
+                d = d.with_fix(format!("replace with `{s}`"), sp, s);
+            }
+        } else {
+            d = d.with_help(format!("standard modules: {}", known.join(", ")));
+        }
+        self.diags.push(d);
+        None
+    }
+
+    /// A user module's text through the file system (E0004 for bytes that are not UTF-8).
+    fn file_text(&mut self, key: &str, from: Option<Span>) -> Option<String> {
+        match self.fs.read(key) {
+            Ok(bytes) => {
+                let (text, bad) = decode(bytes);
+                if let Some(at) = bad {
+                    let file = FileId(self.program.sources.files.len() as u32);
+                    self.diags.push(
+                        Diagnostic::error(ErrorCode::E0004, "file is not valid UTF-8")
+                            .with_primary(Span::new(file, at, at), "first invalid byte here")
+                            .with_help("save the file as UTF-8"),
+                    );
+                }
+                Some(text)
+            }
+            Err(why) => {
+                self.diags.push(self.unreadable(key, from, &why));
+                None
+            }
+        }
+    }
+
+    /// The module's own declarations, first (E0104 for a name declared twice).
+    fn own_declarations(
+        &mut self,
+        ast: &SourceFile,
+        id: u32,
+    ) -> (HashMap<String, ItemRef>, HashMap<String, ScopeEntry>) {
+        let mut own = HashMap::new();
+        let mut scope = HashMap::new();
+        for (index, item) in ast.items.iter().enumerate() {
+            if let Some(name) = item.name() {
+                let r = ItemRef { module: id, index: index as u32 };
+                if let Some(prev) = own.get(&name.name) {
+                    let prev: &ItemRef = prev;
+                    let prev_span = ast.items[prev.index as usize].name().map(|n| n.span).unwrap_or(name.span);
+                    self.diags.push(
+                        Diagnostic::error(ErrorCode::E0104, format!("`{}` is defined twice", name.name))
+                            .with_primary(name.span, "second definition")
+                            .with_secondary(prev_span, "first defined here")
+                            .with_help("rename one of them"),
+                    );
+                    continue;
+                }
+                own.insert(name.name.clone(), r);
+                scope.insert(name.name.clone(), ScopeEntry::Item(r));
+            }
+        }
+        (own, scope)
+    }
+
+    /// Loads every module `ast` imports, depth-first, and returns the names the imports bind.
+    fn load_imports(&mut self, key: &str, ast: &SourceFile) -> Vec<(String, ScopeEntry, Span)> {
+        let mut bound = Vec::new();
         for item in &ast.items {
             let ItemKind::Import(imp) = &item.kind else { continue };
             let target_key = match resolve_import_in(self.packages, key, &imp.path) {
@@ -469,21 +496,7 @@ impl Loader<'_> {
                     for n in names {
                         match self.program.modules[target as usize].own.get(&n.name) {
                             Some(r) => bound.push((n.name.clone(), ScopeEntry::Item(*r), n.span)),
-                            None => {
-                                let own_names: Vec<String> =
-                                    self.program.modules[target as usize].own.keys().cloned().collect();
-                                let mut d =
-                                    Diagnostic::error("E0107", format!("module `{target_key}` has no `{}`", n.name))
-                                        .with_primary(n.span, "not declared there");
-                                if let Some(s) = did_you_mean(&n.name, own_names.iter().map(|s| s.as_str())) {
-                                    d = d.with_help(format!("did you mean `{s}`?")).with_fix(
-                                        format!("replace with `{s}`"),
-                                        n.span,
-                                        s,
-                                    );
-                                }
-                                self.diags.push(d);
-                            }
+                            None => self.report_not_in_module(target, &target_key, n),
                         }
                     }
                 }
@@ -497,13 +510,28 @@ impl Loader<'_> {
                 }
             }
         }
-        self.stack.pop();
+        bound
+    }
+
+    /// E0107: `import m { name }` where module `m` declares no `name`.
+    fn report_not_in_module(&mut self, target: u32, target_key: &str, n: &Ident) {
+        let own_names: Vec<String> = self.program.modules[target as usize].own.keys().cloned().collect();
+        let mut d = Diagnostic::error(ErrorCode::E0107, format!("module `{target_key}` has no `{}`", n.name))
+            .with_primary(n.span, "not declared there");
+        if let Some(s) = did_you_mean(&n.name, own_names.iter().map(|s| s.as_str())) {
+            d = d.with_help(format!("did you mean `{s}`?")).with_fix(format!("replace with `{s}`"), n.span, s);
+        }
+        self.diags.push(d);
+    }
+
+    /// Enters the imported names into module `id`'s scope (E0104 for a clash).
+    fn bind(&mut self, id: u32, bound: Vec<(String, ScopeEntry, Span)>) {
         let module = &mut self.program.modules[id as usize];
         for (name, entry, span) in bound {
             if let Some(existing) = module.scope.get(&name) {
                 if *existing != entry {
                     self.diags.push(
-                        Diagnostic::error("E0104", format!("`{name}` is already defined in this module"))
+                        Diagnostic::error(ErrorCode::E0104, format!("`{name}` is already defined in this module"))
                             .with_primary(span, "imported again here")
                             .with_help("import it under another name with `as`"),
                     );
@@ -512,8 +540,6 @@ impl Loader<'_> {
             }
             module.scope.insert(name, entry);
         }
-        module.ast = ast;
-        Some(id)
     }
 }
 
@@ -544,7 +570,7 @@ pub fn resolve_import_in(packages: &Packages, from_key: &str, path: &str) -> Res
             if !allowed {
                 let o = owner.map(|o| o.name.as_str()).unwrap_or("");
                 return Err(Diagnostic::error(
-                    "E0111",
+                    ErrorCode::E0111,
                     format!("package `{o}` does not declare a dependency on `{}`", dep.name),
                 )
                 .with_help(format!(
@@ -561,7 +587,7 @@ pub fn resolve_import_in(packages: &Packages, from_key: &str, path: &str) -> Res
     if let Some(o) = owner {
         if !key.starts_with("std/") && !is_under(&key, &o.root) {
             return Err(Diagnostic::error(
-                "E0110",
+                ErrorCode::E0110,
                 format!("`{path}` is outside package `{}` (root `{}`)", o.name, o.root),
             )
             .with_help("declare the other package under `[dependencies]` in miles.toml and import it by name"));

@@ -6,6 +6,7 @@ use crate::graph::{Channel, ChannelKind, Param, StageGraph, StageNode};
 use crate::program::ScopeEntry;
 use crate::value::{ItemRef, PortKind, Value};
 use miles_grammar::ast::{self, Binding, Expr, ExprKind, Ident, ItemKind};
+use miles_grammar::diag::ErrorCode;
 use miles_grammar::diag::{Diagnostic, Span};
 use petgraph::graph::NodeIndex;
 use std::collections::{BTreeMap, HashMap};
@@ -61,8 +62,11 @@ fn gather(ev: &mut Eval, r: ItemRef, chain: &mut Vec<ItemRef>) -> Option<Gathere
     if chain.contains(&r) {
         let names: Vec<String> = chain.iter().chain(std::iter::once(&r)).map(|x| ev.decl_name(*x)).collect();
         ev.report(
-            Diagnostic::error("E0206", format!("recipes extend each other in a cycle: {}", names.join(" -> ")))
-                .with_primary(recipe.name.span, "part of the cycle"),
+            Diagnostic::error(
+                ErrorCode::E0206,
+                format!("recipes extend each other in a cycle: {}", names.join(" -> ")),
+            )
+            .with_primary(recipe.name.span, "part of the cycle"),
         );
         return None;
     }
@@ -84,7 +88,7 @@ fn gather(ev: &mut Eval, r: ItemRef, chain: &mut Vec<ItemRef>) -> Option<Gathere
         if b.path.segments.len() == 1 {
             if let Some(prev) = seen.get(&first.name) {
                 ev.report(
-                    Diagnostic::error("E0104", format!("`{}` is bound twice in this recipe", first.name))
+                    Diagnostic::error(ErrorCode::E0104, format!("`{}` is bound twice in this recipe", first.name))
                         .with_primary(first.span, "bound again here")
                         .with_secondary(*prev, "first bound here")
                         .with_help("rename one of them"),
@@ -138,7 +142,7 @@ fn resolve_recipe(ev: &mut Eval, module: u32, path: &ast::Path) -> Option<ItemRe
                 .filter(|(_, r)| matches!(ev.program.item(**r).kind, ItemKind::Recipe(_)))
                 .map(|(n, _)| n.clone())
                 .collect();
-            let mut d = Diagnostic::error("E0108", format!("no recipe `{}` to extend", path.dotted()))
+            let mut d = Diagnostic::error(ErrorCode::E0108, format!("no recipe `{}` to extend", path.dotted()))
                 .with_primary(path.span, "not a recipe");
             if let Some(s) = crate::suggest::did_you_mean(&path.dotted(), recipes.iter().map(|s| s.as_str())) {
                 d = d.with_help(format!("did you mean `{s}`?")).with_fix(format!("replace with `{s}`"), path.span, s);
@@ -284,7 +288,7 @@ fn stage_block_fields(ev: &mut Eval, fields: &[Binding], module: u32) -> BTreeMa
         let Some(first) = f.path.segments.first() else { continue };
         if f.path.segments.len() > 1 {
             ev.report(
-                Diagnostic::error("E0209", "a dotted path cannot be set inside a stage block")
+                Diagnostic::error(ErrorCode::E0209, "a dotted path cannot be set inside a stage block")
                     .with_primary(f.path.span, "write the nested record instead"),
             );
             continue;
@@ -310,7 +314,7 @@ fn apply_amendments(ev: &mut Eval, amends: &[Amend], c: &mut Classified) {
         } else if let Some((e, _, _)) = c.setting_exprs.get_mut(&head.name) {
             if !amend_expr(e, &a.path[1..], &a.value, a.span) {
                 ev.report(
-                    Diagnostic::error("E0209", format!("cannot amend `{}`", dotted(&a.path)))
+                    Diagnostic::error(ErrorCode::E0209, format!("cannot amend `{}`", dotted(&a.path)))
                         .with_primary(a.span, "no record literal to amend at this path")
                         .with_help(format!("set the whole setting instead: `{} = ...`", head.name)),
                 );
@@ -321,8 +325,9 @@ fn apply_amendments(ev: &mut Eval, amends: &[Amend], c: &mut Classified) {
         } else {
             let mut names: Vec<String> = c.stage_fields.keys().cloned().collect();
             names.extend(c.setting_exprs.keys().cloned());
-            let mut d = Diagnostic::error("E0209", format!("the recipe has no stage or setting `{}`", head.name))
-                .with_primary(head.span, "not found");
+            let mut d =
+                Diagnostic::error(ErrorCode::E0209, format!("the recipe has no stage or setting `{}`", head.name))
+                    .with_primary(head.span, "not found");
             if let Some(s) = crate::suggest::did_you_mean(&head.name, names.iter().map(|s| s.as_str())) {
                 d = d.with_help(format!("did you mean `{s}`?"));
             }
@@ -338,7 +343,7 @@ fn amend_stage(ev: &mut Eval, a: &Amend, fields: &mut BTreeMap<String, Bound>, k
     let Some(field) = a.path.get(1) else {
         // `reward = ...` as an amendment or `--set`: a stage is amended field by field.
         ev.report(
-            Diagnostic::error("E0209", format!("cannot replace the stage `{}` with an amendment", head.name))
+            Diagnostic::error(ErrorCode::E0209, format!("cannot replace the stage `{}` with an amendment", head.name))
                 .with_primary(a.span, "a stage is amended one field at a time")
                 .with_help(format!(
                     "set one of its fields (`{}.FIELD = ...`), or write a recipe that `extends` this one and binds `{}` anew",
@@ -360,7 +365,7 @@ fn amend_stage(ev: &mut Eval, a: &Amend, fields: &mut BTreeMap<String, Bound>, k
         };
         if !ok {
             ev.report(
-                Diagnostic::error("E0209", format!("cannot amend `{}`", dotted(&a.path)))
+                Diagnostic::error(ErrorCode::E0209, format!("cannot amend `{}`", dotted(&a.path)))
                     .with_primary(a.span, "no record literal to amend at this path")
                     .with_help(format!("set the whole field instead: `{}.{} = ...`", head.name, field.name)),
             );
@@ -433,7 +438,7 @@ fn bind_arguments(ev: &mut Eval, pending: &[Pending]) -> Option<()> {
             let name = ev.decl_name(kind);
             ev.report(
                 Diagnostic::error(
-                    "E0207",
+                    ErrorCode::E0207,
                     format!("`{name}` takes {} input(s) ({}), given {}", ports.len(), want.join(", "), flat.len()),
                 )
                 .with_primary(p.args_span, "wrong number of inputs")
@@ -462,7 +467,7 @@ fn evaluate_fields(ev: &mut Eval, recipe_name: &Ident) -> Option<Vec<bool>> {
     let n = ev.recipe.as_ref()?.instances.len();
     if n == 0 {
         ev.report(
-            Diagnostic::error("E0307", format!("recipe `{}` has no stages", recipe_name.name))
+            Diagnostic::error(ErrorCode::E0307, format!("recipe `{}` has no stages", recipe_name.name))
                 .with_primary(recipe_name.span, "nothing to run")
                 .with_help("bind at least one stage: `rollout = generate(policy) { ... }`"),
         );
@@ -647,9 +652,12 @@ fn graph_checks(ev: &mut Eval, g: &StageGraph) {
         names.reverse();
         names.push(names[0].clone());
         let first = scc[scc.len() - 1];
-        let mut d = Diagnostic::error("E0303", format!("stages consume each other in a cycle: {}", names.join(" -> ")))
-            .with_primary(gr[first].name_span, "part of the cycle")
-            .with_help("only weight sync may point back: `sync = weights(train -> rollout)`");
+        let mut d = Diagnostic::error(
+            ErrorCode::E0303,
+            format!("stages consume each other in a cycle: {}", names.join(" -> ")),
+        )
+        .with_primary(gr[first].name_span, "part of the cycle")
+        .with_help("only weight sync may point back: `sync = weights(train -> rollout)`");
         for &n in scc.iter().rev().skip(1) {
             d = d.with_secondary(gr[n].name_span, "part of the cycle");
         }
@@ -676,7 +684,7 @@ fn graph_checks(ev: &mut Eval, g: &StageGraph) {
                 let (tn, rn) = (gr[t].name.clone(), gr[rollout].name.clone());
                 ev.report(
                     Diagnostic::error(
-                        "E0304",
+                        ErrorCode::E0304,
                         format!("`{tn}` trains the policy that `{rn}` samples from, but no weights go back to `{rn}`"),
                     )
                     .with_primary(gr[t].name_span, "updates the policy")
@@ -700,7 +708,7 @@ fn graph_checks(ev: &mut Eval, g: &StageGraph) {
         if gr.edges_directed(n, petgraph::Direction::Outgoing).next().is_none() {
             ev.report(
                 Diagnostic::warning(
-                    "E0305",
+                    ErrorCode::E0305,
                     format!("stage `{}` produces {} that no stage consumes", gr[n].name, out.name()),
                 )
                 .with_primary(gr[n].name_span, "unused output")

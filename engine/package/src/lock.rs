@@ -1,6 +1,7 @@
 //! `miles.lock`: every resolved package with its version, source, commit and content hash.
 //! Written by miles in a fixed order, so the same resolution gives the same bytes.
 
+use miles_grammar::diag::ErrorCode;
 use miles_grammar::diag::{Diagnostic, FileId, Span};
 use serde::Deserialize;
 
@@ -37,7 +38,7 @@ impl Lock {
     pub fn parse(file: FileId, text: &str) -> Result<Lock, Diagnostic> {
         toml::from_str(text).map_err(|e| {
             let span = e.span().map(|r| Span::new(file, r.start, r.end)).unwrap_or(Span::new(file, 0, 0));
-            Diagnostic::error("E0112", format!("invalid {FILE}: {}", e.message()))
+            Diagnostic::error(ErrorCode::E0112, format!("invalid {FILE}: {}", e.message()))
                 .with_primary(span, "here")
                 .with_help("delete miles.lock and run `miles update` to write it again")
         })

@@ -17,6 +17,7 @@
 //! check = "min_batch"      # the failing rule (name or message) or code that must fire
 //! ```
 
+use miles_grammar::diag::ErrorCode;
 use miles_grammar::diag::{Diagnostic, FileId, Span};
 use serde::Deserialize;
 use std::collections::BTreeMap;
@@ -169,7 +170,7 @@ impl Manifest {
         let whole = Span::new(file, 0, 0);
         let raw: Raw = toml::from_str(text).map_err(|e| {
             let span = e.span().map(|r| Span::new(file, r.start, r.end.max(r.start))).unwrap_or(whole);
-            Diagnostic::error("E0112", format!("invalid {FILE}: {}", e.message()))
+            Diagnostic::error(ErrorCode::E0112, format!("invalid {FILE}: {}", e.message()))
                 .with_primary(span, "here")
                 .with_help("see docs/packages.md for the manifest's fields")
         })?;
@@ -187,7 +188,9 @@ impl Manifest {
             whole
         };
         let bad = |key: &str, msg: String, help: &str| {
-            Diagnostic::error("E0112", format!("invalid {FILE}: {msg}")).with_primary(at(key), "here").with_help(help)
+            Diagnostic::error(ErrorCode::E0112, format!("invalid {FILE}: {msg}"))
+                .with_primary(at(key), "here")
+                .with_help(help)
         };
         if !valid_name(&raw.package.name) {
             return Err(bad(

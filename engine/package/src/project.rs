@@ -11,6 +11,7 @@ use miles_compiler::fs::{join, normalize};
 use miles_compiler::program::{PackageRoot, Packages};
 use miles_compiler::Sources;
 use miles_grammar::diag::Diagnostic;
+use miles_grammar::diag::ErrorCode;
 use std::collections::{BTreeMap, HashSet};
 use std::path::{Path, PathBuf};
 
@@ -76,7 +77,7 @@ pub fn find(key: &str) -> Option<String> {
 fn read_manifest(dir: &str, sources: &mut Sources) -> Result<Manifest, Diagnostic> {
     let path = join(dir, manifest::FILE);
     let text = std::fs::read_to_string(&path).map_err(|e| {
-        Diagnostic::error("E0112", format!("cannot read {path}: {e}"))
+        Diagnostic::error(ErrorCode::E0112, format!("cannot read {path}: {e}"))
             .with_help("a package is a directory holding a miles.toml (see docs/packages.md)")
     })?;
     let file = sources.add(path, text);
@@ -140,7 +141,7 @@ pub fn build(project: &Project, cache: &Cache, mode: &Mode, sources: &mut Source
             };
             let resolved = resolve::resolve(&project.manifest, &mut index, &pins).map_err(|d| match mode {
                 // Offline, an unreachable repository is one not fetched yet.
-                Mode::Frozen if d.code == "E0114" => d.with_help(FETCH_HELP),
+                Mode::Frozen if d.code == ErrorCode::E0114 => d.with_help(FETCH_HELP),
                 _ => d,
             })?;
             let mut packages = Vec::new();
@@ -178,7 +179,7 @@ pub fn build(project: &Project, cache: &Cache, mode: &Mode, sources: &mut Source
             if let Some(want) = &l.hash {
                 if *want != found {
                     return Err(Diagnostic::error(
-                        "E0116",
+                        ErrorCode::E0116,
                         format!("the sources of `{}` {} changed: miles.lock expects {want}, found {found}", l.name, l.version),
                     )
                     .with_help(format!(
@@ -191,7 +192,7 @@ pub fn build(project: &Project, cache: &Cache, mode: &Mode, sources: &mut Source
             dir.to_string_lossy().into_owned()
         } else {
             return Err(Diagnostic::error(
-                "E0112",
+                ErrorCode::E0112,
                 format!("invalid miles.lock: package `{}` has no usable source", l.name),
             )
             .with_help("delete miles.lock and run `miles update`"));
@@ -220,7 +221,7 @@ pub fn build(project: &Project, cache: &Cache, mode: &Mode, sources: &mut Source
     let lock_changed = old.as_ref() != Some(&lock);
     if lock_changed && *mode != Mode::Frozen {
         miles_compiler::fs::DiskFs::write_atomic(Path::new(&lock_path), lock.render().as_bytes()).map_err(|e| {
-            Diagnostic::error("E0114", format!("cannot write {lock_path}: {e}"))
+            Diagnostic::error(ErrorCode::E0114, format!("cannot write {lock_path}: {e}"))
                 .with_help("check the directory is writable")
         })?;
     }
@@ -273,20 +274,20 @@ fn source(cache: &Cache, mode: &Mode, name: &str, url: &str, commit: &str) -> Re
 
 /// What an offline build (`Mode::Frozen`) says when the cache lacks something.
 fn not_fetched(name: &str, what: &str) -> Diagnostic {
-    Diagnostic::error("E0114", format!("`{name}` ({what}) is not in the cache")).with_help(FETCH_HELP)
+    Diagnostic::error(ErrorCode::E0114, format!("`{name}` ({what}) is not in the cache")).with_help(FETCH_HELP)
 }
 
 const FETCH_HELP: &str = "run `miles fetch` in the package (the editor never fetches)";
 
 fn fetch(cache: &Cache, name: &str, url: &str, commit: &str) -> Result<PathBuf, Diagnostic> {
     cache.source(name, url, commit).map_err(|why| {
-        Diagnostic::error("E0114", format!("cannot fetch `{name}` from {url} at {commit}: {why}"))
+        Diagnostic::error(ErrorCode::E0114, format!("cannot fetch `{name}` from {url} at {commit}: {why}"))
             .with_help("check the repository is reachable; nothing was written to the cache")
     })
 }
 
 fn io_error(name: &str, e: &std::io::Error) -> Diagnostic {
-    Diagnostic::error("E0114", format!("cannot read the sources of `{name}`: {e}"))
+    Diagnostic::error(ErrorCode::E0114, format!("cannot read the sources of `{name}`: {e}"))
         .with_help("check the cache directory")
 }
 

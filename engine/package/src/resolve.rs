@@ -5,6 +5,7 @@
 
 use crate::manifest::{Dependency, GitRef, Manifest};
 use miles_grammar::diag::Diagnostic;
+use miles_grammar::diag::ErrorCode;
 use std::collections::{BTreeMap, HashMap};
 use std::rc::Rc;
 
@@ -81,7 +82,7 @@ pub fn resolve(
             return Ok(out);
         }
     }
-    Err(Diagnostic::error("E0118", "dependency resolution did not settle")
+    Err(Diagnostic::error(ErrorCode::E0118, "dependency resolution did not settle")
         .with_help("report this with your miles.toml"))
 }
 
@@ -103,7 +104,7 @@ impl Walk<'_> {
             };
             if let Some(pos) = stack.iter().position(|(n, _)| n == name) {
                 let chain = chain();
-                return Err(Diagnostic::error("E0113", format!("dependency cycle: {}", chain_text(&chain[pos..])))
+                return Err(Diagnostic::error(ErrorCode::E0113, format!("dependency cycle: {}", chain_text(&chain[pos..])))
                     .with_help("packages may not depend on themselves, directly or through others: move what both need into a third package"));
             }
             // Path dependencies are relative to the package that declares them.
@@ -112,7 +113,7 @@ impl Walk<'_> {
                     let here = &stack[stack.len() - 1].1;
                     if here.starts_with("git+") {
                         return Err(Diagnostic::error(
-                            "E0112",
+                            ErrorCode::E0112,
                             format!("`{}` (from git) has a path dependency `{name}`", stack[stack.len() - 1].0),
                         )
                         .with_help("a package fetched from git can depend only on other git packages"));
@@ -150,7 +151,7 @@ impl Walk<'_> {
             };
             if manifest.name != *name {
                 return Err(Diagnostic::error(
-                    "E0117",
+                    ErrorCode::E0117,
                     format!(
                         "dependency `{name}` (asked by {}) is the package `{}`",
                         chain_text(&chain()[..stack.len()]),
@@ -186,7 +187,7 @@ impl Walk<'_> {
         let first = identity(&reqs[0].dep);
         if let Some(other) = reqs.iter().find(|r| identity(&r.dep) != first) {
             return Err(Diagnostic::error(
-                "E0117",
+                ErrorCode::E0117,
                 format!(
                     "two packages named `{name}`: {} (asked by {}) and {} (asked by {})",
                     first,
@@ -202,8 +203,11 @@ impl Walk<'_> {
         let conflict = |why: &str| {
             let lines: Vec<String> =
                 reqs.iter().map(|r| format!("{} wants {}", chain_text(&r.chain), r.dep.source())).collect();
-            Diagnostic::error("E0118", format!("two versions of `{name}` are required ({why}): {}", lines.join("; ")))
-                .with_help("loosen one requirement (e.g. `^1.0`) or update the package that asks for the other version")
+            Diagnostic::error(
+                ErrorCode::E0118,
+                format!("two versions of `{name}` are required ({why}): {}", lines.join("; ")),
+            )
+            .with_help("loosen one requirement (e.g. `^1.0`) or update the package that asks for the other version")
         };
         match &reqs[0].dep {
             Dependency::Path(p) => Ok((Origin::Path(p.clone()), None)),
@@ -284,7 +288,7 @@ impl Walk<'_> {
 
     fn tags(&mut self, name: &str, url: &str, chain: &[String]) -> Result<Vec<(String, String)>, Diagnostic> {
         self.index.tags(url).map_err(|why| {
-            Diagnostic::error("E0114", format!("cannot reach the repository of `{name}` ({url}): {why}"))
+            Diagnostic::error(ErrorCode::E0114, format!("cannot reach the repository of `{name}` ({url}): {why}"))
                 .with_help(format!(
                     "check the URL in miles.toml (asked by {}) and your access to it; once fetched, `miles check` works offline from the cache",
                     chain_text(&chain[..chain.len().saturating_sub(1)])
@@ -294,13 +298,13 @@ impl Walk<'_> {
 }
 
 fn unreachable_version() -> Result<(Origin, Option<semver::Version>), Diagnostic> {
-    Err(Diagnostic::error("E0118", "internal: a version requirement among fixed references"))
+    Err(Diagnostic::error(ErrorCode::E0118, "internal: a version requirement among fixed references"))
 }
 
 fn missing(name: &str, url: &str, what: &str, tags: &[(String, String)]) -> Diagnostic {
     let mut known: Vec<&str> = tags.iter().map(|(t, _)| t.as_str()).collect();
     known.sort();
-    Diagnostic::error("E0115", format!("`{name}` ({url}) has no {what}")).with_help(if known.is_empty() {
+    Diagnostic::error(ErrorCode::E0115, format!("`{name}` ({url}) has no {what}")).with_help(if known.is_empty() {
         "the repository has no tags: tag a release (`git tag v1.0.0 && git push --tags`) or depend on a branch"
             .to_string()
     } else {

@@ -6,6 +6,7 @@ use crate::project::Project;
 use miles_compiler::fs::{join, FileSystem};
 use miles_compiler::program::Packages;
 use miles_compiler::{compile_in, Compilation, Diagnostic, Options, Severity};
+use miles_grammar::diag::ErrorCode;
 
 pub struct Outcome {
     pub test: TestCase,
@@ -25,7 +26,7 @@ impl Outcome {
     /// A failed test as the one diagnostic `miles test` reports (E0119); `None` when it passed.
     pub fn diagnostic(&self) -> Option<Diagnostic> {
         (!self.passed).then(|| {
-            Diagnostic::error("E0119", format!("library test {} failed: {}", self.name(), self.why))
+            Diagnostic::error(ErrorCode::E0119, format!("library test {} failed: {}", self.name(), self.why))
                 .with_help("fix the rule or the test's expectation in miles.toml")
         })
     }

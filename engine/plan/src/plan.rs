@@ -4,6 +4,7 @@
 
 use crate::input::*;
 use crate::output::*;
+use miles_grammar::diag::ErrorCode;
 use miles_grammar::diag::{Diagnostic, Span};
 use placement::{trainer_unit, Placed};
 use trainer::TrainFacts;
@@ -46,10 +47,10 @@ struct Ctx<'a> {
 }
 
 impl<'a> Ctx<'a> {
-    fn error(&mut self, code: &'static str, msg: String, span: Option<Span>, label: &str, help: Option<String>) {
+    fn error(&mut self, code: ErrorCode, msg: String, span: Option<Span>, label: &str, help: Option<String>) {
         self.report(Diagnostic::error(code, msg), span, label, help);
     }
-    fn warning(&mut self, code: &'static str, msg: String, span: Option<Span>, label: &str, help: Option<String>) {
+    fn warning(&mut self, code: ErrorCode, msg: String, span: Option<Span>, label: &str, help: Option<String>) {
         self.report(Diagnostic::warning(code, msg), span, label, help);
     }
     fn report(&mut self, mut d: Diagnostic, span: Option<Span>, label: &str, help: Option<String>) {
@@ -185,7 +186,7 @@ fn number_pools(input: &PlanInput) -> (Vec<Pool<'_>>, u64, u64, Vec<Diagnostic>)
     let mut early = Vec::new();
     for p in &input.cluster.pools {
         if p.gpu.gpus_per_node == 0 {
-            let mut d = Diagnostic::error("E0404", format!("GPU kind {} has 0 GPUs per node", p.gpu.name));
+            let mut d = Diagnostic::error(ErrorCode::E0404, format!("GPU kind {} has 0 GPUs per node", p.gpu.name));
             if let Some(sp) = p.nodes.span {
                 d = d.with_primary(sp, "these nodes hold no GPU");
             }

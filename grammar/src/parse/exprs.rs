@@ -4,6 +4,7 @@
 
 use super::{Builder, ListKind, Rule};
 use crate::ast::*;
+use crate::codes::ErrorCode;
 use crate::depth::{too_deep_expr, MAX_EXPR_DEPTH};
 use crate::diag::{Diagnostic, Span};
 use crate::lex::unescape;
@@ -46,9 +47,12 @@ impl Builder<'_> {
         }
         let span = e.span;
         self.diags.push(
-            Diagnostic::error("E0003", format!("this expression nests more than {MAX_EXPR_DEPTH} levels deep"))
-                .with_primary(Span { end: span.start, ..span }, "this expression is too deep")
-                .with_help("split it into named constants; no recipe needs this much nesting"),
+            Diagnostic::error(
+                ErrorCode::E0003,
+                format!("this expression nests more than {MAX_EXPR_DEPTH} levels deep"),
+            )
+            .with_primary(Span { end: span.start, ..span }, "this expression is too deep")
+            .with_help("split it into named constants; no recipe needs this much nesting"),
         );
         *e = Expr { kind: ExprKind::Error, span };
     }

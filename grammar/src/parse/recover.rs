@@ -3,6 +3,7 @@
 //! probe rule of the grammar.
 
 use super::{error_at, Builder, ListKind, MilesParser, Rule};
+use crate::codes::ErrorCode;
 use crate::diag::{Diagnostic, Span};
 use pest::iterators::Pair;
 use pest::Parser;
@@ -29,7 +30,7 @@ impl Builder<'_> {
             self.hit_end = true;
         }
         self.diags.push(
-            Diagnostic::error("E0002", format!("unclosed `{delim}`"))
+            Diagnostic::error(ErrorCode::E0002, format!("unclosed `{delim}`"))
                 .with_primary(Span::new(self.file, open_at, open_at + 1), format!("this `{delim}` is never closed"))
                 .with_secondary(at, format!("expected `{closer}` before this point"))
                 .with_help(format!("add `{closer}`")),
@@ -95,7 +96,7 @@ impl Builder<'_> {
             format!("expected {}, found {found}", join_or(&expected))
         };
         self.diags.push(
-            Diagnostic::error("E0001", message)
+            Diagnostic::error(ErrorCode::E0001, message)
                 .with_primary(Span::new(self.file, at, end), "unexpected here")
                 .with_secondary(span, "this line was skipped")
                 .with_help(format!("the parser expected {what} here")),

@@ -10,6 +10,7 @@ pub use table::{Entry, Support, TABLE};
 use crate::graph::StageNode;
 use crate::recipe::CompiledRecipe;
 use crate::value::{FieldValue, Record, Value};
+use miles_grammar::diag::ErrorCode;
 use miles_grammar::diag::{Diagnostic, Span};
 
 /// Where a recipe's stages execute. `Cluster` recipes (GPU engines and trainers, GPU clusters)
@@ -204,7 +205,7 @@ fn short(v: &Value) -> String {
 }
 
 fn refusal(span: Span, target: Target, what: &str, why: &str) -> Diagnostic {
-    Diagnostic::error("E0511", format!("{} does not execute {what}", target.describe()))
+    Diagnostic::error(ErrorCode::E0511, format!("{} does not execute {what}", target.describe()))
         .with_primary(span, format!("not executed by `miles run` on the {} target", target.name()))
         .with_help(why.to_string())
 }

@@ -3,6 +3,7 @@
 
 use super::{Eval, R};
 use crate::value::Value;
+use miles_grammar::diag::ErrorCode;
 use miles_grammar::diag::{Diagnostic, Span};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -113,7 +114,7 @@ impl<'p> Eval<'p> {
         let name = b.name();
         let arity_err = |this: &mut Self, want: &str| {
             this.report(
-                Diagnostic::error("E0207", format!("`{name}` takes {want}, given {}", args.len()))
+                Diagnostic::error(ErrorCode::E0207, format!("`{name}` takes {want}, given {}", args.len()))
                     .with_primary(span, "wrong number of arguments"),
             );
             None
@@ -130,7 +131,7 @@ impl<'p> Eval<'p> {
                         (Value::Quantity { q: a, dim: da }, Value::Quantity { q: b, dim: db }) if da == db => b.cmp(a),
                         _ => {
                             self.report(
-                                Diagnostic::error("E0202", format!("`{name}` needs numbers of one unit"))
+                                Diagnostic::error(ErrorCode::E0202, format!("`{name}` needs numbers of one unit"))
                                     .with_primary(*sp, v.type_name()),
                             );
                             return None;
@@ -153,7 +154,7 @@ impl<'p> Eval<'p> {
                     other => {
                         self.report(
                             Diagnostic::error(
-                                "E0201",
+                                ErrorCode::E0201,
                                 format!("`len` needs a list, map or string, found {}", other.type_name()),
                             )
                             .with_primary(args[0].1, "here"),
@@ -172,8 +173,11 @@ impl<'p> Eval<'p> {
                     }
                     other => {
                         self.report(
-                            Diagnostic::error("E0201", format!("`{name}` needs a number, found {}", other.type_name()))
-                                .with_primary(args[0].1, "here"),
+                            Diagnostic::error(
+                                ErrorCode::E0201,
+                                format!("`{name}` needs a number, found {}", other.type_name()),
+                            )
+                            .with_primary(args[0].1, "here"),
                         );
                         None
                     }
@@ -198,15 +202,18 @@ impl<'p> Eval<'p> {
                     (Value::Str(p), at) => (p.clone(), *at),
                     (other, at) => {
                         self.report(
-                            Diagnostic::error("E0201", format!("`{name}` needs a path, found {}", other.type_name()))
-                                .with_primary(*at, "here"),
+                            Diagnostic::error(
+                                ErrorCode::E0201,
+                                format!("`{name}` needs a path, found {}", other.type_name()),
+                            )
+                            .with_primary(*at, "here"),
                         );
                         return None;
                     }
                 };
                 let Some(fs) = self.fs else {
                     self.report(
-                        Diagnostic::error("E0210", format!("`{name}` cannot read files here"))
+                        Diagnostic::error(ErrorCode::E0210, format!("`{name}` cannot read files here"))
                             .with_primary(span, "no file system in this evaluation"),
                     );
                     return None;
@@ -229,7 +236,7 @@ impl<'p> Eval<'p> {
                 }
                 self.model_of(&args[0].0).map(Value::Record).or_else(|| {
                     self.report(
-                        Diagnostic::error("E0201", "cannot tell which model this stage runs")
+                        Diagnostic::error(ErrorCode::E0201, "cannot tell which model this stage runs")
                             .with_primary(args[0].1, "no model upstream")
                             .with_help("`model_of` follows Policy and Trajectories inputs up to a `model`"),
                     );
@@ -253,7 +260,7 @@ impl Eval<'_> {
         match read {
             Ok(json) => Some(json_value(&json)),
             Err(why) => {
-                self.report(Diagnostic::error("E0210", why).with_primary(at, "this file"));
+                self.report(Diagnostic::error(ErrorCode::E0210, why).with_primary(at, "this file"));
                 None
             }
         }
@@ -272,7 +279,7 @@ impl Eval<'_> {
             Err(why) => {
                 let missing = why.starts_with("cannot read");
                 self.report(
-                    Diagnostic::error("E0210", why)
+                    Diagnostic::error(ErrorCode::E0210, why)
                         .with_primary(at, if missing { "no model directory here" } else { "this model directory" })
                         .with_help(
                             "`path` is a Hugging Face model directory (config.json, model.safetensors or its shards, \

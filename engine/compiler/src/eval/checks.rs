@@ -5,6 +5,7 @@ use super::{Env, Eval};
 use crate::types::Type;
 use crate::value::{ItemRef, Value};
 use miles_grammar::ast::{self, Expr, ExprKind};
+use miles_grammar::diag::ErrorCode;
 use miles_grammar::diag::{Diagnostic, Span};
 
 impl<'p> Eval<'p> {
@@ -40,9 +41,9 @@ impl<'p> Eval<'p> {
                     check.message.as_ref().map(|m| m.value.clone()).unwrap_or_else(|| "check failed".to_string());
                 let shown = self.explain_values(&check.expr, env);
                 let mut d = if check.warn {
-                    Diagnostic::warning("E0309", message).with_primary(primary, "this rule warns here")
+                    Diagnostic::warning(ErrorCode::E0309, message).with_primary(primary, "this rule warns here")
                 } else {
-                    Diagnostic::error("E0301", message).with_primary(primary, "this check fails here")
+                    Diagnostic::error(ErrorCode::E0301, message).with_primary(primary, "this check fails here")
                 };
                 for (sp, msg) in labels {
                     d = d.with_secondary(*sp, msg.clone());
@@ -71,8 +72,11 @@ impl<'p> Eval<'p> {
             }
             Some(other) => {
                 self.report(
-                    Diagnostic::error("E0302", format!("a check must be true or false, found {}", other.type_name()))
-                        .with_primary(check.expr.span, "not a Bool"),
+                    Diagnostic::error(
+                        ErrorCode::E0302,
+                        format!("a check must be true or false, found {}", other.type_name()),
+                    )
+                    .with_primary(check.expr.span, "not a Bool"),
                 );
                 false
             }
@@ -166,7 +170,7 @@ impl<'p> Eval<'p> {
 
 pub(super) fn out_of_range(name: &str, v: &Value, cons: Option<&Value>, span: Span, cons_span: Span) -> Diagnostic {
     let allowed = cons.map(|c| c.to_string()).unwrap_or_else(|| "the declared range".into());
-    Diagnostic::error("E0204", format!("`{name}` = {v} is outside {allowed}"))
+    Diagnostic::error(ErrorCode::E0204, format!("`{name}` = {v} is outside {allowed}"))
         .with_primary(span, format!("must be in {allowed}"))
         .with_secondary(cons_span, "range declared here")
         .with_help(format!("choose a value in {allowed}"))

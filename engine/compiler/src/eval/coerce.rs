@@ -6,6 +6,7 @@ use crate::program::ScopeEntry;
 use crate::types::{suggested_unit, Iface, Type};
 use crate::value::{ItemRef, PortKind, Value};
 use miles_grammar::ast::ItemKind;
+use miles_grammar::diag::ErrorCode;
 use miles_grammar::diag::{Diagnostic, Span};
 use std::collections::BTreeMap;
 
@@ -20,7 +21,7 @@ impl<'p> Eval<'p> {
             (Type::Int, Value::Num { q, .. }) if q.is_integer() => Some(Value::Num { q: *q, float: false }),
             (Type::Int, Value::Num { q, .. }) => {
                 self.report(
-                    Diagnostic::error("E0201", format!("expected an Int, found {q}"))
+                    Diagnostic::error(ErrorCode::E0201, format!("expected an Int, found {q}"))
                         .with_primary(span, "not a whole number")
                         .with_help("this field counts things; give a whole number"),
                 );
@@ -30,7 +31,7 @@ impl<'p> Eval<'p> {
             (Type::Quantity(d), Value::Quantity { dim, .. }) if d == dim => Some(v),
             (Type::Quantity(d), Value::Quantity { dim, .. }) => {
                 self.report(
-                    Diagnostic::error("E0202", format!("expected {}, found {}", d.name(), dim.name()))
+                    Diagnostic::error(ErrorCode::E0202, format!("expected {}, found {}", d.name(), dim.name()))
                         .with_primary(span, format!("this is {}", dim.name()))
                         .with_help(format!("give a value in {} units, e.g. `1.{}`", d.name(), suggested_unit(*d))),
                 );
@@ -38,9 +39,10 @@ impl<'p> Eval<'p> {
             }
             (Type::Quantity(d), Value::Num { q, .. }) => {
                 let u = suggested_unit(*d);
-                let mut diag = Diagnostic::error("E0202", format!("expected {}, found a plain number", d.name()))
-                    .with_primary(span, format!("a number without a unit; {} needs one", d.name()))
-                    .with_help(format!("write the unit: `{q}.{u}`"));
+                let mut diag =
+                    Diagnostic::error(ErrorCode::E0202, format!("expected {}, found a plain number", d.name()))
+                        .with_primary(span, format!("a number without a unit; {} needs one", d.name()))
+                        .with_help(format!("write the unit: `{q}.{u}`"));
                 diag = diag.with_fix(format!("write `{q}.{u}`"), Span { start: span.end, ..span }, format!(".{u}"));
                 self.report(diag);
                 None
@@ -73,7 +75,7 @@ impl<'p> Eval<'p> {
                 }
                 let found = self.describe_port_value(&v);
                 self.report(
-                    Diagnostic::error("E0306", format!("expected {}, found {found}", p.name()))
+                    Diagnostic::error(ErrorCode::E0306, format!("expected {}, found {found}", p.name()))
                         .with_primary(span, format!("this gives {found}"))
                         .with_help(port_help(*p)),
                 );
@@ -81,8 +83,8 @@ impl<'p> Eval<'p> {
             }
             _ => {
                 let code = match (&v, t.strip_optional()) {
-                    (Value::Quantity { .. }, Type::Int | Type::Float) => "E0202",
-                    _ => "E0201",
+                    (Value::Quantity { .. }, Type::Int | Type::Float) => ErrorCode::E0202,
+                    _ => ErrorCode::E0201,
                 };
                 let mut d = Diagnostic::error(code, format!("expected {t}, found {}", v.type_name()))
                     .with_primary(span, format!("this is {}", v.type_name()));
@@ -92,7 +94,7 @@ impl<'p> Eval<'p> {
                     }
                 } else if let Type::Enum(e, _) = t.strip_optional() {
                     d = d.with_help(format!("members: {}", self.enum_members(*e).join(", ")));
-                } else if code == "E0202" {
+                } else if code == ErrorCode::E0202 {
                     d = d.with_help("this field is a plain number; remove the unit");
                 }
                 self.report(d);

@@ -6,6 +6,7 @@ use crate::suggest::did_you_mean;
 use crate::types::{Iface, Type};
 use crate::value::{FieldValue, Value};
 use miles_grammar::ast::{self, BinOp, Expr, ExprKind, ItemKind, UnOp};
+use miles_grammar::diag::ErrorCode;
 use miles_grammar::diag::{Diagnostic, Span};
 use std::cell::Cell;
 use std::collections::BTreeMap;
@@ -74,7 +75,7 @@ impl<'p> Eval<'p> {
             Some(q) => Some(Value::Num { q, float: text.contains(['.', 'e', 'E']) }),
             None => {
                 self.report(
-                    Diagnostic::error("E0005", format!("`{text}` is not a number miles can hold exactly"))
+                    Diagnostic::error(ErrorCode::E0005, format!("`{text}` is not a number miles can hold exactly"))
                         .with_primary(span, "too large or malformed")
                         .with_help("numbers are exact 128-bit rationals; use a unit or a smaller magnitude"),
                 );
@@ -86,7 +87,8 @@ impl<'p> Eval<'p> {
     /// `512.MB`: a known unit (E0203 with a suggestion otherwise), scaled without overflow.
     fn quantity_literal(&mut self, number: &str, u: &str, unit_span: Span, span: Span) -> R<Value> {
         let Some((dim, size)) = unit(u) else {
-            let mut d = Diagnostic::error("E0203", format!("unknown unit `{u}`")).with_primary(unit_span, "not a unit");
+            let mut d = Diagnostic::error(ErrorCode::E0203, format!("unknown unit `{u}`"))
+                .with_primary(unit_span, "not a unit");
             if let Some(s) = did_you_mean(u, UNIT_NAMES.iter().copied()) {
                 d = d.with_help(format!("did you mean `{s}`?")).with_fix(format!("replace with `{s}`"), unit_span, s);
             } else {
@@ -97,7 +99,7 @@ impl<'p> Eval<'p> {
         };
         let Some(n) = Q::parse_literal(number) else {
             self.report(
-                Diagnostic::error("E0005", format!("`{number}` is not a number miles can hold exactly"))
+                Diagnostic::error(ErrorCode::E0005, format!("`{number}` is not a number miles can hold exactly"))
                     .with_primary(span, "here"),
             );
             return None;
@@ -106,7 +108,8 @@ impl<'p> Eval<'p> {
             Some(q) => Some(Value::Quantity { q, dim }),
             None => {
                 self.report(
-                    Diagnostic::error("E0205", "this quantity overflows 128 bits").with_primary(span, "too large"),
+                    Diagnostic::error(ErrorCode::E0205, "this quantity overflows 128 bits")
+                        .with_primary(span, "too large"),
                 );
                 None
             }
@@ -137,7 +140,7 @@ impl<'p> Eval<'p> {
             let val = self.eval(v, env, inner.as_ref())?;
             if out.insert(k.value.clone(), val).is_some() {
                 self.report(
-                    Diagnostic::error("E0104", format!("key {:?} appears twice", k.value))
+                    Diagnostic::error(ErrorCode::E0104, format!("key {:?} appears twice", k.value))
                         .with_primary(k.span, "duplicate key"),
                 );
             }
@@ -161,7 +164,7 @@ impl<'p> Eval<'p> {
             Value::Decl(r) if matches!(self.program.item(r).kind, ItemKind::Stage(_)) => {
                 self.report(
                     Diagnostic::error(
-                        "E0208",
+                        ErrorCode::E0208,
                         format!("stage kind `{}` can only be instantiated as a recipe binding", self.decl_name(r)),
                     )
                     .with_primary(span, "not in a recipe binding")
@@ -171,7 +174,7 @@ impl<'p> Eval<'p> {
             }
             other => {
                 self.report(
-                    Diagnostic::error("E0208", format!("{} cannot be called", other.type_name()))
+                    Diagnostic::error(ErrorCode::E0208, format!("{} cannot be called", other.type_name()))
                         .with_primary(callee.span, "not a function or stage kind")
                         .with_help(format!("builtin functions: {}", Builtin::names().join(", "))),
                 );
@@ -192,11 +195,12 @@ impl<'p> Eval<'p> {
             }
             other => {
                 self.report(
-                    Diagnostic::error("E0201", format!("{} cannot take a `{{ ... }}` block", other.type_name()))
-                        .with_primary(base.span, "not a schema")
-                        .with_help(
-                            "a block follows a schema name (`adam { ... }`) or a stage kind in a recipe binding",
-                        ),
+                    Diagnostic::error(
+                        ErrorCode::E0201,
+                        format!("{} cannot take a `{{ ... }}` block", other.type_name()),
+                    )
+                    .with_primary(base.span, "not a schema")
+                    .with_help("a block follows a schema name (`adam { ... }`) or a stage kind in a recipe binding"),
                 );
                 None
             }
@@ -215,7 +219,7 @@ impl<'p> Eval<'p> {
             (op, v) => {
                 self.report(
                     Diagnostic::error(
-                        "E0205",
+                        ErrorCode::E0205,
                         format!("cannot apply `{}` to {}", if op == UnOp::Not { "not" } else { "-" }, v.type_name()),
                     )
                     .with_primary(span, "here"),
@@ -232,7 +236,7 @@ impl<'p> Eval<'p> {
             Value::Bool(false) => self.eval(otherwise, env, expected),
             v => {
                 self.report(
-                    Diagnostic::error("E0201", format!("`if` needs a Bool, found {}", v.type_name()))
+                    Diagnostic::error(ErrorCode::E0201, format!("`if` needs a Bool, found {}", v.type_name()))
                         .with_primary(cond.span, "not a Bool"),
                 );
                 None
@@ -256,7 +260,7 @@ impl<'p> Eval<'p> {
     fn arith(&mut self, r: Option<Q>, span: Span) -> R<Q> {
         if r.is_none() {
             self.report(
-                Diagnostic::error("E0205", "arithmetic overflow or division by zero")
+                Diagnostic::error(ErrorCode::E0205, "arithmetic overflow or division by zero")
                     .with_primary(span, "cannot be computed exactly")
                     .with_help("numbers are exact 128-bit rationals"),
             );
@@ -290,7 +294,7 @@ impl<'p> Eval<'p> {
                 None => {
                     let keys: Vec<&str> = m.keys().map(String::as_str).collect();
                     self.report(
-                        Diagnostic::error("E0105", format!("the map has no key `{}`", field.name))
+                        Diagnostic::error(ErrorCode::E0105, format!("the map has no key `{}`", field.name))
                             .with_primary(field.span, "no such key")
                             .with_help(format!("its keys: {}", keys.join(", "))),
                     );
@@ -312,7 +316,7 @@ impl<'p> Eval<'p> {
                 } else {
                     let members = self.enum_members(r);
                     let mut d = Diagnostic::error(
-                        "E0109",
+                        ErrorCode::E0109,
                         format!("`{}` is not a member of enum `{}`", field.name, self.decl_name(r)),
                     )
                     .with_primary(field.span, "unknown member");
@@ -329,7 +333,7 @@ impl<'p> Eval<'p> {
             }
             Value::None => {
                 self.report(
-                    Diagnostic::error("E0201", format!("cannot read `{}` of none", field.name))
+                    Diagnostic::error(ErrorCode::E0201, format!("cannot read `{}` of none", field.name))
                         .with_primary(field.span, "the value is none here")
                         .with_help("guard it: `x == none or x.field ...`"),
                 );
@@ -337,7 +341,7 @@ impl<'p> Eval<'p> {
             }
             other => {
                 self.report(
-                    Diagnostic::error("E0201", format!("{} has no fields", other.type_name()))
+                    Diagnostic::error(ErrorCode::E0201, format!("{} has no fields", other.type_name()))
                         .with_primary(field.span, format!("cannot read `{}`", field.name)),
                 );
                 None
@@ -370,7 +374,7 @@ impl<'p> Eval<'p> {
         let l = self.eval(lhs, env, Some(&Type::Bool))?;
         let Value::Bool(lb) = l else {
             self.report(
-                Diagnostic::error("E0201", format!("`{}` needs Bools, found {}", op.symbol(), l.type_name()))
+                Diagnostic::error(ErrorCode::E0201, format!("`{}` needs Bools, found {}", op.symbol(), l.type_name()))
                     .with_primary(lhs.span, "not a Bool"),
             );
             return None;
@@ -383,8 +387,11 @@ impl<'p> Eval<'p> {
             Value::Bool(rb) => Some(Value::Bool(rb)),
             other => {
                 self.report(
-                    Diagnostic::error("E0201", format!("`{}` needs Bools, found {}", op.symbol(), other.type_name()))
-                        .with_primary(rhs.span, "not a Bool"),
+                    Diagnostic::error(
+                        ErrorCode::E0201,
+                        format!("`{}` needs Bools, found {}", op.symbol(), other.type_name()),
+                    )
+                    .with_primary(rhs.span, "not a Bool"),
                 );
                 None
             }
@@ -413,7 +420,7 @@ impl<'p> Eval<'p> {
             (_, other) => {
                 self.report(
                     Diagnostic::error(
-                        "E0201",
+                        ErrorCode::E0201,
                         format!(
                             "`is` takes a schema, interface or stage kind on the right, found {}",
                             other.type_name()
@@ -519,8 +526,8 @@ impl<'p> Eval<'p> {
     /// `cannot apply`: E0202 when a quantity is involved (a unit mismatch), E0205 otherwise.
     fn bad_operands(&mut self, op: BinOp, at: OpSpans, l: &Value, r: &Value) -> R<Value> {
         let code = match (l, r) {
-            (Value::Quantity { .. }, _) | (_, Value::Quantity { .. }) => "E0202",
-            _ => "E0205",
+            (Value::Quantity { .. }, _) | (_, Value::Quantity { .. }) => ErrorCode::E0202,
+            _ => ErrorCode::E0205,
         };
         self.report(
             Diagnostic::error(
@@ -536,7 +543,7 @@ impl<'p> Eval<'p> {
 
     fn gpu_cluster(&mut self, gpu: Value, count: Q, span: Span) -> R<Value> {
         let Some(schema) = self.prelude_decl("gpu_cluster") else {
-            self.internal_error("E0103", span, "the prelude declares no `gpu_cluster` schema".into());
+            self.internal_error(ErrorCode::E0103, span, "the prelude declares no `gpu_cluster` schema".into());
             return None;
         };
         let mut provided = BTreeMap::new();
@@ -562,7 +569,7 @@ impl<'p> Eval<'p> {
                 };
                 let Some((q, d)) = key(v) else {
                     self.report(
-                        Diagnostic::error("E0201", format!("a range holds numbers, not {}", v.type_name()))
+                        Diagnostic::error(ErrorCode::E0201, format!("a range holds numbers, not {}", v.type_name()))
                             .with_primary(span, "here"),
                     );
                     return None;
@@ -575,7 +582,7 @@ impl<'p> Eval<'p> {
                     if bd != d {
                         self.report(
                             Diagnostic::error(
-                                "E0202",
+                                ErrorCode::E0202,
                                 format!("range bounds are {} but the value is {}", bd.name(), d.name()),
                             )
                             .with_primary(span, "here"),
@@ -593,8 +600,11 @@ impl<'p> Eval<'p> {
             Value::Str(s) => Some(v.as_str().is_some_and(|x| s.contains(x))),
             other => {
                 self.report(
-                    Diagnostic::error("E0201", format!("`in` needs a list, map or range, found {}", other.type_name()))
-                        .with_primary(span, "here"),
+                    Diagnostic::error(
+                        ErrorCode::E0201,
+                        format!("`in` needs a list, map or range, found {}", other.type_name()),
+                    )
+                    .with_primary(span, "here"),
                 );
                 None
             }

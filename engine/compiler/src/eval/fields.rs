@@ -7,6 +7,7 @@ use super::checks::out_of_range;
 use super::{Env, Eval, R};
 use crate::value::{FieldValue, ItemRef, Value};
 use miles_grammar::ast::{Expr, ExprKind, FieldDecl};
+use miles_grammar::diag::ErrorCode;
 use miles_grammar::diag::{Diagnostic, Span};
 use std::collections::BTreeMap;
 
@@ -145,8 +146,11 @@ impl<'p> Eval<'p> {
             Owner::Record(f) => {
                 let mut path = self.frames[f].state.in_progress.clone();
                 path.push(name.to_string());
-                Diagnostic::error("E0206", format!("field defaults refer to each other: {}", path.join(" -> ")))
-                    .with_primary(use_span, "while building this record")
+                Diagnostic::error(
+                    ErrorCode::E0206,
+                    format!("field defaults refer to each other: {}", path.join(" -> ")),
+                )
+                .with_primary(use_span, "while building this record")
             }
             Owner::Instance(i) => {
                 let Some(r) = self.recipe.as_ref() else { return };
@@ -155,7 +159,7 @@ impl<'p> Eval<'p> {
                     inst.state.in_progress.iter().map(|n| format!("{}.{}", inst.name, n)).collect();
                 path.push(format!("{}.{name}", inst.name));
                 let span = inst.provided.get(name).map(|p| p.2).unwrap_or(inst.binding_span);
-                Diagnostic::error("E0206", format!("fields refer to each other: {}", path.join(" -> ")))
+                Diagnostic::error(ErrorCode::E0206, format!("fields refer to each other: {}", path.join(" -> ")))
                     .with_primary(span, "part of the cycle")
             }
         };
@@ -167,7 +171,7 @@ impl<'p> Eval<'p> {
         let d = match owner {
             Owner::Record(f) => {
                 let schema_name = self.decl_name(self.frames[f].schema);
-                Diagnostic::error("E0106", format!("`{schema_name}` needs `{name}`"))
+                Diagnostic::error(ErrorCode::E0106, format!("`{schema_name}` needs `{name}`"))
                     .with_primary(use_span, format!("`{name}` is not set"))
                     .with_secondary(decl.span, "declared here without a default")
                     .with_help(format!("add `{name} = ...`"))
@@ -176,7 +180,7 @@ impl<'p> Eval<'p> {
                 let Some(r) = self.recipe.as_ref() else { return };
                 let inst = &r.instances[i];
                 let (iname, kname) = (inst.name.clone(), self.decl_name(inst.kind));
-                Diagnostic::error("E0106", format!("stage `{iname}` ({kname}) needs `{name}`"))
+                Diagnostic::error(ErrorCode::E0106, format!("stage `{iname}` ({kname}) needs `{name}`"))
                     .with_primary(inst.binding_span, format!("`{name}` is not set"))
                     .with_secondary(decl.span, "declared here without a default")
                     .with_help(format!("add `{name} = ...` to the block of `{iname}`"))

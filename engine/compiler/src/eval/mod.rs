@@ -29,6 +29,7 @@ use crate::types::{Iface, Type};
 use crate::value::{FieldValue, ItemRef, PortKind, Value};
 use fields::FieldState;
 use miles_grammar::ast::{self, Expr, FieldDecl, ItemKind};
+use miles_grammar::diag::ErrorCode;
 use miles_grammar::diag::{Diagnostic, Span};
 use std::collections::{BTreeMap, HashMap};
 
@@ -148,7 +149,7 @@ impl<'p> Eval<'p> {
     /// Reports a failure that no recipe can cause: the embedded standard library lacks a
     /// declaration the compiler relies on. It says so, so a user does not hunt for a mistake
     /// in their recipe. `code` stays the code the same failure had before it was marked.
-    fn internal_error(&mut self, code: &'static str, span: Span, what: String) {
+    fn internal_error(&mut self, code: ErrorCode, span: Span, what: String) {
         self.report(
             Diagnostic::error(code, format!("internal error: {what}"))
                 .with_primary(span, "while compiling this")
@@ -219,7 +220,7 @@ impl<'p> Eval<'p> {
             let span = item.name().map(|n| n.span).unwrap_or(item.span);
             self.report(
                 Diagnostic::error(
-                    "E0206",
+                    ErrorCode::E0206,
                     format!("`{}` is defined in terms of itself: {}", self.decl_name(r), names.join(" -> ")),
                 )
                 .with_primary(span, "recursive definition")

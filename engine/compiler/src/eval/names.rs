@@ -8,6 +8,7 @@ use crate::types::{Iface, Type};
 use crate::value::{ItemRef, Value};
 use miles_grammar::ast::{self, ItemKind, TypeExpr, TypeExprKind};
 use miles_grammar::diag::Diagnostic;
+use miles_grammar::diag::ErrorCode;
 
 /// The enum member a bare name denotes in `module` (`placement = colocated`), when no enum type
 /// is expected to say which: the enums declared in the module itself and in the modules every
@@ -42,7 +43,7 @@ impl<'p> Eval<'p> {
                 _ => {
                     self.report(
                         Diagnostic::error(
-                            "E0201",
+                            ErrorCode::E0201,
                             format!("unknown generic type `{}` with {} arguments", name.name, args.len()),
                         )
                         .with_primary(t.span, "here")
@@ -66,7 +67,7 @@ impl<'p> Eval<'p> {
                     ItemKind::Interface(_) => Some(Type::Interface(Iface::Decl(target, name))),
                     _ => {
                         self.report(
-                            Diagnostic::error("E0201", format!("`{}` is not a type", path.dotted()))
+                            Diagnostic::error(ErrorCode::E0201, format!("`{}` is not a type", path.dotted()))
                                 .with_primary(path.span, "a value, not a type"),
                         );
                         None
@@ -97,7 +98,8 @@ impl<'p> Eval<'p> {
                 },
                 ScopeEntry::Item(_) => {
                     self.report(
-                        Diagnostic::error("E0201", "not a module").with_primary(seg.span, "cannot look this up"),
+                        Diagnostic::error(ErrorCode::E0201, "not a module")
+                            .with_primary(seg.span, "cannot look this up"),
                     );
                     return None;
                 }
@@ -111,7 +113,9 @@ impl<'p> Eval<'p> {
                 Some(r)
             }
             ScopeEntry::Module(_) => {
-                self.report(Diagnostic::error("E0201", "a module is not a type").with_primary(path.span, "here"));
+                self.report(
+                    Diagnostic::error(ErrorCode::E0201, "a module is not a type").with_primary(path.span, "here"),
+                );
                 None
             }
         }
@@ -124,7 +128,7 @@ impl<'p> Eval<'p> {
             candidates.extend(r.by_name.keys().cloned());
             candidates.extend(r.settings_exprs.keys().cloned());
         }
-        let mut d = Diagnostic::error("E0103", format!("unknown {what} `{}`", id.name))
+        let mut d = Diagnostic::error(ErrorCode::E0103, format!("unknown {what} `{}`", id.name))
             .with_primary(id.span, "not found in this scope");
         if let Some(s) = did_you_mean(&id.name, candidates.iter().map(|s| s.as_str())) {
             d = d.with_help(format!("did you mean `{s}`?")).with_fix(format!("replace with `{s}`"), id.span, s);
@@ -137,7 +141,7 @@ impl<'p> Eval<'p> {
     pub(super) fn not_member(&mut self, m: u32, seg: &ast::Ident) {
         let key = self.program.module(m).key.clone();
         let names: Vec<String> = self.program.module(m).own.keys().cloned().collect();
-        let mut d = Diagnostic::error("E0107", format!("module `{key}` has no `{}`", seg.name))
+        let mut d = Diagnostic::error(ErrorCode::E0107, format!("module `{key}` has no `{}`", seg.name))
             .with_primary(seg.span, "not declared there");
         if let Some(s) = did_you_mean(&seg.name, names.iter().map(|s| s.as_str())) {
             d = d.with_help(format!("did you mean `{s}`?")).with_fix(format!("replace with `{s}`"), seg.span, s);
@@ -216,9 +220,11 @@ impl<'p> Eval<'p> {
                     }
                     if let Some(Type::Enum(e, ename)) = expected.map(|t| t.strip_optional()) {
                         let members = self.enum_members(*e);
-                        let mut d =
-                            Diagnostic::error("E0109", format!("`{}` is not a member of enum `{ename}`", id.name))
-                                .with_primary(id.span, "unknown member");
+                        let mut d = Diagnostic::error(
+                            ErrorCode::E0109,
+                            format!("`{}` is not a member of enum `{ename}`", id.name),
+                        )
+                        .with_primary(id.span, "unknown member");
                         if let Some(s) = did_you_mean(&id.name, members.iter().map(|s| s.as_str())) {
                             d = d.with_help(format!("did you mean `{s}`? members: {}", members.join(", "))).with_fix(
                                 format!("replace with `{s}`"),

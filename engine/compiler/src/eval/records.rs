@@ -6,13 +6,14 @@ use super::{Env, Eval, Frame, R};
 use crate::suggest::did_you_mean;
 use crate::value::{FieldValue, ItemRef, Record, Value};
 use miles_grammar::ast::{self, Expr};
+use miles_grammar::diag::ErrorCode;
 use miles_grammar::diag::{Diagnostic, Span};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 /// E0104 for a field set twice in one block (a record literal or a stage block).
 pub fn set_twice(again: &ast::Ident, first: Span) -> Diagnostic {
-    Diagnostic::error("E0104", format!("`{}` is set twice", again.name))
+    Diagnostic::error(ErrorCode::E0104, format!("`{}` is set twice", again.name))
         .with_primary(again.span, "set again here")
         .with_secondary(first, "first set here")
 }
@@ -77,7 +78,7 @@ impl<'p> Eval<'p> {
             let Some(first) = b.path.segments.first() else { continue };
             if b.path.segments.len() > 1 {
                 self.report(
-                    Diagnostic::error("E0209", "a dotted field path is only allowed in a recipe body")
+                    Diagnostic::error(ErrorCode::E0209, "a dotted field path is only allowed in a recipe body")
                         .with_primary(b.path.span, "write the nested record instead"),
                 );
                 ok = false;
@@ -111,7 +112,7 @@ impl<'p> Eval<'p> {
     pub fn unknown_field(&mut self, decl: ItemRef, id: &ast::Ident) {
         let decl_name = self.decl_name(decl);
         let names: Vec<String> = self.decl_fields(decl).iter().map(|d| d.name.name.clone()).collect();
-        let mut d = Diagnostic::error("E0105", format!("`{decl_name}` has no field `{}`", id.name))
+        let mut d = Diagnostic::error(ErrorCode::E0105, format!("`{decl_name}` has no field `{}`", id.name))
             .with_primary(id.span, "unknown field");
         if let Some(s) = did_you_mean(&id.name, names.iter().map(|s| s.as_str())) {
             d = d.with_help(format!("did you mean `{s}`?")).with_fix(format!("replace with `{s}`"), id.span, s);
@@ -134,7 +135,7 @@ impl<'p> Eval<'p> {
         }
         let Some(schema) = self.prelude_decl("recipe_settings") else {
             let span = r.name_span;
-            self.internal_error("E0103", span, "the prelude declares no `recipe_settings` schema".into());
+            self.internal_error(ErrorCode::E0103, span, "the prelude declares no `recipe_settings` schema".into());
             return None;
         };
         self.recipe.as_mut()?.settings_in_progress = true;
@@ -146,8 +147,9 @@ impl<'p> Eval<'p> {
         for (name, (expr, module, name_span)) in exprs {
             let Some(decl) = decls.iter().find(|d| d.name.name == name) else {
                 let id = ast::Ident { name: name.clone(), span: name_span };
-                let mut d = Diagnostic::error("E0105", format!("`{name}` is neither a stage nor a recipe setting"))
-                    .with_primary(name_span, "unknown recipe field");
+                let mut d =
+                    Diagnostic::error(ErrorCode::E0105, format!("`{name}` is neither a stage nor a recipe setting"))
+                        .with_primary(name_span, "unknown recipe field");
                 let names: Vec<String> = decls.iter().map(|d| d.name.name.clone()).collect();
                 if let Some(s) = did_you_mean(&id.name, names.iter().map(|s| s.as_str())) {
                     d = d.with_help(format!("did you mean `{s}`?")).with_fix(

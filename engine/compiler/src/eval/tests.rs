@@ -105,7 +105,11 @@ fn internal_errors_say_they_are_bugs_in_miles() {
     let fs = MemoryFs::with(&[("a.miles", "const a = 1\n")]);
     let c = compile(&fs, &["a.miles".to_string()], &Options::default());
     let mut ev = Eval::new(&c.program);
-    ev.internal_error("E0103", Span::default(), "the prelude declares no `x` schema".into());
+    ev.internal_error(
+        miles_grammar::diag::ErrorCode::E0103,
+        Span::default(),
+        "the prelude declares no `x` schema".into(),
+    );
     let d = &ev.diags[0];
     assert_eq!(d.message, "internal error: the prelude declares no `x` schema");
     assert!(d.help.as_deref().is_some_and(|h| h.contains("bug in miles")));

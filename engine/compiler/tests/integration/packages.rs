@@ -25,7 +25,7 @@ fn packages() -> Packages {
 fn codes(files: &[(&str, &str)], entry: &str) -> Vec<&'static str> {
     let fs = MemoryFs::with(files);
     let c = compile_in(&fs, &[entry.to_string()], &Options::default(), &packages());
-    c.diagnostics.iter().filter(|d| d.is_error()).map(|d| d.code).collect()
+    c.diagnostics.iter().filter(|d| d.is_error()).map(|d| d.code.as_str()).collect()
 }
 
 #[test]

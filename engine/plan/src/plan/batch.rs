@@ -4,6 +4,7 @@
 use super::Ctx;
 use crate::input::*;
 use crate::output::*;
+use miles_grammar::diag::ErrorCode;
 
 pub(super) fn resolve_batch(cx: &mut Ctx) -> Option<BatchReport> {
     let b = &cx.input.batch;
@@ -18,7 +19,7 @@ pub(super) fn resolve_batch(cx: &mut Ctx) -> Option<BatchReport> {
     ] {
         if let Some(s) = f {
             if s.value == 0 {
-                cx.error("E0405", format!("{name} is 0"), s.span, "must be at least 1", None);
+                cx.error(ErrorCode::E0405, format!("{name} is 0"), s.span, "must be at least 1", None);
                 return None;
             }
         }
@@ -30,7 +31,7 @@ pub(super) fn resolve_batch(cx: &mut Ctx) -> Option<BatchReport> {
             let prod = a.saturating_mul(b2);
             if prod % c != 0 {
                 cx.error(
-                    "E0405",
+                    ErrorCode::E0405,
                     format!("global_batch {c} does not divide rollout_batch x samples_per_prompt = {prod}"),
                     b.global_batch.and_then(|s| s.span),
                     "steps_per_rollout would not be whole",
@@ -44,7 +45,7 @@ pub(super) fn resolve_batch(cx: &mut Ctx) -> Option<BatchReport> {
             let prod = a.saturating_mul(b2);
             if prod % d != 0 {
                 cx.error(
-                    "E0405",
+                    ErrorCode::E0405,
                     format!("steps_per_rollout {d} does not divide rollout_batch x samples_per_prompt = {prod}"),
                     b.steps_per_rollout.and_then(|s| s.span),
                     "global_batch would not be whole",
@@ -65,7 +66,7 @@ pub(super) fn resolve_batch(cx: &mut Ctx) -> Option<BatchReport> {
     };
     if rb.saturating_mul(spp) != gb_.saturating_mul(spr) {
         cx.error(
-            "E0405",
+            ErrorCode::E0405,
             format!(
                 "rollout_batch x samples_per_prompt = {} but global_batch x steps_per_rollout = {}",
                 rb.saturating_mul(spp),

@@ -7,6 +7,7 @@ use super::gpu::Gpu;
 use super::Ctx;
 use crate::input::{Backend, MachineGpus, Precision};
 use crate::output::DeviceReport;
+use miles_grammar::diag::ErrorCode;
 
 pub(super) fn plan_device(cx: &mut Ctx) -> Option<DeviceReport> {
     let report = resolve(cx)?;
@@ -35,7 +36,7 @@ fn warn_bf16_without_instructions(cx: &mut Ctx) {
     }
     for (stage, schema, span) in found {
         cx.warning(
-            "E0411",
+            ErrorCode::E0411,
             format!("{stage}: `{schema} {{ precision = bf16 }}` on a CPU without AVX512-BF16 or AMX: libtorch emulates bf16 GEMMs there, slower than fp32"),
             span,
             "bf16 on this CPU",
@@ -84,7 +85,7 @@ fn resolve(cx: &mut Ctx) -> Option<DeviceReport> {
         ("cuda", false) => {
             let found = m.gpus.len();
             cx.error(
-                "E0518",
+                ErrorCode::E0518,
                 format!("the recipe computes on a GPU (device = cuda): it needs 1 GPU, and this machine has {found}"),
                 d.asked.span,
                 "asks for a GPU",

@@ -14,6 +14,7 @@ use crate::output::*;
 use crate::time::{self, work_seconds, Work};
 use crate::units::{bytes_fixed, gb_fixed, params as param_count};
 use miles_grammar::diag::Diagnostic;
+use miles_grammar::diag::ErrorCode;
 
 /// ATen ops of `Denoiser::forward` (model.rs) outside the blocks: the input view; the timestep
 /// sinusoid (to_kind, two unsqueezes, mul, sin, cos, cat) and its linear layer; the input
@@ -609,7 +610,7 @@ fn plan_memory(
     let row_stage = d.train.as_ref().map_or(d.rollout.stage.clone(), |tr| tr.stage.clone());
     if !fits {
         let mut diag = Diagnostic::error(
-            "E0401",
+            ErrorCode::E0401,
             format!(
                 "{row_stage} does not fit in host memory: {} for the diffusion process, {} has {} usable",
                 gb_fixed(total as f64),

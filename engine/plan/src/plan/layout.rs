@@ -4,6 +4,7 @@
 
 use super::Ctx;
 use crate::input::*;
+use miles_grammar::diag::ErrorCode;
 
 pub(super) fn validate_layouts(cx: &mut Ctx) {
     let input = cx.input;
@@ -23,7 +24,7 @@ pub(super) fn validate_layouts(cx: &mut Ctx) {
                 // and last stages separately); the plan sizes the largest stage.
                 if t.ep.value > 1 && m.experts % t.ep.value != 0 {
                     cx.error(
-                        "E0404",
+                        ErrorCode::E0404,
                         format!("{}: {} experts do not split over EP{}", st.name, m.experts, t.ep.value),
                         t.ep.span.or(st.span),
                         "EP must divide the expert count",
@@ -36,7 +37,7 @@ pub(super) fn validate_layouts(cx: &mut Ctx) {
             no_zeros(cx, st, [("tp", e.tp), ("dp", e.dp), ("ep", e.ep)]);
             if e.tp.value > 0 && (e.tp.value % e.dp.value.max(1) != 0 || e.tp.value % e.ep.value.max(1) != 0) {
                 cx.error(
-                    "E0404",
+                    ErrorCode::E0404,
                     format!(
                         "{}: engine DP{} and EP{} must divide its TP{}",
                         st.name, e.dp.value, e.ep.value, e.tp.value
@@ -48,7 +49,7 @@ pub(super) fn validate_layouts(cx: &mut Ctx) {
             }
             if e.engines.is_some_and(|n| n.value == 0) {
                 cx.error(
-                    "E0404",
+                    ErrorCode::E0404,
                     format!("{}: 0 engines", st.name),
                     e.engines.and_then(|n| n.span).or(st.span),
                     "must be at least 1",
@@ -57,7 +58,7 @@ pub(super) fn validate_layouts(cx: &mut Ctx) {
             }
             if !(e.mem_fraction.value > 0.0 && e.mem_fraction.value <= 1.0) {
                 cx.error(
-                    "E0404",
+                    ErrorCode::E0404,
                     format!("{}: mem_fraction {} is not in (0, 1]", st.name, e.mem_fraction.value),
                     e.mem_fraction.span.or(st.span),
                     "share of HBM",
@@ -68,7 +69,7 @@ pub(super) fn validate_layouts(cx: &mut Ctx) {
         if st.trainer.is_none() && st.engine.is_none() && st.model.is_some() && !KNOWN_KINDS.contains(&st.kind.as_str())
         {
             cx.warning(
-                "E0410",
+                ErrorCode::E0410,
                 format!(
                     "{}: stage kind `{}` runs {} but the planner does not know the kind: no GPUs, memory or time planned for it",
                     st.name,
@@ -82,7 +83,7 @@ pub(super) fn validate_layouts(cx: &mut Ctx) {
         }
         if embedded_on_gpus(cx.total_gpus, st) {
             cx.error(
-                "E0409",
+                ErrorCode::E0409,
                 format!(
                     "{}: the embedded trainer runs on the host CPU in fp32; cluster {} has {} GPUs and the stage names no GPU backend",
                     st.name, input.cluster.name, cx.total_gpus
@@ -94,7 +95,7 @@ pub(super) fn validate_layouts(cx: &mut Ctx) {
         }
         if (st.trainer.is_some() || st.engine.is_some()) && st.model.is_none() {
             cx.error(
-                "E0409",
+                ErrorCode::E0409,
                 format!("{}: no model to plan with", st.name),
                 st.span,
                 "this stage's model is unknown",
@@ -114,7 +115,13 @@ pub(super) fn embedded_on_gpus(total_gpus: u64, st: &Stage) -> bool {
 fn no_zeros(cx: &mut Ctx, st: &Stage, fields: impl IntoIterator<Item = (&'static str, Spanned<u64>)>) {
     for (name, f) in fields {
         if f.value == 0 {
-            cx.error("E0404", format!("{}: {name} is 0", st.name), f.span.or(st.span), "must be at least 1", None);
+            cx.error(
+                ErrorCode::E0404,
+                format!("{}: {name} is 0", st.name),
+                f.span.or(st.span),
+                "must be at least 1",
+                None,
+            );
         }
     }
 }

@@ -6,6 +6,7 @@ use super::Ctx;
 use crate::input::*;
 use crate::model::div;
 use crate::output::*;
+use miles_grammar::diag::ErrorCode;
 
 /// Free GPU ids as sorted half-open intervals.
 struct Free(Vec<(u64, u64)>);
@@ -145,7 +146,7 @@ fn refuse_gpus(cx: &mut Ctx, out: &mut [Placed]) {
         if st.gpus.is_some_and(|g| g.value != GpuRequest::Auto) {
             let span = st.gpus.and_then(|g| g.span).or(st.span);
             cx.error(
-                "E0403",
+                ErrorCode::E0403,
                 format!("{} asks for GPUs but cluster {} has none", st.name, input.cluster.name),
                 span,
                 "no GPU to give",
@@ -154,7 +155,7 @@ fn refuse_gpus(cx: &mut Ctx, out: &mut [Placed]) {
             out[i].error = true;
         } else if uses_gpu(cx, st) && input.cluster.host.is_none() {
             cx.error(
-                "E0403",
+                ErrorCode::E0403,
                 format!("{}: cluster {} has neither GPUs nor a host", st.name, input.cluster.name),
                 input.cluster.span.or(st.span),
                 "nothing to run on",
@@ -219,7 +220,7 @@ fn place_requested(cx: &mut Ctx, free: &mut Free, out: &mut [Placed]) -> Vec<usi
                         None => {
                             let left = free.total();
                             cx.error(
-                                "E0403",
+                                ErrorCode::E0403,
                                 format!("{} needs {k} GPUs, {left} are left", st.name),
                                 st.span,
                                 "not enough GPUs",
@@ -255,7 +256,7 @@ fn split_rest(cx: &mut Ctx, free: &mut Free, out: &mut [Placed], auto: &[usize])
             Some(r) if share > 0 => (out[i].ranges, out[i].placed) = (r, Where::Own),
             _ => {
                 cx.error(
-                    "E0403",
+                    ErrorCode::E0403,
                     format!("no GPUs left for {} (needs multiples of {unit})", st.name),
                     st.span,
                     "placed automatically",
@@ -300,7 +301,7 @@ fn take(cx: &mut Ctx, free: &mut Free, st: &Stage, g: Spanned<GpuRequest>) -> Op
         GpuRequest::Range { first, last } => {
             if first > last || last >= cx.total_gpus {
                 cx.error(
-                    "E0403",
+                    ErrorCode::E0403,
                     format!(
                         "{}: GPUs {first}-{last} are not in cluster {} (GPUs 0-{})",
                         st.name,
@@ -317,7 +318,7 @@ fn take(cx: &mut Ctx, free: &mut Free, st: &Stage, g: Spanned<GpuRequest>) -> Op
                 Some(vec![GpuRange { first, last }])
             } else {
                 cx.error(
-                    "E0403",
+                    ErrorCode::E0403,
                     format!("{}: GPUs {first}-{last} overlap another stage's", st.name),
                     span,
                     "already taken",
@@ -331,7 +332,7 @@ fn take(cx: &mut Ctx, free: &mut Free, st: &Stage, g: Spanned<GpuRequest>) -> Op
             None => {
                 let left = free.total();
                 cx.error(
-                    "E0403",
+                    ErrorCode::E0403,
                     format!("{} asks for {k} GPUs, {left} are left", st.name),
                     span,
                     "not enough GPUs",

@@ -11,6 +11,7 @@ use crate::model::{self, div};
 use crate::output::*;
 use crate::time::{self, DecodeShape};
 use crate::units::gb_fixed;
+use miles_grammar::diag::ErrorCode;
 
 pub(super) fn plan_engine(
     cx: &mut Ctx,
@@ -59,7 +60,7 @@ fn engines_fit(cx: &mut Ctx, st: &Stage, e: &Engine, engines: u64, gpus: u64) ->
     let tp = e.tp.value;
     if engines.saturating_mul(tp) > gpus || engines == 0 {
         cx.error(
-            "E0404",
+            ErrorCode::E0404,
             format!(
                 "{}: {engines} engines x TP{tp} need {} GPUs, the stage has {gpus}",
                 st.name,
@@ -187,7 +188,7 @@ fn check_kv_cache(cx: &mut Ctx, st: &Stage, e: &Engine, m: &ModelSpec, g: &GpuSp
             fixes.push("a larger `mem_fraction`".into());
         }
         cx.error(
-            "E0402",
+            ErrorCode::E0402,
             format!(
                 "{}: weights take {} per GPU, more than the engine's {} ({} x mem_fraction {})",
                 st.name,
@@ -202,7 +203,7 @@ fn check_kv_cache(cx: &mut Ctx, st: &Stage, e: &Engine, m: &ModelSpec, g: &GpuSp
         );
     } else if kv.sequences == 0 {
         cx.error(
-            "E0402",
+            ErrorCode::E0402,
             format!(
                 "{}: the KV cache holds {} tokens per engine, one sequence of {} + {} tokens does not fit",
                 st.name, kv.tokens, e.prompt_len.value, e.response_len.value
@@ -233,7 +234,7 @@ fn demand(
     if let (Some(mc), Some(want)) = (e.max_concurrent, demand) {
         if kv.fits && want > kv.sequences {
             cx.warning(
-                "E0407",
+                ErrorCode::E0407,
                 format!(
                     "{}: {} concurrent requests per engine, the KV cache holds {} sequences of {} tokens",
                     st.name, want, kv.sequences, kv.seq

@@ -12,6 +12,7 @@ use crate::output::*;
 use crate::time;
 use crate::units::{gb_fixed, params as param_count};
 use miles_grammar::diag::Diagnostic;
+use miles_grammar::diag::ErrorCode;
 
 /// The teacher's memory per GPU (into `memory`) and its seconds per optimizer step.
 pub(super) fn plan_teacher(
@@ -55,7 +56,7 @@ pub(super) fn plan_teacher(
     let fits = total <= usable;
     if !fits {
         let mut d = Diagnostic::error(
-            "E0401",
+            ErrorCode::E0401,
             format!(
                 "{} does not fit in GPU memory: {} per GPU, {} has {} usable; over by {}",
                 st.name,

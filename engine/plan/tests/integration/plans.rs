@@ -61,7 +61,7 @@ fn glm5_reference_needs_optimizer_streaming() {
 #[test]
 fn invalid_layouts_report_instead_of_panicking() {
     let p = plan(&load("invalid_layouts"));
-    let codes: Vec<&str> = p.diagnostics.iter().map(|d| d.code).collect();
+    let codes: Vec<&str> = p.diagnostics.iter().map(|d| d.code.as_str()).collect();
     for c in ["E0403", "E0404", "E0405"] {
         assert!(codes.contains(&c), "{c} missing from {codes:?}");
     }

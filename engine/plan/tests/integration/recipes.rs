@@ -33,7 +33,7 @@ fn check_messages(src: &str) -> Vec<String> {
 }
 
 fn codes(p: &Plan) -> Vec<&'static str> {
-    p.diagnostics.iter().map(|d| d.code).collect()
+    p.diagnostics.iter().map(|d| d.code.as_str()).collect()
 }
 
 /// The Miles repository's Qwen3-4B GRPO script on one node of 8 H100, colocated, FSDP.

@@ -8,6 +8,7 @@ use crate::model::Layout;
 use crate::plan::Ctx;
 use crate::units::gb_fixed;
 use miles_grammar::diag::Diagnostic;
+use miles_grammar::diag::ErrorCode;
 
 /// E0401 for a rank of `total` bytes over its budget, with the fixes in its help.
 #[allow(clippy::too_many_arguments)]
@@ -39,7 +40,7 @@ pub(super) fn report_over(
         ));
     }
     let mut d = Diagnostic::error(
-        "E0401",
+        ErrorCode::E0401,
         format!(
             "{} does not fit in GPU memory: {} per GPU, {} has {} usable ({} x {:.0}%); over by {}",
             st.name,

@@ -6,6 +6,7 @@ use crate::input::*;
 use crate::model::Layout;
 use crate::plan::placement::trainer_unit;
 use crate::plan::Ctx;
+use miles_grammar::diag::ErrorCode;
 use miles_grammar::diag::Span;
 
 /// The layout the trainer runs on `gpus` devices with `dp` replicas; `None` (and E0404) when it
@@ -13,7 +14,7 @@ use miles_grammar::diag::Span;
 pub(super) fn check_layout(cx: &mut Ctx, st: &Stage, t: &Trainer, gpus: u64, dp: u64) -> Option<Layout> {
     if dp == 0 || trainer_unit(t).saturating_mul(dp) != gpus {
         cx.error(
-            "E0404",
+            ErrorCode::E0404,
             format!(
                 "{}: TP{} x PP{} x CP{} x DP{} = {} but the stage has {gpus} GPUs",
                 st.name,
@@ -42,7 +43,7 @@ pub(super) fn check_layout(cx: &mut Ctx, st: &Stage, t: &Trainer, gpus: u64, dp:
     };
     if l.backend == Backend::Megatron && !(l.tp * l.cp * l.dp).is_multiple_of(l.etp() * l.ep) {
         cx.error(
-            "E0404",
+            ErrorCode::E0404,
             format!("{}: EP{} does not divide TP x CP x DP = {}", st.name, l.ep, l.tp * l.cp * l.dp),
             t.ep.span.or(st.span),
             "experts cannot be placed",
@@ -68,7 +69,7 @@ pub(in crate::plan) fn tp_domain_warning(
     let domain = g.scaleup_domain.max(1);
     if tp > domain || (!domain.is_multiple_of(tp.max(1)) && stage_gpus > domain) {
         cx.warning(
-            "E0406",
+            ErrorCode::E0406,
             format!("{}: {what} TP{tp} spans NVLink domains of {domain} {} GPUs", st.name, g.name),
             span.or(st.span),
             "tensor-parallel traffic crosses the scale-out network",

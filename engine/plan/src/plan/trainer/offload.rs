@@ -8,6 +8,7 @@ use crate::model::{self, div};
 use crate::output::*;
 use crate::plan::Ctx;
 use crate::units::gb_fixed;
+use miles_grammar::diag::ErrorCode;
 
 /// The links an offload moves optimizer state over, for one trainer stage.
 pub(super) struct OffloadCost {
@@ -89,7 +90,7 @@ pub(super) fn offload_report(
             if let Some(hm) = device.and_then(|g| g.host_memory) {
                 if host > hm as f64 {
                     cx.warning(
-                        "E0408",
+                        ErrorCode::E0408,
                         format!(
                             "{}: CPU-offloaded optimizer state needs {} of host memory per node, nodes have {}",
                             st.name,
