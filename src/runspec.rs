@@ -5,10 +5,11 @@
 //! (`runspec/task.rs`, `runspec/reward.rs`), the launcher (`runspec/launch.rs`), diffusion
 //! (`runspec/diffusion.rs`).
 
+use miles_compiler::capability;
 use miles_compiler::graph::StageNode;
-use miles_compiler::job::read::{refusal_span, Fields};
+use miles_compiler::job::read::Fields;
 use miles_compiler::job::{self, Job, ModelJob, StageJob};
-use miles_compiler::{CompiledRecipe, Diagnostic, Span};
+use miles_compiler::{CompiledRecipe, Diagnostic};
 use miles_grammar::diag::ErrorCode;
 use miles_runtime::routing::RouteId;
 use miles_runtime::spec::*;
@@ -37,40 +38,23 @@ pub fn run_job(recipe: &CompiledRecipe) -> Result<RunJob, Vec<Diagnostic>> {
     }
 }
 
-/// The refusals of one mapping, and the lowered stages they point into.
+/// One mapping: the compiled recipe and its lowered stages.
 struct Mapper<'r> {
     recipe: &'r CompiledRecipe,
-    diags: Vec<Diagnostic>,
 }
 
 impl<'r> Mapper<'r> {
     fn new(recipe: &'r CompiledRecipe) -> Mapper<'r> {
-        Mapper { recipe, diags: Vec::new() }
+        Mapper { recipe }
     }
 
     fn job(&self) -> &'r Job {
         &self.recipe.job
     }
 
-    /// The lowered stage behind a typed one: where its refusals point.
+    /// The lowered stage behind a typed one.
     fn node(&self, s: &StageJob) -> Option<&'r StageNode> {
         self.recipe.graph.node(&s.name)
-    }
-
-    fn field_span(&self, s: &StageJob, field: &str) -> Span {
-        self.node(s).map_or(s.name_span, |n| refusal_span(n, field))
-    }
-
-    fn unsupported(&mut self, span: Span, what: String, help: &str) {
-        self.diags.push(
-            Diagnostic::error(ErrorCode::E0511, format!("the embedded backend cannot run {what}"))
-                .with_primary(span, "not supported by `miles run` on this machine")
-                .with_help(help.to_string()),
-        );
-    }
-
-    fn stages_of_kind(&self, kind: &str) -> Vec<&'r StageJob> {
-        self.job().stages.iter().filter(|s| s.kind == kind).collect()
     }
 
     /// The first stage of `kind`, in graph order.
@@ -78,29 +62,17 @@ impl<'r> Mapper<'r> {
         self.job().stages.iter().find(|s| s.kind == kind)
     }
 
-    /// E0511 when the record in `field` of a stage (an engine, a backend) is not the embedded
-    /// one, `embedded`; `what` names it in the message ("a `megatron` trainer").
-    fn require_embedded(&mut self, s: &StageJob, field: &str, schema: Option<&str>, embedded: &str, what: &str) {
-        let Some(schema) = schema.filter(|schema| *schema != embedded) else { return };
-        let message = format!("a `{schema}` {what}");
-        let help = format!("remove `{field}` (the embedded {what} is the default) to run here");
-        let span = self.field_span(s, field);
-        self.unsupported(span, message, &help);
+    /// A recipe the run contract accepted but this mapping cannot read: a bug in miles.
+    fn internal(&self, what: &str) -> Vec<Diagnostic> {
+        vec![Diagnostic::error(ErrorCode::E0511, format!("internal error: cannot map {what} of this recipe"))
+            .with_primary(self.recipe.span, "while mapping this recipe to a run")
+            .with_help("this is a bug in miles, not in the recipe; please report it")]
     }
 
-    /// The trainer's distillation: its `opd` record and the `teacher_logprobs` stage it names. A
-    /// teacher stage no trainer reads is refused (E0511), never run for nothing.
-    fn opd_spec(&mut self, train: &StageJob) -> Option<OpdSpec> {
+    /// The trainer's distillation: its `opd` record and the `teacher_logprobs` stage it names (a
+    /// teacher stage no trainer reads was refused by `capability::shape`).
+    fn opd_spec(&self, train: &StageJob) -> Option<OpdSpec> {
         let read = self.job().teacher_of(train);
-        for t in self.stages_of_kind("teacher_logprobs") {
-            if read.is_none_or(|r| r.name != t.name) {
-                self.unsupported(
-                    t.name_span,
-                    format!("a teacher stage no trainer reads (`{}`)", t.name),
-                    "name it in the trainer's distillation: train.opd = opd { teacher = ... }, or remove it",
-                );
-            }
-        }
         let (o, teacher) = (train.train.as_ref()?.opd.as_ref()?, read?);
         Some(OpdSpec {
             stage: teacher.name.clone(),
@@ -190,82 +162,23 @@ fn r3_spec(rollout: &StageJob) -> Option<R3Spec> {
     Some(R3Spec { replay: r3.replay, id })
 }
 
-/// The rollout and the trainer an LM run executes: exactly one of each, the rest refused.
-fn rollout_and_trainer<'r>(m: &mut Mapper<'r>) -> Result<(&'r StageJob, &'r StageJob), Vec<Diagnostic>> {
-    let rollouts = m.stages_of_kind("generate");
-    let trainers: Vec<&StageJob> = m.job().trainers().collect();
-    let (Some(rollout), Some(train)) = (rollouts.first().copied(), trainers.first().copied()) else {
-        let recipe = m.recipe;
-        let d = Diagnostic::error(
-            ErrorCode::E0511,
-            "the embedded backend runs a recipe with a `generate` rollout and a `grpo` trainer",
-        )
-        .with_primary(
-            recipe.graph.nodes().next().map(|n| n.name_span).unwrap_or(recipe.span),
-            "this recipe has no rollout and trainer pair",
-        )
-        .with_help("add `rollout = generate(...)`, a reward and `train = grpo(rollout, reward)`");
-        return Err(vec![d]);
-    };
-    for extra in rollouts.iter().skip(1).chain(trainers.iter().skip(1)) {
-        m.unsupported(
-            extra.name_span,
-            format!("a second `{}` stage", extra.kind),
-            "the embedded backend runs one rollout and one trainer",
-        );
-    }
-    for node in m.recipe.graph.nodes() {
-        match node.kind.as_str() {
-            "generate" | "grpo" | "ppo" | "sft" | "weights" | "evaluate" | "checkpoint" | "exact_match" | "verify"
-            | "command_reward" | "http_reward" | "env_reward" | "teacher_logprobs" => {}
-            other => m.unsupported(
-                node.name_span,
-                format!("a `{other}` stage"),
-                "the embedded backend runs sft, generate, exact_match, verify, command_reward, http_reward, env_reward, \
-                 teacher_logprobs, grpo, weights, evaluate and checkpoint",
-            ),
-        }
-    }
-    Ok((rollout, train))
-}
-
 pub fn run_spec(recipe: &CompiledRecipe) -> Result<RunSpec, Vec<Diagnostic>> {
-    let mut m = Mapper::new(recipe);
+    // Every refusal (E0511) comes from the run contract, before any mapping.
+    let (rollout, train) = capability::shape::lm_run(recipe)?;
+    let m = Mapper::new(recipe);
     let job = &recipe.job;
-    let (rollout, train) = rollout_and_trainer(&mut m)?;
     let (r, t) = (rollout.rollout.as_ref(), train.train.as_ref());
     let engine = r.and_then(|r| r.engine.as_ref());
-    let backend = t.and_then(|t| t.backend.as_ref());
     // An SGLang-compatible server fleet given by URL serves the rollout (the trainer stays here).
     let engine_urls: Vec<String> = engine.filter(|e| e.schema == "sglang").map(|e| e.urls.clone()).unwrap_or_default();
-    if engine_urls.is_empty() {
-        m.require_embedded(rollout, "engine", engine.map(|e| e.schema.as_str()), "embedded_engine", "engine");
-    }
-    m.require_embedded(train, "backend", backend.map(|b| b.schema.as_str()), "embedded_trainer", "trainer");
-
-    let Some((model, hf)) = model_config(rollout.model.as_ref()) else {
-        let record = m.node(rollout).and_then(|n| n.model.as_deref());
-        m.unsupported(
-            record.map_or(rollout.name_span, |r| r.span),
-            format!("a `{}` model", record.map_or("unknown", |r| r.schema_name.as_str())),
-            "the embedded backend trains a `transformer { ... }` from a seed",
-        );
-        return Err(m.diags);
-    };
+    let Some((model, hf)) = model_config(rollout.model.as_ref()) else { return Err(m.internal("the model")) };
 
     // The task, from the rollout's prompts.
     let reward_stage = t.and_then(|t| t.reward.as_deref()).and_then(|n| recipe.graph.node(n));
     let partial_credit = reward_stage.and_then(|r| r.bool("partial_credit")).is_some_and(|b| b.value);
     let prompts = m.node(rollout).and_then(|n| n.record("prompts"));
-    let Some(task) = task::task_spec(prompts, partial_credit) else {
-        m.unsupported(
-            m.field_span(rollout, "prompts"),
-            format!("prompts from `{}`", prompts.map_or("?", |p| p.schema_name.as_str())),
-            "use a built-in task (std/tasks/arith, std/tasks/strings), `jsonl { ... }` or `parquet { ... }`",
-        );
-        return Err(m.diags);
-    };
-    let reward = reward_stage.and_then(|r| reward::reward_spec(&mut m.diags, r));
+    let Some(task) = task::task_spec(prompts, partial_credit) else { return Err(m.internal("the prompts")) };
+    let reward = reward_stage.and_then(reward::reward_spec);
     let env = reward_stage
         .and_then(|r| Some((r, job.stage(&r.name)?.episodes.as_ref()?)))
         .and_then(|(r, e)| reward::env_spec(r, e, r_session(rollout)));
@@ -278,8 +191,8 @@ pub fn run_spec(recipe: &CompiledRecipe) -> Result<RunSpec, Vec<Diagnostic>> {
         warmup_steps: s.warmup,
     });
     let train_spec = match t {
-        Some(t) => train_spec(&mut m, train, t, job.seed, partial_credit),
-        None => return Err(m.diags),
+        Some(t) => train_spec(&m, train, t, job.seed, partial_credit),
+        None => return Err(m.internal("the trainer")),
     };
     let rollout_spec = RolloutSpec {
         rollout_batch: t.and_then(|t| t.rollout_batch).map_or(0, |v| v.value) as usize,
@@ -320,10 +233,7 @@ pub fn run_spec(recipe: &CompiledRecipe) -> Result<RunSpec, Vec<Diagnostic>> {
             keep: c.value("keep").and_then(|v| v.as_i64()).unwrap_or(2).max(1) as usize,
         })
         .unwrap_or_default();
-    let distributed = launch::distributed(&mut m, rollout, engine_urls);
-    if !m.diags.is_empty() {
-        return Err(m.diags);
-    }
+    let distributed = launch::distributed(&m, engine_urls);
     Ok(RunSpec {
         seed: job.seed,
         steps: job.stop,
@@ -356,7 +266,7 @@ fn r_session(rollout: &StageJob) -> miles_runtime::session::Rule {
     }
 }
 
-fn train_spec(m: &mut Mapper, train: &StageJob, t: &job::TrainJob, seed: u64, partial_credit: bool) -> TrainSpec {
+fn train_spec(m: &Mapper, train: &StageJob, t: &job::TrainJob, seed: u64, partial_credit: bool) -> TrainSpec {
     let opt = t.optimizer.as_ref();
     let o = |f: fn(&job::OptimizerJob) -> f64, default: f64| opt.map_or(default, f);
     let count = |v: Option<miles_compiler::Spanned<u64>>| v.map_or(0, |v| v.value) as usize;

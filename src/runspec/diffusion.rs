@@ -1,81 +1,39 @@
 //! From a compiled diffusion recipe (a `denoise` rollout) to the embedded backend's
-//! `DiffusionRunSpec` (engine/runtime/src/diffusion.rs). The stdlib's checks and the capability
-//! table have refused what the run cannot do; what is left here is the recipe's shape: one
-//! denoiser, one `denoise` rollout, one `image_reward`, one `diffusion_grpo`, E0511 otherwise.
+//! `DiffusionRunSpec` (engine/runtime/src/diffusion.rs). The stdlib's checks, the capability
+//! table and its shape rules (`capability::shape::diffusion_run`: one denoiser, one `denoise`
+//! rollout, one `image_reward`, one `diffusion_grpo`) have refused what the run cannot do.
 
-use super::Mapper;
-use miles_compiler::job::{DiffusionJob, Family, StageJob};
+use miles_compiler::capability;
+use miles_compiler::job::DiffusionJob;
 use miles_compiler::{CompiledRecipe, Diagnostic};
 use miles_grammar::diag::ErrorCode;
 use miles_runtime::diffusion::*;
 use std::path::PathBuf;
-
-/// The stage kinds a diffusion run executes.
-const KINDS: &[&str] = &["denoise_pretrain", "denoise", "image_reward", "diffusion_grpo", "image_eval", "weights"];
 
 /// Whether `recipe` is a diffusion recipe (it samples with `denoise`).
 pub fn is_diffusion(recipe: &CompiledRecipe) -> bool {
     recipe.graph.nodes().any(|n| n.kind == "denoise")
 }
 
-/// The one stage of `kind`; a second is refused.
-fn one<'r>(m: &mut Mapper<'r>, kind: &str) -> Option<&'r StageJob> {
-    let all = m.stages_of_kind(kind);
-    for extra in all.iter().skip(1) {
-        m.unsupported(extra.name_span, format!("a second `{kind}` stage"), "a diffusion run has one of each stage");
-    }
-    all.first().copied()
-}
-
 pub fn diffusion_spec(recipe: &CompiledRecipe) -> Result<DiffusionRunSpec, Vec<Diagnostic>> {
-    let mut m = Mapper::new(recipe);
+    // Every refusal of the recipe's shape (E0511) comes from the run contract.
+    let d = capability::shape::diffusion_run(recipe)?;
     let (seed, stop) = (recipe.job.seed, recipe.job.stop);
-    for node in recipe.graph.nodes() {
-        if !KINDS.contains(&node.kind.as_str()) {
-            m.unsupported(
-                node.name_span,
-                format!("a `{}` stage in a diffusion recipe", node.kind),
-                "a diffusion run executes denoise_pretrain, denoise, image_reward, diffusion_grpo, image_eval and weights",
-            );
-        }
-    }
-    let rollout = one(&mut m, "denoise");
-    let reward = one(&mut m, "image_reward");
-    let train = one(&mut m, "diffusion_grpo");
-    one(&mut m, "denoise_pretrain");
-    one(&mut m, "image_eval");
-    let (Some(rollout), Some(_), Some(_)) = (rollout, reward, train) else {
-        let d = Diagnostic::error(
+    let DiffusionJob { model, pretrain, rollout: r, reward: Some(reward), train: Some(train), eval } = d else {
+        return Err(vec![Diagnostic::error(
             ErrorCode::E0511,
-            "the embedded backend runs a diffusion recipe with a `denoise` rollout, an `image_reward` and a `diffusion_grpo` trainer",
+            "internal error: a diffusion job without its reward or trainer",
         )
-        .with_primary(rollout.map(|n| n.name_span).unwrap_or(recipe.span), "this recipe lacks one of them")
-        .with_help("reward = image_reward(rollout) { ... } and train = diffusion_grpo(rollout, reward) { ... }");
-        m.diags.push(d);
-        return Err(m.diags);
+        .with_primary(recipe.span, "while mapping this recipe to a run")
+        .with_help("this is a bug in miles, not in the recipe; please report it")]);
     };
-    let Family::Diffusion(d) = &recipe.job.family else {
-        m.unsupported(
-            rollout.name_span,
-            "a denoising rollout without a `denoiser` model".into(),
-            "model policy = denoiser { ... }",
-        );
-        return Err(m.diags);
-    };
-    let DiffusionJob { model, pretrain, rollout: r, reward: Some(reward), train: Some(train), eval } = &**d else {
-        unreachable!("a diffusion job reads the first image_reward and diffusion_grpo, present here")
-    };
+    let rollout_span = recipe.job.stage(&r.stage).map_or(recipe.span, |s| s.name_span);
     let model = DenoiserConfig {
         side: model.side as usize,
         conditions: model.conditions as usize,
         hidden: model.hidden as usize,
         layers: model.layers as usize,
     };
-    // The trainer must train the rollout's samples with the reward that scored them.
-    if train.reward.as_deref() != Some(reward.stage.as_str()) {
-        let span = recipe.job.stage(&train.stage).map_or(rollout.name_span, |t| t.name_span);
-        m.unsupported(span, "a trainer fed by another reward".into(), "train = diffusion_grpo(rollout, reward)");
-    }
     let pretrain = match pretrain {
         Some(p) => {
             PretrainSpec { steps: p.steps, lr: p.lr, batch: p.batch as usize, p_uncond: p.p_uncond, seed: p.seed }
@@ -128,16 +86,11 @@ pub fn diffusion_spec(recipe: &CompiledRecipe) -> Result<DiffusionRunSpec, Vec<D
     };
     // The runtime's own rules, a backstop: the stdlib's checks state each at its field first.
     if let Err(e) = spec.validate() {
-        m.diags.push(
-            Diagnostic::error(ErrorCode::E0511, e.message)
-                .with_primary(rollout.name_span, "the diffusion run refuses this"),
-        );
+        let d =
+            Diagnostic::error(ErrorCode::E0511, e.message).with_primary(rollout_span, "the diffusion run refuses this");
+        return Err(vec![d]);
     }
-    if m.diags.is_empty() {
-        Ok(spec)
-    } else {
-        Err(m.diags)
-    }
+    Ok(spec)
 }
 
 #[cfg(test)]

@@ -3,23 +3,17 @@
 
 use super::Mapper;
 use miles_compiler::job::read::Fields;
-use miles_compiler::job::{StageJob, SyncJob};
+use miles_compiler::job::SyncJob;
 use miles_compiler::value::Record;
 use miles_runtime::distributed::{DistributedSpec, LauncherSpec, WorkerFailure};
 
-/// None for `in_process` without servers by URL.
-pub(super) fn distributed(m: &mut Mapper, rollout: &StageJob, engine_urls: Vec<String>) -> Option<DistributedSpec> {
+/// None for `in_process` without servers by URL (servers by URL with a launcher were refused by
+/// `capability::shape`).
+pub(super) fn distributed(m: &Mapper, engine_urls: Vec<String>) -> Option<DistributedSpec> {
     let launcher = m.recipe.settings.as_record().and_then(|s| s.record("launcher"));
     let distributed = launcher.and_then(|l| launcher_spec(l, m.job().syncs.first()));
     if engine_urls.is_empty() {
         return distributed;
-    }
-    if distributed.is_some() {
-        m.unsupported(
-            m.field_span(rollout, "engine"),
-            "rollout servers given by URL together with a launcher".into(),
-            "with `engine = sglang { url = ... }` the trainer runs in `miles run`; remove `launcher`",
-        );
     }
     Some(DistributedSpec {
         launcher: LauncherSpec::InProcess,

@@ -3,14 +3,13 @@
 //! reads these).
 
 use miles_compiler::graph::StageNode;
-use miles_compiler::job::read::{refusal_span, Fields};
+use miles_compiler::job::read::Fields;
 use miles_compiler::job::EpisodesJob;
-use miles_compiler::Diagnostic;
-use miles_grammar::diag::ErrorCode;
 use miles_runtime::reward::RewardSpec;
 
-/// None: the task's exact match.
-pub(super) fn reward_spec(diags: &mut Vec<Diagnostic>, r: &StageNode) -> Option<RewardSpec> {
+/// None: the task's exact match. (A `schema_text` that is not JSON was refused by
+/// `capability::shape`.)
+pub(super) fn reward_spec(r: &StageNode) -> Option<RewardSpec> {
     use miles_runtime::reward::OnRewardError;
     let on_error = match r.member("on_error").map(|e| e.value) {
         Some("drop") => OnRewardError::Drop,
@@ -23,19 +22,7 @@ pub(super) fn reward_spec(diags: &mut Vec<Diagnostic>, r: &StageNode) -> Option<
     let name = r.name.clone();
     match r.kind.as_str() {
         "verify" => {
-            let schema = match text("schema_text") {
-                None => None,
-                Some(t) => match serde_json::from_str(&t) {
-                    Ok(v) => Some(v),
-                    Err(e) => {
-                        diags.push(
-                            Diagnostic::error(ErrorCode::E0511, format!("`schema_text` is not valid JSON: {e}"))
-                                .with_primary(refusal_span(r, "schema_text"), "a JSON schema, as text"),
-                        );
-                        None
-                    }
-                },
-            };
+            let schema = text("schema_text").and_then(|t| serde_json::from_str(&t).ok());
             Some(RewardSpec::Verifier {
                 name,
                 kind: r.member("kind").map_or("math", |k| k.value).to_string(),
