@@ -5,8 +5,9 @@ export is a directory transformers takes as it is.
 
 By hand, in the fixtures' private venv (scripts/make-hf-fixtures.py says how to make it); CI
 never runs it (no Python ML stack there). That the weights are the trained ones is tested in
-Rust: engine/tch/tests/hf.rs (our forward equals transformers' on every fixture architecture)
-and engine/tch/tests/hf_run.rs (the export reloads to the trainer's last weights). Usage:
+Rust: engine/tch/tests/integration/hf.rs (our forward equals transformers' on every fixture
+architecture) and engine/tch/tests/integration/hf_run.rs (the export reloads to the trainer's last
+weights). Usage:
 
     /work/venv-hf/bin/python scripts/check-hf-export.py runs/grpo-hf/model
 """

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Writes tests/fixtures/hf/: tiny random-weight Hugging Face model directories and the reference
-outputs that `transformers` computes for them. The Rust tests (engine/tch/tests/hf.rs, and the
-tokenizer / chat-template tests) compare against these files; CI never runs this script.
+outputs that `transformers` computes for them. The Rust tests (engine/tch/tests/integration/hf.rs,
+and the tokenizer / chat-template tests) compare against these files; CI never runs this script.
 
 Regenerate (by hand, from the repository root; needs network access to the package registry once):
 

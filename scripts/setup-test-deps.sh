@@ -31,18 +31,19 @@ if command -v python3 >/dev/null 2>&1; then
     bash "$(dirname "${BASH_SOURCE[0]}")/start-test-ray.sh" || echo "setup-test-deps: no test Ray; tests/e2e/ray.rs will skip" >&2
 fi
 
-# openenv-core in its own virtual environment, for engine/runtime/tests/openenv.rs (a real OpenEnv
-# server on 127.0.0.1; the test skips with a printed reason when it is absent). Only what its
-# server imports is installed (not gradio, the optional web UI), which keeps the install short.
+# openenv-core in its own virtual environment, for engine/runtime/tests/integration/openenv.rs (a
+# real OpenEnv server on 127.0.0.1; the test skips with a printed reason when it is absent). Only
+# what its server imports is installed (not gradio, the optional web UI), which keeps the install
+# short.
 openenv_venv=${MILES_OPENENV_VENV:-/opt/miles-openenv}
 if "$openenv_venv/bin/python" -c "import openenv.core.env_server" >/dev/null 2>&1; then
     echo "setup-test-deps: openenv-core present in $openenv_venv"
 elif ! command -v python3 >/dev/null 2>&1; then
-    echo "setup-test-deps: no python3; engine/runtime/tests/openenv.rs will skip" >&2
+    echo "setup-test-deps: no python3; engine/runtime/tests/integration/openenv.rs will skip" >&2
 else
     echo "setup-test-deps: installing openenv-core 0.3.0 in $openenv_venv"
     { python3 -m venv "$openenv_venv" \
         && "$openenv_venv/bin/pip" install -q --no-deps openenv-core==0.3.0 \
         && "$openenv_venv/bin/pip" install -q fastapi uvicorn pydantic websockets fastmcp requests; } \
-        || echo "setup-test-deps: openenv-core not installed; engine/runtime/tests/openenv.rs will skip" >&2
+        || echo "setup-test-deps: openenv-core not installed; engine/runtime/tests/integration/openenv.rs will skip" >&2
 fi

@@ -12,7 +12,7 @@ pub fn tiny_config(init_std: f64) -> ModelConfig {
 }
 
 /// A trajectory to train on: every response token trained (mask 1), sampled at log-prob -2.
-// Each test crate compiles this module and uses part of it.
+// A test binary that includes this module may use only part of it.
 #[allow(dead_code)]
 pub fn trajectory(prompt: Vec<u32>, response: Vec<u32>, reward: f32, advantage: f32) -> miles_runtime::Trajectory {
     miles_runtime::Trajectory {

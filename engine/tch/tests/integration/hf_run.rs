@@ -41,7 +41,7 @@ fn spec(dir: &Path, steps: u64, reward: Option<RewardSpec>) -> RunSpec {
     std::fs::write(&data, lines).unwrap();
     let model_dir = repo("tests/fixtures/hf/qwen3");
     let (policy, _) = Policy::load_hf(&model_dir, Some(64)).unwrap();
-    let mut s = RunSpec::from_json(include_str!("../../runtime/tests/data/tiny.json")).unwrap();
+    let mut s = RunSpec::from_json(include_str!("../../../runtime/tests/data/tiny.json")).unwrap();
     s.steps = steps;
     s.model = policy.cfg.clone();
     s.hf = Some(HfModelSpec { path: model_dir });

@@ -2,7 +2,7 @@
 //! learns the values of a fixed batch, per-token advantages reaching the policy, and an exact
 //! resume of policy, critic and both optimizers.
 
-mod common;
+use crate::common;
 
 use miles_runtime::tasks::EOS;
 use miles_runtime::{PpoSpec, TrainSpec, Trainer, Trajectory};

@@ -2,7 +2,7 @@
 //! answers equal the batch engine's whatever the staggering of requests, weight versions are
 //! recorded across a swap, and a fully_async run of the tiny spec trains and resumes.
 
-mod common;
+use crate::common;
 
 use miles_runtime::tasks::{BOS, EOS};
 use miles_runtime::{
@@ -139,7 +139,7 @@ fn a_swap_in_flight_records_both_versions() {
 
 #[test]
 fn fully_async_tiny_run_trains_and_resumes() {
-    let mut spec = RunSpec::from_json(include_str!("../../runtime/tests/data/tiny.json")).unwrap();
+    let mut spec = RunSpec::from_json(include_str!("../../../runtime/tests/data/tiny.json")).unwrap();
     spec.schedule = serde_json::from_str(
         r#"{"type": "fully_async", "max_staleness": 1, "max_concurrent": 8, "buffer_capacity": 8, "stall_timeout_s": 60}"#,
     )

@@ -5,7 +5,7 @@
 //! change) must give bit-identical updates and statistics; with the mask all ones the same
 //! difference must show (so the test can fail).
 
-mod common;
+use crate::common;
 
 use miles_runtime::tasks::EOS;
 use miles_runtime::{ModelConfig, TrainSpec, TrainStats, Trainer, Trajectory};

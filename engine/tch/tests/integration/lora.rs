@@ -2,7 +2,7 @@
 //! scripts/make-peft-fixture.py), training that moves only the adapters, adapter-only weight
 //! updates into an engine, exact resume, and the PEFT export.
 
-mod common;
+use crate::common;
 
 use miles_runtime::tasks::EOS;
 use miles_runtime::{LoraSpec, RolloutEngine, TrainSpec, Trainer, Trajectory};

@@ -23,7 +23,7 @@ fn opts(dir: &Path) -> RunOptions {
 }
 
 fn spec() -> RunSpec {
-    let mut s = RunSpec::from_json(include_str!("../../runtime/tests/data/tiny.json")).unwrap();
+    let mut s = RunSpec::from_json(include_str!("../../../runtime/tests/data/tiny.json")).unwrap();
     s.steps = 2;
     s.model.vocab_size = 64;
     s.model.max_len = 64;

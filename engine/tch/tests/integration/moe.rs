@@ -1,7 +1,7 @@
 //! Mixture-of-experts policies and R3 on the embedded backend: layer layout and checkpoints, the
 //! sampler's recorded routing and its replay in the trainer, and the bf16 engine's mismatch.
 
-mod common;
+use crate::common;
 
 use miles_runtime::{GenRequest, StreamEngine};
 use miles_runtime::{ModelConfig, MoeConfig, RouteId, RunSpec, SamplingParams, Trajectory};
@@ -160,7 +160,7 @@ fn bf16_engine_differs_from_fp32_trainer() {
     tch::set_num_threads(1);
     let cfg = moe_cfg(0, 0);
     let policy = Policy::init(&cfg, 8);
-    let mut spec = RunSpec::from_json(include_str!("../../runtime/tests/data/tiny.json")).unwrap();
+    let mut spec = RunSpec::from_json(include_str!("../../../runtime/tests/data/tiny.json")).unwrap();
     spec.model = cfg.clone();
     spec.rollout.precision = miles_runtime::Precision::Bf16;
     let engine = miles_tch::engine_policy(&policy, &spec).unwrap();
@@ -268,7 +268,7 @@ fn batch_invariant_logprobs_are_the_samplers_bit_for_bit() {
 #[test]
 fn moe_r3_run_resumes_exactly() {
     let (tmp, opts, metrics) = (common::run_dir, common::quiet, common::untimed_metrics);
-    let mut s = RunSpec::from_json(include_str!("../../runtime/tests/data/tiny.json")).unwrap();
+    let mut s = RunSpec::from_json(include_str!("../../../runtime/tests/data/tiny.json")).unwrap();
     s.model.moe = moe_cfg(0, 0).moe;
     s.rollout.precision = miles_runtime::Precision::Bf16;
     s.rollout.r3 = Some(miles_runtime::R3Spec { replay: true, id: RouteId::U8 });

@@ -1,6 +1,6 @@
 //! Hand-computed checks of the loss pieces, and model/sampler/checkpoint properties.
 
-mod common;
+use crate::common;
 
 use miles_runtime::rng::Rng;
 use miles_runtime::tasks::EOS;

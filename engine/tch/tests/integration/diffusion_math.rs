@@ -239,8 +239,9 @@ fn pretraining_on_a_tiny_dataset_lowers_the_loss() {
     assert!(after < 0.5 * before, "loss {before} -> {after}");
 }
 
-/// `cargo test -p miles-tch --test diffusion_math -- --ignored --nocapture`: sampler time at the
-/// default size (16x16, 10 classes, hidden 256, 2 blocks), B = 32, T = 20, one thread.
+/// `cargo test -p miles-tch --test integration diffusion_math::sample_timing -- --ignored
+/// --nocapture`: sampler time at the default size (16x16, 10 classes, hidden 256, 2 blocks),
+/// B = 32, T = 20, one thread.
 #[test]
 #[ignore]
 fn sample_timing_b32_t20() {

@@ -1,7 +1,7 @@
 //! End-to-end runs of the executor on a tiny model: determinism, exact resume (clean stop and
 //! SIGKILL), and clear errors. Kept small so the whole file runs in a few seconds.
 
-mod common;
+use crate::common;
 
 use miles_runtime::{RunOptions, RunSpec};
 use serde_json::Value;
@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 fn tiny() -> RunSpec {
-    let text = include_str!("../../runtime/tests/data/tiny.json");
+    let text = include_str!("../../../runtime/tests/data/tiny.json");
     RunSpec::from_json(text).unwrap()
 }
 

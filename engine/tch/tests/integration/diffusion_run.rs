@@ -2,7 +2,7 @@
 //! the whole-batch mode gives (only the timing differs), RL raises an analytic reward, and bad
 //! input stops before any work with a clear error.
 
-mod common;
+use crate::common;
 
 use miles_tch::diffusion::run::{run, DiffusionRunSpec};
 use serde_json::Value;

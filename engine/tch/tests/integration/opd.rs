@@ -2,7 +2,7 @@
 //! because it is the student itself), the trainer's per-token term against hand-computed values,
 //! its combination with the task's advantage, masking, and the teacher's bad inputs.
 
-mod common;
+use crate::common;
 
 use miles_runtime::tasks::EOS;
 use miles_runtime::{OpdSpec, TeacherScorer, TrainSpec, Trainer, Trajectory};
