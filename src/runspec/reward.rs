@@ -64,7 +64,7 @@ pub(super) fn env_spec(
     let real = |name: &str, default: f64| e.f64(name).map_or(default, |v| v.value);
     let env = match e.schema_name.as_str() {
         "calculator" => EnvSpec::Calculator(CalculatorSpec {
-            digits: e.u64("digits").map_or(0, |v| v.value) as u32,
+            digits: episodes.calculator_digits.unwrap_or(0) as u32,
             tool_reward: real("tool_reward", 0.0) as f32,
             demo_tool_rate: real("demo_tool_rate", 1.0) as f32,
         }),

@@ -253,7 +253,7 @@ fn episodes_of(job: &Job) -> Option<Episodes> {
     let env = e.env.as_ref();
     let observation_tokens = match env.map(|e| e.schema_name.as_str()) {
         Some("calculator") => {
-            let digits = env.and_then(|e| e.u64("digits")).map_or(2, |d| d.value);
+            let digits = e.calculator_digits.unwrap_or(2);
             Some("<result></result>".len() as u64 + 2 * digits)
         }
         _ => None,

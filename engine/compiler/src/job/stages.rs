@@ -416,6 +416,8 @@ pub struct EpisodesJob {
     pub env: Option<Record>,
     /// The rollout that plays the episodes.
     pub rollout: Option<String>,
+    /// A `calculator` environment's operand digits (its observations' length depends on them).
+    pub calculator_digits: Option<u64>,
     pub max_turns: Spanned<u64>,
     /// `compact { keep_turns }`: turns kept whole when a context is compacted.
     pub compact_keep_turns: Option<u64>,
@@ -428,6 +430,11 @@ impl EpisodesJob {
         EpisodesJob {
             env: n.record("env").cloned(),
             rollout: upstream(g, n, PortKind::Trajectories).map(|r| r.name.clone()),
+            calculator_digits: n
+                .record("env")
+                .filter(|e| e.schema_name == "calculator")
+                .and_then(|e| e.u64("digits"))
+                .map(|d| d.value),
             max_turns: n.u64("max_turns").unwrap_or(Spanned::new(4)),
             compact_keep_turns: n.record("compact").map(|c| c.u64("keep_turns").map_or(1, |k| k.value)),
             mean_turns: n.f64("mean_turns").filter(|v| v.value.is_finite()),
