@@ -6,3 +6,4 @@
 mod html;
 mod plans;
 mod recipes;
+mod trainers;
