@@ -181,7 +181,7 @@ pub fn run_spec(recipe: &CompiledRecipe) -> Result<RunSpec, Vec<Diagnostic>> {
     let reward = reward_stage.and_then(reward::reward_spec);
     let env = reward_stage
         .and_then(|r| Some((r, job.stage(&r.name)?.episodes.as_ref()?)))
-        .and_then(|(r, e)| reward::env_spec(r, e, r_session(rollout)));
+        .and_then(|(r, e)| reward::env_spec(r, e, session_rule(rollout)));
 
     // SFT warm-up: an sft stage feeding the rollout's policy.
     let sft = m.first_of_kind("sft").and_then(|s| s.train.as_ref()).map(|s| SftSpec {
@@ -259,7 +259,7 @@ pub fn run_spec(recipe: &CompiledRecipe) -> Result<RunSpec, Vec<Diagnostic>> {
 }
 
 /// The rollout's TITO session rule (`linear` without a session).
-fn r_session(rollout: &StageJob) -> miles_runtime::session::Rule {
+fn session_rule(rollout: &StageJob) -> miles_runtime::session::Rule {
     match rollout.rollout.as_ref().and_then(|r| r.session_rule.as_deref()) {
         Some("branching") => miles_runtime::session::Rule::Branching,
         _ => miles_runtime::session::Rule::Linear,

@@ -4,6 +4,7 @@
 
 use super::model::{DenoiserModel, ModelJob};
 use super::read::{upstream, Fields};
+use super::stages::StageJob;
 use crate::graph::{StageGraph, StageNode};
 use crate::value::PortKind;
 
@@ -81,9 +82,11 @@ pub struct ImageEvalJob {
 
 impl DiffusionJob {
     /// None for a recipe with no `denoise` stage sampling from a `denoiser`.
-    pub(super) fn of(g: &StageGraph) -> Option<DiffusionJob> {
+    /// `stages`: the recipe's stages as `StageJob::of` read them (the denoiser is theirs).
+    pub(super) fn of(g: &StageGraph, stages: &[StageJob]) -> Option<DiffusionJob> {
         let rollout = g.nodes().find(|n| n.kind == "denoise")?;
-        let ModelJob::Denoiser(model) = ModelJob::of(rollout.model.as_deref()?) else { return None };
+        let model = stages.iter().find(|s| s.name == rollout.name).and_then(|s| s.model.as_ref());
+        let Some(ModelJob::Denoiser(model)) = model.cloned() else { return None };
         let of_kind = |kind: &str| g.nodes().find(|n| n.kind == kind);
         let count = |n: &StageNode, name: &str| n.u64(name).map_or(0, |v| v.value);
         let real = |n: &StageNode, name: &str| n.f64(name).map_or(0.0, |v| v.value);

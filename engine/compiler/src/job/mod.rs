@@ -51,7 +51,7 @@ impl Job {
     pub fn read(g: &StageGraph, settings: &Value) -> Job {
         let settings = settings.as_record();
         let field = |name: &str| settings.and_then(|s| s.fields.get(name));
-        let stages = g.nodes().filter(|n| n.kind != "weights").map(|n| StageJob::of(g, n)).collect();
+        let stages: Vec<StageJob> = g.nodes().filter(|n| n.kind != "weights").map(|n| StageJob::of(g, n)).collect();
         let syncs = g.nodes().filter(|n| n.kind == "weights").map(SyncJob::of).collect();
         let schedule = match field("schedule") {
             Some(f) => match f.value.as_record() {
@@ -62,7 +62,7 @@ impl Job {
         };
         let cluster = settings.and_then(|s| s.record("cluster"));
         Job {
-            family: match DiffusionJob::of(g) {
+            family: match DiffusionJob::of(g, &stages) {
                 Some(d) => Family::Diffusion(Box::new(d)),
                 None => Family::Lm,
             },

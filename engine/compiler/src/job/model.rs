@@ -140,14 +140,6 @@ impl ModelJob {
         read().unwrap_or_else(|| ModelJob::Other { schema: r.schema_name.clone() })
     }
 
-    /// The decoder sizes of a `transformer` or an `hf` model.
-    pub fn decoder(&self) -> Option<&Decoder> {
-        match self {
-            ModelJob::Transformer { sizes, .. } | ModelJob::Hf(HfModel { sizes, .. }) => Some(sizes),
-            _ => None,
-        }
-    }
-
     /// Routed experts per MoE layer (0 for a dense model).
     pub fn experts(&self) -> u64 {
         match self {

@@ -74,7 +74,6 @@ fn precision(r: &Record) -> Option<Spanned<Precision>> {
 pub struct EngineJob {
     /// `embedded_engine`, `sglang`, ...
     pub schema: String,
-    pub span: Span,
     pub precision: Option<Spanned<Precision>>,
     /// Servers given by URL (`sglang { url = "a,b" }`), in order.
     pub urls: Vec<String>,
@@ -95,7 +94,6 @@ impl EngineJob {
             .unwrap_or_default();
         EngineJob {
             schema: r.schema_name.clone(),
-            span: r.span,
             precision: precision(r),
             urls,
             gpus: r.u64("gpus"),
@@ -465,10 +463,8 @@ impl StageJob {
             model: node.model.as_deref().map(ModelJob::of),
             rollout: matches!(role, Role::Rollout | Role::Eval).then(|| RolloutJob::of(g, node)),
             train: role.trains().then(|| TrainJob::of(g, node)),
-            teacher: (node.kind == "teacher_logprobs").then(|| TeacherJob {
-                gpus: node.some("gpus").and(node.u64("gpus")),
-                process: node.bool("process").is_some_and(|b| b.value),
-            }),
+            teacher: (node.kind == "teacher_logprobs")
+                .then(|| TeacherJob { gpus: node.u64("gpus"), process: node.bool("process").is_some_and(|b| b.value) }),
             eval: (node.kind == "evaluate").then(|| EvalJob {
                 every: node.u64("every").map_or(0, |v| v.value),
                 limit: node.value("limit").and_then(Value::as_i64),
@@ -559,12 +555,10 @@ impl ScheduleJob {
             stall_timeout_s: r.f64("stall_timeout").map(|v| v.value),
         }
     }
+    /// The default schedule, for settings without one.
     pub fn sync() -> ScheduleJob {
-        ScheduleJob::of_name("sync")
-    }
-    fn of_name(name: &str) -> ScheduleJob {
         ScheduleJob {
-            mode: Spanned::new(name.to_string()),
+            mode: Spanned::new("sync".to_string()),
             max_staleness: None,
             max_concurrent: None,
             buffer_capacity: None,
