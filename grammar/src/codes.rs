@@ -326,7 +326,10 @@ runs on, or refused before anything starts. `miles check` holds each recipe to i
 processes with a launcher, rollout servers given by URL) and reports every field that target does \
 not execute, with its line and what to do instead; docs/capabilities.md lists them field by field. \
 A recipe naming GPU engines or trainers (sglang without `url`, megatron, fsdp) targets a GPU \
-cluster: `miles check` and `miles plan` accept it and `miles run` refuses it with this code.";
+cluster: `miles check` and `miles plan` accept it and `miles run` refuses it with this code. The \
+recipe's shape is held to what a run executes when `miles run` maps it (one `generate` rollout and \
+one trainer, the stage kinds, engines, models and prompt sets the embedded backend reads; \
+engine/compiler/src/capability/shape.rs): each refusal names the stage or field and its line.";
     E0512: "saved plan does not match the recipe",
         "`miles run --plan plan.json` executes exactly what was planned. A source file \
 of the recipe changed after `miles plan --out` wrote the plan (its hash differs), or the plan \
