@@ -14,7 +14,8 @@ use miles_package::project::{self, Mode, Project};
 pub struct Args {
     /// The package's name (the first segment of its imports).
     pub name: String,
-    /// A git repository URL (`https://...`, `ssh://...`, `file:///...`).
+    /// A git repository URL: `https://...`, `ssh://...`, `[user@]host:path`, `file:///...` or an
+    /// absolute path (others are refused, E0121).
     #[arg(long)]
     pub git: Option<String>,
     /// A directory, relative to the project root.

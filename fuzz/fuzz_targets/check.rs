@@ -17,7 +17,7 @@ fuzz_target!(|data: &[u8]| {
     };
     let c = compile(&fs, &["main.miles".to_string()], &opts);
     for d in &c.diagnostics {
-        assert!(miles_grammar::codes::lookup(d.code).is_some(), "unregistered code {}", d.code);
+        assert!(miles_grammar::codes::lookup(&d.code).is_some(), "unregistered code {}", d.code);
         let spans = d.primary.iter().chain(&d.secondary).map(|l| l.span).chain(d.rule.iter().map(|r| r.span));
         for s in spans {
             let f = c.program.sources.get(s.file).expect("span in a known file");

@@ -234,8 +234,9 @@ fn cases() {
 /// Codes that need a package build (a manifest, a lock, git): a single-file case cannot raise
 /// them. engine/package/tests and tests/language/packages.rs make E0110-E0119 fire (E0119, a
 /// library test that fails: `a_failing_library_test_is_e0119`).
-const PACKAGE_CODES: &[&str] =
-    &["E0110", "E0111", "E0112", "E0113", "E0114", "E0115", "E0116", "E0117", "E0118", "E0119"];
+const PACKAGE_CODES: &[&str] = &[
+    "E0110", "E0111", "E0112", "E0113", "E0114", "E0115", "E0116", "E0117", "E0118", "E0119", "E0120", "E0121", "E0122",
+];
 
 /// (file, offset, line) of every `check`/`warn` in std/stages and std/prelude.
 fn collect_std_checks(c: &Compilation, out: &mut BTreeSet<(String, u32, usize)>) {

@@ -558,11 +558,23 @@ pub fn resolve_import(from_key: &str, path: &str) -> String {
 
 /// `resolve_import` through the packages of a build: a path whose first segment names a package
 /// resolves under that package's root, when the importing module's package declares it; a
-/// relative path may not leave the importing module's package (E0110, E0111).
+/// relative path may not leave the importing module's package (E0110, E0111). A package import
+/// may not hold `..` and no import in a package is absolute (E0110): the key must stay under the
+/// root whose files `miles.lock` pins.
 // The one diagnostic type is large; this runs once per import, not in a hot loop.
 #[allow(clippy::result_large_err)]
 pub fn resolve_import_in(packages: &Packages, from_key: &str, path: &str) -> Result<String, Diagnostic> {
     let owner = packages.owner(from_key);
+    let escapes = |root: &PackageRoot, why: &str| {
+        Diagnostic::error(
+            ErrorCode::E0110,
+            format!("`{path}` is outside package `{}` (root `{}`): {why}", root.name, root.root),
+        )
+        .with_help("import a dependency's modules by their path under its root (`import platform/grpo/base`)")
+    };
+    if let (Some(o), true) = (owner, path.starts_with('/')) {
+        return Err(escapes(o, "an import in a package is relative to its module or names a package"));
+    }
     let first = path.split('/').next().unwrap_or("");
     if !path.starts_with("std/") && !path.starts_with('.') && !path.starts_with('/') {
         if let Some(dep) = packages.get(first) {
@@ -580,7 +592,11 @@ pub fn resolve_import_in(packages: &Packages, from_key: &str, path: &str) -> Res
                 )));
             }
             let rest = path.trim_end_matches(".miles")[first.len()..].trim_start_matches('/');
-            return Ok(format!("{}.miles", join(&dep.root, rest)));
+            let key = format!("{}.miles", join(&dep.root, rest));
+            if rest.split('/').any(|s| s == "..") || !is_under(&key, &dep.root) {
+                return Err(escapes(dep, "a package import may not hold `..`"));
+            }
+            return Ok(key);
         }
     }
     let key = resolve_import(from_key, path);
@@ -612,6 +628,55 @@ mod tests {
         };
         let m = p.module(p.entries[0]);
         ((*m.ast).clone(), diags, m.key.clone())
+    }
+
+    /// Issue #35: `import platform/../secret` left the dependency's root and loaded a file no
+    /// lock pins; now every import that leaves its package, or is absolute, is E0110 at its path.
+    #[test]
+    fn no_import_leaves_a_package_root() {
+        let packages = Packages {
+            roots: vec![
+                PackageRoot {
+                    name: "team".into(),
+                    root: "/srv/team".into(),
+                    dependencies: vec!["platform".into()],
+                    ..Default::default()
+                },
+                PackageRoot { name: "platform".into(), root: "/cache/platform".into(), ..Default::default() },
+            ],
+            rules: Vec::new(),
+        };
+        let load_one = |import: &str| {
+            let main = format!("import {import}\n");
+            let fs = MemoryFs::with(&[
+                ("/srv/team/r.miles", main.as_str()),
+                ("/srv/team/lib/x.miles", "const x = 1\n"),
+                ("/cache/platform/grpo/base.miles", "const b = 1\n"),
+                ("/cache/secret.miles", "const s = 1\n"),
+            ]);
+            let mut diags = Vec::new();
+            let p = load_in(&fs, &["/srv/team/r.miles".to_string()], &packages, &mut diags);
+            (p, diags, main)
+        };
+        // The grammar has no absolute import paths; other callers of `resolve_import_in` may.
+        for path in ["/cache/secret", "/srv/team/lib/x"] {
+            let e = resolve_import_in(&packages, "/srv/team/r.miles", path).expect_err(path);
+            assert_eq!(e.code, "E0110", "{path}");
+        }
+        for import in ["platform/../secret", "platform/grpo/../../secret", "../../cache/secret"] {
+            let (p, diags, main) = load_one(import);
+            assert!(diags.len() == 1 && diags[0].code == "E0110", "{import}: {diags:#?}");
+            let span = diags[0].primary.as_ref().expect("label").span;
+            assert_eq!(&main[span.start as usize..span.end as usize], import);
+            assert!(
+                p.modules.iter().all(|m| !m.key.contains("secret") && !m.key.ends_with("x.miles")),
+                "{import} loaded"
+            );
+        }
+        for import in ["platform/grpo/base", "./lib/x", "platform/grpo/./base"] {
+            let (_, diags, _) = load_one(import);
+            assert!(diags.is_empty(), "{import}: {diags:#?}");
+        }
     }
 
     #[test]

@@ -35,19 +35,24 @@ impl Cache {
         self.home.join("git").join(format!("{}.git", hash::short(url)))
     }
 
-    /// The bare mirror of `url`, cloned when absent and fetched again when `refresh`.
+    /// The bare mirror of `url`, cloned when absent and fetched again when `refresh`. A URL
+    /// outside `url::check`'s forms never reaches git.
     pub fn db(&self, url: &str, refresh: bool) -> Result<PathBuf, String> {
+        crate::url::check(url)?;
         let db = self.db_path(url);
         if db.exists() {
             if refresh {
-                git::run(Some(&db), &["fetch", "--quiet", "--force", "--tags", url, "+refs/heads/*:refs/heads/*"])?;
+                git::run(
+                    Some(&db),
+                    &["fetch", "--quiet", "--force", "--tags", "--", url, "+refs/heads/*:refs/heads/*"],
+                )?;
             }
             return Ok(db);
         }
         std::fs::create_dir_all(db.parent().unwrap_or(&self.home)).map_err(|e| e.to_string())?;
         let tmp = tmp_sibling(&db);
         let tmp_s = tmp.to_string_lossy().into_owned();
-        let r = git::run(None, &["clone", "--quiet", "--bare", url, &tmp_s]);
+        let r = git::run(None, &["clone", "--quiet", "--bare", "--", url, &tmp_s]);
         if let Err(e) = r {
             let _ = std::fs::remove_dir_all(&tmp);
             return Err(e);
@@ -66,17 +71,24 @@ impl Cache {
 
     /// The exported files of `commit` if the cache holds them; never fetches.
     pub fn cached_source(&self, name: &str, url: &str, commit: &str) -> Option<PathBuf> {
-        Some(self.source_path(name, url, commit)).filter(|d| d.is_dir())
+        self.source_path(name, url, commit).ok().filter(|d| d.is_dir())
     }
 
-    pub fn source_path(&self, name: &str, url: &str, commit: &str) -> PathBuf {
-        let c = &commit[..commit.len().min(12)];
-        self.home.join("src").join(format!("{name}-{c}-{}", hash::short(url)))
+    /// Where the files of `commit` go: only a package name and a full commit id (both checked
+    /// here, whatever the caller read them from) become part of the path.
+    pub fn source_path(&self, name: &str, url: &str, commit: &str) -> Result<PathBuf, String> {
+        if !crate::manifest::valid_name(name) {
+            return Err(format!("`{name}` is not a package name"));
+        }
+        if !git::is_commit_id(commit) {
+            return Err(format!("`{commit}` is not a full commit id"));
+        }
+        Ok(self.home.join("src").join(format!("{name}-{}-{}", &commit[..12], hash::short(url))))
     }
 
     /// The files of `commit` of `url`, exported once into the cache.
     pub fn source(&self, name: &str, url: &str, commit: &str) -> Result<PathBuf, String> {
-        let dest = self.source_path(name, url, commit);
+        let dest = self.source_path(name, url, commit)?;
         if dest.is_dir() {
             return Ok(dest);
         }
@@ -134,5 +146,52 @@ fn run_tar(tar: &Path, into: &Path) -> Result<(), String> {
         Ok(())
     } else {
         Err(String::from_utf8_lossy(&out.stderr).trim().to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A lock's commit and name reach a path only when they are a full commit id and a package
+    /// name: a short or multi-byte commit is an error, not a panic, and `../` never joins.
+    #[test]
+    fn source_paths_take_only_names_and_full_commits() {
+        let cache = Cache { home: PathBuf::from("/nonexistent/miles-home") };
+        let full = "0123456789abcdef0123456789abcdef01234567";
+        let p = cache.source_path("platform", "file:///x", full).expect("valid");
+        assert!(p.ends_with(format!("platform-0123456789ab-{}", hash::short("file:///x"))), "{}", p.display());
+        for (name, commit) in [
+            ("platform", "abc"),
+            ("platform", "aaaaaaaaaaa\u{e9}"),
+            ("platform", ""),
+            ("../../etc", full),
+            ("a/b", full),
+        ] {
+            assert!(cache.source_path(name, "file:///x", commit).is_err(), "{name} {commit}");
+            assert!(cache.cached_source(name, "file:///x", commit).is_none());
+            assert!(cache.source(name, "file:///x", commit).is_err());
+        }
+    }
+
+    /// Option-looking and transport-helper URLs are refused before git runs: the command they
+    /// carry leaves no file behind.
+    #[test]
+    fn hostile_urls_never_reach_git() {
+        let dir = std::env::temp_dir().join(format!("miles-cache-urls-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("tmp");
+        let cache = Cache { home: dir.join("home") };
+        let marker = dir.join("ran");
+        let m = marker.display();
+        for url in [format!("--upload-pack=touch {m}"), format!("ext::sh -c touch% {m}"), format!("-u touch {m}")] {
+            for refresh in [false, true] {
+                let e = cache.db(&url, refresh).expect_err(&url);
+                assert!(e.contains("option") || e.contains("transport helper"), "{url}: {e}");
+            }
+            assert!(!marker.exists(), "{url} ran a command");
+        }
+        assert!(!cache.home.join("git").exists(), "nothing was written to the cache");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -1,4 +1,6 @@
-//! Git through the `git` command line: every call has a timeout and never prompts.
+//! Git through the `git` command line: every call has a timeout, never prompts, may use only
+//! the protocols of `url::GIT_PROTOCOLS`, and gets URLs and paths after `--` (callers check
+//! URLs with `url::check` and commit ids with `is_commit_id` first).
 
 use std::io::Read;
 use std::path::Path;
@@ -20,6 +22,7 @@ pub fn run(dir: Option<&Path>, args: &[&str]) -> Result<String, String> {
     cmd.args(args)
         .env("GIT_TERMINAL_PROMPT", "0")
         .env("GIT_ASKPASS", "true")
+        .env("GIT_ALLOW_PROTOCOL", crate::url::GIT_PROTOCOLS)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
@@ -81,9 +84,37 @@ pub fn tags(db: &Path) -> Result<Vec<(String, String)>, String> {
         .collect())
 }
 
+/// Whether `s` is a full commit id: 40 lowercase hex digits (SHA-1), or 64 (SHA-256
+/// repositories). Only such ids reach a cache path or a git command line from `miles.lock`.
+pub fn is_commit_id(s: &str) -> bool {
+    matches!(s.len(), 40 | 64) && s.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+}
+
 /// The commit a ref (branch, tag or revision prefix) names in `db`.
 pub fn commit_of(db: &Path, reference: &str) -> Result<String, String> {
+    // A reference git would read as an option is no reference (refs never start with `-`).
+    if reference.starts_with('-') {
+        return Err(format!("`{reference}` is not a reference"));
+    }
     run(Some(db), &["rev-parse", "--verify", "--quiet", &format!("{reference}^{{commit}}")])
         .map(|s| s.trim().to_string())
         .map_err(|_| format!("no `{reference}` in the repository"))
+}
+
+/// Whether `commit` is `tip` or one of its ancestors in `db` (a locked commit of a branch).
+pub fn is_ancestor(db: &Path, commit: &str, tip: &str) -> bool {
+    !tip.starts_with('-') && run(Some(db), &["merge-base", "--is-ancestor", commit, tip]).is_ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn commit_ids_are_full_lowercase_hex() {
+        assert!(is_commit_id(&"a".repeat(40)) && is_commit_id(&"0".repeat(64)));
+        for bad in ["", "abc", &"a".repeat(41), &"A".repeat(40), &"g".repeat(40), "aaaaaaaaaaa\u{e9}"] {
+            assert!(!is_commit_id(bad), "{bad}");
+        }
+    }
 }

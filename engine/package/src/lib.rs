@@ -19,5 +19,7 @@ pub mod manifest;
 pub mod project;
 pub mod resolve;
 pub mod testing;
+pub mod url;
+pub mod verify;
 
 pub use miles_grammar::diag::Diagnostic;

@@ -211,6 +211,10 @@ impl Manifest {
             let dep = match (d.path, d.git) {
                 (Some(p), None) if refs == 0 => Dependency::Path(p),
                 (None, Some(url)) if refs <= 1 => {
+                    if let Some(r) = [&d.tag, &d.branch, &d.rev].into_iter().flatten().find(|r| r.starts_with('-')) {
+                        return Err(bad(&name, format!("`{r}` is not a tag, branch or revision"), "a git reference never starts with `-`"));
+                    }
+                    let line = at(&name);
                     let at = if let Some(t) = d.tag {
                         GitRef::Tag(t)
                     } else if let Some(b) = d.branch {
@@ -224,6 +228,11 @@ impl Manifest {
                         })?;
                         GitRef::Version(req)
                     };
+                    if let Err(why) = crate::url::check(&url) {
+                        return Err(Diagnostic::error(ErrorCode::E0121, format!("git URL of `{name}`: {why}"))
+                            .with_primary(line, "here")
+                            .with_help("see docs/packages.md for the allowed URLs"));
+                    }
                     Dependency::Git { url, at }
                 }
                 _ => {
@@ -256,7 +265,7 @@ impl Manifest {
 
     /// The `[dependencies]` line of one dependency, for `miles add`.
     pub fn dependency_line(name: &str, dep: &Dependency) -> String {
-        let q = |s: &str| format!("{s:?}");
+        let q = toml_string;
         match dep {
             Dependency::Path(p) => format!("{name} = {{ path = {} }}", q(p)),
             Dependency::Git { url, at } => {
@@ -265,6 +274,11 @@ impl Manifest {
             }
         }
     }
+}
+
+/// `s` as a TOML string, quotes included (Rust's `{:?}` escapes, such as `\u{301}`, are not TOML).
+pub(crate) fn toml_string(s: &str) -> String {
+    toml::Value::String(s.to_string()).to_string()
 }
 
 /// Adds (or replaces) one dependency in a manifest's text, keeping everything else as written.
@@ -348,6 +362,27 @@ check = "min_batch"
             let start = d.primary.as_ref().map(|l| l.span.start as usize).unwrap_or(0);
             assert_eq!(text[..start].matches('\n').count() + 1, *line, "{text}: {}", d.message);
         }
+    }
+
+    /// A URL git would read as an option or a command, or an unauthenticated scheme, is E0121
+    /// at the dependency's line; an option-looking reference is E0112.
+    #[test]
+    fn hostile_git_urls_and_references_are_refused() {
+        let head = "[package]\nname = \"x\"\nversion = \"1.0.0\"\n[dependencies]\n";
+        for (dep, code) in [
+            (r#"a = { git = "--upload-pack=touch /tmp/x", tag = "v1" }"#, "E0121"),
+            (r#"a = { git = "ext::sh -c touch% /tmp/x" }"#, "E0121"),
+            (r#"a = { git = "http://example.com/a.git" }"#, "E0121"),
+            (r#"a = { git = "https://example.com/a.git", branch = "--output=/tmp/x" }"#, "E0112"),
+        ] {
+            let text = format!("{head}{dep}\n");
+            let d = Manifest::parse(FileId(0), &text).expect_err(dep);
+            assert_eq!(d.code, code, "{dep}: {}", d.message);
+            let start = d.primary.as_ref().map(|l| l.span.start as usize).unwrap_or(0);
+            assert_eq!(text[..start].matches('\n').count() + 1, 5, "{dep}");
+        }
+        let ok = format!("{head}a = {{ git = \"git@example.com:team/a.git\", tag = \"v1\" }}\n");
+        Manifest::parse(FileId(0), &ok).expect("scp-like URLs are allowed");
     }
 
     #[test]

@@ -1,11 +1,13 @@
 //! A project: the package whose `miles.toml` is found above the files being compiled, and the
-//! build of its dependencies: from `miles.lock` when it still matches the manifest (every source
-//! checked against its recorded hash), otherwise resolved again and the lock rewritten.
+//! build of its dependencies: from `miles.lock` when every entry checks out against the
+//! manifests, the files and the repositories (`verify`), otherwise resolved again and the lock
+//! rewritten.
 
 use crate::cache::Cache;
 use crate::lock::{self, Lock, Locked};
-use crate::manifest::{self, Dependency, GitRef, Manifest};
+use crate::manifest::{self, Manifest};
 use crate::resolve::{self, Index, Origin, Pin};
+use crate::verify::{self, LockFile, Verdict};
 use crate::{git, hash};
 use miles_compiler::fs::{join, normalize};
 use miles_compiler::program::{PackageRoot, Packages};
@@ -74,7 +76,7 @@ pub fn find(key: &str) -> Option<String> {
     }
 }
 
-fn read_manifest(dir: &str, sources: &mut Sources) -> Result<Manifest, Diagnostic> {
+pub(crate) fn read_manifest(dir: &str, sources: &mut Sources) -> Result<Manifest, Diagnostic> {
     let path = join(dir, manifest::FILE);
     let text = std::fs::read_to_string(&path).map_err(|e| {
         Diagnostic::error(ErrorCode::E0112, format!("cannot read {path}: {e}"))
@@ -91,114 +93,33 @@ pub fn open(root: &str, sources: &mut Sources) -> Result<Project, Diagnostic> {
     Ok(Project { root, manifest })
 }
 
-/// Whether the lock still answers every direct dependency of the manifest.
-fn lock_matches(m: &Manifest, lock: &Lock) -> bool {
-    m.dependencies.iter().all(|(name, dep)| {
-        let Some(l) = lock.get(name) else { return false };
-        match dep {
-            Dependency::Path(p) => l.source == format!("path+{}", normalize(p)),
-            Dependency::Git { url, at } => {
-                l.source == format!("git+{url}")
-                    && match at {
-                        GitRef::Version(req) => semver::VersionReq::parse(req)
-                            .ok()
-                            .zip(semver::Version::parse(&l.version).ok())
-                            .is_some_and(|(r, v)| r.matches(&v)),
-                        GitRef::Tag(t) | GitRef::Branch(t) | GitRef::Rev(t) => {
-                            l.reference.as_deref() == Some(t.as_str())
-                        }
-                    }
-            }
-        }
-    })
-}
-
 /// Builds the project's dependencies (see `Mode`), writing `miles.lock` when it changed.
 pub fn build(project: &Project, cache: &Cache, mode: &Mode, sources: &mut Sources) -> Result<Build, Diagnostic> {
     let lock_path = join(&project.root, lock::FILE);
     let old = match std::fs::read_to_string(&lock_path) {
         Ok(text) => {
             let file = sources.add(lock_path.clone(), text);
-            Some(Lock::parse(file, &sources.files[file.0 as usize].text)?)
+            Some((Lock::parse(file, &sources.files[file.0 as usize].text)?, file))
         }
         Err(_) => None,
     };
-    let lock = match (&old, mode) {
-        (Some(l), Mode::Locked | Mode::Frozen) if lock_matches(&project.manifest, l) => l.clone(),
-        _ => {
-            let pins: BTreeMap<String, Pin> = match (mode, &old) {
-                (Mode::Update(None), _) | (_, None) => BTreeMap::new(),
-                (Mode::Update(Some(n)), Some(l)) => pins_of(l, Some(n)),
-                (Mode::Locked | Mode::Frozen, Some(l)) => pins_of(l, None),
-            };
-            let mut index = GitIndex {
-                cache,
-                project_root: project.root.clone(),
-                refresh: matches!(mode, Mode::Update(_)),
-                offline: *mode == Mode::Frozen,
-                refreshed: HashSet::new(),
-                sources,
-            };
-            let resolved = resolve::resolve(&project.manifest, &mut index, &pins).map_err(|d| match mode {
-                // Offline, an unreachable repository is one not fetched yet.
-                Mode::Frozen if d.code == ErrorCode::E0114 => d.with_help(FETCH_HELP),
-                _ => d,
-            })?;
-            let mut packages = Vec::new();
-            for r in resolved {
-                let (source, reference, commit, hash) = match &r.origin {
-                    Origin::Path(dir) => (format!("path+{dir}"), None, None, None),
-                    Origin::Git { url, reference, commit } => {
-                        let dir = source(cache, mode, &r.name, url, commit)?;
-                        let h = hash::tree(&dir).map_err(|e| io_error(&r.name, &e))?;
-                        (format!("git+{url}"), Some(reference.clone()), Some(commit.clone()), Some(h))
-                    }
-                };
-                packages.push(Locked {
-                    name: r.name,
-                    version: r.version.to_string(),
-                    source,
-                    reference,
-                    commit,
-                    hash,
-                    dependencies: r.dependencies,
-                });
-            }
-            Lock { version: 1, packages }
+    let mut checked = None;
+    if let (Some((l, file)), Mode::Locked | Mode::Frozen) = (&old, mode) {
+        let text = sources.files[file.0 as usize].text.clone();
+        let lf = LockFile { lock: l, file: *file, text: &text };
+        if let Verdict::Use(packages) = verify::check(project, cache, mode, &lf, sources)? {
+            checked = Some((l.clone(), packages));
+        }
+    }
+    let (lock, packages) = match checked {
+        Some(used) => used,
+        None => {
+            let lock = resolve_lock(project, cache, mode, old.as_ref().map(|(l, _)| l), sources)?;
+            let packages =
+                lock.packages.iter().map(|l| materialize(project, cache, mode, l, None)).collect::<Result<_, _>>()?;
+            (lock, packages)
         }
     };
-    let mut packages = Vec::new();
-    for l in &lock.packages {
-        let root = if let Some(dir) = l.source.strip_prefix("path+") {
-            join(&project.root, dir)
-        } else if let (Some(url), Some(commit)) = (l.source.strip_prefix("git+"), &l.commit) {
-            // `miles vendor` copies: used instead of the cache, checked against the same hash.
-            let vendored = Path::new(&project.root).join(VENDOR).join(&l.name);
-            let dir = if vendored.is_dir() { vendored } else { source(cache, mode, &l.name, url, commit)? };
-            let found = hash::tree(&dir).map_err(|e| io_error(&l.name, &e))?;
-            if let Some(want) = &l.hash {
-                if *want != found {
-                    return Err(Diagnostic::error(
-                        ErrorCode::E0116,
-                        format!("the sources of `{}` {} changed: miles.lock expects {want}, found {found}", l.name, l.version),
-                    )
-                    .with_help(format!(
-                        "the cached copy ({}) or the tag upstream was altered: delete that directory to fetch it again; if the change is wanted, `miles update {}`",
-                        dir.display(),
-                        l.name
-                    )));
-                }
-            }
-            dir.to_string_lossy().into_owned()
-        } else {
-            return Err(Diagnostic::error(
-                ErrorCode::E0112,
-                format!("invalid miles.lock: package `{}` has no usable source", l.name),
-            )
-            .with_help("delete miles.lock and run `miles update`"));
-        };
-        packages.push(Package { name: l.name.clone(), version: l.version.clone(), root, locked: l.clone() });
-    }
     let mut roots = vec![PackageRoot {
         name: project.manifest.name.clone(),
         root: project.root.clone(),
@@ -218,7 +139,7 @@ pub fn build(project: &Project, cache: &Cache, mode: &Mode, sources: &mut Source
         let m = read_manifest(&p.root, &mut scratch)?;
         rules.extend(house_rules(&m));
     }
-    let lock_changed = old.as_ref() != Some(&lock);
+    let lock_changed = old.as_ref().map(|(l, _)| l) != Some(&lock);
     if lock_changed && *mode != Mode::Frozen {
         miles_compiler::fs::DiskFs::write_atomic(Path::new(&lock_path), lock.render().as_bytes()).map_err(|e| {
             Diagnostic::error(ErrorCode::E0114, format!("cannot write {lock_path}: {e}"))
@@ -226,6 +147,101 @@ pub fn build(project: &Project, cache: &Cache, mode: &Mode, sources: &mut Source
         })?;
     }
     Ok(Build { packages, map: Packages { roots, rules }, lock, lock_changed })
+}
+
+/// Resolves the manifest again (the lock on disk, if any, gives only pins: commits resolution
+/// keeps while the tags still name them) into a fresh lock, each git source fetched and hashed.
+fn resolve_lock(
+    project: &Project,
+    cache: &Cache,
+    mode: &Mode,
+    old: Option<&Lock>,
+    sources: &mut Sources,
+) -> Result<Lock, Diagnostic> {
+    let pins: BTreeMap<String, Pin> = match (mode, old) {
+        (Mode::Update(None), _) | (_, None) => BTreeMap::new(),
+        (Mode::Update(Some(n)), Some(l)) => pins_of(l, Some(n)),
+        (Mode::Locked | Mode::Frozen, Some(l)) => pins_of(l, None),
+    };
+    let mut index = GitIndex {
+        cache,
+        project_root: project.root.clone(),
+        refresh: matches!(mode, Mode::Update(_)),
+        offline: *mode == Mode::Frozen,
+        refreshed: HashSet::new(),
+        sources,
+    };
+    let resolved = resolve::resolve(&project.manifest, &mut index, &pins).map_err(|d| match mode {
+        // Offline, an unreachable repository is one not fetched yet.
+        Mode::Frozen if d.code == ErrorCode::E0114 => d.with_help(FETCH_HELP),
+        _ => d,
+    })?;
+    let mut packages = Vec::new();
+    for r in resolved {
+        let (source, reference, commit, hash) = match &r.origin {
+            Origin::Path(dir) => (format!("path+{dir}"), None, None, None),
+            Origin::Git { url, reference, commit } => {
+                let dir = source(cache, mode, &r.name, url, commit)?;
+                let h = hash::tree(&dir).map_err(|e| tree_error(&r.name, e))?;
+                (format!("git+{url}"), Some(reference.clone()), Some(commit.clone()), Some(h))
+            }
+        };
+        packages.push(Locked {
+            name: r.name,
+            version: r.version.to_string(),
+            source,
+            reference,
+            commit,
+            hash,
+            dependencies: r.dependencies,
+        });
+    }
+    Ok(Lock { version: 1, packages })
+}
+
+/// Where one locked package's files are: a path dependency's directory, or a git package's
+/// exported commit (the `vendor/` copy when there is one, else the cache, fetched when missing
+/// outside `Mode::Frozen`) whose files must hash to the entry's `hash` (E0116, at the entry's
+/// line when `lf` is the lock read from disk).
+pub(crate) fn materialize(
+    project: &Project,
+    cache: &Cache,
+    mode: &Mode,
+    l: &Locked,
+    lf: Option<&LockFile>,
+) -> Result<Package, Diagnostic> {
+    let root = if let Some(dir) = l.source.strip_prefix("path+") {
+        join(&project.root, dir)
+    } else if let (Some(url), Some(commit), Some(want)) = (l.source.strip_prefix("git+"), &l.commit, &l.hash) {
+        // `miles vendor` copies: used instead of the cache, checked against the same hash.
+        let vendored = Path::new(&project.root).join(VENDOR).join(&l.name);
+        let dir = if vendored.is_dir() { vendored } else { source(cache, mode, &l.name, url, commit)? };
+        let found = hash::tree(&dir).map_err(|e| tree_error(&l.name, e))?;
+        if *want != found {
+            let mut d = Diagnostic::error(
+                ErrorCode::E0116,
+                format!("the sources of `{}` {} changed: miles.lock expects {want}, found {found}", l.name, l.version),
+            )
+            .with_help(format!(
+                "miles.lock was edited, or the copy ({}) or the tag upstream was altered: restore miles.lock, or delete that directory to fetch it again; if the change is wanted, `miles update {}`",
+                dir.display(),
+                l.name
+            ));
+            if let Some(lf) = lf {
+                d = d.with_primary(lf.span(&l.name, "hash"), "the hash miles.lock records");
+            }
+            return Err(d);
+        }
+        dir.to_string_lossy().into_owned()
+    } else {
+        // `Lock::parse` refuses such entries; a lock built in memory never has one.
+        return Err(Diagnostic::error(
+            ErrorCode::E0120,
+            format!("{}: `{}` has no usable source, commit and hash", lock::FILE, l.name),
+        )
+        .with_help("delete miles.lock and run `miles update`"));
+    };
+    Ok(Package { name: l.name.clone(), version: l.version.clone(), root, locked: l.clone() })
 }
 
 /// A manifest's `[[rule]]`s for the compiler, each named `PACKAGE/miles.toml:LINE`.
@@ -273,22 +289,38 @@ fn source(cache: &Cache, mode: &Mode, name: &str, url: &str, commit: &str) -> Re
 }
 
 /// What an offline build (`Mode::Frozen`) says when the cache lacks something.
-fn not_fetched(name: &str, what: &str) -> Diagnostic {
+pub(crate) fn not_fetched(name: &str, what: &str) -> Diagnostic {
     Diagnostic::error(ErrorCode::E0114, format!("`{name}` ({what}) is not in the cache")).with_help(FETCH_HELP)
 }
 
 const FETCH_HELP: &str = "run `miles fetch` in the package (the editor never fetches)";
 
 fn fetch(cache: &Cache, name: &str, url: &str, commit: &str) -> Result<PathBuf, Diagnostic> {
-    cache.source(name, url, commit).map_err(|why| {
-        Diagnostic::error(ErrorCode::E0114, format!("cannot fetch `{name}` from {url} at {commit}: {why}"))
-            .with_help("check the repository is reachable; nothing was written to the cache")
-    })
+    cache.source(name, url, commit).map_err(|why| fetch_error(name, url, commit, &why))
 }
 
-fn io_error(name: &str, e: &std::io::Error) -> Diagnostic {
-    Diagnostic::error(ErrorCode::E0114, format!("cannot read the sources of `{name}`: {e}"))
-        .with_help("check the cache directory")
+pub(crate) fn fetch_error(name: &str, url: &str, commit: &str, why: &str) -> Diagnostic {
+    Diagnostic::error(ErrorCode::E0114, format!("cannot fetch `{name}` from {url} at {commit}: {why}"))
+        .with_help("check the repository is reachable; nothing was written to the cache")
+}
+
+/// A package's files that have no hash: unreadable (E0114), or holding a symbolic link (E0122).
+fn tree_error(name: &str, e: hash::TreeError) -> Diagnostic {
+    match e {
+        hash::TreeError::Io(e) => {
+            Diagnostic::error(ErrorCode::E0114, format!("cannot read the sources of `{name}`: {e}"))
+                .with_help("check the cache directory")
+        }
+        hash::TreeError::Symlink(path) => Diagnostic::error(
+            ErrorCode::E0122,
+            format!(
+                "the sources of `{name}` hold a symbolic link, `{path}`: the lock's hash cannot pin what it points at"
+            ),
+        )
+        .with_help(format!(
+            "replace the link by the file in the repository of `{name}` (packages may not hold symbolic links)"
+        )),
+    }
 }
 
 /// Copies every dependency's files into `dir/NAME` (for `miles vendor`), each through a
@@ -297,6 +329,13 @@ pub fn vendor(build: &Build, dir: &Path) -> std::io::Result<Vec<(String, PathBuf
     std::fs::create_dir_all(dir)?;
     let mut out = Vec::new();
     for p in &build.packages {
+        // The name becomes a path below `dir` (and one removed there): only a package name may.
+        if !manifest::valid_name(&p.name) {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!("`{}` is not a package name", p.name),
+            ));
+        }
         let dest = dir.join(&p.name);
         let tmp = dir.join(format!(".{}.tmp.{}", p.name, std::process::id()));
         let _ = std::fs::remove_dir_all(&tmp);
@@ -310,10 +349,13 @@ pub fn vendor(build: &Build, dir: &Path) -> std::io::Result<Vec<(String, PathBuf
             std::fs::copy(Path::new(&p.root).join(f), &to)?;
         }
         std::fs::create_dir_all(&tmp)?;
+        // The old copy moves aside before the new one moves in, so `dest` is never half-written.
+        let old = dir.join(format!(".{}.old.{}", p.name, std::process::id()));
         if dest.exists() {
-            std::fs::remove_dir_all(&dest)?;
+            std::fs::rename(&dest, &old)?;
         }
         std::fs::rename(&tmp, &dest)?;
+        let _ = std::fs::remove_dir_all(&old);
         out.push((p.name.clone(), dest));
     }
     Ok(out)

@@ -53,7 +53,7 @@ struct Requirement {
     chain: Rc<Vec<String>>,
 }
 
-fn tag_version(tag: &str) -> Option<semver::Version> {
+pub(crate) fn tag_version(tag: &str) -> Option<semver::Version> {
     semver::Version::parse(tag.strip_prefix('v').unwrap_or(tag)).ok()
 }
 

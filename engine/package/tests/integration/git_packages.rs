@@ -10,14 +10,14 @@ use miles_package::{hash, testing};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-struct Disk;
+pub(crate) struct Disk;
 impl FileSystem for Disk {
     fn read(&self, path: &str) -> Result<Vec<u8>, String> {
         std::fs::read(path).map_err(|e| e.to_string())
     }
 }
 
-fn git(dir: &Path, args: &[&str]) {
+pub(crate) fn git(dir: &Path, args: &[&str]) {
     let out = Command::new("git")
         .current_dir(dir)
         .args([
@@ -38,7 +38,7 @@ fn git(dir: &Path, args: &[&str]) {
     assert!(out.status.success(), "git {args:?}: {}", String::from_utf8_lossy(&out.stderr));
 }
 
-fn write(path: &Path, text: &str) {
+pub(crate) fn write(path: &Path, text: &str) {
     std::fs::create_dir_all(path.parent().expect("parent")).expect("mkdir");
     std::fs::write(path, text).expect("write");
 }
@@ -105,7 +105,7 @@ fn project(tmp: &Path, deps: &str) -> String {
     team.to_string_lossy().into_owned()
 }
 
-fn tmp(name: &str) -> PathBuf {
+pub(crate) fn tmp(name: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("miles-pkg-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
     std::fs::create_dir_all(&d).expect("tmp");
@@ -113,7 +113,7 @@ fn tmp(name: &str) -> PathBuf {
 }
 
 /// Every entry of the cache's `src/` and `git/`, temporary ones included.
-fn cache_entries(cache: &Cache) -> Vec<String> {
+pub(crate) fn cache_entries(cache: &Cache) -> Vec<String> {
     let mut out = Vec::new();
     for sub in ["src", "git"] {
         if let Ok(rd) = std::fs::read_dir(cache.home.join(sub)) {

@@ -3,4 +3,5 @@
 //! its own.
 
 mod git_packages;
+mod hardening;
 mod stdlib_doc;
