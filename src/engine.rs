@@ -35,22 +35,16 @@ pub fn command() -> Result<Command, u8> {
 }
 
 /// The engine must not outlive `miles`: killed `miles run` must not keep training in the
-/// background. On Linux the kernel sends it SIGTERM when its parent dies, whatever killed it.
+/// background. On Linux the kernel sends it SIGTERM (which it ends on) when its parent dies,
+/// whatever killed it; the runtime's one request (`child::die_with_parent`) also refuses to start
+/// it when `miles` died during the start. The signal follows the thread that starts the engine:
+/// here the main thread, whose end is the process's. Unlike the programs the run starts, the
+/// engine keeps the user's whole environment and the terminal's process group: it is `miles`
+/// itself, and Ctrl-C reaches it.
 fn end_with_parent(cmd: &mut Command) {
-    #[cfg(target_os = "linux")]
-    {
-        use std::os::unix::process::CommandExt;
-        // SAFETY: prctl is async-signal-safe; nothing else runs between fork and exec here.
-        unsafe {
-            cmd.pre_exec(|| {
-                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
-    }
-    #[cfg(not(target_os = "linux"))]
+    #[cfg(unix)]
+    miles_runtime::child::die_with_parent(cmd, libc::SIGTERM);
+    #[cfg(not(unix))]
     let _ = cmd;
 }
 
@@ -81,7 +75,44 @@ fn code_of(status: std::process::ExitStatus) -> u8 {
     }
 }
 
-/// Runs the engine with `input` on its standard input; its output goes straight to ours.
+/// The engine's pid while `run_with_stdin` waits for it (0: none), for the SIGINT handler.
+#[cfg(unix)]
+static ENGINE_PID: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
+
+/// SIGINT while the engine runs: `miles` stays to report how the engine ended, and the engine
+/// decides (finish the step and checkpoint; a second one stops it at once). A terminal's Ctrl-C
+/// (`si_code` > 0: sent by the kernel) reaches the engine itself, in our process group; one sent
+/// to `miles` alone (`kill -INT`, `si_code` <= 0) is passed on to it.
+#[cfg(unix)]
+extern "C" fn on_sigint(_sig: libc::c_int, info: *mut libc::siginfo_t, _ctx: *mut libc::c_void) {
+    // SAFETY: the kernel passes a valid siginfo_t to an SA_SIGINFO handler; kill(2) and atomic
+    // loads are async-signal-safe.
+    unsafe {
+        if (*info).si_code <= 0 {
+            let pid = ENGINE_PID.load(std::sync::atomic::Ordering::SeqCst);
+            if pid > 0 {
+                libc::kill(pid, libc::SIGINT);
+            }
+        }
+    }
+}
+
+#[cfg(unix)]
+fn pass_sigint_to(pid: u32) {
+    ENGINE_PID.store(pid as i32, std::sync::atomic::Ordering::SeqCst);
+    // SAFETY: installs a handler that only reads an atomic and calls kill(2).
+    unsafe {
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        type Handler = extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void);
+        sa.sa_sigaction = on_sigint as Handler as usize;
+        sa.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART;
+        libc::sigemptyset(&mut sa.sa_mask);
+        libc::sigaction(libc::SIGINT, &sa, std::ptr::null_mut());
+    }
+}
+
+/// Runs the engine with `input` on its standard input; its output goes straight to ours. SIGINT
+/// is the engine's to handle while it runs (`on_sigint`).
 pub fn run_with_stdin(mut cmd: Command, input: &[u8]) -> u8 {
     // An engine that dies before reading its spec (its libtorch does not load: exit 127) closes
     // the pipe: the write must fail, not kill `miles` with SIGPIPE before it names the cause.
@@ -98,6 +129,8 @@ pub fn run_with_stdin(mut cmd: Command, input: &[u8]) -> u8 {
             return 1;
         }
     };
+    #[cfg(unix)]
+    pass_sigint_to(child.id());
     if let Some(mut stdin) = child.stdin.take() {
         match stdin.write_all(input) {
             // It ended without reading: its exit status says why (below).

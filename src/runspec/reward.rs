@@ -31,9 +31,14 @@ pub(super) fn reward_spec(r: &StageNode) -> Option<RewardSpec> {
                 on_error,
             })
         }
-        "command_reward" => {
-            Some(RewardSpec::Command { name, command: r.strings("command"), cwd: None, timeout_s, on_error })
-        }
+        "command_reward" => Some(RewardSpec::Command {
+            name,
+            command: r.strings("command"),
+            cwd: None,
+            timeout_s,
+            on_error,
+            pass_env: r.strings("pass_env"),
+        }),
         "http_reward" => Some(RewardSpec::Http {
             name,
             url: text("url").unwrap_or_default(),
@@ -68,7 +73,12 @@ pub(super) fn env_spec(
             tool_reward: real("tool_reward", 0.0) as f32,
             demo_tool_rate: real("demo_tool_rate", 1.0) as f32,
         }),
-        "command_env" => EnvSpec::Jsonl(JsonlSpec { name: r.name.clone(), argv: e.strings("command"), cwd: None }),
+        "command_env" => EnvSpec::Jsonl(JsonlSpec {
+            name: r.name.clone(),
+            argv: e.strings("command"),
+            cwd: None,
+            pass_env: e.strings("pass_env"),
+        }),
         "openenv" => EnvSpec::OpenEnv(OpenEnvSpec {
             name: r.name.clone(),
             url: text("url").unwrap_or_default(),
@@ -99,5 +109,6 @@ pub(super) fn env_spec(
         },
         session,
         compact_keep_turns: episodes.compact_keep_turns.map(|k| k as usize),
+        solved_at: episodes.solved_at.value,
     })
 }

@@ -9,6 +9,7 @@ pub mod graph;
 pub mod hf;
 pub mod job;
 pub mod num;
+mod pass_env;
 pub mod program;
 pub mod recipe;
 pub mod suggest;

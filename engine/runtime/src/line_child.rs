@@ -2,11 +2,14 @@
 //! started without a shell, its stdin fed by a writer thread (a program that stops reading blocks
 //! no caller), its stdout read line by line on a thread of its own (each line at most
 //! `MAX_LINE` bytes, so a runaway answer cannot fill memory), and the last few KiB of its stderr
-//! kept to quote when it fails. The process is killed when the `LineChild` is dropped.
+//! kept to quote when it fails. It is started by `child::spawn` (its own process group, its
+//! environment an allow-list, dead with the run) and killed with its group when the `LineChild`
+//! is dropped.
 
+use crate::child::{ChildEnv, GroupChild};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::mpsc::{self, Sender};
 use std::sync::{Arc, Mutex};
 
@@ -16,7 +19,7 @@ pub const STDERR_TAIL: usize = 2048;
 pub const MAX_LINE: u64 = 64 << 20;
 
 pub struct LineChild {
-    pub child: Child,
+    pub child: GroupChild,
     /// Lines to the program's stdin (the newline is added).
     pub stdin: Sender<String>,
     stderr: Arc<Mutex<String>>,
@@ -44,11 +47,12 @@ impl StdoutEnd {
 }
 
 impl LineChild {
-    /// Starts `argv` in `cwd`. Each stdout line goes to `on_line` (which returns false to stop
-    /// reading); when stdout ends, `on_end` gets why and the program's stderr tail so far.
+    /// Starts `argv` in `cwd` with `env`. Each stdout line goes to `on_line` (which returns false
+    /// to stop reading); when stdout ends, `on_end` gets why and the program's stderr tail so far.
     pub fn spawn(
         argv: &[String],
         cwd: Option<&Path>,
+        env: &ChildEnv,
         mut on_line: impl FnMut(String) -> bool + Send + 'static,
         on_end: impl FnOnce(StdoutEnd, &StderrTail) + Send + 'static,
     ) -> std::io::Result<LineChild> {
@@ -58,11 +62,9 @@ impl LineChild {
         if let Some(dir) = cwd {
             cmd.current_dir(dir);
         }
-        let mut child = cmd.spawn()?;
-        let (Some(stdin), Some(stdout), Some(stderr)) = (child.stdin.take(), child.stdout.take(), child.stderr.take())
-        else {
-            let _ = child.kill();
-            let _ = child.wait();
+        let mut child = crate::child::spawn(cmd, env)?;
+        // Without its pipes the child is dropped here, which kills it.
+        let (Some(stdin), Some(stdout), Some(stderr)) = child.take_stdio() else {
             return Err(std::io::Error::other("no pipes to the program"));
         };
         let (tx, rx) = mpsc::channel::<String>();
@@ -117,7 +119,8 @@ impl LineChild {
 
 /// Starts `argv` as a worker that answers in JSON lines: each stdout line parsed as `T` (a line
 /// that is not one is an `Err` naming why), and when stdout ends one last `Err` saying how, with the
-/// program's stderr tail. The workers of a run's stages (a diffusion reward, a teacher) use it.
+/// program's stderr tail. The workers of a run's stages (a diffusion reward, a teacher) use it:
+/// `miles-engine` itself, given the engine's environment (`ChildEnv::engine`).
 pub fn spawn_json_lines<T: serde::de::DeserializeOwned + Send + 'static>(
     argv: &[String],
 ) -> std::io::Result<(LineChild, mpsc::Receiver<Result<T, String>>)> {
@@ -126,6 +129,7 @@ pub fn spawn_json_lines<T: serde::de::DeserializeOwned + Send + 'static>(
     let child = LineChild::spawn(
         argv,
         None,
+        &ChildEnv::engine(),
         move |line| {
             let parsed =
                 serde_json::from_str::<T>(&line).map_err(|e| format!("answered a line that is not a reply: {e}"));
@@ -136,13 +140,6 @@ pub fn spawn_json_lines<T: serde::de::DeserializeOwned + Send + 'static>(
         },
     )?;
     Ok((child, rx))
-}
-
-impl Drop for LineChild {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 /// The end of a program's stderr, shared with the thread that reads it.

@@ -5,6 +5,9 @@
 //! worker that dies or stops answering is named, started again and sent the batch again (the
 //! teacher is frozen, so the answer is the same); after `MAX_RESTARTS` the step fails, its weights
 //! not updated. The runtime checks what comes back (one finite log-prob per response token).
+//! The worker starts through `miles_runtime::child` (`spawn_json_lines`): in a process group of
+//! its own, killed as a group when it is replaced or the run ends, dead with the run's process,
+//! with the engine's environment only (never `MILES_API_KEY` nor the run token).
 
 use crate::model::Policy;
 use crate::train::TchTrainer;

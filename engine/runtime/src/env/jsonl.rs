@@ -15,28 +15,46 @@
 //! no `id` fails every waiting episode (`env_malformed`: whose it was cannot be known); a program
 //! that exits fails every waiting episode (`env_crashed`, quoting its status and stderr) and is
 //! started afresh for the next call. Its stderr is kept (the last few KiB) to quote.
+//!
+//! A program that answers none of `WEDGED_AFTER` calls in a row is wedged: the call that saw it
+//! fails (`env_timeout`), the program is killed with everything it started (its process group;
+//! the calls still waiting on it fail as `env_crashed`), the console says so, and the next call
+//! starts it afresh; at most `MAX_WEDGED_RESTARTS` times a run, after which it is left running
+//! and its calls keep timing out. It starts through `child::spawn`: its environment is
+//! `child::BASE_ENV` and the recipe's `pass_env`, and it dies with the run.
 
 pub use crate::spec::env::JsonlSpec;
 
 use super::{Action, EnvFault, Environment, StepResult, Task};
+use crate::child::ChildEnv;
 use crate::line_child::LineChild;
 use crate::quote::truncate;
 use crate::{RunError, E_SPEC};
 use serde_json::{json, Value};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::mpsc::{self, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 type Reply = Result<Value, EnvFault>;
 
+/// Calls in a row the program answers nothing to (each timing out) before it counts as wedged.
+pub const WEDGED_AFTER: u32 = 3;
+/// Restarts of a wedged program within one run.
+pub const MAX_WEDGED_RESTARTS: u32 = 3;
+
 pub struct JsonlEnv {
     spec: JsonlSpec,
+    env: ChildEnv,
     proc: Mutex<Option<Arc<Proc>>>,
     next_id: AtomicU64,
     /// How many times the program was started (1 in a healthy run).
     pub starts: AtomicU64,
+    /// How many times a wedged program was killed to be started again.
+    pub wedged_restarts: AtomicU32,
+    /// The console was told that no restart is left.
+    gave_up: AtomicBool,
 }
 
 struct Proc {
@@ -45,6 +63,8 @@ struct Proc {
     pending: Arc<Mutex<HashMap<u64, Sender<Reply>>>>,
     /// Why the program is unusable (it exited, its stdout broke); set once.
     dead: Arc<Mutex<Option<String>>>,
+    /// Calls that timed out since the program last answered anything.
+    silent: Arc<AtomicU32>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -63,7 +83,17 @@ impl JsonlEnv {
         if spec.argv.is_empty() {
             return Err(RunError::new(E_SPEC, format!("environment `{}`: `command` is empty", spec.name)));
         }
-        Ok(JsonlEnv { spec, proc: Mutex::new(None), next_id: AtomicU64::new(0), starts: AtomicU64::new(0) })
+        let env = ChildEnv::program(&spec.pass_env)
+            .map_err(|why| RunError::new(E_SPEC, format!("environment `{}`: `pass_env`: {why}", spec.name)))?;
+        Ok(JsonlEnv {
+            spec,
+            env,
+            proc: Mutex::new(None),
+            next_id: AtomicU64::new(0),
+            starts: AtomicU64::new(0),
+            wedged_restarts: AtomicU32::new(0),
+            gave_up: AtomicBool::new(false),
+        })
     }
 
     /// The running program, started (again) when there is none or it died.
@@ -82,11 +112,14 @@ impl JsonlEnv {
     fn start(&self) -> Result<Proc, EnvFault> {
         let pending: Arc<Mutex<HashMap<u64, Sender<Reply>>>> = Arc::default();
         let dead: Arc<Mutex<Option<String>>> = Arc::default();
-        let (p1, p2, d2) = (pending.clone(), pending.clone(), dead.clone());
+        let silent: Arc<AtomicU32> = Arc::default();
+        let (p1, p2, d2, s1) = (pending.clone(), pending.clone(), dead.clone(), silent.clone());
         let program = LineChild::spawn(
             &self.spec.argv,
             self.spec.cwd.as_deref(),
+            &self.env,
             move |line| {
+                s1.store(0, Ordering::Relaxed);
                 route(&p1, &line);
                 true
             },
@@ -100,7 +133,7 @@ impl JsonlEnv {
         )
         .map_err(|e| EnvFault::Crashed(format!("cannot start `{}`: {e}", self.spec.argv.join(" "))))?;
         self.starts.fetch_add(1, Ordering::Relaxed);
-        Ok(Proc { program: Mutex::new(program), pending, dead })
+        Ok(Proc { program: Mutex::new(program), pending, dead, silent })
     }
 
     /// One request and its answer (an object without `error`).
@@ -125,12 +158,48 @@ impl JsonlEnv {
             Ok(Err(fault)) => Err(fault),
             Err(RecvTimeoutError::Timeout) => {
                 lock(&proc.pending).remove(&id);
+                if proc.silent.fetch_add(1, Ordering::Relaxed) + 1 >= WEDGED_AFTER {
+                    self.restart_wedged(&proc);
+                }
                 Err(EnvFault::Timeout(format!("no answer within {:.1}s", timeout.as_secs_f64())))
             }
             Err(RecvTimeoutError::Disconnected) => {
                 Err(EnvFault::Crashed(lock(&proc.dead).clone().unwrap_or_else(|| "exited".into())))
             }
         }
+    }
+}
+
+impl JsonlEnv {
+    /// Kills `proc`, wedged, with its process group, so that the next call starts the program
+    /// afresh; unless another call did already, or no restart is left.
+    fn restart_wedged(&self, proc: &Arc<Proc>) {
+        let mut slot = lock(&self.proc);
+        if !slot.as_ref().is_some_and(|p| Arc::ptr_eq(p, proc)) {
+            return;
+        }
+        let (name, pid) = (&self.spec.name, lock(&proc.program).child.id());
+        let done = self.wedged_restarts.load(Ordering::Relaxed);
+        if done >= MAX_WEDGED_RESTARTS {
+            if !self.gave_up.swap(true, Ordering::Relaxed) {
+                eprintln!(
+                    "miles run: environment `{name}`: its program (process {pid}) answers no call in time; \
+                     restarted {MAX_WEDGED_RESTARTS} times already, it is left running and its episodes time out"
+                );
+            }
+            return;
+        }
+        self.wedged_restarts.store(done + 1, Ordering::Relaxed);
+        eprintln!(
+            "miles run: environment `{name}`: its program (process {pid}) answered none of the last {WEDGED_AFTER} \
+             calls in time; killing it with what it started and starting it again (restart {} of {MAX_WEDGED_RESTARTS})",
+            done + 1
+        );
+        let why = format!("killed by the run: it answered none of {WEDGED_AFTER} calls in a row in time");
+        *lock(&proc.dead) = Some(why.clone());
+        fail_pending(&proc.pending, &EnvFault::Crashed(why));
+        lock(&proc.program).child.kill();
+        *slot = None;
     }
 }
 
@@ -253,6 +322,8 @@ def handle(r):
         return send({"id": r["id"], "error": "no such move"})
     if text == "badreward":
         return send({"id": r["id"], "observation": "x", "reward": "high"})
+    if text.startswith("getenv "):
+        return send({"id": r["id"], "observation": str(os.environ.get(text[7:]))})
     calls = a.get("tool_calls", [])
     send({"id": r["id"], "observation": "saw %s %d" % (text, len(calls)), "reward": 0.5, "done": text == "end"})
 for line in sys.stdin:
@@ -266,8 +337,13 @@ for line in sys.stdin:
             return None;
         };
         Some(
-            JsonlEnv::new(JsonlSpec { name: "py".into(), argv: vec![py.into(), "-c".into(), ENV.into()], cwd: None })
-                .unwrap(),
+            JsonlEnv::new(JsonlSpec {
+                name: "py".into(),
+                argv: vec![py.into(), "-c".into(), ENV.into()],
+                cwd: None,
+                pass_env: vec![],
+            })
+            .unwrap(),
         )
     }
 
@@ -319,10 +395,106 @@ for line in sys.stdin:
     }
 
     #[test]
+    fn a_wedged_program_is_killed_with_what_it_started_and_restarted_a_bounded_number_of_times() {
+        let Some(py) = python() else { return };
+        // Each start records `PID GRANDCHILD` in DIR/starts; `wedge` blocks its only reader.
+        const WEDGING: &str = r#"
+import json, os, subprocess, sys, time
+g = subprocess.Popen(["sleep", "1000"])
+with open(sys.argv[1] + "/starts", "a") as f:
+    f.write("%d %d\n" % (os.getpid(), g.pid))
+for line in sys.stdin:
+    r = json.loads(line)
+    if r["op"] == "reset":
+        print(json.dumps({"id": r["id"], "observation": "hello " + r["task"]["episode"]}), flush=True)
+    elif r["op"] == "step":
+        if r["action"]["text"] == "wedge":
+            time.sleep(1000)
+        print(json.dumps({"id": r["id"], "observation": "ok"}), flush=True)
+"#;
+        let dir = crate::child::testing::scratch("jsonl-wedged");
+        let env = JsonlEnv::new(JsonlSpec {
+            name: "py".into(),
+            argv: vec![py.into(), "-c".into(), WEDGING.into(), dir.display().to_string()],
+            cwd: None,
+            pass_env: vec![],
+        })
+        .unwrap();
+        let short = Duration::from_millis(150);
+        let started = |n: usize| -> Vec<(u32, u32)> {
+            let t0 = std::time::Instant::now();
+            loop {
+                let text = std::fs::read_to_string(dir.join("starts")).unwrap_or_default();
+                let pids: Vec<(u32, u32)> = text
+                    .lines()
+                    .filter_map(|l| l.split_once(' ').and_then(|(a, b)| Some((a.parse().ok()?, b.parse().ok()?))))
+                    .collect();
+                if pids.len() >= n || t0.elapsed() > T {
+                    return pids;
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        };
+        for round in 1..=MAX_WEDGED_RESTARTS as usize + 1 {
+            let ep = format!("e{round}");
+            // The run continues: the program (started afresh after each restart) answers.
+            assert_eq!(env.reset(&task(&ep), T).unwrap(), format!("hello {ep}"));
+            assert_eq!(env.step(&ep, &act("fine"), T).unwrap().observation, "ok");
+            let (pid, grandchild) = started(round)[round - 1];
+            // Each call that saw the wedge fails as a timeout: counted, not lost.
+            for _ in 0..WEDGED_AFTER {
+                assert!(matches!(env.step(&ep, &act("wedge"), short), Err(EnvFault::Timeout(_))));
+            }
+            let restarted = round <= MAX_WEDGED_RESTARTS as usize;
+            assert_eq!(env.wedged_restarts.load(Ordering::Relaxed), round.min(MAX_WEDGED_RESTARTS as usize) as u32);
+            if restarted {
+                assert!(crate::child::testing::gone(pid), "round {round}: the wedged program {pid} lives");
+                assert!(crate::child::testing::gone(grandchild), "round {round}: its `sleep` {grandchild} lives");
+            } else {
+                // No restart left: it is left running.
+                assert!(crate::child::testing::alive(pid) && crate::child::testing::alive(grandchild));
+            }
+        }
+        assert_eq!(env.starts.load(Ordering::Relaxed), MAX_WEDGED_RESTARTS as u64 + 1);
+    }
+
+    #[test]
+    fn a_program_sees_pass_env_and_not_the_run_secrets() {
+        let Some(py) = python() else { return };
+        // Names no other test of this process sets differently.
+        std::env::set_var("MILES_API_KEY", "secret-key");
+        std::env::set_var("CHILD_TEST_PASSED", "listed");
+        std::env::set_var("CHILD_TEST_NOT_PASSED", "unlisted");
+        let spec = |pass_env: Vec<String>| JsonlSpec {
+            name: "py".into(),
+            argv: vec![py.into(), "-c".into(), ENV.into()],
+            cwd: None,
+            pass_env,
+        };
+        let env = JsonlEnv::new(spec(vec!["CHILD_TEST_PASSED".into()])).unwrap();
+        env.reset(&task("a"), T).unwrap();
+        let seen = |name: &str| env.step("a", &act(&format!("getenv {name}")), T).unwrap().observation;
+        assert_eq!(seen("MILES_API_KEY"), "None");
+        assert_eq!(seen("CHILD_TEST_NOT_PASSED"), "None");
+        assert_eq!(seen("CHILD_TEST_PASSED"), "listed");
+        assert_eq!(seen("HOME"), std::env::var("HOME").unwrap_or("None".into()));
+        let e = JsonlEnv::new(spec(vec!["MILES_RUN_TOKEN".into()])).err().expect("refused");
+        assert!(
+            e.message.starts_with("environment `py`: `pass_env`: `MILES_RUN_TOKEN` is one of the run's own"),
+            "{e}"
+        );
+    }
+
+    #[test]
     fn a_program_that_cannot_start() {
-        let env =
-            JsonlEnv::new(JsonlSpec { name: "x".into(), argv: vec!["/no/such/program".into()], cwd: None }).unwrap();
+        let env = JsonlEnv::new(JsonlSpec {
+            name: "x".into(),
+            argv: vec!["/no/such/program".into()],
+            cwd: None,
+            pass_env: vec![],
+        })
+        .unwrap();
         assert!(matches!(env.reset(&task("a"), T), Err(EnvFault::Crashed(m)) if m.starts_with("cannot start")));
-        assert!(JsonlEnv::new(JsonlSpec { name: "x".into(), argv: vec![], cwd: None }).is_err());
+        assert!(JsonlEnv::new(JsonlSpec { name: "x".into(), argv: vec![], cwd: None, pass_env: vec![] }).is_err());
     }
 }

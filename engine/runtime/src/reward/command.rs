@@ -2,14 +2,16 @@
 //! is one request line on its stdin; it answers one line on its stdout (reward/protocol.rs). Its
 //! stderr is kept (the last few KiB) to quote when it fails. A batch that times out, a program
 //! that exits or answers malformed output fails that batch under the stage's policy; the program
-//! is then killed and started afresh for the next batch. It is killed when the reward is dropped.
+//! is then killed (with everything it started: its process group) and started afresh for the
+//! next batch. It is killed so when the reward is dropped, and dies with the run (`child`). Its
+//! environment is `child::BASE_ENV` and the stage's `pass_env` names, nothing else.
 
 use super::protocol::{self, BatchFault};
 use super::{settle_all, BatchReward, OnRewardError, RewardInput, RewardOutcome};
+use crate::child::{ChildEnv, GroupChild};
 use crate::line_child::{LineChild, StdoutEnd};
 use crate::RunError;
 use std::path::PathBuf;
-use std::process::Child;
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
 use std::time::Duration;
 
@@ -24,10 +26,13 @@ pub struct CommandSpec {
     /// Longest wait for one batch's answer, from sending the request.
     pub timeout: Duration,
     pub on_error: OnRewardError,
+    /// Names of the run's environment variables the program also gets (`pass_env`).
+    pub pass_env: Vec<String>,
 }
 
 pub struct CommandReward {
     spec: CommandSpec,
+    env: ChildEnv,
     running: Option<Running>,
     next_id: u64,
     /// How many times the program was started (1 in a healthy run).
@@ -45,7 +50,9 @@ impl CommandReward {
         if spec.argv.is_empty() {
             return Err(RunError::new(crate::E_SPEC, format!("reward `{}`: `command` is empty", spec.name)));
         }
-        Ok(CommandReward { spec, running: None, next_id: 0, starts: 0 })
+        let env = ChildEnv::program(&spec.pass_env)
+            .map_err(|why| RunError::new(crate::E_SPEC, format!("reward `{}`: `pass_env`: {why}", spec.name)))?;
+        Ok(CommandReward { spec, env, running: None, next_id: 0, starts: 0 })
     }
 
     fn start(&mut self) -> Result<Running, RunError> {
@@ -54,6 +61,7 @@ impl CommandReward {
         let program = LineChild::spawn(
             &self.spec.argv,
             self.spec.cwd.as_deref(),
+            &self.env,
             move |line| tx.send(Ok(line)).is_ok(),
             move |end, _| {
                 if end != StdoutEnd::Closed {
@@ -115,7 +123,7 @@ impl CommandReward {
     }
 }
 
-fn wait_briefly(child: &mut Child) -> Option<std::process::ExitStatus> {
+fn wait_briefly(child: &mut GroupChild) -> Option<std::process::ExitStatus> {
     for _ in 0..20 {
         if let Ok(Some(s)) = child.try_wait() {
             return Some(s);
@@ -156,6 +164,7 @@ mod tests {
             cwd: None,
             timeout: Duration::from_millis(timeout_ms),
             on_error,
+            pass_env: vec![],
         })
         .unwrap()
     }
@@ -227,10 +236,100 @@ mod tests {
             cwd: None,
             timeout: Duration::from_secs(1),
             on_error: OnRewardError::Zero,
+            pass_env: vec![],
         })
         .unwrap();
         let e = r.score_batch(&batch()[..1]).unwrap_err();
         assert!(e.message.starts_with("reward `judge`: cannot start `/nonexistent/verifier`"), "{e}");
+    }
+
+    /// A verifier that starts a grandchild (`sleep 1000`, as a verifier running model-written
+    /// code would), writes its pid to `pids`, then answers every batch (`ok`) or none (`hang`).
+    fn spawning(mode: &str, pids: &std::path::Path, timeout_ms: u64) -> CommandReward {
+        const PY: &str = r#"
+import json, subprocess, sys
+g = subprocess.Popen(["sleep", "1000"])
+open(sys.argv[2], "w").write(str(g.pid))
+for line in sys.stdin:
+    req = json.loads(line)
+    if sys.argv[1] == "ok":
+        print(json.dumps({"id": req["id"], "scores": [1.0 for _ in req["samples"]]}), flush=True)
+"#;
+        CommandReward::new(CommandSpec {
+            name: "judge".into(),
+            argv: vec!["python3".into(), "-c".into(), PY.into(), mode.into(), pids.display().to_string()],
+            cwd: None,
+            timeout: Duration::from_millis(timeout_ms),
+            on_error: OnRewardError::Zero,
+            pass_env: vec![],
+        })
+        .unwrap()
+    }
+
+    #[test]
+    fn a_timeout_kills_the_program_with_what_it_started() {
+        let dir = crate::child::testing::scratch("cmd-timeout");
+        let pids = dir.join("pid");
+        let mut r = spawning("hang", &pids, 1500);
+        let out = r.score_batch(&batch()[..1]).unwrap();
+        assert!(what(&out[0]).contains("no answer within 1.5s"), "{}", what(&out[0]));
+        let grandchild = crate::child::testing::read_pid(&pids);
+        assert!(crate::child::testing::gone(grandchild), "the verifier's `sleep` ({grandchild}) outlived the timeout");
+    }
+
+    #[test]
+    fn a_drop_kills_the_program_with_what_it_started() {
+        let dir = crate::child::testing::scratch("cmd-drop");
+        let pids = dir.join("pid");
+        let mut r = spawning("ok", &pids, 20_000);
+        assert_eq!(r.score_batch(&batch()[..1]).unwrap(), vec![RewardOutcome::Score(1.0)]);
+        let grandchild = crate::child::testing::read_pid(&pids);
+        assert!(!crate::child::testing::gone(grandchild));
+        drop(r);
+        assert!(crate::child::testing::gone(grandchild), "the verifier's `sleep` ({grandchild}) outlived the reward");
+    }
+
+    #[test]
+    fn the_program_sees_the_allow_list_and_pass_env_not_the_run_secrets() {
+        const PY: &str = r#"
+import json, os, sys
+names = ["MILES_API_KEY", "MILES_RUN_TOKEN", "HOME", "LC_CHILD_TEST", "CHILD_TEST_PASSED", "CHILD_TEST_NOT_PASSED"]
+open(sys.argv[1], "w").write(json.dumps({n: os.environ.get(n) for n in names}))
+for line in sys.stdin:
+    req = json.loads(line)
+    print(json.dumps({"id": req["id"], "scores": [1.0 for _ in req["samples"]]}), flush=True)
+"#;
+        // Names no other test of this process reads or sets.
+        std::env::set_var("MILES_API_KEY", "secret-key");
+        std::env::set_var("MILES_RUN_TOKEN", "secret-token");
+        std::env::set_var("CHILD_TEST_PASSED", "listed");
+        std::env::set_var("CHILD_TEST_NOT_PASSED", "unlisted");
+        std::env::set_var("LC_CHILD_TEST", "allowed");
+        let seen = crate::child::testing::scratch("cmd-env").join("env.json");
+        let spec = |pass_env: Vec<String>| CommandSpec {
+            name: "judge".into(),
+            argv: vec!["python3".into(), "-c".into(), PY.into(), seen.display().to_string()],
+            cwd: None,
+            timeout: Duration::from_secs(20),
+            on_error: OnRewardError::Stop,
+            pass_env,
+        };
+        let mut r = CommandReward::new(spec(vec!["CHILD_TEST_PASSED".into()])).unwrap();
+        assert_eq!(r.score_batch(&batch()[..1]).unwrap(), vec![RewardOutcome::Score(1.0)]);
+        let env: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&seen).unwrap()).unwrap();
+        assert_eq!(env["MILES_API_KEY"], json!(null), "{env}");
+        assert_eq!(env["MILES_RUN_TOKEN"], json!(null), "{env}");
+        assert_eq!(env["CHILD_TEST_NOT_PASSED"], json!(null), "{env}");
+        assert_eq!(env["CHILD_TEST_PASSED"], json!("listed"), "{env}");
+        assert_eq!(env["HOME"].as_str(), std::env::var("HOME").ok().as_deref(), "{env}");
+        // Allow-listed: `LC_*`. (PATH passes too, but a Python launcher may prepend to it.)
+        assert_eq!(env["LC_CHILD_TEST"], json!("allowed"), "{env}");
+        // Listed or not, the run's own variables are refused before anything starts.
+        for bad in ["MILES_API_KEY", "miles_run_token", "A=B", ""] {
+            let e = CommandReward::new(spec(vec![bad.into()])).err().expect(bad);
+            assert_eq!(e.code, crate::E_SPEC);
+            assert!(e.message.starts_with("reward `judge`: `pass_env`: `"), "{e}");
+        }
     }
 
     #[test]

@@ -34,13 +34,14 @@ impl RewardSpec {
                 verifier: Verifier::from_settings(kind, pattern.as_deref(), schema.clone())?,
                 on_error: *on_error,
             }),
-            RewardSpec::Command { name, command, cwd, timeout_s, on_error } => {
+            RewardSpec::Command { name, command, cwd, timeout_s, on_error, pass_env } => {
                 Box::new(CommandReward::new(CommandSpec {
                     name: name.clone(),
                     argv: command.clone(),
                     cwd: cwd.clone(),
                     timeout: timeout(name, *timeout_s)?,
                     on_error: *on_error,
+                    pass_env: pass_env.clone(),
                 })?)
             }
             RewardSpec::Http { name, url, concurrency, batch_size, timeout_s, retries, on_error } => {
@@ -105,6 +106,7 @@ mod tests {
             cwd: None,
             timeout_s: -1.0,
             on_error: OnRewardError::Stop,
+            pass_env: vec![],
         };
         assert_eq!(
             bad.build().err().unwrap().message,

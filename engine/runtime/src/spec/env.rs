@@ -44,6 +44,49 @@ pub struct EnvRunSpec {
     /// ending the episode (`None`). Needs `session = branching`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub compact_keep_turns: Option<usize>,
+    /// The reward at or above which an episode counts as solved (`env_reward.solved_at`):
+    /// held-out `eval/accuracy` and `rollout/solved_frac`.
+    #[serde(default = "default_solved_at", skip_serializing_if = "is_default_solved_at")]
+    pub solved_at: f64,
+}
+
+fn default_solved_at() -> f64 {
+    1.0
+}
+fn is_default_solved_at(x: &f64) -> bool {
+    *x == 1.0
+}
+
+impl super::RunSpec {
+    /// The reward at or above which a sample counts as solved: the environment's `solved_at`
+    /// in a run of episodes, else 1 (an exact answer).
+    pub fn solved_at(&self) -> f64 {
+        self.env.as_ref().map_or(1.0, |e| e.solved_at)
+    }
+
+    /// The success rule in words, as the console and `miles report` print it.
+    pub fn solved_rule(&self) -> String {
+        match &self.env {
+            Some(e) => format!("solved: episode reward >= {} (env_reward.solved_at)", figure(e.solved_at)),
+            None => "solved: reward >= 1".into(),
+        }
+    }
+}
+
+/// The share of `rewards` at or above `at`: held-out success and `rollout/solved_frac`.
+pub fn solved_frac(rewards: impl IntoIterator<Item = f64>, at: f64) -> f64 {
+    let (mut n, mut solved) = (0usize, 0usize);
+    for r in rewards {
+        n += 1;
+        solved += usize::from(r >= at);
+    }
+    solved as f64 / n.max(1) as f64
+}
+
+/// A threshold as a recipe writes it: 1, 0.5.
+fn figure(x: f64) -> String {
+    let t = format!("{x:.4}");
+    t.trim_end_matches('0').trim_end_matches('.').to_string()
 }
 
 fn default_max_turns() -> usize {
@@ -116,6 +159,9 @@ pub struct JsonlSpec {
     pub argv: Vec<String>,
     #[serde(default)]
     pub cwd: Option<PathBuf>,
+    /// Names of the run's environment variables the program also gets (`child::ChildEnv`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pass_env: Vec<String>,
 }
 
 /// An `openenv` environment: an HTTP service speaking OpenEnv's protocol (`env::openenv`).
@@ -123,7 +169,8 @@ pub struct JsonlSpec {
 #[serde(deny_unknown_fields)]
 pub struct OpenEnvSpec {
     pub name: String,
-    /// Base URL of the server: `http://host:port` (`ws://` is accepted too).
+    /// Base URL of the server: `http://host:port` or `https://...` (`ws://` and `wss://` are
+    /// accepted too).
     pub url: String,
     /// Field of the action object the model's text goes in (`None`: the first tool call's
     /// arguments are the action).
@@ -176,4 +223,26 @@ pub enum Rule {
     #[default]
     Linear,
     Branching,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue #42: "solved" was reward >= 1 with no setting; an environment whose rewards never
+    /// reach 1 showed 0% forever. The rule is `env_reward.solved_at`, 1 by default.
+    #[test]
+    fn the_success_rule_is_a_setting_with_a_stated_default() {
+        let json = r#"{"env": {"type": "calculator"}}"#;
+        let e: EnvRunSpec = serde_json::from_str(json).unwrap();
+        assert_eq!(e.solved_at, 1.0);
+        // The default is not written, so a spec without the setting reads as before.
+        assert!(!serde_json::to_string(&e).unwrap().contains("solved_at"));
+        let e: EnvRunSpec = serde_json::from_str(r#"{"env": {"type": "calculator"}, "solved_at": 0.5}"#).unwrap();
+        assert_eq!(e.solved_at, 0.5);
+        // Echo rewards of 0.3 and 0.8: none reaches 1, one reaches 0.5.
+        assert_eq!(solved_frac([0.3, 0.8], 1.0), 0.0);
+        assert_eq!(solved_frac([0.3, 0.8], e.solved_at), 0.5);
+        assert_eq!(solved_frac([], 1.0), 0.0);
+    }
 }

@@ -20,7 +20,7 @@ pub enum RewardSpec {
         #[serde(default)]
         on_error: OnRewardError,
     },
-    /// `command_reward { command, timeout, on_error }`.
+    /// `command_reward { command, timeout, on_error, pass_env }`.
     Command {
         name: String,
         command: Vec<String>,
@@ -30,6 +30,9 @@ pub enum RewardSpec {
         timeout_s: f64,
         #[serde(default)]
         on_error: OnRewardError,
+        /// Names of the run's environment variables the program also gets (`child::ChildEnv`).
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        pass_env: Vec<String>,
     },
     /// `http_reward { url, concurrency, batch_size, timeout, retries, on_error }`.
     Http {

@@ -68,6 +68,7 @@ fn chat_prompts_from_a_file_are_tokenized_and_scored_by_a_python_program() {
             cwd: None,
             timeout_s: 30.0,
             on_error: OnRewardError::Stop,
+            pass_env: vec![],
         },
         RewardSpec::Verifier {
             name: "math".into(),

@@ -70,7 +70,14 @@ fn metrics(dir: &Path) -> Vec<Value> {
 fn command_reward(args: &[&str]) -> RewardSpec {
     let mut command = vec!["python3".to_string(), repo("tests/fixtures/rewards/verify.py").display().to_string()];
     command.extend(args.iter().map(|a| a.to_string()));
-    RewardSpec::Command { name: "judge".into(), command, cwd: None, timeout_s: 30.0, on_error: OnRewardError::Stop }
+    RewardSpec::Command {
+        name: "judge".into(),
+        command,
+        cwd: None,
+        timeout_s: 30.0,
+        on_error: OnRewardError::Stop,
+        pass_env: vec![],
+    }
 }
 
 #[test]
