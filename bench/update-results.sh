@@ -79,6 +79,8 @@ bf16         bf16 GEMMs on the CPU: TRL side by side, both in bf16 (recipes/comp
                bash bench/peers/run.sh --recipe recipes/compare-trl-10m-bf16.miles --seeds 3 --threads 1
              + the laptop recipe learns in bf16 (recipes/grpo-laptop.miles, fp32 against bf16)
                bash bench/precision/laptop.sh  (seeds 1 2 3 by default; the table is from seeds 0-2)
+serve        miles serve load test (100 clients, a hostile request a second)
+               bash bench/serve-load/run.sh 60                                      (bench/serve-load/load.rs)
 gpu          (no section yet: nothing measured on a GPU) tests/e2e/gpu.rs, GPU throughput, CUDA IPC, NCCL tests
                bash scripts/gpu-bundle.sh here, then on the GPU machine: bash bench/gpu/run.sh "$OUT"
 Only the compare-trl section between the `peers` markers is spliced by this script; every other
