@@ -51,7 +51,12 @@ fn fault(e: WsError) -> EnvFault {
 
 impl OpenEnv {
     pub fn new(spec: OpenEnvSpec) -> Result<OpenEnv, RunError> {
-        let http = spec.url.strip_prefix("ws://").map(|r| format!("http://{r}")).unwrap_or_else(|| spec.url.clone());
+        // The WebSocket schemes name the same server as the HTTP ones.
+        let http = match (spec.url.strip_prefix("ws://"), spec.url.strip_prefix("wss://")) {
+            (Some(r), _) => format!("http://{r}"),
+            (_, Some(r)) => format!("https://{r}"),
+            _ => spec.url.clone(),
+        };
         let mut url = http_client::parse_url(&http)
             .map_err(|e| RunError::new(E_SPEC, format!("environment `{}`: `url` {}: {e}", spec.name, spec.url)))?;
         url.path = format!("{}/ws", url.path.trim_end_matches('/'));
@@ -160,5 +165,24 @@ impl Environment for OpenEnv {
             let _ = ws.send_text(r#"{"type":"close"}"#, Instant::now() + Duration::from_millis(200));
             ws.close();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn url(u: &str) -> Result<String, String> {
+        let spec = OpenEnvSpec { name: "e".into(), url: u.into(), action_field: None, observation_field: None };
+        OpenEnv::new(spec).map(|e| e.ws_url.ws()).map_err(|e| e.message)
+    }
+
+    #[test]
+    fn urls_name_the_ws_session() {
+        assert_eq!(url("http://h:8000").unwrap(), "ws://h:8000/ws");
+        assert_eq!(url("ws://h:8000/").unwrap(), "ws://h:8000/ws");
+        assert_eq!(url("https://h/env").unwrap(), "wss://h:443/env/ws");
+        assert_eq!(url("wss://h:9/").unwrap(), "wss://h:9/ws");
+        assert_eq!(url("ftp://h").unwrap_err(), "environment `e`: `url` ftp://h: must start with http:// or https://");
     }
 }

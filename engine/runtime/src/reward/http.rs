@@ -6,7 +6,7 @@
 
 use super::protocol::{self, BatchFault};
 use super::{settle_all, BatchReward, OnRewardError, RewardFailure, RewardInput, RewardOutcome};
-use crate::http_client::{self, Url};
+use crate::http_client::{self, Answer, Client, Url};
 use crate::{RunError, E_SPEC};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -14,7 +14,7 @@ use std::time::Duration;
 #[derive(Debug, Clone, PartialEq)]
 pub struct HttpSpec {
     pub name: String,
-    /// `http://host:port/path`.
+    /// `http://host:port/path` or `https://...`.
     pub url: String,
     /// Requests in flight at once (>= 1).
     pub concurrency: usize,
@@ -52,7 +52,7 @@ impl HttpReward {
         let mut tries = 0;
         loop {
             tries += 1;
-            match http_client::post_json(&self.url, &body, self.spec.timeout) {
+            match Client::shared().request(&self.url, Some(&body), self.spec.timeout, None).and_then(Answer::ok) {
                 Ok(answer) => {
                     return protocol::parse_answer(&self.spec.name, id, items, &answer)
                         .unwrap_or_else(|f| f.fail_all(&self.spec.name, items))
@@ -227,7 +227,7 @@ mod tests {
         let e = r.score_batch(&batch(1)).unwrap_err();
         assert!(t0.elapsed() < Duration::from_secs(2));
         assert_eq!(e.code, crate::E_TIMEOUT);
-        assert!(e.message.contains("no answer within 0.3s (receiving)"), "{e}");
+        assert!(e.message.contains("no answer within 0.3s (after 1 tries)"), "{e}");
         let srv = serve(|_| "wrong_id");
         let out = reward(&srv.url, OnRewardError::Drop, 5000, 0).score_batch(&batch(2)).unwrap();
         assert!(
@@ -248,17 +248,18 @@ mod tests {
 
     #[test]
     fn bad_settings() {
-        let e = HttpReward::new(HttpSpec {
+        let spec = |url: &str| HttpSpec {
             name: "rm".into(),
-            url: "https://rm/score".into(),
+            url: url.into(),
             concurrency: 1,
             batch_size: 1,
             timeout: Duration::from_secs(1),
             retries: 0,
             on_error: OnRewardError::Stop,
-        })
-        .err()
-        .unwrap();
-        assert!(e.message.starts_with("reward `rm`: `url` https://rm/score: https is not supported"), "{e}");
+        };
+        let e = HttpReward::new(spec("ftp://rm/score")).err().unwrap();
+        assert_eq!(e.message, "reward `rm`: `url` ftp://rm/score: must start with http:// or https://");
+        // https is served (http_client's tests hold the TLS server).
+        assert!(HttpReward::new(spec("https://rm/score")).unwrap().url.secure);
     }
 }
