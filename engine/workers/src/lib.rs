@@ -8,11 +8,13 @@
 //! - [`transport`], [`delta`], [`wire`]: weight transports (broadcast, p2p, disk-delta) and their
 //!   verified byte format; [`nccl`]: broadcast and p2p GPU to GPU (the `nccl` channel).
 //! - [`launcher`]: how worker processes are started (local processes, Slurm, Ray).
+//! - [`auth`], [`tls`]: the run's token and, beyond loopback, TLS under the run's own certificate.
 //! - [`http`]: the SGLang-compatible HTTP rollout API (`miles serve`) and its client.
 
 pub mod auth;
 pub mod delta;
 pub mod nccl;
+pub mod tls;
 pub mod transport;
 pub mod wire;
 

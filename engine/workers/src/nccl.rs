@@ -1,6 +1,7 @@
 //! The NCCL channel of broadcast (and p2p, which sends every unsharded engine the whole snapshot
 //! anyway): the payload goes GPU to GPU through one NCCL communicator, the trainer rank 0 and the
-//! engines ranks 1..=n; the TCP control connection of each engine carries the rest.
+//! engines ranks 1..=n; the control connection of each engine (a weight stream's connection, TLS
+//! where wanted: `transport/conn.rs`) carries the rest.
 //!
 //! ```text
 //! trainer                                     engine k (rank k)
@@ -17,12 +18,11 @@
 //! uses its process's GPU [`miles_cuda::nccl::device_ordinal`] (`MILES_CUDA_DEVICE`, else the
 //! first visible one). A communicator lives for one publish (its setup is paid per version).
 
-use crate::transport::{Receiver, Target, TransferError, TransferReport, TransportConfig};
+use crate::transport::{Conn, Receiver, Target, TransferError, TransferReport, TransportConfig};
 use crate::wire::{self, Header, NcclHeader, StreamError};
 use miles_cuda::nccl::{self as cn, Comm, UniqueId};
 use miles_runtime::WeightSnapshot;
 use std::io::{self, BufRead, BufReader, Read, Write};
-use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
 /// Why NCCL cannot run in this process, as the recipe's author should read it.
@@ -57,16 +57,17 @@ pub(crate) fn publish(
 
     // Every engine connected and told its rank before any joins (as over shared memory: one that
     // cannot be reached fails the publish before the others have done anything of this version).
-    let mut socks = Vec::with_capacity(targets.len());
+    // Each connection is read through its buffer and written through `get_mut` (nothing is
+    // written while a read is buffered ahead of it: the engine speaks only when asked).
+    let mut readers = Vec::with_capacity(targets.len());
     for t in targets {
-        let s = crate::transport::connect(&t.data_addr, cfg.timeout).map_err(|e| TransferError {
-            worker_id: t.worker_id.clone(),
-            message: format!("{} unreachable or too slow: {e}", t.data_addr),
+        let s = crate::transport::connect(&t.data_addr, &cfg.token, cfg.timeout, cfg.tls).map_err(|e| {
+            TransferError { worker_id: t.worker_id.clone(), message: crate::transport::connect_error(&t.data_addr, &e) }
         })?;
-        socks.push(s);
+        readers.push(BufReader::new(s));
     }
     let ranks = targets.len() as u32 + 1;
-    for (k, (t, s)) in targets.iter().zip(&socks).enumerate() {
+    for (k, (t, s)) in targets.iter().zip(readers.iter_mut()).enumerate() {
         let mut h = Header::whole(&cfg.token, snap, cfg.bucket_bytes);
         h.nccl = Some(NcclHeader {
             id: id.to_hex(),
@@ -77,12 +78,11 @@ pub(crate) fn publish(
             trainer_gpu: my_gpu.clone(),
         });
         let mut head = Vec::new();
-        wire::write_header(&mut head, &h).and_then(|_| (&*s).write_all(&head)).map_err(|e| TransferError {
+        wire::write_header(&mut head, &h).and_then(|_| s.get_mut().write_all(&head)).map_err(|e| TransferError {
             worker_id: t.worker_id.clone(),
             message: format!("{} unreachable or too slow: {e}", t.data_addr),
         })?;
     }
-    let mut readers: Vec<BufReader<&TcpStream>> = socks.iter().map(BufReader::new).collect();
     // Each engine answers "ready <its GPU>" once its own library and GPU checks pass.
     let mut gpus: Vec<(String, String)> = vec![("the trainer".into(), my_gpu)];
     for (t, r) in targets.iter().zip(readers.iter_mut()) {
@@ -106,8 +106,8 @@ pub(crate) fn publish(
         }
         gpus.push((t.worker_id.clone(), gpu.to_string()));
     }
-    for (t, s) in targets.iter().zip(&socks) {
-        (&*s).write_all(b"go\n").map_err(|e| TransferError {
+    for (t, s) in targets.iter().zip(readers.iter_mut()) {
+        s.get_mut().write_all(b"go\n").map_err(|e| TransferError {
             worker_id: t.worker_id.clone(),
             message: format!("{} unreachable or too slow: {e}", t.data_addr),
         })?;
@@ -157,9 +157,9 @@ pub(crate) fn publish(
 
 /// A failed join or broadcast: the engine whose verdict says why (briefly waited for), else, on a
 /// timeout, every engine of the communicator (NCCL does not say which rank is missing).
-fn blame(targets: &[Target], readers: &mut [BufReader<&TcpStream>], e: &cn::CommError, what: &str) -> TransferError {
+fn blame(targets: &[Target], readers: &mut [BufReader<Conn>], e: &cn::CommError, what: &str) -> TransferError {
     for (t, r) in targets.iter().zip(readers.iter_mut()) {
-        let _ = r.get_ref().set_read_timeout(Some(Duration::from_millis(500)));
+        let _ = r.get_ref().tcp().set_read_timeout(Some(Duration::from_millis(500)));
         if let Ok(l) = read_line(r) {
             if let Some(why) = l.strip_prefix("err ") {
                 return TransferError { worker_id: t.worker_id.clone(), message: why.to_string() };
@@ -185,7 +185,7 @@ fn same_gpu(who: &str, gpu: &str) -> String {
     )
 }
 
-fn read_line(r: &mut BufReader<&TcpStream>) -> io::Result<String> {
+fn read_line(r: &mut impl BufRead) -> io::Result<String> {
     let mut line = String::new();
     if r.read_line(&mut line)? == 0 {
         return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "the connection closed"));
@@ -199,7 +199,7 @@ pub(crate) fn receive(
     rx: &Receiver,
     h: &Header,
     n: &NcclHeader,
-    sock: &mut BufReader<&TcpStream>,
+    sock: &mut BufReader<&mut Conn>,
 ) -> Result<(), String> {
     cn::available().map_err(|e| unavailable("rollout engine", &e.reason))?;
     let ordinal = rx.gpu().map_or_else(cn::device_ordinal, Ok).map_err(|e| e.reason)?;
@@ -208,8 +208,7 @@ pub(crate) fn receive(
         return Err(same_gpu("this engine and the trainer", &gpu));
     }
     let id = UniqueId::from_hex(&n.id).ok_or("bad stream: the NCCL id is not 256 hex characters")?;
-    let mut s: &TcpStream = sock.get_ref();
-    s.write_all(format!("ready {gpu}\n").as_bytes()).map_err(|e| format!("the trainer vanished: {e}"))?;
+    sock.get_mut().write_all(format!("ready {gpu}\n").as_bytes()).map_err(|e| format!("the trainer vanished: {e}"))?;
     match read_line(sock) {
         Ok(l) if l == "go" => {}
         Ok(l) => return Err(format!("the trainer cancelled the NCCL transfer (got {l:?})")),

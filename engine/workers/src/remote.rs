@@ -6,6 +6,7 @@
 use crate::auth::{AddToken, CheckToken};
 use crate::convert::*;
 use crate::pb::{self, controller_server, worker_client::WorkerClient};
+use crate::tls::{RunTls, TlsMode};
 use crate::transport::TransferReport;
 use crate::{E_TRANSFER, E_WORKER};
 use miles_runtime::tasks::TokenId;
@@ -97,12 +98,22 @@ pub struct Controller {
     pub rt: Arc<tokio::runtime::Runtime>,
     pub addr: String,
     pub token: String,
+    /// When calls to workers are encrypted (beyond loopback, or always).
+    pub tls: TlsMode,
+    run_tls: RunTls,
     state: ControllerState,
 }
 
 impl Controller {
-    /// Listens on `bind` ("127.0.0.1:0" by default: loopback, a free port).
+    /// Listens on `bind` ("127.0.0.1:0" by default: loopback, a free port), with TLS beyond
+    /// loopback or as `MILES_TLS` says.
     pub fn start(bind: &str, token: &str, advertise_host: Option<&str>) -> Result<Controller, RunError> {
+        Controller::start_with(bind, token, advertise_host, TlsMode::from_env())
+    }
+
+    /// [`Controller::start`] whose server, and calls to workers, are encrypted as `tls` says.
+    pub fn start_with(bind: &str, token: &str, host: Option<&str>, tls: TlsMode) -> Result<Controller, RunError> {
+        let run_tls = RunTls::derive(token).map_err(|m| RunError::new(E_WORKER, m))?;
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()
@@ -112,15 +123,19 @@ impl Controller {
             .block_on(tokio::net::TcpListener::bind(bind))
             .map_err(|e| RunError::new(E_WORKER, format!("controller cannot listen on {bind}: {e}")))?;
         let local = listener.local_addr().map_err(|e| RunError::new(E_WORKER, e.to_string()))?;
-        let host = advertise_host.map(str::to_string).unwrap_or_else(|| local.ip().to_string());
+        let host = host.map(str::to_string).unwrap_or_else(|| local.ip().to_string());
         let state = ControllerState { inner: Arc::new((Mutex::new(Registry::default()), std::sync::Condvar::new())) };
         let svc =
             controller_server::ControllerServer::with_interceptor(state.clone(), CheckToken(Arc::new(token.into())));
+        let mut server = run_tls
+            .grpc_server_builder(tls.wanted(&local.to_string()))
+            .map_err(|e| RunError::new(E_WORKER, format!("controller: {e}")))?;
         rt.spawn(async move {
             let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
-            let _ = tonic::transport::Server::builder().add_service(svc).serve_with_incoming(incoming).await;
+            let _ = server.add_service(svc).serve_with_incoming(incoming).await;
         });
-        Ok(Controller { rt: Arc::new(rt), addr: format!("{host}:{}", local.port()), token: token.into(), state })
+        let addr = format!("{host}:{}", local.port());
+        Ok(Controller { rt: Arc::new(rt), addr, token: token.into(), tls, run_tls, state })
     }
 
     /// Waits until every id in `ids` registered, or `timeout`; `dead` reports launcher-observed
@@ -244,9 +259,8 @@ impl Drop for Fleet {
 impl Fleet {
     /// Connects to registered workers (lazily: the first call opens the channel).
     pub fn connect(controller: &Controller, reg: Registration, deadlines: &Deadlines) -> Result<Remote, RunError> {
-        let url = format!("http://{}", reg.rpc_addr);
-        let ep = tonic::transport::Endpoint::from_shared(url)
-            .map_err(|e| RunError::new(E_WORKER, format!("{}: bad address {}: {e}", reg.who(), reg.rpc_addr)))?
+        let ep = (controller.run_tls.grpc_endpoint(&reg.rpc_addr, controller.tls.wanted(&reg.rpc_addr)))
+            .map_err(|e| RunError::new(E_WORKER, format!("{}: {e}", reg.who())))?
             .connect_timeout(deadlines.short)
             .tcp_nodelay(true);
         let _guard = controller.rt.enter();

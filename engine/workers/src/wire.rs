@@ -18,15 +18,17 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use std::io::{self, Read, Write};
 
-pub const MAGIC: &str = "miles-weights/1";
+/// Version 2: the header carries the run's tag, no longer its token.
+pub const MAGIC: &str = "miles-weights/2";
 /// Refuse absurd headers before allocating (a stray connection, a torn file).
 const MAX_HEADER: u32 = 64 << 20;
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct Header {
     pub magic: String,
-    /// The run token: a receiver refuses a stream from another run.
-    pub token: String,
+    /// The run's public tag (`crate::auth::run_tag`, never the token): a receiver refuses a
+    /// stream or a disk-delta file of another run.
+    pub run: String,
     pub version: u64,
     /// This stream is part `part` of `parts` (p2p: one part per trainer shard).
     pub part: u32,
@@ -73,8 +75,8 @@ pub struct NcclHeader {
 pub const READY_NOTICE: usize = 4 << 20;
 
 impl Header {
-    /// Part `part` of `parts` of `snap`: the tensors at `indices`, whole (no delta base, no shared
-    /// memory file).
+    /// Part `part` of `parts` of `snap` for the run of `token`: the tensors at `indices`, whole
+    /// (no delta base, no shared memory file).
     pub fn part(
         token: &str,
         snap: &WeightSnapshot,
@@ -84,7 +86,7 @@ impl Header {
     ) -> Header {
         Header {
             magic: MAGIC.into(),
-            token: token.into(),
+            run: crate::auth::run_tag(token),
             version: snap.version,
             part,
             parts,
@@ -187,8 +189,13 @@ fn read_json<R: Read, T: for<'de> Deserialize<'de>>(r: &mut R, what: &str) -> io
             format!("{what} of {len} bytes is not a weight stream"),
         ));
     }
-    let mut buf = vec![0u8; len as usize];
-    r.read_exact(&mut buf)?;
+    // Grown as bytes arrive, not allocated from the claimed length: a stream or file that claims
+    // 64 MB and ends early costs what it sent.
+    let mut buf = Vec::new();
+    r.take(len as u64).read_to_end(&mut buf)?;
+    if buf.len() < len as usize {
+        return Err(io::Error::new(io::ErrorKind::UnexpectedEof, format!("{what} cut short")));
+    }
     serde_json::from_slice(&buf).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("bad {what}: {e}")))
 }
 

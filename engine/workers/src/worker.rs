@@ -6,6 +6,7 @@ use crate::auth::{AddToken, CheckToken};
 use crate::convert::*;
 use crate::delta::DeltaReceiver;
 use crate::pb::{self, controller_client::ControllerClient, worker_server};
+use crate::tls::{RunTls, TlsMode};
 use crate::transport::{self, Receiver, Target, TransportConfig, TransportKind, WeightPublisher};
 use crate::wire::Faults;
 use miles_runtime::{RolloutEngine, RunError, RunSpec, TeacherScorer, Trainer, Trajectory, E_SPEC};
@@ -68,6 +69,8 @@ pub struct WorkerConfig {
     pub heartbeat: Duration,
     /// Exit when the controller has not answered a heartbeat for this long.
     pub orphan_after: Duration,
+    /// When the worker's server and its calls to the controller are encrypted (`crate::tls`).
+    pub tls: TlsMode,
 }
 
 /// The publisher of the last transport configuration (its key), kept across versions.
@@ -283,6 +286,7 @@ impl worker_server::Worker for Svc {
         let channel = transport::Channel::parse(&r.channel)
             .ok_or_else(|| Status::invalid_argument(format!("unknown weight channel {}", r.channel)))?;
         let mut cfg = TransportConfig::new(kind, self.cfg.token.clone());
+        cfg.tls = self.cfg.tls;
         cfg.channel = channel;
         cfg.bucket_bytes = r.bucket_bytes.max(1 << 16);
         cfg.verify_full = r.verify_full;
@@ -356,7 +360,7 @@ pub fn serve(cfg: WorkerConfig, factory: Factory, on_ready: impl FnOnce(&str, &s
         let host = cfg.advertise_host.clone().unwrap_or_else(|| local.ip().to_string());
         let rpc_addr = format!("{host}:{}", local.port());
         let receiver = if cfg.role == Role::Rollout {
-            let r = Receiver::start(&format!("{}:0", local.ip()), &cfg.token)
+            let r = Receiver::start_with_tls(&format!("{}:0", local.ip()), &cfg.token, cfg.tls)
                 .map_err(|e| format!("worker {}: cannot listen for weights: {e}", cfg.worker_id))?;
             Some(r)
         } else {
@@ -383,8 +387,11 @@ pub fn serve(cfg: WorkerConfig, factory: Factory, on_ready: impl FnOnce(&str, &s
         );
         let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
         let mut stop = stopped.clone();
+        let mut builder = RunTls::derive(&cfg.token)?
+            .grpc_server_builder(cfg.tls.wanted(&local.to_string()))
+            .map_err(|e| format!("worker {}: {e}", cfg.worker_id))?;
         let server_task = tokio::spawn(async move {
-            tonic::transport::Server::builder()
+            builder
                 .add_service(server)
                 .serve_with_incoming_shutdown(incoming, async move {
                     let _ = stop.wait_for(|v| *v).await;
@@ -435,9 +442,10 @@ async fn heartbeat_loop(
     version: Arc<std::sync::atomic::AtomicU64>,
 ) -> Result<(), String> {
     let add = AddToken::new(&cfg.token)?;
-    let url = if ctrl.starts_with("http") { ctrl.clone() } else { format!("http://{ctrl}") };
-    let endpoint = tonic::transport::Endpoint::from_shared(url)
-        .map_err(|e| format!("bad controller address {ctrl}: {e}"))?
+    let host_port = ctrl.split_once("://").map_or(ctrl.as_str(), |(_, rest)| rest);
+    let endpoint = RunTls::derive(&cfg.token)?
+        .grpc_endpoint(host_port, cfg.tls.wanted(host_port))
+        .map_err(|e| format!("controller {ctrl}: {e}"))?
         .connect_timeout(Duration::from_secs(5))
         .timeout(Duration::from_secs(10));
     let started = Instant::now();

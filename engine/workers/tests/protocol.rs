@@ -5,6 +5,7 @@ use miles_runtime::tasks::TokenId;
 use miles_runtime::*;
 use miles_workers::pb::{self, worker_client::WorkerClient};
 use miles_workers::remote::{Controller, Deadlines, Fleet, OnFailure, RemoteEngine, RemoteTrainer};
+use miles_workers::tls::{RunTls, TlsMode};
 use miles_workers::worker::{Hosted, Role, WorkerConfig};
 use std::path::Path;
 use std::sync::{Arc, Mutex};
@@ -93,6 +94,17 @@ fn spec() -> RunSpec {
 
 /// Starts a worker thread; returns its gRPC and data addresses.
 fn start_worker(id: &str, role: Role, ctrl: Option<String>, token: &str, delay: Duration) -> (String, String) {
+    start_worker_tls(id, role, ctrl, token, delay, TlsMode::Auto)
+}
+
+fn start_worker_tls(
+    id: &str,
+    role: Role,
+    ctrl: Option<String>,
+    token: &str,
+    delay: Duration,
+    tls: TlsMode,
+) -> (String, String) {
     let cfg = WorkerConfig {
         worker_id: id.into(),
         role,
@@ -104,6 +116,7 @@ fn start_worker(id: &str, role: Role, ctrl: Option<String>, token: &str, delay: 
         local_dir: std::env::temp_dir().join(format!("miles-proto-{}-{id}", std::process::id())),
         heartbeat: Duration::from_millis(100),
         orphan_after: Duration::from_secs(20),
+        tls,
     };
     let factory: miles_workers::worker::Factory = Arc::new(move |role, _: &RunSpec, _| match role {
         Role::Rollout => Ok(Hosted::Rollout(Box::new(Echo { version: 0, delay }))),
@@ -136,6 +149,90 @@ fn calls_without_the_run_token_are_refused() {
         let h = right.health(pb::HealthRequest {}).await.unwrap().into_inner();
         assert_eq!((h.worker_id.as_str(), h.role.as_str(), h.ready), ("rollout-0", "rollout", false));
     });
+}
+
+/// TLS forced on loopback (`MILES_TLS=always`): registration, heartbeats and the controller's calls
+/// go over TLS under the run's certificate; a plaintext client, or one that trusts another run's
+/// certificate, gets no answer even with the right token. The weights go over TLS too: the
+/// engine's receiver refuses a plaintext stream, and the trainer's stream reaches it.
+#[test]
+fn forced_tls_carries_the_protocol_and_refuses_plaintext_and_other_runs() {
+    let token = "tls-tok";
+    let ctrl = Controller::start_with("127.0.0.1:0", token, None, TlsMode::Always).unwrap();
+    let (addr, _) =
+        start_worker_tls("trainer-0", Role::Trainer, Some(ctrl.addr.clone()), token, Duration::ZERO, TlsMode::Always);
+    let (_, data_addr) =
+        start_worker_tls("rollout-0", Role::Rollout, Some(ctrl.addr.clone()), token, Duration::ZERO, TlsMode::Always);
+    // The workers registered with the TLS controller, over TLS.
+    let ids = ["trainer-0".to_string(), "rollout-0".to_string()];
+    let regs = ctrl.wait_for(&ids, Duration::from_secs(10), Vec::new).unwrap();
+    let deadlines =
+        Deadlines { call: Duration::from_secs(10), short: Duration::from_secs(5), heartbeat: Duration::from_secs(10) };
+    let mut remotes: Vec<_> = regs.into_iter().map(|r| Fleet::connect(&ctrl, r, &deadlines).unwrap()).collect();
+    let trainer = remotes.remove(0);
+    let rt = ctrl.rt.clone();
+    let mut f = Fleet {
+        controller: ctrl,
+        trainer,
+        engines: remotes,
+        teacher: None,
+        on_failure: OnFailure::Stop,
+        deadlines,
+        transport: "broadcast".into(),
+        channel: "auto".into(),
+        bucket_bytes: 1 << 16,
+        verify_full: false,
+        delta_dir: std::env::temp_dir().join(format!("miles-proto-tls-{}", std::process::id())),
+        last_report: None,
+        sync_log: None,
+        events: Vec::new(),
+        on_drop: None,
+    };
+    // The controller's calls (Init) go through over TLS.
+    f.init_all(&spec(), 1).unwrap();
+    let health = |ep: tonic::transport::Endpoint, tok: &'static str| async move {
+        let ch = ep.connect().await.map_err(|e| e.to_string())?;
+        let mut c = WorkerClient::with_interceptor(ch, miles_workers::auth::AddToken::new(tok).unwrap());
+        c.health(pb::HealthRequest {}).await.map(|r| r.into_inner().ready).map_err(|e| e.to_string())
+    };
+    rt.block_on(async {
+        let plain = tonic::transport::Endpoint::from_shared(format!("http://{addr}")).unwrap();
+        assert!(health(plain, "tls-tok").await.is_err(), "a plaintext call was answered");
+        let tls = |t: &str| {
+            let c = RunTls::derive(t).unwrap().grpc_client();
+            tonic::transport::Endpoint::from_shared(format!("https://{addr}")).unwrap().tls_config(c).unwrap()
+        };
+        assert!(health(tls("another-run"), "tls-tok").await.is_err(), "another run's certificate was trusted");
+        assert_eq!(health(tls("tls-tok"), "tls-tok").await, Ok(true));
+        // Inside TLS the token is still checked.
+        let e = health(tls("tls-tok"), "guess").await.unwrap_err();
+        assert!(e.contains("token"), "{e}");
+    });
+    // The engine's weight receiver takes TLS only; the trainer worker's stream is TLS.
+    use miles_workers::transport::{Channel, StreamPublisher, Target, TransportConfig, TransportKind, WeightPublisher};
+    let mut plain = TransportConfig::new(TransportKind::Broadcast, token);
+    plain.channel = Channel::Tcp;
+    let target = [Target { worker_id: "rollout-0".into(), data_addr }];
+    let e = StreamPublisher::new(plain).publish(&Stamp { version: 9 }.export_weights().unwrap(), &target).unwrap_err();
+    assert!(e.message.contains("TLS only"), "{e}");
+    let f = Arc::new(Mutex::new(f));
+    let (mut trainer, mut engine) = (RemoteTrainer::new(f.clone()), RemoteEngine::new(f.clone()));
+    let t = Trajectory {
+        prompt: vec![1],
+        response: vec![2],
+        rollout_logprobs: vec![-1.0],
+        loss_mask: vec![1.0],
+        reward: 1.0,
+        advantage: 0.5,
+        group: 0,
+        weight_version: 0,
+        routing: None,
+        teacher_logprobs: Vec::new(),
+    };
+    trainer.train_rl(&[t], &[1e-3], 1.0).unwrap();
+    engine.load_weights(&trainer.export_weights().unwrap()).unwrap();
+    assert_eq!(f.lock().unwrap().last_report.as_ref().map(|r| r.transport.as_str()), Some("broadcast/shm"));
+    assert_eq!(engine.generate(&[vec![1, 2]], 1, &params()).unwrap()[0].weight_version, 1);
 }
 
 fn fleet(engine_delays: &[Duration], on_failure: OnFailure, call: Duration, transport: &str) -> Arc<Mutex<Fleet>> {

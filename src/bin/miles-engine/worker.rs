@@ -5,7 +5,8 @@
 
 use miles_runtime::{RolloutEngine, RunError, RunSpec, Trainer};
 use miles_tch::model::Policy;
-use miles_workers::auth::TOKEN_ENV;
+use miles_workers::auth::{worker_token, TOKEN_ENV, TOKEN_FILE_ENV};
+use miles_workers::http::Limits;
 use miles_workers::worker::{Factory, Hosted, Role, WorkerConfig};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -22,7 +23,8 @@ pub struct Args {
     /// The recipe's stage name, for error messages.
     #[arg(long, default_value = "")]
     pub stage: String,
-    /// The controller's address (host:port). The run token comes from MILES_RUN_TOKEN.
+    /// The controller's address (host:port). The run token comes from MILES_RUN_TOKEN, or the
+    /// private file MILES_RUN_TOKEN_FILE names.
     #[arg(long)]
     pub controller: Option<String>,
     /// Listen address of the worker protocol (loopback unless configured otherwise).
@@ -37,6 +39,10 @@ pub struct Args {
     /// Pin the process to these CPUs (comma-separated).
     #[arg(long, value_delimiter = ',')]
     pub cpus: Vec<usize>,
+    /// `always`: TLS on loopback too, as the controller's `MILES_TLS=always` (the launcher passes
+    /// it). Default: MILES_TLS, else TLS beyond loopback only.
+    #[arg(long)]
+    pub tls: Option<String>,
 }
 
 fn pin(cpus: &[usize]) -> Result<(), String> {
@@ -95,10 +101,20 @@ pub fn run(args: Args) -> u8 {
         eprintln!("miles worker: --role must be rollout, trainer or teacher, not {}", args.role);
         return 2;
     };
-    let token = match std::env::var(TOKEN_ENV) {
-        Ok(t) if !t.is_empty() => t,
-        _ => {
-            eprintln!("miles worker: {TOKEN_ENV} is not set: a worker serves only its run (the launcher sets it)");
+    // The environment, or a private file it names (a Ray job's environment is public).
+    let token = match worker_token(std::env::var(TOKEN_ENV).ok(), std::env::var_os(TOKEN_FILE_ENV).map(PathBuf::from)) {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("miles worker: {e}");
+            return 2;
+        }
+    };
+    let tls = match args.tls.as_deref() {
+        None => miles_workers::tls::TlsMode::from_env(),
+        Some("always") => miles_workers::tls::TlsMode::Always,
+        Some("auto") => miles_workers::tls::TlsMode::Auto,
+        Some(other) => {
+            eprintln!("miles worker: --tls must be auto or always, not {other}");
             return 2;
         }
     };
@@ -117,6 +133,7 @@ pub fn run(args: Args) -> u8 {
         local_dir: args.local_dir,
         heartbeat: Duration::from_millis(500),
         orphan_after: Duration::from_secs(30),
+        tls,
     };
     let id = args.id;
     let res = miles_workers::worker::serve(cfg, factory(), |rpc, data| {
@@ -150,9 +167,96 @@ pub struct ServeArgs {
     pub weights_dir: Option<PathBuf>,
     #[arg(long)]
     pub threads: Option<usize>,
+    #[command(flatten)]
+    pub limits: LimitArgs,
+}
+
+/// What one request may ask and how long it may take (docs/distributed.md, "miles serve"). A
+/// request past a bound is refused with a status that names the flag.
+#[derive(clap::Args)]
+pub struct LimitArgs {
+    /// Completions per prompt (`sampling_params.n`) at most; 400 beyond.
+    #[arg(long, default_value_t = Limits::default().max_n)]
+    pub max_n: usize,
+    /// `max_new_tokens` of one completion at most; 400 beyond.
+    #[arg(long, default_value_t = Limits::default().max_new_tokens)]
+    pub max_new_tokens: usize,
+    /// Prompts in one request at most; 400 beyond.
+    #[arg(long, default_value_t = Limits::default().max_prompts)]
+    pub max_prompts: usize,
+    /// New tokens one request may ask for in all (prompts x n x max_new_tokens); 400 beyond.
+    #[arg(long, default_value_t = Limits::default().max_request_tokens)]
+    pub max_request_tokens: u64,
+    /// A request body's size at most, in bytes; 413 beyond.
+    #[arg(long, default_value_t = Limits::default().max_body_bytes)]
+    pub max_body_bytes: usize,
+    /// Generations at once (the engine runs one at a time; the others wait for it with their
+    /// request read); later requests queue.
+    #[arg(long, default_value_t = Limits::default().max_concurrent)]
+    pub max_concurrent: usize,
+    /// Requests admitted at once (reading a body, queued or generating); 503 at once beyond.
+    /// Request bodies held at once are at most this times --max-body-bytes.
+    #[arg(long, default_value_t = Limits::default().max_pending)]
+    pub max_pending: usize,
+    /// Seconds a queued request waits for a generation slot; 503 after.
+    #[arg(long, value_name = "SECONDS", default_value_t = Limits::default().queue_timeout.as_secs_f64())]
+    pub queue_timeout: f64,
+    /// Seconds a request body may take to arrive; 408 after (a slow body cannot hold the server).
+    #[arg(long, value_name = "SECONDS", default_value_t = Limits::default().body_timeout.as_secs_f64())]
+    pub body_timeout: f64,
+    /// Seconds a /generate request may take in all, queue included; 504 after.
+    #[arg(long, value_name = "SECONDS", default_value_t = Limits::default().request_timeout.as_secs_f64())]
+    pub request_timeout: f64,
+    /// Seconds a request's headers may take to arrive, and a kept-alive connection may sit idle;
+    /// the connection is closed after.
+    #[arg(long, value_name = "SECONDS", default_value_t = Limits::default().header_timeout.as_secs_f64())]
+    pub header_timeout: f64,
+}
+
+impl LimitArgs {
+    fn limits(&self) -> Result<Limits, String> {
+        let secs = |flag: &str, s: f64| {
+            Duration::try_from_secs_f64(s)
+                .ok()
+                .filter(|d| !d.is_zero())
+                .ok_or_else(|| format!("--{flag} must be a positive number of seconds, not {s}"))
+        };
+        for (flag, v) in [
+            ("max-n", self.max_n),
+            ("max-new-tokens", self.max_new_tokens),
+            ("max-prompts", self.max_prompts),
+            ("max-body-bytes", self.max_body_bytes),
+            ("max-concurrent", self.max_concurrent),
+            ("max-pending", self.max_pending),
+        ] {
+            if v == 0 {
+                return Err(format!("--{flag} must be at least 1"));
+            }
+        }
+        Ok(Limits {
+            max_n: self.max_n,
+            max_new_tokens: self.max_new_tokens,
+            max_prompts: self.max_prompts,
+            max_request_tokens: self.max_request_tokens,
+            max_body_bytes: self.max_body_bytes,
+            max_concurrent: self.max_concurrent,
+            max_pending: self.max_pending,
+            queue_timeout: secs("queue-timeout", self.queue_timeout)?,
+            body_timeout: secs("body-timeout", self.body_timeout)?,
+            request_timeout: secs("request-timeout", self.request_timeout)?,
+            header_timeout: secs("header-timeout", self.header_timeout)?,
+        })
+    }
 }
 
 pub fn serve(args: ServeArgs) -> u8 {
+    let limits = match args.limits.limits() {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("miles serve: {e}");
+            return 2;
+        }
+    };
     miles_runtime::Backend::set_threads(&miles_tch::TchBackend, args.threads);
     if args.api_key.is_some() {
         eprintln!(
@@ -173,6 +277,7 @@ pub fn serve(args: ServeArgs) -> u8 {
         model_path: args.model_dir.clone(),
         weights_dir: args.weights_dir,
         api_key,
+        limits,
     };
     let res = miles_workers::http::serve(opts, loader, |addr| {
         let auth = if keyed { "; API key required" } else { "" };

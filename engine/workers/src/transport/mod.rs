@@ -15,17 +15,26 @@
 //!
 //! Files: this one holds the kinds, the configuration, targets, reports, errors, the
 //! [`TransferPlan`] and [`publisher`]; `publish` the trainer's [`StreamPublisher`], `receive` the
-//! engine's [`Receiver`], `shm` the shared-memory files and their readers, `tcp` the socket helpers.
+//! engine's [`Receiver`], `accept` the receiver's door (the token proved first, TLS where
+//! wanted, bounded handshakes and streams), `conn` a stream's connection (plaintext or TLS), `shm`
+//! the shared-memory files and their readers, `tcp` the socket helpers.
 
+mod accept;
+mod conn;
 mod publish;
 mod receive;
 mod shm;
 mod tcp;
 
+#[cfg(test)]
+mod security_tests;
+
+pub(crate) use conn::Conn;
 pub use publish::StreamPublisher;
 pub use receive::Receiver;
-pub(crate) use tcp::connect;
+pub(crate) use tcp::{connect, connect_error};
 
+use crate::tls::TlsMode;
 use crate::wire::{self, Faults};
 use miles_runtime::WeightSnapshot;
 use std::ops::Range;
@@ -105,6 +114,8 @@ pub struct TransportConfig {
     /// NCCL: this process's GPU ordinal (None: `MILES_CUDA_DEVICE`, else 0).
     pub gpu: Option<u32>,
     pub token: String,
+    /// When a stream is encrypted: to an engine beyond loopback, or always (`crate::tls`).
+    pub tls: TlsMode,
     /// Bound on connecting, on each write and on waiting for an engine's verdict.
     pub timeout: Duration,
     pub faults: Faults,
@@ -120,6 +131,7 @@ impl TransportConfig {
             channel: Channel::Auto,
             gpu: None,
             token: token.into(),
+            tls: TlsMode::Auto,
             timeout: Duration::from_secs(60),
             faults: Faults::default(),
         }

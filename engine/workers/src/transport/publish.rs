@@ -2,7 +2,7 @@
 //! TCP (one connection per route, all concurrent), through shared memory, or hands it to NCCL.
 
 use super::shm::{shm_dir, ShmFile, ShmRoute, ShmWriter};
-use super::tcp::{all_loopback, connect, is_loopback, read_verdict};
+use super::tcp::{all_loopback, connect, connect_error, is_loopback, read_verdict};
 use super::{
     Channel, Target, TransferError, TransferPlan, TransferReport, TransportConfig, TransportKind, WeightPublisher,
 };
@@ -72,22 +72,22 @@ impl StreamPublisher {
             let target = &targets[t];
             move |e: io::Error| TransferError {
                 worker_id: target.worker_id.clone(),
-                message: format!("{} unreachable or too slow: {e}", target.data_addr),
+                message: connect_error(&target.data_addr, &e),
             }
         };
         let mut socks = Vec::with_capacity(plan.routes.len());
         for &(_, t) in &plan.routes {
-            socks.push(connect(&targets[t].data_addr, cfg.timeout).map_err(unreachable(t))?);
+            socks.push(connect(&targets[t].data_addr, &cfg.token, cfg.timeout, cfg.tls).map_err(unreachable(t))?);
         }
         let mut routes: Vec<Vec<ShmRoute>> = plan.shards.iter().map(|_| Vec::new()).collect();
-        for (&(s, t), sock) in plan.routes.iter().zip(socks) {
+        for (&(s, t), mut sock) in plan.routes.iter().zip(socks) {
             let mut h = Header::part(&cfg.token, snap, cfg.bucket_bytes, (s as u32, parts), std::iter::empty());
             h.shm_path = Some(self.shm[s].path.clone());
             h.shm_notices = true;
             let mut head = Vec::new();
             wire::write_header(&mut head, &h).map_err(unreachable(t))?;
             // An engine that vanishes now fails alone (its verdict names it); the others go on.
-            let failed = (&sock).write_all(&head).err();
+            let failed = sock.write_all(&head).err();
             routes[s].push(ShmRoute { target: t, sock, failed });
         }
         let mut report = TransferReport {
@@ -117,9 +117,9 @@ impl StreamPublisher {
         // Verdicts, each bounded by the socket's timeout; the first failure (in route order) is
         // reported, as for TCP.
         let mut first_err: Option<TransferError> = None;
-        for r in routes.iter().flatten() {
+        for r in routes.iter_mut().flatten() {
             let target = &targets[r.target];
-            let res = match (read_verdict(&r.sock), &r.failed) {
+            let res = match (read_verdict(&mut r.sock), &r.failed) {
                 (Ok(v), _) => v,
                 (Err(e), None) => Err(format!("{} unreachable or too slow: {e}", target.data_addr)),
                 (Err(_), Some(e)) => Err(format!("{} unreachable or too slow: {e}", target.data_addr)),
@@ -199,19 +199,20 @@ impl WeightPublisher for StreamPublisher {
                     let full = full.as_ref();
                     sc.spawn(move || {
                         let res = (|| -> io::Result<Result<u32, String>> {
-                            let sock = connect(&target.data_addr, cfg.timeout)?;
+                            let mut sock = connect(&target.data_addr, &cfg.token, cfg.timeout, cfg.tls)?;
                             // Framing is buffered; payload chunks (CHUNK bytes, CRC'd in cache right
                             // before) go from the tensors to the socket with no copy in between.
-                            let mut w = BufWriter::with_capacity(64 << 10, &sock);
+                            let mut w = BufWriter::with_capacity(64 << 10, &mut sock);
                             let h = Header::part(&cfg.token, snap, cfg.bucket_bytes, (s as u32, parts), range.clone());
                             wire::write_header(&mut w, &h)?;
                             let buckets =
                                 wire::write_tensors(&mut w, snap, range, cfg.bucket_bytes, full.cloned(), cfg.faults)?
                                     .0;
+                            w.flush()?;
                             drop(w);
-                            Ok(read_verdict(&sock)?.map(|_| buckets))
+                            Ok(read_verdict(&mut sock)?.map(|_| buckets))
                         })();
-                        (t, res.unwrap_or_else(|e| Err(format!("{} unreachable or too slow: {e}", target.data_addr))))
+                        (t, res.unwrap_or_else(|e| Err(connect_error(&target.data_addr, &e))))
                     })
                 })
                 .collect();
@@ -356,11 +357,12 @@ mod tests {
     }
     #[test]
     fn engine_vanishing_mid_bucket_is_named_and_bounded() {
-        // A fake engine that reads a little of the stream and hangs up.
+        // A fake engine that takes the hello, reads a little of the stream and hangs up.
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = l.local_addr().unwrap().to_string();
         let eng = std::thread::spawn(move || {
-            let (mut c, _) = l.accept().unwrap();
+            let (c, _) = l.accept().unwrap();
+            let mut c = crate::auth::answer_hello(c, "tok").unwrap();
             let mut buf = vec![0u8; 64 << 10];
             let _ = c.read_exact(&mut buf);
         });

@@ -1,12 +1,14 @@
 //! The rollout engine's side of broadcast and p2p: [`Receiver`] accepts streams (over TCP, shared
 //! memory or NCCL), verifies and assembles their parts, and hands a version over when activated.
 
+use super::conn::Conn;
 use super::shm::{sealed_shmem, Mapping, ShmMap, ShmReader};
+use crate::tls::{RunTls, TlsMode};
 use crate::wire::{self, Header, StreamError};
 use miles_runtime::{NamedTensor, WeightSnapshot};
 use std::collections::{BTreeMap, HashMap};
 use std::io::{self, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpListener};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -34,7 +36,10 @@ struct State {
 pub struct Receiver {
     inner: Arc<(Mutex<State>, Condvar)>,
     addr: SocketAddr,
-    token: Arc<String>,
+    /// The run's public tag, which every header must carry (`crate::auth::run_tag`).
+    run: String,
+    /// Streams must come over TLS (bound beyond loopback, or forced).
+    tls_only: bool,
     /// Bound on every read and write of a connection (a sender that stalls or vanishes mid-bucket
     /// fails its version after this long, named).
     timeout: Duration,
@@ -45,40 +50,54 @@ pub struct Receiver {
 }
 
 impl Receiver {
-    /// Listens on `bind` (loopback unless configured otherwise; port 0 picks one).
+    /// Listens on `bind` (loopback unless configured otherwise; port 0 picks one); TLS-only
+    /// beyond loopback.
     pub fn start(bind: &str, token: &str) -> io::Result<Receiver> {
-        Receiver::start_with_timeout(bind, token, Duration::from_secs(60))
+        Receiver::start_opts(bind, token, Duration::from_secs(60), None, TlsMode::Auto)
+    }
+
+    /// [`Receiver::start`], TLS-only also on loopback when `tls` is [`TlsMode::Always`].
+    pub fn start_with_tls(bind: &str, token: &str, tls: TlsMode) -> io::Result<Receiver> {
+        Receiver::start_opts(bind, token, Duration::from_secs(60), None, tls)
     }
 
     /// [`Receiver::start`] with another bound on each read of a stream.
     pub fn start_with_timeout(bind: &str, token: &str, timeout: Duration) -> io::Result<Receiver> {
-        Receiver::start_opts(bind, token, timeout, None)
+        Receiver::start_opts(bind, token, timeout, None, TlsMode::Auto)
     }
 
     /// [`Receiver::start`] whose NCCL rank uses GPU `ordinal` (two ranks in one process).
     pub fn start_on_gpu(bind: &str, token: &str, ordinal: u32) -> io::Result<Receiver> {
-        Receiver::start_opts(bind, token, Duration::from_secs(60), Some(ordinal))
+        Receiver::start_opts(bind, token, Duration::from_secs(60), Some(ordinal), TlsMode::Auto)
     }
 
-    fn start_opts(bind: &str, token: &str, timeout: Duration, gpu: Option<u32>) -> io::Result<Receiver> {
+    fn start_opts(bind: &str, token: &str, timeout: Duration, gpu: Option<u32>, tls: TlsMode) -> io::Result<Receiver> {
+        let run_tls = RunTls::derive(token).and_then(|t| t.stream_server()).map_err(io::Error::other)?;
         let listener = TcpListener::bind(bind)?;
         let addr = listener.local_addr()?;
         let r = Receiver {
             inner: Arc::new((Mutex::new(State::default()), Condvar::new())),
             addr,
-            token: Arc::new(token.into()),
+            run: crate::auth::run_tag(token),
+            tls_only: tls.wanted(&addr.to_string()),
             timeout,
             maps: Arc::default(),
             gpu,
         };
         let me = r.clone();
-        std::thread::Builder::new().name("weights-rx".into()).spawn(move || {
-            for conn in listener.incoming().flatten() {
-                let me = me.clone();
-                let _ = std::thread::Builder::new().name("weights-rx-conn".into()).spawn(move || me.serve(conn));
-            }
-        })?;
+        let door = super::accept::Door {
+            token: Arc::new(token.into()),
+            tls: run_tls,
+            tls_only: r.tls_only,
+            limits: super::accept::Limits::for_timeout(timeout),
+        };
+        super::accept::spawn(listener, door, move |c| me.serve(c))?;
         Ok(r)
+    }
+
+    /// Whether streams must come over TLS.
+    pub fn tls_only(&self) -> bool {
+        self.tls_only
     }
 
     pub fn addr(&self) -> SocketAddr {
@@ -98,23 +117,24 @@ impl Receiver {
         self.inner.0.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn serve(&self, sock: TcpStream) {
+    fn serve(&self, mut sock: Conn) {
         let timeout = Some(self.timeout);
-        let _ = sock.set_read_timeout(timeout);
-        let _ = sock.set_write_timeout(timeout);
-        let verdict = match self.receive(&sock) {
+        let _ = sock.tcp().set_read_timeout(timeout);
+        let _ = sock.tcp().set_write_timeout(timeout);
+        let verdict = match self.receive(&mut sock) {
             Ok(()) => "ok\n".to_string(),
             Err(e) => format!("err {}\n", e.replace('\n', " ")),
         };
-        let _ = (&sock).write_all(verdict.as_bytes());
+        let _ = sock.write_all(verdict.as_bytes());
     }
 
-    fn receive(&self, sock: &TcpStream) -> Result<(), String> {
+    fn receive(&self, sock: &mut Conn) -> Result<(), String> {
         let mut r = BufReader::with_capacity(256 << 10, sock);
+        // The sender proved the token before this connection got here (accept.rs); the header
+        // must be of this run too.
         let h = wire::read_header(&mut r).map_err(|e| format!("bad stream: {e}"))?;
-        // Constant-time enough: the token is compared whole before anything else is read.
-        if !crate::auth::token_eq(&h.token, &self.token) {
-            return Err("refused: the stream does not carry this run's token".into());
+        if h.run != self.run {
+            return Err("refused: the stream belongs to another run".into());
         }
         let res = match (&h.shm_path, &h.nccl) {
             (_, Some(n)) => crate::nccl::receive(self, &h, n, &mut r),
@@ -152,7 +172,7 @@ impl Receiver {
     /// shrinking (checked here, not trusted from the header): a file truncated under a mapping
     /// kills the reader with SIGBUS. Any other file is read with `pread`, where a short read is a
     /// named error that leaves the loaded weights alone.
-    fn receive_shm(&self, p: &str, h: &Header, sock: &mut BufReader<&TcpStream>) -> Result<(), String> {
+    fn receive_shm(&self, p: &str, h: &Header, sock: &mut BufReader<&mut Conn>) -> Result<(), String> {
         let f = std::fs::File::open(p).map_err(|e| format!("cannot open the shared-memory snapshot {p}: {e}"))?;
         let map = if h.shm_notices && sealed_shmem(&f) {
             Some(self.map_of(&f, h.version).map_err(|e| format!("cannot map the shared-memory snapshot {p}: {e}"))?)
@@ -171,7 +191,7 @@ impl Receiver {
         };
         let inner = wire::read_header(&mut r)
             .map_err(|e| format!("shared-memory snapshot {p} is unreadable (truncated or torn: {e}); not loaded"))?;
-        if inner.version != h.version || inner.part != h.part || !crate::auth::token_eq(&inner.token, &self.token) {
+        if inner.version != h.version || inner.part != h.part || inner.run != self.run {
             return Err(format!(
                 "shared-memory snapshot {p} holds version {} part {}, not {} {}; not loaded",
                 inner.version, inner.part, h.version, h.part
@@ -321,6 +341,7 @@ mod tests {
     use crate::transport::{Channel, StreamPublisher, TransportConfig, TransportKind, WeightPublisher};
     use crate::wire::Faults;
     use std::io::BufRead;
+    use std::net::TcpStream;
 
     #[test]
     fn corrupted_bucket_is_detected_and_not_loaded() {
@@ -348,15 +369,16 @@ mod tests {
     /// Sends `head` (and `body`, raw bytes after it) to `rx` as a sender would, then reads the
     /// verdict unless `hang_up` (the sender vanishes).
     fn send_raw(rx: &Receiver, head: &Header, body: &[u8], hang_up: bool) -> Option<String> {
-        let mut s = TcpStream::connect(rx.addr()).unwrap();
+        let mut s =
+            crate::transport::connect(&rx.addr().to_string(), "tok", Duration::from_secs(10), TlsMode::Auto).unwrap();
         wire::write_header(&mut s, head).unwrap();
         s.write_all(body).unwrap();
         if hang_up {
             return None;
         }
-        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        s.tcp().set_read_timeout(Some(Duration::from_secs(10))).unwrap();
         let mut line = String::new();
-        BufReader::new(&s).read_line(&mut line).unwrap();
+        BufReader::new(&mut s).read_line(&mut line).unwrap();
         Some(line)
     }
 
@@ -434,12 +456,107 @@ mod tests {
         let rx = Receiver::start_with_timeout("127.0.0.1:0", "tok", Duration::from_millis(300)).unwrap();
         let (h, bytes) = stream_bytes(&snap(6, &[20000]));
         let head_len = 4 + serde_json::to_vec(&h).unwrap().len();
-        let mut s = TcpStream::connect(rx.addr()).unwrap();
+        let mut s =
+            crate::transport::connect(&rx.addr().to_string(), "tok", Duration::from_secs(10), TlsMode::Auto).unwrap();
         s.write_all(&bytes[..head_len + 8 + 4096]).unwrap();
         let t0 = Instant::now();
         let e = rx.take(6, Duration::from_secs(10)).unwrap_err();
         assert!(e.contains("stalled mid-transfer"), "{e}");
         assert!(t0.elapsed() < Duration::from_secs(5));
         drop(s);
+    }
+
+    /// Threads of this process whose name starts with `prefix` (Linux: /proc/self/task).
+    fn threads_named(prefix: &str) -> usize {
+        std::fs::read_dir("/proc/self/task")
+            .unwrap()
+            .filter_map(|e| std::fs::read_to_string(e.ok()?.path().join("comm")).ok())
+            .filter(|n| n.starts_with(prefix))
+            .count()
+    }
+
+    /// A client without the token that sends a 64 MB header (and keeps sending) is answered and
+    /// dropped after the hello: its 32 MB never get read, nothing is allocated for them.
+    #[test]
+    fn a_huge_header_without_the_token_is_dropped_after_the_hello() {
+        let rx = Receiver::start("127.0.0.1:0", "tok").unwrap();
+        // A 64 MB header where the hello should be; a hello followed by a made-up proof.
+        let guessed = [crate::auth::HELLO_MAGIC.as_slice(), &[7u8; crate::auth::NONCE + crate::auth::PROOF]].concat();
+        for first in [(64u32 << 20).to_le_bytes().to_vec(), guessed] {
+            let mut s = TcpStream::connect(rx.addr()).unwrap();
+            s.set_write_timeout(Some(Duration::from_secs(10))).unwrap();
+            s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+            let mut flood = first.clone();
+            flood.resize(32 << 20, b'{');
+            let t0 = Instant::now();
+            let e = s.write_all(&flood).unwrap_err();
+            assert!(
+                matches!(e.kind(), io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionReset),
+                "the receiver kept reading: {e}"
+            );
+            assert!(t0.elapsed() < Duration::from_secs(5));
+        }
+        assert_eq!(rx.bytes_received(), 0);
+        // The refusal names itself to a client that waits for it.
+        let e = crate::transport::connect(&rx.addr().to_string(), "wrong", Duration::from_secs(5), TlsMode::Auto)
+            .unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::PermissionDenied);
+        assert!(e.to_string().contains("did not prove that it holds this run's token"), "{e}");
+    }
+
+    #[test]
+    fn a_connection_without_a_hello_is_refused_after_the_handshake_deadline() {
+        let rx = Receiver::start_with_timeout("127.0.0.1:0", "tok", Duration::from_millis(300)).unwrap();
+        let s = TcpStream::connect(rx.addr()).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let mut line = String::new();
+        BufReader::new(&s).read_line(&mut line).unwrap();
+        assert!(line.starts_with("err refused: no hello within 0.3 s"), "{line}");
+    }
+
+    /// A thousand idle connections take no thread each and do not keep the trainer out: the
+    /// oldest handshakes are evicted and a real transfer goes through while they stay open.
+    #[test]
+    fn a_thousand_idle_connections_take_no_threads_and_a_transfer_still_succeeds() {
+        let rx = Receiver::start("127.0.0.1:0", "tok").unwrap();
+        let before = std::fs::read_dir("/proc/self/task").unwrap().count();
+        let idle: Vec<TcpStream> = (0..1000).map(|_| TcpStream::connect(rx.addr()).unwrap()).collect();
+        std::thread::sleep(Duration::from_millis(200));
+        let after = std::fs::read_dir("/proc/self/task").unwrap().count();
+        // Other tests run beside this one and start threads of their own: the bound is loose,
+        // far below one thread per connection.
+        assert!(after < before + 200, "{before} threads before, {after} with 1000 idle connections");
+        assert!(threads_named("weights-rx-conn") <= 32);
+        let mut cfg = TransportConfig::new(TransportKind::Broadcast, "tok");
+        cfg.channel = Channel::Tcp;
+        let s = snap(8, &[3000, 500]);
+        StreamPublisher::new(cfg).publish(&s, &targets(std::slice::from_ref(&rx))).unwrap();
+        assert_eq!(rx.take(8, Duration::from_secs(5)).unwrap(), s);
+        drop(idle);
+    }
+
+    /// Authenticated streams are bounded too: beyond the limit a sender is told the engine is busy,
+    /// and the slots come back when those streams end.
+    #[test]
+    fn authenticated_streams_beyond_the_bound_are_refused_busy() {
+        let rx = Receiver::start_with_timeout("127.0.0.1:0", "tok", Duration::from_secs(5)).unwrap();
+        let addr = rx.addr().to_string();
+        let limit = super::super::accept::Limits::for_timeout(Duration::from_secs(5)).streams;
+        let held: Vec<_> = (0..limit)
+            .map(|_| crate::transport::connect(&addr, "tok", Duration::from_secs(5), TlsMode::Auto).unwrap())
+            .collect();
+        let e = crate::transport::connect(&addr, "tok", Duration::from_secs(5), TlsMode::Auto).unwrap_err();
+        assert!(e.to_string().contains("busy"), "{e}");
+        drop(held);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut cfg = TransportConfig::new(TransportKind::Broadcast, "tok");
+        cfg.channel = Channel::Tcp;
+        let mut p = StreamPublisher::new(cfg);
+        let s = snap(9, &[100]);
+        while let Err(e) = p.publish(&s, &targets(std::slice::from_ref(&rx))) {
+            assert!(Instant::now() < deadline, "the slots did not come back: {e}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        assert_eq!(rx.take(9, Duration::from_secs(5)).unwrap(), s);
     }
 }

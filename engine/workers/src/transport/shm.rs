@@ -2,9 +2,9 @@
 //! ([`ShmFile`]) and their writer with its "written up to byte N" notices ([`ShmWriter`]); the
 //! engine's side, the seal check, kept read-only mappings and the reader that follows the notices.
 
+use super::conn::Conn;
 use crate::wire;
 use std::io::{self, BufReader, Read, Write};
-use std::net::TcpStream;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -104,7 +104,7 @@ impl Drop for ShmFile {
 /// One engine connection of a shared-memory publish: its header went out first, notices follow.
 pub(super) struct ShmRoute {
     pub(super) target: usize,
-    pub(super) sock: TcpStream,
+    pub(super) sock: Conn,
     /// The first failed notice: this engine stopped reading (its verdict says why).
     pub(super) failed: Option<io::Error>,
 }
@@ -122,7 +122,7 @@ impl ShmWriter<'_> {
     pub(super) fn notify(&mut self) -> io::Result<()> {
         let n = (self.pos as u64).to_le_bytes();
         for r in self.routes.iter_mut().filter(|r| r.failed.is_none()) {
-            if let Err(e) = (&r.sock).write_all(&n) {
+            if let Err(e) = r.sock.write_all(&n) {
                 r.failed = Some(e);
             }
         }
@@ -235,7 +235,7 @@ pub(super) struct ShmReader<'a, 'b> {
     pub(super) pos: u64,
     /// Bytes the publisher has written (u64::MAX without notices: the whole file).
     pub(super) ready: u64,
-    pub(super) notices: Option<&'a mut BufReader<&'b TcpStream>>,
+    pub(super) notices: Option<&'a mut BufReader<&'b mut Conn>>,
     pub(super) timeout: Duration,
 }
 
