@@ -1,21 +1,76 @@
-//! JSON-schema validity, a small subset written here rather than a crate (the `jsonschema` crate
-//! brings an HTTP client and a regex engine per schema): `type` (a name or a list), `enum`,
-//! `const`, `properties`, `required`, `additionalProperties: false`, `items`, `minItems`/
-//! `maxItems`, `minLength`/`maxLength`, `minimum`/`maximum`. Other keywords are ignored (a
-//! schema using them is checked on the rest).
+//! JSON-schema validity through the `jsonschema` crate: every keyword of the schema's draft
+//! (2020-12 unless `$schema` names another), formats asserted. A keyword the old hand-written
+//! subset ignored (`pattern`, `anyOf`, `$ref`, ...) let invalid output score 1 (issue #35).
+//!
+//! A schema is compiled once ([`Schema::compile`]) and refused there when it is not a valid
+//! schema or when a reference leaves the document (`$ref`, `$dynamicRef` or `$recursiveRef`
+//! other than `#...`): nothing is fetched, from the network or the disk (the crate is built
+//! without its resolvers, and set offline). Patterns run on the `regex` crate: linear time in
+//! the response's length, whatever the pattern (no backtracking engine a response could stall).
 
 use serde_json::Value;
+use std::sync::Arc;
 
-/// The first violation, with its JSON path (`$.a[2]`), or `Ok`.
-pub fn validate(value: &Value, schema: &Value) -> Result<(), String> {
-    check(value, schema, "$")
+/// A compiled schema.
+#[derive(Clone)]
+pub struct Schema(Arc<jsonschema::Validator>);
+
+impl std::fmt::Debug for Schema {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Schema")
+    }
+}
+
+const REF_KEYWORDS: [&str; 3] = ["$ref", "$dynamicRef", "$recursiveRef"];
+
+impl Schema {
+    /// Compiles `schema`; why not, in words.
+    pub fn compile(schema: &Value) -> Result<Schema, String> {
+        remote_reference(schema)?;
+        jsonschema::options()
+            .offline()
+            .should_validate_formats(true)
+            .with_pattern_options(jsonschema::PatternOptions::regex())
+            .build(schema)
+            .map(|v| Schema(Arc::new(v)))
+            .map_err(|e| format!("not a valid JSON schema: {}", crate::quote::truncate(&e.to_string(), 200)))
+    }
+
+    /// The first violation, with its JSON pointer, or `Ok`.
+    pub fn validate(&self, value: &Value) -> Result<(), String> {
+        self.0.validate(value).map_err(|e| format!("{}: {e}", e.instance_path()))
+    }
+}
+
+/// Refuses a reference that leaves the document: a string-valued reference keyword that is not
+/// a fragment (`#`, `#/$defs/x`, `#anchor`). A property named `$ref` holds a schema (an object),
+/// not a reference.
+fn remote_reference(v: &Value) -> Result<(), String> {
+    match v {
+        Value::Object(o) => {
+            for (k, child) in o {
+                match child {
+                    Value::String(r) if REF_KEYWORDS.contains(&k.as_str()) && !r.starts_with('#') => {
+                        return Err(format!(
+                            "`{k}` {:?} is not local: only references inside the schema (`#...`) are followed",
+                            crate::quote::truncate(r, 80)
+                        ));
+                    }
+                    _ => remote_reference(child)?,
+                }
+            }
+            Ok(())
+        }
+        Value::Array(a) => a.iter().try_for_each(remote_reference),
+        _ => Ok(()),
+    }
 }
 
 /// 1 when the response (a JSON document, optionally in a ```json fence) validates.
-pub fn score(response: &str, schema: &Value) -> f32 {
+pub fn score(response: &str, schema: &Schema) -> f32 {
     let text = strip_fence(response);
     match serde_json::from_str::<Value>(text) {
-        Ok(v) => f32::from(u8::from(validate(&v, schema).is_ok())),
+        Ok(v) => f32::from(u8::from(schema.validate(&v).is_ok())),
         Err(_) => 0.0,
     }
 }
@@ -27,106 +82,14 @@ fn strip_fence(s: &str) -> &str {
     rest.strip_suffix("```").unwrap_or(rest).trim()
 }
 
-fn type_name(v: &Value) -> &'static str {
-    match v {
-        Value::Null => "null",
-        Value::Bool(_) => "boolean",
-        Value::Number(n) if n.is_i64() || n.is_u64() => "integer",
-        Value::Number(_) => "number",
-        Value::String(_) => "string",
-        Value::Array(_) => "array",
-        Value::Object(_) => "object",
-    }
-}
-
-fn is_type(v: &Value, name: &str) -> bool {
-    let t = type_name(v);
-    t == name
-        || (name == "number" && t == "integer")
-        || (name == "integer" && v.as_f64().is_some_and(|x| x.fract() == 0.0))
-}
-
-fn check(v: &Value, s: &Value, path: &str) -> Result<(), String> {
-    let Some(s) = s.as_object() else { return Ok(()) };
-    if let Some(t) = s.get("type") {
-        let names: Vec<&str> = match t {
-            Value::String(n) => vec![n.as_str()],
-            Value::Array(ns) => ns.iter().filter_map(Value::as_str).collect(),
-            _ => vec![],
-        };
-        if !names.is_empty() && !names.iter().any(|n| is_type(v, n)) {
-            return Err(format!("{path}: expected {}, found {}", names.join(" or "), type_name(v)));
-        }
-    }
-    if let Some(Value::Array(options)) = s.get("enum") {
-        if !options.contains(v) {
-            return Err(format!("{path}: {v} is not one of {}", Value::Array(options.clone())));
-        }
-    }
-    if let Some(c) = s.get("const") {
-        if c != v {
-            return Err(format!("{path}: expected {c}, found {v}"));
-        }
-    }
-    let bound = |key: &str| s.get(key).and_then(Value::as_f64);
-    match v {
-        Value::Object(o) => {
-            if let Some(Value::Array(req)) = s.get("required") {
-                for k in req.iter().filter_map(Value::as_str) {
-                    if !o.contains_key(k) {
-                        return Err(format!("{path}: missing required property `{k}`"));
-                    }
-                }
-            }
-            let props = s.get("properties").and_then(Value::as_object);
-            for (k, child) in o {
-                match props.and_then(|p| p.get(k)) {
-                    Some(ps) => check(child, ps, &format!("{path}.{k}"))?,
-                    None if s.get("additionalProperties") == Some(&Value::Bool(false)) => {
-                        return Err(format!("{path}: property `{k}` is not allowed"))
-                    }
-                    None => {}
-                }
-            }
-        }
-        Value::Array(items) => {
-            if bound("minItems").is_some_and(|m| (items.len() as f64) < m) {
-                return Err(format!("{path}: {} items, fewer than minItems", items.len()));
-            }
-            if bound("maxItems").is_some_and(|m| (items.len() as f64) > m) {
-                return Err(format!("{path}: {} items, more than maxItems", items.len()));
-            }
-            if let Some(is) = s.get("items") {
-                for (i, item) in items.iter().enumerate() {
-                    check(item, is, &format!("{path}[{i}]"))?;
-                }
-            }
-        }
-        Value::String(t) => {
-            let n = t.chars().count() as f64;
-            if bound("minLength").is_some_and(|m| n < m) || bound("maxLength").is_some_and(|m| n > m) {
-                return Err(format!("{path}: length {n} is outside minLength/maxLength"));
-            }
-        }
-        Value::Number(x) => {
-            let x = x.as_f64().unwrap_or(f64::NAN);
-            if bound("minimum").is_some_and(|m| x < m) || bound("maximum").is_some_and(|m| x > m) {
-                return Err(format!("{path}: {x} is outside minimum/maximum"));
-            }
-        }
-        _ => {}
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use serde_json::json;
 
     #[test]
-    fn subset() {
-        let schema = json!({
+    fn keywords() {
+        let schema = Schema::compile(&json!({
             "type": "object",
             "required": ["name", "tags"],
             "additionalProperties": false,
@@ -134,33 +97,51 @@ mod tests {
                 "name": {"type": "string", "minLength": 1},
                 "age": {"type": "integer", "minimum": 0},
                 "kind": {"enum": ["a", "b"]},
+                "mail": {"type": "string", "format": "email"},
                 "tags": {"type": "array", "maxItems": 2, "items": {"type": "string"}}
             }
-        });
+        }))
+        .unwrap();
         let cases = [
-            (json!({"name": "x", "tags": []}), Ok(())),
-            (json!({"name": "x", "tags": [], "age": 3.0}), Ok(())),
-            (json!({"name": "x"}), Err("$: missing required property `tags`")),
-            (json!({"name": "x", "tags": [1]}), Err("$.tags[0]: expected string, found integer")),
-            (json!({"name": "x", "tags": ["a", "b", "c"]}), Err("$.tags: 3 items, more than maxItems")),
-            (json!({"name": "", "tags": []}), Err("$.name: length 0 is outside minLength/maxLength")),
-            (json!({"name": "x", "tags": [], "age": -1}), Err("$.age: -1 is outside minimum/maximum")),
-            (json!({"name": "x", "tags": [], "kind": "c"}), Err("$.kind: \"c\" is not one of [\"a\",\"b\"]")),
-            (json!({"name": "x", "tags": [], "extra": 1}), Err("$: property `extra` is not allowed")),
-            (json!([1]), Err("$: expected object, found array")),
+            (json!({"name": "x", "tags": []}), None),
+            (json!({"name": "x", "tags": [], "age": 3.0}), None),
+            (json!({"name": "x"}), Some("\"tags\" is a required property")),
+            (json!({"name": "x", "tags": [1]}), Some("/tags/0: 1 is not of type \"string\"")),
+            (json!({"name": "x", "tags": ["a", "b", "c"]}), Some("/tags: ")),
+            (json!({"name": "", "tags": []}), Some("/name: ")),
+            (json!({"name": "x", "tags": [], "age": -1}), Some("/age: ")),
+            (json!({"name": "x", "tags": [], "kind": "c"}), Some("/kind: ")),
+            (json!({"name": "x", "tags": [], "mail": "nobody"}), Some("/mail: ")),
+            (json!({"name": "x", "tags": [], "extra": 1}), Some("Additional properties are not allowed")),
+            (json!([1]), Some("is not of type \"object\"")),
         ];
         for (v, want) in cases {
-            assert_eq!(validate(&v, &schema), want.map_err(str::to_string), "{v}");
+            match (schema.validate(&v), want) {
+                (Ok(()), None) => {}
+                (Err(e), Some(w)) => assert!(e.contains(w), "{v}: {e}"),
+                (got, _) => panic!("{v}: {got:?}, want {want:?}"),
+            }
         }
-        assert_eq!(validate(&json!(null), &json!({"type": ["string", "null"]})), Ok(()));
+        let nullable = Schema::compile(&json!({"type": ["string", "null"]})).unwrap();
+        assert_eq!(nullable.validate(&json!(null)), Ok(()));
     }
 
     #[test]
     fn responses() {
-        let schema = json!({"type": "object", "required": ["a"]});
+        let schema = Schema::compile(&json!({"type": "object", "required": ["a"]})).unwrap();
         assert_eq!(score("```json\n{\"a\": 1}\n```", &schema), 1.0);
         assert_eq!(score(" {\"a\": 1} ", &schema), 1.0);
         assert_eq!(score("{\"b\": 1}", &schema), 0.0);
         assert_eq!(score("not json", &schema), 0.0);
+    }
+
+    /// A pattern a backtracking engine takes exponential time on is linear here.
+    #[test]
+    fn a_catastrophic_pattern_runs_in_linear_time() {
+        let schema = Schema::compile(&json!({"type": "string", "pattern": "^(a+)+$"})).unwrap();
+        let response = format!("\"{}b\"", "a".repeat(50_000));
+        let t0 = std::time::Instant::now();
+        assert_eq!(score(&response, &schema), 0.0);
+        assert!(t0.elapsed().as_secs_f64() < 2.0, "{:?}", t0.elapsed());
     }
 }

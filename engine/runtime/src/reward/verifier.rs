@@ -16,8 +16,9 @@ pub enum Verifier {
     Normalised,
     /// The response matches; an `answer` group must equal the label (normalised).
     Regex(regex::Regex),
-    /// The response is JSON valid under this schema, or under the sample's label when `None`.
-    JsonSchema(Option<Value>),
+    /// The response is JSON valid under this schema (compiled when the reward is built), or under
+    /// the sample's label when `None` (compiled per sample; a bad one is that sample's failure).
+    JsonSchema(Option<schema::Schema>),
 }
 
 impl Verifier {
@@ -33,7 +34,9 @@ impl Verifier {
                 let p = pattern.ok_or_else(|| bad("needs a `pattern`".into()))?;
                 Verifier::Regex(regex::Regex::new(p).map_err(|e| bad(format!("`pattern` is not a regex: {e}")))?)
             }
-            "json_schema" => Verifier::JsonSchema(schema),
+            "json_schema" => {
+                Verifier::JsonSchema(schema.map(|s| schema::Schema::compile(&s)).transpose().map_err(bad)?)
+            }
             other => {
                 return Err(RunError::new(
                     E_SPEC,
@@ -61,7 +64,10 @@ impl Verifier {
             }
             Verifier::JsonSchema(Some(s)) => schema::score(&item.response, s),
             Verifier::JsonSchema(None) => match &item.label {
-                s @ Value::Object(_) => schema::score(&item.response, s),
+                s @ Value::Object(_) => {
+                    let s = schema::Schema::compile(s).map_err(|e| format!("its label schema is refused: {e}"))?;
+                    schema::score(&item.response, &s)
+                }
                 _ => return Err("no `schema` setting and its label is not a schema object".into()),
             },
         })
@@ -120,6 +126,57 @@ mod tests {
         r.on_error = OnRewardError::Stop;
         let e = r.score_batch(&[input("e", "x", json!([1]))]).unwrap_err();
         assert_eq!(e.message, "reward `math` failed on sample e: its label [1] is not a string or number");
+    }
+
+    /// Issue #35: every keyword of draft 2020-12 counts; a violation the old subset ignored
+    /// (`pattern`, `anyOf`, a local `$ref`) scores 0, never 1.
+    #[test]
+    fn json_schema_enforces_every_keyword() {
+        let schema = json!({
+            "type": "object",
+            "required": ["id", "size", "owner"],
+            "$defs": {"person": {"type": "object", "required": ["name"], "properties": {"name": {"type": "string"}}}},
+            "properties": {
+                "id": {"type": "string", "pattern": "^[A-Z]{3}-[0-9]+$"},
+                "size": {"anyOf": [{"type": "integer", "minimum": 1}, {"enum": ["small", "large"]}]},
+                "owner": {"$ref": "#/$defs/person"}
+            }
+        });
+        let v = Verifier::from_settings("json_schema", None, Some(schema.clone())).unwrap();
+        let score = |r: &str| v.score(&input("a", r, json!(null)));
+        assert_eq!(score(r#"{"id": "ABC-12", "size": "small", "owner": {"name": "Ada"}}"#), Ok(1.0));
+        assert_eq!(score(r#"{"id": "ABC-12", "size": 3, "owner": {"name": "Ada"}}"#), Ok(1.0));
+        assert_eq!(score(r#"{"id": "abc", "size": 3, "owner": {"name": "Ada"}}"#), Ok(0.0), "pattern");
+        assert_eq!(score(r#"{"id": "ABC-12", "size": "huge", "owner": {"name": "Ada"}}"#), Ok(0.0), "anyOf");
+        assert_eq!(score(r#"{"id": "ABC-12", "size": 3, "owner": {"name": 7}}"#), Ok(0.0), "$ref");
+        assert_eq!(score(r#"{"id": "ABC-12", "size": 3, "owner": {}}"#), Ok(0.0), "$ref");
+        // The same schema as a sample's label.
+        let by_label = Verifier::from_settings("json_schema", None, None).unwrap();
+        let r = r#"{"id": "abc", "size": 3, "owner": {"name": "Ada"}}"#;
+        assert_eq!(by_label.score(&input("a", r, schema)), Ok(0.0));
+    }
+
+    /// A schema is checked when the reward is built (or, as a label, when its sample is scored):
+    /// no reference leaves the document, nothing is fetched, an invalid schema is named.
+    #[test]
+    fn json_schema_refuses_remote_references_and_invalid_schemas() {
+        for (schema, want) in [
+            (json!({"$ref": "https://example.com/s.json"}), "`$ref` \"https://example.com/s.json\" is not local"),
+            (json!({"properties": {"a": {"$ref": "file:///etc/passwd"}}}), "is not local"),
+            (json!({"$dynamicRef": "other.json#x"}), "`$dynamicRef` \"other.json#x\" is not local"),
+            (json!({"type": "strin"}), "not a valid JSON schema"),
+            (json!({"pattern": "(?<=a)b"}), "not a valid JSON schema"),
+        ] {
+            let e = Verifier::from_settings("json_schema", None, Some(schema.clone())).unwrap_err();
+            assert_eq!(e.code, E_SPEC);
+            assert!(e.message.starts_with("verifier `json_schema`: ") && e.message.contains(want), "{e}");
+            let by_label = Verifier::from_settings("json_schema", None, None).unwrap();
+            let e = by_label.score(&input("a", "{}", schema)).unwrap_err();
+            assert!(e.contains(want), "{e}");
+        }
+        // A property named `$ref` is a name, not a reference.
+        let v = Verifier::from_settings("json_schema", None, Some(json!({"properties": {"$ref": {"type": "string"}}})));
+        assert_eq!(v.unwrap().score(&input("a", r#"{"$ref": 1}"#, json!(null))), Ok(0.0));
     }
 
     #[test]

@@ -31,6 +31,36 @@ pub struct ChatTemplate {
 
 const NAME: &str = "chat_template";
 
+/// Instructions one render may run. The fixtures' templates take 35 to 55 a message (Qwen3's,
+/// a 5-message tool conversation: 271), so this allows ~90,000 messages; a template that loops
+/// without end stops here in ~1 s (a debug build; less in release).
+const FUEL: u64 = 5_000_000;
+
+/// Bytes one render may write: a million-token prompt is a few MB of text.
+const MAX_OUTPUT: usize = 64 << 20;
+
+/// An `io::Write` that refuses past `MAX_OUTPUT` bytes: a template writing without end stops.
+#[derive(Default)]
+struct Capped {
+    out: Vec<u8>,
+    overflowed: bool,
+}
+
+impl std::io::Write for Capped {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        if self.out.len() + b.len() > MAX_OUTPUT {
+            self.overflowed = true;
+            return Err(std::io::ErrorKind::FileTooLarge.into());
+        }
+        self.out.extend_from_slice(b);
+        Ok(b.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
 impl ChatTemplate {
     /// The template of the model in `dir`: `chat_template.jinja` when present (how recent
     /// `transformers` save it), else `chat_template` in tokenizer_config.json (a string, or a
@@ -82,6 +112,8 @@ impl ChatTemplate {
         env.set_trim_blocks(true);
         env.set_lstrip_blocks(true);
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        // Bounds a hostile template's time; recursion keeps minijinja's own limit (500 levels).
+        env.set_fuel(Some(FUEL));
         env.add_filter("tojson", tojson);
         env.add_function("raise_exception", raise_exception);
         env.add_function("strftime_now", strftime_now);
@@ -118,7 +150,17 @@ impl ChatTemplate {
             ctx.insert("tools".into(), serde_json::from_str(t).map_err(|e| bad_input("the tools", e))?);
         }
         let tmpl = self.env.get_template(NAME).map_err(|e| self.render_error(&e))?;
-        tmpl.render(ctx).map_err(|e| self.render_error(&e))
+        let mut out = Capped::default();
+        match tmpl.render_captured_to(ctx, &mut out).map(drop) {
+            Err(_) if out.overflowed => {
+                let e =
+                    Error::new(ErrorKind::InvalidOperation, format!("the rendering is longer than {MAX_OUTPUT} bytes"));
+                return Err(self.render_error(&e));
+            }
+            r => r.map_err(|e| self.render_error(&e))?,
+        };
+        // Every piece written is a `str`: the bytes are UTF-8.
+        String::from_utf8(out.out).map_err(|e| RunError::internal(format!("a chat rendering is not UTF-8: {e}")))
     }
 
     fn render_error(&self, e: &Error) -> RunError {
@@ -288,6 +330,27 @@ mod tests {
         assert!(e.contains("template line 1"), "{e}");
         let e = render("{{ messages[0].content.nope() }}", r#"[{"role": "user", "content": "a"}]"#, false).unwrap_err();
         assert!(e.starts_with("m/tokenizer_config.json: the chat template failed to render: "), "{e}");
+    }
+
+    /// Issue #35: a template that would loop for hours, recurse without end or write gigabytes
+    /// is refused in bounded time (the render runs on a thread so that the test itself waits at
+    /// most a minute).
+    #[test]
+    fn a_runaway_template_is_refused_in_bounded_time() {
+        let cases = [
+            ("loop", "{% for a in range(100000) %}{% for b in range(100000) %}{% endfor %}{% endfor %}", "out of fuel"),
+            ("recursion", "{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}", "recursion"),
+            ("output", "{% for a in range(10000) %}{{ 'x' * 1000000 }}{% endfor %}", "longer than"),
+        ];
+        for (case, source, want) in cases {
+            let (tx, rx) = std::sync::mpsc::channel();
+            let t0 = std::time::Instant::now();
+            std::thread::spawn(move || tx.send(render(source, "[]", false)));
+            let got = rx.recv_timeout(std::time::Duration::from_secs(60)).expect("the render did not end in 60 s");
+            let e = got.unwrap_err();
+            assert!(e.contains("the chat template failed to render") && e.contains(want), "{case}: {e}");
+            assert!(t0.elapsed().as_secs_f64() < 30.0, "{case}: {:?}", t0.elapsed());
+        }
     }
 
     /// Against jinja2 configured as transformers configures it (tests/fixtures/chat/, made by

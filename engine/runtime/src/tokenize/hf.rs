@@ -37,6 +37,10 @@ pub struct HfTokenizer {
     special_text: BTreeMap<String, String>,
     chat: Option<ChatTemplate>,
     dir: PathBuf,
+    /// Ids of the added vocabulary (`added_tokens` of tokenizer.json), and those marked special
+    /// (turn delimiters, eos, ...): what text from outside may not produce (`encode_untrusted`).
+    added_ids: std::collections::HashSet<TokenId>,
+    special_ids: std::collections::HashSet<TokenId>,
 }
 
 fn read_json(path: &Path) -> Result<Option<Value>, RunError> {
@@ -104,12 +108,17 @@ impl HfTokenizer {
         stop.retain(|id| seen.insert(*id));
 
         let chat = ChatTemplate::from_model_dir(dir, &config)?;
+        let added = inner.get_added_tokens_decoder();
+        let added_ids = added.keys().copied().collect();
+        let special_ids = added.iter().filter(|(_, t)| t.special).map(|(id, _)| *id).collect();
         Ok(HfTokenizer {
             inner,
             special: SpecialTokens { bos, eos, pad, end_of_turn, stop },
             special_text,
             chat,
             dir: dir.to_path_buf(),
+            added_ids,
+            special_ids,
         })
     }
 
@@ -142,6 +151,62 @@ impl HfTokenizer {
         self.inner.encode(text, add_special_tokens).map(|e| e.get_ids().to_vec()).map_err(|e| {
             RunError::new(crate::E_DATA_LINE, format!("cannot tokenize {:?}: {e}", crate::quote::truncate(text, 60)))
         })
+    }
+
+    /// The ids of `before + text + after` where `text` comes from outside (an environment's
+    /// observation, a tool's result) and the rest from the chat template: no id of an added
+    /// token (`<|im_end|>`, `<tool_call>`, the eos, ...) comes from `text`, so an observation
+    /// that spells a turn delimiter reads as those characters and never ends a turn. The ids
+    /// are `encode`'s when no added token falls in `text`'s bytes (ordinary text keeps its joint
+    /// tokenisation); otherwise `before` and `after` are encoded with their added tokens around
+    /// `text` encoded plain (`encode_plain`).
+    pub fn encode_untrusted(
+        &self,
+        before: &str,
+        text: &str,
+        after: &str,
+        add_special_tokens: bool,
+    ) -> Result<Vec<TokenId>, RunError> {
+        let full = format!("{before}{text}{after}");
+        let (from, to) = (before.len(), before.len() + text.len());
+        let joint = self.inner.encode(full.as_str(), add_special_tokens).map_err(|e| self.fail(&full, &e))?;
+        let forged = joint
+            .get_ids()
+            .iter()
+            .zip(joint.get_offsets())
+            .any(|(id, &(s, e))| self.added_ids.contains(id) && s < to && e > from);
+        if !forged {
+            return Ok(joint.get_ids().to_vec());
+        }
+        let mut ids = self.encode(before, add_special_tokens)?;
+        ids.extend(self.encode_plain(text)?);
+        ids.extend(self.encode(after, false)?);
+        Ok(ids)
+    }
+
+    /// `text` as plain text: the added vocabulary's matching skipped, the normaliser,
+    /// pre-tokenizer and model run as in `encode`. A special token's id that the model's own
+    /// vocabulary yields for the text is refused (no such id may come from outside text).
+    pub fn encode_plain(&self, text: &str) -> Result<Vec<TokenId>, RunError> {
+        use tokenizers::{Model, Normalizer, OffsetType, PreTokenizedString, PreTokenizer};
+        let mut pre = PreTokenizedString::from(text);
+        if let Some(n) = self.inner.get_normalizer() {
+            pre.normalize(|s| n.normalize(s)).map_err(|e| self.fail(text, &e))?;
+        }
+        if let Some(p) = self.inner.get_pre_tokenizer() {
+            p.pre_tokenize(&mut pre).map_err(|e| self.fail(text, &e))?;
+        }
+        let model = self.inner.get_model();
+        pre.tokenize(|s| model.tokenize(s.get())).map_err(|e| self.fail(text, &e))?;
+        let ids = pre.into_encoding(None, 0, OffsetType::Byte).map_err(|e| self.fail(text, &e))?.get_ids().to_vec();
+        if let Some(id) = ids.iter().find(|id| self.special_ids.contains(id)) {
+            return Err(self.fail(text, &format!("the model's vocabulary encodes it to special token {id}")));
+        }
+        Ok(ids)
+    }
+
+    fn fail(&self, text: &str, e: &dyn std::fmt::Display) -> RunError {
+        RunError::new(crate::E_DATA_LINE, format!("cannot tokenize {:?}: {e}", crate::quote::truncate(text, 60)))
     }
 
     /// Text of `ids`; with `skip_special_tokens`, special tokens are left out. Ids outside the

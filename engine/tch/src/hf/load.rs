@@ -4,7 +4,8 @@
 
 use super::config::{parse_config, HfConfig};
 use super::{HfMeta, CARRIED_FILES};
-use crate::model::{backend_err, param_names, param_shape, Policy};
+use crate::model::{backend_err, open, param_names, param_shape, read_entry, Policy};
+use miles_runtime::safetensors::{Dtype, Entry, Header};
 use miles_runtime::{RunError, E_CHECKPOINT};
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -34,32 +35,35 @@ pub(super) fn load(dir: &Path, max_len: Option<usize>) -> Result<(Policy, HfMeta
         }
         cfg.max_len = n;
     }
-    let tensors = read_weights(dir)?;
-    let params = match_params(&cfg, &hc, tensors)?;
+    let found = locate_weights(dir)?;
+    let params = match_params(&cfg, &hc, found)?;
     let meta = meta(dir, &hc)?;
     Ok((Policy::from_params(cfg, params), meta))
 }
 
-/// A tensor and the file it came from (for errors).
-struct Read {
-    tensor: Tensor,
+/// A tensor's checked header entry and the file it is in.
+struct Located {
+    entry: Entry,
     file: PathBuf,
 }
 
-fn read_file(path: &Path) -> Result<Vec<(String, Tensor)>, RunError> {
+/// The checked header of one weights file (nothing of its data is read).
+fn read_header(path: &Path) -> Result<Header, RunError> {
     if !path.is_file() {
         return Err(err(path, "missing (weights file)"));
     }
-    Tensor::read_safetensors(path).map_err(|e| err(path, format!("not a readable safetensors file: {e}")))
+    miles_runtime::safetensors::read_file_header(path)
 }
 
-fn read_weights(dir: &Path) -> Result<HashMap<String, Read>, RunError> {
+/// Where each tensor of the directory is: headers only, so that names, shapes and dtypes are
+/// checked against config.json before any tensor is allocated.
+fn locate_weights(dir: &Path) -> Result<HashMap<String, Located>, RunError> {
     let single = dir.join(SINGLE);
     let index = dir.join(INDEX);
     let mut out = HashMap::new();
     if single.is_file() {
-        for (name, tensor) in read_file(&single)? {
-            out.insert(name, Read { tensor, file: single.clone() });
+        for entry in read_header(&single)?.entries {
+            out.insert(entry.name.clone(), Located { entry, file: single.clone() });
         }
         return Ok(out);
     }
@@ -90,30 +94,32 @@ fn read_weights(dir: &Path) -> Result<HashMap<String, Read>, RunError> {
         if !path.is_file() {
             return Err(err(&path, format!("missing (a shard listed in {INDEX}, holding `{}`)", names[0])));
         }
-        let mut got: HashMap<String, Tensor> = read_file(&path)?.into_iter().collect();
+        let mut got: HashMap<String, Entry> =
+            read_header(&path)?.entries.into_iter().map(|e| (e.name.clone(), e)).collect();
         for name in names {
-            let tensor = got
+            let entry = got
                 .remove(&name)
                 .ok_or_else(|| err(&path, format!("tensor `{name}` is listed here by {INDEX} but absent")))?;
-            out.insert(name, Read { tensor, file: path.clone() });
+            out.insert(name, Located { entry, file: path.clone() });
         }
     }
     Ok(out)
 }
 
 /// Every parameter `cfg` implies, in `param_names` order, converted to fp32; anything missing,
-/// misshapen, of another dtype or left over is an error naming file and tensor.
+/// misshapen, of another dtype or left over is an error naming file and tensor, found from the
+/// headers before any data is read.
 fn match_params(
     cfg: &miles_runtime::ModelConfig,
     hc: &HfConfig,
-    mut read: HashMap<String, Read>,
+    mut found: HashMap<String, Located>,
 ) -> Result<Vec<(String, Tensor)>, RunError> {
     let arch = hc.architecture.class_name();
-    let mut params = Vec::new();
+    let mut wanted = Vec::new();
     for name in param_names(cfg) {
-        let Some(r) = read.remove(&name) else {
+        let Some(r) = found.remove(&name) else {
             let files: std::collections::BTreeSet<String> =
-                read.values().map(|r| r.file.display().to_string()).collect();
+                found.values().map(|r| r.file.display().to_string()).collect();
             let files: Vec<String> = files.into_iter().collect();
             return Err(RunError::new(
                 E_CHECKPOINT,
@@ -124,25 +130,34 @@ fn match_params(
             ));
         };
         let want = param_shape(cfg, &name);
-        if r.tensor.size() != want {
-            return Err(err(
-                &r.file,
-                format!("tensor `{name}` has shape {:?}, config.json implies {want:?}", r.tensor.size()),
-            ));
+        let shape: Vec<i64> = r.entry.shape.iter().map(|&d| d as i64).collect();
+        if shape != want {
+            return Err(err(&r.file, format!("tensor `{name}` has shape {shape:?}, config.json implies {want:?}")));
         }
-        let t = match r.tensor.kind() {
-            Kind::Float => r.tensor,
-            Kind::BFloat16 | Kind::Half => r.tensor.f_to_kind(Kind::Float).map_err(backend_err)?,
-            k => return Err(err(&r.file, format!("tensor `{name}` has dtype {k:?}; bf16, fp16 or fp32 are read"))),
-        };
-        params.push((name, t));
+        if !matches!(r.entry.dtype, Dtype::F32 | Dtype::BF16 | Dtype::F16) {
+            let d = r.entry.dtype.name();
+            return Err(err(&r.file, format!("tensor `{name}` has dtype {d}; bf16, fp16 or fp32 are read")));
+        }
+        wanted.push((name, r));
     }
     // Rotary tables are recomputed; a tied model may still store its lm_head.
     let ignored =
         |name: &str| name.ends_with("rotary_emb.inv_freq") || (cfg.tie_embeddings && name == "lm_head.weight");
-    read.retain(|name, _| !ignored(name));
-    if let Some((name, r)) = read.iter().min_by(|a, b| a.0.cmp(b.0)) {
+    found.retain(|name, _| !ignored(name));
+    if let Some((name, r)) = found.iter().min_by(|a, b| a.0.cmp(b.0)) {
         return Err(err(&r.file, format!("unexpected tensor `{name}` (not part of a {arch} with this config.json)")));
+    }
+    // Every claim checked: now the data, one tensor at a time (each file opened once).
+    let mut files: HashMap<PathBuf, std::fs::File> = HashMap::new();
+    let mut params = Vec::with_capacity(wanted.len());
+    for (name, r) in wanted {
+        let file = match files.entry(r.file.clone()) {
+            std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
+            std::collections::hash_map::Entry::Vacant(v) => v.insert(open(&r.file)?),
+        };
+        let t = read_entry(file, &r.file, &r.entry)?;
+        let t = if t.kind() == Kind::Float { t } else { t.f_to_kind(Kind::Float).map_err(backend_err)? };
+        params.push((name, t));
     }
     Ok(params)
 }

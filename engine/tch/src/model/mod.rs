@@ -22,7 +22,9 @@ pub use forward::left_pad;
 pub(crate) use gemm::Gemm;
 pub use params::param_names;
 pub(crate) use params::{param_by_name, param_shape};
-pub(crate) use tensors::{f32_values, load_named, named_tensor, named_tensors, read_tensors, write_tensors};
+pub(crate) use tensors::{
+    f32_values, load_named, named_tensor, named_tensors, open, read_entry, read_tensors, write_tensors,
+};
 
 use crate::lora::Adapters;
 use crate::moe::{MoeLayer, Swiglu};

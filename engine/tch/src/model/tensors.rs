@@ -1,8 +1,11 @@
-//! Tensors in and out of files and snapshots: the one safetensors writer and reader of
-//! checkpoints, host copies of values, and loading by name.
+//! Tensors in and out of files and snapshots: the one safetensors writer and reader (checked
+//! headers, tensors read by range), host copies of values, and loading by name.
 
 use super::backend_err;
+use miles_runtime::safetensors::{self, Dtype, Entry};
 use miles_runtime::{NamedTensor, RunError, E_CHECKPOINT};
+use std::fs::File;
+use std::io::{Read, Seek, SeekFrom};
 use std::path::Path;
 use tch::{Device, Kind, Tensor};
 
@@ -15,10 +18,61 @@ pub(crate) fn write_tensors<S: AsRef<str>, T: AsRef<Tensor>>(named: &[(S, T)], p
         .map_err(|e| RunError::new(E_CHECKPOINT, format!("cannot write {}: {e}", path.display())))
 }
 
-/// The one safetensors reader of checkpoints (Hugging Face loading has its own messages).
+/// The one safetensors reader (checkpoints, adapters, Hugging Face weights): the header is
+/// checked against the file first (`miles_runtime::safetensors`: bounds, shapes against byte
+/// ranges, no overflow, no overlap), then each tensor is read from its own range, so a hostile
+/// header allocates nothing and the file is never held in memory whole.
 pub(crate) fn read_tensors(path: &Path) -> Result<Vec<(String, Tensor)>, RunError> {
-    Tensor::read_safetensors(path)
-        .map_err(|e| RunError::new(E_CHECKPOINT, format!("cannot read {}: {e}", path.display())))
+    let header = safetensors::read_file_header(path)?;
+    let mut file = open(path)?;
+    header.entries.iter().map(|e| Ok((e.name.clone(), read_entry(&mut file, path, e)?))).collect()
+}
+
+/// Opens a safetensors file for `read_entry`.
+pub(crate) fn open(path: &Path) -> Result<File, RunError> {
+    File::open(path).map_err(|e| RunError::io(E_CHECKPOINT, "cannot open", path, e))
+}
+
+/// The libtorch kind of a safetensors dtype; None for those libtorch has no kind for here.
+pub(crate) fn kind_of(d: Dtype) -> Option<Kind> {
+    Some(match d {
+        Dtype::Bool => Kind::Bool,
+        Dtype::U8 => Kind::Uint8,
+        Dtype::I8 => Kind::Int8,
+        Dtype::I16 => Kind::Int16,
+        Dtype::I32 => Kind::Int,
+        Dtype::I64 => Kind::Int64,
+        Dtype::F16 => Kind::Half,
+        Dtype::BF16 => Kind::BFloat16,
+        Dtype::F32 => Kind::Float,
+        Dtype::F64 => Kind::Double,
+        Dtype::U16 | Dtype::U32 | Dtype::U64 | Dtype::F8E4M3 | Dtype::F8E5M2 => return None,
+    })
+}
+
+/// One tensor of a checked header, read from its byte range of `file` (at `path`).
+pub(crate) fn read_entry(file: &mut File, path: &Path, e: &Entry) -> Result<Tensor, RunError> {
+    let err = |m: String| RunError::new(E_CHECKPOINT, format!("{}: tensor `{}`: {m}", path.display(), e.name));
+    let kind = kind_of(e.dtype).ok_or_else(|| err(format!("dtype {} is not read", e.dtype.name())))?;
+    let shape: Vec<i64> = e.shape.iter().map(|&d| d as i64).collect();
+    // The file's bytes go straight into the tensor's storage (no second copy of a large
+    // tensor); an allocation libtorch refuses is an error, not an abort.
+    let t = Tensor::f_empty(&shape, (kind, Device::Cpu)).map_err(|t| err(format!("cannot allocate it: {t}")))?;
+    let len = usize::try_from(e.len).map_err(|_| err(format!("{} bytes do not fit in memory", e.len)))?;
+    if t.numel() * kind.elt_size_in_bytes() != len {
+        return Err(RunError::internal(format!(
+            "{}: tensor `{}`: checked length {len} differs from libtorch's",
+            path.display(),
+            e.name
+        )));
+    }
+    // SAFETY: `t` is a fresh contiguous CPU tensor of exactly `len` bytes (checked just above),
+    // owned here and not shared; the slice lives only for the read.
+    let dst = unsafe { std::slice::from_raw_parts_mut(t.data_ptr() as *mut u8, len) };
+    file.seek(SeekFrom::Start(e.start))
+        .and_then(|_| file.read_exact(dst))
+        .map_err(|io| err(format!("cannot read its {len} bytes at offset {}: {io}", e.start)))?;
+    Ok(t)
 }
 
 /// A tensor's values as f32, flattened.

@@ -368,13 +368,13 @@ const BAD: &[(&str, &str, Mutation, &[&str])] = &[
             let b = std::fs::read(&p).unwrap();
             std::fs::write(&p, &b[..b.len() / 2]).unwrap();
         },
-        &["model-00003-of-00004.safetensors", "not a readable safetensors file"],
+        &["model-00003-of-00004.safetensors", "not a valid safetensors file"],
     ),
     (
         "garbage weights",
         "qwen2",
         |d| std::fs::write(d.join("model.safetensors"), b"\x08\x00\x00\x00\x00\x00\x00\x00{\"a\":1}").unwrap(),
-        &["model.safetensors", "not a readable safetensors file"],
+        &["model.safetensors", "not a valid safetensors file"],
     ),
     (
         "tensor the index promises is absent",
@@ -435,4 +435,138 @@ fn both_config_forms_give_the_same_model() {
     assert_eq!(lin.model.rope_scaling, Some(miles_runtime::RopeScaling::Linear { factor: 2.0 }));
     assert_eq!((lin.model.max_len, lin.max_position_embeddings), (16, 131072));
     assert_eq!(lin.model.n_kv_heads, 2);
+}
+
+/// A safetensors file: `header` (JSON), then `data_len` bytes, the tail left sparse (a file
+/// claiming gigabytes costs no disk).
+fn crafted(path: &Path, header: &serde_json::Value, data_len: u64) {
+    let h = header.to_string();
+    let mut b = (h.len() as u64).to_le_bytes().to_vec();
+    b.extend(h.as_bytes());
+    let n = b.len() as u64;
+    std::fs::write(path, &b).unwrap();
+    std::fs::OpenOptions::new().write(true).open(path).unwrap().set_len(n + data_len).unwrap();
+}
+
+/// Hostile headers (issue #35): each is refused from the header alone, before a tensor is
+/// allocated or the data read, naming the file and the tensor.
+#[test]
+fn hostile_safetensors_headers_are_refused_before_any_tensor_is_built() {
+    use serde_json::json;
+    let emb = "model.embed_tokens.weight";
+    let huge = 1u64 << 34; // 16 GiB of f32 claimed, in a sparse 64 GiB file
+    let cases: Vec<(&str, serde_json::Value, u64, Vec<String>)> = vec![
+        (
+            "huge shape over a few bytes",
+            json!({emb: {"dtype": "F32", "shape": [1u64 << 20, 1u64 << 20], "data_offsets": [0, 16]}}),
+            16,
+            vec![emb.into(), "[1048576, 1048576] of F32 is 4398046511104 bytes".into()],
+        ),
+        (
+            // A consistent header over a sparse file: refused by config.json's shape, the data
+            // never read (reading it whole would take 64 GiB of memory).
+            "huge shape the file backs",
+            json!({emb: {"dtype": "F32", "shape": [huge, 1], "data_offsets": [0, huge * 4]}}),
+            huge * 4,
+            vec![emb.into(), format!("has shape [{huge}, 1], config.json implies")],
+        ),
+        (
+            "offset beyond the file",
+            json!({emb: {"dtype": "U8", "shape": [1u64 << 30], "data_offsets": [0, 1u64 << 30]}}),
+            16,
+            vec![emb.into(), "run past the end of the data (16 bytes)".into()],
+        ),
+        (
+            "overflowing shape product",
+            json!({emb: {"dtype": "F32", "shape": [1u64 << 62, 1u64 << 62], "data_offsets": [0, 16]}}),
+            16,
+            vec![emb.into(), "overflows a 64-bit byte count".into()],
+        ),
+    ];
+    for (case, header, data_len, want) in cases {
+        let dir = temp(&format!("hostile-{}", case.replace(' ', "-")));
+        copy_dir(&fixture("qwen3"), &dir);
+        let file = dir.join("model.safetensors");
+        crafted(&file, &header, data_len);
+        let t0 = std::time::Instant::now();
+        let e = Policy::load_hf(&dir, None).err().unwrap_or_else(|| panic!("{case}: loaded"));
+        assert!(t0.elapsed().as_secs_f64() < 5.0, "{case}: {:?}", t0.elapsed());
+        assert_eq!(e.code, miles_runtime::E_CHECKPOINT, "{case}");
+        for w in want.iter().map(String::as_str).chain([file.to_str().unwrap()]) {
+            assert!(e.message.contains(w), "{case}: `{}` lacks `{w}`", e.message);
+        }
+        // The checkpoint reader refuses the same file with the same words.
+        if data_len == 16 {
+            let mut p = Policy::load(&fixture("qwen3")).unwrap();
+            let e2 = p.load_tensors(&file).unwrap_err();
+            assert!(e2.message.contains(&want[1]) && e2.message.contains(emb), "{case}: {}", e2.message);
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    // A header length past the end of the file.
+    let dir = temp("hostile-header-length");
+    copy_dir(&fixture("qwen3"), &dir);
+    let file = dir.join("model.safetensors");
+    let mut b = std::fs::read(&file).unwrap();
+    let claimed = b.len() as u64;
+    b[..8].copy_from_slice(&claimed.to_le_bytes());
+    std::fs::write(&file, &b).unwrap();
+    let e = Policy::load_hf(&dir, None).err().unwrap();
+    let want = format!("header length {claimed} runs past the end of the file ({claimed} bytes)");
+    assert!(e.message.contains(&want) && e.message.contains(file.to_str().unwrap()), "{}", e.message);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Peak memory of loading a Hugging Face directory, old reader against new (issue #35). Each
+/// step runs alone, in its own process (a process's peak only grows):
+/// `MILES_MEM_STEP=make|old|new cargo test -p miles-tch --test integration hf::peak_memory -- --ignored --nocapture`.
+/// `make` writes a Qwen3 of 33.5M parameters in bf16 (64 MiB) to `MILES_MEM_DIR` (`make32`: in
+/// fp32, 128 MiB); `old` reads
+/// it as the loader did before (the whole file, then every tensor, then fp32 copies); `new`
+/// loads it with `Policy::load_hf`. Prints the peak resident memory above the process's own.
+#[test]
+#[ignore]
+fn peak_memory_of_loading() {
+    let dir = PathBuf::from(std::env::var("MILES_MEM_DIR").unwrap_or_else(|_| "/tmp/miles-mem-model".into()));
+    let kib = |field: &str| -> i64 {
+        let s = std::fs::read_to_string("/proc/self/status").unwrap();
+        let line = s.lines().find(|l| l.starts_with(field)).unwrap();
+        line.split_whitespace().nth(1).unwrap().parse().unwrap()
+    };
+    let step = std::env::var("MILES_MEM_STEP").unwrap_or_default();
+    let file = dir.join("model.safetensors");
+    if step == "make" || step == "make32" {
+        let _ = std::fs::remove_dir_all(&dir);
+        copy_dir(&fixture("qwen3"), &dir);
+        edit_config(&dir, |c| {
+            c.insert("vocab_size".into(), (1u64 << 18).into());
+        });
+        let text = std::fs::read_to_string(dir.join("config.json")).unwrap();
+        let hc = parse_config(&dir.join("config.json"), &text).unwrap();
+        let p = Policy::init(&hc.model, 0);
+        p.save(&dir).unwrap();
+        if step == "make" {
+            let bf16: Vec<(String, Tensor)> = Tensor::read_safetensors(&file)
+                .unwrap()
+                .into_iter()
+                .map(|(n, t)| (n, t.to_kind(Kind::BFloat16)))
+                .collect();
+            Tensor::write_safetensors(&bf16, &file).unwrap();
+        }
+        std::fs::write(dir.join("config.json"), text).unwrap();
+        println!("wrote {} ({} bytes)", file.display(), std::fs::metadata(&file).unwrap().len());
+        return;
+    }
+    let before = kib("VmRSS:");
+    let kept = match step.as_str() {
+        "old" => {
+            let read = Tensor::read_safetensors(&file).unwrap();
+            let fp32: Vec<Tensor> = read.into_iter().map(|(_, t)| t.to_kind(Kind::Float)).collect();
+            fp32.len()
+        }
+        "new" => Policy::load_hf(&dir, None).unwrap().0.cfg.n_layers,
+        other => panic!("MILES_MEM_STEP={other:?}: make, old or new"),
+    };
+    let peak = kib("VmHWM:");
+    println!("{step}: peak {} MiB above the {} MiB before ({kept})", (peak - before) / 1024, before / 1024);
 }
