@@ -1,6 +1,7 @@
 //! `miles run RECIPE`: trains on the embedded backend (libtorch, CPU). Compiles the recipe (or
 //! reads a saved plan), maps it onto a `RunSpec`, and hands it to `miles-engine run` (the
-//! executor with metrics, checkpoints and `--resume`; src/execute.rs).
+//! executor with metrics, checkpoints and `--resume`; src/bin/miles-engine/execute.rs). Ctrl-C is
+//! the engine's to handle (src/engine.rs); an interrupted run (exit 130) gets its resume command.
 
 use crate::diagnostics::{emit, summary};
 use crate::files::{write_atomic, DiskFs};
@@ -27,13 +28,15 @@ pub struct Args {
     /// Override a field with full type checking: `--set train.lr=1e-4` (repeatable).
     #[arg(long = "set", value_name = "KEY=VALUE")]
     pub set: Vec<String>,
-    /// Run this many RL steps instead of the recipe's `stop`.
+    /// Run this many RL steps instead of the recipe's `stop` (with --resume: extend or shorten the run).
     #[arg(long)]
     pub steps: Option<u64>,
     /// Output directory: metrics.jsonl, checkpoints, the final model. Default: runs/RECIPE.
     #[arg(long)]
     pub out: Option<PathBuf>,
-    /// Continue from the newest checkpoint in the output directory, exactly.
+    /// Continue from the newest checkpoint in the output directory whose files match their
+    /// SHA-256s, exactly; refused, naming each field, when the spec changed more than its steps and
+    /// cadences (docs/runs.md).
     #[arg(long)]
     pub resume: bool,
     /// Execute a plan saved by `miles plan --out`, exactly (refused if the recipe changed).
@@ -125,7 +128,37 @@ pub fn run(args: Args) -> u8 {
     if let Some(t) = args.threads {
         cmd.arg("--threads").arg(t.to_string());
     }
-    crate::engine::run_with_stdin(cmd, &json)
+    let code = crate::engine::run_with_stdin(cmd, &json);
+    if code == miles_runtime::spec::EXIT_INTERRUPTED && verb == "run" {
+        let argv: Vec<String> = std::env::args().collect();
+        eprintln!("  resume with: {}", resume_command(&argv, &out));
+    }
+    code
+}
+
+/// The command line that resumes an interrupted run: this one as typed, with `--out` (when it
+/// was left to its default) and `--resume` added.
+fn resume_command(argv: &[String], out: &std::path::Path) -> String {
+    let mut words: Vec<String> = argv.to_vec();
+    let has = |flag: &str| argv.iter().any(|a| a == flag || a.starts_with(&format!("{flag}=")));
+    if !has("--out") {
+        words.push("--out".into());
+        words.push(out.display().to_string());
+    }
+    if !has("--resume") {
+        words.push("--resume".into());
+    }
+    words.iter().map(|w| shell_word(w)).collect::<Vec<_>>().join(" ")
+}
+
+/// `w` as a POSIX shell reads it back: bare when it holds only safe characters, else in single
+/// quotes.
+fn shell_word(w: &str) -> String {
+    let safe = |c: char| c.is_ascii_alphanumeric() || "_-./=:,+@%".contains(c);
+    if !w.is_empty() && w.chars().all(safe) {
+        return w.to_string();
+    }
+    format!("'{}'", w.replace('\'', "'\\''"))
 }
 
 /// The `plan` a `miles plan --out` file holds, as `miles plan --format json` prints it.
@@ -175,5 +208,31 @@ pub fn compile_spec(
             eprintln!("miles run: not started: {} thing(s) the embedded backend cannot run", diags.len());
             Err(1)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::resume_command;
+    use std::path::Path;
+
+    #[test]
+    fn the_resume_command_is_the_run_as_typed_with_out_and_resume() {
+        let argv = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(
+            resume_command(&argv(&["miles", "run", "recipes/x.miles", "--steps", "60"]), Path::new("runs/x")),
+            "miles run recipes/x.miles --steps 60 --out runs/x --resume"
+        );
+        assert_eq!(
+            resume_command(
+                &argv(&["miles", "run", "a b.miles", "--set", "train.lr=1e-4", "--out=o", "--resume"]),
+                Path::new("o")
+            ),
+            "miles run 'a b.miles' --set train.lr=1e-4 --out=o --resume"
+        );
+        assert_eq!(
+            resume_command(&argv(&["miles", "run", "it's.miles"]), Path::new("o")),
+            "miles run 'it'\\''s.miles' --out o --resume"
+        );
     }
 }

@@ -15,6 +15,7 @@ mod diffusion;
 mod distributed;
 mod gpu;
 mod hf_recipe;
+mod interrupt;
 mod lora;
 mod moe;
 mod opd;

@@ -59,8 +59,8 @@ pub fn replace_file(path: &Path, fill: impl FnOnce(&Path) -> Result<(), RunError
     res
 }
 
-/// Fills a fresh temp directory with `fill`, then renames it over `dir` (replacing an older one,
-/// which is put back if the rename fails).
+/// Fills a fresh temp directory with `fill`, syncs it whole, then renames it over `dir` (replacing
+/// an older one, which is put back if the rename fails) and syncs the parent (the new name).
 pub fn write_dir_atomically(dir: &Path, fill: impl FnOnce(&Path) -> Result<(), RunError>) -> Result<(), RunError> {
     let name = dir.file_name().map(|n| n.to_string_lossy().to_string()).unwrap_or_else(|| "dir".into());
     let parent = dir.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
@@ -68,7 +68,12 @@ pub fn write_dir_atomically(dir: &Path, fill: impl FnOnce(&Path) -> Result<(), R
     let tmp = parent.join(format!(".{name}.tmp-{}", std::process::id()));
     let _ = fs::remove_dir_all(&tmp);
     fs::create_dir_all(&tmp).map_err(|e| RunError::io(E_CHECKPOINT, "cannot create", &tmp, e))?;
-    if let Err(e) = fill(&tmp) {
+    // Files other libraries write by path (safetensors) are not synced by them: every file and
+    // directory is synced here, before the rename publishes them, so a crash after it cannot leave
+    // a published directory with torn or empty files.
+    if let Err(e) =
+        fill(&tmp).and_then(|_| sync_tree(&tmp).map_err(|e| RunError::io(E_CHECKPOINT, "cannot sync", &tmp, e)))
+    {
         let _ = fs::remove_dir_all(&tmp);
         return Err(e);
     }
@@ -91,6 +96,20 @@ pub fn write_dir_atomically(dir: &Path, fill: impl FnOnce(&Path) -> Result<(), R
         let _ = d.sync_all();
     }
     Ok(())
+}
+
+/// Fsyncs every file and directory under `dir`, `dir` included (its entries: the names).
+fn sync_tree(dir: &Path) -> io::Result<()> {
+    for e in fs::read_dir(dir)? {
+        let p = e?.path();
+        if p.is_dir() {
+            sync_tree(&p)?;
+        } else {
+            // Read-only is enough: fsync flushes the file's data whoever wrote it.
+            fs::File::open(&p)?.sync_all()?;
+        }
+    }
+    fs::File::open(dir)?.sync_all()
 }
 
 #[cfg(test)]

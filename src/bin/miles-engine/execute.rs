@@ -1,9 +1,16 @@
 //! `miles-engine run`: executes a RunSpec on the embedded backend, in this process or with its
 //! stages as worker processes (src/bin/miles-engine/distributed.rs), and prints the outcome.
 
-use miles_runtime::spec::{ProgressMode, RunOptions, RunSpec};
+use miles_runtime::spec::{ProgressMode, RunOptions, RunSpec, EXIT_INTERRUPTED};
 use std::io::Read;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// A second SIGINT sooner than this after the first is the same Ctrl-C, delivered twice: once by
+/// the terminal to the whole process group, once passed on by `miles run` (src/engine.rs).
+const SAME_CTRL_C: Duration = Duration::from_millis(250);
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -57,6 +64,7 @@ pub fn run(args: Args) -> u8 {
     let name = args.name;
     let out = args.out;
     let mut opts = RunOptions::new(out.clone());
+    opts.interrupt = Some(catch_ctrl_c());
     opts.resume = args.resume;
     opts.threads = args.threads;
     opts.progress = match args.progress.as_str() {
@@ -96,6 +104,14 @@ pub fn run(args: Args) -> u8 {
         }
     };
     match result {
+        Ok(s) if s.interrupted => {
+            let at = s.checkpoint.as_ref().map(|c| format!("; its checkpoint is {}", c.display())).unwrap_or_default();
+            eprintln!(
+                "miles run: interrupted after step {} of {}{at}; `miles run ... --resume` goes on from there",
+                s.steps_done, spec.steps
+            );
+            EXIT_INTERRUPTED
+        }
         Ok(s) => {
             let pct = |x: Option<f64>| x.map(|v| format!("{:.1}%", 100.0 * v)).unwrap_or_else(|| "-".into());
             eprintln!(
@@ -119,6 +135,42 @@ pub fn run(args: Args) -> u8 {
             1
         }
     }
+}
+
+/// Ctrl-C: the first asks the run to stop after the step in progress, with a checkpoint at it; a
+/// second stops the process at once (a checkpoint being written is left incomplete, and a resume
+/// never uses it).
+fn catch_ctrl_c() -> Arc<AtomicBool> {
+    let flag = Arc::new(AtomicBool::new(false));
+    let set = flag.clone();
+    let mut first: Option<Instant> = None;
+    let handler = move || match first {
+        None => {
+            first = Some(Instant::now());
+            set.store(true, Ordering::SeqCst);
+            eprintln!(
+                "\nmiles run: interrupt: finishing the step in progress, then writing a checkpoint (Ctrl-C again \
+                 stops at once)"
+            );
+        }
+        Some(t) if t.elapsed() < SAME_CTRL_C => {}
+        Some(_) => {
+            eprintln!("\nmiles run: stopped at once; the last complete checkpoint is kept");
+            // Not `exit`: the run's threads are still inside libtorch, whose static destructors
+            // must not run under them.
+            #[cfg(unix)]
+            // SAFETY: _exit ends the process without running any code of this one.
+            unsafe {
+                libc::_exit(EXIT_INTERRUPTED as i32)
+            }
+            #[cfg(not(unix))]
+            std::process::exit(EXIT_INTERRUPTED as i32)
+        }
+    };
+    if let Err(e) = ctrlc::set_handler(handler) {
+        eprintln!("warning: cannot catch Ctrl-C ({e}): it stops the run at once, without a checkpoint");
+    }
+    flag
 }
 
 /// What the recipe's plan (OUT/plan.json, written by `miles run`) estimated for each stage's

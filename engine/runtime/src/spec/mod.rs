@@ -55,13 +55,15 @@
 //!
 //! One concept per file: the run as a whole and its small sections here; `model`, `task`,
 //! `rollout`, `train` (with SFT), `options` (per invocation, and the summary), the reward and
-//! environment settings (`reward`, `env`), and `validate` (what serde cannot check). The schedule's
+//! environment settings (`reward`, `env`), `validate` (what serde cannot check) and `resume` (what
+//! a resumed run may change). The schedule's
 //! settings live in `crate::schedule`, the distributed ones in `crate::distributed`. Everything
 //! here is plain data: this module imports nothing above it.
 
 pub(crate) mod env;
 mod model;
 mod options;
+mod resume;
 pub(crate) mod reward;
 mod rollout;
 mod task;
@@ -71,6 +73,7 @@ mod validate;
 pub use crate::schedule::{AsyncSpec, DropAction, EvalMode, GroupFilter, PauseMode, Refill, ScheduleSpec};
 pub use model::*;
 pub use options::*;
+pub use resume::{ResumeDiff, SpecChange, RESUME_FREE};
 pub use rollout::*;
 pub use task::*;
 pub use train::*;
@@ -232,7 +235,8 @@ pub struct CheckpointSpec {
     /// Save every `every` steps and after the last; 0 = only after the last step.
     #[serde(default)]
     pub every: u64,
-    /// Keep the newest `keep` checkpoints (>= 1).
+    /// Keep the newest `keep` checkpoints; at least 2 stay whatever it says, so a resume always
+    /// has an older good checkpoint to fall back on.
     #[serde(default = "default_keep")]
     pub keep: usize,
 }

@@ -2,6 +2,8 @@
 
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 /// How progress is shown on stderr.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -13,6 +15,10 @@ pub enum ProgressMode {
     Plain,
     Off,
 }
+
+/// The exit status of a run ended by Ctrl-C (`miles run`, `miles-engine run`), as a shell reports
+/// a process SIGINT ended: 128 + 2.
+pub const EXIT_INTERRUPTED: u8 = 130;
 
 /// Per-invocation options (not part of the recipe).
 #[derive(Debug, Clone)]
@@ -29,6 +35,9 @@ pub struct RunOptions {
     pub threads: Option<usize>,
     /// Upper bound on the whole run's wall time; exceeded -> E0509 after the current step.
     pub max_wall: Option<std::time::Duration>,
+    /// Set (by a Ctrl-C handler) to end the run after the step in progress, with a checkpoint at
+    /// the step reached; read between steps by both executors.
+    pub interrupt: Option<Arc<AtomicBool>>,
 }
 
 impl RunOptions {
@@ -40,7 +49,13 @@ impl RunOptions {
             stop_after: None,
             threads: None,
             max_wall: None,
+            interrupt: None,
         }
+    }
+
+    /// Whether the run was asked to stop (`interrupt` set).
+    pub fn interrupted(&self) -> bool {
+        self.interrupt.as_ref().is_some_and(|f| f.load(Ordering::SeqCst))
     }
 }
 
@@ -59,6 +74,9 @@ pub struct Summary {
     pub checkpoint: Option<PathBuf>,
     pub metrics_path: PathBuf,
     pub wall_seconds: f64,
-    /// True when `stop_after` ended the run before `steps`.
+    /// True when `stop_after` or an interrupt ended the run before `steps`.
     pub stopped_early: bool,
+    /// True when an interrupt (Ctrl-C) ended it; `checkpoint` is then at `steps_done`.
+    #[serde(default)]
+    pub interrupted: bool,
 }

@@ -7,4 +7,6 @@
 mod async_sched;
 mod bring_your_own;
 mod compaction;
+mod one_reward;
 mod openenv;
+mod resume;

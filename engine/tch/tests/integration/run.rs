@@ -75,6 +75,36 @@ fn resume_after_clean_stop_equals_uninterrupted() {
     }
 }
 
+/// A checkpoint whose tensor file was torn (cut short) or corrupted after it was written is found
+/// by its manifest's SHA-256, and the resume goes on from the one before it, exactly.
+#[test]
+fn a_damaged_tensor_file_falls_back_to_the_previous_checkpoint_exactly() {
+    let full = tmp("torn-full");
+    let mut s = tiny();
+    s.steps = 6;
+    miles_tch::run(&s, &opts(&full)).unwrap();
+    for (name, damage) in [("torn", 0usize), ("flipped", 1)] {
+        let part = tmp(&format!("torn-{name}"));
+        let mut o = opts(&part);
+        o.stop_after = Some(4); // checkpoints at 2 and 4
+        miles_tch::run(&s, &o).unwrap();
+        let f = part.join("checkpoints/step-00000004/model.safetensors");
+        let mut bytes = std::fs::read(&f).unwrap();
+        match damage {
+            0 => bytes.truncate(bytes.len() / 2),
+            _ => *bytes.last_mut().unwrap() ^= 0x40,
+        }
+        std::fs::write(&f, &bytes).unwrap();
+        let mut o = opts(&part);
+        o.resume = true;
+        let r = miles_tch::run(&s, &o).unwrap();
+        assert_eq!(r.steps_done, 6, "{name}");
+        assert_eq!(metrics(&full), metrics(&part), "{name}: resumed from step 2, the same run");
+        let _ = std::fs::remove_dir_all(&part);
+    }
+    let _ = std::fs::remove_dir_all(&full);
+}
+
 #[test]
 fn resume_after_kill_9_equals_uninterrupted() {
     let (full, part) = (tmp("kill-full"), tmp("kill-part"));

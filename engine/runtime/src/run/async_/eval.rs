@@ -5,7 +5,6 @@
 use super::timeout_err;
 use crate::atomic_write::write_dir_atomically;
 use crate::backend::{EvalEngine, StreamEngine, Trainer, WeightSnapshot, WeightTransport};
-use crate::reward::spec::build_run_reward;
 use crate::reward::BatchReward;
 use crate::run::step::episodes::EnvRunner;
 use crate::run::step::eval::evaluate;
@@ -86,6 +85,7 @@ impl EvalRunner {
         spec: &RunSpec,
         cfg: &AsyncSpec,
         eval_engine: Option<Box<dyn EvalEngine>>,
+        mut reward: Box<dyn BatchReward>,
         task: &Arc<TaskSet>,
         out: &Path,
         threads: Option<usize>,
@@ -102,7 +102,6 @@ impl EvalRunner {
                 let (res_tx, rx) = std::sync::mpsc::channel();
                 let task = task.clone();
                 let spec = spec.clone();
-                let mut reward = build_run_reward(&spec)?;
                 let env = EnvRunner::for_run(&spec)?;
                 std::thread::Builder::new()
                     .name("miles-eval".into())

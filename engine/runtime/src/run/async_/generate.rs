@@ -17,7 +17,6 @@ use crate::backend::StreamEngine;
 use crate::buffer::Group;
 use crate::env::episode::{parallel, EnvCall};
 use crate::env::{Action, EnvFault, Episode, EpisodeResult, StepResult, TurnSample};
-use crate::reward::spec::build_run_reward;
 use crate::reward::BatchReward;
 use crate::rng::derive_seed;
 use crate::run::step::episodes::{all_episodes_faulted, buffered_group, tasks_of, EnvRunner};
@@ -97,6 +96,7 @@ struct Generator<'a> {
 pub(super) fn generation_loop(
     shared: &Shared,
     engine: &mut dyn StreamEngine,
+    reward: Box<dyn BatchReward>,
     spec: &RunSpec,
     cfg: &AsyncSpec,
     task: &TaskSet,
@@ -105,7 +105,7 @@ pub(super) fn generation_loop(
         spec,
         cfg,
         task,
-        reward: build_run_reward(spec)?,
+        reward,
         stop: task.stop_tokens(),
         building: BTreeMap::new(),
         requests: HashMap::new(),

@@ -25,11 +25,11 @@ mod train;
 use crate::atomic_write::write_json;
 use crate::backend::{AsyncParts, Backend, LocalHandoff, StreamEngine, Trainer, WeightSnapshot, WeightTransport};
 use crate::buffer::Buffer;
-use crate::reward::spec::build_run_reward;
 use crate::reward::BatchReward;
-use crate::run::step::checkpoint::{save_checkpoint, save_final_model};
+use crate::run::step::checkpoint::{is_checkpoint_of, save_checkpoint, save_final_model};
 use crate::run::step::episodes::EnvRunner;
 use crate::run::step::open::{start_fresh, summary, Outputs, Position};
+use crate::run::step::score::SharedReward;
 use crate::run::step::teacher::TeacherStage;
 use crate::schedule::{AsyncSpec, EvalMode};
 use crate::source::{PromptSource, SourceState};
@@ -157,8 +157,11 @@ pub(crate) fn run(
     let mut teacher = TeacherStage::for_run(spec, backend)?;
     let mut transport: Box<dyn WeightTransport> = Box::new(LocalHandoff);
     let task = Arc::new(task);
-    // Evaluations on this thread (the first and the last); the generation thread builds its own.
-    let mut main = MainEval { reward: build_run_reward(spec)?, env: EnvRunner::for_run(spec)? };
+    // The run's one reward: evaluations on this thread (the first and the last), the generation
+    // thread's rollouts and shared evaluations, and a snapshot evaluation thread's all score
+    // through it.
+    let reward = SharedReward::for_run(spec)?;
+    let mut main = MainEval { reward: reward.boxed(), env: EnvRunner::for_run(spec)? };
 
     let (start, version, source) =
         open(spec, opts, &cfg, &mut outs, trainer.as_mut(), transport.as_mut(), engine.as_mut(), &task, &mut main)?;
@@ -185,8 +188,8 @@ pub(crate) fn run(
     let stall = Duration::from_secs_f64(cfg.stall_timeout_s);
 
     // The generation thread. It hands the engine back when it stops, for the final evaluation.
-    let engine_rx = spawn_generation(&shared, engine, spec, &cfg, &task, opts.threads)?;
-    let mut evals = EvalRunner::start(spec, &cfg, eval_engine, &task, out, opts.threads)?;
+    let engine_rx = spawn_generation(&shared, engine, reward.boxed(), spec, &cfg, &task, opts.threads)?;
+    let mut evals = EvalRunner::start(spec, &cfg, eval_engine, reward.boxed(), &task, out, opts.threads)?;
 
     let result = train_loop(
         spec,
@@ -222,6 +225,11 @@ pub(crate) fn run(
     }
     // Requests still in flight belong to groups the final checkpoint serves again.
     let _ = engine.abort_all();
+    // Ctrl-C: a checkpoint at the step reached, generation stopped (its groups in flight are in it).
+    let interrupted = stopped_early && opts.interrupted();
+    if interrupted && !is_checkpoint_of(&last_ckpt, step) {
+        last_ckpt = Some(checkpoint(spec, &ckpt_root, &shared, step, eval_start, eval_last, trainer.as_ref())?);
+    }
 
     if !stopped_early {
         // The final evaluation, on exactly the final weights (the engine may lag an update).
@@ -249,7 +257,7 @@ pub(crate) fn run(
         save_final_model(out, trainer.as_ref(), &task)?;
     }
     let at = Position { step, eval_start, eval_last, last_ckpt };
-    Ok(summary(at, last_reward, stopped_early, metrics_path, started, &mut progress))
+    Ok(summary(at, last_reward, stopped_early, interrupted, metrics_path, started, &mut progress))
 }
 
 /// The reward and environment of the evaluations on the executor's thread (the first and the
@@ -323,6 +331,7 @@ fn open(
 fn spawn_generation(
     shared: &Arc<Shared>,
     mut engine: Box<dyn StreamEngine>,
+    reward: Box<dyn BatchReward>,
     spec: &RunSpec,
     cfg: &AsyncSpec,
     task: &Arc<TaskSet>,
@@ -338,7 +347,7 @@ fn spawn_generation(
         .spawn(move || {
             engine.bind_thread(threads);
             let res = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                generation_loop(&shared, engine.as_mut(), &spec, &cfg, &task)
+                generation_loop(&shared, engine.as_mut(), reward, &spec, &cfg, &task)
             }));
             let err = match res {
                 Ok(Ok(())) => None,

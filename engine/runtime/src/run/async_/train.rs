@@ -28,7 +28,8 @@ pub(super) struct TrainProgress<'a> {
     pub(super) last_ckpt: &'a mut Option<PathBuf>,
 }
 
-/// The trainer's loop; returns (stopped early, last step's mean reward).
+/// The trainer's loop; returns (stopped early, last step's mean reward). An interrupt stops it
+/// between steps, as `stop_after` does (`opts.interrupted()` tells them apart).
 #[allow(clippy::too_many_arguments)]
 pub(super) fn train_loop(
     spec: &RunSpec,
@@ -51,7 +52,7 @@ pub(super) fn train_loop(
     let mut steps_this_run = 0u64;
     let step = tp.step;
     while *step < spec.steps {
-        if opts.stop_after.is_some_and(|n| steps_this_run >= n) {
+        if opts.stop_after.is_some_and(|n| steps_this_run >= n) || opts.interrupted() {
             return Ok((true, last_reward));
         }
         check_wall_time(opts, started, *step)?;
@@ -258,7 +259,8 @@ fn step_row(
     row.insert("step".into(), json!(step));
     row.insert("weight_version".into(), json!(st.version));
     row.insert("rollout/reward_mean".into(), json!(reward_mean));
-    row.insert("rollout/solved_frac".into(), json!(rewards.iter().filter(|&&x| x >= 1.0).count() as f64 / n));
+    let solved = crate::spec::env::solved_frac(rewards.iter().map(|&x| f64::from(x)), spec.solved_at());
+    row.insert("rollout/solved_frac".into(), json!(solved));
     row.insert("rollout/response_len".into(), json!(gen_tokens as f64 / n));
     row.insert(
         "rollout/stop_frac".into(),

@@ -43,11 +43,13 @@ pub struct EnvRunner {
     pub limits: EpisodeLimits,
     /// Divide group-centred rewards by the group's std (the trainer's `std_norm`).
     pub std_norm: bool,
+    /// The reward at or above which an episode counts as solved (`env_reward.solved_at`).
+    pub solved_at: f64,
 }
 
 impl EnvRunner {
     pub fn new(run: &EnvRunSpec, max_context: usize, std_norm: bool) -> Result<EnvRunner, RunError> {
-        Ok(EnvRunner { env: run.env.build()?, limits: run.limits(max_context)?, std_norm })
+        Ok(EnvRunner { env: run.env.build()?, limits: run.limits(max_context)?, std_norm, solved_at: run.solved_at })
     }
 
     /// The run's environment (`None` when its samples are single responses). Each thread that
@@ -122,8 +124,8 @@ impl EnvRunner {
         }
     }
 
-    /// Held-out success (the share of episodes whose reward reaches 1) and mean sampled tokens per
-    /// episode, one greedy episode per test row.
+    /// Held-out success (the share of episodes whose reward reaches `solved_at`) and mean sampled
+    /// tokens per episode, one greedy episode per test row.
     pub fn evaluate(
         &self,
         task: &TaskSet,
@@ -134,9 +136,9 @@ impl EnvRunner {
         let params = SamplingParams::greedy(max_new_tokens).with_stop(task.stop_tokens());
         let (_, results) = self.play(task, engine, rows, 1, &params, "eval")?;
         let n = results.len().max(1) as f64;
-        let solved = results.iter().filter(|r| r.reward >= 1.0).count() as f64;
+        let solved = crate::spec::env::solved_frac(results.iter().map(|r| f64::from(r.reward)), self.solved_at);
         let tokens: usize = results.iter().map(|r| r.session.sampled_tokens()).sum();
-        Ok((solved / n, tokens as f64 / n))
+        Ok((solved, tokens as f64 / n))
     }
 }
 

@@ -2,13 +2,13 @@
 //! holds another run), the task, a fresh run's opening (SFT, reference, first weights, step-0
 //! evaluation and checkpoint), a resumed run's position, and the summary.
 
-use super::checkpoint::{latest_checkpoint, save_checkpoint, CkptState};
+use super::checkpoint::{newest_good_checkpoint, save_checkpoint, CkptState};
 use super::metrics::Metrics;
 use super::sft::run_sft;
 use crate::atomic_write::write_json;
 use crate::backend::{Trainer, WeightSnapshot, WeightTransport};
 use crate::progress::Progress;
-use crate::spec::{RunOptions, RunSpec, Summary};
+use crate::spec::{RunOptions, RunSpec, Summary, RESUME_FREE};
 use crate::tasks::TaskSet;
 use crate::{RunError, E_OUT_DIR, E_TOO_LONG, E_VOCAB};
 use serde_json::{json, Map, Value};
@@ -28,25 +28,76 @@ pub(crate) struct Outputs {
 
 impl Outputs {
     /// The output directory (refused when it holds another run), the checkpoint to resume from
-    /// (refused when it belongs to another spec), metrics.jsonl cut back to it, and progress.
+    /// (the newest whose files match their manifest; refused when its spec differs in a field
+    /// that changes state), metrics.jsonl cut back to it, and progress.
     pub(crate) fn open(spec: &RunSpec, opts: &RunOptions) -> Result<Outputs, RunError> {
         let out = &opts.out_dir;
         prepare_out_dir(spec, opts)?;
         let ckpt_root = out.join("checkpoints");
         let metrics_path = out.join("metrics.jsonl");
-        let resume_from = if opts.resume { latest_checkpoint(&ckpt_root)? } else { None };
-        if let Some((dir, st)) = &resume_from {
-            if st.spec != *spec {
-                return Err(RunError::new(
-                    E_OUT_DIR,
-                    format!("{} holds a checkpoint of a different run spec; resume needs the same spec", dir.display()),
-                ));
+        let found = if opts.resume { newest_good_checkpoint(&ckpt_root)? } else { None };
+        let resume_from = match found {
+            Some(f) => {
+                for line in &f.skipped {
+                    eprintln!("warning: {line}");
+                }
+                for note in resumable(&f.state.spec, spec, &f.dir, Some(f.state.step))? {
+                    eprintln!("note: {note}");
+                }
+                Some((f.dir, f.state))
             }
-        }
+            None => None,
+        };
+        // The spec last: a refused resume leaves the run's own.
+        write_json(&out.join("spec.json"), spec)?;
         let metrics = Metrics::open(&metrics_path, resume_from.as_ref().map(|c| c.1.step))?;
-        let progress = Progress::new(opts.progress, spec.steps);
+        let progress = Progress::new(opts.progress, spec.steps).with_rule(spec.solved_rule());
         Ok(Outputs { ckpt_root, metrics_path, metrics, progress, resume_from })
     }
+}
+
+/// Whether `spec` may resume what `saved` wrote at `at` (a checkpoint of step `step`, or the run's
+/// spec.json): the changes it makes, as notes, or E0507 naming every field that differs and may
+/// not, or a checkpoint already past the run's steps.
+fn resumable(saved: &RunSpec, spec: &RunSpec, at: &Path, step: Option<u64>) -> Result<Vec<String>, RunError> {
+    let d = spec.resume_diff(saved);
+    if !d.refused.is_empty() {
+        let fields: Vec<String> = d.refused.iter().map(|c| format!("\n  {c}")).collect();
+        return Err(RunError::new(
+            E_OUT_DIR,
+            format!(
+                "{} was written by a run of another spec; resume needs the same one, and these fields differ \
+                 (saved -> now):{}",
+                at.display(),
+                fields.concat()
+            ),
+        )
+        .with_help(format!(
+            "resume with the recipe and --set overrides the run was started with (a resume may change only {}), \
+             or start a new run in another --out",
+            RESUME_FREE.join(", ")
+        )));
+    }
+    let mut notes: Vec<String> = d.allowed.iter().map(|c| format!("resuming with {c}")).collect();
+    if let Some(step) = step.filter(|s| *s > spec.steps) {
+        return Err(RunError::new(
+            E_OUT_DIR,
+            format!(
+                "{} is at step {step}, past the run's {} steps: there is nothing to resume",
+                at.display(),
+                spec.steps
+            ),
+        )
+        .with_help(format!("resume with --steps {step} or more")));
+    }
+    if saved.steps != spec.steps && spec.train.decay != crate::spec::Decay::None {
+        notes.push(format!(
+            "the learning rate's {} decay now ends at step {}: the remaining steps follow the new schedule",
+            format!("{:?}", spec.train.decay).to_lowercase(),
+            spec.steps
+        ));
+    }
+    Ok(notes)
 }
 
 /// Where a run stands: where its loop starts, and where it ended.
@@ -69,6 +120,7 @@ pub(crate) fn summary(
     at: Position,
     last_reward: Option<f64>,
     stopped_early: bool,
+    interrupted: bool,
     metrics_path: PathBuf,
     started: Instant,
     progress: &mut Progress,
@@ -83,6 +135,7 @@ pub(crate) fn summary(
         metrics_path,
         wall_seconds: started.elapsed().as_secs_f64(),
         stopped_early,
+        interrupted,
     }
 }
 
@@ -153,13 +206,7 @@ pub(crate) fn build_task_for(spec: &RunSpec, task_spec: &crate::spec::TaskSpec) 
     }
     let (max_prompt, max_answer) = task.max_token_lens();
     if let Some(limit) = spec.rollout.max_prompt_tokens.filter(|l| max_prompt > *l) {
-        return Err(RunError::new(
-            E_TOO_LONG,
-            format!(
-                "the longest prompt is {max_prompt} tokens (with BOS), over the rollout's max_prompt_tokens {limit}"
-            ),
-        )
-        .with_help(format!("raise `max_prompt_tokens` to {max_prompt}.tokens, or shorten the prompts")));
+        return Err(prompt_over_limit(max_prompt, limit, task.tokenizer.special().bos.is_some()));
     }
     let need = max_prompt + spec.rollout.max_new_tokens.max(max_answer);
     if need > spec.model.max_len {
@@ -184,6 +231,19 @@ pub(crate) fn build_task_for(spec: &RunSpec, task_spec: &crate::spec::TaskSpec) 
     Ok(task)
 }
 
+/// E0510 for a prompt set whose longest prompt is over `max_prompt_tokens`. The count includes
+/// the BOS token only where the tokenizer adds one (Qwen's adds none), and says so only then.
+fn prompt_over_limit(max_prompt: usize, limit: usize, bos: bool) -> RunError {
+    let with = if bos { " (with BOS)" } else { "" };
+    RunError::new(
+        E_TOO_LONG,
+        format!("the longest prompt is {max_prompt} tokens{with}, over the rollout's max_prompt_tokens {limit}"),
+    )
+    .with_help(format!("raise `max_prompt_tokens` to {max_prompt}.tokens, or shorten the prompts"))
+}
+
+/// Creates the output directory; refuses one that holds a run unless resuming, and a resume whose
+/// spec differs from the run's spec.json in a field a resume may not change.
 pub(crate) fn prepare_out_dir(spec: &RunSpec, opts: &RunOptions) -> Result<(), RunError> {
     let out = &opts.out_dir;
     let spec_path = out.join("spec.json");
@@ -196,15 +256,40 @@ pub(crate) fn prepare_out_dir(spec: &RunSpec, opts: &RunOptions) -> Result<(), R
         if has_run && spec_path.exists() {
             let old =
                 fs::read_to_string(&spec_path).map_err(|e| RunError::io(E_OUT_DIR, "cannot read", &spec_path, e))?;
-            let same = serde_json::from_str::<RunSpec>(&old).map(|s| s == *spec).unwrap_or(false);
-            if !same {
-                return Err(RunError::new(
-                    E_OUT_DIR,
-                    format!("{} holds a run of a different spec; resume needs the same spec", out.display()),
-                ));
-            }
+            let saved = serde_json::from_str::<RunSpec>(&old).map_err(|e| {
+                RunError::new(E_OUT_DIR, format!("{} is not a run spec this miles reads: {e}", spec_path.display()))
+                    .with_help("start a new run in another --out")
+            })?;
+            resumable(&saved, spec, out, None)?;
         }
     }
-    fs::create_dir_all(out).map_err(|e| RunError::io(E_OUT_DIR, "cannot create", out, e))?;
-    write_json(&spec_path, spec)
+    fs::create_dir_all(out).map_err(|e| RunError::io(E_OUT_DIR, "cannot create", out, e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::spec::HfModelSpec;
+
+    fn tiny() -> RunSpec {
+        RunSpec::from_json(include_str!("../../../tests/data/tiny.json")).unwrap()
+    }
+
+    /// The longest prompt's count says "with BOS" only for a tokenizer that adds one (issue #42):
+    /// the char tokenizer does, the Qwen3 fixture's has none.
+    #[test]
+    fn the_prompt_length_error_mentions_bos_only_where_the_tokenizer_adds_one() {
+        let mut spec = tiny();
+        spec.rollout.max_prompt_tokens = Some(1);
+        let chars = build_task(&spec).err().expect("a 1-token limit refuses every prompt");
+        assert!(chars.message.contains("tokens (with BOS), over"), "{}", chars.message);
+
+        spec.hf = Some(HfModelSpec {
+            path: PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/fixtures/hf/qwen3")),
+        });
+        spec.model.vocab_size = 1 << 20;
+        let qwen = build_task(&spec).err().expect("a 1-token limit refuses every prompt");
+        assert_eq!(qwen.code, E_TOO_LONG, "{}", qwen.message);
+        assert!(!qwen.message.contains("BOS"), "the Qwen3 tokenizer adds no BOS: {}", qwen.message);
+    }
 }

@@ -5,14 +5,14 @@
 pub(crate) mod lanes;
 
 use crate::backend::{Backend, LocalHandoff, RolloutEngine, TrainStats, Trainer, WeightTransport};
-use crate::reward::spec::build_run_reward;
 use crate::reward::BatchReward;
 use crate::rng::derive_seed;
 use crate::run::step::batch::{single_turn_batch, StepBatch};
-use crate::run::step::checkpoint::{save_checkpoint, save_final_model};
+use crate::run::step::checkpoint::{is_checkpoint_of, save_checkpoint, save_final_model};
 use crate::run::step::episodes::{all_episodes_faulted, EnvRunner};
 use crate::run::step::eval::evaluate;
 use crate::run::step::open::{start_fresh, summary, Outputs, Position};
+use crate::run::step::score::SharedReward;
 use crate::run::step::teacher::TeacherStage;
 use crate::run::step::train::{
     check_wall_time, count_flat_groups, insert_perf, insert_train_stats, step_lrs, train_checked, StepTimes,
@@ -45,12 +45,18 @@ pub(super) fn run(
     let mut last_reward = None;
     let mut steps_this_run = 0u64;
     let mut stopped_early = false;
+    let mut interrupted = false;
     while step < spec.steps {
         if let Some(n) = opts.stop_after {
             if steps_this_run >= n {
                 stopped_early = true;
                 break;
             }
+        }
+        // Ctrl-C: the step in progress has finished; a checkpoint at it follows.
+        if opts.interrupted() {
+            (stopped_early, interrupted) = (true, true);
+            break;
         }
         check_wall_time(opts, started, step)?;
         step += 1;
@@ -99,11 +105,15 @@ pub(super) fn run(
             last_ckpt = Some(save_checkpoint(&ckpt_root, spec, step, eval_start, eval_last, trainer, |_| Ok(()))?);
         }
     }
+    if interrupted && !is_checkpoint_of(&last_ckpt, step) {
+        let trainer = p.trainer.as_ref();
+        last_ckpt = Some(save_checkpoint(&ckpt_root, spec, step, eval_start, eval_last, trainer, |_| Ok(()))?);
+    }
     if !stopped_early {
         save_final_model(out, p.trainer.as_ref(), &task)?;
     }
     let at = Position { step, eval_start, eval_last, last_ckpt };
-    Ok(summary(at, last_reward, stopped_early, metrics_path, started, &mut progress))
+    Ok(summary(at, last_reward, stopped_early, interrupted, metrics_path, started, &mut progress))
 }
 
 /// What a synchronous run holds from its opening to its end: the backend's engine and trainer,
@@ -125,8 +135,9 @@ impl Parts {
         backend.set_threads(opts.threads);
         let (engine, trainer) = backend.create(spec)?;
         let teacher = TeacherStage::for_run(spec, backend)?;
-        let reward = build_run_reward(spec)?;
-        let eval_reward = build_run_reward(spec)?;
+        // One reward for rollouts and evaluations (one reward program per run).
+        let shared = SharedReward::for_run(spec)?;
+        let (reward, eval_reward) = (shared.boxed(), shared.boxed());
         let env = EnvRunner::for_run(spec)?;
         let transport: Box<dyn WeightTransport> = Box::new(LocalHandoff);
         Ok(Parts { transport, env, eval_reward, reward, teacher, trainer, engine })
@@ -256,7 +267,8 @@ fn step_row(
     row.insert("step".into(), json!(step));
     row.insert("weight_version".into(), json!(weight_version));
     row.insert("rollout/reward_mean".into(), json!(reward_mean));
-    row.insert("rollout/solved_frac".into(), json!(rewards.iter().filter(|&&x| x >= 1.0).count() as f64 / n));
+    let solved = crate::spec::env::solved_frac(rewards.iter().map(|&x| f64::from(x)), spec.solved_at());
+    row.insert("rollout/solved_frac".into(), json!(solved));
     row.insert("rollout/response_len".into(), json!(sb.sampled_tokens as f64 / n_samples));
     row.insert("rollout/stop_frac".into(), json!(sb.stopped as f64 / n_samples));
     row.insert("rollout/flat_group_frac".into(), json!(flat_groups as f64 / (r.rollout_batch * lanes.max(1)) as f64));
