@@ -1,4 +1,5 @@
 //! `miles check FILES...`: exit 0 when clean, 1 on errors (warnings too with --deny-warnings).
+//! One `hint:` line names the given files `miles fmt` would change; it changes no exit status.
 
 use crate::diagnostics::{emit, resolve_format, summary};
 use crate::files::DiskFs;
@@ -59,6 +60,9 @@ fn check_once(args: &Args, overrides: Vec<(String, String)>) -> (u8, Vec<std::pa
     emit(&c.program.sources, &c.diagnostics, args.format);
     let (errors, warnings) = summary(&c.diagnostics);
     if resolve_format(args.format) != DiagFormat::Json {
+        if let Some(hint) = layout_hint(&c.program, &c.diagnostics) {
+            eprintln!("{hint}");
+        }
         let recipes = c.recipes.len();
         let stages: usize = c.recipes.iter().map(|r| r.graph.graph.node_count()).sum();
         eprintln!(
@@ -68,4 +72,33 @@ fn check_once(args: &Args, overrides: Vec<(String, String)>) -> (u8, Vec<std::pa
         );
     }
     (u8::from(errors > 0 || (args.deny_warnings && warnings > 0)), read)
+}
+
+/// One line naming the files given to `miles check` that `miles fmt` would change, as `cargo
+/// clippy` points at `cargo fmt`: a hint, never an error, so the exit status is the check's
+/// alone. Imported modules are not named (a dependency's files are not the user's to format);
+/// a file with syntax errors has its diagnostics already and is not named either.
+fn layout_hint(program: &miles_compiler::Program, diagnostics: &[miles_compiler::Diagnostic]) -> Option<String> {
+    let syntax_error = |file| {
+        diagnostics.iter().any(|d| {
+            d.is_error()
+                && d.code.as_str().starts_with("E00")
+                && d.primary.as_ref().is_some_and(|p| p.span.file == file)
+        })
+    };
+    let unformatted: Vec<&str> = program
+        .entries
+        .iter()
+        .map(|&m| program.module(m))
+        .filter(|m| !m.is_std && !syntax_error(m.file))
+        .filter_map(|m| Some((m, program.sources.get(m.file)?)))
+        // The tree the check parsed: formatting it costs no second parse.
+        .filter(|(m, src)| miles_grammar::fmt::format_parsed(&m.ast, &src.text) != src.text)
+        .map(|(_, src)| src.path.as_str())
+        .collect();
+    if unformatted.is_empty() {
+        return None;
+    }
+    let files = unformatted.join(" ");
+    Some(format!("hint: {} file(s) not in the canonical layout: {files}; run `miles fmt {files}`", unformatted.len()))
 }

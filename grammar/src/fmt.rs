@@ -33,6 +33,12 @@ pub fn format(src: &str) -> Result<String, Vec<Diagnostic>> {
     if !errors.is_empty() {
         return Err(errors);
     }
+    Ok(format_parsed(&file, src))
+}
+
+/// `format` of a file already parsed without a syntax error (`miles check` has the tree: a
+/// second parse of a large file would double its time).
+pub fn format_parsed(file: &SourceFile, src: &str) -> String {
     let mut p = Printer {
         src,
         comments: file.comments.iter().filter(|c| !c.doc).collect(),
@@ -51,7 +57,7 @@ pub fn format(src: &str) -> Result<String, Vec<Diagnostic>> {
     if !out.is_empty() {
         out.push('\n');
     }
-    Ok(out)
+    out
 }
 
 struct Printer<'s> {

@@ -94,6 +94,33 @@ fn check_exit_codes() {
     assert!(r.stderr.contains("E0209") && r.stderr.contains("cannot replace the stage `reward`"), "{}", r.stderr);
 }
 
+/// `miles check` says once per run which checked files are not in `miles fmt`'s layout, as a
+/// hint that changes neither the exit status nor the diagnostics (issue #42); a formatted file
+/// gets no hint.
+#[test]
+fn check_hints_once_at_files_miles_fmt_would_change() {
+    let src = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("recipes/grpo-arith.miles")).unwrap();
+    let src = miles_grammar::fmt::format(&src).unwrap();
+    let tidy = scratch("fmt_hint_tidy.miles", src.as_bytes());
+    let messy = scratch("fmt_hint_messy.miles", src.replace("    rollout = ", "    rollout     =   ").as_bytes());
+    let other = scratch("fmt_hint_other.miles", src.replace("    reward = ", "  reward = ").as_bytes());
+    let r = miles(&["check", s(&tidy)]);
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+    assert!(!r.stderr.contains("miles fmt"), "a formatted file gets no hint:\n{}", r.stderr);
+    let r = miles(&["check", s(&messy), s(&other), s(&tidy)]);
+    assert_eq!(r.code, Some(0), "a hint is not an error:\n{}", r.stderr);
+    let hints: Vec<&str> = r.stderr.lines().filter(|l| l.contains("miles fmt")).collect();
+    assert_eq!(hints.len(), 1, "one hint per run:\n{}", r.stderr);
+    assert!(hints[0].starts_with("hint: "), "{}", hints[0]);
+    assert!(hints[0].contains("fmt_hint_messy.miles") && hints[0].contains("fmt_hint_other.miles"), "{}", hints[0]);
+    assert!(!hints[0].contains("fmt_hint_tidy.miles"), "{}", hints[0]);
+    // With --deny-warnings too: a layout is not a warning.
+    assert_eq!(miles(&["check", "--deny-warnings", s(&messy)]).code, Some(0));
+    // JSON output stays one JSON document.
+    let (code, v) = json_check(s(&messy));
+    assert_eq!((code, v["errors"].as_u64()), (Some(0), Some(0)));
+}
+
 #[test]
 fn check_json_output() {
     let (code, v) = json_check("tests/cases/multi_five_mistakes.miles");

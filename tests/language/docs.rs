@@ -78,14 +78,14 @@ fn registry_codes_are_unique() {
     }
 }
 
-struct Block {
-    /// 1-based line of the opening fence in docs/language.md.
-    line: usize,
-    fails: bool,
-    text: String,
+pub(crate) struct Block {
+    /// 1-based line of the opening fence in its document.
+    pub(crate) line: usize,
+    pub(crate) fails: bool,
+    pub(crate) text: String,
 }
 
-fn miles_blocks(md: &str) -> Vec<Block> {
+pub(crate) fn miles_blocks(md: &str) -> Vec<Block> {
     let mut out = Vec::new();
     let mut cur: Option<Block> = None;
     for (i, l) in md.lines().enumerate() {
@@ -115,8 +115,16 @@ fn language_md_examples_check_as_documented() {
     let blocks = miles_blocks(&md);
     assert!(blocks.len() >= 5, "docs/language.md has its examples");
     assert!(blocks.iter().any(|b| b.fails), "docs/language.md has a failing example");
+    let problems = check_blocks("docs/language.md", &blocks);
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
+
+/// Each block checked as documented: a ```miles block without a diagnostic, a ```miles,fails
+/// block with exactly the codes of its `// error: E....` comments, each on its comment's line.
+/// One problem (with the rendered diagnostics) per block that differs.
+pub(crate) fn check_blocks(doc: &str, blocks: &[Block]) -> Vec<String> {
     let mut problems = Vec::new();
-    for b in &blocks {
+    for b in blocks {
         let c = common::compile_str(&b.text);
         let got: Vec<(usize, &str)> = c
             .diagnostics
@@ -132,7 +140,7 @@ fn language_md_examples_check_as_documented() {
             }
         }
         if !b.fails {
-            assert!(want.is_empty(), "language.md:{}: a ```miles block with `// error:`; mark it miles,fails", b.line);
+            assert!(want.is_empty(), "{doc}:{}: a ```miles block with `// error:`; mark it miles,fails", b.line);
         }
         let mut got_sorted = got.clone();
         got_sorted.sort();
@@ -140,13 +148,13 @@ fn language_md_examples_check_as_documented() {
         if got_sorted != want {
             let rendered = common::render(&c.program.sources, &c.diagnostics);
             problems.push(format!(
-                "docs/language.md:{} (a {} block): expected {want:?}, got {got_sorted:?}\n{rendered}",
+                "{doc}:{} (a {} block): expected {want:?}, got {got_sorted:?}\n{rendered}",
                 b.line,
                 if b.fails { "miles,fails" } else { "miles" }
             ));
         }
     }
-    assert!(problems.is_empty(), "{}", problems.join("\n"));
+    problems
 }
 
 /// The workspace crates a `Cargo.toml` depends on (its `[dependencies]`, without the `miles-`

@@ -11,6 +11,7 @@ mod common;
 mod cases;
 mod cli;
 mod docs;
+mod error_snippets;
 mod fuzz;
 mod packages;
 mod plans;

@@ -6,7 +6,7 @@
 pub mod shape;
 mod table;
 
-pub use table::{Entry, Support, TABLE};
+pub use table::{Entry, Support, Unproven, TABLE, UNPROVEN};
 
 use crate::graph::StageNode;
 use crate::recipe::CompiledRecipe;
@@ -189,6 +189,13 @@ fn check_field(cx: &Ctx, owner: &str, name: &str, f: &FieldValue, out: &mut Vec<
         // The field as a whole is refused: what its value holds needs no second word.
         return;
     }
+    if let Some(u) = Unproven::of(owner, name, f) {
+        out.push(
+            Diagnostic::warning(ErrorCode::E0519, format!("`{owner}.{name} = {}` is built but has never run", u.value))
+                .with_primary(f.span, "built, never run on the hardware it needs")
+                .with_help(u.note),
+        );
+    }
     match &f.value {
         Value::Record(r) => check_record(cx, r, out),
         Value::List(items) => items.iter().filter_map(Value::as_record).for_each(|r| check_record(cx, r, out)),
@@ -226,12 +233,31 @@ pub fn matrix_markdown() -> String {
          A field set to a value its target does not execute is error E0511 at `miles check`, \
          naming the field and its line. Legend: **yes** executed; **no** refused unless left at \
          its default (shown); **rule** executed for the values the note names; **describes** \
-         read by the planner only (hardware, catalogs), with no effect on what a run does.\n\n\
+         read by the planner only (hardware, catalogs), with no effect on what a run does; \
+         **built, never run** after a value: its code is built and its tests ran only where the \
+         hardware it needs is absent (the refusal half), so `miles check` warns E0519 where a \
+         recipe sets it, until a run on that hardware is recorded.\n\n\
          | owner | field | embedded | workers | http | note | behaviour tests |\n\
          |---|---|---|---|---|---|---|\n",
     );
     for e in TABLE {
-        let cells: Vec<String> = Target::RUNNABLE.iter().map(|t| e.support.cell(*t)).collect();
+        let cells: Vec<String> = Target::RUNNABLE
+            .iter()
+            .map(|t| {
+                let cell = e.support.cell(*t);
+                // A value built but never run qualifies the targets that would execute it.
+                let unproven: Vec<String> = UNPROVEN
+                    .iter()
+                    .filter(|u| u.owner == e.owner && u.field == e.field && !cell.starts_with("no"))
+                    .map(|u| format!("`{}`: built, never run", u.value))
+                    .collect();
+                if unproven.is_empty() {
+                    cell
+                } else {
+                    format!("{cell} ({})", unproven.join(", "))
+                }
+            })
+            .collect();
         let field = if e.field.is_empty() { "(itself)".to_string() } else { format!("`{}`", e.field) };
         s.push_str(&format!(
             "| `{}` | {} | {} | {} | {} | {} | {} |\n",

@@ -317,6 +317,50 @@ const DIFFUSION_RUN: &[&str] =
     &["a_diffusion_recipe_runs_through_the_binary", "diffusion_recipe_fields_reach_the_spec"];
 const DIFFUSION_WHERE: &str = "diffusion RL runs in the `miles run` process (the in_process launcher); worker processes and URL engines do not host a denoiser yet: remove the launcher";
 
+/// A value whose code is built and tested only in its refusal half: it has never run on the
+/// hardware it needs (the machines its tests ran on have no GPU). The matrix shows it as "built,
+/// never run" and `miles check` warns (E0519) where a recipe relies on it, until a run on that
+/// hardware records it (bench/RESULTS.md): then its entry goes.
+pub struct Unproven {
+    /// The row it qualifies (`local`, `device`).
+    pub owner: &'static str,
+    pub field: &'static str,
+    /// The value as `miles check` prints it (`cuda`).
+    pub value: &'static str,
+    /// What has never run, shown as the warning's help.
+    pub note: &'static str,
+    /// The tests whose hardware half, once run where the hardware is, records it.
+    pub proven_by: &'static [&'static str],
+}
+
+impl Unproven {
+    /// The entry for `owner.field` set (not defaulted) to its value, if any.
+    pub fn of(owner: &str, field: &str, f: &FieldValue) -> Option<&'static Unproven> {
+        if f.defaulted {
+            return None;
+        }
+        let value = f.value.to_string();
+        UNPROVEN.iter().find(|u| u.owner == owner && u.field == field && u.value == value)
+    }
+}
+
+pub const UNPROVEN: &[Unproven] = &[
+    Unproven {
+        owner: "local",
+        field: "device",
+        value: "cuda",
+        note: "the embedded backend on a GPU is built and its refusals tested, but it has never trained on a GPU: its tests ran on machines without one (docs/gpu.md). Expect the first run to find what they could not",
+        proven_by: &["the_laptop_recipe_learns_on_cuda_as_on_cpu"],
+    },
+    Unproven {
+        owner: "weights",
+        field: "channel",
+        value: "nccl",
+        note: "the NCCL weight channel is built and its refusals tested, but it has never broadcast between GPUs: its tests ran on machines without one (docs/distributed.md). `broadcast` over TCP or `shm` are the channels that have run",
+        proven_by: &["nccl_channel_names_the_missing_library_or_broadcasts_between_two_gpus"],
+    },
+];
+
 pub const TABLE: &[Entry] = &[
     // ---- std/stages: diffusion -------------------------------------------------------------
     e("denoise_pretrain", "", Support::Only(&[E], &[]), DIFFUSION_WHERE, &["pretraining_on_a_tiny_dataset_lowers_the_loss"]),
@@ -373,6 +417,7 @@ pub const TABLE: &[Entry] = &[
     e("command_reward", "command", Support::All, "", BYO),
     e("command_reward", "timeout", Support::All, "", &["malformed_answers_and_timeouts_follow_the_policy"]),
     e("command_reward", "on_error", Support::All, "", &["a_failing_reward_program_stops_the_run_naming_the_stage_and_sample"]),
+    e("command_reward", "pass_env", Support::All, "", &["the_program_sees_the_allow_list_and_pass_env_not_the_run_secrets"]),
     e("http_reward", "", Support::All, "scored by the executor, whatever runs the stages", &["http_reward_scores_a_run"]),
     e("http_reward", "url", Support::All, "", &["http_reward_scores_a_run"]),
     e("http_reward", "concurrency", Support::All, "", &["batches_are_split_and_concurrency_is_bounded"]),
@@ -384,6 +429,8 @@ pub const TABLE: &[Entry] = &[
     e("env_reward", "env", Support::Rule(rule_env), "the runtime plays `calculator`, `command_env` and `openenv` environments, under every schedule", EPISODES_ASYNC),
     e("env_reward", "max_turns", Support::All, "", &["limits_end_episodes"]),
     e("env_reward", "mean_turns", Support::Describes, DESCRIBES, &[]),
+    e("env_reward", "observation_tokens", Support::Describes, DESCRIBES, &[]),
+    e("env_reward", "solved_at", Support::All, "", &["the_success_rule_is_a_setting_with_a_stated_default", "the_success_rule_sets_what_eval_and_solved_frac_count"]),
     e("env_reward", "concurrency", Support::All, "", &["many_episodes_over_one_process"]),
     e("env_reward", "turn_timeout", Support::All, "", &["environment_faults_end_their_episode_not_the_run"]),
     e("env_reward", "timeout", Support::All, "", &["environment_faults_end_their_episode_not_the_run"]),
@@ -525,6 +572,7 @@ pub const TABLE: &[Entry] = &[
     e("calculator", "demo_tool_rate", Support::All, "", &["demonstrations_call_the_tool_at_the_rate_asked"]),
     e("command_env", "", Support::All, "", PY_ENV),
     e("command_env", "command", Support::All, "", PY_ENV),
+    e("command_env", "pass_env", Support::All, "", &["a_program_sees_pass_env_and_not_the_run_secrets"]),
     e("openenv", "", Support::All, "", &["episodes_against_a_real_openenv_server"]),
     e("openenv", "url", Support::All, "", &["episodes_against_a_real_openenv_server"]),
     e("openenv", "action_field", Support::All, "", &["episodes_against_a_real_openenv_server"]),

@@ -49,8 +49,8 @@ fn is_plain_data(owner: &str) -> bool {
     ["addition", "multiplication", "reverse", "sort", "gpu", "host", "recipe_settings"].contains(&owner)
 }
 
-#[test]
-fn every_executed_field_names_a_behaviour_test_that_exists() {
+/// The text of every Rust source of the repository (where behaviour tests live).
+fn rust_sources() -> String {
     let mut sources = String::new();
     let mut stack = vec![root()];
     while let Some(dir) = stack.pop() {
@@ -65,6 +65,12 @@ fn every_executed_field_names_a_behaviour_test_that_exists() {
             }
         }
     }
+    sources
+}
+
+#[test]
+fn every_executed_field_names_a_behaviour_test_that_exists() {
+    let sources = rust_sources();
     let mut problems = Vec::new();
     for e in TABLE {
         let executes = matches!(e.support, Support::All | Support::Only(..) | Support::Rule(_));
@@ -144,4 +150,52 @@ fn runs_on_selects_the_target() {
     assert_eq!(e0511("session = tito {}", "runs_on = cluster"), Vec::<String>::new());
     let got = e0511("", "runs_on = workers");
     assert!(got.iter().any(|m| m.contains("`weights.transport` = local")), "{got:#?}");
+}
+
+/// The warnings (code, message) of the recipe `src` compiles to.
+fn warnings(src: &str) -> Vec<(String, String)> {
+    let fs = MemoryFs::with(&[("r.miles", src)]);
+    let c = crate::compile(&fs, &["r.miles".to_string()], &crate::Options::default());
+    let errors: Vec<_> = c.diagnostics.iter().filter(|d| d.is_error()).collect();
+    assert!(errors.is_empty(), "{errors:#?}");
+    c.diagnostics.iter().map(|d| (d.code.to_string(), d.message.clone())).collect()
+}
+
+/// A recipe relying on a value built but never run on its hardware is warned (E0519), once per
+/// value it sets; the same recipe on the CPU is clean (issue #42).
+#[test]
+fn values_built_but_never_run_are_warned_where_a_recipe_sets_them() {
+    let cpu = BASE.replace("SESSION", "").replace("SETTINGS", "").replace("TRANSPORT", "local");
+    assert_eq!(warnings(&cpu), Vec::<(String, String)>::new());
+    let cuda = cpu.replace("recipe r {", "cluster gpu_box = local { device = cuda }\nrecipe r on gpu_box {");
+    let got = warnings(&cuda);
+    assert_eq!(got.len(), 1, "{got:#?}");
+    assert_eq!(got[0].0, "E0519");
+    assert!(got[0].1.contains("`local.device = cuda`"), "{got:#?}");
+    let nccl = BASE
+        .replace("SESSION", "")
+        .replace("SETTINGS", "launcher = local_processes {}")
+        .replace("TRANSPORT", "broadcast, channel = nccl");
+    let got = warnings(&nccl);
+    assert!(got.iter().any(|(c, m)| c == "E0519" && m.contains("`weights.channel = nccl`")), "{got:#?}");
+}
+
+/// Every "built, never run" value qualifies a row of the table and names the test that records
+/// it once run on its hardware.
+#[test]
+fn every_value_built_but_never_run_names_a_row_and_its_proving_test() {
+    let sources = rust_sources();
+    for u in UNPROVEN {
+        assert!(table::lookup(u.owner, u.field).is_some(), "{}.{} has no row", u.owner, u.field);
+        assert!(!u.proven_by.is_empty(), "{}.{} = {} names no test", u.owner, u.field, u.value);
+        for t in u.proven_by {
+            assert!(
+                sources.contains(&format!("fn {t}(")),
+                "{}.{} names `{t}`, which no test defines",
+                u.owner,
+                u.field
+            );
+        }
+    }
+    assert!(matrix_markdown().contains("`cuda`: built, never run"));
 }

@@ -230,8 +230,9 @@ impl<'p> Eval<'p> {
                 if args.len() != 1 {
                     return arity_err(self, "one argument");
                 }
-                if !self.inputs_complete(&args[0].0, 0) {
-                    // An input upstream failed to resolve and was reported already.
+                if self.inputs_loop(&args[0].0) || !self.inputs_complete(&args[0].0) {
+                    // An input upstream failed to resolve, or the inputs loop (E0303): reported
+                    // already.
                     return None;
                 }
                 self.model_of(&args[0].0).map(Value::Record).or_else(|| {

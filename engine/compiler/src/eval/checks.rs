@@ -152,8 +152,13 @@ impl<'p> Eval<'p> {
                         let j = *r.by_name.get(&n)?;
                         return r.instances[j].provided.get(&field.name).map(|x| x.0.span);
                     }
+                    return None;
                 }
-                None
+                // `model_of(policy).max_len`: where the record's field was set, or, for a
+                // default, the record itself (the model the recipe wrote).
+                let Some(Value::Record(rec)) = self.quiet_eval(base, env) else { return None };
+                let fv = rec.fields.get(&field.name)?;
+                Some(if fv.defaulted { rec.span } else { fv.span })
             }
             _ => None,
         }

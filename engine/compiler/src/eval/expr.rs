@@ -58,6 +58,11 @@ impl<'p> Eval<'p> {
             ExprKind::Field(base, field) => {
                 // `Enum.member` where an enum is expected, or anywhere.
                 let b = self.eval(base, env, None)?;
+                if let (ExprKind::Name(id), Value::Stage(_)) = (&base.kind, &b) {
+                    if self.stage_hides_module(id, field, env) {
+                        return None;
+                    }
+                }
                 self.field_of(b, field)
             }
             ExprKind::Call { callee, args, .. } => self.call(callee, args, env, e.span),
@@ -186,7 +191,10 @@ impl<'p> Eval<'p> {
     /// `base { fields }`: a record of the schema `base` names, or a copy of the record `base`
     /// with fields replaced; anything else cannot take a block (E0201).
     fn record_block(&mut self, base: &Expr, fields: &[ast::Binding], env: Env, span: Span) -> R<Value> {
-        let b = self.eval(base, env, None)?;
+        let b = match &base.kind {
+            ExprKind::Name(id) => self.block_head(id, env)?,
+            _ => self.eval(base, env, None)?,
+        };
         match b {
             Value::Decl(r) if self.is_schema(r) => self.construct(r, fields, env, span, None),
             Value::Record(rec) => {

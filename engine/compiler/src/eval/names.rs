@@ -244,6 +244,61 @@ impl<'p> Eval<'p> {
         }
     }
 
+    /// The head of `NAME { ... }`. A stage never takes a block, so there a stage binding does not
+    /// hide a schema of the same name: `schedule = sync { }` names the schema `sync` in a recipe
+    /// with a stage bound to `sync` (issue #42). Kinds resolve in their own namespace where the
+    /// grammar says a kind is meant; a record-valued setting or field still takes the block (a copy).
+    pub(super) fn block_head(&mut self, id: &ast::Ident, env: Env) -> R<Value> {
+        if let Env::Recipe(m) = env {
+            let is_stage = self.recipe.as_ref().is_some_and(|r| r.by_name.contains_key(&id.name));
+            let schema = match self.program.lookup(m, &id.name) {
+                Some(ScopeEntry::Item(r)) => self.is_schema(r),
+                _ => false,
+            };
+            if is_stage && schema {
+                return self.lookup_name(id, Env::Module(m), None);
+            }
+        }
+        self.lookup_name(id, env, None)
+    }
+
+    /// `NAME.field` where `NAME` is both a stage of the recipe and a module imported beside it,
+    /// and the stage has no such field while the module has the member: the stage hides the module
+    /// here, which is reported with both places (E0105) instead of a bare "no field". True when
+    /// reported.
+    pub(super) fn stage_hides_module(&mut self, id: &ast::Ident, field: &ast::Ident, env: Env) -> bool {
+        let Env::Recipe(m) = env else { return false };
+        let Some(r) = self.recipe.as_ref() else { return false };
+        let Some(&i) = r.by_name.get(&id.name) else { return false };
+        let (stage_span, kind) = (r.instances[i].name_span, r.instances[i].kind);
+        let Some(ScopeEntry::Module(t)) = self.program.lookup(m, &id.name) else { return false };
+        let stage_has = self.decl_field(kind, &field.name).is_some() || self.port_names(kind).contains(&field.name);
+        if stage_has || !self.program.module(t).own.contains_key(&field.name) {
+            return false;
+        }
+        let import = self.program.module(m).ast.items.iter().find_map(|item| match &item.kind {
+            ItemKind::Import(imp) => {
+                let bound = imp.alias.as_ref().map(|a| a.name.as_str()).or(imp.path.rsplit('/').next());
+                (bound == Some(id.name.as_str())).then_some(imp.path_span)
+            }
+            _ => None,
+        });
+        let mut d = Diagnostic::error(
+            ErrorCode::E0105,
+            format!("`{}` here is the stage of that name, which hides the imported module `{}`", id.name, id.name),
+        )
+        .with_primary(field.span, format!("the stage `{}` has no field `{}`", id.name, field.name))
+        .with_secondary(stage_span, format!("the stage `{}` is bound here", id.name));
+        if let Some(span) = import {
+            d = d.with_secondary(span, format!("the module `{}` is imported here", id.name));
+        }
+        self.report(d.with_help(format!(
+            "rename the stage (`{0}_reward = ...`) or import the module under another name (`import ... as {0}_tasks`)",
+            id.name
+        )));
+        true
+    }
+
     pub fn enum_members(&self, e: ItemRef) -> Vec<String> {
         match &self.program.item(e).kind {
             ItemKind::Enum(en) => en.members.iter().map(|m| m.name.name.clone()).collect(),

@@ -108,14 +108,23 @@ impl<'p> Eval<'p> {
     }
 
     /// Whether every stage upstream of `v` got all its inputs (none failed to resolve).
-    pub(super) fn inputs_complete(&self, v: &Value, depth: u32) -> bool {
-        let Value::Stage(n) = v else { return true };
+    pub(super) fn inputs_complete(&self, v: &Value) -> bool {
         let Some(r) = &self.recipe else { return true };
-        let Some(&i) = r.by_name.get(n) else { return true };
-        if depth > 64 || r.instances[i].args.len() < self.port_names(r.instances[i].kind).len() {
-            return depth > 64;
+        // Each stage once: inputs that loop (E0303) would otherwise be walked once per path,
+        // exponentially many.
+        let mut seen = std::collections::HashSet::new();
+        let mut stack = vec![v];
+        while let Some(Value::Stage(n)) = stack.pop() {
+            let Some(&i) = r.by_name.get(n) else { continue };
+            if !seen.insert(i) {
+                continue;
+            }
+            if r.instances[i].args.len() < self.port_names(r.instances[i].kind).len() {
+                return false;
+            }
+            stack.extend(r.instances[i].args.iter().map(|(_, a, _)| a));
         }
-        r.instances[i].args.iter().all(|(_, a, _)| self.inputs_complete(a, depth + 1))
+        true
     }
 
     /// The model a value runs: a record of a schema that `is Model` is its own model; a stage
@@ -124,6 +133,30 @@ impl<'p> Eval<'p> {
     /// `model_of(stage)` in checks uses it, and lowering stores it on each `StageNode`.
     pub fn model_of(&self, v: &Value) -> Option<Arc<Record>> {
         self.model_of_at(v, 0)
+    }
+
+    /// Whether `v`'s Policy and Trajectories inputs lead back to a stage already passed: a
+    /// forward cycle, which the stage graph reports (E0303), so `model_of` adds no word of its own.
+    pub(super) fn inputs_loop(&self, v: &Value) -> bool {
+        let Some(r) = self.recipe.as_ref() else { return false };
+        let mut seen = std::collections::HashSet::new();
+        let mut stack = vec![v.clone()];
+        while let Some(Value::Stage(n)) = stack.pop() {
+            if !seen.insert(n.clone()) {
+                return true;
+            }
+            let Some(&i) = r.by_name.get(&n) else { continue };
+            let inst = &r.instances[i];
+            let ItemKind::Stage(decl) = &self.program.item(inst.kind).kind else { continue };
+            for p in &decl.ports {
+                if matches!(port_kind(&p.ty), Some(PortKind::Policy | PortKind::Trajectories)) {
+                    if let Some((_, arg, _)) = inst.args.iter().find(|(name, _, _)| *name == p.name.name) {
+                        stack.push(arg.clone());
+                    }
+                }
+            }
+        }
+        false
     }
 
     fn model_of_at(&self, v: &Value, depth: u32) -> Option<Arc<Record>> {
