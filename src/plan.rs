@@ -174,7 +174,12 @@ fn plan_compiled(args: &Args, c: &miles_compiler::Compilation) -> u8 {
         }
     }
     if let Some(path) = &args.out {
-        let file = crate::planfile::PlanFile::new(c, recipe, &plan);
+        let from = crate::planfile::CompiledFrom {
+            file: args.file.clone(),
+            set: args.set.clone(),
+            recipe: args.recipe.clone(),
+        };
+        let file = crate::planfile::PlanFile::new(c, recipe, &plan, from);
         match serde_json::to_vec_pretty(&file) {
             Ok(bytes) => {
                 if let Err(e) = write_atomic(path, &bytes) {

@@ -20,7 +20,7 @@ pub struct Args {
 /// The curves drawn, by metric name, with their titles.
 pub const CHARTS: &[(&str, &str)] = &[
     ("rollout/reward_mean", "reward (mean over rollouts)"),
-    ("eval/accuracy", "held-out exact-match accuracy"),
+    ("eval/accuracy", "held-out accuracy (share solved)"),
     ("train/loss", "train loss"),
     ("train/logp_diff", "train-rollout log-prob divergence"),
     ("rollout/response_len", "response length (tokens)"),
@@ -106,20 +106,32 @@ pub fn run(args: Args) -> u8 {
         return 1;
     }
     let mut written = Vec::new();
+    // What counted as solved in each run (its spec.json); one rule for all names the chart.
+    let rules: Vec<Option<String>> = args.dirs.iter().map(|d| solved_rule(d)).collect();
+    let shared_rule = rules.first().cloned().flatten().filter(|r| rules.iter().all(|x| x.as_ref() == Some(r)));
     for (metric, title) in CHARTS {
         let lines: Vec<(&str, &[(f64, f64)])> =
             runs.iter().filter_map(|r| r.series.get(*metric).map(|s| (r.label.as_str(), s.as_slice()))).collect();
         if lines.is_empty() {
             continue;
         }
+        let title = match (&shared_rule, *metric) {
+            (Some(rule), "eval/accuracy") => format!("{title}, {rule}"),
+            _ => title.to_string(),
+        };
         let file = out.join(format!("{}.svg", metric.replace('/', "_")));
-        if let Err(e) = write_atomic(&file.to_string_lossy(), svg_chart(title, &lines).as_bytes()) {
+        if let Err(e) = write_atomic(&file.to_string_lossy(), svg_chart(&title, &lines).as_bytes()) {
             eprintln!("error: cannot write {}: {e}", file.display());
             return 1;
         }
         written.push(file);
     }
     print!("{}", summary_table(&runs));
+    for (r, rule) in runs.iter().zip(&rules) {
+        if let Some(rule) = rule.as_ref().filter(|_| r.series.contains_key("eval/accuracy")) {
+            println!("{}: eval/accuracy and rollout/solved_frac, {rule}", r.label);
+        }
+    }
     print!("{}", diffusion_table(&runs));
     // Diffusion runs' sample grids (DIR/grids), first and last evaluation side by side.
     match write_samples_page(&args.dirs, &runs, &out) {
@@ -142,6 +154,14 @@ pub fn run(args: Args) -> u8 {
         println!("wrote {}", f.display());
     }
     0
+}
+
+/// The run's success rule (`RunSpec::solved_rule`) from the spec.json it wrote; `None` for a run
+/// without one (a diffusion run, or one made before it was written).
+fn solved_rule(dir: &Path) -> Option<String> {
+    let text = std::fs::read_to_string(dir.join("spec.json")).ok()?;
+    let spec: miles_runtime::spec::RunSpec = serde_json::from_str(&text).ok()?;
+    Some(spec.solved_rule())
 }
 
 fn median(mut xs: Vec<f64>) -> Option<f64> {
@@ -374,9 +394,29 @@ fn lengths_rows(plan: &serde_json::Value, run: &Run) -> String {
     if episodes {
         let (p, text) = planned("turns", "max_turns", "turns_stated", "mean_turns", "turns that fit");
         s.push_str(&format!("| turns per episode (mean) | {text} | {} | {} |\n", fig(turns), ratio(turns, p)));
+        // One observation between each two turns: what env_reward.observation_tokens states.
+        let e = plan.get("episodes");
+        let p = e.and_then(|e| e.get("observation_tokens")).and_then(|v| v.as_f64());
+        let flag = |k: &str| e.and_then(|e| e.get(k)).and_then(|v| v.as_bool()).unwrap_or(false);
+        let why = if flag("observation_stated") {
+            "observation_tokens"
+        } else if flag("observation_assumed") {
+            "assumed"
+        } else {
+            "the environment's"
+        };
+        let measured = turns.filter(|t| *t > 1.0).map(|t| observations / (t - 1.0));
+        if let Some(p) = p {
+            s.push_str(&format!(
+                "| observation tokens (mean) | {} ({why}) | {} | {} |\n",
+                fig(Some(p)),
+                fig(measured),
+                ratio(measured, Some(p))
+            ));
+        }
     }
     s.push_str(
-        "(lengths: the plan prices time at the recipe's generate.mean_response_tokens, mean_prompt_tokens and env_reward.mean_turns, else at the bounds; state the measured means to plan shorter answers, memory stays at the bounds)\n",
+        "(lengths: the plan prices time at the recipe's generate.mean_response_tokens, mean_prompt_tokens and env_reward.mean_turns, else at the bounds; state the measured means to plan shorter answers, memory stays at the bounds; an observation's length is env_reward.observation_tokens)\n",
     );
     s
 }
@@ -416,7 +456,6 @@ pub fn svg_chart(title: &str, lines: &[(&str, &[(f64, f64)])]) -> String {
     );
     for i in 0..=4 {
         let fy = y0 + (y1 - y0) * f64::from(i) / 4.0;
-        let fx = x0 + (x1 - x0) * f64::from(i) / 4.0;
         s.push_str(&format!(
             "<line x1=\"{left}\" x2=\"{}\" y1=\"{:.1}\" y2=\"{:.1}\" stroke=\"#ddd\"/><text x=\"{}\" y=\"{:.1}\" text-anchor=\"end\">{}</text>\n",
             w - right,
@@ -426,6 +465,8 @@ pub fn svg_chart(title: &str, lines: &[(&str, &[(f64, f64)])]) -> String {
             sy(fy) + 4.0,
             tick(fy)
         ));
+    }
+    for fx in step_ticks(x0, x1) {
         s.push_str(&format!(
             "<text x=\"{:.1}\" y=\"{}\" text-anchor=\"middle\">{}</text>\n",
             sx(fx),
@@ -462,6 +503,16 @@ pub fn svg_chart(title: &str, lines: &[(&str, &[(f64, f64)])]) -> String {
     }
     s.push_str("</svg>\n");
     s
+}
+
+/// The x axis's labels: steps are whole, so ticks fall on whole steps, every 1, 2 or 5 x 10^k
+/// steps (at most about six across the range); quarters of the range gave 5.75, 10.5.
+fn step_ticks(x0: f64, x1: f64) -> Vec<f64> {
+    let raw = ((x1 - x0) / 5.0).max(1.0);
+    let mag = 10f64.powf(raw.log10().floor());
+    let every = [1.0, 2.0, 5.0, 10.0].iter().map(|m| m * mag).find(|&e| e >= raw - 1e-9).unwrap_or(10.0 * mag);
+    let first = (x0 / every - 1e-9).ceil() * every;
+    (0..).map(|i| first + every * f64::from(i)).take_while(|&x| x <= x1 + 1e-9).take(64).collect()
 }
 
 fn tick(v: f64) -> String {
@@ -505,6 +556,38 @@ mod tests {
         assert!(svg.starts_with("<svg") && svg.contains("<polyline"));
     }
 
+    /// The report names what counted as solved, from the run's spec.json (issue #42).
+    #[test]
+    fn the_success_rule_is_read_from_the_runs_spec() {
+        let dir = std::env::temp_dir().join(format!("miles-report-rule-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        assert_eq!(solved_rule(&dir), None);
+        let tiny = include_str!("../engine/runtime/tests/data/tiny.json");
+        std::fs::write(dir.join("spec.json"), tiny).unwrap();
+        assert_eq!(solved_rule(&dir).as_deref(), Some("solved: reward >= 1"));
+        let mut spec: serde_json::Value = serde_json::from_str(tiny).unwrap();
+        spec["env"] = serde_json::json!({"env": {"type": "calculator"}, "solved_at": 0.5});
+        std::fs::write(dir.join("spec.json"), spec.to_string()).unwrap();
+        assert_eq!(solved_rule(&dir).as_deref(), Some("solved: episode reward >= 0.5 (env_reward.solved_at)"));
+        std::fs::remove_dir_all(&dir).ok();
+    }
+
+    #[test]
+    fn step_ticks_are_whole_steps() {
+        // Steps 1..=24: the old quarters of the range fell on 6.75, 12.5, 18.25.
+        let svg = svg_chart("t", &[("a", &[(1.0, 0.0), (24.0, 1.0)])]);
+        let labels: Vec<&str> = svg
+            .lines()
+            .filter(|l| l.contains("text-anchor=\"middle\"") && !l.contains(">step<"))
+            .filter_map(|l| l.split('>').nth(1)?.split('<').next())
+            .collect();
+        assert_eq!(labels, ["5", "10", "15", "20"], "{svg}");
+        assert_eq!(step_ticks(0.0, 2.0), [0.0, 1.0, 2.0]);
+        assert_eq!(step_ticks(1.0, 1.0), [1.0]);
+        assert_eq!(step_ticks(0.0, 300.0), [0.0, 100.0, 200.0, 300.0]);
+        assert_eq!(step_ticks(3.0, 37.0), [10.0, 20.0, 30.0]);
+    }
+
     #[test]
     fn plan_vs_actual_sets_measured_lengths_beside_the_plans() {
         let mut series = BTreeMap::new();
@@ -540,6 +623,11 @@ mod tests {
         assert!(t.contains("| response tokens per turn (mean) | 28.0 (max_new_tokens) | 16.0 | x0.57 |"), "{t}");
         assert!(t.contains("| prompt tokens (mean) | 8.0 (max_prompt_tokens) | 8.0 | x1.00 |"), "{t}");
         assert!(t.contains("| turns per episode (mean) | 2.0 (turns that fit) | 1.5 | x0.75 |"), "{t}");
+        // 160 observation tokens over 16 episodes of 1.5 turns: 20 an observation, against 512 assumed.
+        let mut plan = plan;
+        plan["episodes"] = serde_json::json!({"observation_tokens": 512, "observation_assumed": true});
+        let t = plan_vs_actual("e", &plan, &run);
+        assert!(t.contains("| observation tokens (mean) | 512.0 (assumed) | 20.0 | x0.04 |"), "{t}");
     }
 
     #[test]

@@ -98,6 +98,7 @@ fn input(gpus: u64) -> PlanInput {
         r3: Spanned::new(false),
         r3_id_bytes: None,
         episodes: None,
+        context_cap: None,
         assumptions: Assumptions::default(),
         device: None,
     }

@@ -69,6 +69,11 @@ fn disagreements(input: &PlanInput, spec: &RunSpec) -> Vec<String> {
         same("max prompt tokens", e.prompt_len.value.to_string(), prompt.to_string());
     }
 
+    // What counts as a solved episode (the plan shows it; eval and solved_frac apply it).
+    if let Some(e) = &input.episodes {
+        same("solved at", e.solved_at.to_string(), spec.env.as_ref().map_or(1.0, |x| x.solved_at).to_string());
+    }
+
     // Precision of the trainer and the engine.
     let name = |p: RunPrecision| format!("{p:?}").to_lowercase();
     if let Some(t) = &train.trainer {

@@ -193,7 +193,13 @@ fn the_agent_recipe_checks_plans_and_runs() {
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
     let o = miles(&["plan", recipe]);
     let t = text(&o);
-    assert!(t.contains("Episodes (calculator environment)") && t.contains("up to 3 turns x 28 sampled tokens"), "{t}");
+    assert!(
+        t.contains("Episodes (calculator environment)")
+            && t.contains(
+                "up to 2 turns (max_turns 3; a third does not fit the model's 64-token context) x 28 sampled tokens"
+            ),
+        "{t}"
+    );
     let d = temp_dir("agent");
     let out = d.join("run");
     let o = miles(&[

@@ -17,7 +17,13 @@ pub fn plan_input(recipe: &CompiledRecipe) -> PlanInput {
     let cluster = cluster_of(&recipe.cluster_name, settings.and_then(|s| s.record("cluster")));
     let episodes = episodes_of(job);
     // The rollout's expected lengths, when the recipe states them (time only: docs/plan.md).
-    let main = job.main_rollout().and_then(|r| r.rollout.as_ref());
+    let main_stage = job.main_rollout();
+    let main = main_stage.and_then(|r| r.rollout.as_ref());
+    // The main rollout's bounds where its model's context cuts them (docs/plan.md, "Expected
+    // lengths"): every stage's lengths below are cut the same way.
+    let context_cap = main
+        .zip(main_stage.and_then(|s| s.model.as_ref()).and_then(model_spec))
+        .and_then(|(r, m)| ContextCap::of(m.max_context, r.prompt_tokens.value, r.response_tokens.value));
     let assumptions = Assumptions {
         mean_prompt_tokens: main.and_then(|r| r.mean_prompt_tokens),
         mean_response_tokens: main.and_then(|r| r.mean_response_tokens),
@@ -65,6 +71,7 @@ pub fn plan_input(recipe: &CompiledRecipe) -> PlanInput {
         r3,
         r3_id_bytes,
         episodes,
+        context_cap,
         assumptions,
         device: device_of(job),
     }
@@ -96,7 +103,11 @@ impl Planner<'_> {
     /// What a trainer trains on per sequence: its rollout's prompt + response (an episode's
     /// whole context).
     fn trainer_seq_len(&self, train: &StageJob, model: Option<&ModelSpec>) -> Spanned<u64> {
-        let rollout = self.job.rollout_of(train).and_then(|r| r.rollout.as_ref()).map(lengths);
+        let rollout = self
+            .job
+            .rollout_of(train)
+            .and_then(|s| Some((s.rollout.as_ref()?, s.model.as_ref().and_then(model_spec))))
+            .map(|(r, m)| lengths(r, m.as_ref()));
         let (prompt, response) = self.as_episode(rollout.unwrap_or((Spanned::new(0), Spanned::new(0))), model);
         Spanned::new(prompt.value + response.value)
     }
@@ -118,7 +129,7 @@ impl Planner<'_> {
             if engine.on_gpus() {
                 stage.gpus = Some(gpu_request(engine.gpus, engine.first_gpu));
             }
-            let (prompt, response) = self.as_episode(lengths(rollout), stage.model.as_ref());
+            let (prompt, response) = self.as_episode(lengths(rollout, stage.model.as_ref()), stage.model.as_ref());
             stage.engine = Some(engine_of(engine, prompt, response));
         }
         if let Some(backend) = s.train.as_ref().and_then(|t| t.backend.as_ref()) {
@@ -231,9 +242,17 @@ fn role_of(role: job::Role) -> Role {
     }
 }
 
-/// Prompt and response lengths of a rollout (tokens).
-fn lengths(r: &job::RolloutJob) -> (Spanned<u64>, Spanned<u64>) {
-    (r.prompt_tokens, r.response_tokens)
+/// Prompt and response lengths of a rollout (tokens), cut to what its model's context lets a run
+/// reach (`ContextCap`).
+fn lengths(r: &job::RolloutJob, model: Option<&ModelSpec>) -> (Spanned<u64>, Spanned<u64>) {
+    let (prompt, response) = (r.prompt_tokens, r.response_tokens);
+    match model.and_then(|m| ContextCap::of(m.max_context, prompt.value, response.value)) {
+        Some(cap) => {
+            let (p, n) = cap.lengths();
+            (Spanned { value: p, span: prompt.span }, Spanned { value: n, span: response.span })
+        }
+        None => (prompt, response),
+    }
 }
 
 /// A `local` cluster's `device`, with its span when the recipe set it.
@@ -251,23 +270,28 @@ fn device_of(job: &Job) -> Option<DeviceInput> {
 fn episodes_of(job: &Job) -> Option<Episodes> {
     let e = job.episodes()?;
     let env = e.env.as_ref();
-    let observation_tokens = match env.map(|e| e.schema_name.as_str()) {
+    // The recipe's word first, then what a built-in environment is known to answer.
+    let stated = e.observation_tokens.map(|o| o.value);
+    let observation_tokens = stated.or(match env.map(|e| e.schema_name.as_str()) {
         Some("calculator") => {
             let digits = e.calculator_digits.unwrap_or(2);
             Some("<result></result>".len() as u64 + 2 * digits)
         }
         _ => None,
-    };
-    let rollout = e.rollout.as_deref().and_then(|r| job.stage(r)).and_then(|r| r.rollout.as_ref());
-    let (prompt, turn) = rollout.map(lengths).unwrap_or_default();
+    });
+    let stage = e.rollout.as_deref().and_then(|r| job.stage(r));
+    let model = stage.and_then(|s| s.model.as_ref()).and_then(model_spec);
+    let (prompt, turn) = stage.and_then(|s| s.rollout.as_ref()).map(|r| lengths(r, model.as_ref())).unwrap_or_default();
     Some(Episodes {
         env: env.map_or_else(|| "?".into(), |e| e.schema_name.clone()),
         max_turns: e.max_turns,
         observation_tokens,
+        observation_stated: stated.is_some(),
         prompt_tokens: prompt.value,
         turn_tokens: turn.value,
         compact_keep_turns: e.compact_keep_turns,
         mean_turns: e.mean_turns,
+        solved_at: e.solved_at.value,
     })
 }
 

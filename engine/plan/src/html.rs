@@ -201,12 +201,10 @@ fn gpu_grid(o: &mut String, p: &Plan) {
         let who = if s.stages.is_empty() { "idle".into() } else { s.stages.join(" + ") };
         let _ = write!(
             o,
-            "<tr><td><i class=\"sw\" style=\"background:{}\"></i>GPUs {}-{}</td><td>nodes {}-{}</td><td>{}</td></tr>",
+            "<tr><td><i class=\"sw\" style=\"background:{}\"></i>{}</td><td>{}</td><td>{}</td></tr>",
             role_colour(s.role),
-            s.first,
-            s.last,
-            s.first_node,
-            s.last_node,
+            crate::render::gpu_range(s.first, s.last),
+            crate::render::node_range(s.first_node, s.last_node),
             esc(&who)
         );
     }

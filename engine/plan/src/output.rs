@@ -357,13 +357,22 @@ pub struct BatchReport {
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct EpisodeReport {
     pub env: String,
+    /// The recipe's `max_turns`.
     pub max_turns: u64,
+    /// Turns of the longest episode: those that fit the model's context (at most `max_turns`).
+    pub turns: u64,
+    /// The model's context, when it is known.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_context: Option<u64>,
     pub prompt_tokens: u64,
     /// Sampled tokens per turn at most (the rollout's max_new_tokens).
     pub turn_tokens: u64,
     pub observation_tokens: u64,
     /// Whether `observation_tokens` is the planner's assumption (the environment does not say).
     pub observation_assumed: bool,
+    /// Whether it is the recipe's (`env_reward.observation_tokens`).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub observation_stated: bool,
     /// The longest trajectory: prompt, every turn and the observations between them, capped by
     /// the model's context when it is known.
     pub tokens_per_episode: u64,
@@ -377,6 +386,8 @@ pub struct EpisodeReport {
     pub prefill_retokenize: u64,
     /// Compactions in the longest episode (each starts a new TITO chain, prefilled whole).
     pub compactions: u64,
+    /// The reward at or above which an episode counts as solved (`env_reward.solved_at`).
+    pub solved_at: f64,
 }
 
 /// Per sample: the bounds (max_prompt_tokens, max_new_tokens per turn, the turns that fit) and
@@ -403,6 +414,10 @@ pub struct LengthReport {
     pub sequence_tokens: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub max_sequence_tokens: Option<u64>,
+    /// The recipe's max_prompt_tokens and max_new_tokens where the model's `max_len` cut them
+    /// (the bounds above are the cut ones); absent when they fit.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub capped: Option<crate::input::ContextCap>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize)]

@@ -97,8 +97,7 @@ fn place_words(p: &Plan, s: &StagePlan) -> String {
                     .unwrap_or(0)
             };
             let (n0, n1) = (node(first), node(last));
-            let nodes = if n0 == n1 { format!("node {n0}") } else { format!("nodes {n0}-{n1}") };
-            format!("GPUs {} ({})", ranges(&s.ranges), nodes)
+            format!("GPUs {} ({})", ranges(&s.ranges), node_range(n0, n1))
         }
     }
 }
@@ -267,18 +266,31 @@ fn rollout_section(o: &mut String, p: &Plan) {
     }
 }
 
+/// "node 3" for one node, "nodes 0-7" for several: the text plan's and the HTML map's wording.
+pub(crate) fn node_range(first: u64, last: u64) -> String {
+    if first == last {
+        format!("node {first}")
+    } else {
+        format!("nodes {first}-{last}")
+    }
+}
+
+/// "GPU 3" or "GPUs 0-7", likewise.
+pub(crate) fn gpu_range(first: u64, last: u64) -> String {
+    if first == last {
+        format!("GPU {first}")
+    } else {
+        format!("GPUs {first}-{last}")
+    }
+}
+
 /// Which stages occupy which GPUs and nodes.
 fn gpu_map_section(o: &mut String, p: &Plan) {
     if !p.gpu_map.is_empty() {
         let _ = writeln!(o, "\nGPU map");
         for s in &p.gpu_map {
-            let gpus =
-                if s.first == s.last { format!("GPU {}", s.first) } else { format!("GPUs {}-{}", s.first, s.last) };
-            let nodes = if s.first_node == s.last_node {
-                format!("node {}", s.first_node)
-            } else {
-                format!("nodes {}-{}", s.first_node, s.last_node)
-            };
+            let gpus = gpu_range(s.first, s.last);
+            let nodes = node_range(s.first_node, s.last_node);
             let who = if s.stages.is_empty() { "(idle)".to_string() } else { s.stages.join(" + ") };
             let _ = writeln!(o, "  {:16} {:14} {}", gpus, nodes, who);
         }
@@ -420,13 +432,29 @@ fn batch_section(o: &mut String, p: &Plan) {
 fn episodes_section(o: &mut String, p: &Plan) {
     if let Some(e) = &p.episodes {
         let _ = writeln!(o, "\nEpisodes ({} environment)", e.env);
+        // The turns that fit the context, as the lengths line prices them; max_turns beside.
+        let turns = match e.max_context.filter(|_| e.turns < e.max_turns && e.compactions == 0) {
+            Some(c) => format!(
+                "{} turn{} (max_turns {}; a {} does not fit the model's {c}-token context)",
+                e.turns,
+                if e.turns == 1 { "" } else { "s" },
+                e.max_turns,
+                ordinal(e.turns + 1)
+            ),
+            None => format!("{} turn{}", e.turns, if e.turns == 1 { "" } else { "s" }),
+        };
+        let source = if e.observation_stated {
+            " (observation_tokens)"
+        } else if e.observation_assumed {
+            " (assumed: env_reward's observation_tokens states it)"
+        } else {
+            ""
+        };
         let _ = writeln!(
             o,
-            "  up to {} turns x {} sampled tokens, {} observation tokens between turns{}: up to {} tokens per episode",
-            e.max_turns,
+            "  up to {turns} x {} sampled tokens, {} observation tokens between turns{source}: up to {} tokens per episode",
             count(e.turn_tokens),
             count(e.observation_tokens),
-            if e.observation_assumed { " (assumed)" } else { "" },
             count(e.tokens_per_episode)
         );
         let _ = writeln!(
@@ -442,6 +470,26 @@ fn episodes_section(o: &mut String, p: &Plan) {
                 e.compactions
             );
         }
+        let _ = writeln!(
+            o,
+            "  solved: an episode whose reward is >= {} (env_reward's solved_at): eval/accuracy, rollout/solved_frac",
+            reward_figure(e.solved_at)
+        );
+    }
+}
+
+/// A reward threshold as a user wrote it: 1, 0.5, 0.25.
+fn reward_figure(x: f64) -> String {
+    let t = format!("{x:.4}");
+    t.trim_end_matches('0').trim_end_matches('.').to_string()
+}
+
+/// "second", "third"... for the turn that does not fit (a number past the tenth).
+fn ordinal(n: u64) -> String {
+    const WORDS: [&str; 9] = ["second", "third", "fourth", "fifth", "sixth", "seventh", "eighth", "ninth", "tenth"];
+    match n {
+        2..=10 => WORDS[(n - 2) as usize].to_string(),
+        _ => format!("turn {n}"),
     }
 }
 
@@ -581,15 +629,32 @@ fn lengths_line(l: &LengthReport) -> String {
             format!("{name} {}{unit}", fig(max))
         }
     };
+    // A bound the model's context cut names the recipe's figure and the cut.
+    let cut = |part: String, field: &str, asked: Option<u64>, now: f64| match (asked, &l.capped) {
+        (Some(a), Some(c)) if (a as f64) > now => {
+            format!("{part} ({field} {a}, capped by the model's max_len {})", c.max_len)
+        }
+        _ => part,
+    };
     let mut parts = vec![
-        one("prompt", l.prompt_tokens, l.max_prompt_tokens, l.prompt_stated, " tokens", "mean_prompt_tokens"),
-        one(
-            if l.turns.is_some() { "response per turn" } else { "response" },
-            l.response_tokens,
+        cut(
+            one("prompt", l.prompt_tokens, l.max_prompt_tokens, l.prompt_stated, " tokens", "mean_prompt_tokens"),
+            "max_prompt_tokens",
+            l.capped.as_ref().map(|c| c.max_prompt_tokens),
+            l.max_prompt_tokens,
+        ),
+        cut(
+            one(
+                if l.turns.is_some() { "response per turn" } else { "response" },
+                l.response_tokens,
+                l.max_response_tokens,
+                l.response_stated,
+                " tokens",
+                "mean_response_tokens",
+            ),
+            "max_new_tokens",
+            l.capped.as_ref().map(|c| c.max_new_tokens),
             l.max_response_tokens,
-            l.response_stated,
-            " tokens",
-            "mean_response_tokens",
         ),
     ];
     if let (Some(t), Some(max)) = (l.turns, l.max_turns) {

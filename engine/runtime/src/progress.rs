@@ -11,6 +11,8 @@ pub struct Progress {
     total: u64,
     started: Instant,
     eval: Option<f64>,
+    /// What "solved" means in this run (`RunSpec::solved_rule`), printed beside each accuracy.
+    rule: String,
 }
 
 impl Progress {
@@ -29,7 +31,19 @@ impl Progress {
                 (Some(b), false)
             }
         };
-        Progress { bar, plain, total, started: Instant::now(), eval: None }
+        Progress { bar, plain, total, started: Instant::now(), eval: None, rule: String::new() }
+    }
+
+    /// Names the success rule on the evaluation lines (`solved: reward >= 1`).
+    pub fn with_rule(mut self, rule: String) -> Progress {
+        self.rule = rule;
+        self
+    }
+
+    /// The evaluation's line: its accuracy and, when known, what counted as solved.
+    fn eval_line(&self, step: u64, acc: f64) -> String {
+        let rule = if self.rule.is_empty() { String::new() } else { format!(" ({})", self.rule) };
+        format!("eval step {step}: accuracy {:.1}%{rule}", acc * 100.0)
     }
 
     pub fn note(&self, msg: &str) {
@@ -49,7 +63,7 @@ impl Progress {
     pub fn eval(&mut self, step: u64, acc: f64) {
         self.eval = Some(acc);
         if self.plain {
-            eprintln!("eval step {step}: accuracy {:.1}%", acc * 100.0);
+            eprintln!("{}", self.eval_line(step, acc));
         }
     }
 
@@ -71,7 +85,25 @@ impl Progress {
             b.finish_and_clear();
         }
         if let (Some(s), Some(e)) = (start, end) {
-            self.note(&format!("done: eval accuracy {:.1}% -> {:.1}%", s * 100.0, e * 100.0));
+            let rule = if self.rule.is_empty() { String::new() } else { format!(" ({})", self.rule) };
+            self.note(&format!("done: eval accuracy {:.1}% -> {:.1}%{rule}", s * 100.0, e * 100.0));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The console names what counted as solved beside each held-out accuracy (issue #42).
+    #[test]
+    fn the_eval_line_names_the_success_rule() {
+        let p = Progress::new(ProgressMode::Off, 10)
+            .with_rule("solved: episode reward >= 0.5 (env_reward.solved_at)".into());
+        assert_eq!(
+            p.eval_line(20, 0.25),
+            "eval step 20: accuracy 25.0% (solved: episode reward >= 0.5 (env_reward.solved_at))"
+        );
+        assert_eq!(Progress::new(ProgressMode::Off, 10).eval_line(0, 0.5), "eval step 0: accuracy 50.0%");
     }
 }

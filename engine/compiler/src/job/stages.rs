@@ -421,6 +421,11 @@ pub struct EpisodesJob {
     pub compact_keep_turns: Option<u64>,
     /// A planning assumption (read by `miles plan` only).
     pub mean_turns: Option<Spanned<f64>>,
+    /// Tokens of one observation between turns, a planning assumption (`None`: the planner's
+    /// derivation or default).
+    pub observation_tokens: Option<Spanned<u64>>,
+    /// The reward at or above which an episode counts as solved (eval and `rollout/solved_frac`).
+    pub solved_at: Spanned<f64>,
 }
 
 impl EpisodesJob {
@@ -436,6 +441,8 @@ impl EpisodesJob {
             max_turns: n.u64("max_turns").unwrap_or(Spanned::new(4)),
             compact_keep_turns: n.record("compact").map(|c| c.u64("keep_turns").map_or(1, |k| k.value)),
             mean_turns: n.f64("mean_turns").filter(|v| v.value.is_finite()),
+            observation_tokens: n.u64("observation_tokens"),
+            solved_at: n.f64("solved_at").filter(|v| v.value.is_finite()).unwrap_or(Spanned::new(1.0)),
         }
     }
 }

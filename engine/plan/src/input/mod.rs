@@ -56,6 +56,10 @@ pub struct PlanInput {
     /// Multi-turn episodes, when an environment scores the rollout (`env_reward`).
     #[serde(default)]
     pub episodes: Option<Episodes>,
+    /// The rollout's bounds where its model's `max_len` cuts them (`None`: they fit); the
+    /// stages' lengths above are already cut.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub context_cap: Option<ContextCap>,
     /// Modelling constants; every estimate lists the ones it used.
     #[serde(default)]
     pub assumptions: Assumptions,
@@ -101,6 +105,38 @@ pub struct MachineGpu {
     pub sm: String,
 }
 
+/// A rollout's bounds that its model's context cuts. A run refuses a prompt set whose longest
+/// prompt plus `max_new_tokens` passes `max_len` (E0510), and its sampler stops at `max_len`, so
+/// no sequence is longer: prompts are priced at most at max_len - max_new_tokens, responses at
+/// most at max_len - 1 (a prompt has a token at least).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ContextCap {
+    /// The model's `max_len` (tokens).
+    pub max_len: u64,
+    /// The recipe's bounds, before the cut.
+    pub max_prompt_tokens: u64,
+    pub max_new_tokens: u64,
+}
+
+impl ContextCap {
+    /// (prompt, response) cut to fit `max_len`; `None` when they fit already (or the context is
+    /// unknown, 0).
+    pub fn of(max_len: u64, prompt: u64, response: u64) -> Option<ContextCap> {
+        (max_len > 0 && prompt.saturating_add(response) > max_len).then_some(ContextCap {
+            max_len,
+            max_prompt_tokens: prompt,
+            max_new_tokens: response,
+        })
+    }
+
+    /// The lengths a run can reach: the response first (the sampler's bound), the prompt in
+    /// what is left.
+    pub fn lengths(&self) -> (u64, u64) {
+        let response = self.max_new_tokens.min(self.max_len.saturating_sub(1));
+        (self.max_prompt_tokens.min(self.max_len - response), response)
+    }
+}
+
 /// A rollout whose samples are multi-turn episodes: up to `max_turns` sampled turns of the
 /// rollout's `max_new_tokens`, each but the last followed by an observation.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -108,9 +144,13 @@ pub struct Episodes {
     /// The environment's schema (`calculator`, `openenv`...).
     pub env: String,
     pub max_turns: Spanned<u64>,
-    /// Tokens one observation adds; `None`: `assumptions.observation_tokens`.
+    /// Tokens one observation adds: the recipe's `observation_tokens`, else a built-in
+    /// environment's own; `None`: `assumptions.observation_tokens`.
     #[serde(default)]
     pub observation_tokens: Option<u64>,
+    /// Whether `observation_tokens` is the recipe's (`env_reward.observation_tokens`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub observation_stated: bool,
     /// The rollout's max_prompt_tokens and max_new_tokens (per turn).
     pub prompt_tokens: u64,
     pub turn_tokens: u64,
@@ -122,6 +162,14 @@ pub struct Episodes {
     /// for time only (memory stays sized for the longest episode); `None`: every turn that fits.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mean_turns: Option<Spanned<f64>>,
+    /// `env_reward.solved_at`: the reward at or above which an episode counts as solved (held-out
+    /// `eval/accuracy`, `rollout/solved_frac`); costs nothing, shown so the rule is seen.
+    #[serde(default = "one_reward")]
+    pub solved_at: f64,
+}
+
+fn one_reward() -> f64 {
+    1.0
 }
 
 impl Episodes {

@@ -49,15 +49,19 @@ fn report(e: &Episodes, a: &Assumptions, max_context: Option<u64>) -> EpisodeRep
     EpisodeReport {
         env: e.env.clone(),
         max_turns: e.max_turns.value.max(1),
+        turns,
+        max_context: max_context.filter(|&c| c > 0),
         prompt_tokens: p,
         turn_tokens: r,
         observation_tokens: obs,
         observation_assumed: e.observation_tokens.is_none(),
+        observation_stated: e.observation_stated && e.observation_tokens.is_some(),
         tokens_per_episode: e.tokens(a, max_context),
         sampled_tokens: turns * r,
         prefill_tito,
         prefill_retokenize,
         compactions,
+        solved_at: e.solved_at,
     }
 }
 
@@ -71,10 +75,12 @@ mod tests {
             env: "calculator".into(),
             max_turns: Spanned::new(3),
             observation_tokens: Some(21),
+            observation_stated: false,
             prompt_tokens: 8,
             turn_tokens: 28,
             compact_keep_turns: None,
             mean_turns: None,
+            solved_at: 1.0,
         };
         let a = Assumptions::default();
         // 8 + 3 x 28 + 2 x 21 = 134, capped by a 64-token model.
@@ -96,10 +102,12 @@ mod tests {
             env: "calculator".into(),
             max_turns: Spanned::new(4),
             observation_tokens: Some(10),
+            observation_stated: false,
             prompt_tokens: 8,
             turn_tokens: 10,
             compact_keep_turns: Some(1),
             mean_turns: None,
+            solved_at: 1.0,
         };
         let a = Assumptions::default();
         // Contexts 8, 28, then 48 >= 40: compacted to 8 + 1 x 20 = 28, then 48 again: 28.

@@ -23,6 +23,8 @@ pub(crate) struct Lengths {
     /// Episodes: the turns that fit the context (the bound) and the expected turns, with the
     /// tokens an observation adds between turns.
     pub episode: Option<EpisodeLengths>,
+    /// The recipe's bounds where the model's `max_len` cut them (the bounds above are cut).
+    pub capped: Option<ContextCap>,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -59,7 +61,8 @@ impl Lengths {
             let (turns, turns_stated) = expected(e.mean_turns.map(|t| t.value), max_turns);
             EpisodeLengths { max_turns, turns, turns_stated, observation: e.observation(a) as f64 }
         });
-        Some(Lengths { max_prompt, max_response, prompt, response, prompt_stated, response_stated, episode })
+        let capped = input.context_cap.clone();
+        Some(Lengths { max_prompt, max_response, prompt, response, prompt_stated, response_stated, episode, capped })
     }
 
     /// Whether the recipe stated any mean (else every figure is the bound, as before).
@@ -137,13 +140,14 @@ impl Lengths {
             turns_stated: self.episode.as_ref().is_some_and(|e| e.turns_stated),
             sequence_tokens: seq_len.map(|s| self.sequence(s)),
             max_sequence_tokens: seq_len,
+            capped: self.capped.clone(),
         }
     }
 }
 
 /// The recipe's lengths: the turns that fit come from the episode arithmetic.
 pub(super) fn plan_lengths(cx: &Ctx) -> Option<Lengths> {
-    let fit = super::episodes::plan_episodes(cx).map(|e| e.sampled_tokens / e.turn_tokens.max(1));
+    let fit = super::episodes::plan_episodes(cx).map(|e| e.turns);
     Lengths::from_input(cx.input, fit)
 }
 

@@ -24,6 +24,14 @@ fn html_is_self_contained() {
     }
 }
 
+/// A one-node cluster's GPU-map legend says "node 0", as the text plan does (it said "nodes 0-0").
+#[test]
+fn gpu_map_legend_names_one_node_as_a_node() {
+    let html = page("qwen3_4b_colocated");
+    assert!(html.contains("<td>node 0</td>"), "{html}");
+    assert!(!html.contains("nodes 0-0"), "{html}");
+}
+
 #[test]
 fn html_renders_in_chromium() {
     let chromium = Path::new("/usr/bin/chromium");

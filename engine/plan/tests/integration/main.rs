@@ -4,6 +4,7 @@
 //! `integration__MODULE__NAME.snap`.
 
 mod html;
+mod lengths;
 mod plans;
 mod recipes;
 mod trainers;

@@ -319,9 +319,10 @@ pub(super) fn moe_transformer_counts_total_and_active_params_and_r3_bytes() {
     assert!(input.r3.value && input.r3_id_bytes == Some(2));
     let p = plan(&input);
     let b = p.buffer.as_ref().expect("buffer");
-    // 512 + 4 tokens, all but the last recorded: 515 x 2 MoE layers x top-2 x 2 B.
-    assert_eq!((b.r3_bytes_per_token, b.r3_bytes_per_trajectory), (Some(8), Some(515 * 8)));
-    assert!(render_text(&p).contains("(R3 4.1 kB per trajectory, 8 B per token)"), "{}", render_text(&p));
+    // The model's 64 tokens (max_len's default; max_prompt_tokens defaults to what max_new_tokens
+    // leaves of it), all but the last recorded: 63 x 2 MoE layers x top-2 x 2 B.
+    assert_eq!((b.r3_bytes_per_token, b.r3_bytes_per_trajectory), (Some(8), Some(63 * 8)));
+    assert!(render_text(&p).contains("(R3 0.5 kB per trajectory, 8 B per token)"), "{}", render_text(&p));
 
     // Recorded without replay, in the smallest type: 8 experts fit a u8.
     let p = planned(&moe_recipe("record_routing = true"));

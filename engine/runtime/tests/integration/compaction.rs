@@ -35,6 +35,7 @@ fn spec(schedule: &str) -> RunSpec {
             name: "hint".into(),
             argv: vec!["python3".into(), repo("tests/fixtures/envs/hint_env.py").display().to_string()],
             cwd: None,
+            pass_env: vec![],
         }),
         max_turns: 6,
         turn_timeout_s: 20.0,
@@ -45,6 +46,7 @@ fn spec(schedule: &str) -> RunSpec {
         on_env_error: Default::default(),
         session: Rule::Branching,
         compact_keep_turns: Some(1),
+        solved_at: 1.0,
     });
     s
 }

@@ -40,6 +40,7 @@ fn spec() -> RunSpec {
         on_env_error: OnEnvError::Drop,
         session: Default::default(),
         compact_keep_turns: None,
+        solved_at: 1.0,
     });
     s
 }
@@ -80,6 +81,26 @@ fn a_run_of_calculator_episodes_trains_and_reports_how_episodes_ended() {
     for x in [d, d2] {
         let _ = std::fs::remove_dir_all(x);
     }
+}
+
+/// `env_reward.solved_at` is the rule eval and `rollout/solved_frac` count by (issue #42): at 0
+/// every calculator episode (reward 0 or 1) is solved, while the untrained policy solves few at
+/// the default 1.
+#[test]
+fn the_success_rule_sets_what_eval_and_solved_frac_count() {
+    let share = |at: f64, name: &str| {
+        let d = tmp(name);
+        let mut s = spec();
+        s.env.as_mut().unwrap().solved_at = at;
+        miles_tch::run(&s, &opts(&d)).unwrap();
+        let m = metrics(&d);
+        let _ = std::fs::remove_dir_all(&d);
+        let last = |k: &str| m.iter().rev().find_map(|r| r.get(k).and_then(Value::as_f64)).unwrap();
+        (last("eval/accuracy"), last("rollout/solved_frac"))
+    };
+    assert_eq!(share(0.0, "solved0"), (1.0, 1.0));
+    let (eval, solved) = share(1.0, "solved1");
+    assert!(eval < 1.0 && solved < 1.0, "eval {eval}, solved_frac {solved}");
 }
 
 /// Episodes a metrics row counts as ended, whatever the reason (`rollout/episode_end/*`).

@@ -150,6 +150,7 @@ fn input(extra_cost_s: f64, streaming: bool) -> PlanInput {
         r3: Spanned::new(false),
         r3_id_bytes: None,
         episodes: None,
+        context_cap: None,
         assumptions: Assumptions::default(),
     }
 }
