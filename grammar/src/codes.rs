@@ -123,7 +123,8 @@ members. The help line lists them.";
 leave the package's directory: `import ../../other/x` would make the package depend on files that \
 are not part of it, so it would not build anywhere else. Declare the other package under \
 `[dependencies]` and import it by name (`import other/x`), or move the module into the package \
-(docs/packages.md).";
+(docs/packages.md). A package import may not hold `..` (`import platform/../secret` would leave \
+the dependency's root), and no import in a package may be an absolute path.";
     E0111: "package is not a declared dependency",
         "`import NAME/...` names a package of the build that the importing module's \
 own package does not declare in its `[dependencies]`. A package may import only what its manifest \
@@ -166,6 +167,26 @@ package that asks for the older version.";
         "`miles test` compiled a recipe named in a `[[test]]` table of `miles.toml` \
 and the result was not the expected one: it was to pass and failed, or to fail with a given \
 check (a rule name, a code, or words of its message) and passed or failed otherwise.";
+    E0120: "lock entry not backed by its sources",
+        "An entry of `miles.lock` cannot be trusted: a git package without a content \
+`hash`, a commit that the entry's tag, branch or revision does not name in the repository (for a \
+branch: a commit not on it), or a version other than its tag's. A build checks the lock against \
+the repositories and the files rather than believing it, so a change to `miles.lock` alone cannot \
+make a build use other code. The label points at the entry in `miles.lock`. If the lock was \
+edited, restore it; if a tag moved upstream, review the new contents, then `miles update NAME`.";
+    E0121: "git URL not allowed",
+        "A dependency's `git` URL (in `miles.toml`, `miles.lock` or `miles add --git`) is \
+not one of the allowed forms: `https://`, `ssh://`, scp-like `[user@]host:path`, `file://` or an \
+absolute path. git reads an argument starting with `-` as an option (`--upload-pack=...` runs a \
+command) and a `TRANSPORT::address` URL through a helper that can run commands (`ext::sh -c \
+...`); `http://` and `git://` are refused because nothing authenticates what they return. For a \
+directory beside the project, declare a path dependency.";
+    E0122: "symbolic link in a package",
+        "A git dependency's files (in the cache or in `vendor/`) hold a symbolic link. The \
+content hash in `miles.lock` covers the files of the tree, not what a link points at, so a link \
+could make an import read files the lock does not pin, even outside the package. Replace the link \
+by the file in the package's repository. Path dependencies are your own directories and are read \
+as they are.";
     // ---- E02xx: types, units and evaluation ---------------------------------------------------
     E0201: "type mismatch",
         "A value of one type is given where another is expected, for example a \
@@ -231,13 +252,22 @@ Metrics.";
     E0308: "no recipe",
         "The command needs a recipe but the file declares none, or several without \
 `--recipe NAME` to pick one.";
+    E0310: "a program may not be given this environment variable",
+        "A `command_reward` or `command_env` lists in `pass_env` a name that is not an environment \
+variable's (letters, digits and `_`, not starting with a digit) or one of the run's own variables \
+(`MILES_*`: `MILES_API_KEY` and the run token `MILES_RUN_TOKEN` among them). A program the run \
+starts gets a cleared environment: PATH, HOME, USER, LOGNAME, LANG, LC_*, TZ, TMPDIR, TERM, \
+PYTHONPATH and VIRTUAL_ENV, plus the names its `pass_env` lists; the run's secrets are never among \
+them, so a verifier running model-written code cannot read them. Remove the name, or pass what the \
+program needs under a name of its own (docs/rewards.md).";
     // ---- E04xx: planning ------------------------------------------------------------------
     E0401: "does not fit in GPU memory",
         "`miles plan` adds up what one training rank holds (weights, FP32 gradients, \
 optimizer state at 12 bytes per parameter as the layout shards it, activations) and it exceeds \
 the usable share of the GPU's HBM. The message says by how much; the help line lists fixes with \
-the memory each leaves: `optimizer_offload = stream_from_disk` or `cpu` (with its cost per \
-step), more data-parallel GPUs, full recomputation, or another pipeline split. docs/plan.md \
+the memory each leaves: the trainer's optimizer state streamed from disk or kept on the CPU \
+(`optimizer = adam { state = stream_from_disk }`, or `state = cpu`; each with its cost per step), \
+more data-parallel GPUs, full recomputation, or another pipeline split. docs/plan.md \
 gives every formula.";
     E0402: "rollout engine does not fit",
         "An inference engine's weights leave no room for the KV cache within \
@@ -283,31 +313,36 @@ accuracy here. Set `precision = fp32`, or run on a CPU with bf16 instructions (d
     // ---- E05xx: running and data ----------------------------------------------------------
     E0501: "task data file not found",
         "A task reads prompts from a JSONL file that does not exist or cannot be \
-read. Paths are relative to the directory the run was started from. Check the `path` (and \
-`test_path`) of the task.";
+read. Paths are relative to the directory the run was started from. Check the `path` of the \
+`jsonl` or `parquet` prompt set.";
     E0502: "malformed data line",
         "A line of a JSONL prompt file is not a JSON object, or its prompt or label \
-field is missing or not a string. The message gives file:line. With `on_error: skip` the line is \
-skipped with a warning; with `on_error: stop` the run stops before training.";
+field is missing or not a string. The message gives file:line. With `on_error = skip` the line is \
+skipped with a warning; with `on_error = stop` (the default) the run stops before training.";
     E0503: "vocabulary does not cover the tokenizer",
-        "The model's `vocab_size` is smaller than the task tokenizer's vocabulary, \
-so some token ids would have no embedding row. Raise `vocab_size` to at least the number the \
+        "The model's `vocab` is smaller than the task tokenizer's vocabulary, \
+so some token ids would have no embedding row. Raise `vocab` to at least the number the \
 message gives. This is checked before any training starts.";
     E0504: "invalid run spec",
         "A field of the run spec is out of range or inconsistent with another: e.g. \
 `rollout_batch * samples_per_prompt` not a multiple of `global_batch`, or `d_model` not a \
-multiple of `n_heads`. The message names the field.";
+multiple of the model's `heads`. The message names the run spec's field.";
     E0505: "loss is not finite",
         "A loss or gradient norm became NaN or infinite, so the run stopped rather \
 than write broken weights. The last good checkpoint is kept; lower the learning rate, enable \
 `grad_clip`, or set a TIS cap, then resume or restart.";
     E0506: "checkpoint error",
-        "A checkpoint could not be written or read, or `--resume` found no complete \
-checkpoint in the output directory. Checkpoints are written to a temporary directory and renamed, \
-so a crash never leaves a half-written one that looks complete.";
+        "A checkpoint could not be written or read, or `--resume` found no usable \
+checkpoint in the output directory (the message names each and why). Checkpoints are written to a \
+temporary directory, synced and renamed, so a crash never leaves a half-written one that looks \
+complete; each holds `manifest.json` with every file's SHA-256, and a resume passes over one whose \
+files do not match it for the one before, saying so (docs/runs.md).";
     E0507: "output directory cannot be used",
         "The output directory already holds a run (and `--resume` was not given), \
-belongs to a run with a different spec, or cannot be created or written.";
+belongs to a run with a different spec, or cannot be created or written. A refused `--resume` names \
+each run spec field that differs, saved value then new one (`train.lr: 0.001 -> 0.002`); a resume \
+may change only `steps` (`stop` or `--steps`), `checkpoint.every`, `checkpoint.keep`, `eval.every` \
+and the stages' names, and not to fewer steps than its checkpoint has done (docs/runs.md).";
     E0508: "backend error",
         "The compute backend (libtorch for the embedded backend) reported an error: \
 a shape mismatch, an allocation failure, or a missing library. The message carries the backend's \
@@ -317,8 +352,13 @@ own text.";
 transfer or file lock. Every wait in a run has a limit so a stuck component stops the run with \
 this error instead of hanging.";
     E0510: "sequence longer than the model allows",
-        "A prompt plus `max_new_tokens` (or a prompt plus its gold answer, for the \
-SFT warm-up) is longer than the model's `max_len`. Raise `max_len` or shorten the prompts.";
+        "A prompt is longer than the rollout's `max_prompt_tokens`, or a prompt plus \
+`max_new_tokens` (a prompt plus its gold answer, for the SFT warm-up) is longer than the model's \
+`max_len`. `miles check` already refuses a recipe whose `max_prompt_tokens + max_new_tokens` \
+exceeds `max_len` (a check of `std/stages.generate`; by default `max_prompt_tokens` is what \
+`max_len` leaves after `max_new_tokens`); the run finds the prompts that are longer than the \
+recipe says, before training. Raise `max_prompt_tokens` (and `max_len` with it), or shorten the \
+prompts.";
     E0511: "a field the recipe's backend does not execute",
         "A recipe is a promise: every field it sets is executed by the backend it \
 runs on, or refused before anything starts. `miles check` holds each recipe to its target (its \
@@ -331,9 +371,12 @@ recipe's shape is held to what a run executes when `miles run` maps it (one `gen
 one trainer, the stage kinds, engines, models and prompt sets the embedded backend reads; \
 engine/compiler/src/capability/shape.rs): each refusal names the stage or field and its line.";
     E0512: "saved plan does not match the recipe",
-        "`miles run --plan plan.json` executes exactly what was planned. A source file \
-of the recipe changed after `miles plan --out` wrote the plan (its hash differs), or the plan \
-file is from another version of miles. Plan again.";
+        "`miles run --plan plan.json` executes exactly what was planned. It compiles the \
+recipe again (the file, `--set` overrides and recipe `miles plan --out` used) and compares a \
+fingerprint of what it means, the planner's input and the run spec: a comment or a reformatting \
+changes nothing, any other change (a value, a default the stdlib now gives) does, and so does a \
+recipe that no longer compiles. A plan file made before fingerprints compares its sources' \
+bytes; one from another version of miles is refused too. Plan again.";
     E0513: "a worker died, stopped answering or could not be reached",
         "A stage of a distributed run (`launcher = local_processes`, `slurm` or `ray`) runs \
 as a `miles worker` process. The message names the stage, the worker, its host and pid. A worker \
@@ -371,4 +414,12 @@ library (libtorch_cuda.so) missing or of another version than the one miles was 
 (the message names the library and the expected version). `miles plan` reports it before \
 anything starts; `miles run` stops with it before training. `device = auto` falls back to the CPU \
 instead, and says why. docs/gpu.md describes the GPU path.";
+    E0519: "a value that is built but has never run",
+        "A warning from `miles check`: the recipe sets a value whose code is built and \
+whose tests ran only on machines without the hardware it needs (their refusal half), so it has \
+never run for real: `local { device = cuda }` (the embedded backend on a GPU) and \
+`weights(train -> rollout) { channel = nccl }` (NCCL between GPUs). docs/capabilities.md marks them \
+\"built, never run\". The recipe is valid and `miles run` tries it; expect the first run to meet \
+what those tests could not. The mark goes when a run on that hardware is recorded in \
+bench/RESULTS.md. `--deny-warnings` turns it into a failure.";
 }

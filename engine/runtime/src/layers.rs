@@ -15,9 +15,9 @@ use std::path::{Path, PathBuf};
 /// the lowest row above everything it imports.
 const LAYERS: &[&[&str]] = &[
     // Leaves: import nothing of the crate.
-    &["distributed", "error", "quote", "routing", "schedule", "source", "tensorboard", "token"],
+    &["child", "distributed", "error", "quote", "routing", "schedule", "source", "tensorboard", "token"],
     // The run spec (plain data), and the small services everything uses.
-    &["atomic_write", "diffusion", "http_client", "line_child", "rng", "spec"],
+    &["atomic_write", "diffusion", "http_client", "line_child", "rng", "safetensors", "spec"],
     // What engines sample and trainers consume; text to ids; progress.
     &["progress", "sample", "tokenize"],
     // The backend's traits, rewards, TITO sessions.

@@ -15,8 +15,8 @@
 //! 3  backend reward session    a backend's traits, rewards, TITO sessions
 //! 2  progress sample tokenize  progress, what engines sample and trainers consume, text <-> ids
 //! 1  atomic_write diffusion    writes that survive a kill, the diffusion run spec, HTTP and
-//!    http_client line_child    child-process plumbing, seeded streams, the run spec (plain data)
-//!    rng spec
+//!    http_client line_child    child-process plumbing, seeded streams, checked safetensors
+//!    rng safetensors spec      headers, the run spec (plain data)
 //! 0  distributed error quote   leaves: the launcher's settings, the error type, quoting text in
 //!    routing schedule source   messages, R3 routing, the schedule's settings, the async data
 //!    tensorboard token         source, TensorBoard events, token ids
@@ -25,6 +25,7 @@
 pub mod atomic_write;
 pub mod backend;
 pub mod buffer;
+pub mod child;
 pub mod diffusion;
 pub mod distributed;
 pub mod env;
@@ -37,6 +38,7 @@ pub mod reward;
 pub mod rng;
 pub mod routing;
 mod run;
+pub mod safetensors;
 pub mod sample;
 pub mod schedule;
 pub mod session;

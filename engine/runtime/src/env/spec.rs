@@ -51,7 +51,7 @@ mod tests {
     #[test]
     fn builds_each_kind() {
         assert_eq!(EnvSpec::Calculator(CalculatorSpec::default()).build().unwrap().name(), "calculator");
-        let j = JsonlSpec { name: "j".into(), argv: vec!["python3".into()], cwd: None };
+        let j = JsonlSpec { name: "j".into(), argv: vec!["python3".into()], cwd: None, pass_env: vec![] };
         assert_eq!(EnvSpec::Jsonl(j).build().unwrap().name(), "j");
         let o = OpenEnvSpec {
             name: "o".into(),
@@ -60,8 +60,10 @@ mod tests {
             observation_field: None,
         };
         assert_eq!(EnvSpec::OpenEnv(o.clone()).build().unwrap().name(), "o");
-        let bad = OpenEnvSpec { url: "https://x".into(), ..o };
-        let e = EnvSpec::OpenEnv(bad).build().err().expect("https is refused");
-        assert!(e.message.contains("https is not supported"), "{}", e.message);
+        let tls = OpenEnvSpec { url: "https://x".into(), ..o.clone() };
+        assert_eq!(EnvSpec::OpenEnv(tls).build().unwrap().name(), "o");
+        let bad = OpenEnvSpec { url: "ftp://x".into(), ..o };
+        let e = EnvSpec::OpenEnv(bad).build().err().expect("ftp is refused");
+        assert!(e.message.contains("must start with http:// or https://"), "{}", e.message);
     }
 }
