@@ -20,4 +20,5 @@ run: setup
 	./target/release/miles report runs/grpo-laptop
 
 test: setup-test
+	bash scripts/deny.sh
 	$(CARGO) test --workspace --locked
