@@ -1,7 +1,9 @@
-//! Processes a test starts. Each starts in a process group of its own, and its guard kills that
-//! whole group (the `miles` started, the `miles-engine` it started, the workers that one
-//! started) and reaps it on drop, also when the test fails: a panic unwinds through the drop. So
-//! no test leaves a server or a worker behind, and a test can ask what a run left running.
+//! Processes a test starts. Each starts in a session of its own (and so as the leader of its own
+//! process group), and its guard kills every process of that session (the `miles` started, the
+//! `miles-engine` it started, the workers, verifiers and environments that one started, each of
+//! which a run puts in a process group of its own, issue #35) and reaps it on drop, also when the
+//! test fails: a panic unwinds through the drop. So no test leaves a server or a worker behind,
+//! and a test can ask what a run left running.
 
 use std::io::Read;
 use std::os::unix::process::CommandExt;
@@ -24,17 +26,26 @@ pub fn temp_dir(name: &str) -> std::path::PathBuf {
     d
 }
 
-/// A started process and its group, killed and reaped when dropped.
+/// A started process and its session, killed and reaped when dropped.
 pub struct Proc {
     child: Child,
     what: String,
 }
 
 impl Proc {
-    /// Starts `cmd` as the leader of a new process group (stdin from /dev/null unless set).
+    /// Starts `cmd` as the leader of a new session and process group (stdin from /dev/null
+    /// unless set).
     pub fn spawn(cmd: &mut Command) -> Proc {
         let what = format!("{:?}", cmd);
-        let child = cmd.process_group(0).spawn().unwrap_or_else(|e| panic!("cannot start {what}: {e}"));
+        // SAFETY: setsid(2) is async-signal-safe; in the forked child it cannot fail (the child
+        // is not a group leader yet).
+        let cmd = unsafe {
+            cmd.pre_exec(|| {
+                libc::setsid();
+                Ok(())
+            })
+        };
+        let child = cmd.spawn().unwrap_or_else(|e| panic!("cannot start {what}: {e}"));
         Proc { child, what }
     }
 
@@ -84,10 +95,10 @@ impl Proc {
         self.wait_output(limit).status
     }
 
-    /// Processes of the group still alive (pid and command line), once the leader has ended:
+    /// Processes of the session still alive (pid and command line), once the leader has ended:
     /// what the run started and did not end.
     pub fn left_behind(&self) -> Vec<String> {
-        group_members(self.child.id())
+        session_members(self.child.id()).into_iter().map(|m| m.line).collect()
     }
 
     /// Waits (at most `limit`) until `ready()` holds and a process of the group has `needle` in
@@ -96,24 +107,33 @@ impl Proc {
     pub fn sigkill_member_when(&self, needle: &str, limit: Duration, ready: impl Fn() -> bool) -> i32 {
         let start = Instant::now();
         let pid = loop {
-            assert!(start.elapsed() < limit, "{}: no `{needle}` in the group once ready", self.what);
+            assert!(start.elapsed() < limit, "{}: no `{needle}` in the session once ready", self.what);
             let member = self.left_behind().into_iter().find(|m| m.contains(needle));
             if let (true, Some(m)) = (ready(), member) {
                 break m.split_whitespace().next().and_then(|p| p.parse::<i32>().ok()).expect("a pid");
             }
             std::thread::sleep(Duration::from_millis(5));
         };
-        // SAFETY: kill(2) on a pid read from /proc a moment ago, in the group this guard started.
+        // SAFETY: kill(2) on a pid read from /proc a moment ago, in the session this guard started.
         unsafe {
             libc::kill(pid, libc::SIGKILL);
         }
         pid
     }
 
+    /// Kills the leader's group and every process group of its session (a run's children have
+    /// groups of their own).
     fn kill_group(&mut self) {
-        // SAFETY: kill(2) with a negative pid signals the process group this guard created.
-        unsafe {
-            libc::kill(-(self.child.id() as i32), libc::SIGKILL);
+        let mut groups = vec![self.child.id() as i32];
+        groups.extend(session_members(self.child.id()).into_iter().map(|m| m.pgrp));
+        groups.sort_unstable();
+        groups.dedup();
+        for g in groups {
+            // SAFETY: kill(2) with a negative pid signals a process group of the session this
+            // guard created.
+            unsafe {
+                libc::kill(-g, libc::SIGKILL);
+            }
         }
     }
 }
@@ -157,21 +177,28 @@ fn read_all(mut r: impl Read + Send + 'static) -> mpsc::Receiver<Vec<u8>> {
     rx
 }
 
-/// Live (not zombie) processes whose process group is `pgid`, from /proc.
-fn group_members(pgid: u32) -> Vec<String> {
+/// A live process of a session: its process group and `pid cmdline`.
+struct Member {
+    pgrp: i32,
+    line: String,
+}
+
+/// Live (not zombie) processes whose session is `sid`, from /proc.
+fn session_members(sid: u32) -> Vec<Member> {
     let Ok(dir) = std::fs::read_dir("/proc") else { return Vec::new() };
     let mut out = Vec::new();
     for e in dir.flatten() {
         let Ok(stat) = std::fs::read_to_string(e.path().join("stat")) else { continue };
-        // pid (comm) state ppid pgrp ...; comm may hold spaces and parentheses.
+        // pid (comm) state ppid pgrp session ...; comm may hold spaces and parentheses.
         let Some(rest) = stat.rfind(')').map(|i| &stat[i + 1..]) else { continue };
         let fields: Vec<&str> = rest.split_whitespace().collect();
-        if fields.len() < 3 || fields[0] == "Z" || fields[2].parse::<u32>().ok() != Some(pgid) {
+        if fields.len() < 4 || fields[0] == "Z" || fields[3].parse::<u32>().ok() != Some(sid) {
             continue;
         }
+        let Ok(pgrp) = fields[2].parse::<i32>() else { continue };
         let cmdline = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
         let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
-        out.push(format!("{} {}", e.file_name().to_string_lossy(), cmdline.trim()));
+        out.push(Member { pgrp, line: format!("{} {}", e.file_name().to_string_lossy(), cmdline.trim()) });
     }
     out
 }
