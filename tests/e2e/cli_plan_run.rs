@@ -215,6 +215,11 @@ fn the_agent_recipe_checks_plans_and_runs() {
         "stop=2.steps",
     ]);
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert!(
+        text(&o).contains("(solved: episode reward >= 1 (env_reward.solved_at)); last reward"),
+        "the done line names the success rule: {}",
+        text(&o)
+    );
     let rows = metrics_rows(&out);
     let last = rows.last().unwrap();
     for k in ["rollout/tool_use_rate", "rollout/turns", "tito/retokenize_mismatch", "rollout/episode_end/done"] {

@@ -114,8 +114,10 @@ pub fn run(args: Args) -> u8 {
         }
         Ok(s) => {
             let pct = |x: Option<f64>| x.map(|v| format!("{:.1}%", 100.0 * v)).unwrap_or_else(|| "-".into());
+            // Episodes say what counted as solved (a setting, issue #42); exact answers need not.
+            let rule = if spec.env.is_some() { format!(" ({})", spec.solved_rule()) } else { String::new() };
             eprintln!(
-                "miles run: done: {} steps in {:.1} s; held-out accuracy {} -> {}; last reward {}; metrics in {}",
+                "miles run: done: {} steps in {:.1} s; held-out accuracy {} -> {}{rule}; last reward {}; metrics in {}",
                 s.steps_done,
                 s.wall_seconds,
                 pct(s.eval_start),
