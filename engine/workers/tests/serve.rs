@@ -398,3 +398,35 @@ fn slow_headers_are_cut_by_the_header_timeout() {
     );
     assert_eq!(get(&s, "/health").0, 200);
 }
+
+#[test]
+fn connections_beyond_the_bound_wait_unaccepted_until_one_ends() {
+    let limits = Limits { max_connections: 2, ..Limits::default() };
+    let s = start(limits, None, Duration::ZERO);
+    // Two idle connections take both places (a request each, to be sure they were accepted).
+    let hold = |_| {
+        let mut c = TcpStream::connect(&s.addr).unwrap();
+        c.write_all(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n").unwrap();
+        c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut buf = [0u8; 512];
+        assert!(c.read(&mut buf).unwrap() > 0, "a held connection is served");
+        c
+    };
+    let held: Vec<TcpStream> = (0..2).map(hold).collect();
+    // A third is left in the backlog: connected (the kernel accepts it) but never answered.
+    let mut third = TcpStream::connect(&s.addr).unwrap();
+    third.write_all(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n").unwrap();
+    third.set_read_timeout(Some(Duration::from_millis(700))).unwrap();
+    let mut buf = [0u8; 512];
+    let waited = third.read(&mut buf);
+    assert!(
+        matches!(&waited, Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut)),
+        "the third connection was served past the bound: {waited:?}"
+    );
+    // One place frees: the waiting connection is accepted and answered.
+    drop(held);
+    third.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut out = Vec::new();
+    let _ = third.read_to_end(&mut out);
+    assert!(String::from_utf8_lossy(&out).starts_with("HTTP/1.1 200"), "{}", String::from_utf8_lossy(&out));
+}

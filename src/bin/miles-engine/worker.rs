@@ -211,6 +211,9 @@ pub struct LimitArgs {
     /// the connection is closed after.
     #[arg(long, value_name = "SECONDS", default_value_t = Limits::default().header_timeout.as_secs_f64())]
     pub header_timeout: f64,
+    /// Connections served at once; past it new connections wait, unaccepted, until one ends.
+    #[arg(long, default_value_t = Limits::default().max_connections)]
+    pub max_connections: usize,
 }
 
 impl LimitArgs {
@@ -228,6 +231,7 @@ impl LimitArgs {
             ("max-body-bytes", self.max_body_bytes),
             ("max-concurrent", self.max_concurrent),
             ("max-pending", self.max_pending),
+            ("max-connections", self.max_connections),
         ] {
             if v == 0 {
                 return Err(format!("--{flag} must be at least 1"));
@@ -245,6 +249,7 @@ impl LimitArgs {
             body_timeout: secs("body-timeout", self.body_timeout)?,
             request_timeout: secs("request-timeout", self.request_timeout)?,
             header_timeout: secs("header-timeout", self.header_timeout)?,
+            max_connections: self.max_connections,
         })
     }
 }

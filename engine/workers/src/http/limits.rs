@@ -36,6 +36,10 @@ pub struct Limits {
     /// How long a request's headers may take to arrive, and a kept-alive connection may sit idle
     /// (`--header-timeout`): the connection is closed after it.
     pub header_timeout: Duration,
+    /// Connections served at once (`--max-connections`): beyond it the server stops accepting
+    /// and new connections wait in the kernel's backlog until one ends (idle ones end at
+    /// `--header-timeout`), so a crowd of sockets cannot exhaust tasks or file descriptors.
+    pub max_connections: usize,
 }
 
 impl Default for Limits {
@@ -52,6 +56,7 @@ impl Default for Limits {
             body_timeout: Duration::from_secs(30),
             request_timeout: Duration::from_secs(900),
             header_timeout: Duration::from_secs(30),
+            max_connections: 1024,
         }
     }
 }

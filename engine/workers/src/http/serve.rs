@@ -413,7 +413,7 @@ pub fn serve(opts: ServeOptions, loader: Loader, on_ready: impl FnOnce(&str)) ->
         limits,
     });
     let needs_key = api_key.is_some();
-    let header_timeout = st.limits.header_timeout;
+    let (header_timeout, max_connections) = (st.limits.header_timeout, st.limits.max_connections);
     let app = router(st, api_key);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -428,17 +428,26 @@ pub fn serve(opts: ServeOptions, loader: Loader, on_ready: impl FnOnce(&str)) ->
             check_bind(&addr.to_string(), None)?;
         }
         on_ready(&addr.to_string());
-        accept(l, app, header_timeout).await;
+        accept(l, app, header_timeout, max_connections).await;
         Ok(())
     })
 }
 
 /// Serves each connection with hyper directly (axum::serve sets no timer, so slow headers would
 /// hold a connection for ever): headers, and the idle time between kept-alive requests, are
-/// bounded by `header_timeout`. Never returns.
-async fn accept(l: tokio::net::TcpListener, app: axum::Router, header_timeout: std::time::Duration) {
+/// bounded by `header_timeout`; at most `max_connections` are served at once (the next is
+/// accepted when one ends). Never returns.
+async fn accept(
+    l: tokio::net::TcpListener,
+    app: axum::Router,
+    header_timeout: std::time::Duration,
+    max_connections: usize,
+) {
     use hyper_util::rt::{TokioIo, TokioTimer};
+    let open = Arc::new(Semaphore::new(max_connections));
     loop {
+        // A permit before accepting: past the bound, connections wait in the backlog, unread.
+        let Ok(permit) = open.clone().acquire_owned().await else { return };
         let sock = match l.accept().await {
             Ok((s, _)) => s,
             // Out of file descriptors, or a connection reset before it was accepted: the server
@@ -451,6 +460,7 @@ async fn accept(l: tokio::net::TcpListener, app: axum::Router, header_timeout: s
         let _ = sock.set_nodelay(true);
         let svc = hyper_util::service::TowerToHyperService::new(app.clone());
         tokio::spawn(async move {
+            let _permit = permit;
             let mut b = hyper::server::conn::http1::Builder::new();
             b.timer(TokioTimer::new()).header_read_timeout(header_timeout);
             // A connection's error (reset, timeout, bad request) ends that connection only.
