@@ -43,8 +43,8 @@ pub(crate) fn read_request(s: &mut impl Read) -> (String, Vec<u8>) {
     (head, body)
 }
 
-/// A server on 127.0.0.1 handing each connection to `handle` on its own thread.
-fn serve(handle: fn(TcpStream)) -> u16 {
+/// A server on 127.0.0.1 handing each connection to `handle` on its own thread; its port.
+pub(crate) fn serve(handle: fn(TcpStream)) -> u16 {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();
     std::thread::spawn(move || {

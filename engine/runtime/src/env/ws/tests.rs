@@ -6,15 +6,10 @@ use crate::http_client::{parse_url, Roots, MAX_ANSWER};
 use std::io::Write;
 use std::net::TcpListener;
 
-/// A server on 127.0.0.1 handing each connection to `handle` on its own thread.
+/// A server on 127.0.0.1 handing each connection to `handle` on its own thread (the HTTP
+/// client's test server); its `/ws` URL.
 fn serve(handle: fn(TcpStream)) -> Url {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = listener.local_addr().unwrap().port();
-    std::thread::spawn(move || {
-        for c in listener.incoming().flatten() {
-            std::thread::spawn(move || handle(c));
-        }
-    });
+    let port = crate::http_client::tests::serve(handle);
     parse_url(&format!("http://127.0.0.1:{port}/ws")).unwrap()
 }
 
