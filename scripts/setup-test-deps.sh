@@ -47,3 +47,22 @@ else
         && "$openenv_venv/bin/pip" install -q fastapi uvicorn pydantic websockets fastmcp requests; } \
         || echo "setup-test-deps: openenv-core not installed; engine/runtime/tests/integration/openenv.rs will skip" >&2
 fi
+
+# Real OpenAI-API clients in their own virtual environment, for tests/e2e/real_clients.rs: the
+# `openai` SDK, `verifiers` (environments the `verifiers` env kind runs) and smolagents (a third
+# agent framework, through its OpenAIServerModel), and uv, which verifiers' harnesses and tool
+# servers run their programs with. smolagents because it adds two packages to what
+# verifiers already installs, where openai-agents and pydantic-ai need openai 3, which verifiers
+# 0.4 refuses, and langchain-openai adds a dozen. The tests skip with a printed reason when it is
+# absent.
+agents_venv=${MILES_AGENTS_VENV:-/opt/miles-agents}
+if "$agents_venv/bin/python" -c "import openai, verifiers.v1, smolagents" >/dev/null 2>&1 && [[ -x $agents_venv/bin/uv ]]; then
+    echo "setup-test-deps: openai, verifiers and smolagents present in $agents_venv"
+elif ! command -v python3 >/dev/null 2>&1; then
+    echo "setup-test-deps: no python3; tests/e2e/real_clients.rs will skip" >&2
+else
+    echo "setup-test-deps: installing openai 2.54.0, verifiers 0.4.0, smolagents 1.26.0 and uv 0.13.9 in $agents_venv"
+    { python3 -m venv "$agents_venv" \
+        && "$agents_venv/bin/pip" install -q openai==2.54.0 verifiers==0.4.0 smolagents==1.26.0 uv==0.13.9; } \
+        || echo "setup-test-deps: agent clients not installed; tests/e2e/real_clients.rs will skip" >&2
+fi

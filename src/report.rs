@@ -4,6 +4,9 @@
 
 use crate::files::write_atomic;
 pub use crate::saved_plan::load_plan;
+
+mod faults;
+mod samples;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
@@ -24,6 +27,8 @@ pub const CHARTS: &[(&str, &str)] = &[
     ("train/loss", "train loss"),
     ("train/logp_diff", "train-rollout log-prob divergence"),
     ("rollout/response_len", "response length (tokens)"),
+    // Drawn for runs with an environment (docs/agents.md, "In a run").
+    ("rollout/faulted_frac", "share of episodes that ended by an environment fault"),
     // Drawn for mixture-of-experts runs only (docs/moe.md).
     ("r3/route_mismatch", "R3: share of tokens trained on other experts than sampled"),
     ("r3/router_disagreement", "R3: share of tokens the trainer's router sends elsewhere"),
@@ -133,6 +138,26 @@ pub fn run(args: Args) -> u8 {
         }
     }
     print!("{}", diffusion_table(&runs));
+    // Per step, the episodes that faulted and why (issue #41); report/faults.html the same.
+    let mut fault_sections = String::new();
+    for (d, r) in args.dirs.iter().zip(&runs) {
+        let rows = faults::load(d);
+        print!("{}", faults::table(&r.label, &rows));
+        fault_sections.push_str(&faults::section(&r.label, &rows));
+    }
+    if let Some(page) = faults::page(&fault_sections) {
+        let file = out.join("faults.html");
+        if let Err(e) = write_atomic(&file.to_string_lossy(), page.as_bytes()) {
+            eprintln!("error: cannot write {}: {e}", file.display());
+            return 1;
+        }
+        written.push(file);
+    }
+    for d in &args.dirs {
+        if let Some(s) = samples::load(d) {
+            print!("{}", samples::text_lines(d, &s));
+        }
+    }
     // Diffusion runs' sample grids (DIR/grids), first and last evaluation side by side.
     match write_samples_page(&args.dirs, &runs, &out) {
         Ok(Some(f)) => written.push(f),
@@ -251,9 +276,15 @@ fn grids(dir: &Path) -> Vec<(u64, PathBuf)> {
 }
 
 /// `report/samples.html`: per diffusion run, its sample grid before RL and at the last
-/// evaluation side by side, then every evaluation's; None when no run wrote grids.
+/// evaluation side by side, then every evaluation's; per language-model run, a few of its samples
+/// per sampled step (samples.jsonl); None when no run wrote either.
 fn write_samples_page(dirs: &[PathBuf], runs: &[Run], out: &Path) -> Result<Option<PathBuf>, String> {
     let mut body = String::new();
+    for (d, r) in dirs.iter().zip(runs) {
+        if let Some(s) = samples::load(d) {
+            body.push_str(&samples::section(&r.label, &s));
+        }
+    }
     for (d, r) in dirs.iter().zip(runs) {
         let g = grids(d);
         let (Some(first), Some(last)) = (g.first(), g.last()) else { continue };
@@ -280,7 +311,7 @@ fn write_samples_page(dirs: &[PathBuf], runs: &[Run], out: &Path) -> Result<Opti
         return Ok(None);
     }
     let page = format!(
-        "<!doctype html>\n<meta charset=\"utf-8\">\n<title>miles report: samples</title>\n<style>body{{font-family:sans-serif}} .row{{display:flex;flex-wrap:wrap;gap:12px}} figure{{margin:0}}</style>\n<h1>Held-out samples (the same conditions and noise at every evaluation)</h1>\n{body}"
+        "<!doctype html>\n<meta charset=\"utf-8\">\n<meta http-equiv=\"Content-Security-Policy\" content=\"script-src 'none'\">\n<title>miles report: samples</title>\n<style>body{{font-family:sans-serif}} .row{{display:flex;flex-wrap:wrap;gap:12px}} figure{{margin:0}} pre{{white-space:pre-wrap;background:#f6f6f6;padding:4px}} .fault>summary,.why{{color:#b00}}</style>\n<h1>Samples (diffusion: held-out, the same conditions and noise at every evaluation; text: samples.jsonl)</h1>\n{body}"
     );
     let file = out.join("samples.html");
     write_atomic(&file.to_string_lossy(), page.as_bytes())

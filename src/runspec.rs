@@ -178,7 +178,7 @@ pub fn run_spec(recipe: &CompiledRecipe) -> Result<RunSpec, Vec<Diagnostic>> {
     let partial_credit = reward_stage.and_then(|r| r.bool("partial_credit")).is_some_and(|b| b.value);
     let prompts = m.node(rollout).and_then(|n| n.record("prompts"));
     let Some(task) = task::task_spec(prompts, partial_credit) else { return Err(m.internal("the prompts")) };
-    let reward = reward_stage.and_then(reward::reward_spec);
+    let reward = reward_stage.and_then(|r| reward::reward_spec(&recipe.graph, r));
     let env = reward_stage
         .and_then(|r| Some((r, job.stage(&r.name)?.episodes.as_ref()?)))
         .and_then(|(r, e)| reward::env_spec(r, e, session_rule(rollout)));
@@ -233,6 +233,16 @@ pub fn run_spec(recipe: &CompiledRecipe) -> Result<RunSpec, Vec<Diagnostic>> {
             keep: c.value("keep").and_then(|v| v.as_i64()).unwrap_or(2).max(1) as usize,
         })
         .unwrap_or_default();
+    // samples.jsonl: the recipe's `samples` stage, else its defaults (on, docs/runs.md).
+    let samples = recipe
+        .graph
+        .nodes()
+        .find(|n| n.kind == "samples")
+        .map(|c| SamplesSpec {
+            every: c.u64("every").map_or(0, |v| v.value),
+            count: c.value("count").and_then(|v| v.as_i64()).unwrap_or(0).max(0) as usize,
+        })
+        .unwrap_or_default();
     let distributed = launch::distributed(&m, engine_urls);
     Ok(RunSpec {
         seed: job.seed,
@@ -247,6 +257,7 @@ pub fn run_spec(recipe: &CompiledRecipe) -> Result<RunSpec, Vec<Diagnostic>> {
         train: train_spec,
         eval,
         checkpoint,
+        samples,
         distributed,
         schedule: schedule_spec(&job.schedule),
         device: device_of(job),
@@ -258,11 +269,11 @@ pub fn run_spec(recipe: &CompiledRecipe) -> Result<RunSpec, Vec<Diagnostic>> {
     })
 }
 
-/// The rollout's TITO session rule (`linear` without a session).
-fn session_rule(rollout: &StageJob) -> miles_runtime::session::Rule {
-    match rollout.rollout.as_ref().and_then(|r| r.session_rule.as_deref()) {
-        Some("branching") => miles_runtime::session::Rule::Branching,
-        _ => miles_runtime::session::Rule::Linear,
+/// The rollout's TITO session rule (`None` without a session: the environment's default).
+fn session_rule(rollout: &StageJob) -> Option<miles_runtime::session::Rule> {
+    match rollout.rollout.as_ref().and_then(|r| r.session_rule.as_deref())? {
+        "branching" => Some(miles_runtime::session::Rule::Branching),
+        _ => Some(miles_runtime::session::Rule::Linear),
     }
 }
 

@@ -260,6 +260,12 @@ starts gets a cleared environment: PATH, HOME, USER, LOGNAME, LANG, LC_*, TZ, TM
 PYTHONPATH and VIRTUAL_ENV, plus the names its `pass_env` lists; the run's secrets are never among \
 them, so a verifier running model-written code cannot read them. Remove the name, or pass what the \
 program needs under a name of its own (docs/rewards.md).";
+    E0311: "a combination's parts score different rollouts",
+        "A `combine` stage weighs the scores of its `parts` for each sample of its own rollout, so \
+every part must be a reward stage of that rollout. A part that scores another rollout's samples \
+scores responses the trainer never sees beside these. Give every stage named in `parts` the \
+rollout the `combine` stage scores, as in recipes/grpo-combined-rewards.miles (docs/rewards.md, \
+\"Combining rewards\").";
     // ---- E04xx: planning ------------------------------------------------------------------
     E0401: "does not fit in GPU memory",
         "`miles plan` adds up what one training rank holds (weights, FP32 gradients, \
@@ -341,7 +347,7 @@ files do not match it for the one before, saying so (docs/runs.md).";
         "The output directory already holds a run (and `--resume` was not given), \
 belongs to a run with a different spec, or cannot be created or written. A refused `--resume` names \
 each run spec field that differs, saved value then new one (`train.lr: 0.001 -> 0.002`); a resume \
-may change only `steps` (`stop` or `--steps`), `checkpoint.every`, `checkpoint.keep`, `eval.every` \
+may change only `steps` (`stop` or `--steps`), `checkpoint.every`, `checkpoint.keep`, `eval.every`, `samples` \
 and the stages' names, and not to fewer steps than its checkpoint has done (docs/runs.md).";
     E0508: "backend error",
         "The compute backend (libtorch for the embedded backend) reported an error: \
@@ -350,15 +356,20 @@ own text.";
     E0509: "timed out",
         "A bounded wait expired: the run's wall-time limit, or a wait on a worker, \
 transfer or file lock. Every wait in a run has a limit so a stuck component stops the run with \
-this error instead of hanging.";
+this error instead of hanging. A run of episodes stops with it too when every episode of a step \
+(under an asynchronous schedule, of `rollout_batch` groups in a row) ended by an environment \
+fault and was dropped: the step's metrics row, written first, counts them, and the console's \
+warning line quotes why (docs/agents.md, When episodes fault).";
     E0510: "sequence longer than the model allows",
         "A prompt is longer than the rollout's `max_prompt_tokens`, or a prompt plus \
 `max_new_tokens` (a prompt plus its gold answer, for the SFT warm-up) is longer than the model's \
 `max_len`. `miles check` already refuses a recipe whose `max_prompt_tokens + max_new_tokens` \
 exceeds `max_len` (a check of `std/stages.generate`; by default `max_prompt_tokens` is what \
 `max_len` leaves after `max_new_tokens`); the run finds the prompts that are longer than the \
-recipe says, before training. Raise `max_prompt_tokens` (and `max_len` with it), or shorten the \
-prompts.";
+recipe says, before training. In a run of episodes `max_prompt_tokens` bounds each episode's \
+first prompt as sent instead (a chat row's messages and the reset observation, as the env_reward \
+stage's `prompt` says), checked when the episode starts. Raise `max_prompt_tokens` (and `max_len` \
+with it), or shorten the prompts.";
     E0511: "a field the recipe's backend does not execute",
         "A recipe is a promise: every field it sets is executed by the backend it \
 runs on, or refused before anything starts. `miles check` holds each recipe to its target (its \

@@ -10,9 +10,13 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod agent_hf;
+mod agent_layers;
 mod cli_plan_run;
+mod combined_rewards;
 mod diffusion;
 mod distributed;
+mod faults;
 mod gpu;
 mod hf_recipe;
 mod interrupt;
@@ -21,5 +25,7 @@ mod moe;
 mod opd;
 mod ppo;
 mod ray;
+mod real_clients;
+mod samples;
 mod serve;
 mod slurm;

@@ -379,3 +379,54 @@ fn fully_async_with_miles_serve_as_the_engine_trains() {
     assert_eq!(common::metrics::prompt_ledger(&out).accounting_faults(), Vec::<String>::new());
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The OpenAI-compatible session server inside `miles serve`: plain inference on
+/// /v1/chat/completions and a session by URL (`base_url = .../sessions/ID/v1`), whose recorded
+/// chains hold exactly the ids the server answered with.
+#[test]
+fn serve_answers_openai_chat_completions_and_records_sessions() {
+    let dir = temp_dir("serve-chat");
+    let model = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hf/qwen3");
+    let (_server, base) =
+        start_server(&[model.to_str().unwrap(), "--bind", "127.0.0.1:0", "--weights-dir", dir.to_str().unwrap()], None);
+    let t = Duration::from_secs(120);
+    let (code, models) = request("GET", &format!("{base}/v1/models"), None, t).unwrap();
+    assert_eq!((code, models["data"][0]["id"].as_str()), (200, Some("qwen3")), "{models}");
+    let user = json!({"role": "user", "content": "Hi"});
+    let body = json!({"messages": [user], "max_tokens": 4, "temperature": 0, "return_token_ids": true});
+    let (code, a) = request("POST", &format!("{base}/v1/chat/completions"), Some(&body), t).unwrap();
+    assert_eq!(code, 200, "{a}");
+    assert_eq!(a["object"], "chat.completion");
+    assert_eq!(a["choices"][0]["message"]["role"], "assistant");
+    assert!(a["usage"]["completion_tokens"].as_u64().unwrap() <= 4);
+    // A session by URL, two turns; the second re-sends the first's answer.
+    let url = format!("{base}/sessions/ep-1/v1/chat/completions");
+    let (code, first) = request("POST", &url, Some(&body), t).unwrap();
+    assert_eq!(code, 200, "{first}");
+    let more = json!({"role": "user", "content": "More"});
+    let body2 = json!({"messages": [user, first["choices"][0]["message"], more], "max_tokens": 4, "temperature": 0});
+    let (code, second) = request("POST", &url, Some(&body2), t).unwrap();
+    assert_eq!(code, 200, "{second}");
+    let (code, rec) = request("GET", &format!("{base}/v1/sessions/ep-1"), None, t).unwrap();
+    assert_eq!((code, rec["turns"].as_u64()), (200, Some(2)), "{rec}");
+    // Every id the server answered with is a trained (mask 1) id of a recorded chain.
+    let answered: Vec<u64> =
+        first["miles"]["token_ids"][0].as_array().unwrap().iter().map(|v| v.as_u64().unwrap()).collect();
+    let chains = rec["chains"].as_array().unwrap();
+    assert!(
+        chains.iter().any(|c| {
+            let ids = c["token_ids"].as_array().unwrap();
+            let mask = c["loss_mask"].as_array().unwrap();
+            let trained: Vec<u64> = ids
+                .iter()
+                .zip(mask)
+                .filter(|(_, m)| m.as_f64() == Some(1.0))
+                .map(|(i, _)| i.as_u64().unwrap())
+                .collect();
+            trained.starts_with(&answered)
+        }),
+        "{rec}"
+    );
+    let (code, e) = request("GET", &format!("{base}/v1/sessions/unknown"), None, t).unwrap();
+    assert_eq!((code, e["error"]["code"].as_str()), (404, Some("session_not_found")));
+}

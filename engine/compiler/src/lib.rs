@@ -3,6 +3,7 @@
 //! values and diagnostics.
 
 pub mod capability;
+mod combine;
 pub mod eval;
 pub mod fs;
 pub mod graph;

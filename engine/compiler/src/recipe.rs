@@ -216,6 +216,7 @@ pub fn compile_recipe(ev: &mut Eval, r: ItemRef, overrides: &[Override]) -> Opti
     let graph = lower(ev)?;
     graph_checks(ev, &graph);
     crate::pass_env::check(ev, &graph);
+    crate::combine::check(ev, &graph);
     let settings = settings?;
     ev.recipe = None;
     let cluster_name = g.on.as_ref().map(|(p, _)| p.dotted()).unwrap_or_else(|| "local".to_string());

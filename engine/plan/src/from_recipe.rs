@@ -292,6 +292,7 @@ fn episodes_of(job: &Job) -> Option<Episodes> {
         compact_keep_turns: e.compact_keep_turns,
         mean_turns: e.mean_turns,
         solved_at: e.solved_at.value,
+        prompt: e.prompt.clone(),
     })
 }
 

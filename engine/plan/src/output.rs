@@ -378,6 +378,8 @@ pub struct EpisodeReport {
     pub tokens_per_episode: u64,
     /// Tokens the policy samples in the longest episode (the turns that fit the context).
     pub sampled_tokens: u64,
+    /// `env_reward.prompt`: what the first turn shows of a chat row, within `prompt_tokens`.
+    pub prompt: String,
     /// Tokens prefilled over an episode when each turn's context is the last one plus the new
     /// observation (TITO: the ids never change, so the engine's prefix cache holds).
     pub prefill_tito: u64,

@@ -457,6 +457,18 @@ fn episodes_section(o: &mut String, p: &Plan) {
             count(e.observation_tokens),
             count(e.tokens_per_episode)
         );
+        // What the model reads first (env_reward's prompt), bounded as sent by max_prompt_tokens.
+        let first = match e.prompt.as_str() {
+            "replace" => "a chat row's messages with the reset observation as their user message",
+            "observation_only" => "the reset observation alone",
+            _ => "a chat row's messages, then the reset observation",
+        };
+        let _ = writeln!(
+            o,
+            "  first prompt: {first} (env_reward's prompt = {}), at most {} tokens as sent (max_prompt_tokens)",
+            e.prompt,
+            count(e.prompt_tokens)
+        );
         let _ = writeln!(
             o,
             "  prefill per episode: {} tokens with TITO (the prefix cache holds), {} re-tokenising each turn",

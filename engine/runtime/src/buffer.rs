@@ -28,6 +28,9 @@ pub struct Group {
     /// A group of multi-turn episodes: what a sample needs besides its ids. `None` for single
     /// responses (each sample is `prompt_tokens` + its response, every response id trained on).
     pub episodes: Option<EpisodeParts>,
+    /// What each part of a combined reward gave the group's responses (dropped ones included),
+    /// for the step's `reward/<stage>` columns; empty for a reward of one stage.
+    pub reward_parts: Vec<crate::reward::PartScores>,
 }
 
 /// Per sample of a group of episodes: the sample's own first prompt (an environment may show
@@ -244,7 +247,14 @@ mod tests {
                 routing: None,
             })
             .collect();
-        Group { prompt: p, prompt_tokens: vec![1], samples, rewards: rewards.to_vec(), episodes: None }
+        Group {
+            prompt: p,
+            prompt_tokens: vec![1],
+            samples,
+            rewards: rewards.to_vec(),
+            episodes: None,
+            reward_parts: vec![],
+        }
     }
 
     fn serve(src: &mut PromptSource, buf: &mut Buffer) -> Pending {

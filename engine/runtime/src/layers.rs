@@ -24,8 +24,10 @@ const LAYERS: &[&[&str]] = &[
     &["backend", "reward", "session"],
     // Environments and episodes, tasks and prompts, streaming engines; the simulated backend.
     &["env", "sim", "stream", "tasks"],
-    // The asynchronous buffer.
-    &["buffer"],
+    // The asynchronous buffer; the session server's core (chat requests onto TITO sessions).
+    &["buffer", "chat"],
+    // The rollout plug-in layers: programs playing episodes through the chat server.
+    &["agent"],
     // The executors: the schedules over their shared pieces.
     &["run"],
     // Old paths kept for other crates (`exec`, in lib.rs).

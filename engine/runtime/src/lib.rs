@@ -9,7 +9,9 @@
 //! ```text
 //! 7  exec                      the executors' old paths, for other crates
 //! 6  run                       run_with: the schedules (sync, async_) over their shared pieces
-//! 5  buffer                    the asynchronous buffer of finished groups
+//! 5½ agent                     the rollout plug-in layers: programs playing through the chat server
+//! 5  buffer chat               the asynchronous buffer of finished groups; the session server's
+//!                              core (OpenAI chat requests onto TITO sessions)
 //! 4  env sim stream tasks      environments and episodes, a simulated backend, streaming
 //!                              engines, prompts and splits
 //! 3  backend reward session    a backend's traits, rewards, TITO sessions
@@ -22,9 +24,11 @@
 //!    tensorboard token         source, TensorBoard events, token ids
 //! ```
 
+pub mod agent;
 pub mod atomic_write;
 pub mod backend;
 pub mod buffer;
+pub mod chat;
 pub mod child;
 pub mod diffusion;
 pub mod distributed;

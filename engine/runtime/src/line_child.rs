@@ -53,6 +53,18 @@ impl LineChild {
         argv: &[String],
         cwd: Option<&Path>,
         env: &ChildEnv,
+        on_line: impl FnMut(String) -> bool + Send + 'static,
+        on_end: impl FnOnce(StdoutEnd, &StderrTail) + Send + 'static,
+    ) -> std::io::Result<LineChild> {
+        Self::spawn_logged(argv, cwd, env, None, on_line, on_end)
+    }
+
+    /// `spawn`, also appending the program's whole stderr to `log` (when given).
+    pub fn spawn_logged(
+        argv: &[String],
+        cwd: Option<&Path>,
+        env: &ChildEnv,
+        log: Option<StderrLog>,
         mut on_line: impl FnMut(String) -> bool + Send + 'static,
         on_end: impl FnOnce(StdoutEnd, &StderrTail) + Send + 'static,
     ) -> std::io::Result<LineChild> {
@@ -80,6 +92,12 @@ impl LineChild {
         });
         let tail = StderrTail(Arc::new(Mutex::new(String::new())));
         let keep = tail.clone();
+        let mut log = log;
+        if let Some(l) = log.as_mut() {
+            // One line naming the start, so that restarts are told apart in the log.
+            let cmd = crate::quote::truncate(&argv.join(" ").replace('\n', " "), 120);
+            l.append(format!("--- miles: `{cmd}` started (process {}) ---\n", child.id()).as_bytes());
+        }
         std::thread::spawn(move || {
             let mut err = BufReader::new(stderr);
             let mut buf = [0u8; 4096];
@@ -88,6 +106,9 @@ impl LineChild {
                     break;
                 }
                 keep.push(&String::from_utf8_lossy(&buf[..n]));
+                if let Some(l) = log.as_mut() {
+                    l.append(&buf[..n]);
+                }
             }
         });
         let seen = tail.clone();
@@ -140,6 +161,56 @@ pub fn spawn_json_lines<T: serde::de::DeserializeOwned + Send + 'static>(
         },
     )?;
     Ok((child, rx))
+}
+
+/// A file a program's stderr is appended to, across restarts of the program, bounded: past `cap`
+/// bytes it becomes `<file>.1` (replacing an older one) and a new file starts, so at most twice
+/// `cap` is kept. A log is best effort: a write that fails is given up on, once, with a warning
+/// (the run does not stop for its log; the stderr tail is still quoted in errors).
+pub struct StderrLog {
+    path: std::path::PathBuf,
+    cap: u64,
+    failed: bool,
+}
+
+/// The default bound of a stderr log.
+pub const STDERR_LOG_CAP: u64 = 8 << 20;
+
+impl StderrLog {
+    pub fn new(path: std::path::PathBuf, cap: u64) -> StderrLog {
+        StderrLog { path, cap, failed: false }
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub(crate) fn append(&mut self, bytes: &[u8]) {
+        if self.failed {
+            return;
+        }
+        if let Err(e) = self.try_append(bytes) {
+            self.failed = true;
+            eprintln!(
+                "warning: cannot append to {} ({e}); the program's stderr is not logged further",
+                self.path.display()
+            );
+        }
+    }
+
+    fn try_append(&self, bytes: &[u8]) -> std::io::Result<()> {
+        if let Some(dir) = self.path.parent() {
+            std::fs::create_dir_all(dir)?;
+        }
+        let len = std::fs::metadata(&self.path).map(|m| m.len()).unwrap_or(0);
+        if len > 0 && len + bytes.len() as u64 > self.cap {
+            let mut old = self.path.clone().into_os_string();
+            old.push(".1");
+            std::fs::rename(&self.path, old)?;
+        }
+        let mut f = std::fs::OpenOptions::new().create(true).append(true).open(&self.path)?;
+        f.write_all(bytes)
+    }
 }
 
 /// The end of a program's stderr, shared with the thread that reads it.

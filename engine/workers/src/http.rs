@@ -314,9 +314,11 @@ pub fn write_hf_checkpoint(dir: &Path, w: &WeightSnapshot, m: &miles_runtime::Mo
 
 mod generate;
 mod limits;
+mod openai;
 mod serve;
 pub use generate::check_generate_body;
 pub use limits::{host_is_loopback, Limits};
+pub use openai::{sse_events, OpenAiServer, SESSION_HEADER};
 pub use serve::{check_bind, confine, is_loopback_bind, serve, Loader, PrefixStats, ServeOptions};
 
 #[cfg(test)]

@@ -74,6 +74,7 @@ fn start(limits: Limits, api_key: Option<&str>, delay: Duration) -> Server {
         weights_dir: Some(dir),
         api_key: api_key.map(String::from),
         limits,
+        chat: Err("no tokenizer in this test".into()),
     };
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {

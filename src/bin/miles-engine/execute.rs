@@ -65,6 +65,8 @@ pub fn run(args: Args) -> u8 {
     let out = args.out;
     let mut opts = RunOptions::new(out.clone());
     opts.interrupt = Some(catch_ctrl_c());
+    // The session server an agent layer's harnesses call during the run (docs/agents.md).
+    opts.chat_server = Some(Arc::new(miles_workers::http::OpenAiServer::default()));
     opts.resume = args.resume;
     opts.threads = args.threads;
     opts.progress = match args.progress.as_str() {

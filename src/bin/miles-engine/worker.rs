@@ -3,7 +3,11 @@
 //! (engine/workers); `miles serve MODEL_DIR` exposes the embedded engine through the
 //! SGLang-compatible HTTP API. Both are thin: the protocol, transports and API live in miles-workers.
 
-use miles_runtime::{RolloutEngine, RunError, RunSpec, Trainer};
+use miles_runtime::chat::{Hub, HubConfig};
+use miles_runtime::env::tools::ToolFormat;
+use miles_runtime::session::Rule;
+use miles_runtime::tokenize::{HfTokenizer, Tokenizer};
+use miles_runtime::{RolloutEngine, RunError, RunSpec, SamplingParams, Trainer};
 use miles_tch::model::Policy;
 use miles_workers::auth::{worker_token, TOKEN_ENV, TOKEN_FILE_ENV};
 use miles_workers::http::Limits;
@@ -167,6 +171,10 @@ pub struct ServeArgs {
     pub weights_dir: Option<PathBuf>,
     #[arg(long)]
     pub threads: Option<usize>,
+    /// Chat sessions (`/sessions/ID/v1/...`) held at once; past it the least recently used idle
+    /// session is dropped.
+    #[arg(long, default_value_t = 256)]
+    pub max_sessions: usize,
     #[command(flatten)]
     pub limits: LimitArgs,
 }
@@ -277,16 +285,24 @@ pub fn serve(args: ServeArgs) -> u8 {
         e.version = version;
         Ok(Box::new(e) as Box<dyn RolloutEngine + Send>)
     });
+    let chat = chat_hub(&args.model_dir, &limits, args.max_sessions);
+    if let Err(why) = &chat {
+        eprintln!("miles serve: note: no /v1/chat/completions: {why}");
+    }
     let opts = miles_workers::http::ServeOptions {
         bind: args.bind,
         model_path: args.model_dir.clone(),
         weights_dir: args.weights_dir,
         api_key,
         limits,
+        chat,
     };
     let res = miles_workers::http::serve(opts, loader, |addr| {
         let auth = if keyed { "; API key required" } else { "" };
-        eprintln!("miles serve: {} on http://{addr} (SGLang-compatible /generate{auth})", args.model_dir.display());
+        eprintln!(
+            "miles serve: {} on http://{addr} (SGLang-compatible /generate, OpenAI-compatible /v1/chat/completions{auth})",
+            args.model_dir.display()
+        );
     });
     match res {
         Ok(()) => 0,
@@ -295,6 +311,36 @@ pub fn serve(args: ServeArgs) -> u8 {
             1
         }
     }
+}
+
+/// The OpenAI-compatible session server's hub over a model directory: its tokenizer (and chat
+/// template), its context length (config.json's `max_position_embeddings`), Hermes tool calls and
+/// branching sessions opened on first use (docs/agents.md "The session server").
+fn chat_hub(dir: &std::path::Path, limits: &Limits, max_sessions: usize) -> Result<Arc<Hub>, String> {
+    let tok = HfTokenizer::load(dir).map_err(|e| format!("the model directory's tokenizer: {}", e.message))?;
+    let config = dir.join("config.json");
+    let text = std::fs::read_to_string(&config).map_err(|e| format!("{}: {e}", config.display()))?;
+    let json: serde_json::Value = serde_json::from_str(&text).map_err(|e| format!("{}: {e}", config.display()))?;
+    let max_context = json["max_position_embeddings"]
+        .as_u64()
+        .ok_or_else(|| format!("{}: no `max_position_embeddings`", config.display()))? as usize;
+    let max_new_tokens = limits.max_new_tokens.min(max_context.saturating_sub(1)).max(1);
+    let mut defaults = SamplingParams::plain(max_new_tokens, 0);
+    defaults.stop_tokens = tok.special().stop.clone();
+    let name = dir.file_name().map_or_else(|| "model".into(), |n| n.to_string_lossy().into_owned());
+    let config = HubConfig {
+        model_name: name,
+        tool_format: ToolFormat::Hermes,
+        rule: Rule::Branching,
+        max_context,
+        max_new_tokens,
+        defaults,
+        max_sessions: max_sessions.max(1),
+        pinned: false,
+    };
+    let hub = Hub::new(Arc::new(Tokenizer::Hf(Box::new(tok))), config).map_err(|e| e.message)?;
+    hub.set_open_on_demand(true);
+    Ok(Arc::new(hub))
 }
 
 #[derive(clap::Args)]

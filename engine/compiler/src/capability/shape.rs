@@ -21,10 +21,14 @@ const LM_KINDS: &[&str] = &[
     "weights",
     "evaluate",
     "checkpoint",
+    "samples",
     "exact_match",
     "verify",
     "command_reward",
     "http_reward",
+    "group_command_reward",
+    "group_http_reward",
+    "combine",
     "env_reward",
     "teacher_logprobs",
 ];
@@ -118,8 +122,8 @@ pub fn lm_run(recipe: &CompiledRecipe) -> Result<(&StageJob, &StageJob), Vec<Dia
     r.kinds_outside(
         LM_KINDS,
         |k| format!("a `{k}` stage"),
-        "the embedded backend runs sft, generate, exact_match, verify, command_reward, http_reward, env_reward, \
-         teacher_logprobs, grpo, weights, evaluate and checkpoint",
+        "the embedded backend runs sft, generate, exact_match, verify, command_reward, http_reward, \
+         group_command_reward, group_http_reward, combine, env_reward, teacher_logprobs, grpo, weights, evaluate, checkpoint and samples",
     );
     let engine = rollout.rollout.as_ref().and_then(|x| x.engine.as_ref());
     let by_url = engine.is_some_and(|e| e.schema == "sglang" && !e.urls.is_empty());
@@ -147,6 +151,7 @@ pub fn lm_run(recipe: &CompiledRecipe) -> Result<(&StageJob, &StageJob), Vec<Dia
         return Err(r.diags);
     }
     verifier_schema(&mut r, train);
+    verifiers_args(&mut r);
     unread_teachers(&mut r, train);
     if by_url && recipe.settings.as_record().and_then(|s| s.record("launcher")).is_some_and(launches_workers) {
         r.refuse(
@@ -163,15 +168,49 @@ fn launches_workers(l: &crate::value::Record) -> bool {
     matches!(l.schema_name.as_str(), "local_processes" | "slurm" | "ray")
 }
 
-/// A `verify` reward's `schema_text` must be JSON.
+/// A `verify` reward's `schema_text` must be JSON, also as a part of a combination.
 fn verifier_schema(r: &mut Refusals, train: &StageJob) {
-    let reward = train.train.as_ref().and_then(|t| t.reward.as_deref()).and_then(|n| r.recipe.graph.node(n));
-    let Some(node) = reward.filter(|n| n.kind == "verify") else { return };
-    let Some(text) = node.str("schema_text") else { return };
-    if let Err(e) = serde_json::from_str::<serde_json::Value>(text) {
+    let graph = &r.recipe.graph;
+    let mut stack: Vec<&str> = train.train.as_ref().and_then(|t| t.reward.as_deref()).into_iter().collect();
+    // Each stage once: a recipe may name one part in several combinations.
+    let mut seen = std::collections::HashSet::new();
+    while let Some(name) = stack.pop() {
+        let Some(node) = graph.node(name).filter(|_| seen.insert(name)) else { continue };
+        if node.kind == "combine" {
+            stack.extend(node.list("parts").iter().filter_map(|p| match p {
+                crate::value::Value::Stage(n) => Some(n.as_str()),
+                _ => None,
+            }));
+            continue;
+        }
+        let Some(text) = node.str("schema_text").filter(|_| node.kind == "verify") else { continue };
+        if let Err(e) = serde_json::from_str::<serde_json::Value>(text) {
+            r.diags.push(
+                Diagnostic::error(ErrorCode::E0511, format!("`schema_text` is not valid JSON: {e}"))
+                    .with_primary(refusal_span(node, "schema_text"), "a JSON schema, as text"),
+            );
+        }
+    }
+}
+
+/// A `verifiers` environment's `args` must be a JSON object (its driver would fail every group).
+fn verifiers_args(r: &mut Refusals) {
+    for node in r.recipe.graph.nodes().filter(|n| n.kind == "env_reward") {
+        let Some(env) = node.record("env").filter(|e| e.schema_name == "verifiers") else { continue };
+        let Some(text) = env.str("args") else { continue };
+        let why = match serde_json::from_str::<serde_json::Value>(text) {
+            Ok(v) if v.is_object() => continue,
+            Ok(_) => "it is JSON, not a JSON object".to_string(),
+            Err(e) => e.to_string(),
+        };
+        let span = env.set_span("args").unwrap_or_else(|| refusal_span(node, "env"));
         r.diags.push(
-            Diagnostic::error(ErrorCode::E0511, format!("`schema_text` is not valid JSON: {e}"))
-                .with_primary(refusal_span(node, "schema_text"), "a JSON schema, as text"),
+            Diagnostic::error(
+                ErrorCode::E0511,
+                format!("the `verifiers` environment's `args` is not a JSON object: {why}"),
+            )
+            .with_primary(span, "the env config's fields, as JSON text")
+            .with_help("args = \"{\\\"taskset\\\": {\\\"size\\\": 8}}\""),
         );
     }
 }
@@ -269,5 +308,28 @@ recipe r {
         assert_eq!(got, ["E0511 the embedded backend cannot run a second `generate` stage"], "{got:?}");
         let one = RECIPE.lines().filter(|l| !l.trim_start().starts_with("again")).collect::<Vec<_>>().join("\n");
         assert_eq!(refusals(&one), Vec::<String>::new());
+    }
+
+    #[test]
+    fn verifiers_args_must_be_a_json_object() {
+        let with_args = |args: &str| {
+            let one = RECIPE.lines().filter(|l| !l.trim_start().starts_with("again")).collect::<Vec<_>>().join("\n");
+            let env = format!("reward = env_reward(rollout) {{ env = verifiers {{ module = \"m\", args = {args} }} }}");
+            refusals(&one.replace("reward = exact_match(rollout)", &env))
+        };
+        assert_eq!(with_args(r#""{\"taskset\": {\"size\": 8}}""#), Vec::<String>::new());
+        let not_json = with_args(r#""{taskset: 8}""#);
+        assert!(
+            not_json.len() == 1
+                && not_json[0].starts_with(
+                    "E0511 the `verifiers` environment's `args` is not a JSON object: key must be a string"
+                ),
+            "{not_json:?}"
+        );
+        let list = with_args(r#""[1]""#);
+        assert_eq!(
+            list,
+            ["E0511 the `verifiers` environment's `args` is not a JSON object: it is JSON, not a JSON object"]
+        );
     }
 }

@@ -253,23 +253,91 @@ const COMPACTION: &[&str] = &[
     "compacted_episodes_train_end_to_end",
     "a_compacting_agent_recipe_plans_and_runs_under_fully_async",
 ];
+/// Tests of samples.jsonl: its rows, its resume, its report.
+const SAMPLES_TESTS: &[&str] = &[
+    "single_turn_rows_show_prompt_response_reward_and_the_dropped_one_first",
+    "an_episode_row_has_its_transcript_tool_calls_and_fault",
+    "resume_cuts_samples_back_to_the_checkpoint",
+    "samples_jsonl_is_written_and_shown_by_the_report",
+];
 const PY_ENV: &[&str] = &["a_python_environment_drives_a_run_end_to_end"];
 /// The environment schemas the runtime plays (std/prelude).
-const RUNNABLE_ENVS: &[&str] = &["calculator", "command_env", "openenv"];
+const RUNNABLE_ENVS: &[&str] =
+    &["calculator", "command_env", "openenv", "agent_program", "rollout_program", "external_agents", "verifiers"];
+/// The plug-in layers: the user's programs (or an outside process) play episodes through the
+/// run's chat server, which the synchronous executor serves between programs.
+const AGENT_LAYERS: &[&str] = &["agent_program", "rollout_program", "external_agents", "verifiers"];
+/// Tests of the `verifiers` kind: its mapping onto the rollout program and its driver, the
+/// refusal of `args` that are not a JSON object, and verifiers environments driving a run.
+const VERIFIERS: &[&str] = &["a_verifiers_env_runs_the_embedded_driver_as_a_rollout_program"];
+const VERIFIERS_RUN: &[&str] =
+    &["a_verifiers_env_runs_the_embedded_driver_as_a_rollout_program", "verifiers_envs_drive_miles_run"];
+/// Tests of the plug-in layers' program protocol and faults.
+const AGENT_LAYER_TESTS: &[&str] = &[
+    "an_agent_reward_line_is_the_last_json_line",
+    "program_faults_end_the_episode_with_a_reason_and_the_stderr_tail",
+    "a_rollout_program_returns_one_reward_per_session",
+];
+
+/// Tests of group rewards and combinations (docs/rewards.md).
+const GROUP_COMMAND: &[&str] = &[
+    "a_ranking_group_reward_changes_the_advantages_as_computed_by_hand",
+    "a_group_program_gets_one_request_per_group_and_fails_it_whole",
+    "combined_and_group_rewards_train_and_write_their_columns",
+];
+const GROUP_HTTP: &[&str] = &["a_group_service_gets_one_request_per_group_and_fails_it_whole"];
+const COMBINE: &[&str] = &[
+    "a_ranking_group_reward_changes_the_advantages_as_computed_by_hand",
+    "a_weighted_sum_whose_failures_are_never_a_smaller_reward",
+    "combined_and_group_rewards_train_and_write_their_columns",
+];
+
+/// A combination's parts are scored by the executor's reward; an `env_reward` plays episodes,
+/// whose reward comes from the environment, so it is no part of one.
+fn rule_combine_parts(cx: &Ctx, f: &FieldValue) -> Option<String> {
+    let Value::List(parts) = &f.value else { return None };
+    parts.iter().find_map(|p| {
+        let Value::Stage(name) = p else { return None };
+        (cx.recipe.graph.node(name)?.kind == "env_reward").then(|| {
+            format!(
+                "a part `{name}` that is an `env_reward`: an episode's reward comes from its environment, and a combination weighs rewards of single responses; score the episodes with `{name}` alone"
+            )
+        })
+    })
+}
 
 /// The environment of the recipe's `env_reward` stage, if any.
 fn env_of<'c>(cx: &'c Ctx) -> Option<&'c Value> {
     cx.stages("env_reward").first().and_then(|s| s.param("env"))
 }
 
-fn rule_env(_: &Ctx, f: &FieldValue) -> Option<String> {
+fn rule_env(cx: &Ctx, f: &FieldValue) -> Option<String> {
     let r = f.value.as_record()?;
-    (!RUNNABLE_ENVS.contains(&r.schema_name.as_str())).then(|| {
+    let kind = r.schema_name.as_str();
+    if !RUNNABLE_ENVS.contains(&kind) {
+        return Some(format!(
+            "an environment `{kind}`: the runtime plays `calculator`, `command_env {{ command = [...] }}` (any program speaking JSON lines), `openenv {{ url = ... }}` and the plug-in layers `agent_program`, `rollout_program`, `external_agents` and `verifiers`"
+        ));
+    }
+    let schedule = cx.recipe.settings.as_record().and_then(|s| s.get("schedule")).and_then(Value::as_record);
+    schedule.filter(|s| AGENT_LAYERS.contains(&kind) && s.schema_name != "sync").map(|s| {
         format!(
-            "an environment `{}`: the runtime plays `calculator`, `command_env {{ command = [...] }}` (any program speaking JSON lines) and `openenv {{ url = ... }}`",
-            r.schema_name
+            "`{kind}` plays its programs' sessions under the `sync` schedule (this recipe says `{}`): set `schedule = sync`, or use `command_env`, which runs under every schedule",
+            s.schema_name
         )
     })
+}
+
+/// A `verifiers` environment's `args` is the env config as a JSON object: anything else would
+/// fail every group in the driver, so `miles check` says so at its line.
+fn rule_verifiers_args(_: &Ctx, f: &FieldValue) -> Option<String> {
+    let why = match serde_json::from_str::<serde_json::Value>(f.value.as_str()?) {
+        Ok(v) if v.is_object() => return None,
+        Ok(_) => "it is JSON, not a JSON object".to_string(),
+        Err(e) => format!("it is not JSON ({e})"),
+    };
+    let example = r#"args = "{\"taskset\": {\"size\": 8}}""#;
+    Some(format!("{why}: `args` is the env config's fields as a JSON object, as in {example}"))
 }
 
 fn rule_session(cx: &Ctx, f: &FieldValue) -> Option<String> {
@@ -425,6 +493,20 @@ pub const TABLE: &[Entry] = &[
     e("http_reward", "timeout", Support::All, "", &["timeouts_malformed_answers_and_dead_services_follow_the_policy"]),
     e("http_reward", "retries", Support::All, "", &["server_errors_are_retried"]),
     e("http_reward", "on_error", Support::All, "", &["http_reward_scores_a_run"]),
+    e("group_command_reward", "", Support::All, "scored by the executor, whatever runs the stages: one request per group", GROUP_COMMAND),
+    e("group_command_reward", "command", Support::All, "", GROUP_COMMAND),
+    e("group_command_reward", "timeout", Support::All, "", &["a_group_program_gets_one_request_per_group_and_fails_it_whole"]),
+    e("group_command_reward", "on_error", Support::All, "", &["a_group_program_gets_one_request_per_group_and_fails_it_whole"]),
+    e("group_command_reward", "pass_env", Support::All, "", &["a_group_program_gets_one_request_per_group_and_fails_it_whole"]),
+    e("group_http_reward", "", Support::All, "scored by the executor, whatever runs the stages: one request per group", GROUP_HTTP),
+    e("group_http_reward", "url", Support::All, "", GROUP_HTTP),
+    e("group_http_reward", "concurrency", Support::All, "", GROUP_HTTP),
+    e("group_http_reward", "timeout", Support::All, "", GROUP_HTTP),
+    e("group_http_reward", "retries", Support::All, "", GROUP_HTTP),
+    e("group_http_reward", "on_error", Support::All, "", GROUP_HTTP),
+    e("combine", "", Support::All, "scored by the executor: every part on the whole batch, groups intact", COMBINE),
+    e("combine", "parts", Support::Rule(rule_combine_parts), "every reward stage kind but `env_reward`", COMBINE),
+    e("combine", "weights", Support::All, "", COMBINE),
     e("env_reward", "", Support::Only(&[E], &[]), "episodes are played by `miles run` in one process: drop the launcher / URL engine", EPISODES),
     e("env_reward", "env", Support::Rule(rule_env), "the runtime plays `calculator`, `command_env` and `openenv` environments, under every schedule", EPISODES_ASYNC),
     e("env_reward", "max_turns", Support::All, "", &["limits_end_episodes"]),
@@ -437,6 +519,7 @@ pub const TABLE: &[Entry] = &[
     e("env_reward", "tool_format", Support::All, "", &["hermes_calls"]),
     e("env_reward", "reward", Support::All, "", &["limits_end_episodes"]),
     e("env_reward", "on_env_error", Support::All, "", &["environment_faults_end_their_episode_not_the_run"]),
+    e("env_reward", "prompt", Support::All, "", &["a_rows_chat_prompt_reaches_the_episodes_first_turn"]),
     e("env_reward", "compact", Support::All, "", COMPACTION),
     e("grpo", "", Support::All, "", TRAINS),
     e("grpo", "rollout_batch", Support::All, "", TRAINS),
@@ -492,6 +575,9 @@ pub const TABLE: &[Entry] = &[
     e("checkpoint", "", Support::All, "", &["resume_after_clean_stop_equals_uninterrupted"]),
     e("checkpoint", "every", Support::All, "", &["resume_after_clean_stop_equals_uninterrupted"]),
     e("checkpoint", "keep", Support::All, "", &["resume_after_clean_stop_equals_uninterrupted"]),
+    e("samples", "", Support::All, "OUT/samples.jsonl, shown by `miles report`", SAMPLES_TESTS),
+    e("samples", "every", Support::All, "", &["samples_are_due_at_the_first_every_nth_and_last_step"]),
+    e("samples", "count", Support::All, "", &["single_turn_rows_show_prompt_response_reward_and_the_dropped_one_first"]),
     // ---- std/prelude: clusters, schedules ----------------------------------------------------
     e("local", "", Support::All, "this machine", TRAINS),
     e("local", "cpus", Support::Describes, DESCRIBES, &[]),
@@ -577,6 +663,19 @@ pub const TABLE: &[Entry] = &[
     e("openenv", "url", Support::All, "", &["episodes_against_a_real_openenv_server"]),
     e("openenv", "action_field", Support::All, "", &["episodes_against_a_real_openenv_server"]),
     e("openenv", "observation_field", Support::All, "", &["episodes_against_a_real_openenv_server"]),
+    e("agent_program", "", Support::All, "", AGENT_LAYER_TESTS),
+    e("agent_program", "command", Support::All, "", AGENT_LAYER_TESTS),
+    e("agent_program", "pass_env", Support::All, "", &["a_program_sees_pass_env_and_not_the_run_secrets"]),
+    e("rollout_program", "", Support::All, "", &["a_rollout_program_returns_one_reward_per_session"]),
+    e("rollout_program", "command", Support::All, "", &["a_rollout_program_returns_one_reward_per_session"]),
+    e("rollout_program", "pass_env", Support::All, "", &["a_program_sees_pass_env_and_not_the_run_secrets"]),
+    e("external_agents", "", Support::All, "", &["external_sessions_are_handed_out_from_the_rows"]),
+    e("external_agents", "bind", Support::All, "", &["external_sessions_are_handed_out_from_the_rows"]),
+    e("verifiers", "", Support::All, "", VERIFIERS_RUN),
+    e("verifiers", "module", Support::All, "", VERIFIERS_RUN),
+    e("verifiers", "args", Support::Rule(rule_verifiers_args), "a JSON object", &["verifiers_args_that_are_not_an_object_are_refused_at_check", "verifiers_envs_drive_miles_run"]),
+    e("verifiers", "python", Support::All, "", VERIFIERS),
+    e("verifiers", "pass_env", Support::All, "", VERIFIERS),
     // ---- models and data ------------------------------------------------------------------------
     e("denoiser", "", Support::Only(&[E], &[]), DIFFUSION_WHERE, &["sample_is_seeded_and_rows_do_not_depend_on_their_batch"]),
     e("denoiser", "params", Support::Describes, DESCRIBES, &[]),

@@ -426,6 +426,8 @@ pub struct EpisodesJob {
     pub observation_tokens: Option<Spanned<u64>>,
     /// The reward at or above which an episode counts as solved (eval and `rollout/solved_frac`).
     pub solved_at: Spanned<f64>,
+    /// What the first turn shows of a chat row (`append`, `replace`, `observation_only`).
+    pub prompt: String,
 }
 
 impl EpisodesJob {
@@ -443,6 +445,7 @@ impl EpisodesJob {
             mean_turns: n.f64("mean_turns").filter(|v| v.value.is_finite()),
             observation_tokens: n.u64("observation_tokens"),
             solved_at: n.f64("solved_at").filter(|v| v.value.is_finite()).unwrap_or(Spanned::new(1.0)),
+            prompt: n.member("prompt").map_or("append", |m| m.value).to_string(),
         }
     }
 }

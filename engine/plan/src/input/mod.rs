@@ -166,10 +166,19 @@ pub struct Episodes {
     /// `eval/accuracy`, `rollout/solved_frac`); costs nothing, shown so the rule is seen.
     #[serde(default = "one_reward")]
     pub solved_at: f64,
+    /// `env_reward.prompt`: what the first turn shows of a chat row (`append`, `replace`,
+    /// `observation_only`); `max_prompt_tokens` bounds that first prompt as sent whatever it
+    /// says. Costs nothing, shown so that what the model reads is seen.
+    #[serde(default = "append")]
+    pub prompt: String,
 }
 
 fn one_reward() -> f64 {
     1.0
+}
+
+fn append() -> String {
+    "append".into()
 }
 
 impl Episodes {

@@ -58,6 +58,7 @@ fn report(e: &Episodes, a: &Assumptions, max_context: Option<u64>) -> EpisodeRep
         observation_stated: e.observation_stated && e.observation_tokens.is_some(),
         tokens_per_episode: e.tokens(a, max_context),
         sampled_tokens: turns * r,
+        prompt: e.prompt.clone(),
         prefill_tito,
         prefill_retokenize,
         compactions,
@@ -81,6 +82,7 @@ mod tests {
             compact_keep_turns: None,
             mean_turns: None,
             solved_at: 1.0,
+            prompt: "append".into(),
         };
         let a = Assumptions::default();
         // 8 + 3 x 28 + 2 x 21 = 134, capped by a 64-token model.
@@ -108,6 +110,7 @@ mod tests {
             compact_keep_turns: Some(1),
             mean_turns: None,
             solved_at: 1.0,
+            prompt: "append".into(),
         };
         let a = Assumptions::default();
         // Contexts 8, 28, then 48 >= 40: compacted to 8 + 1 x 20 = 28, then 48 again: 28.

@@ -126,3 +126,28 @@ fn the_recipe_states_an_observations_length() {
     let (input, _) = plan_of(&calc);
     assert_eq!(input.episodes.as_ref().and_then(|e| e.observation_tokens), Some(5));
 }
+
+/// Issue #41: the plan says what the first turn shows (`env_reward.prompt`) and that
+/// `max_prompt_tokens` bounds it as sent, the row's chat and the reset observation together.
+#[test]
+fn the_plan_shows_what_the_first_prompt_is() {
+    let (input, p) = plan_of(&openenv(""));
+    assert_eq!(input.episodes.as_ref().map(|e| e.prompt.as_str()), Some("append"));
+    let text = render_text(&p);
+    assert!(
+        text.contains(
+            "first prompt: a chat row's messages, then the reset observation (env_reward's prompt = append), \
+             at most 64 tokens as sent (max_prompt_tokens)"
+        ),
+        "{text}"
+    );
+    let (_, p) = plan_of(&openenv("prompt = observation_only"));
+    assert_eq!(p.episodes.as_ref().map(|e| e.prompt.as_str()), Some("observation_only"));
+    assert!(
+        render_text(&p).contains("first prompt: the reset observation alone (env_reward's prompt = observation_only)")
+    );
+    let (_, p) = plan_of(&openenv("prompt = replace"));
+    assert!(
+        render_text(&p).contains("with the reset observation as their user message (env_reward's prompt = replace)")
+    );
+}

@@ -1,5 +1,7 @@
 //! `calculator`: a built-in agentic task. The question is a product of two numbers too large to
-//! guess (`37*59=?`); the agent may call the `calc` tool (`<tool>calc 37*59</tool>`), reads the
+//! guess (`37*59=?`); the agent may call the `calc` tool (`<tool>calc 37*59</tool>`, or in the
+//! Hermes format of a chat model `<tool_call>\n{"name": "calc", "arguments": {"expr": "37*59"}}\n</tool_call>`,
+//! the tool's schema in the template's system turn: `tools`), reads the
 //! result (`<result>2183</result>`), then answers with a turn that calls no tool: the last integer
 //! of that turn is the answer. Reward 1 for the right answer, 0 otherwise, plus `tool_reward` per
 //! well-formed tool call (summed only under the `sum` reward mode). Short observations over a
@@ -8,7 +10,7 @@
 
 pub use crate::spec::env::CalculatorSpec;
 
-use super::{Action, EnvFault, Environment, StepResult, Task};
+use super::{Action, EnvFault, Environment, StepResult, Task, ToolFormat};
 use crate::rng::Rng;
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -19,6 +21,9 @@ pub struct Calculator {
     /// Expected answer of each open episode.
     open: Mutex<HashMap<String, i64>>,
 }
+
+/// The `calc` tool's schema, as a chat template's `tools=` takes it.
+const TOOLS: &str = r#"[{"type": "function", "function": {"name": "calc", "description": "Integer arithmetic: + - * / and parentheses.", "parameters": {"type": "object", "properties": {"expr": {"type": "string"}}, "required": ["expr"]}}}]"#;
 
 /// Every character an observation of this environment may hold (for a char tokenizer).
 pub const ALPHABET: &str = "0123456789+-*/()=?<>abcdefghijklmnopqrstuvwxyz `:.,";
@@ -104,9 +109,16 @@ impl Environment for Calculator {
         self.open.lock().unwrap_or_else(|p| p.into_inner()).remove(episode);
     }
 
-    /// The expert: call the tool on the question's expression, then answer with its result; or,
+    /// `calc`: one string argument, the expression. Written as Python's `json.dumps` writes it,
+    /// keys in schema order (tests/fixtures/hf/qwen3-chat/reference/tools.json is the same text).
+    fn tools(&self) -> Option<String> {
+        Some(TOOLS.to_string())
+    }
+
+    /// The expert: call the tool on the question's expression (written in the run's tool format),
+    /// then answer with its result; or,
     /// for a `1 - demo_tool_rate` share of the tasks (by the episode's seed), answer at once.
-    fn demonstrate(&self, task: &Task, observations: &[String]) -> Option<String> {
+    fn demonstrate(&self, task: &Task, observations: &[String], format: ToolFormat) -> Option<String> {
         match observations {
             [question] => {
                 let by_heart = Rng::derived(task.seed, "demo_tool", 0).next_f64() >= self.spec.demo_tool_rate as f64;
@@ -114,7 +126,11 @@ impl Environment for Calculator {
                     return self.question(task).ok().map(|(_, answer)| answer.to_string());
                 }
                 let expr = question.trim().trim_end_matches('?').trim_end_matches('=').trim();
-                Some(format!("<tool>calc {expr}</tool>"))
+                let arguments = match format {
+                    ToolFormat::Tag => serde_json::Value::String(expr.to_string()),
+                    ToolFormat::Hermes => serde_json::json!({ "expr": expr }),
+                };
+                Some(format.write(&super::ToolCall { name: "calc".into(), arguments }))
             }
             [.., last] => {
                 let v = last.strip_prefix("<result>")?.strip_suffix("</result>")?;
@@ -288,7 +304,7 @@ mod tests {
                 .map(|i| {
                     let task = task("d", i);
                     let q = env.reset(&task, t).unwrap();
-                    env.demonstrate(&task, &[q]).unwrap()
+                    env.demonstrate(&task, &[q], ToolFormat::Tag).unwrap()
                 })
                 .collect()
         };
@@ -299,10 +315,26 @@ mod tests {
         // An answer by heart is the right one; after a call, the result is copied.
         let env = Calculator::new(CalculatorSpec { demo_tool_rate: 0.0, ..Default::default() });
         let row = Task { episode: "d".into(), prompt: json!("6*7="), label: json!("42"), metadata: json!({}), seed: 0 };
-        assert_eq!(env.demonstrate(&row, &["6*7=".into()]).as_deref(), Some("42"));
+        assert_eq!(env.demonstrate(&row, &["6*7=".into()], ToolFormat::Tag).as_deref(), Some("42"));
         let obs = ["6*7=".to_string(), "<result>42</result>".to_string()];
-        assert_eq!(env.demonstrate(&row, &obs).as_deref(), Some("42"));
-        assert_eq!(env.demonstrate(&row, &["6*7=".into(), "<error>x</error>".into()]), None);
+        assert_eq!(env.demonstrate(&row, &obs, ToolFormat::Tag).as_deref(), Some("42"));
+        assert_eq!(env.demonstrate(&row, &["6*7=".into(), "<error>x</error>".into()], ToolFormat::Tag), None);
+    }
+
+    /// Under the Hermes format the expert's call is the one the driver parses back, and its
+    /// answer after the result is the same as under the tag format.
+    #[test]
+    fn hermes_demonstrations_call_calc_with_the_expression() {
+        let env = Calculator::new(CalculatorSpec::default());
+        let row = Task { episode: "d".into(), prompt: json!("6*7=?"), label: json!(42), metadata: json!({}), seed: 0 };
+        let call = env.demonstrate(&row, &["6*7=?".into()], ToolFormat::Hermes).unwrap();
+        assert_eq!(call, "<tool_call>\n{\"name\": \"calc\", \"arguments\": {\"expr\": \"6*7\"}}\n</tool_call>");
+        let calls = ToolFormat::Hermes.parse(&call).unwrap();
+        assert_eq!((calls[0].name.as_str(), calls[0].argument_text()), ("calc", "6*7".to_string()));
+        let obs = ["6*7=?".to_string(), "<result>42</result>".to_string()];
+        assert_eq!(env.demonstrate(&row, &obs, ToolFormat::Hermes).as_deref(), Some("42"));
+        let tools: serde_json::Value = serde_json::from_str(&env.tools().unwrap()).unwrap();
+        assert_eq!(tools[0]["function"]["name"], "calc");
     }
 
     #[test]

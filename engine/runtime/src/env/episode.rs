@@ -14,7 +14,7 @@
 //! extend the last turn, so the session must use the `branching` rule: the compacted turn starts a
 //! new chain, and each chain is a trajectory of its own.
 
-pub use crate::spec::env::{OnEnvError, RewardMode};
+pub use crate::spec::env::{EpisodePrompt, OnEnvError, RewardMode};
 
 use super::{Action, EndReason, EnvFault, Environment, StepResult, Task, ToolFormat};
 use crate::sample::FinishReason;
@@ -46,6 +46,11 @@ pub struct EpisodeLimits {
     /// Compact a full context, keeping this many of the last turns (`None`: the episode ends by
     /// `context_overflow`). Needs `rule = Branching`.
     pub compact: Option<usize>,
+    /// What the first turn shows of a row whose prompt is a chat.
+    pub prompt: EpisodePrompt,
+    /// The rollout's `max_prompt_tokens`: the first turn's prompt as sent (the row's chat and the
+    /// reset observation) may not be longer (E0510, `run_episodes`).
+    pub max_prompt: Option<usize>,
 }
 
 impl Default for EpisodeLimits {
@@ -61,6 +66,8 @@ impl Default for EpisodeLimits {
             on_env_error: OnEnvError::Drop,
             rule: Rule::Linear,
             compact: None,
+            prompt: EpisodePrompt::Append,
+            max_prompt: None,
         }
     }
 }
@@ -100,6 +107,9 @@ pub struct EpisodeResult {
     pub retokenize_mismatch: usize,
     /// Times the context was compacted.
     pub compactions: usize,
+    /// What a plug-in layer's program reported beside its reward (`agent/<name>` metrics,
+    /// metadata for samples.jsonl); `None` for an episode this driver stepped.
+    pub reported: Option<Box<super::reported::Reported>>,
 }
 
 impl EpisodeResult {
@@ -158,6 +168,9 @@ pub struct Episode {
     observation_tokens: usize,
     end: Option<(EndReason, Option<String>)>,
     reset_ok: bool,
+    /// The first prompt as sent is longer than the rollout's `max_prompt_tokens`: what to say,
+    /// and the help.
+    over_prompt: Option<(String, String)>,
 }
 
 impl Episode {
@@ -190,6 +203,7 @@ impl Episode {
             observation_tokens: 0,
             end: None,
             reset_ok: false,
+            over_prompt: None,
         }
     }
 
@@ -198,9 +212,13 @@ impl Episode {
             Err(f) => self.end(f.reason(), Some(f.what().to_string())),
             Ok(obs) => {
                 self.reset_ok = true;
-                match codec.first_prompt(&obs) {
+                match row_codec(&self.task, codec, limits).first_prompt(&obs) {
                     Err(e) => self
                         .end(EndReason::EnvMalformed, Some(format!("the first observation cannot be tokenised: {e}"))),
+                    Ok(ids) if limits.max_prompt.is_some_and(|m| ids.len() > m) => {
+                        self.over_prompt = Some(over_prompt(&self.task, limits, ids.len()));
+                        self.end(EndReason::ContextOverflow, None)
+                    }
                     Ok(ids) if ids.len() >= limits.max_context => self.end(EndReason::ContextOverflow, None),
                     Ok(ids) => {
                         self.path.push(message_key("user", obs.as_bytes()));
@@ -215,6 +233,12 @@ impl Episode {
 
     pub fn task(&self) -> &Task {
         &self.task
+    }
+
+    /// E0510 when the first prompt as sent was longer than the rollout's `max_prompt_tokens`:
+    /// the run stops, as it does for a prompt file's prompt over it before training.
+    pub fn prompt_error(&self) -> Option<RunError> {
+        self.over_prompt.as_ref().map(|(m, help)| RunError::new(crate::E_TOO_LONG, m.clone()).with_help(help.clone()))
     }
 
     /// Whether the episode wants another turn; one whose deadline passed ends here.
@@ -333,7 +357,7 @@ impl Episode {
             RewardMode::Final => self.rewards.last().copied().unwrap_or(0.0),
             RewardMode::Sum => self.rewards.iter().sum(),
         };
-        let mismatch = naive_mismatch(&self, codec);
+        let mismatch = naive_mismatch(&self, codec, limits);
         EpisodeResult {
             task: self.task,
             session: self.session,
@@ -346,6 +370,7 @@ impl Episode {
             observation_tokens: self.observation_tokens,
             retokenize_mismatch: mismatch,
             compactions: self.compactions,
+            reported: None,
         }
     }
 
@@ -491,6 +516,12 @@ pub fn run_episodes(
         e.reset(env, codec, limits);
         *lock(i) = e;
     });
+    if let Some(err) = (0..lives.len()).find_map(|i| lock(i).prompt_error()) {
+        for i in 0..lives.len() {
+            lock(i).abandon(env);
+        }
+        return Err(err);
+    }
     loop {
         let mut active = Vec::new();
         let mut contexts = Vec::new();
@@ -550,10 +581,46 @@ pub fn run_episodes(
         .collect())
 }
 
+/// E0510's message and help for `task`'s first prompt of `len` tokens, over `limits.max_prompt`:
+/// what that prompt held (the row's chat only where `limits.prompt` shows it), and what shortens it.
+fn over_prompt(task: &Task, limits: &EpisodeLimits, len: usize) -> (String, String) {
+    let chat = task.prompt.is_array() && limits.prompt != EpisodePrompt::ObservationOnly;
+    let held = match (chat, limits.prompt) {
+        (false, _) => "the reset observation",
+        (true, EpisodePrompt::Replace) => "the row's chat with the reset observation as its user message",
+        (true, _) => "the row's chat, then the reset observation",
+    };
+    let message = format!(
+        "episode {}: its first prompt as sent ({held}, as rendered; env_reward.prompt = {}) is {len} tokens, over the rollout's max_prompt_tokens {}",
+        task.episode,
+        limits.prompt.name(),
+        limits.max_prompt.unwrap_or(0)
+    );
+    let mut help = "raise the rollout's `max_prompt_tokens` (and the model's `max_len` with it), or shorten the \
+                    environment's first observation"
+        .to_string();
+    if chat {
+        help.push_str(", shorten the rows' chat, or show the observation alone (env_reward.prompt = observation_only)");
+    }
+    (message, help)
+}
+
+/// The codec of `task`'s first prompt: its row's chat messages joined as `limits.prompt` says
+/// (a row whose prompt is a string, or `observation_only`: the observation alone).
+pub(crate) fn row_codec<'c>(task: &Task, codec: &ChatCodec<'c>, limits: &EpisodeLimits) -> ChatCodec<'c> {
+    let messages = match (&task.prompt, limits.prompt) {
+        (_, EpisodePrompt::ObservationOnly) => &[][..],
+        (serde_json::Value::Array(m), _) => m.as_slice(),
+        _ => &[][..],
+    };
+    codec.for_row(messages, limits.prompt == EpisodePrompt::Replace)
+}
+
 /// The re-tokenising path's error on the episode's last turn (0 before any turn).
-fn naive_mismatch(l: &Episode, codec: &ChatCodec) -> usize {
+fn naive_mismatch(l: &Episode, codec: &ChatCodec, limits: &EpisodeLimits) -> usize {
     let Some(last) = l.session.checkpoints.last() else { return 0 };
     // The turns before the last one, as the last turn saw them (after any compaction).
+    let codec = row_codec(&l.task, codec, limits);
     let Ok(naive) = codec.naive_ids(&l.first, &l.history[..l.seen.min(l.history.len())], &last.output) else {
         return 0;
     };
@@ -564,7 +631,8 @@ fn naive_mismatch(l: &Episode, codec: &ChatCodec) -> usize {
 /// The run's metrics over finished episodes: `rollout/episode_end/<reason>` (counts),
 /// `rollout/turns` (mean), `rollout/tool_use_rate` (episodes with a tool call),
 /// `rollout/tool_calls`, `rollout/bad_tool_calls`, `rollout/observation_tokens` (sums),
-/// `rollout/episode_reward` (mean), `tito/retokenize_mismatch` and `rollout/compactions` (sums).
+/// `rollout/episode_reward` (mean), `tito/retokenize_mismatch` and `rollout/compactions` (sums);
+/// and a plug-in layer's programs' `agent/<name>` means (`reported::metrics`).
 pub fn metrics(results: &[EpisodeResult]) -> Vec<(String, f64)> {
     let n = results.len().max(1) as f64;
     let mut m: Vec<(String, f64)> = Vec::new();
@@ -583,6 +651,7 @@ pub fn metrics(results: &[EpisodeResult]) -> Vec<(String, f64)> {
     m.push(("rollout/episode_reward".into(), sum(&|e| e.reward as f64) / n));
     m.push(("tito/retokenize_mismatch".into(), sum(&|e| e.retokenize_mismatch as f64)));
     m.push(("rollout/compactions".into(), sum(&|e| e.compactions as f64)));
+    m.extend(super::reported::metrics(results));
     m
 }
 

@@ -14,7 +14,8 @@
 //! A call with no answer in time ends its episode (`env_timeout`); a line that is not JSON or has
 //! no `id` fails every waiting episode (`env_malformed`: whose it was cannot be known); a program
 //! that exits fails every waiting episode (`env_crashed`, quoting its status and stderr) and is
-//! started afresh for the next call. Its stderr is kept (the last few KiB) to quote.
+//! started afresh for the next call. Its stderr is kept (the last few KiB) to quote, and, in a run,
+//! appended whole to `OUT/env/<name>.stderr.log` (across restarts; bounded, `STDERR_LOG_CAP`).
 //!
 //! A program that answers none of `WEDGED_AFTER` calls in a row is wedged: the call that saw it
 //! fails (`env_timeout`), the program is killed with everything it started (its process group;
@@ -27,7 +28,7 @@ pub use crate::spec::env::JsonlSpec;
 
 use super::{Action, EnvFault, Environment, StepResult, Task};
 use crate::child::ChildEnv;
-use crate::line_child::LineChild;
+use crate::line_child::{LineChild, StderrLog, STDERR_LOG_CAP};
 use crate::quote::truncate;
 use crate::{RunError, E_SPEC};
 use serde_json::{json, Value};
@@ -55,6 +56,8 @@ pub struct JsonlEnv {
     pub wedged_restarts: AtomicU32,
     /// The console was told that no restart is left.
     gave_up: AtomicBool,
+    /// Where the program's stderr is appended (`keep_log_in`), else nowhere but the tail.
+    log: Mutex<Option<std::path::PathBuf>>,
 }
 
 struct Proc {
@@ -93,6 +96,7 @@ impl JsonlEnv {
             starts: AtomicU64::new(0),
             wedged_restarts: AtomicU32::new(0),
             gave_up: AtomicBool::new(false),
+            log: Mutex::new(None),
         })
     }
 
@@ -114,10 +118,13 @@ impl JsonlEnv {
         let dead: Arc<Mutex<Option<String>>> = Arc::default();
         let silent: Arc<AtomicU32> = Arc::default();
         let (p1, p2, d2, s1) = (pending.clone(), pending.clone(), dead.clone(), silent.clone());
-        let program = LineChild::spawn(
+        let log_path = lock(&self.log).clone();
+        let log = log_path.clone().map(|p| StderrLog::new(p, STDERR_LOG_CAP));
+        let program = LineChild::spawn_logged(
             &self.spec.argv,
             self.spec.cwd.as_deref(),
             &self.env,
+            log,
             move |line| {
                 s1.store(0, Ordering::Relaxed);
                 route(&p1, &line);
@@ -126,7 +133,10 @@ impl JsonlEnv {
             move |end, stderr| {
                 // Give the exiting program a moment so its last words reach the stderr tail.
                 std::thread::sleep(Duration::from_millis(50));
-                let what = stderr.quote_after(end.describe("exited"));
+                let mut what = stderr.quote_after(end.describe("exited"));
+                if let Some(p) = &log_path {
+                    what.push_str(&format!(" (its whole stderr: {})", p.display()));
+                }
                 *lock(&d2) = Some(what.clone());
                 fail_pending(&p2, &EnvFault::Crashed(what));
             },
@@ -277,6 +287,10 @@ impl Environment for JsonlEnv {
         step_result(&self.call(json!({"op": "step", "episode": episode, "action": action}), timeout)?)
     }
 
+    fn keep_log_in(&self, dir: &std::path::Path) {
+        *lock(&self.log) = Some(dir.join(format!("{}.stderr.log", self.spec.name)));
+    }
+
     fn close(&self, episode: &str) {
         if let Ok(p) = self.running() {
             let id = self.next_id.fetch_add(1, Ordering::Relaxed);
@@ -392,6 +406,42 @@ for line in sys.stdin:
         // Started afresh for the next call.
         assert_eq!(env.reset(&task("b"), T).unwrap(), "hello b");
         assert_eq!(env.starts.load(Ordering::Relaxed), 2);
+    }
+
+    /// Issue #41: a crashed program's stderr is kept whole in the run directory, across restarts,
+    /// and the crash's message names where.
+    #[test]
+    fn the_programs_stderr_is_appended_to_its_log_across_restarts() {
+        let Some(env) = env() else { return };
+        let dir = std::env::temp_dir().join(format!("miles-env-log-{}", std::process::id()));
+        std::fs::remove_dir_all(&dir).ok();
+        env.keep_log_in(&dir);
+        let log = dir.join("py.stderr.log");
+        for round in ["a", "b"] {
+            env.reset(&task(round), T).unwrap();
+            let crash = env.step(round, &act("crash"), T).unwrap_err();
+            let m = crash.what();
+            assert!(m.contains("boom") && m.contains(&log.display().to_string()), "{m}");
+        }
+        let text = std::fs::read_to_string(&log).unwrap();
+        assert_eq!(text.lines().filter(|l| *l == "boom").count(), 2, "{text}");
+        assert_eq!(text.matches("--- miles: `").count(), 2, "one header per start: {text}");
+        std::fs::remove_dir_all(&dir).ok();
+    }
+
+    #[test]
+    fn a_stderr_log_is_bounded() {
+        let dir = std::env::temp_dir().join(format!("miles-env-log-cap-{}", std::process::id()));
+        std::fs::remove_dir_all(&dir).ok();
+        let path = dir.join("x.stderr.log");
+        let mut log = StderrLog::new(path.clone(), 100);
+        for _ in 0..5 {
+            log.append(&[b'x'; 40]);
+        }
+        let len = |p: &std::path::Path| std::fs::metadata(p).map(|m| m.len()).unwrap_or(0);
+        // 40, 80, then past 100: the 80 become x.stderr.log.1 (twice), and the newest 40 stay.
+        assert_eq!((len(&path), len(&dir.join("x.stderr.log.1"))), (40, 80));
+        std::fs::remove_dir_all(&dir).ok();
     }
 
     #[test]

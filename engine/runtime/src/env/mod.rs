@@ -10,14 +10,18 @@
 pub mod calculator;
 pub mod demo;
 pub mod episode;
+pub mod faults;
 pub mod jsonl;
 pub mod openenv;
+pub mod reported;
 pub mod spec;
 pub mod tools;
 mod ws;
 
 pub use calculator::Calculator;
-pub use episode::{run_episodes, Episode, EpisodeLimits, EpisodeResult, OnEnvError, RewardMode, TurnSample};
+pub use episode::{
+    run_episodes, Episode, EpisodeLimits, EpisodePrompt, EpisodeResult, OnEnvError, RewardMode, TurnSample,
+};
 pub use jsonl::JsonlEnv;
 pub use openenv::OpenEnv;
 pub use spec::EnvSpec;
@@ -70,6 +74,9 @@ pub enum EnvFault {
     Malformed(String),
     /// The environment answered with an error of its own.
     Error(String),
+    /// The environment refused the episode a session (an OpenEnv server at its
+    /// `max_concurrent_envs`); the message names the server's cap when it said it.
+    Refused(String),
 }
 
 impl EnvFault {
@@ -79,12 +86,17 @@ impl EnvFault {
             EnvFault::Crashed(_) => EndReason::EnvCrashed,
             EnvFault::Malformed(_) => EndReason::EnvMalformed,
             EnvFault::Error(_) => EndReason::EnvError,
+            EnvFault::Refused(_) => EndReason::EnvRefused,
         }
     }
 
     pub fn what(&self) -> &str {
         match self {
-            EnvFault::Timeout(s) | EnvFault::Crashed(s) | EnvFault::Malformed(s) | EnvFault::Error(s) => s,
+            EnvFault::Timeout(s)
+            | EnvFault::Crashed(s)
+            | EnvFault::Malformed(s)
+            | EnvFault::Error(s)
+            | EnvFault::Refused(s) => s,
         }
     }
 }
@@ -104,10 +116,21 @@ pub trait Environment: Send + Sync {
     fn step(&self, episode: &str, action: &Action, timeout: Duration) -> Result<StepResult, EnvFault>;
     /// The episode is over (ended normally or not): free its state. Best effort, never fails.
     fn close(&self, episode: &str);
+    /// Keep the environment's own log (a `command_env` program's stderr) in `dir`, appended
+    /// across restarts; an environment without one ignores it.
+    fn keep_log_in(&self, _dir: &std::path::Path) {}
     /// The next turn of a gold episode (what an expert would say), given the observations so far
-    /// (the first one, then one per earlier turn): SFT warms a policy up on these before RL.
+    /// (the first one, then one per earlier turn), its tool calls written in `format` (the one the
+    /// episode driver parses): SFT warms a policy up on these before RL.
     /// `None`: this environment has no demonstrations.
-    fn demonstrate(&self, _task: &Task, _observations: &[String]) -> Option<String> {
+    fn demonstrate(&self, _task: &Task, _observations: &[String], _format: ToolFormat) -> Option<String> {
+        None
+    }
+    /// The tools this environment answers, as chat templates take them (`tools=`: a JSON list of
+    /// OpenAI-style function schemas, as text so that its key order is the one rendered). With
+    /// the Hermes tool format the template shows them to the model in the system turn
+    /// (`tools::chat_codec`). `None`: none declared.
+    fn tools(&self) -> Option<String> {
         None
     }
 }
@@ -132,10 +155,20 @@ pub enum EndReason {
     EnvCrashed,
     EnvMalformed,
     EnvError,
+    /// The environment refused the episode a session (a server at its cap of sessions).
+    EnvRefused,
+    /// A plug-in layer's program (`agent_program`, `rollout_program`) exited non-zero or could
+    /// not start.
+    ProgramFailed,
+    /// A program outlived the stage's `timeout`, or an outside process did not finish its
+    /// session (`external_agents`) in time.
+    ProgramTimeout,
+    /// A program exited 0 without a finite reward on its last stdout line.
+    NoReward,
 }
 
 impl EndReason {
-    pub const ALL: [EndReason; 10] = [
+    pub const ALL: [EndReason; 14] = [
         EndReason::Done,
         EndReason::Truncated,
         EndReason::MaxTurns,
@@ -146,6 +179,10 @@ impl EndReason {
         EndReason::EnvCrashed,
         EndReason::EnvMalformed,
         EndReason::EnvError,
+        EndReason::EnvRefused,
+        EndReason::ProgramFailed,
+        EndReason::ProgramTimeout,
+        EndReason::NoReward,
     ];
 
     pub fn name(self) -> &'static str {
@@ -160,13 +197,27 @@ impl EndReason {
             EndReason::EnvCrashed => "env_crashed",
             EndReason::EnvMalformed => "env_malformed",
             EndReason::EnvError => "env_error",
+            EndReason::EnvRefused => "env_refused",
+            EndReason::ProgramFailed => "program_failed",
+            EndReason::ProgramTimeout => "program_timeout",
+            EndReason::NoReward => "no_reward",
         }
     }
 
     /// The environment failed (as opposed to the episode ending by its rules or limits): the
     /// recipe's `on_env_error` decides drop or score.
     pub fn is_fault(self) -> bool {
-        matches!(self, EndReason::EnvTimeout | EndReason::EnvCrashed | EndReason::EnvMalformed | EndReason::EnvError)
+        matches!(
+            self,
+            EndReason::EnvTimeout
+                | EndReason::EnvCrashed
+                | EndReason::EnvMalformed
+                | EndReason::EnvError
+                | EndReason::EnvRefused
+                | EndReason::ProgramFailed
+                | EndReason::ProgramTimeout
+                | EndReason::NoReward
+        )
     }
 
     /// The metric name: `rollout/episode_end/<reason>`.

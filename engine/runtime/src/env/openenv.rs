@@ -44,6 +44,8 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 fn fault(e: WsError) -> EnvFault {
     if e.timed_out {
         EnvFault::Timeout(e.what)
+    } else if e.refused {
+        EnvFault::Refused(e.what)
     } else {
         EnvFault::Crashed(e.what)
     }
@@ -77,7 +79,12 @@ impl OpenEnv {
             Some("error") => {
                 let msg = data.get("message").and_then(Value::as_str).unwrap_or("");
                 let code = data.get("code").and_then(Value::as_str).unwrap_or("?");
-                Err(EnvFault::Error(truncate(&format!("{code}: {msg}"), 400)))
+                let what = truncate(&format!("{code}: {msg}"), 400);
+                Err(match code {
+                    // openenv-core's answer to a session past its `max_concurrent_envs`.
+                    "CAPACITY_REACHED" => EnvFault::Refused(what),
+                    _ => EnvFault::Error(what),
+                })
             }
             _ => Err(EnvFault::Malformed(format!("an answer of unknown type: {}", truncate(&text, 200)))),
         }
@@ -126,24 +133,10 @@ impl Environment for OpenEnv {
     }
 
     fn reset(&self, task: &Task, timeout: Duration) -> Result<String, EnvFault> {
-        let mut ws = WebSocket::connect(&self.ws_url, timeout).map_err(fault)?;
-        let mut data = json!({"seed": task.seed, "episode_id": task.episode});
-        if let Some(m) = task.metadata.as_object() {
-            for (k, v) in m {
-                data[k] = v.clone();
-            }
-        }
-        let answer = Self::exchange(&mut ws, &json!({"type": "reset", "data": data}), timeout);
-        let answer = match answer {
-            Ok(a) => a,
-            Err(e) => {
-                ws.close();
-                return Err(e);
-            }
-        };
-        let text = self.observation_text(&answer)?;
-        lock(&self.sessions).insert(task.episode.clone(), Arc::new(Mutex::new(ws)));
-        Ok(text)
+        self.session(task, timeout).map_err(|f| match f {
+            EnvFault::Refused(what) => EnvFault::Refused(self.refusal(&what)),
+            other => other,
+        })
     }
 
     fn step(&self, episode: &str, action: &Action, timeout: Duration) -> Result<StepResult, EnvFault> {
@@ -168,6 +161,51 @@ impl Environment for OpenEnv {
     }
 }
 
+impl OpenEnv {
+    /// What a refused session says: the server's cap of sessions when its answer names it
+    /// (openenv-core: `Server at capacity: 1/1 sessions active`), and that every live episode
+    /// holds one session for its whole length. Short enough to be quoted whole on the console's
+    /// warning line (`env::faults`, 300 characters).
+    fn refusal(&self, what: &str) -> String {
+        let cap = what
+            .split_once("sessions active")
+            .and_then(|(head, _)| head.rsplit_once('/'))
+            .and_then(|(_, n)| n.trim().parse::<usize>().ok());
+        let url = self.ws_url.ws();
+        match cap {
+            Some(n) => format!(
+                "the server at {url} accepts {n} session(s) at once (its max_concurrent_envs; {}) and refused \
+                 this episode's; each live episode holds one to its end: give it at least rollout_batch x \
+                 samples_per_prompt",
+                what.split(':').next().unwrap_or(what)
+            ),
+            None => format!("the server at {url} refused a session ({what})"),
+        }
+    }
+
+    /// Opens the episode's WebSocket session and resets it.
+    fn session(&self, task: &Task, timeout: Duration) -> Result<String, EnvFault> {
+        let mut ws = WebSocket::connect(&self.ws_url, timeout).map_err(fault)?;
+        let mut data = json!({"seed": task.seed, "episode_id": task.episode});
+        if let Some(m) = task.metadata.as_object() {
+            for (k, v) in m {
+                data[k] = v.clone();
+            }
+        }
+        let answer = Self::exchange(&mut ws, &json!({"type": "reset", "data": data}), timeout);
+        let answer = match answer {
+            Ok(a) => a,
+            Err(e) => {
+                ws.close();
+                return Err(e);
+            }
+        };
+        let text = self.observation_text(&answer)?;
+        lock(&self.sessions).insert(task.episode.clone(), Arc::new(Mutex::new(ws)));
+        Ok(text)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -184,5 +222,36 @@ mod tests {
         assert_eq!(url("https://h/env").unwrap(), "wss://h:443/env/ws");
         assert_eq!(url("wss://h:9/").unwrap(), "wss://h:9/ws");
         assert_eq!(url("ftp://h").unwrap_err(), "environment `e`: `url` ftp://h: must start with http:// or https://");
+    }
+
+    /// Issue #41: a refused session names the server's cap (openenv-core's words for it), short
+    /// enough for the console's warning line to quote it whole; a refusal without a cap is quoted.
+    #[test]
+    fn a_refusal_names_the_servers_cap() {
+        let spec = OpenEnvSpec {
+            name: "e".into(),
+            url: "http://127.0.0.1:8000".into(),
+            action_field: None,
+            observation_field: None,
+        };
+        let env = OpenEnv::new(spec).unwrap();
+        let said =
+            env.refusal("CAPACITY_REACHED: Server at capacity: 1/1 sessions active. Cannot accept new connections.");
+        assert!(
+            said.starts_with(
+                "the server at ws://127.0.0.1:8000/ws accepts 1 session(s) at once (its max_concurrent_envs; CAPACITY_REACHED)"
+            ),
+            "{said}"
+        );
+        assert!(
+            said.chars().count() <= 300 - 40,
+            "room for a longer host: {} characters: {said}",
+            said.chars().count()
+        );
+        let busy = env.refusal("the server refused the WebSocket upgrade: HTTP 503 Service Unavailable");
+        assert_eq!(
+            busy,
+            "the server at ws://127.0.0.1:8000/ws refused a session (the server refused the WebSocket upgrade: HTTP 503 Service Unavailable)"
+        );
     }
 }

@@ -1,6 +1,6 @@
 //! Which environment a run uses, as the run spec names it (`spec::env`), and building it.
 
-pub use crate::spec::env::{EnvRunSpec, EnvSpec};
+pub use crate::spec::env::{EnvRunSpec, EnvSpec, ExternalSpec, ProgramSpec};
 
 use super::{Calculator, Environment, JsonlEnv, OpenEnv};
 use crate::RunError;
@@ -20,6 +20,9 @@ impl EnvRunSpec {
             on_env_error: self.on_env_error,
             rule: self.session,
             compact: self.compact_keep_turns,
+            prompt: self.prompt,
+            // The rollout's `max_prompt_tokens` is the run's, set by `EnvRunner::for_run`.
+            max_prompt: None,
         })
     }
 
@@ -39,6 +42,13 @@ impl EnvSpec {
             EnvSpec::Calculator(s) => Box::new(Calculator::new(s.clone())),
             EnvSpec::Jsonl(s) => Box::new(JsonlEnv::new(s.clone())?),
             EnvSpec::OpenEnv(s) => Box::new(OpenEnv::new(s.clone())?),
+            // The plug-in layers are no environment the episode driver steps: `run::step::episodes`
+            // plays them through `agent`; reaching here is a bug.
+            EnvSpec::AgentProgram(_) | EnvSpec::RolloutProgram(_) | EnvSpec::ExternalAgents(_) => {
+                return Err(RunError::internal(
+                    "a plug-in layer (agent_program, rollout_program, external_agents) is played by its programs, not stepped as an environment",
+                ))
+            }
         })
     }
 }

@@ -6,7 +6,28 @@
 
 pub use crate::spec::env::ToolFormat;
 
+use super::Environment;
+use crate::session::ChatCodec;
+use crate::tokenize::Tokenizer;
+use crate::RunError;
 use serde::{Deserialize, Serialize};
+
+/// The chat codec episodes and demonstrations are framed with: the run's tokenizer, and, when
+/// the model writes calls in its chat template's format (Hermes), the environment's tools, which
+/// the template shows in the system turn (for Qwen, inside `<tools></tools>`). The tag format is
+/// the run's own convention, not the template's: no tools are rendered for it.
+pub fn chat_codec<'a>(
+    tok: &'a Tokenizer,
+    env: &dyn Environment,
+    format: ToolFormat,
+) -> Result<ChatCodec<'a>, RunError> {
+    let tools = match format {
+        ToolFormat::Hermes => env.tools(),
+        ToolFormat::Tag => None,
+    };
+    ChatCodec::with_tools(tok, None, tools)
+        .map_err(|e| RunError::new(crate::E_SPEC, format!("the tokenizer cannot frame observations: {e}")))
+}
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ToolCall {
@@ -34,6 +55,22 @@ impl ToolFormat {
         match self {
             ToolFormat::Tag => ("<tool>", "</tool>"),
             ToolFormat::Hermes => ("<tool_call>", "</tool_call>"),
+        }
+    }
+
+    /// `call` as the model writes it in this format, so that `parse` reads it back. Hermes: what
+    /// Qwen's chat templates render for an assistant message's `tool_calls` (a demonstration
+    /// then matches the template's own rendering of the same conversation).
+    pub fn write(self, call: &ToolCall) -> String {
+        match self {
+            ToolFormat::Tag => format!("<tool>{} {}</tool>", call.name, call.argument_text()),
+            ToolFormat::Hermes => {
+                let name = serde_json::Value::String(call.name.clone());
+                // Python's json.dumps, as the template's `tojson` writes the arguments.
+                let args = crate::tokenize::pyjson::dumps(&call.arguments, None)
+                    .unwrap_or_else(|_| call.arguments.to_string());
+                format!("<tool_call>\n{{\"name\": {name}, \"arguments\": {args}}}\n</tool_call>")
+            }
         }
     }
 
@@ -97,6 +134,22 @@ mod tests {
         assert_eq!(ToolFormat::Tag.parse("answer: 84").unwrap(), vec![]);
         assert_eq!(ToolFormat::Tag.parse("<tool>calc 1").unwrap_err(), "<tool> without </tool>");
         assert!(ToolFormat::Tag.parse("<tool> </tool>").unwrap_err().starts_with("a tool call needs a tool name"));
+    }
+
+    /// What `write` gives, `parse` reads back, in both formats.
+    #[test]
+    fn written_calls_parse_back() {
+        let tag = ToolCall { name: "calc".into(), arguments: json!("12*7") };
+        assert_eq!(ToolFormat::Tag.write(&tag), "<tool>calc 12*7</tool>");
+        assert_eq!(ToolFormat::Tag.parse(&ToolFormat::Tag.write(&tag)).unwrap(), vec![tag]);
+        let hermes = ToolCall { name: "get_weather".into(), arguments: json!({"city": "Paris", "days": 2}) };
+        let text = ToolFormat::Hermes.write(&hermes);
+        // Python's json.dumps separators, as the template's `tojson` writes the arguments.
+        assert_eq!(
+            text,
+            "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\", \"days\": 2}}\n</tool_call>"
+        );
+        assert_eq!(ToolFormat::Hermes.parse(&text).unwrap(), vec![hermes]);
     }
 
     #[test]

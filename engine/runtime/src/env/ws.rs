@@ -22,14 +22,16 @@ pub const MAX_MESSAGE: usize = 64 << 20;
 pub struct WsError {
     pub what: String,
     pub timed_out: bool,
+    /// The server refused the upgrade as busy (HTTP 429 or 503): a session cap, not a crash.
+    pub refused: bool,
 }
 
 fn err(what: impl Into<String>) -> WsError {
-    WsError { what: what.into(), timed_out: false }
+    WsError { what: what.into(), timed_out: false, refused: false }
 }
 
 fn late() -> WsError {
-    WsError { what: "no answer in time".into(), timed_out: true }
+    WsError { what: "no answer in time".into(), timed_out: true, refused: false }
 }
 
 /// A TCP stream whose every read and write ends by a deadline shared with its owner (a timeout
@@ -107,7 +109,10 @@ fn ws_error(e: tungstenite::Error) -> WsError {
         E::Io(io) if crate::http_client::tls_failure(&io).is_some() => err(format!("TLS: {io}")),
         E::Io(io) => err(io.to_string()),
         E::ConnectionClosed | E::AlreadyClosed => err("the server closed the connection"),
-        E::Http(r) => err(format!("the server refused the WebSocket upgrade: HTTP {}", r.status())),
+        E::Http(r) => {
+            let busy = matches!(r.status().as_u16(), 429 | 503);
+            WsError { refused: busy, ..err(format!("the server refused the WebSocket upgrade: HTTP {}", r.status())) }
+        }
         E::Capacity(CapacityError::MessageTooLong { size, max_size }) => {
             err(format!("a message of {size} bytes, longer than {max_size}"))
         }

@@ -4,10 +4,13 @@
 //! that exits or answers malformed output fails that batch under the stage's policy; the program
 //! is then killed (with everything it started: its process group) and started afresh for the
 //! next batch. It is killed so when the reward is dropped, and dies with the run (`child`). Its
-//! environment is `child::BASE_ENV` and the stage's `pass_env` names, nothing else.
+//! environment is `child::BASE_ENV` and the stage's `pass_env` names, nothing else. A group
+//! reward (`group`) sends one request per group of the batch instead (reward/group.rs), one after
+//! the other; a group that fails fails alone, and the next group restarts the program.
 
+use super::group::{self, Unit};
 use super::protocol::{self, BatchFault};
-use super::{settle_all, BatchReward, OnRewardError, RewardInput, RewardOutcome};
+use super::{settle_all, BatchReward, OnRewardError, RewardFailure, RewardInput, RewardOutcome};
 use crate::child::{ChildEnv, GroupChild};
 use crate::line_child::{LineChild, StdoutEnd};
 use crate::RunError;
@@ -28,6 +31,8 @@ pub struct CommandSpec {
     pub on_error: OnRewardError,
     /// Names of the run's environment variables the program also gets (`pass_env`).
     pub pass_env: Vec<String>,
+    /// One request per group, one score per member (`group_command_reward`).
+    pub group: bool,
 }
 
 pub struct CommandReward {
@@ -81,9 +86,9 @@ impl CommandReward {
         Ok(Running { program, lines })
     }
 
-    /// One round trip; `Err` fails every sample of the batch. The program is left running only
-    /// after a well-formed exchange.
-    fn exchange(&mut self, items: &[RewardInput]) -> Result<Vec<Result<f32, super::RewardFailure>>, RunError> {
+    /// One round trip for the samples of `unit`; a fault fails all of them (named with the group,
+    /// for a group). The program is left running only after a well-formed exchange.
+    fn exchange(&mut self, all: &[RewardInput], unit: &Unit) -> Result<Vec<Result<f32, RewardFailure>>, RunError> {
         if self.running.is_none() {
             self.running = Some(self.start()?);
         }
@@ -91,8 +96,15 @@ impl CommandReward {
         self.next_id += 1;
         let name = self.spec.name.clone();
         let timeout = self.spec.timeout;
+        let members: Vec<&RewardInput> = unit.members.iter().map(|&i| &all[i]).collect();
+        let line = match &unit.group {
+            Some(g) => group::request(id, g, &members),
+            None => protocol::request(id, &members),
+        };
+        let items: Vec<RewardInput> = members.into_iter().cloned().collect();
+        let items = &items[..];
         let run = self.running.as_mut().expect("started above");
-        let answer = match run.program.stdin.send(protocol::request(id, items)) {
+        let answer = match run.program.stdin.send(line) {
             Err(_) => Err(BatchFault::new("its stdin is closed")),
             Ok(()) => match run.lines.recv_timeout(timeout) {
                 Ok(Ok(line)) => protocol::parse_answer(&name, id, items, &line),
@@ -106,6 +118,9 @@ impl CommandReward {
         match answer {
             Ok(scores) => Ok(scores),
             Err(mut fault) => {
+                if let Some(g) = &unit.group {
+                    fault.what = format!("group {g}: {}", fault.what);
+                }
                 let mut run = self.running.take().expect("started above");
                 // Give an exiting program a moment so its status and last words are known.
                 let status = wait_briefly(&mut run.program.child);
@@ -142,8 +157,15 @@ impl BatchReward for CommandReward {
         if items.is_empty() {
             return Ok(Vec::new());
         }
-        let results = self.exchange(items)?;
-        settle_all(self.spec.on_error, results)
+        let units = if self.spec.group { group::groups(items) } else { group::chunks(items.len(), items.len()) };
+        let mut results: Vec<Option<Result<f32, RewardFailure>>> = vec![None; items.len()];
+        for unit in &units {
+            for (&i, r) in unit.members.iter().zip(self.exchange(items, unit)?) {
+                results[i] = Some(r);
+            }
+        }
+        // Every sample is in exactly one unit; `score_responses` checks the count besides.
+        settle_all(self.spec.on_error, results.into_iter().flatten().collect())
     }
 }
 
@@ -165,6 +187,7 @@ mod tests {
             timeout: Duration::from_millis(timeout_ms),
             on_error,
             pass_env: vec![],
+            group: false,
         })
         .unwrap()
     }
@@ -229,6 +252,39 @@ mod tests {
     }
 
     #[test]
+    fn a_group_program_gets_one_request_per_group_and_fails_it_whole() {
+        let rank = format!("{}/../../recipes/rewards/rank.py", env!("CARGO_MANIFEST_DIR"));
+        let group = |mode: &str, on_error| {
+            CommandReward::new(CommandSpec {
+                name: "rank".into(),
+                argv: vec!["python3".into(), rank.clone(), mode.into()],
+                cwd: None,
+                timeout: Duration::from_secs(20),
+                on_error,
+                pass_env: vec![],
+                group: true,
+            })
+            .unwrap()
+        };
+        // Groups 0 and 1 interleaved: each is ranked on its own (its best 1, its second 0.5).
+        let items: Vec<RewardInput> = [(0, "s0", "4"), (1, "t0", "7"), (0, "s1", "5"), (1, "t1", "8"), (1, "t2", "9")]
+            .into_iter()
+            .map(|(g, id, label)| RewardInput { group: g, ..input(id, "7", json!(label)) })
+            .collect();
+        let mut r = group("ok", OnRewardError::Stop);
+        let out = r.score_batch(&items).unwrap();
+        assert_eq!(out.iter().map(|o| o.reward().unwrap()).collect::<Vec<_>>(), [1.0, 1.0, 0.5, 0.5, 0.0]);
+        assert_eq!(r.starts, 1);
+        // One score too few: every member of that group fails, named with the group; the
+        // program is started afresh for the next group.
+        let mut r = group("count", OnRewardError::Zero);
+        let out = r.score_batch(&items).unwrap();
+        assert!(out.iter().all(|o| matches!(o, RewardOutcome::Zeroed(_))), "{out:?}");
+        assert!(what(&out[1]).starts_with("zero: group t0...: answered 2 scores for 3 samples"), "{}", what(&out[1]));
+        assert_eq!(r.starts, 2);
+    }
+
+    #[test]
     fn a_missing_program_stops_whatever_the_policy() {
         let mut r = CommandReward::new(CommandSpec {
             name: "judge".into(),
@@ -237,6 +293,7 @@ mod tests {
             timeout: Duration::from_secs(1),
             on_error: OnRewardError::Zero,
             pass_env: vec![],
+            group: false,
         })
         .unwrap();
         let e = r.score_batch(&batch()[..1]).unwrap_err();
@@ -262,6 +319,7 @@ for line in sys.stdin:
             timeout: Duration::from_millis(timeout_ms),
             on_error: OnRewardError::Zero,
             pass_env: vec![],
+            group: false,
         })
         .unwrap()
     }
@@ -313,6 +371,7 @@ for line in sys.stdin:
             timeout: Duration::from_secs(20),
             on_error: OnRewardError::Stop,
             pass_env,
+            group: false,
         };
         let mut r = CommandReward::new(spec(vec!["CHILD_TEST_PASSED".into()])).unwrap();
         assert_eq!(r.score_batch(&batch()[..1]).unwrap(), vec![RewardOutcome::Score(1.0)]);

@@ -2,8 +2,10 @@
 //! A batch from the executor is cut into requests of at most `batch_size` samples, at most
 //! `concurrency` in flight; each request has its own deadline and is retried (with backoff) up to
 //! `retries` times after a connection failure, a timeout, HTTP 429 or 5xx. The body of a request
-//! and of its answer is the batch protocol of reward/protocol.rs.
+//! and of its answer is the batch protocol of reward/protocol.rs. A group reward (`group`) sends
+//! one request per group of the batch instead (reward/group.rs), never splitting a group.
 
+use super::group::{self, Unit};
 use super::protocol::{self, BatchFault};
 use super::{settle_all, BatchReward, OnRewardError, RewardFailure, RewardInput, RewardOutcome};
 use crate::http_client::{self, Answer, Client, Url};
@@ -25,6 +27,8 @@ pub struct HttpSpec {
     /// Further tries of a request after a transient failure.
     pub retries: u32,
     pub on_error: OnRewardError,
+    /// One request per group, one score per member (`group_http_reward`; `batch_size` unused).
+    pub group: bool,
 }
 
 pub struct HttpReward {
@@ -45,26 +49,34 @@ impl HttpReward {
         Ok(HttpReward { spec, url, next_id: AtomicU64::new(0), retried: AtomicU64::new(0) })
     }
 
-    /// One request with its retries; `Err` fails its samples.
-    fn request(&self, items: &[RewardInput]) -> Vec<Result<f32, RewardFailure>> {
+    /// One request with its retries, for the samples of `unit`; a fault fails all of them (named
+    /// with the group, for a group).
+    fn request(&self, all: &[RewardInput], unit: &Unit) -> Vec<Result<f32, RewardFailure>> {
+        let members: Vec<&RewardInput> = unit.members.iter().map(|&i| &all[i]).collect();
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let body = protocol::request(id, items);
+        let body = match &unit.group {
+            Some(g) => group::request(id, g, &members),
+            None => protocol::request(id, &members),
+        };
+        let items: Vec<RewardInput> = members.into_iter().cloned().collect();
+        let fail = |mut fault: BatchFault| {
+            if let Some(g) = &unit.group {
+                fault.what = format!("group {g}: {}", fault.what);
+            }
+            fault.fail_all(&self.spec.name, &items)
+        };
         let mut tries = 0;
         loop {
             tries += 1;
             match Client::shared().request(&self.url, Some(&body), self.spec.timeout, None).and_then(Answer::ok) {
-                Ok(answer) => {
-                    return protocol::parse_answer(&self.spec.name, id, items, &answer)
-                        .unwrap_or_else(|f| f.fail_all(&self.spec.name, items))
-                }
+                Ok(answer) => return protocol::parse_answer(&self.spec.name, id, &items, &answer).unwrap_or_else(fail),
                 Err(e) if e.retry && tries <= self.spec.retries => {
                     self.retried.fetch_add(1, Ordering::Relaxed);
                     std::thread::sleep(Duration::from_millis(50 << tries.min(6)));
                 }
                 Err(e) => {
                     let what = format!("POST {}: {} (after {tries} tries)", self.spec.url, e.what);
-                    let fault = if e.timed_out { BatchFault::timeout(what) } else { BatchFault::new(what) };
-                    return fault.fail_all(&self.spec.name, items);
+                    return fail(if e.timed_out { BatchFault::timeout(what) } else { BatchFault::new(what) });
                 }
             }
         }
@@ -77,23 +89,28 @@ impl BatchReward for HttpReward {
     }
 
     fn score_batch(&mut self, items: &[RewardInput]) -> Result<Vec<RewardOutcome>, RunError> {
-        let chunks: Vec<&[RewardInput]> = items.chunks(self.spec.batch_size).collect();
-        let mut results: Vec<Vec<Result<f32, RewardFailure>>> = vec![Vec::new(); chunks.len()];
+        let units =
+            if self.spec.group { group::groups(items) } else { group::chunks(items.len(), self.spec.batch_size) };
+        let mut results: Vec<Option<Result<f32, RewardFailure>>> = vec![None; items.len()];
         let this = &*self;
         // Waves of at most `concurrency` requests; each thread's request has its own deadline,
         // so a wave ends within (retries + 1) * (timeout + backoff).
-        for (w, wave) in chunks.chunks(self.spec.concurrency).enumerate() {
+        for wave in units.chunks(self.spec.concurrency) {
             let answers: Vec<_> = std::thread::scope(|s| {
-                let handles: Vec<_> = wave.iter().map(|c| s.spawn(move || this.request(c))).collect();
+                let handles: Vec<_> = wave.iter().map(|u| s.spawn(move || this.request(items, u))).collect();
                 handles.into_iter().map(|h| h.join()).collect()
             });
-            for (i, a) in answers.into_iter().enumerate() {
-                let chunk = wave[i];
-                results[w * self.spec.concurrency + i] = a.unwrap_or_else(|_| {
-                    BatchFault::new("the request thread panicked").fail_all(&self.spec.name, chunk)
+            for (unit, a) in wave.iter().zip(answers) {
+                let answered = a.unwrap_or_else(|_| {
+                    let chunk: Vec<RewardInput> = unit.members.iter().map(|&i| items[i].clone()).collect();
+                    BatchFault::new("the request thread panicked").fail_all(&self.spec.name, &chunk)
                 });
+                for (&i, r) in unit.members.iter().zip(answered) {
+                    results[i] = Some(r);
+                }
             }
         }
+        // Every sample is in exactly one unit; `score_responses` checks the count besides.
         settle_all(self.spec.on_error, results.into_iter().flatten().collect())
     }
 }
@@ -146,12 +163,24 @@ mod tests {
                     let mut body = vec![0; len];
                     r.read_exact(&mut body).unwrap();
                     let req: Value = serde_json::from_slice(&body).unwrap();
-                    let scores: Vec<f64> = req["samples"]
-                        .as_array()
-                        .unwrap()
-                        .iter()
-                        .map(|s| if s["response"] == s["label"] { 1.0 } else { 0.0 })
-                        .collect();
+                    // A group request holds the label once and the members' responses.
+                    let mut scores: Vec<f64> = match req.get("responses") {
+                        Some(rs) => rs
+                            .as_array()
+                            .unwrap()
+                            .iter()
+                            .map(|r| if r["response"] == req["label"] { 1.0 } else { 0.0 })
+                            .collect(),
+                        None => req["samples"]
+                            .as_array()
+                            .unwrap()
+                            .iter()
+                            .map(|s| if s["response"] == s["label"] { 1.0 } else { 0.0 })
+                            .collect(),
+                    };
+                    if behave(n) == "short" {
+                        scores.pop();
+                    }
                     std::thread::sleep(Duration::from_millis(50));
                     let (status, answer) = match behave(n) {
                         "500" => ("500 Internal Server Error", "model not loaded".to_string()),
@@ -184,6 +213,7 @@ mod tests {
             timeout: Duration::from_millis(timeout_ms),
             retries,
             on_error,
+            group: false,
         })
         .unwrap()
     }
@@ -247,6 +277,37 @@ mod tests {
     }
 
     #[test]
+    fn a_group_service_gets_one_request_per_group_and_fails_it_whole() {
+        // Two groups of 3, interleaved; `batch_size` does not cut a group.
+        let items: Vec<RewardInput> = (0..6)
+            .map(|i| RewardInput {
+                group: i % 2,
+                ..input(&format!("step0/p{}/s{}", i % 2, i / 2), if i == 4 { "4" } else { "5" }, json!("4"))
+            })
+            .collect();
+        let group =
+            |url: &str, on_error| HttpReward::new(HttpSpec { group: true, ..reward(url, on_error, 5000, 0).spec });
+        let srv = serve(|_| "ok");
+        let out = group(&srv.url, OnRewardError::Stop).unwrap().score_batch(&items).unwrap();
+        let scores: Vec<f32> = out.iter().map(|o| o.reward().unwrap()).collect();
+        assert_eq!(scores, vec![0.0, 0.0, 0.0, 0.0, 1.0, 0.0]);
+        assert_eq!(srv.requests.load(Ordering::SeqCst), 2);
+        // One score too few fails that group's members alone, naming the group.
+        let srv = serve(|n| if n == 0 { "short" } else { "ok" });
+        let out = group(&srv.url, OnRewardError::Drop).unwrap().score_batch(&items).unwrap();
+        let dropped: Vec<&str> = out
+            .iter()
+            .filter_map(|o| match o {
+                RewardOutcome::Dropped(f) => Some(f.what.as_str()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(dropped.len(), 3, "{out:?}");
+        assert!(dropped[0].starts_with("group step0/p"), "{}", dropped[0]);
+        assert!(dropped[0].contains("answered 2 scores for 3 samples"), "{}", dropped[0]);
+    }
+
+    #[test]
     fn bad_settings() {
         let spec = |url: &str| HttpSpec {
             name: "rm".into(),
@@ -256,6 +317,7 @@ mod tests {
             timeout: Duration::from_secs(1),
             retries: 0,
             on_error: OnRewardError::Stop,
+            group: false,
         };
         let e = HttpReward::new(spec("ftp://rm/score")).err().unwrap();
         assert_eq!(e.message, "reward `rm`: `url` ftp://rm/score: must start with http:// or https://");

@@ -2,9 +2,13 @@
 //! spoken to in JSON lines (`command`), and a reward service over HTTP (`http`). The executors call
 //! one trait per batch, [`BatchReward`]; a reward's fault becomes a named [`RewardFailure`] that
 //! the stage's [`OnRewardError`] policy turns into a dropped sample, a counted zero, or a stopped
-//! run. Never a silent 0 and never a hang: every wait has a timeout. See docs/rewards.md.
+//! run. Never a silent 0 and never a hang: every wait has a timeout. A command or HTTP reward may
+//! score whole groups (`group`: one request per group, one score per member), and `combine`
+//! weighs several rewards into one. See docs/rewards.md.
 
+pub mod combine;
 pub mod command;
+pub mod group;
 pub mod http;
 pub mod math;
 pub mod protocol;
@@ -45,6 +49,10 @@ pub struct RewardInput {
     pub metadata: serde_json::Value,
     #[serde(rename = "finish_reason")]
     pub finish: FinishReason,
+    /// The sample's group within this batch (the responses to one prompt share it): what a group
+    /// reward sends together. Not part of the per-sample protocol.
+    #[serde(skip)]
+    pub group: usize,
 }
 
 /// Why one sample got no score: the stage, the sample, and what happened (truncated).
@@ -90,6 +98,28 @@ pub trait BatchReward: Send {
     /// The stage name, as failures and metrics name it.
     fn name(&self) -> &str;
     fn score_batch(&mut self, items: &[RewardInput]) -> Result<Vec<RewardOutcome>, RunError>;
+
+    /// Scores a batch and says what each part of a combination gave it (the metrics'
+    /// `reward/<stage>`); a reward of one stage has no parts. One call, so a reward shared by
+    /// threads reports the parts of the very batch it scored.
+    fn score_parts(&mut self, items: &[RewardInput]) -> Result<BatchScores, RunError> {
+        Ok(BatchScores { outcomes: self.score_batch(items)?, parts: Vec::new() })
+    }
+}
+
+/// A batch's outcomes, and the scores each part of a combined reward gave it.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct BatchScores {
+    pub outcomes: Vec<RewardOutcome>,
+    pub parts: Vec<PartScores>,
+}
+
+/// What one part of a combined reward gave a batch: one entry per sample, `None` where the part
+/// failed on it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PartScores {
+    pub stage: String,
+    pub scores: Vec<Option<f32>>,
 }
 
 /// Applies `policy` to one failure.
@@ -157,6 +187,7 @@ pub(crate) fn input(id: &str, response: &str, label: serde_json::Value) -> Rewar
         label,
         metadata: serde_json::json!({}),
         finish: FinishReason::Stop,
+        group: 0,
     }
 }
 

@@ -10,7 +10,7 @@ use serde_json::{json, Value};
 const QUOTE: usize = 200;
 
 /// The JSON text of request `id` (one line: no newline inside).
-pub fn request(id: u64, items: &[RewardInput]) -> String {
+pub fn request<T: serde::Serialize>(id: u64, items: &[T]) -> String {
     json!({ "id": id, "samples": items }).to_string()
 }
 

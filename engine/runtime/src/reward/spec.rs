@@ -1,10 +1,11 @@
 //! A reward stage as the run spec carries it (`spec::reward`), and its construction. The RunSpec
-//! holds a list of these (`rewards: Vec<RewardSpec>`); the executors build each once per run and
-//! call [`BatchReward::score_batch`] per batch.
+//! holds one (`reward`, a combination holding the others); the executors build it once per run and
+//! call [`BatchReward::score_parts`] per batch.
 
 pub use crate::spec::reward::RewardSpec;
 
-use super::{BatchReward, CommandReward, CommandSpec, HttpReward, HttpSpec, Verifier, VerifierReward};
+use super::combine::{CombinedReward, Part};
+use super::{BatchReward, CommandReward, CommandSpec, HttpReward, HttpSpec, TaskReward, Verifier, VerifierReward};
 use crate::RunError;
 use std::time::Duration;
 
@@ -20,9 +21,11 @@ fn timeout(name: &str, s: f64) -> Result<Duration, RunError> {
 impl RewardSpec {
     pub fn name(&self) -> &str {
         match self {
-            RewardSpec::Verifier { name, .. } | RewardSpec::Command { name, .. } | RewardSpec::Http { name, .. } => {
-                name
-            }
+            RewardSpec::Verifier { name, .. }
+            | RewardSpec::Command { name, .. }
+            | RewardSpec::Http { name, .. }
+            | RewardSpec::ExactMatch { name, .. }
+            | RewardSpec::Combine { name, .. } => name,
         }
     }
 
@@ -34,7 +37,7 @@ impl RewardSpec {
                 verifier: Verifier::from_settings(kind, pattern.as_deref(), schema.clone())?,
                 on_error: *on_error,
             }),
-            RewardSpec::Command { name, command, cwd, timeout_s, on_error, pass_env } => {
+            RewardSpec::Command { name, command, cwd, timeout_s, on_error, pass_env, group } => {
                 Box::new(CommandReward::new(CommandSpec {
                     name: name.clone(),
                     argv: command.clone(),
@@ -42,9 +45,10 @@ impl RewardSpec {
                     timeout: timeout(name, *timeout_s)?,
                     on_error: *on_error,
                     pass_env: pass_env.clone(),
+                    group: *group,
                 })?)
             }
-            RewardSpec::Http { name, url, concurrency, batch_size, timeout_s, retries, on_error } => {
+            RewardSpec::Http { name, url, concurrency, batch_size, timeout_s, retries, on_error, group } => {
                 Box::new(HttpReward::new(HttpSpec {
                     name: name.clone(),
                     url: url.clone(),
@@ -53,7 +57,23 @@ impl RewardSpec {
                     timeout: timeout(name, *timeout_s)?,
                     retries: *retries,
                     on_error: *on_error,
+                    group: *group,
                 })?)
+            }
+            RewardSpec::ExactMatch { partial_credit, .. } => Box::new(TaskReward { partial_credit: *partial_credit }),
+            RewardSpec::Combine { name, parts, weights } => {
+                if parts.len() != weights.len() {
+                    return Err(RunError::new(
+                        crate::E_SPEC,
+                        format!("reward `{name}`: {} parts but {} weights", parts.len(), weights.len()),
+                    ));
+                }
+                let parts = parts
+                    .iter()
+                    .zip(weights)
+                    .map(|(p, &weight)| Ok(Part { name: p.name().to_string(), reward: p.build()?, weight }))
+                    .collect::<Result<Vec<_>, RunError>>()?;
+                Box::new(CombinedReward::new(name, parts)?)
             }
         })
     }
@@ -91,7 +111,8 @@ mod tests {
                 batch_size: 32,
                 timeout_s: 60.0,
                 retries: 0,
-                on_error: OnRewardError::Stop
+                on_error: OnRewardError::Stop,
+                group: false,
             }
         );
         let mut built: Vec<_> = specs.iter().map(|s| s.build().unwrap()).collect();
@@ -107,6 +128,7 @@ mod tests {
             timeout_s: -1.0,
             on_error: OnRewardError::Stop,
             pass_env: vec![],
+            group: false,
         };
         assert_eq!(
             bad.build().err().unwrap().message,

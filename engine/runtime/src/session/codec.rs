@@ -3,7 +3,9 @@
 //! `add_generation_prompt`); each later observation is tokenised once, wrapped in what the
 //! template puts between the end of an assistant turn and the next assistant turn (for Qwen:
 //! `\n<|im_start|>user\n<tool_response>\n` ... `\n</tool_response><|im_end|>\n<|im_start|>assistant\n`).
-//! Those delimiters are read off the template itself by rendering a probe conversation. Without a
+//! Those delimiters are read off the template itself by rendering a probe conversation. Tool
+//! schemas given to the codec (`with_tools`) are rendered where the template puts them (Qwen:
+//! the system turn of the first prompt), as `apply_chat_template(tools=...)` does. Without a
 //! chat template (the char tokenizer, a plain Hugging Face tokenizer) an observation is its text.
 //! An observation is the environment's text, never the template's: no added token's id comes
 //! from it (`HfTokenizer::encode_untrusted`), so one that spells
@@ -40,8 +42,14 @@ const OBSERVATION: &str = "\u{E000}";
 pub struct ChatCodec<'a> {
     tok: &'a Tokenizer,
     system: Option<String>,
+    /// The tool schemas the template is rendered with (`tools=`, a JSON list), if any.
+    tools: Option<String>,
     /// Text before and after an observation, per role (`None`: no chat template).
     wrap: Option<[(String, String); 2]>,
+    /// A data row's chat messages the first observation joins (`for_row`): after them, or in
+    /// place of their last user message (`replace`).
+    row: Vec<serde_json::Value>,
+    replace: bool,
 }
 
 fn msg(role: &str, content: &str) -> serde_json::Value {
@@ -50,6 +58,17 @@ fn msg(role: &str, content: &str) -> serde_json::Value {
 
 impl<'a> ChatCodec<'a> {
     pub fn new(tok: &'a Tokenizer, system: Option<String>) -> Result<ChatCodec<'a>, String> {
+        ChatCodec::with_tools(tok, system, None)
+    }
+
+    /// A codec whose template renders `tools` (a JSON list of function schemas, as
+    /// `apply_chat_template(tools=...)` takes them) into the first prompt, where the template
+    /// puts them (Qwen: the system turn).
+    pub fn with_tools(
+        tok: &'a Tokenizer,
+        system: Option<String>,
+        tools: Option<String>,
+    ) -> Result<ChatCodec<'a>, String> {
         let wrap = match tok {
             Tokenizer::Hf(h) if h.chat_template().is_some() => {
                 let eot = h.special().end_of_turn.map(|id| h.decode(&[id], false));
@@ -60,7 +79,7 @@ impl<'a> ChatCodec<'a> {
                     }
                     m.extend([msg("user", "q"), msg("assistant", ASSISTANT), msg(role.name(), OBSERVATION)]);
                     let text = h
-                        .render_chat(&serde_json::Value::Array(m).to_string(), &generation())
+                        .render_chat(&serde_json::Value::Array(m).to_string(), &generation(&tools))
                         .map_err(|e| e.message)?;
                     let a = text.find(ASSISTANT).ok_or("the chat template dropped the assistant message")?
                         + ASSISTANT.len();
@@ -77,7 +96,7 @@ impl<'a> ChatCodec<'a> {
             }
             _ => None,
         };
-        Ok(ChatCodec { tok, system, wrap })
+        Ok(ChatCodec { tok, system, tools, wrap, row: Vec::new(), replace: false })
     }
 
     pub fn tokenizer(&self) -> &'a Tokenizer {
@@ -95,12 +114,33 @@ impl<'a> ChatCodec<'a> {
         }
     }
 
+    /// This codec for an episode of a data row whose prompt is the chat `messages`: its first
+    /// prompt renders them with the first observation after them, or (`replace`) as the content
+    /// of their last user message (after them when they have none). Only a template renders
+    /// messages: without one (the char tokenizer, whose rows are strings) the row is not shown.
+    pub fn for_row(&self, messages: &[serde_json::Value], replace: bool) -> ChatCodec<'a> {
+        let row = if self.wrap.is_some() { messages.to_vec() } else { Vec::new() };
+        ChatCodec {
+            system: self.system.clone(),
+            tools: self.tools.clone(),
+            wrap: self.wrap.clone(),
+            row,
+            replace,
+            ..*self
+        }
+    }
+
     fn chat(&self, first: &str) -> Vec<serde_json::Value> {
         let mut m = Vec::new();
         if let Some(s) = &self.system {
             m.push(msg("system", s));
         }
-        m.push(msg("user", first));
+        m.extend(self.row.iter().cloned());
+        let last_user = m.iter().rposition(|x| x.get("role").and_then(|r| r.as_str()) == Some("user"));
+        match last_user.filter(|_| self.replace && !self.row.is_empty()) {
+            Some(i) => m[i] = msg("user", first),
+            None => m.push(msg("user", first)),
+        }
         m
     }
 
@@ -111,7 +151,7 @@ impl<'a> ChatCodec<'a> {
             Tokenizer::Char(t) => t.encode_prompt(observation).map_err(|e| e.message),
             Tokenizer::Hf(h) if self.wrap.is_some() => {
                 let render = |first: &str| {
-                    h.render_chat(&serde_json::Value::Array(self.chat(first)).to_string(), &generation())
+                    h.render_chat(&serde_json::Value::Array(self.chat(first)).to_string(), &generation(&self.tools))
                         .map_err(|e| e.message)
                 };
                 // The template's text around the message, found by rendering a marker in its
@@ -172,8 +212,9 @@ impl<'a> ChatCodec<'a> {
                     m.push(msg("assistant", a));
                     m.push(msg(role.name(), o));
                 }
-                let text =
-                    h.render_chat(&serde_json::Value::Array(m).to_string(), &generation()).map_err(|e| e.message)?;
+                let text = h
+                    .render_chat(&serde_json::Value::Array(m).to_string(), &generation(&self.tools))
+                    .map_err(|e| e.message)?;
                 h.encode(&text, false).map_err(|e| e.message)?
             }
             Tokenizer::Hf(h) => {
@@ -198,8 +239,9 @@ fn char_lossy(t: &crate::tokenize::CharTokenizer, text: &str) -> Vec<TokenId> {
     text.chars().filter_map(|c| t.id(c)).collect()
 }
 
-fn generation() -> RenderOptions {
-    RenderOptions { add_generation_prompt: true, ..Default::default() }
+/// `apply_chat_template(..., tools=tools, add_generation_prompt=True)`.
+fn generation(tools: &Option<String>) -> RenderOptions {
+    RenderOptions { add_generation_prompt: true, tools_json: tools.clone(), ..Default::default() }
 }
 
 #[cfg(test)]
@@ -258,6 +300,37 @@ mod tests {
         assert_eq!(count(&ids, eot), count(&delimiters, eot));
     }
 
+    /// The Hugging Face chat fixture (tests/fixtures/hf/qwen3-chat): with tools, the first prompt
+    /// is transformers' `apply_chat_template(messages, tools=..., add_generation_prompt=True)`,
+    /// tools in the system turn; a tool result's delimiters are the template's text between an
+    /// assistant turn's `<|im_end|>` and the next assistant header.
+    #[test]
+    fn the_first_prompt_carries_the_tools_as_transformers_renders_them() {
+        let tok = hf("qwen3-chat");
+        let Tokenizer::Hf(h) = &tok else { unreachable!() };
+        let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/hf/qwen3-chat/reference");
+        let reference: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("chat.json")).unwrap()).unwrap();
+        let find = |name: &str, agp: bool| {
+            let all = reference.as_array().unwrap();
+            all.iter().find(|e| e["name"] == name && e["add_generation_prompt"] == agp).unwrap().clone()
+        };
+        let want = find("tool_prompt", true);
+        // As text: its key order is what the template renders.
+        let tools = std::fs::read_to_string(dir.join("tools.json")).unwrap();
+        let codec = ChatCodec::with_tools(&tok, None, Some(tools)).unwrap();
+        let ids: Vec<TokenId> = serde_json::from_value(want["ids"].clone()).unwrap();
+        assert_eq!(codec.first_prompt("37*59=?").unwrap(), ids, "{}", h.decode(&ids, false));
+        assert!(h.decode(&ids, false).contains("<tools>\n{\"type\": \"function\""));
+        assert_eq!(
+            codec.delimiters(Role::Tool),
+            ("\n<|im_start|>user\n<tool_response>\n", "\n</tool_response><|im_end|>\n<|im_start|>assistant\n")
+        );
+        // Without tools the template writes no system turn.
+        let plain = ChatCodec::new(&tok, None).unwrap();
+        assert!(!h.decode(&plain.first_prompt("6*7=?").unwrap(), false).contains("system"));
+    }
+
     /// Ordinary observations keep the ids a joint encoding gives (the delimiters end where a
     /// pre-tokenizer splits anyway).
     #[test]
@@ -272,8 +345,9 @@ mod tests {
                 assert_eq!(codec.observation(Role::Tool, text).unwrap(), joint, "{arch} {text}");
             }
             let text = "What is 37*59?";
-            let rendered =
-                h.render_chat(&serde_json::Value::Array(vec![msg("user", text)]).to_string(), &generation()).unwrap();
+            let rendered = h
+                .render_chat(&serde_json::Value::Array(vec![msg("user", text)]).to_string(), &generation(&None))
+                .unwrap();
             assert_eq!(codec.first_prompt(text).unwrap(), h.encode(&rendered, false).unwrap(), "{arch}");
         }
     }

@@ -14,6 +14,49 @@ pub enum EnvSpec {
     Jsonl(JsonlSpec),
     #[serde(rename = "openenv")]
     OpenEnv(OpenEnvSpec),
+    /// The plug-in layers (`agent`, docs/agents.md): the user's program plays each episode
+    /// through the run's chat server.
+    AgentProgram(ProgramSpec),
+    /// ... one program per group of sessions.
+    RolloutProgram(ProgramSpec),
+    /// ... sessions opened and finished by an outside process over HTTP.
+    ExternalAgents(ExternalSpec),
+}
+
+impl EnvSpec {
+    /// Whether this is a plug-in layer: episodes are played by programs through the chat server,
+    /// not turn by turn by the episode driver.
+    pub fn is_layer(&self) -> bool {
+        matches!(self, EnvSpec::AgentProgram(_) | EnvSpec::RolloutProgram(_) | EnvSpec::ExternalAgents(_))
+    }
+}
+
+/// An `agent_program` or `rollout_program`: the user's program (`agent::program`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProgramSpec {
+    pub name: String,
+    /// Program and arguments, not through a shell: `["python3", "agent.py"]`.
+    pub command: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cwd: Option<PathBuf>,
+    /// Names of the run's environment variables the program also gets (`child::ChildEnv`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pass_env: Vec<String>,
+}
+
+/// `external_agents`: where the run's chat server listens for an outside process.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExternalSpec {
+    pub name: String,
+    /// `host:port`; port 0 picks a free one.
+    #[serde(default = "default_bind")]
+    pub bind: String,
+}
+
+fn default_bind() -> String {
+    "127.0.0.1:0".into()
 }
 
 /// A run whose rollouts are multi-turn episodes against an environment (the run spec's `env`):
@@ -48,6 +91,9 @@ pub struct EnvRunSpec {
     /// held-out `eval/accuracy` and `rollout/solved_frac`.
     #[serde(default = "default_solved_at", skip_serializing_if = "is_default_solved_at")]
     pub solved_at: f64,
+    /// What the first turn is shown of a data row whose prompt is a chat (`env_reward.prompt`).
+    #[serde(default, skip_serializing_if = "EpisodePrompt::is_default")]
+    pub prompt: EpisodePrompt,
 }
 
 fn default_solved_at() -> f64 {
@@ -202,6 +248,36 @@ pub enum RewardMode {
     Final,
     /// The sum of every step's reward.
     Sum,
+}
+
+/// What an episode's first turn is shown when its data row's prompt is a chat (system and user
+/// messages); a row with a plain string prompt shows the reset observation alone whatever this
+/// says (the environment was given the string in `reset`). docs/agents.md, "The first prompt".
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EpisodePrompt {
+    /// The row's messages, then the reset observation as a user message.
+    #[default]
+    Append,
+    /// The row's messages with its last user message's content replaced by the observation.
+    Replace,
+    /// The reset observation alone, as the only user message (the row is the environment's).
+    ObservationOnly,
+}
+
+impl EpisodePrompt {
+    pub fn is_default(&self) -> bool {
+        *self == EpisodePrompt::Append
+    }
+
+    /// The recipe's name of it (`env_reward.prompt`).
+    pub fn name(self) -> &'static str {
+        match self {
+            EpisodePrompt::Append => "append",
+            EpisodePrompt::Replace => "replace",
+            EpisodePrompt::ObservationOnly => "observation_only",
+        }
+    }
 }
 
 /// What an episode ended by an environment fault trains on.

@@ -42,6 +42,7 @@
 //!   eval: {every = 10 (0 = only at start and end), prompts = 200,
 //!          mode: shared|snapshot|external = shared, command?}    (mode matters only when async)
 //!   checkpoint: {every = 0 (0 = only at the end), keep = 2}
+//!   samples: {every = 10 (0 = none), count = 4}   samples.jsonl: at step 1, every `every`, the last
 //!   schedule: {type: sync} (default) | {type: one_step_off}
 //!           | {type: fully_async, max_staleness = 2, max_concurrent = 64,
 //!              refill: per_sample|per_group, buffer_capacity = 256, update_interval = 1,
@@ -66,6 +67,7 @@ mod options;
 mod resume;
 pub(crate) mod reward;
 mod rollout;
+pub mod serving;
 mod task;
 mod train;
 mod validate;
@@ -112,6 +114,10 @@ pub struct RunSpec {
     pub eval: EvalSpec,
     #[serde(default)]
     pub checkpoint: CheckpointSpec,
+    /// Samples written for reading, to OUT/samples.jsonl (docs/runs.md, "Samples"). Left out of
+    /// the JSON at its default, so a spec from before it reads (and resumes) the same.
+    #[serde(default, skip_serializing_if = "SamplesSpec::is_default")]
+    pub samples: SamplesSpec,
     /// Stages as separate processes (engine/workers); None = in-process.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub distributed: Option<crate::distributed::DistributedSpec>,
@@ -248,6 +254,42 @@ fn default_keep() -> usize {
 impl Default for CheckpointSpec {
     fn default() -> Self {
         CheckpointSpec { every: 0, keep: default_keep() }
+    }
+}
+
+/// samples.jsonl: `count` samples of a step, written at step 1, every `every` steps and the
+/// last step, so a newcomer reads what the policy says without asking; `every = 0` writes none.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SamplesSpec {
+    #[serde(default = "default_samples_every")]
+    pub every: u64,
+    #[serde(default = "default_samples_count")]
+    pub count: usize,
+}
+
+fn default_samples_every() -> u64 {
+    10
+}
+
+fn default_samples_count() -> usize {
+    4
+}
+
+impl Default for SamplesSpec {
+    fn default() -> Self {
+        SamplesSpec { every: default_samples_every(), count: default_samples_count() }
+    }
+}
+
+impl SamplesSpec {
+    pub fn is_default(&self) -> bool {
+        *self == SamplesSpec::default()
+    }
+
+    /// Whether step `step` of a run of `steps` writes samples.
+    pub fn due(&self, step: u64, steps: u64) -> bool {
+        self.every > 0 && self.count > 0 && step >= 1 && (step == 1 || step % self.every == 0 || step == steps)
     }
 }
 

@@ -38,6 +38,10 @@ pub struct RunOptions {
     /// Set (by a Ctrl-C handler) to end the run after the step in progress, with a checkpoint at
     /// the step reached; read between steps by both executors.
     pub interrupt: Option<Arc<AtomicBool>>,
+    /// Starts the OpenAI-compatible session server over a hub (docs/agents.md "The session
+    /// server"); None: this process cannot serve one (the `miles-engine` binary sets the workers'
+    /// implementation).
+    pub chat_server: Option<Arc<dyn super::serving::ChatServer>>,
 }
 
 impl RunOptions {
@@ -50,6 +54,7 @@ impl RunOptions {
             threads: None,
             max_wall: None,
             interrupt: None,
+            chat_server: None,
         }
     }
 

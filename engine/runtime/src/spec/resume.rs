@@ -12,8 +12,9 @@ use serde_json::Value;
 ///   learning rate is scheduled over the total: the remaining steps follow the new schedule.)
 /// - `checkpoint.every`, `checkpoint.keep`: when checkpoints are written and how many stay.
 /// - `eval.every`: when held-out evaluations run; they are greedy and read the weights only.
+/// - `samples`: which steps write samples.jsonl, and how many; it is read, never trained on.
 /// - `stages`: the stages' names, labels in messages.
-pub const RESUME_FREE: &[&str] = &["steps", "checkpoint.every", "checkpoint.keep", "eval.every", "stages"];
+pub const RESUME_FREE: &[&str] = &["steps", "checkpoint.every", "checkpoint.keep", "eval.every", "samples", "stages"];
 
 /// One field whose value differs between the saved spec and this one.
 #[derive(Debug, Clone, PartialEq)]
@@ -124,13 +125,14 @@ mod tests {
         new.steps = saved.steps * 3;
         new.checkpoint.every = 7;
         new.eval.every = 3;
+        new.samples.every = 1;
         new.stages.train = "learn".into();
         new.train.lr *= 2.0;
         new.rollout.temperature = 0.5;
         new.seed += 1;
         let d = new.resume_diff(&saved);
         let allowed: Vec<&str> = d.allowed.iter().map(|c| c.path.as_str()).collect();
-        assert_eq!(allowed, ["checkpoint.every", "eval.every", "steps"]);
+        assert_eq!(allowed, ["checkpoint.every", "eval.every", "samples", "steps"]);
         let refused: Vec<String> = d.refused.iter().map(|c| c.to_string()).collect();
         assert_eq!(
             refused,

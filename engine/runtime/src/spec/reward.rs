@@ -1,6 +1,8 @@
 //! A run's reward stage (the run spec's `reward`, docs/rewards.md), as plain data: a built-in
-//! verifier, a command or an HTTP service, and what it does with a sample it cannot score.
-//! `reward::spec` builds the reward from it.
+//! verifier, a command or an HTTP service (per sample, or per group with `group`), the task's exact
+//! match inside a combination, or a weighted combination of these; and what each does with a
+//! sample it cannot score. `reward::spec` builds the reward from it. A spec written before group
+//! rewards and combinations reads unchanged: `group` defaults to false and is not written then.
 
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
@@ -33,6 +35,9 @@ pub enum RewardSpec {
         /// Names of the run's environment variables the program also gets (`child::ChildEnv`).
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         pass_env: Vec<String>,
+        /// `group_command_reward`: one request per group, one score per member.
+        #[serde(default, skip_serializing_if = "is_false")]
+        group: bool,
     },
     /// `http_reward { url, concurrency, batch_size, timeout, retries, on_error }`.
     Http {
@@ -48,7 +53,22 @@ pub enum RewardSpec {
         retries: u32,
         #[serde(default)]
         on_error: OnRewardError,
+        /// `group_http_reward`: one request per group, one score per member.
+        #[serde(default, skip_serializing_if = "is_false")]
+        group: bool,
     },
+    /// `exact_match` as a part of a combination (alone, a run's exact match is `reward: null`).
+    ExactMatch {
+        name: String,
+        #[serde(default)]
+        partial_credit: bool,
+    },
+    /// `combine { parts, weights }`: each sample's reward is the weighted sum of its parts'.
+    Combine { name: String, parts: Vec<RewardSpec>, weights: Vec<f64> },
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
 }
 
 fn default_timeout_s() -> f64 {

@@ -86,6 +86,7 @@ impl PromptRow {
             label: self.label.clone(),
             metadata: Value::Object(self.metadata.clone()),
             finish,
+            group: 0,
         }
     }
 }

@@ -184,6 +184,40 @@ impl HfTokenizer {
         Ok(ids)
     }
 
+    /// `encode_untrusted` over a sequence of pieces, each `(text, untrusted)`: the joint ids when
+    /// no added token's id falls in an untrusted piece (ordinary text keeps its joint
+    /// tokenisation); otherwise each trusted piece encoded with its added tokens and each
+    /// untrusted one plain. A chat rendering is many such pieces: the template's text around
+    /// every message's.
+    pub fn encode_pieces(&self, pieces: &[(&str, bool)], add_special_tokens: bool) -> Result<Vec<TokenId>, RunError> {
+        let full: String = pieces.iter().map(|p| p.0).collect();
+        let joint = self.inner.encode(full.as_str(), add_special_tokens).map_err(|e| self.fail(&full, &e))?;
+        let mut spans = Vec::new();
+        let mut at = 0;
+        for (text, untrusted) in pieces {
+            if *untrusted {
+                spans.push((at, at + text.len()));
+            }
+            at += text.len();
+        }
+        let forged = joint
+            .get_ids()
+            .iter()
+            .zip(joint.get_offsets())
+            .any(|(id, &(s, e))| self.added_ids.contains(id) && spans.iter().any(|&(from, to)| s < to && e > from));
+        if !forged {
+            return Ok(joint.get_ids().to_vec());
+        }
+        let mut ids = Vec::new();
+        for (i, (text, untrusted)) in pieces.iter().enumerate().filter(|(_, p)| !p.0.is_empty()) {
+            match untrusted {
+                true => ids.extend(self.encode_plain(text)?),
+                false => ids.extend(self.encode(text, add_special_tokens && i == 0)?),
+            }
+        }
+        Ok(ids)
+    }
+
     /// `text` as plain text: the added vocabulary's matching skipped, the normaliser,
     /// pre-tokenizer and model run as in `encode`. A special token's id that the model's own
     /// vocabulary yields for the text is refused (no such id may come from outside text).

@@ -7,7 +7,7 @@ pub mod chars;
 pub mod chat;
 pub mod hf;
 pub mod prompt;
-mod pyjson;
+pub(crate) mod pyjson;
 
 pub use chars::CharTokenizer;
 pub use chat::{ChatTemplate, RenderOptions};

@@ -69,6 +69,7 @@ fn chat_prompts_from_a_file_are_tokenized_and_scored_by_a_python_program() {
             timeout_s: 30.0,
             on_error: OnRewardError::Stop,
             pass_env: vec![],
+            group: false,
         },
         RewardSpec::Verifier {
             name: "math".into(),

@@ -47,6 +47,7 @@ fn spec(schedule: &str) -> RunSpec {
         session: Rule::Branching,
         compact_keep_turns: Some(1),
         solved_at: 1.0,
+        prompt: Default::default(),
     });
     s
 }

@@ -3,8 +3,11 @@
 //! `openenv-core` installed is `$MILES_OPENENV_PYTHON`, else /opt/miles-openenv/bin/python
 //! (scripts/setup-test-deps.sh installs it); without it the test says it skipped.
 
+use miles_runtime::env::faults::Faults;
 use miles_runtime::env::openenv::{OpenEnv, OpenEnvSpec};
-use miles_runtime::env::{run_episodes, Action, EndReason, EnvFault, Environment, EpisodeLimits, Task, TurnSample};
+use miles_runtime::env::{
+    run_episodes, Action, EndReason, EnvFault, Environment, EpisodeLimits, OnEnvError, Task, TurnSample,
+};
 use miles_runtime::session::ChatCodec;
 use miles_runtime::tasks::{CharTokenizer, TokenId, EOS};
 use miles_runtime::tokenize::Tokenizer;
@@ -39,13 +42,19 @@ fn healthy(port: u16) -> bool {
 }
 
 fn start() -> Option<(Server, u16)> {
+    start_capped(16)
+}
+
+/// A server that accepts at most `cap` sessions at once (openenv-core's `max_concurrent_envs`).
+fn start_capped(cap: usize) -> Option<(Server, u16)> {
     let Some(py) = python() else {
         eprintln!("skipped: no Python with openenv-core (set MILES_OPENENV_PYTHON or run scripts/setup-test-deps.sh)");
         return None;
     };
     let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/envs/openenv_guess.py");
-    let child = Command::new(py).arg(script).arg(port.to_string()).stdout(Stdio::null()).spawn().unwrap();
+    let child =
+        Command::new(py).arg(script).arg(port.to_string()).arg(cap.to_string()).stdout(Stdio::null()).spawn().unwrap();
     let server = Server(child);
     // Importing openenv (FastAPI, gradio) takes tens of seconds on a loaded machine.
     let deadline = Instant::now() + Duration::from_secs(180);
@@ -170,4 +179,56 @@ fn episodes_against_a_real_openenv_server() {
         );
         assert!(r.turns <= 4);
     }
+}
+
+/// Issue #41: a server that accepts one session at once refuses the others; each refused episode
+/// ends `env_refused` (not `env_error`), its message names the server's cap, and the step's warning
+/// line says so.
+#[test]
+fn a_session_refused_at_the_servers_cap_is_named() {
+    let Some((_server, port)) = start_capped(1) else { return };
+    let url = format!("http://127.0.0.1:{port}");
+    let env = OpenEnv::new(OpenEnvSpec {
+        name: "guess".into(),
+        url: url.clone(),
+        action_field: Some("message".into()),
+        observation_field: Some("text".into()),
+    })
+    .unwrap();
+    let tok = Tokenizer::Char(CharTokenizer::new("0123456789 abcdefghijklmnopqrstuvwxyz()".chars()));
+    let codec = ChatCodec::new(&tok, None).unwrap();
+    let Tokenizer::Char(chars) = &tok else { unreachable!() };
+    // Guesses 0..9 in turn: the one episode the server serves ends `done` within 10 turns.
+    let mut turn = 0u32;
+    let mut policy = |ctxs: &[Vec<TokenId>]| -> Result<Vec<TurnSample>, miles_runtime::RunError> {
+        let guess = turn % 10;
+        turn += 1;
+        Ok(ctxs
+            .iter()
+            .map(|_| {
+                let mut ids = chars.encode(&format!(" {guess} ")).unwrap();
+                ids.push(EOS);
+                let n = ids.len();
+                TurnSample {
+                    ids,
+                    logprobs: vec![0.0; n],
+                    versions: vec![1; n],
+                    finish: FinishReason::Stop,
+                    routing: None,
+                }
+            })
+            .collect())
+    };
+    let t = Duration::from_secs(20);
+    let limits = EpisodeLimits { max_turns: 10, concurrency: 4, turn_timeout: t, ..EpisodeLimits::default() };
+    let tasks: Vec<Task> = (30..34).map(task).collect();
+    let rs = run_episodes(&env, &tasks, &codec, &limits, &mut policy).unwrap();
+    let refused: Vec<_> = rs.iter().filter(|r| r.end == EndReason::EnvRefused).collect();
+    assert_eq!(refused.len(), 3, "{:?}", rs.iter().map(|r| (r.end, r.fault.clone())).collect::<Vec<_>>());
+    let what = refused[0].fault.clone().unwrap_or_default();
+    assert!(what.contains(&format!("the server at ws://127.0.0.1:{port}/ws accepts 1 session(s) at once")), "{what}");
+    assert!(what.contains("CAPACITY_REACHED"), "{what}");
+    let f = Faults::of(&rs, OnEnvError::Drop);
+    let line = f.warning("step 1").unwrap();
+    assert!(line.starts_with("step 1: 3 of 4 episodes faulted (env_refused 3: \"the server at ws://"), "{line}");
 }

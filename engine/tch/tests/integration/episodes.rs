@@ -41,6 +41,7 @@ fn spec() -> RunSpec {
         session: Default::default(),
         compact_keep_turns: None,
         solved_at: 1.0,
+        prompt: Default::default(),
     });
     s
 }

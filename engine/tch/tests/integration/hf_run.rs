@@ -77,6 +77,7 @@ fn command_reward(args: &[&str]) -> RewardSpec {
         timeout_s: 30.0,
         on_error: OnRewardError::Stop,
         pass_env: vec![],
+        group: false,
     }
 }
 
@@ -200,6 +201,7 @@ fn http_reward_scores_a_run() {
         timeout_s: 10.0,
         retries: 1,
         on_error: OnRewardError::Stop,
+        group: false,
     };
     let out = d.join("out");
     miles_tch::run(&spec(&d, 2, Some(reward)), &opts(&out)).unwrap();

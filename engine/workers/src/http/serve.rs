@@ -99,6 +99,9 @@ pub struct ServeOptions {
     pub api_key: Option<String>,
     /// What one request may ask and how long it may take.
     pub limits: Limits,
+    /// The OpenAI-compatible session server's hub over the loaded engine (`/v1/...`, openai.rs);
+    /// Err: why there is none (the chat routes answer 501 saying so).
+    pub chat: Result<Arc<miles_runtime::chat::Hub>, String>,
 }
 
 /// Whether a listen address reaches only this host: an IP in 127.0.0.0/8 or `::1` (also as
@@ -273,7 +276,11 @@ async fn update_weights(State(st): State<Arc<ServeState>>, req: Request) -> Resp
 /// Before any handler (and before a body is read): with a key, the key on every path but the
 /// open ones; without one, a Host that names loopback on every path (a server without a key
 /// listens only on loopback, and a DNS-rebinding page names its own host).
-async fn gate(State(key): State<Arc<Option<String>>>, req: Request, next: axum::middleware::Next) -> Response {
+pub(super) async fn gate(
+    State(key): State<Arc<Option<String>>>,
+    req: Request,
+    next: axum::middleware::Next,
+) -> Response {
     if let Some(k) = key.as_deref() {
         if !open_path(req.uri().path()) {
             let h = req.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok());
@@ -301,7 +308,7 @@ async fn gate(State(key): State<Arc<Option<String>>>, req: Request, next: axum::
     next.run(req).await
 }
 
-fn router(st: Arc<ServeState>, api_key: Option<String>) -> axum::Router {
+fn router(st: Arc<ServeState>, api_key: Option<String>, chat: axum::Router) -> axum::Router {
     let not_here = |m: &'static str| post(move || async move { fail(501, m.into()) });
     axum::Router::new()
         .route("/generate", post(generate))
@@ -365,6 +372,7 @@ fn router(st: Arc<ServeState>, api_key: Option<String>) -> axum::Router {
         // Explicit, so no extractor falls back on axum's implicit 2 MB.
         .layer(axum::extract::DefaultBodyLimit::max(st.limits.max_body_bytes))
         .with_state(st)
+        .merge(chat)
         .layer(axum::middleware::from_fn_with_state(Arc::new(api_key), gate))
 }
 
@@ -384,7 +392,7 @@ fn weights_dir(given: Option<PathBuf>, model_path: &Path) -> Result<PathBuf, Str
 
 /// Serves the API until the process ends. `on_ready` gets the bound address.
 pub fn serve(opts: ServeOptions, loader: Loader, on_ready: impl FnOnce(&str)) -> Result<(), String> {
-    let ServeOptions { bind, model_path, weights_dir: given_dir, api_key, limits } = opts;
+    let ServeOptions { bind, model_path, weights_dir: given_dir, api_key, limits, chat } = opts;
     let api_key = api_key.filter(|k| !k.is_empty());
     if let Some(k) = &api_key {
         if !valid_api_key(k) {
@@ -414,7 +422,20 @@ pub fn serve(opts: ServeOptions, loader: Loader, on_ready: impl FnOnce(&str)) ->
     });
     let needs_key = api_key.is_some();
     let (header_timeout, max_connections) = (st.limits.header_timeout, st.limits.max_connections);
-    let app = router(st, api_key);
+    let chat_routes = match chat {
+        Ok(hub) => {
+            let (pump_hub, pump_st) = (hub.clone(), st.clone());
+            std::thread::Builder::new()
+                .name("miles-chat-pump".into())
+                .spawn(move || pump(&pump_hub, &pump_st))
+                .map_err(|e| format!("cannot start the chat engine thread: {e}"))?;
+            let hub: Arc<dyn miles_runtime::chat::ChatService> = hub;
+            let cs = super::openai::ChatState { hub, limits: st.limits.clone(), pending: st.pending.clone() };
+            super::openai::routes(Arc::new(cs))
+        }
+        Err(why) => super::openai::unavailable(why),
+    };
+    let app = router(st, api_key, chat_routes);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -433,11 +454,30 @@ pub fn serve(opts: ServeOptions, loader: Loader, on_ready: impl FnOnce(&str)) ->
     })
 }
 
+/// The chat hub's engine side: serves its queued requests on the loaded engine, holding the
+/// engine's lock only while a batch is sampled (and never while `/pause_generation` holds).
+fn pump(hub: &miles_runtime::chat::Hub, st: &ServeState) {
+    loop {
+        if st.paused.load(Ordering::SeqCst) {
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            continue;
+        }
+        if !hub.wait_for_requests(std::time::Duration::from_millis(200)) {
+            continue;
+        }
+        let mut engine = lock(&st.engine);
+        // A failed batch is answered 500 to its requests; the server goes on.
+        if let Err(e) = hub.serve_pending(&mut **engine, std::time::Duration::ZERO) {
+            eprintln!("miles serve: chat: {e}");
+        }
+    }
+}
+
 /// Serves each connection with hyper directly (axum::serve sets no timer, so slow headers would
 /// hold a connection for ever): headers, and the idle time between kept-alive requests, are
 /// bounded by `header_timeout`; at most `max_connections` are served at once (the next is
 /// accepted when one ends). Never returns.
-async fn accept(
+pub(super) async fn accept(
     l: tokio::net::TcpListener,
     app: axum::Router,
     header_timeout: std::time::Duration,

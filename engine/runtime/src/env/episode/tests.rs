@@ -266,3 +266,108 @@ fn the_engine_failing_stops_the_run() {
     let e = run_episodes(&env, &tasks(2), &codec, &EpisodeLimits::default(), &mut policy).unwrap_err();
     assert_eq!(e.message, "engine died");
 }
+
+/// An environment whose reset says `the observation` and whose first step ends the episode.
+struct Observes;
+
+impl Environment for Observes {
+    fn name(&self) -> &str {
+        "observes"
+    }
+    fn reset(&self, _: &Task, _: Duration) -> Result<String, EnvFault> {
+        Ok("the observation".into())
+    }
+    fn step(&self, _: &str, _: &Action, _: Duration) -> Result<StepResult, EnvFault> {
+        Ok(StepResult { observation: String::new(), reward: Some(1.0), terminated: true, truncated: false })
+    }
+    fn close(&self, _: &str) {}
+}
+
+fn qwen3_chat() -> Tokenizer {
+    let dir = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/hf/qwen3-chat");
+    Tokenizer::Hf(Box::new(crate::tokenize::HfTokenizer::load(&dir).unwrap()))
+}
+
+/// The first context each episode's first turn was given, decoded, for `prompt` and `max_prompt`.
+fn first_contexts(prompt: EpisodePrompt, max_prompt: Option<usize>) -> Result<Vec<String>, RunError> {
+    let tok = qwen3_chat();
+    let Tokenizer::Hf(h) = &tok else { unreachable!() };
+    let codec = ChatCodec::new(&tok, None).unwrap();
+    let chat = json!([
+        {"role": "system", "content": "You are a careful guesser."},
+        {"role": "user", "content": "Guess the product of 3 and 4."}
+    ]);
+    let tasks = vec![
+        Task { episode: "chat".into(), prompt: chat, label: json!(12), metadata: json!({}), seed: 0 },
+        Task { episode: "text".into(), prompt: json!("3*4="), label: json!(12), metadata: json!({}), seed: 1 },
+    ];
+    let eos = h.special().stop.first().copied().unwrap();
+    let mut seen = Vec::new();
+    let mut policy = |ctxs: &[Vec<TokenId>]| -> Result<Vec<TurnSample>, RunError> {
+        seen.extend(ctxs.iter().map(|c| h.decode(c, false)));
+        Ok(ctxs
+            .iter()
+            .map(|_| TurnSample {
+                ids: vec![eos],
+                logprobs: vec![0.0],
+                versions: vec![0],
+                finish: FinishReason::Stop,
+                routing: None,
+            })
+            .collect())
+    };
+    let limits = EpisodeLimits { prompt, max_prompt, max_context: 4096, ..EpisodeLimits::default() };
+    let rs = run_episodes(&Observes, &tasks, &codec, &limits, &mut policy)?;
+    assert!(rs.iter().all(|r| r.end == EndReason::Done), "{:?}", rs.iter().map(|r| r.end).collect::<Vec<_>>());
+    // The naive path renders the same first prompt: it sees no difference on these episodes.
+    assert!(
+        rs.iter().all(|r| r.retokenize_mismatch == 0),
+        "{:?}",
+        rs.iter().map(|r| r.retokenize_mismatch).collect::<Vec<_>>()
+    );
+    Ok(seen)
+}
+
+/// Issue #41: a data row whose prompt is a chat gives its messages to the episode's first turn;
+/// the reset observation follows them (`append`), takes the user message's place (`replace`), or
+/// is all the turn sees (`observation_only`). A row whose prompt is a string shows the observation
+/// alone whatever the setting.
+#[test]
+fn a_rows_chat_prompt_reaches_the_episodes_first_turn() {
+    let append = first_contexts(EpisodePrompt::Append, None).unwrap();
+    let (sys, user, obs) = ("You are a careful guesser.", "Guess the product of 3 and 4.", "the observation");
+    let at = |s: &str, x: &str| s.find(x).unwrap_or_else(|| panic!("{x:?} not in {s:?}"));
+    assert!(at(&append[0], sys) < at(&append[0], user) && at(&append[0], user) < at(&append[0], obs), "{}", append[0]);
+    assert!(append[0].starts_with("<|im_start|>system\n") && append[0].ends_with("<|im_start|>assistant\n"));
+    let replace = first_contexts(EpisodePrompt::Replace, None).unwrap();
+    assert!(replace[0].contains(sys) && replace[0].contains(obs) && !replace[0].contains(user), "{}", replace[0]);
+    let only = first_contexts(EpisodePrompt::ObservationOnly, None).unwrap();
+    assert!(only[0].contains(obs) && !only[0].contains(sys) && !only[0].contains(user), "{}", only[0]);
+    for ctxs in [&append, &replace, &only] {
+        assert!(ctxs[1].contains(obs) && !ctxs[1].contains("3*4="), "a string row: {}", ctxs[1]);
+    }
+}
+
+/// `max_prompt_tokens` bounds the first prompt as sent: the row's chat and the observation.
+#[test]
+fn max_prompt_tokens_bounds_the_first_prompt_as_sent() {
+    let tok = qwen3_chat();
+    let sent = first_contexts(EpisodePrompt::Append, None).unwrap()[0].clone();
+    let Tokenizer::Hf(h) = &tok else { unreachable!() };
+    let n = h.encode(&sent, false).unwrap().len();
+    let e = first_contexts(EpisodePrompt::Append, Some(n - 1)).unwrap_err();
+    assert_eq!(e.code, "E0510", "{e}");
+    assert!(e.message.contains(&format!("is {n} tokens, over the rollout's max_prompt_tokens {}", n - 1)), "{e}");
+    assert!(first_contexts(EpisodePrompt::Append, Some(n)).is_ok());
+    assert!(
+        e.message.contains("(the row's chat, then the reset observation, as rendered; env_reward.prompt = append)"),
+        "{e}"
+    );
+    assert!(e.help.as_deref().is_some_and(|h| h.contains("env_reward.prompt = observation_only")), "{e:?}");
+    // Shown alone, the observation fits where the row's chat did not.
+    assert!(first_contexts(EpisodePrompt::ObservationOnly, Some(n - 1)).is_ok());
+    // Over the bound alone, it is not told to show what it already shows.
+    let e = first_contexts(EpisodePrompt::ObservationOnly, Some(3)).unwrap_err();
+    assert!(e.message.contains("(the reset observation, as rendered; env_reward.prompt = observation_only)"), "{e}");
+    assert!(e.help.as_deref().is_some_and(|h| !h.contains("observation_only")), "{e:?}");
+}

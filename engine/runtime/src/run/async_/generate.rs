@@ -16,6 +16,7 @@ use super::{timeout_err, Shared, State};
 use crate::backend::StreamEngine;
 use crate::buffer::Group;
 use crate::env::episode::{parallel, EnvCall};
+use crate::env::faults::Faults;
 use crate::env::{Action, EnvFault, Episode, EpisodeResult, StepResult, TurnSample};
 use crate::reward::BatchReward;
 use crate::rng::derive_seed;
@@ -29,6 +30,7 @@ use crate::spec::RunSpec;
 use crate::tasks::{PromptRow, TaskSet};
 use crate::RunError;
 use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 /// The train prompt with id `id`: a pure function of the seed, so a resumed run serves the same.
@@ -89,8 +91,12 @@ struct Generator<'a> {
     slots: usize,
     /// The run's environment and the codec of its tokenizer (episodes), else `None`.
     env: Option<(EnvRunner, ChatCodec<'a>)>,
-    /// Groups in a row whose every episode ended by an environment fault and was dropped.
+    /// Groups in a row whose every episode ended by an environment fault and was dropped, and
+    /// their faults.
     faulted_in_a_row: usize,
+    faults_in_a_row: Faults,
+    /// The run's output directory (metrics.jsonl, the environment's log).
+    out: &'a Path,
 }
 
 pub(super) fn generation_loop(
@@ -99,7 +105,7 @@ pub(super) fn generation_loop(
     reward: Box<dyn BatchReward>,
     spec: &RunSpec,
     cfg: &AsyncSpec,
-    task: &TaskSet,
+    (task, out): (&TaskSet, &Path),
 ) -> Result<(), RunError> {
     let mut g = Generator {
         spec,
@@ -112,11 +118,19 @@ pub(super) fn generation_loop(
         next_request: 0,
         slots: engine.slots().min(cfg.max_concurrent).max(1),
         env: match EnvRunner::for_run(spec)? {
-            Some(env) => Some((env, EnvRunner::codec(task)?)),
+            Some(env) => {
+                let codec = env.codec(task)?;
+                Some((env, codec))
+            }
             None => None,
         },
         faulted_in_a_row: 0,
+        faults_in_a_row: Faults::default(),
+        out,
     };
+    if let Some((e, _)) = &g.env {
+        e.env.keep_log_in(&crate::run::sync::env_log_dir(out));
+    }
     let stall = Duration::from_secs_f64(cfg.stall_timeout_s);
     let mut blocked_since: Option<Instant> = None;
     let mut swap_started: Option<Instant> = None;
@@ -284,7 +298,7 @@ impl Generator<'_> {
             };
             let item = prompt_item(self.task, self.spec.seed, p.id);
             let tokens = self.task.tokenizer.encode_prompt(&item.prompt)?;
-            let play = self.start_episodes(&p, &item);
+            let play = self.start_episodes(&p, &item)?;
             let unsubmitted: VecDeque<usize> = match &play {
                 Some(pl) => (0..n).filter(|&j| pl.live[j].is_some()).collect(),
                 None => (0..n).collect(),
@@ -304,9 +318,9 @@ impl Generator<'_> {
     }
 
     /// A group's episodes, reset (concurrently, within the environment's limits); `None` in a run
-    /// without an environment.
-    fn start_episodes(&self, p: &Pending, item: &PromptRow) -> Option<Playing> {
-        let (env, codec) = self.env.as_ref()?;
+    /// without an environment. A first prompt over `max_prompt_tokens` stops the run (E0510).
+    fn start_episodes(&self, p: &Pending, item: &PromptRow) -> Result<Option<Playing>, RunError> {
+        let Some((env, codec)) = self.env.as_ref() else { return Ok(None) };
         let n = self.spec.rollout.samples_per_prompt;
         // Ids unique per try of a prompt, seeds a function of the prompt and the try.
         let seed = derive_seed(derive_seed(self.spec.seed, "episodes-async", p.id), "try", p.retries as u64);
@@ -324,8 +338,14 @@ impl Generator<'_> {
             results: vec![None; n],
             over: 0,
         };
-        for (j, m) in started.into_iter().enumerate() {
-            let mut e = m.into_inner().unwrap_or_else(|p| p.into_inner())?;
+        let started: Vec<Option<Episode>> =
+            started.into_iter().map(|m| m.into_inner().unwrap_or_else(|p| p.into_inner())).collect();
+        if let Some(err) = started.iter().flatten().find_map(Episode::prompt_error) {
+            started.iter().flatten().for_each(|e| e.abandon(env.env.as_ref()));
+            return Err(err);
+        }
+        for (j, e) in started.into_iter().enumerate() {
+            let Some(mut e) = e else { return Ok(None) };
             if e.wants_turn(&env.limits) {
                 play.ctx[j] = e.context();
                 play.live.push(Some(e));
@@ -335,7 +355,7 @@ impl Generator<'_> {
                 play.live.push(None);
             }
         }
-        Some(play)
+        Ok(Some(play))
     }
 
     /// Records what an engine step finished: single responses, or episode turns (each recorded,
@@ -459,14 +479,21 @@ impl Generator<'_> {
             let (samples, rewards, parts) = buffered_group(results, on_env_error);
             if samples.is_empty() {
                 self.faulted_in_a_row += 1;
+                self.faults_in_a_row.merge(&Faults::of(&parts.results, on_env_error));
                 if self.faulted_in_a_row >= self.spec.rollout.rollout_batch.max(1) {
+                    // The trainer writes the row of the step in progress (these episodes counted)
+                    // before it reports this error.
+                    let mut st = shared.lock();
+                    st.counters.discarded.extend(parts.results);
                     let what = format!("{} groups in a row", self.faulted_in_a_row);
-                    return Err(all_episodes_faulted(&what));
+                    let metrics = self.out.join("metrics.jsonl");
+                    return Err(all_episodes_faulted(&what, &self.faults_in_a_row, st.step, &metrics));
                 }
             } else {
                 self.faulted_in_a_row = 0;
+                self.faults_in_a_row = Faults::default();
             }
-            Some((samples, rewards, Some(parts)))
+            Some((samples, rewards, Some(parts), Vec::new()))
         } else {
             let samples: Vec<StreamSample> = samples.into_iter().flatten().collect();
             let responses: Vec<Scored> = samples
@@ -474,19 +501,27 @@ impl Generator<'_> {
                 .enumerate()
                 .map(|(j, s)| (format!("prompt{}/s{j}", prompt.id), &item, &s.response[..], s.finish))
                 .collect();
-            let outcomes = score_responses(self.reward.as_mut(), self.task, &responses)?;
+            // The buffer's unit is a whole group: a group reward gets it entire.
+            let one_group = vec![0; responses.len()];
+            let scores = score_responses(self.reward.as_mut(), self.task, &responses, &one_group)?;
             // A dropped sample leaves its group; the others keep their rewards.
             let kept: (Vec<StreamSample>, Vec<f32>) =
-                samples.into_iter().zip(&outcomes).filter_map(|(s, o)| o.reward().map(|r| (s, r))).unzip();
-            Some((kept.0, kept.1, None))
+                samples.into_iter().zip(&scores.outcomes).filter_map(|(s, o)| o.reward().map(|r| (s, r))).unzip();
+            Some((kept.0, kept.1, None, scores.parts))
         };
         let mut st = shared.lock();
-        let State { buffer, source, .. } = &mut *st;
+        let State { buffer, source, counters, .. } = &mut *st;
         match scored {
             None => buffer.abort(prompt, self.cfg.on_abort, source),
-            Some((samples, ..)) if samples.is_empty() => buffer.abort(prompt, DropAction::Discard, source),
-            Some((samples, rewards, episodes)) => {
-                let g = Group { prompt, prompt_tokens: tokens, samples, rewards, episodes };
+            Some((samples, _, episodes, _)) if samples.is_empty() => {
+                // Nothing of the group trains; its episodes still count in the step's row.
+                if let Some(p) = episodes {
+                    counters.discarded.extend(p.results);
+                }
+                buffer.abort(prompt, DropAction::Discard, source)
+            }
+            Some((samples, rewards, episodes, reward_parts)) => {
+                let g = Group { prompt, prompt_tokens: tokens, samples, rewards, episodes, reward_parts };
                 buffer.finish(g, self.cfg.filter, source);
             }
         }

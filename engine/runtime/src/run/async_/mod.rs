@@ -74,6 +74,9 @@ struct GenCounters {
     /// Weight swaps and the seconds generation spent in them (incl. draining for one).
     swaps: u64,
     swap_s: f64,
+    /// The episodes of groups discarded because none of them trains (every episode faulted and
+    /// was dropped): the step's row counts them with the drawn groups' (docs/agents.md).
+    discarded: Vec<crate::env::EpisodeResult>,
 }
 
 struct State {
@@ -162,11 +165,14 @@ pub(crate) fn run(
     // through it.
     let reward = SharedReward::for_run(spec)?;
     let mut main = MainEval { reward: reward.boxed(), env: EnvRunner::for_run(spec)? };
+    if let Some(e) = &main.env {
+        e.env.keep_log_in(&crate::run::sync::env_log_dir(out));
+    }
 
     let (start, version, source) =
         open(spec, opts, &cfg, &mut outs, trainer.as_mut(), transport.as_mut(), engine.as_mut(), &task, &mut main)?;
     let Position { mut step, eval_start, mut eval_last, mut last_ckpt } = start;
-    let Outputs { ckpt_root, metrics_path, mut metrics, mut progress, .. } = outs;
+    let Outputs { ckpt_root, metrics_path, mut metrics, mut samples, mut progress, .. } = outs;
 
     let shared = Arc::new(Shared {
         st: Mutex::new(State {
@@ -188,7 +194,7 @@ pub(crate) fn run(
     let stall = Duration::from_secs_f64(cfg.stall_timeout_s);
 
     // The generation thread. It hands the engine back when it stops, for the final evaluation.
-    let engine_rx = spawn_generation(&shared, engine, reward.boxed(), spec, &cfg, &task, opts.threads)?;
+    let engine_rx = spawn_generation(&shared, engine, reward.boxed(), spec, &cfg, &task, (opts.threads, out))?;
     let mut evals = EvalRunner::start(spec, &cfg, eval_engine, reward.boxed(), &task, out, opts.threads)?;
 
     let result = train_loop(
@@ -201,6 +207,7 @@ pub(crate) fn run(
         transport.as_mut(),
         &mut evals,
         &mut metrics,
+        (&mut samples, &task),
         &mut progress,
         TrainProgress { step: &mut step, eval_start, eval_last: &mut eval_last, last_ckpt: &mut last_ckpt },
         &ckpt_root,
@@ -335,8 +342,9 @@ fn spawn_generation(
     spec: &RunSpec,
     cfg: &AsyncSpec,
     task: &Arc<TaskSet>,
-    threads: Option<usize>,
+    (threads, out): (Option<usize>, &Path),
 ) -> Result<Receiver<Box<dyn StreamEngine>>, RunError> {
+    let out = out.to_path_buf();
     let (engine_tx, engine_rx) = std::sync::mpsc::channel::<Box<dyn StreamEngine>>();
     let shared = shared.clone();
     let task = task.clone();
@@ -347,7 +355,7 @@ fn spawn_generation(
         .spawn(move || {
             engine.bind_thread(threads);
             let res = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                generation_loop(&shared, engine.as_mut(), reward, &spec, &cfg, &task)
+                generation_loop(&shared, engine.as_mut(), reward, &spec, &cfg, (&task, &out))
             }));
             let err = match res {
                 Ok(Ok(())) => None,

@@ -7,14 +7,18 @@ use super::{checkpoint, timeout_err, GenCounters, Shared, State};
 use crate::backend::{grpo_advantages, TrainStats, Trainer, WeightTransport};
 use crate::buffer::{DropCounts, Group};
 use crate::env::episode::metrics as episode_metrics;
+use crate::env::faults::Faults;
 use crate::env::EpisodeResult;
 use crate::progress::Progress;
 use crate::run::step::metrics::Metrics;
+use crate::run::step::samples::SamplesLog;
 use crate::run::step::teacher::TeacherStage;
 use crate::run::step::train::{check_wall_time, insert_perf, insert_train_stats, step_lrs, train_checked, StepTimes};
+use crate::run::sync::fault_kinds;
 use crate::sample::{FinishReason, Trajectory};
 use crate::schedule::{AsyncSpec, EvalMode};
 use crate::spec::{RunOptions, RunSpec, StageNames};
+use crate::tasks::TaskSet;
 use crate::{RunError, E_BACKEND};
 use serde_json::{json, Map, Value};
 use std::path::{Path, PathBuf};
@@ -41,6 +45,7 @@ pub(super) fn train_loop(
     transport: &mut dyn WeightTransport,
     evals: &mut EvalRunner,
     metrics: &mut Metrics,
+    (samples, task): (&mut SamplesLog, &TaskSet),
     progress: &mut Progress,
     tp: TrainProgress<'_>,
     ckpt_root: &Path,
@@ -62,7 +67,27 @@ pub(super) fn train_loop(
 
         // Draw a step's groups (stale ones are dropped on the way).
         let t_wait = Instant::now();
-        let (groups, version) = draw(shared, r.rollout_batch, cfg, stall, &spec.stages)?;
+        let (groups, version) = match draw(shared, r.rollout_batch, cfg, stall, &spec.stages) {
+            Ok(drawn) => drawn,
+            Err(e) => {
+                // Episodes discarded for their faults still get their step's row (E0509's help
+                // points at it), and the console's warning.
+                let discarded = std::mem::take(&mut shared.lock().counters.discarded);
+                if !discarded.is_empty() {
+                    let f = Faults::of(&discarded, on_env_error(spec));
+                    progress.faults(*step, &fault_kinds(&f), f.warning(&format!("step {}", *step)).as_deref());
+                    let mut row = Map::new();
+                    row.insert("step".into(), json!(*step));
+                    row.insert("weight_version".into(), json!(shared.lock().version));
+                    for (k, v) in episode_metrics(&discarded) {
+                        row.insert(k, json!(v));
+                    }
+                    row.extend(f.columns());
+                    metrics.write(&row)?;
+                }
+                return Err(e);
+            }
+        };
         let trainer_idle_s = t_wait.elapsed().as_secs_f64();
 
         let t_reward = Instant::now();
@@ -104,7 +129,12 @@ pub(super) fn train_loop(
         let done = Trained { groups: &groups, rewards: &rewards, batch: &batch, ts: &ts, lrs: &lrs };
         let times = (trainer_idle_s, reward_s, teacher_s, train_s, sync_s, sync_bytes);
         let (row, reward_mean, trained) = step_row(spec, *step, version, &done, &st, times, t_step);
+        let faults = spec.env.is_some().then(|| step_faults(spec, &groups, &st.counters.discarded));
+        if let Some(f) = &faults {
+            progress.faults(*step, &fault_kinds(f), f.warning(&format!("step {}", *step)).as_deref());
+        }
         metrics.write(&row)?;
+        samples.write(&crate::run::step::samples::drawn(spec, &task.tokenizer, *step, &groups, &batch))?;
         for res in &st.results {
             if let Some(acc) = write_eval_row(metrics, res, *step)? {
                 *tp.eval_last = Some(acc);
@@ -116,6 +146,7 @@ pub(super) fn train_loop(
         progress.step(
             *step,
             reward_mean,
+            &faults.as_ref().map(Faults::reward_note).unwrap_or_default(),
             counters.tokens as f64 / counters.busy_s.max(1e-9),
             trained as f64 / train_s.max(1e-9),
         );
@@ -126,6 +157,19 @@ pub(super) fn train_loop(
         }
     }
     Ok((false, last_reward))
+}
+
+fn on_env_error(spec: &RunSpec) -> crate::env::OnEnvError {
+    spec.env.as_ref().map(|e| e.on_env_error).unwrap_or_default()
+}
+
+/// The faults of a step's drawn groups' episodes and of the groups discarded since the last step.
+fn step_faults(spec: &RunSpec, groups: &[Group], discarded: &[EpisodeResult]) -> Faults {
+    let mut f = Faults::new(on_env_error(spec));
+    for r in groups.iter().filter_map(|g| g.episodes.as_ref()).flat_map(|e| e.results.iter()).chain(discarded) {
+        f.count(r);
+    }
+    f
 }
 
 /// A step's drawn groups as trajectories, with group-relative advantages; and one reward per
@@ -267,12 +311,18 @@ fn step_row(
         json!(groups.iter().flat_map(|g| &g.samples).filter(|s| s.finish == FinishReason::Stop).count() as f64 / n),
     );
     row.insert("rollout/flat_group_frac".into(), json!(flat as f64 / groups.len().max(1) as f64));
+    for (k, v) in crate::reward::combine::part_metrics(groups.iter().flat_map(|g| &g.reward_parts)) {
+        row.insert(k, json!(v));
+    }
     if spec.env.is_some() {
-        let episodes: Vec<EpisodeResult> =
+        // The drawn groups' episodes and those of groups discarded since the last step.
+        let mut episodes: Vec<EpisodeResult> =
             groups.iter().filter_map(|g| g.episodes.as_ref()).flat_map(|e| e.results.iter().cloned()).collect();
+        episodes.extend(counters.discarded.iter().cloned());
         for (k, v) in episode_metrics(&episodes) {
             row.insert(k, json!(v));
         }
+        row.extend(step_faults(spec, groups, &counters.discarded).columns());
     }
     let fa = |k: &str| format!("rollout/fully_async/{k}");
     row.insert(fa("queue_size"), json!(st.queue));

@@ -37,9 +37,13 @@ pub fn tasks_of(rows: &[PromptRow], n: usize, seed: u64, prefix: &str) -> Vec<(u
     tasks
 }
 
-/// The run's environment, its episode limits and the chat codec of its tokenizer.
+/// The run's environment, its episode limits and the chat codec of its tokenizer; or, for a
+/// plug-in layer (`agent_program`, `rollout_program`, `external_agents`), the layer that plays
+/// each episode through the chat server (attached by the sync executor, `with_layer`).
 pub struct EnvRunner {
     pub env: Box<dyn Environment>,
+    /// The plug-in layer that plays the episodes instead of `env` (`None`: the episode driver).
+    pub layer: Option<crate::agent::Layer>,
     pub limits: EpisodeLimits,
     /// Divide group-centred rewards by the group's std (the trainer's `std_norm`).
     pub std_norm: bool,
@@ -49,19 +53,62 @@ pub struct EnvRunner {
 
 impl EnvRunner {
     pub fn new(run: &EnvRunSpec, max_context: usize, std_norm: bool) -> Result<EnvRunner, RunError> {
-        Ok(EnvRunner { env: run.env.build()?, limits: run.limits(max_context)?, std_norm, solved_at: run.solved_at })
+        if run.env.is_layer() {
+            // `miles check` refuses this (E0511); a spec written by hand meets it here.
+            return Err(RunError::new(
+                crate::E_SPEC,
+                "the plug-in layers (agent_program, rollout_program, external_agents) play under the `sync` schedule in `miles run`'s own process",
+            )
+            .with_help("set `schedule = sync` and drop the launcher, or use `command_env`"));
+        }
+        let env = run.env.build()?;
+        Ok(EnvRunner { env, layer: None, limits: run.limits(max_context)?, std_norm, solved_at: run.solved_at })
+    }
+
+    /// `for_run` for the sync executor, which also plays the plug-in layers: their programs reach
+    /// the policy through the chat server `opts.chat_server` starts.
+    pub fn for_sync_run(
+        spec: &crate::spec::RunSpec,
+        opts: &crate::spec::RunOptions,
+        tokenizer: &crate::tokenize::Tokenizer,
+    ) -> Result<Option<EnvRunner>, RunError> {
+        let Some(run) = spec.env.as_ref().filter(|e| e.env.is_layer()) else { return Self::for_run(spec) };
+        let tokenizer = std::sync::Arc::new(copy_tokenizer(spec, tokenizer)?);
+        let model_name = spec.hf.as_ref().map_or_else(|| "miles-policy".to_string(), |h| h.path.display().to_string());
+        let layer = crate::agent::Layer::new(
+            run,
+            tokenizer,
+            opts.chat_server.clone(),
+            opts.out_dir.clone(),
+            spec.model.max_len,
+            model_name,
+        )?;
+        Ok(Some(EnvRunner {
+            env: Box::new(crate::agent::NotStepped),
+            layer,
+            limits: run.limits(spec.model.max_len)?,
+            std_norm: spec.train.std_norm,
+            solved_at: run.solved_at,
+        }))
     }
 
     /// The run's environment (`None` when its samples are single responses). Each thread that
     /// plays episodes builds its own (a `command_env` starts one process each).
     pub fn for_run(spec: &crate::spec::RunSpec) -> Result<Option<EnvRunner>, RunError> {
-        spec.env.as_ref().map(|e| EnvRunner::new(e, spec.model.max_len, spec.train.std_norm)).transpose()
+        let mut r =
+            spec.env.as_ref().map(|e| EnvRunner::new(e, spec.model.max_len, spec.train.std_norm)).transpose()?;
+        // The first prompt as sent is what `max_prompt_tokens` bounds (E0510).
+        if let Some(r) = r.as_mut() {
+            r.limits.max_prompt = spec.rollout.max_prompt_tokens;
+        }
+        Ok(r)
     }
 
-    /// The chat codec episodes are framed with (the run's tokenizer, no system prompt).
-    pub fn codec(task: &TaskSet) -> Result<ChatCodec<'_>, RunError> {
-        ChatCodec::new(&task.tokenizer, None)
-            .map_err(|e| RunError::new(crate::E_SPEC, format!("the tokenizer cannot frame observations: {e}")))
+    /// The chat codec episodes are framed with: the run's tokenizer, no system prompt, and the
+    /// environment's tools in the template's system turn under the Hermes format
+    /// (`env::tools::chat_codec`, which the SFT warm-up's demonstrations use too).
+    pub fn codec<'a>(&self, task: &'a TaskSet) -> Result<ChatCodec<'a>, RunError> {
+        crate::env::tools::chat_codec(&task.tokenizer, self.env.as_ref(), self.limits.tool_format)
     }
 
     /// Plays `n` episodes of each row; `params` samples every turn (its seed varies per turn).
@@ -74,7 +121,12 @@ impl EnvRunner {
         params: &SamplingParams,
         prefix: &str,
     ) -> Result<(Vec<usize>, Vec<EpisodeResult>), RunError> {
-        let codec = Self::codec(task)?;
+        if let Some(layer) = &self.layer {
+            let tasks = tasks_of(rows, n, params.seed, prefix);
+            let results = layer.play(engine, &tasks, params)?;
+            return Ok((tasks.into_iter().map(|t| t.0).collect(), results));
+        }
+        let codec = self.codec(task)?;
         let (groups, tasks): (Vec<usize>, Vec<Task>) = tasks_of(rows, n, params.seed, prefix).into_iter().unzip();
         let mut turn = 0u64;
         let mut generate = |contexts: &[Vec<TokenId>]| -> Result<Vec<TurnSample>, RunError> {
@@ -121,6 +173,7 @@ impl EnvRunner {
             responses: results.len(),
             stopped,
             metrics: metrics(results),
+            shown: Vec::new(),
         }
     }
 
@@ -142,11 +195,40 @@ impl EnvRunner {
     }
 }
 
+/// A second copy of the run's tokenizer for the chat hub (the task owns the first): the
+/// character tokenizer is cloned, a Hugging Face one loaded again from the model's directory.
+fn copy_tokenizer(
+    spec: &crate::spec::RunSpec,
+    t: &crate::tokenize::Tokenizer,
+) -> Result<crate::tokenize::Tokenizer, RunError> {
+    use crate::tokenize::{HfTokenizer, Tokenizer};
+    Ok(match (t, &spec.hf) {
+        (Tokenizer::Char(c), _) => Tokenizer::Char(c.clone()),
+        (Tokenizer::Hf(_), Some(h)) => Tokenizer::Hf(Box::new(HfTokenizer::load(&h.path)?)),
+        (Tokenizer::Hf(_), None) => {
+            return Err(RunError::internal("a Hugging Face tokenizer without its model directory"))
+        }
+    })
+}
+
 /// The run stops: in `what` (a step, or groups in a row), every episode ended by an environment
-/// fault and `on_env_error = drop` left nothing to train on.
-pub fn all_episodes_faulted(what: &str) -> RunError {
-    RunError::new(crate::E_TIMEOUT, format!("{what}: every episode ended by an environment fault and was dropped"))
-        .with_help("see rollout/episode_end/* in metrics.jsonl; or train on faulted episodes (on_env_error = score)")
+/// fault and `on_env_error = drop` left nothing to train on. `faults` says why; the row of step
+/// `row_step` in `metrics` (written before this error) counts them.
+pub fn all_episodes_faulted(
+    what: &str,
+    faults: &crate::env::faults::Faults,
+    row_step: u64,
+    metrics: &std::path::Path,
+) -> RunError {
+    RunError::new(
+        crate::E_TIMEOUT,
+        format!("{what}: every episode ended by an environment fault and was dropped ({})", faults.reasons_text()),
+    )
+    .with_help(format!(
+        "the row of step {row_step} in {} counts them (rollout/episode_end/*, rollout/faults); fix the environment, \
+         or train on faulted episodes (on_env_error = score)",
+        metrics.display()
+    ))
 }
 
 /// A finished group of episodes as the asynchronous buffer holds it: one sample per trajectory of
@@ -187,4 +269,46 @@ pub fn buffered_group(
     }
     parts.results = results;
     (samples, rewards, parts)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::env::episode::row_codec;
+    use crate::env::EpisodePrompt;
+    use crate::tokenize::{HfTokenizer, Messages, Prompt, Tokenizer};
+    use serde_json::{json, Map};
+
+    /// Issue #41: a data row whose prompt is a chat reaches each of its episodes whole (system
+    /// message included), so the first prompt as sent shows it (`env_reward.prompt = append`).
+    #[test]
+    fn a_chat_rows_messages_reach_its_episodes() {
+        let chat = json!([
+            {"role": "system", "content": "You are a careful guesser."},
+            {"role": "user", "content": "Guess the product of 3 and 4."}
+        ]);
+        let list: Vec<Map<String, Value>> =
+            chat.as_array().unwrap().iter().map(|m| m.as_object().unwrap().clone()).collect();
+        let row = PromptRow {
+            prompt: Prompt::Chat(Messages { json: chat.to_string(), list }),
+            label: json!(12),
+            metadata: Map::new(),
+            origin: "rows.jsonl:1".into(),
+        };
+        let tasks = tasks_of(&[row], 2, 7, "step1");
+        assert_eq!(
+            tasks.iter().map(|(g, t)| (*g, t.episode.as_str())).collect::<Vec<_>>(),
+            [(0, "step1/p0/e0"), (0, "step1/p0/e1")]
+        );
+        assert!(tasks.iter().all(|(_, t)| t.prompt == chat), "{:?}", tasks[0].1.prompt);
+        let dir = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/hf/qwen3-chat");
+        let tok = Tokenizer::Hf(Box::new(HfTokenizer::load(&dir).unwrap()));
+        let codec = ChatCodec::new(&tok, None).unwrap();
+        let limits = EpisodeLimits { prompt: EpisodePrompt::Append, ..EpisodeLimits::default() };
+        let ids = row_codec(&tasks[0].1, &codec, &limits).first_prompt("the observation").unwrap();
+        let Tokenizer::Hf(h) = &tok else { unreachable!() };
+        let sent = h.decode(&ids, false);
+        assert!(sent.starts_with("<|im_start|>system\nYou are a careful guesser.<|im_end|>"), "{sent}");
+        assert!(sent.contains("the observation"), "{sent}");
+    }
 }

@@ -30,7 +30,9 @@ pub(crate) fn evaluate(
         .iter()
         .map(|s| (format!("eval/p{}", s.prompt_index), items[s.prompt_index], &s.response[..], s.finish))
         .collect();
-    let outcomes = score_responses(reward, task, &scored)?;
+    // Each held-out prompt is a group of one response.
+    let groups: Vec<usize> = (0..scored.len()).collect();
+    let outcomes = score_responses(reward, task, &scored, &groups)?.outcomes;
     let len: usize = samples.iter().map(|s| s.response.len()).sum();
     let n = samples.len().max(1) as f64;
     Ok((eval_score(&outcomes), len as f64 / n))

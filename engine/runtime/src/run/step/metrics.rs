@@ -17,29 +17,31 @@ pub struct Metrics {
     tb: Option<crate::tensorboard::EventWriter>,
 }
 
-impl Metrics {
-    pub fn open(path: &Path, resume_step: Option<u64>) -> Result<Metrics, RunError> {
-        let keep_upto = resume_step;
-        let mut kept = String::new();
-        if path.exists() {
-            if let Some(upto) = keep_upto {
-                let text = fs::read_to_string(path).map_err(|e| RunError::io(E_OUT_DIR, "cannot read", path, e))?;
-                for line in text.lines() {
-                    let Ok(v) = serde_json::from_str::<Value>(line) else {
-                        continue;
-                    };
-                    if v.get("step").and_then(Value::as_u64).is_some_and(|s| s <= upto) {
-                        kept.push_str(line);
-                        kept.push('\n');
-                    }
-                }
+/// Opens a JSONL file of per-step rows for appending, first cut back to the rows of steps up to
+/// `upto` (a resume's checkpoint; a torn last line from a kill goes too), or emptied (a fresh
+/// run): a resumed run appends the steps it repeats without duplicating them. The cut is an
+/// atomic rewrite, so a kill during it leaves the old file whole.
+pub(crate) fn open_cut_back(path: &Path, upto: Option<u64>) -> Result<fs::File, RunError> {
+    let mut kept = String::new();
+    if let Some(upto) = upto.filter(|_| path.exists()) {
+        let text = fs::read_to_string(path).map_err(|e| RunError::io(E_OUT_DIR, "cannot read", path, e))?;
+        for line in text.lines() {
+            let Ok(v) = serde_json::from_str::<Value>(line) else {
+                continue;
+            };
+            if v.get("step").and_then(Value::as_u64).is_some_and(|s| s <= upto) {
+                kept.push_str(line);
+                kept.push('\n');
             }
         }
-        write_atomically(path, kept.as_bytes())?;
-        let file = fs::OpenOptions::new()
-            .append(true)
-            .open(path)
-            .map_err(|e| RunError::io(E_OUT_DIR, "cannot open", path, e))?;
+    }
+    write_atomically(path, kept.as_bytes())?;
+    fs::OpenOptions::new().append(true).open(path).map_err(|e| RunError::io(E_OUT_DIR, "cannot open", path, e))
+}
+
+impl Metrics {
+    pub fn open(path: &Path, resume_step: Option<u64>) -> Result<Metrics, RunError> {
+        let file = open_cut_back(path, resume_step)?;
         let now =
             std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0);
         let tb_dir = path.parent().unwrap_or(Path::new(".")).join("tensorboard");

@@ -4,7 +4,8 @@
 //! environment's runner), `score` (responses through the run's reward), `eval` (held-out
 //! evaluation), `teacher` (on-policy distillation's teacher stage), `train` (a step's learning
 //! rates, training and metrics columns), `sft` (the warm-up), `checkpoint` (checkpoints and the
-//! final model) and `metrics` (metrics.jsonl and TensorBoard).
+//! final model), `metrics` (metrics.jsonl and TensorBoard) and `samples` (samples.jsonl: a few
+//! samples of a step, to read).
 
 pub(crate) mod batch;
 pub(crate) mod checkpoint;
@@ -12,6 +13,7 @@ pub(crate) mod episodes;
 pub(crate) mod eval;
 pub(crate) mod metrics;
 pub(crate) mod open;
+pub(crate) mod samples;
 pub(crate) mod score;
 pub(crate) mod sft;
 pub(crate) mod teacher;

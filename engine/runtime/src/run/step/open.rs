@@ -4,6 +4,7 @@
 
 use super::checkpoint::{newest_good_checkpoint, save_checkpoint, CkptState};
 use super::metrics::Metrics;
+use super::samples::SamplesLog;
 use super::sft::run_sft;
 use crate::atomic_write::write_json;
 use crate::backend::{Trainer, WeightSnapshot, WeightTransport};
@@ -21,6 +22,8 @@ pub(crate) struct Outputs {
     pub(crate) ckpt_root: PathBuf,
     pub(crate) metrics_path: PathBuf,
     pub(crate) metrics: Metrics,
+    /// samples.jsonl, cut back to the checkpoint like metrics.jsonl.
+    pub(crate) samples: SamplesLog,
     pub(crate) progress: Progress,
     /// The checkpoint a resume continues from (None: a fresh run).
     pub(crate) resume_from: Option<(PathBuf, CkptState)>,
@@ -50,9 +53,11 @@ impl Outputs {
         };
         // The spec last: a refused resume leaves the run's own.
         write_json(&out.join("spec.json"), spec)?;
-        let metrics = Metrics::open(&metrics_path, resume_from.as_ref().map(|c| c.1.step))?;
+        let resume_step = resume_from.as_ref().map(|c| c.1.step);
+        let metrics = Metrics::open(&metrics_path, resume_step)?;
+        let samples = SamplesLog::open(&out.join("samples.jsonl"), resume_step)?;
         let progress = Progress::new(opts.progress, spec.steps).with_rule(spec.solved_rule());
-        Ok(Outputs { ckpt_root, metrics_path, metrics, progress, resume_from })
+        Ok(Outputs { ckpt_root, metrics_path, metrics, samples, progress, resume_from })
     }
 }
 
@@ -205,7 +210,10 @@ pub(crate) fn build_task_for(spec: &RunSpec, task_spec: &crate::spec::TaskSpec) 
         .with_help(format!("set model.vocab_size to at least {vocab}")));
     }
     let (max_prompt, max_answer) = task.max_token_lens();
-    if let Some(limit) = spec.rollout.max_prompt_tokens.filter(|l| max_prompt > *l) {
+    // An episode is not sent its row as the file has it (its first prompt joins the reset
+    // observation, env_reward.prompt): each first prompt as sent is checked instead (E0510 too).
+    let sent_as_is = spec.env.is_none();
+    if let Some(limit) = spec.rollout.max_prompt_tokens.filter(|l| sent_as_is && max_prompt > *l) {
         return Err(prompt_over_limit(max_prompt, limit, task.tokenizer.special().bos.is_some()));
     }
     let need = max_prompt + spec.rollout.max_new_tokens.max(max_answer);

@@ -2,7 +2,7 @@
 //! that reward shared by every part of a run that scores.
 
 use crate::reward::spec::build_run_reward;
-use crate::reward::{BatchReward, RewardInput, RewardOutcome};
+use crate::reward::{BatchReward, BatchScores, RewardInput, RewardOutcome};
 use crate::sample::FinishReason;
 use crate::spec::RunSpec;
 use crate::tasks::{PromptRow, TaskSet};
@@ -40,28 +40,166 @@ impl BatchReward for SharedReward {
         // a half-answered batch (a command is restarted on its next batch).
         self.inner.lock().unwrap_or_else(|p| p.into_inner()).score_batch(items)
     }
+
+    fn score_parts(&mut self, items: &[RewardInput]) -> Result<BatchScores, RunError> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner()).score_parts(items)
+    }
 }
 
 /// A response to score: its sample id (what a failing reward's message names, e.g.
 /// `step12/p3/s1`), its prompt row, its ids and how it ended.
 pub(crate) type Scored<'a> = (String, &'a PromptRow, &'a [TokenId], FinishReason);
 
-/// Scores responses with `reward`, in order.
+/// Scores responses with `reward`, in order; `groups[i]` is response i's group in this batch (the
+/// responses to one prompt share one), which a group reward scores together.
 pub(crate) fn score_responses(
     reward: &mut dyn BatchReward,
     task: &TaskSet,
     responses: &[Scored],
-) -> Result<Vec<RewardOutcome>, RunError> {
+    groups: &[usize],
+) -> Result<BatchScores, RunError> {
+    debug_assert_eq!(responses.len(), groups.len());
     let inputs: Vec<_> = responses
         .iter()
-        .map(|(id, row, ids, finish)| row.reward_input(id.clone(), task.tokenizer.decode(ids), *finish))
+        .zip(groups.iter().copied())
+        .map(|((id, row, ids, finish), group)| RewardInput {
+            group,
+            ..row.reward_input(id.clone(), task.tokenizer.decode(ids), *finish)
+        })
         .collect();
-    let out = reward.score_batch(&inputs)?;
-    if out.len() != inputs.len() {
+    let out = reward.score_parts(&inputs)?;
+    let short = |n: usize| n != inputs.len();
+    if short(out.outcomes.len()) || out.parts.iter().any(|p| short(p.scores.len())) {
         return Err(RunError::new(
             crate::reward::E_REWARD,
-            format!("reward `{}` returned {} results for {} samples", reward.name(), out.len(), inputs.len()),
+            format!("reward `{}` returned {} results for {} samples", reward.name(), out.outcomes.len(), inputs.len()),
         ));
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::reward::{OnRewardError, RewardSpec};
+    use crate::run::step::batch::single_turn_batch;
+    use crate::sample::Sample;
+
+    fn rank_py() -> String {
+        format!("{}/../../recipes/rewards/rank.py", env!("CARGO_MANIFEST_DIR"))
+    }
+
+    fn ranking(mode: &str) -> RewardSpec {
+        RewardSpec::Command {
+            name: "rank".into(),
+            command: vec!["python3".into(), rank_py(), mode.into()],
+            cwd: None,
+            timeout_s: 20.0,
+            on_error: OnRewardError::Stop,
+            pass_env: vec![],
+            group: true,
+        }
+    }
+
+    /// Two prompts of four responses each, interleaved (p0 s0, p1 s0, p0 s1, ...), so a group
+    /// reward that got the batch in order rather than by group would rank the wrong responses.
+    /// Prompt 0 answers [label, wrong, wrong, wrong], prompt 1 [wrong, wrong, label, wrong].
+    fn step(spec: &RunSpec, reward: &RewardSpec) -> crate::run::step::batch::StepBatch {
+        let task = TaskSet::build(&spec.task).unwrap();
+        let items = &task.test[..2];
+        let prompts: Vec<_> = items.iter().map(|r| task.tokenizer.encode_prompt(&r.prompt).unwrap()).collect();
+        let answer = |row: &PromptRow, right: bool| {
+            let label = row.label_text();
+            let text = if right { label } else { if label.starts_with('9') { "8" } else { "9" }.to_string() };
+            task.tokenizer.encode_answer(&text).unwrap()
+        };
+        let right = [[true, false, false, false], [false, false, true, false]];
+        let samples: Vec<Sample> = (0..4)
+            .flat_map(|j| (0..2).map(move |p| (p, j)))
+            .map(|(p, j)| Sample {
+                prompt_index: p,
+                response: answer(&items[p], right[p][j]),
+                logprobs: Vec::new(),
+                finish: FinishReason::Stop,
+                weight_version: 0,
+                routing: None,
+            })
+            .collect();
+        let mut r = reward.build().unwrap();
+        single_turn_batch(spec, &task, r.as_mut(), items, &prompts, &samples, 0).unwrap()
+    }
+
+    /// Group 0's values, in response order (the batch holds the groups interleaved).
+    fn group0(b: &crate::run::step::batch::StepBatch) -> (Vec<f32>, Vec<f32>) {
+        let of = |i: usize| b.groups[i] == 0;
+        let rewards = (0..b.rewards.len()).filter(|&i| of(i)).map(|i| b.rewards[i]).collect();
+        let adv = (0..b.batch.len()).filter(|&i| of(i)).map(|i| b.batch[i].advantage).collect();
+        (rewards, adv)
+    }
+
+    fn close(got: &[f32], want: &[f64]) {
+        assert_eq!(got.len(), want.len(), "{got:?} vs {want:?}");
+        for (g, w) in got.iter().zip(want) {
+            assert!((f64::from(*g) - w).abs() < 1e-5, "{got:?} vs {want:?}");
+        }
+    }
+
+    #[test]
+    fn a_ranking_group_reward_changes_the_advantages_as_computed_by_hand() {
+        let mut spec = RunSpec::from_json(include_str!("../../../tests/data/tiny.json")).unwrap();
+        // Ranks [1, 0.5, 0, 0]: mean 0.375, centred [0.625, 0.125, -0.375, -0.375].
+        spec.train.std_norm = false;
+        let b = step(&spec, &ranking("ok"));
+        let (rewards, adv) = group0(&b);
+        assert_eq!(rewards, [1.0, 0.5, 0.0, 0.0]);
+        assert_eq!(adv, [0.625, 0.125, -0.375, -0.375]);
+        // Prompt 1's own ranking: its right answer is its third response.
+        let g1: Vec<f32> = (0..8).filter(|&i| b.groups[i] == 1).map(|i| b.rewards[i]).collect();
+        assert_eq!(g1, [0.5, 0.0, 1.0, 0.0]);
+        // Unbiased variance (0.390625 + 0.015625 + 2 * 0.140625) / 3 = 0.2291667, std 0.4787136.
+        spec.train.std_norm = true;
+        let (_, adv) = group0(&step(&spec, &ranking("ok")));
+        let std = (0.6875f64 / 3.0).sqrt() + 1e-6;
+        close(&adv, &[0.625 / std, 0.125 / std, -0.375 / std, -0.375 / std]);
+        // Weighed with exact match (1 for the label, else 0): 1.0 * rank + 0.5 * exact =
+        // [1.5, 0.5, 0, 0], mean 0.5, centred [1, 0, -0.5, -0.5], variance 1.5 / 3, std 0.7071068.
+        let both = RewardSpec::Combine {
+            name: "both".into(),
+            parts: vec![ranking("ok"), RewardSpec::ExactMatch { name: "correct".into(), partial_credit: false }],
+            weights: vec![1.0, 0.5],
+        };
+        spec.train.std_norm = false;
+        let b = step(&spec, &both);
+        let (rewards, adv) = group0(&b);
+        assert_eq!(rewards, [1.5, 0.5, 0.0, 0.0]);
+        assert_eq!(adv, [1.0, 0.0, -0.5, -0.5]);
+        // Each part's mean over the step's 8 samples: rank (1.5 + 1.5) / 8, exact 2 / 8.
+        let col = |k: &str| b.metrics.iter().find(|(n, _)| n == k).map(|(_, v)| *v);
+        assert_eq!(col("reward/rank"), Some(3.0 / 8.0));
+        assert_eq!(col("reward/correct"), Some(2.0 / 8.0));
+        assert_eq!(col("reward/scored"), Some(8.0));
+        spec.train.std_norm = true;
+        let (_, adv) = group0(&step(&spec, &both));
+        let std = 0.5f64.sqrt() + 1e-6;
+        close(&adv, &[1.0 / std, 0.0, -0.5 / std, -0.5 / std]);
+    }
+
+    #[test]
+    fn a_wrong_count_of_scores_fails_the_group_and_names_it() {
+        let spec = RunSpec::from_json(include_str!("../../../tests/data/tiny.json")).unwrap();
+        let task = TaskSet::build(&spec.task).unwrap();
+        let mut r = ranking("count").build().unwrap();
+        let row = &task.test[0];
+        let ids = task.tokenizer.encode_answer("1").unwrap();
+        let scored: Vec<Scored> =
+            (0..3).map(|j| (format!("step0/p0/s{j}"), row, &ids[..], FinishReason::Stop)).collect();
+        let e = score_responses(r.as_mut(), &task, &scored, &[0, 0, 0]).unwrap_err();
+        assert_eq!(e.code, crate::reward::E_REWARD);
+        assert!(
+            e.message.starts_with(
+                "reward `rank` failed on sample step0/p0/s0: group step0/p0: answered 2 scores for 3 samples"
+            ),
+            "{e}"
+        );
+    }
 }

@@ -28,20 +28,10 @@ pub(crate) fn run_sft(
         let items = task.train_batch(spec.seed, "sft", k, sft.batch);
         let batch = match &demos {
             Some((env, limits)) => {
-                let codec = crate::session::ChatCodec::new(&task.tokenizer, None).map_err(|e| {
-                    RunError::new(crate::E_SPEC, format!("the tokenizer cannot frame observations: {e}"))
-                })?;
+                let codec = crate::env::tools::chat_codec(&task.tokenizer, env.as_ref(), limits.tool_format)?;
                 let tasks: Vec<_> =
                     tasks_of(&items, 1, derive_seed(spec.seed, "sft", k), "sft").into_iter().map(|(_, t)| t).collect();
-                crate::env::demo::demonstration_pairs(
-                    env.as_ref(),
-                    &tasks,
-                    &codec,
-                    limits.tool_format,
-                    limits.max_turns,
-                    limits.max_context,
-                    limits.turn_timeout,
-                )?
+                crate::env::demo::demonstration_pairs(env.as_ref(), &tasks, &codec, limits)?
             }
             None => items
                 .iter()

@@ -74,6 +74,7 @@ pub(crate) fn step(
         reward_s: 0.0,
         teacher_s: 0.0,
         train_s: 0.0,
+        faults: None,
     };
     for (i, lane) in lanes.iter_mut().enumerate() {
         let t_gen = Instant::now();
@@ -90,7 +91,8 @@ pub(crate) fn step(
             Some(r) => r,
             None => &mut *reward,
         };
-        let sb = single_turn_batch(spec, &lane.task, scorer, &items, &prompts, &samples, step)?;
+        let mut sb = single_turn_batch(spec, &lane.task, scorer, &items, &prompts, &samples, step)?;
+        sb.tag_adapter(&lane.name);
         out.reward_s += t_reward.elapsed().as_secs_f64();
         if sb.batch.is_empty() {
             return Err(RunError::new(
@@ -133,6 +135,7 @@ fn merge_into(out: &mut StepOutcome, sb: StepBatch, t: &TrainStats, k: f64) {
     o.sampled_tokens += sb.sampled_tokens;
     o.responses += sb.responses;
     o.stopped += sb.stopped;
+    o.shown.extend(sb.shown);
     for (key, v) in sb.metrics {
         match o.metrics.iter_mut().find(|(k2, _)| *k2 == key) {
             Some(m) => m.1 += v,

@@ -5,13 +5,17 @@
 pub(crate) mod lanes;
 
 use crate::backend::{Backend, LocalHandoff, RolloutEngine, TrainStats, Trainer, WeightTransport};
+use crate::env::faults::Faults;
+use crate::progress::Progress;
 use crate::reward::BatchReward;
 use crate::rng::derive_seed;
 use crate::run::step::batch::{single_turn_batch, StepBatch};
 use crate::run::step::checkpoint::{is_checkpoint_of, save_checkpoint, save_final_model};
 use crate::run::step::episodes::{all_episodes_faulted, EnvRunner};
 use crate::run::step::eval::evaluate;
+use crate::run::step::metrics::Metrics;
 use crate::run::step::open::{start_fresh, summary, Outputs, Position};
+use crate::run::step::samples;
 use crate::run::step::score::SharedReward;
 use crate::run::step::teacher::TeacherStage;
 use crate::run::step::train::{
@@ -36,10 +40,10 @@ pub(super) fn run(
     started: Instant,
 ) -> Result<Summary, RunError> {
     let mut outs = Outputs::open(spec, opts)?;
-    let mut p = Parts::create(spec, opts, backend)?;
+    let mut p = Parts::create(spec, opts, backend, &task)?;
     let start = p.open(spec, &task, &lanes, &mut outs)?;
     let Position { mut step, eval_start, mut eval_last, mut last_ckpt } = start;
-    let Outputs { ckpt_root, metrics_path, mut metrics, mut progress, .. } = outs;
+    let Outputs { ckpt_root, metrics_path, mut metrics, mut samples, mut progress, .. } = outs;
     let out = &opts.out_dir;
 
     let mut last_reward = None;
@@ -67,9 +71,9 @@ pub(super) fn run(
             let (engine, trainer, reward) = (p.engine.as_mut(), p.trainer.as_mut(), p.reward.as_mut());
             lanes::step(spec, &mut lanes, engine, trainer, reward, step, &last_ckpt)?
         } else {
-            p.rollout_and_train(spec, &task, step, &last_ckpt)?
+            p.rollout_and_train(spec, &task, step, &last_ckpt, &mut metrics, &metrics_path, &mut progress)?
         };
-        let StepOutcome { sb, ts, lrs, cols: lane_cols, gen_s, reward_s, teacher_s, train_s } = outcome;
+        let StepOutcome { sb, ts, lrs, cols: lane_cols, gen_s, reward_s, teacher_s, train_s, faults } = outcome;
         let t_sync = Instant::now();
         let w = p.transport.transfer(p.trainer.export_weights()?)?;
         p.engine.load_weights(&w)?;
@@ -77,6 +81,9 @@ pub(super) fn run(
 
         let version = p.engine.weight_version();
         let (mut row, reward_mean) = step_row(spec, step, version, lanes.len(), &sb, &ts, &lrs, lane_cols);
+        if let Some(f) = &faults {
+            row.extend(f.columns());
+        }
         let do_eval = step == spec.steps || (spec.eval.every > 0 && step % spec.eval.every == 0);
         if do_eval {
             let t0 = Instant::now();
@@ -96,8 +103,16 @@ pub(super) fn run(
         let sync_bytes = p.trainer.last_sync_bytes().map_or(w.bytes(), |b| b as usize);
         insert_perf(&mut row, &ts, &times, gen_tokens as u64, trained, sync_bytes);
         metrics.write(&row)?;
+        samples.write(&sb.shown)?;
         last_reward = Some(reward_mean);
-        progress.step(step, reward_mean, gen_tokens as f64 / gen_s.max(1e-9), trained as f64 / train_s.max(1e-9));
+        let note = faults.as_ref().map(Faults::reward_note).unwrap_or_default();
+        progress.step(
+            step,
+            reward_mean,
+            &note,
+            gen_tokens as f64 / gen_s.max(1e-9),
+            trained as f64 / train_s.max(1e-9),
+        );
 
         let ck = spec.checkpoint.every;
         if (ck > 0 && step % ck == 0) || step == spec.steps {
@@ -131,14 +146,18 @@ struct Parts {
 }
 
 impl Parts {
-    fn create(spec: &RunSpec, opts: &RunOptions, backend: &dyn Backend) -> Result<Parts, RunError> {
+    fn create(spec: &RunSpec, opts: &RunOptions, backend: &dyn Backend, task: &TaskSet) -> Result<Parts, RunError> {
         backend.set_threads(opts.threads);
         let (engine, trainer) = backend.create(spec)?;
         let teacher = TeacherStage::for_run(spec, backend)?;
         // One reward for rollouts and evaluations (one reward program per run).
         let shared = SharedReward::for_run(spec)?;
         let (reward, eval_reward) = (shared.boxed(), shared.boxed());
-        let env = EnvRunner::for_run(spec)?;
+        // The sync schedule also plays the plug-in layers (their chat server needs `opts`).
+        let env = EnvRunner::for_sync_run(spec, opts, &task.tokenizer)?;
+        if let Some(e) = &env {
+            e.env.keep_log_in(&env_log_dir(&opts.out_dir));
+        }
         let transport: Box<dyn WeightTransport> = Box::new(LocalHandoff);
         Ok(Parts { transport, env, eval_reward, reward, teacher, trainer, engine })
     }
@@ -181,18 +200,24 @@ impl Parts {
     }
 
     /// A step's rollout (single responses scored by the run's reward, or episodes), the teacher
-    /// stage, and training.
+    /// stage, and training. Episode faults are told on the console here; a step whose every
+    /// episode was dropped writes its metrics row, then stops the run (E0509).
+    #[allow(clippy::too_many_arguments)]
     fn rollout_and_train(
         &mut self,
         spec: &RunSpec,
         task: &TaskSet,
         step: u64,
         last_ckpt: &Option<PathBuf>,
+        metrics: &mut Metrics,
+        metrics_path: &std::path::Path,
+        progress: &mut Progress,
     ) -> Result<StepOutcome, RunError> {
         let r = &spec.rollout;
         let items = task.train_batch(spec.seed, "rollout", step, r.rollout_batch);
         let params = SamplingParams::rollout(r, derive_seed(spec.seed, "sampling", step)).with_stop(task.stop_tokens());
         let t_gen = Instant::now();
+        let mut faults = None;
         let (mut sb, gen_s, t_reward) = match &self.env {
             Some(env) => {
                 // Episodes: generation and the environment interleave turn by turn.
@@ -204,7 +229,17 @@ impl Parts {
                     &params,
                     &format!("step{step}"),
                 )?;
-                (env.batch(&groups, &results), t_gen.elapsed().as_secs_f64(), Instant::now())
+                let f = Faults::of(&results, env.limits.on_env_error);
+                progress.faults(step, &fault_kinds(&f), f.warning(&format!("step {step}")).as_deref());
+                faults = Some(f);
+                let sb = env.batch(&groups, &results).with_shown(samples::episodes(
+                    spec,
+                    &task.tokenizer,
+                    step,
+                    &groups,
+                    &results,
+                ));
+                (sb, t_gen.elapsed().as_secs_f64(), Instant::now())
             }
             None => {
                 let prompts =
@@ -217,8 +252,12 @@ impl Parts {
             }
         };
         if sb.batch.is_empty() {
-            let e = match &self.env {
-                Some(_) => all_episodes_faulted(&format!("step {step}")),
+            let e = match &faults {
+                Some(f) => {
+                    // The failing step's row first, so that the error's help points at a row.
+                    metrics.write(&faulted_row(step, self.engine.weight_version(), &sb, f))?;
+                    all_episodes_faulted(&format!("step {step}"), f, step, metrics_path)
+                }
                 None => RunError::new(
                     crate::reward::E_REWARD,
                     format!("step {step}: the reward `{}` dropped every sample of the batch", self.reward.name()),
@@ -239,7 +278,7 @@ impl Parts {
         if let Some(t) = &self.teacher {
             t.note(&mut ts);
         }
-        Ok(StepOutcome { sb, ts, lrs, cols: Map::new(), gen_s, reward_s, teacher_s, train_s })
+        Ok(StepOutcome { sb, ts, lrs, cols: Map::new(), gen_s, reward_s, teacher_s, train_s, faults })
     }
 }
 
@@ -292,4 +331,29 @@ pub(crate) struct StepOutcome {
     /// The teacher stage's scoring (on-policy distillation); 0 without one.
     pub(crate) teacher_s: f64,
     pub(crate) train_s: f64,
+    /// The step's episode faults (a run with an environment), for its row and console line.
+    pub(crate) faults: Option<Faults>,
+}
+
+/// The row of a step that trained nothing because every episode faulted: its episode columns and
+/// fault counts, written before the run stops.
+fn faulted_row(step: u64, weight_version: u64, sb: &StepBatch, f: &Faults) -> Map<String, serde_json::Value> {
+    let mut row = Map::new();
+    row.insert("step".into(), json!(step));
+    row.insert("weight_version".into(), json!(weight_version));
+    for (k, v) in &sb.metrics {
+        row.insert(k.clone(), json!(v));
+    }
+    row.extend(f.columns());
+    row
+}
+
+/// The fault reasons of a step, as the console's rate limit compares them.
+pub(crate) fn fault_kinds(f: &Faults) -> String {
+    f.kinds().iter().map(|k| k.name()).collect::<Vec<_>>().join(" ")
+}
+
+/// Where a run keeps its environments' logs (a `command_env`'s stderr): `OUT/env/`.
+pub(crate) fn env_log_dir(out: &std::path::Path) -> PathBuf {
+    out.join("env")
 }
