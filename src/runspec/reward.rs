@@ -182,9 +182,10 @@ pub(super) fn env_spec(
         session,
         compact_keep_turns: episodes.compact_keep_turns.map(|k| k as usize),
         solved_at: episodes.solved_at.value,
-        prompt: match member("prompt") {
-            Some("replace") => EpisodePrompt::Replace,
-            Some("observation_only") => EpisodePrompt::ObservationOnly,
+        // One reading of the field, shared with `miles plan`: the typed job's.
+        prompt: match episodes.prompt.as_str() {
+            "replace" => EpisodePrompt::Replace,
+            "observation_only" => EpisodePrompt::ObservationOnly,
             _ => EpisodePrompt::Append,
         },
     })
