@@ -79,6 +79,12 @@ bf16         bf16 GEMMs on the CPU: TRL side by side, both in bf16 (recipes/comp
                bash bench/peers/run.sh --recipe recipes/compare-trl-10m-bf16.miles --seeds 3 --threads 1
              + the laptop recipe learns in bf16 (recipes/grpo-laptop.miles, fp32 against bf16)
                bash bench/precision/laptop.sh  (seeds 1 2 3 by default; the table is from seeds 0-2)
+algorithms   Algorithms side by side: GRPO, Dr. GRPO, GSPO, DAPO, RLOO, REINFORCE++, PPO 1 and 4 epochs
+               python3 bench/algorithms/run.py  (--tasks strings,hf,rgym; rgym needs bash bench/algorithms/rgym/setup.sh)
+             + checked against TRL on the same samples (bench/peers/trl-parity.md)
+               cargo test -p miles-tch --locked --test integration trl_parity::
+             + TRL's fewer steps, on one model (bench/peers/analysis.md, 2026-12-07)
+               bash bench/peers/run.sh --recipe recipes/compare-trl-hf.miles --seeds 3
 serve        miles serve load test (100 clients, a hostile request a second)
                bash bench/serve-load/run.sh 60                                      (bench/serve-load/load.rs)
 gpu          (no section yet: nothing measured on a GPU) tests/e2e/gpu.rs, GPU throughput, CUDA IPC, NCCL tests

@@ -191,7 +191,10 @@ pub fn run_spec(recipe: &CompiledRecipe) -> Result<RunSpec, Vec<Diagnostic>> {
         warmup_steps: s.warmup,
     });
     let train_spec = match t {
-        Some(t) => train_spec(&m, train, t, job.seed, partial_credit),
+        Some(t) => {
+            let max_new = r.map_or(0, |r| r.response_tokens.value) as usize;
+            train_spec(&m, train, t, job.seed, partial_credit, max_new)
+        }
         None => return Err(m.internal("the trainer")),
     };
     let rollout_spec = RolloutSpec {
@@ -260,6 +263,7 @@ pub fn run_spec(recipe: &CompiledRecipe) -> Result<RunSpec, Vec<Diagnostic>> {
         samples,
         distributed,
         schedule: schedule_spec(&job.schedule),
+        dynamic_sampling: dynamic_sampling(&job.schedule),
         device: device_of(job),
         stages: StageNames {
             rollout: rollout.name.clone(),
@@ -277,7 +281,16 @@ fn session_rule(rollout: &StageJob) -> Option<miles_runtime::session::Rule> {
     }
 }
 
-fn train_spec(m: &Mapper, train: &StageJob, t: &job::TrainJob, seed: u64, partial_credit: bool) -> TrainSpec {
+/// The trainer's settings; `max_new_tokens` is the rollout's (Dr. GRPO's constant normaliser and
+/// the overlong punishment's default length).
+fn train_spec(
+    m: &Mapper,
+    train: &StageJob,
+    t: &job::TrainJob,
+    seed: u64,
+    partial_credit: bool,
+    max_new_tokens: usize,
+) -> TrainSpec {
     let opt = t.optimizer.as_ref();
     let o = |f: fn(&job::OptimizerJob) -> f64, default: f64| opt.map_or(default, f);
     let count = |v: Option<miles_compiler::Spanned<u64>>| v.map_or(0, |v| v.value) as usize;
@@ -300,11 +313,28 @@ fn train_spec(m: &Mapper, train: &StageJob, t: &job::TrainJob, seed: u64, partia
         tis_cap: t.tis,
         entropy_coef: t.entropy_coef,
         std_norm: t.std_norm,
-        aggregation: if t.aggregation.as_deref() == Some("sequence") {
-            Aggregation::Sequence
-        } else {
-            Aggregation::Token
+        aggregation: match t.aggregation.as_deref() {
+            Some("sequence") => Aggregation::Sequence,
+            Some("micro_token") => Aggregation::MicroToken,
+            Some("constant") => Aggregation::Constant { tokens: max_new_tokens },
+            _ => Aggregation::Token,
         },
+        epochs: t.epochs.value.max(1) as usize,
+        ratio: match t.ratio.as_deref() {
+            Some("sequence") => RatioLevel::Sequence,
+            _ => RatioLevel::Token,
+        },
+        advantage: match t.advantage.as_deref() {
+            Some("rloo") => AdvantageEstimator::Rloo,
+            Some("reinforce_pp") => AdvantageEstimator::ReinforcePp,
+            _ => AdvantageEstimator::Grpo,
+        },
+        mis: t.mis.map(|(low, high)| MisSpec { low, high }),
+        overlong: t.overlong.as_ref().map(|o| OverlongSpec {
+            max: o.max.map_or(max_new_tokens, |v| v as usize),
+            cache: o.cache as usize,
+            penalty: o.penalty,
+        }),
         grad_clip: t.grad_clip,
         micro_batch: count(t.micro_batch),
         global_batch: count(t.global_batch),
@@ -328,6 +358,12 @@ fn train_spec(m: &Mapper, train: &StageJob, t: &job::TrainJob, seed: u64, partia
 /// The `local` cluster's `device` (a spec without one computes on the CPU).
 fn device_of(job: &Job) -> DeviceSpec {
     job.device.as_ref().and_then(|d| DeviceSpec::parse(&d.value)).unwrap_or_default()
+}
+
+/// `sync { filter = drop_flat, max_rounds }`: DAPO's dynamic sampling.
+fn dynamic_sampling(s: &job::ScheduleJob) -> Option<DynamicSampling> {
+    (s.mode.value == "sync" && s.filter.as_deref() == Some("drop_flat"))
+        .then(|| DynamicSampling { max_rounds: s.max_rounds.unwrap_or(4).max(1) as u32 })
 }
 
 /// The recipe's `schedule` setting (std/prelude: sync, one_step_off, fully_async).

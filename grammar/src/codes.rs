@@ -108,7 +108,10 @@ When a similar name exists, the help line suggests it.";
 one recipe have the same name. The second is reported; the first is kept.";
     E0105: "unknown field",
         "A block sets a field that its schema or stage kind does not declare. The \
-help line lists the closest declared field.";
+help line lists the closest declared field. When the name is TRL's, verl's, OpenRLHF's or \
+slime's for one of ours (TRL's epsilon_high, loss_type and num_iterations, verl's ppo_epochs), the help \
+says which field of miles means it, and how its value is written (docs/language.md, \
+\"Names from other frameworks\").";
     E0106: "missing required field",
         "A schema or stage field without a default (and not optional) is not set.";
     E0107: "not a module member",

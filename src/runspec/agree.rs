@@ -61,6 +61,13 @@ fn disagreements(input: &PlanInput, spec: &RunSpec) -> Vec<String> {
     same("global batch", v(b.global_batch), spec.train.global_batch.to_string());
     same("rollout batch", v(b.rollout_batch), spec.rollout.rollout_batch.to_string());
     same("samples per prompt", v(b.samples_per_prompt), spec.rollout.samples_per_prompt.to_string());
+    same("epochs", b.epochs.map_or(1, |e| e.value).to_string(), spec.train.epochs.to_string());
+    // DAPO's dynamic sampling: the plan prices its rounds, the run generates them.
+    same(
+        "dynamic sampling rounds",
+        format!("{:?}", input.schedule.dynamic_rounds),
+        format!("{:?}", spec.dynamic_sampling.map(|d| u64::from(d.max_rounds))),
+    );
 
     // Lengths (an episode's context is the planner's to size: compared without episodes).
     if let (Some(e), None) = (&rollout.engine, &input.episodes) {
@@ -223,6 +230,12 @@ fn a_changed_side_is_a_disagreement() {
     let mut run = spec.clone();
     run.train.lora.as_mut().unwrap().target_modules.pop();
     assert!(disagreements(&input, &run)[0].starts_with("lora"));
+    let mut run = spec.clone();
+    run.train.epochs = 3;
+    assert!(disagreements(&input, &run)[0].starts_with("epochs"));
+    let mut run = spec.clone();
+    run.dynamic_sampling = Some(miles_runtime::DynamicSampling { max_rounds: 2 });
+    assert!(disagreements(&input, &run)[0].starts_with("dynamic sampling"));
     let mut run = spec.clone();
     run.schedule = ScheduleSpec::OneStepOff;
     assert!(disagreements(&input, &run)[0].starts_with("schedule"));

@@ -12,6 +12,7 @@ mod common;
 
 mod agent_hf;
 mod agent_layers;
+mod algorithms;
 mod cli_plan_run;
 mod combined_rewards;
 mod diffusion;

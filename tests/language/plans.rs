@@ -27,6 +27,37 @@ fn laptop_recipe() {
     insta::assert_snapshot!("grpo_laptop.json", miles_plan::render_json(&p));
 }
 
+/// DAPO on the laptop (recipes/dapo-laptop.miles): the rollout priced at one round of its dynamic
+/// sampling, with the bound of every round shown; and the laptop recipe with 4 epochs over 2
+/// mini-batches: 8 optimizer steps a rollout step, each with the old log-probs' pass.
+#[test]
+fn dapo_and_epochs_on_the_laptop() {
+    let p = plan("recipes/dapo-laptop.miles", &[]);
+    assert_eq!(p.summary.errors, 0);
+    let step = p.step.as_ref().expect("a step estimate");
+    assert_eq!(step.dynamic_rounds, Some(3));
+    insta::assert_snapshot!("dapo_laptop.txt", miles_plan::render_text(&p));
+    let one = plan(
+        "recipes/grpo-laptop.miles",
+        &[("train.global_batch", "128"), ("train.steps_per_rollout", "2"), ("train.micro_batch", "128")],
+    );
+    let four = plan(
+        "recipes/grpo-laptop.miles",
+        &[
+            ("train.global_batch", "128"),
+            ("train.steps_per_rollout", "2"),
+            ("train.micro_batch", "128"),
+            ("train.epochs", "4"),
+        ],
+    );
+    let (s1, s4) = (one.step.as_ref().unwrap(), four.step.as_ref().unwrap());
+    assert_eq!(four.batch.as_ref().unwrap().epochs, 4);
+    // Four passes of the same two optimizer steps: the training time is 4x, the rollout unchanged.
+    assert!((s4.train_s / s1.train_s - 4.0).abs() < 1e-9, "{} vs {}", s4.train_s, s1.train_s);
+    assert_eq!(s4.rollout_s, s1.rollout_s);
+    assert!(miles_plan::render_text(&four).contains("4 epochs: 8 optimizer steps"));
+}
+
 /// The laptop recipe planned on a machine whose CUDA driver shows an H200 (a fake one: the
 /// planner is pure, `miles plan` passes what the driver says): `device = auto` resolves to it,
 /// the step is priced at its datasheet rates, said to be unmeasured, and the memory row is the

@@ -11,6 +11,7 @@ pub mod hf;
 pub mod job;
 pub mod num;
 mod pass_env;
+pub mod peer_names;
 pub mod program;
 pub mod recipe;
 pub mod suggest;

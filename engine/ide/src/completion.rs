@@ -590,8 +590,11 @@ mod tests {
     #[test]
     fn enum_members_for_a_field_come_first() {
         let text = check(&recipe("aggregation = $0"));
-        let head: String = text.lines().take(3).map(|l| format!("{l}\n")).collect();
+        // The enum's four members, then the rest.
+        let head: String = text.lines().take(5).map(|l| format!("{l}\n")).collect();
         assert_snapshot!(head, @r"
+        constant (EnumMember 0)  Aggregation.constant
+        micro_token (EnumMember 0)  Aggregation.micro_token
         sequence (EnumMember 0)  Aggregation.sequence
         token (EnumMember 0)  Aggregation.token
         reward (StageInstance 2)  exact_match

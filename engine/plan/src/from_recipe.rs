@@ -48,6 +48,7 @@ pub fn plan_input(recipe: &CompiledRecipe) -> PlanInput {
             batch.rollout_batch = t.rollout_batch;
             batch.global_batch = t.global_batch;
             batch.steps_per_rollout = t.steps_per_rollout;
+            batch.epochs = Some(t.epochs);
             batch.samples_per_prompt =
                 job.rollout_of(s).and_then(|r| r.rollout.as_ref()).and_then(|r| r.samples_per_prompt);
         }
@@ -447,6 +448,8 @@ fn schedule_of(s: &job::ScheduleJob) -> Schedule {
         max_staleness: s.max_staleness,
         buffer_capacity: s.buffer_capacity,
         max_concurrent: if mode == ScheduleMode::FullyAsync { s.max_concurrent } else { None },
+        dynamic_rounds: (mode == ScheduleMode::Sync && s.filter.as_deref() == Some("drop_flat"))
+            .then(|| s.max_rounds.unwrap_or(4)),
     }
 }
 

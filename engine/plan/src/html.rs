@@ -433,8 +433,13 @@ fn estimates(o: &mut String, p: &Plan) {
     if let Some(b) = &p.batch {
         let _ = write!(
             o,
-            "<tr><th>batch</th><td>{} prompts x {} samples = {} = global batch {} x {} step(s) per rollout</td></tr>",
-            b.rollout_batch, b.samples_per_prompt, b.samples_per_rollout, b.global_batch, b.steps_per_rollout
+            "<tr><th>batch</th><td>{} prompts x {} samples = {} = global batch {} x {} step(s) per rollout{}</td></tr>",
+            b.rollout_batch,
+            b.samples_per_prompt,
+            b.samples_per_rollout,
+            b.global_batch,
+            b.steps_per_rollout,
+            if b.epochs > 1 { format!(", {} epochs", b.epochs) } else { String::new() }
         );
     }
     if let Some(b) = &p.buffer {

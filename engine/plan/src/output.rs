@@ -307,6 +307,10 @@ pub struct ColocationReport {
 pub struct StepReport {
     pub mode: ScheduleMode,
     pub rollout_s: f64,
+    /// Dynamic sampling: generation rounds per step at most. `rollout_s` and the step count one
+    /// round (how many run depends on the rewards); each further one adds `rollout_s`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dynamic_rounds: Option<u64>,
     /// Training time per rollout step (all of its optimizer steps).
     pub train_s: f64,
     pub train_step: Estimate,
@@ -333,6 +337,10 @@ pub struct StepReport {
     pub step: Estimate,
 }
 
+fn is_one(x: &u64) -> bool {
+    *x == 1
+}
+
 fn is_zero(x: &f64) -> bool {
     *x == 0.0
 }
@@ -343,6 +351,9 @@ pub struct BatchReport {
     pub samples_per_prompt: u64,
     pub global_batch: u64,
     pub steps_per_rollout: u64,
+    /// Passes over each rollout batch: epochs x steps_per_rollout optimizer steps per rollout.
+    #[serde(skip_serializing_if = "is_one")]
+    pub epochs: u64,
     /// Which of the four the planner derived, if any.
     pub derived: Option<String>,
     /// rollout_batch x samples_per_prompt.

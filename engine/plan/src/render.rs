@@ -350,7 +350,19 @@ fn colocation_section(o: &mut String, p: &Plan) {
 /// diffusion recipe's).
 fn step_section(o: &mut String, p: &Plan, st: &StepReport) {
     let _ = writeln!(o, "\nTime per step (estimates)");
-    let _ = writeln!(o, "  rollout   {:>8}", secs(st.rollout_s));
+    match st.dynamic_rounds {
+        Some(n) => {
+            let _ = writeln!(
+                o,
+                "  rollout   {:>8}  (one round; dynamic sampling: up to {n} rounds, {})",
+                secs(st.rollout_s),
+                secs(st.rollout_s * n as f64)
+            );
+        }
+        None => {
+            let _ = writeln!(o, "  rollout   {:>8}", secs(st.rollout_s));
+        }
+    }
     if st.teacher_stage_s > 0.0 {
         let _ = writeln!(
             o,
@@ -398,13 +410,18 @@ fn batch_section(o: &mut String, p: &Plan) {
         let _ = writeln!(o, "\nBatch");
         let _ = writeln!(
             o,
-            "  {} prompts x {} samples = {} samples = global batch {} x {} step{} per rollout{}",
+            "  {} prompts x {} samples = {} samples = global batch {} x {} step{} per rollout{}{}",
             b.rollout_batch,
             b.samples_per_prompt,
             b.samples_per_rollout,
             b.global_batch,
             b.steps_per_rollout,
             if b.steps_per_rollout == 1 { "" } else { "s" },
+            if b.epochs > 1 {
+                format!(", {} epochs: {} optimizer steps", b.epochs, b.epochs * b.steps_per_rollout)
+            } else {
+                String::new()
+            },
             b.derived.as_ref().map(|d| format!(" ({d} derived)")).unwrap_or_default()
         );
         if let Some(t) = b.tokens_per_step {

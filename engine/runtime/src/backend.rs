@@ -104,6 +104,28 @@ pub struct TrainStats {
     /// Mixture-of-experts routing and R3; None for a dense policy.
     #[serde(default)]
     pub moe: Option<MoeStats>,
+    /// Masked importance sampling (`mis`): the fraction of trained tokens whose trainer/sampler
+    /// ratio left the band and got no gradient; None without `mis`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mis_masked: Option<f64>,
+    /// Several passes over the batch (`epochs` > 1): each pass's statistics, in order; empty for
+    /// one pass.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub epochs: Vec<EpochStats>,
+}
+
+/// One pass over the batch (`epochs` > 1), over its trained tokens, each measured by the training
+/// forward before that optimizer step's update against the behaviour log-probs.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct EpochStats {
+    /// Fraction of tokens whose clipped term was active.
+    pub clip_frac: f64,
+    /// Mean of old - logp (k1 of KL(old || current)): 0 on the first pass's first step.
+    pub approx_kl: f64,
+    /// Mean of r - 1 - log r (k3, r = exp(logp - old), >= 0 and 0 only where r = 1).
+    pub approx_kl_k3: f64,
+    /// The largest |logp - old| of the pass.
+    pub max_abs_log_ratio: f64,
 }
 
 /// One RL train call's MoE statistics (docs/moe.md), over the batch's real tokens.
@@ -303,39 +325,6 @@ pub trait Backend {
     }
 }
 
-/// GRPO group-relative advantages: per group, reward minus the group mean, divided by the group's
-/// (unbiased) std + 1e-6 when `std_norm`. `group_of[i]` is sample i's group. A group of one gets 0.
-pub fn grpo_advantages(rewards: &[f32], group_of: &[usize], std_norm: bool) -> Vec<f32> {
-    let groups = group_of.iter().copied().max().map_or(0, |m| m + 1);
-    let mut sum = vec![0f64; groups];
-    let mut cnt = vec![0usize; groups];
-    for (r, &g) in rewards.iter().zip(group_of) {
-        sum[g] += *r as f64;
-        cnt[g] += 1;
-    }
-    let mean: Vec<f64> = sum.iter().zip(&cnt).map(|(s, &c)| if c > 0 { s / c as f64 } else { 0.0 }).collect();
-    let mut var = vec![0f64; groups];
-    for (r, &g) in rewards.iter().zip(group_of) {
-        var[g] += (*r as f64 - mean[g]).powi(2);
-    }
-    rewards
-        .iter()
-        .zip(group_of)
-        .map(|(r, &g)| {
-            if cnt[g] < 2 {
-                return 0.0;
-            }
-            let centred = *r as f64 - mean[g];
-            if std_norm {
-                let std = (var[g] / (cnt[g] - 1) as f64).sqrt();
-                (centred / (std + 1e-6)) as f32
-            } else {
-                centred as f32
-            }
-        })
-        .collect()
-}
-
 /// Learning rate at optimizer step `k` (0-based) of `total`: linear warm-up over `warmup` steps
 /// from lr/warmup to lr, then none/linear/cosine decay to `min_lr_ratio * lr`.
 pub fn lr_at(t: &TrainSpec, k: u64, total: u64) -> f64 {
@@ -360,25 +349,6 @@ pub fn schedule(lr: f64, warmup: u64, decay: crate::spec::Decay, min_ratio: f64,
 mod tests {
     use super::*;
     use crate::spec::Decay;
-
-    #[test]
-    fn grpo_advantages_by_hand() {
-        // Group 0: rewards 1,0,0,1 -> mean 0.5, unbiased std sqrt(1/3) = 0.57735.
-        // Group 1: all equal -> 0 advantage. Group 2: single sample -> 0.
-        let r = [1.0, 0.0, 0.0, 1.0, 0.5, 0.5, 1.0];
-        let g = [0, 0, 0, 0, 1, 1, 2];
-        let a = grpo_advantages(&r, &g, false);
-        assert_eq!(a, vec![0.5, -0.5, -0.5, 0.5, 0.0, 0.0, 0.0]);
-        let a = grpo_advantages(&r, &g, true);
-        let want = 0.5 / (0.577_350_27 + 1e-6);
-        assert!((a[0] - want as f32).abs() < 1e-5, "{a:?}");
-        assert!((a[1] + want as f32).abs() < 1e-5);
-        assert_eq!(a[4], 0.0);
-        assert_eq!(a[6], 0.0);
-        // 3 samples 0, 0, 1: mean 1/3, std = sqrt(((1/3)^2*2 + (2/3)^2)/2) = sqrt(1/3).
-        let a = grpo_advantages(&[0.0, 0.0, 1.0], &[0, 0, 0], true);
-        assert!((a[2] - (2.0 / 3.0) / 0.577_350_3).abs() < 1e-4);
-    }
 
     #[test]
     fn lr_schedules() {

@@ -79,12 +79,19 @@ impl Group {
     }
 
     pub fn is_flat(&self) -> bool {
-        self.rewards.windows(2).all(|w| w[0] == w[1])
+        is_flat(&self.rewards)
     }
 
     pub fn staleness(&self, current: u64) -> u64 {
         current.saturating_sub(self.oldest_version())
     }
+}
+
+/// Whether a group's rewards carry no signal: all equal (so every group-relative advantage is
+/// 0). `filter = drop_flat` drops such a group, under `fully_async` here and under `sync`
+/// (dynamic sampling, `run::sync`).
+pub fn is_flat(rewards: &[f32]) -> bool {
+    rewards.windows(2).all(|w| w[0] == w[1])
 }
 
 /// Groups dropped per reason (since the counter was last taken).

@@ -20,8 +20,8 @@ const LAYERS: &[&[&str]] = &[
     &["atomic_write", "diffusion", "http_client", "line_child", "rng", "safetensors", "spec"],
     // What engines sample and trainers consume; text to ids; progress.
     &["progress", "sample", "tokenize"],
-    // The backend's traits, rewards, TITO sessions.
-    &["backend", "reward", "session"],
+    // Advantages from rewards, the backend's traits, rewards, TITO sessions.
+    &["advantage", "backend", "reward", "session"],
     // Environments and episodes, tasks and prompts, streaming engines; the simulated backend.
     &["env", "sim", "stream", "tasks"],
     // The asynchronous buffer; the session server's core (chat requests onto TITO sessions).

@@ -14,7 +14,8 @@
 //!                              core (OpenAI chat requests onto TITO sessions)
 //! 4  env sim stream tasks      environments and episodes, a simulated backend, streaming
 //!                              engines, prompts and splits
-//! 3  backend reward session    a backend's traits, rewards, TITO sessions
+//! 3  advantage backend reward  advantages from rewards, a backend's traits, rewards, TITO
+//!    session                   sessions
 //! 2  progress sample tokenize  progress, what engines sample and trainers consume, text <-> ids
 //! 1  atomic_write diffusion    writes that survive a kill, the diffusion run spec, HTTP and
 //!    http_client line_child    child-process plumbing, seeded streams, checked safetensors
@@ -24,6 +25,7 @@
 //!    tensorboard token         source, TensorBoard events, token ids
 //! ```
 
+pub mod advantage;
 pub mod agent;
 pub mod atomic_write;
 pub mod backend;
@@ -58,6 +60,7 @@ pub mod tokenize;
 #[cfg(test)]
 mod layers;
 
+pub use advantage::{advantages, grpo_advantages, rloo_advantages, AdvantageRule};
 pub use backend::*;
 pub use error::*;
 pub use routing::{RouteId, Routing};

@@ -132,6 +132,16 @@ pub enum GroupFilter {
     DropFlat,
 }
 
+/// DAPO's dynamic sampling under the synchronous schedule: groups whose rewards are all equal are
+/// dropped and more prompts are generated, up to `max_rounds` generation rounds per step, until
+/// the step holds `rollout_batch` groups; short after the last round, the step trains on the
+/// groups it has (metrics `rollout/gen_rounds`, `rollout/kept_groups`, `rollout/extra_samples`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DynamicSampling {
+    pub max_rounds: u32,
+}
+
 /// Where held-out evaluation runs under an asynchronous schedule (Miles Table 3).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

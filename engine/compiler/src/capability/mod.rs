@@ -3,6 +3,7 @@
 //! (`table.rs`), checked against the compiled recipe; docs/capabilities.md is generated from the
 //! same table, and a test fails when a stdlib field is missing from it.
 
+mod rules;
 pub mod shape;
 mod table;
 

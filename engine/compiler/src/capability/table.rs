@@ -3,12 +3,14 @@
 //! `every_stdlib_field_has_a_row`; a row that claims execution names the behaviour tests that
 //! exercise it (`tested_by`, checked to exist).
 
-use super::{Ctx, Target};
-use crate::value::{FieldValue, Value};
+use super::rules::*;
+use super::Ctx;
+use super::Target;
+use crate::value::FieldValue;
 
-const E: Target = Target::Embedded;
-const W: Target = Target::Workers;
-const H: Target = Target::Http;
+pub(super) const E: Target = Target::Embedded;
+pub(super) const W: Target = Target::Workers;
+pub(super) const H: Target = Target::Http;
 
 pub enum Support {
     /// Executed on every runnable target.
@@ -88,22 +90,22 @@ const fn e(
     Entry { owner, field, support, note, tested_by }
 }
 
-const TRAINS: &[&str] =
+pub(super) const TRAINS: &[&str] =
     &["same_seed_gives_identical_metrics", "one_engine_in_worker_processes_learns_bit_identically_to_in_process"];
-const TASKS: &[&str] = &["arithmetic_is_correct_and_splits_are_disjoint", "string_tasks"];
-const DESCRIBES: &str = "read by `miles plan`; a run on this machine does not depend on it";
+pub(super) const TASKS: &[&str] = &["arithmetic_is_correct_and_splits_are_disjoint", "string_tasks"];
+pub(super) const DESCRIBES: &str = "read by `miles plan`; a run on this machine does not depend on it";
 
 /// Built-in prompt sets the runtime generates or reads.
-const RUNNABLE_PROMPTS: &[&str] = &["addition", "multiplication", "reverse", "sort", "jsonl", "parquet"];
+pub(super) const RUNNABLE_PROMPTS: &[&str] = &["addition", "multiplication", "reverse", "sort", "jsonl", "parquet"];
 /// Tests of runs that start from a Hugging Face directory with data files and reward stages.
-const BYO: &[&str] =
+pub(super) const BYO: &[&str] =
     &["hf_recipe_runs_end_to_end", "grpo_from_an_hf_directory_with_a_command_reward_exports_a_reloadable_model"];
-const BYO_PARQUET: &[&str] = &["a_parquet_and_verify_recipe_runs_and_a_bad_directory_is_a_check_error"];
+pub(super) const BYO_PARQUET: &[&str] = &["a_parquet_and_verify_recipe_runs_and_a_bad_directory_is_a_check_error"];
 const R3_WHERE: &str = "routed experts are recorded by the embedded engine, in `miles run` or in worker processes; an SGLang server given by URL returns no routing here: remove the field, or drop the URL engine";
-const HF_WHERE: &str = "a Hugging Face model is loaded by the embedded backend, in `miles run` or in worker processes; a run whose rollout is served by URL does not load one yet";
+pub(super) const HF_WHERE: &str = "a Hugging Face model is loaded by the embedded backend, in `miles run` or in worker processes; a run whose rollout is served by URL does not load one yet";
 
 /// Tests that show LoRA changes what a run does (adapters trained and synced, exported, resumed).
-const LORA_TESTS: &[&str] = &[
+pub(super) const LORA_TESTS: &[&str] = &[
     "lora_trains_only_the_adapters_and_syncs_adapter_bytes",
     "lora_forward_matches_peft",
     "lora_recipe_runs_exports_peft_and_resumes",
@@ -111,279 +113,75 @@ const LORA_TESTS: &[&str] = &[
     "lora_under_fully_async_syncs_adapters_only",
 ];
 /// Tests that show distillation from a teacher changes what a run does.
-const OPD_TESTS: &[&str] = &["opd_advantage_by_hand", "an_opd_recipe_distils_through_the_binary"];
-
-/// A teacher with LoRA on the same trainer is not run yet.
-fn rule_opd(cx: &Ctx, f: &FieldValue) -> Option<String> {
-    f.value.as_record()?;
-    let lora =
-        ["grpo", "ppo"].iter().flat_map(|k| cx.stages(k)).any(|t| t.param("lora").is_some_and(|v| *v != Value::None));
-    lora.then(|| "distillation with LoRA on the same trainer is not run yet: remove `lora` or `opd`".into())
-}
+pub(super) const OPD_TESTS: &[&str] = &["opd_advantage_by_hand", "an_opd_recipe_distils_through_the_binary"];
 
 /// Tests that show PPO's critic and advantages change what a run does.
-const PPO_TESTS: &[&str] =
+pub(super) const PPO_TESTS: &[&str] =
     &["ppo_critic_learns_values_and_resumes_exactly", "a_ppo_recipe_runs_and_learns_through_the_binary"];
 /// Tests that show several adapters train apart on their own tasks.
-const MULTI_LORA_TESTS: &[&str] =
+pub(super) const MULTI_LORA_TESTS: &[&str] =
     &["multi_lora_adapters_train_apart", "a_multi_lora_recipe_runs_each_adapter_on_its_own_task"];
-const LORA_WHERE: &str = "LoRA runs on the embedded backend, in `miles run` or in worker processes; engines served by URL take no adapter updates yet";
-
-/// Why named adapters (multi-LoRA) cannot run on this recipe's target, if they cannot: they run
-/// in `miles run`'s own process, under `sync`, on single-turn prompts.
-fn multi_lora_refusal(cx: &Ctx, what: &str) -> Option<String> {
-    if cx.target != Target::Embedded {
-        return Some(format!(
-            "{what}: multi-LoRA runs in `miles run`'s own process; {} trains one adapter",
-            cx.target.describe()
-        ));
-    }
-    let schedule = cx.recipe.settings.as_record().and_then(|s| s.get("schedule")).and_then(Value::as_record);
-    if let Some(s) = schedule.filter(|s| s.schema_name != "sync") {
-        return Some(format!(
-            "{what}: multi-LoRA runs under the `sync` schedule (this recipe says `{}`)",
-            s.schema_name
-        ));
-    }
-    env_of(cx)
-        .is_some()
-        .then(|| format!("{what}: multi-LoRA trains single-turn prompts; episodes (`env_reward`) train one adapter"))
-}
-
-fn rule_lora_adapters(cx: &Ctx, f: &FieldValue) -> Option<String> {
-    let n = f.value.as_i64().filter(|&n| n > 1)?;
-    if let Some(why) = multi_lora_refusal(cx, &format!("`adapters = {n}`")) {
-        return Some(why);
-    }
-    let named =
-        cx.stages("grpo").first().and_then(|g| g.param("lora")).and_then(Value::as_record).and_then(|l| {
-            match l.get("named") {
-                Some(Value::List(items)) => Some(items.len()),
-                _ => None,
-            }
-        });
-    (named.unwrap_or(0) == 0).then(|| {
-        format!("`adapters = {n}` with no `named` adapters: name each one with its own prompts, `named = [adapter {{ name = \"a\", prompts = ... }}, ...]`")
-    })
-}
-
-fn rule_lora_named(cx: &Ctx, f: &FieldValue) -> Option<String> {
-    match &f.value {
-        Value::List(items) if !items.is_empty() => multi_lora_refusal(cx, "named adapters"),
-        _ => None,
-    }
-}
-
-/// An adapter's own partial credit changes how `exact_match` scores it; other rewards have none.
-fn rule_adapter_partial_credit(cx: &Ctx, f: &FieldValue) -> Option<String> {
-    if f.value == Value::None || !cx.stages("grpo").is_empty() && !cx.stages("exact_match").is_empty() {
-        return None;
-    }
-    Some("an adapter's `partial_credit` is how `exact_match` scores its answers, and this recipe's reward is another stage: remove it".into())
-}
-
-/// An adapter's prompts: what the rollout's may be (a runnable prompt set, its train split).
-fn rule_adapter_prompts(_: &Ctx, f: &FieldValue) -> Option<String> {
-    prompts_refusal(f, "an adapter's prompts", "an adapter")
-}
-
-fn prompts_json(v: &Value, split: &str) -> Option<serde_json::Value> {
-    let r = v.as_record()?;
-    let mut j = Value::Record(std::sync::Arc::new(r.clone())).to_json();
-    if let Some(o) = j.as_object_mut() {
-        o.insert("split".into(), serde_json::Value::String(split.into()));
-    }
-    Some(j)
-}
-
-/// The rollout's prompt set (its train split): what SFT and evaluation must agree with.
-fn rollout_prompts<'c>(cx: &'c Ctx) -> Option<&'c Value> {
-    cx.stages("generate").first().and_then(|g| g.param("prompts"))
-}
-
-fn rule_rollout_prompts(_: &Ctx, f: &FieldValue) -> Option<String> {
-    prompts_refusal(f, "prompts", "the rollout")
-}
-
-/// Why a prompt set (`whose`, trained on by `who`) is not one the runtime reads: a runnable kind,
-/// its train split. The rollout's and every multi-LoRA adapter's prompts follow this one rule.
-fn prompts_refusal(f: &FieldValue, whose: &str, who: &str) -> Option<String> {
-    let r = f.value.as_record()?;
-    if !RUNNABLE_PROMPTS.contains(&r.schema_name.as_str()) {
-        return Some(format!(
-            "{whose} from `{}`: the runtime reads the built-in tasks (std/tasks/arith, std/tasks/strings), `jsonl {{ ... }}` and `parquet {{ ... }}`",
-            r.schema_name
-        ));
-    }
-    match r.get("split").and_then(Value::as_enum) {
-        Some("train") | None => None,
-        Some(s) => Some(format!(
-            "{who} trains on its prompt set's train split (this one says `split = {s}`); evaluation reads the test split"
-        )),
-    }
-}
-
-fn rule_sft_data(cx: &Ctx, f: &FieldValue) -> Option<String> {
-    if let Some(env) = env_of(cx).and_then(Value::as_record).filter(|e| e.schema_name != "calculator") {
-        return Some(format!(
-            "with an environment, SFT trains on its demonstrations (gold episodes), and `{}` gives none: remove the `sft` stage",
-            env.schema_name
-        ));
-    }
-    let want = rollout_prompts(cx).and_then(|p| prompts_json(p, "train"));
-    if want.is_some() && prompts_json(&f.value, "train") == want {
-        return None;
-    }
-    Some("SFT warms up on the rollout's prompt set (its train split): give `sft` the same `data` as the rollout's `prompts`".into())
-}
+pub(super) const LORA_WHERE: &str = "LoRA runs on the embedded backend, in `miles run` or in worker processes; engines served by URL take no adapter updates yet";
 
 /// Tests of recipes whose rollouts are episodes against an environment.
-const EPISODES: &[&str] =
+pub(super) const EPISODES: &[&str] =
     &["a_run_of_calculator_episodes_trains_and_reports_how_episodes_ended", "the_agent_recipe_checks_plans_and_runs"];
 /// ... and under the asynchronous schedules.
-const EPISODES_ASYNC: &[&str] = &[
+pub(super) const EPISODES_ASYNC: &[&str] = &[
     "a_run_of_calculator_episodes_trains_and_reports_how_episodes_ended",
     "the_agent_recipe_checks_plans_and_runs",
     "fully_async_episodes_refill_per_episode_and_keep_per_token_versions",
     "a_compacting_agent_recipe_plans_and_runs_under_fully_async",
 ];
 /// Tests of compacted episodes (a new TITO chain per compaction).
-const COMPACTION: &[&str] = &[
+pub(super) const COMPACTION: &[&str] = &[
     "a_compacted_episode_branches_into_a_new_chain",
     "compacted_episodes_train_end_to_end",
     "a_compacting_agent_recipe_plans_and_runs_under_fully_async",
 ];
 /// Tests of samples.jsonl: its rows, its resume, its report.
-const SAMPLES_TESTS: &[&str] = &[
+pub(super) const SAMPLES_TESTS: &[&str] = &[
     "single_turn_rows_show_prompt_response_reward_and_the_dropped_one_first",
     "an_episode_row_has_its_transcript_tool_calls_and_fault",
     "resume_cuts_samples_back_to_the_checkpoint",
     "samples_jsonl_is_written_and_shown_by_the_report",
 ];
-const PY_ENV: &[&str] = &["a_python_environment_drives_a_run_end_to_end"];
+pub(super) const PY_ENV: &[&str] = &["a_python_environment_drives_a_run_end_to_end"];
 /// The environment schemas the runtime plays (std/prelude).
-const RUNNABLE_ENVS: &[&str] =
+pub(super) const RUNNABLE_ENVS: &[&str] =
     &["calculator", "command_env", "openenv", "agent_program", "rollout_program", "external_agents", "verifiers"];
 /// The plug-in layers: the user's programs (or an outside process) play episodes through the
 /// run's chat server, which the synchronous executor serves between programs.
-const AGENT_LAYERS: &[&str] = &["agent_program", "rollout_program", "external_agents", "verifiers"];
+pub(super) const AGENT_LAYERS: &[&str] = &["agent_program", "rollout_program", "external_agents", "verifiers"];
 /// Tests of the `verifiers` kind: its mapping onto the rollout program and its driver, the
 /// refusal of `args` that are not a JSON object, and verifiers environments driving a run.
-const VERIFIERS: &[&str] = &["a_verifiers_env_runs_the_embedded_driver_as_a_rollout_program"];
-const VERIFIERS_RUN: &[&str] =
+pub(super) const VERIFIERS: &[&str] = &["a_verifiers_env_runs_the_embedded_driver_as_a_rollout_program"];
+pub(super) const VERIFIERS_RUN: &[&str] =
     &["a_verifiers_env_runs_the_embedded_driver_as_a_rollout_program", "verifiers_envs_drive_miles_run"];
 /// Tests of the plug-in layers' program protocol and faults.
-const AGENT_LAYER_TESTS: &[&str] = &[
+pub(super) const AGENT_LAYER_TESTS: &[&str] = &[
     "an_agent_reward_line_is_the_last_json_line",
     "program_faults_end_the_episode_with_a_reason_and_the_stderr_tail",
     "a_rollout_program_returns_one_reward_per_session",
 ];
 
 /// Tests of group rewards and combinations (docs/rewards.md).
-const GROUP_COMMAND: &[&str] = &[
+pub(super) const GROUP_COMMAND: &[&str] = &[
     "a_ranking_group_reward_changes_the_advantages_as_computed_by_hand",
     "a_group_program_gets_one_request_per_group_and_fails_it_whole",
     "combined_and_group_rewards_train_and_write_their_columns",
 ];
-const GROUP_HTTP: &[&str] = &["a_group_service_gets_one_request_per_group_and_fails_it_whole"];
-const COMBINE: &[&str] = &[
+pub(super) const GROUP_HTTP: &[&str] = &["a_group_service_gets_one_request_per_group_and_fails_it_whole"];
+pub(super) const COMBINE: &[&str] = &[
     "a_ranking_group_reward_changes_the_advantages_as_computed_by_hand",
     "a_weighted_sum_whose_failures_are_never_a_smaller_reward",
     "combined_and_group_rewards_train_and_write_their_columns",
 ];
 
-/// A combination's parts are scored by the executor's reward; an `env_reward` plays episodes,
-/// whose reward comes from the environment, so it is no part of one.
-fn rule_combine_parts(cx: &Ctx, f: &FieldValue) -> Option<String> {
-    let Value::List(parts) = &f.value else { return None };
-    parts.iter().find_map(|p| {
-        let Value::Stage(name) = p else { return None };
-        (cx.recipe.graph.node(name)?.kind == "env_reward").then(|| {
-            format!(
-                "a part `{name}` that is an `env_reward`: an episode's reward comes from its environment, and a combination weighs rewards of single responses; score the episodes with `{name}` alone"
-            )
-        })
-    })
-}
-
-/// The environment of the recipe's `env_reward` stage, if any.
-fn env_of<'c>(cx: &'c Ctx) -> Option<&'c Value> {
-    cx.stages("env_reward").first().and_then(|s| s.param("env"))
-}
-
-fn rule_env(cx: &Ctx, f: &FieldValue) -> Option<String> {
-    let r = f.value.as_record()?;
-    let kind = r.schema_name.as_str();
-    if !RUNNABLE_ENVS.contains(&kind) {
-        return Some(format!(
-            "an environment `{kind}`: the runtime plays `calculator`, `command_env {{ command = [...] }}` (any program speaking JSON lines), `openenv {{ url = ... }}` and the plug-in layers `agent_program`, `rollout_program`, `external_agents` and `verifiers`"
-        ));
-    }
-    let schedule = cx.recipe.settings.as_record().and_then(|s| s.get("schedule")).and_then(Value::as_record);
-    schedule.filter(|s| AGENT_LAYERS.contains(&kind) && s.schema_name != "sync").map(|s| {
-        format!(
-            "`{kind}` plays its programs' sessions under the `sync` schedule (this recipe says `{}`): set `schedule = sync`, or use `command_env`, which runs under every schedule",
-            s.schema_name
-        )
-    })
-}
-
-/// A `verifiers` environment's `args` is the env config as a JSON object: anything else would
-/// fail every group in the driver, so `miles check` says so at its line.
-fn rule_verifiers_args(_: &Ctx, f: &FieldValue) -> Option<String> {
-    let why = match serde_json::from_str::<serde_json::Value>(f.value.as_str()?) {
-        Ok(v) if v.is_object() => return None,
-        Ok(_) => "it is JSON, not a JSON object".to_string(),
-        Err(e) => format!("it is not JSON ({e})"),
-    };
-    let example = r#"args = "{\"taskset\": {\"size\": 8}}""#;
-    Some(format!("{why}: `args` is the env config's fields as a JSON object, as in {example}"))
-}
-
-fn rule_session(cx: &Ctx, f: &FieldValue) -> Option<String> {
-    // `session = none` asks for nothing; a session needs episodes to hold.
-    f.value.as_record()?;
-    env_of(cx).is_none().then(|| {
-        "a TITO session holds multi-turn episodes, and this rollout's samples are single turns: remove `session`, or score the rollout with `env_reward`".into()
-    })
-}
-
-fn rule_eval_prompts(cx: &Ctx, f: &FieldValue) -> Option<String> {
-    let want = rollout_prompts(cx).and_then(|p| prompts_json(p, "test"));
-    let split_ok = f.value.as_record().and_then(|r| r.get("split")).and_then(Value::as_enum) == Some("test");
-    if split_ok && want.is_some() && prompts_json(&f.value, "test") == want {
-        return None;
-    }
-    Some("evaluation reads the test split of the rollout's prompt set: write the rollout's `prompts` with `split = test`".into())
-}
-
-fn rule_transport(cx: &Ctx, f: &FieldValue) -> Option<String> {
-    let t = f.value.as_enum()?;
-    match (cx.target, t) {
-        (Target::Embedded, "local") => None,
-        (Target::Embedded, _) => Some(format!(
-            "in one process the new weights are handed over in memory: `{t}` needs a launcher with worker processes (set `transport = local`, or `launcher = local_processes {{ ... }}`)"
-        )),
-        (Target::Workers, "broadcast" | "p2p" | "disk_delta") => None,
-        (Target::Http, _) => Some(
-            "servers given by URL load each new version from disk (`/update_weights_from_disk`): remove `transport`".into(),
-        ),
-        _ => Some(format!("`{t}` is not a transport between worker processes: use broadcast, p2p or disk_delta")),
-    }
-}
-
-fn rule_device(cx: &Ctx, f: &FieldValue) -> Option<String> {
-    // The denoiser (engine/tch/src/diffusion) makes its tensors on the CPU.
-    (f.value.as_enum() == Some("cuda") && !cx.stages("denoise").is_empty()).then(|| {
-        "a diffusion recipe computes on the CPU: set `device = cpu` (or `auto`, which resolves to the CPU for it)"
-            .into()
-    })
-}
-
 /// Tests that show a diffusion recipe's fields change what its run does.
-const DIFFUSION_RUN: &[&str] =
+pub(super) const DIFFUSION_RUN: &[&str] =
     &["a_diffusion_recipe_runs_through_the_binary", "diffusion_recipe_fields_reach_the_spec"];
-const DIFFUSION_WHERE: &str = "diffusion RL runs in the `miles run` process (the in_process launcher); worker processes and URL engines do not host a denoiser yet: remove the launcher";
+pub(super) const DIFFUSION_WHERE: &str = "diffusion RL runs in the `miles run` process (the in_process launcher); worker processes and URL engines do not host a denoiser yet: remove the launcher";
 
 /// A value whose code is built and tested only in its refusal half: it has never run on the
 /// hardware it needs (the machines its tests ran on have no GPU). The matrix shows it as "built,
@@ -533,7 +331,12 @@ pub const TABLE: &[Entry] = &[
     e("grpo", "tis", Support::All, "", &["tis_weights_by_hand"]),
     e("grpo", "entropy_coef", Support::All, "", &["clipped_loss_with_asymmetric_clip_by_hand"]),
     e("grpo", "std_norm", Support::All, "", &["grpo_advantages_by_hand"]),
-    e("grpo", "aggregation", Support::All, "", &["clipped_loss_with_asymmetric_clip_by_hand"]),
+    e("grpo", "aggregation", Support::All, "token (DAPO), sequence (GRPO), micro_token (BNPO), constant (Dr. GRPO)", &["loss_normalisations_by_hand"]),
+    e("grpo", "mis", Support::All, "", &["mis_masks_tokens_outside_the_band_by_hand"]),
+    e("grpo", "advantage", Support::All, "grpo, rloo, reinforce_pp", &["rloo_and_reinforce_pp_advantages_by_hand"]),
+    e("grpo", "ratio", Support::All, "", &["gspo_sequence_ratio_by_hand"]),
+    e("grpo", "epochs", Support::All, "", &["epochs_reshuffle_mini_batches_and_keep_old_logprobs"]),
+    e("grpo", "overlong", Support::All, "", &["overlong_shaping_by_hand"]),
     e("grpo", "grad_clip", Support::All, "", &["micro_batches_accumulate_to_the_full_batch_gradient"]),
     e("grpo", "optimizer", Support::All, "", &["lr_schedules"]),
     e("grpo", "backend", Support::All, "the backend's own schema says where it runs", TRAINS),
@@ -550,6 +353,9 @@ pub const TABLE: &[Entry] = &[
     e("ppo", "clip_high", Support::All, "", &["clipped_loss_with_asymmetric_clip_by_hand"]),
     e("ppo", "kl_coef", Support::All, "", &["kl_k3_by_hand"]),
     e("ppo", "tis", Support::All, "", &["tis_weights_by_hand"]),
+    e("ppo", "mis", Support::All, "", &["mis_masks_tokens_outside_the_band_by_hand"]),
+    e("ppo", "entropy_coef", Support::All, "", &["clipped_loss_with_asymmetric_clip_by_hand"]),
+    e("ppo", "epochs", Support::All, "the policy and the critic pass over the batch alike", &["epochs_reshuffle_mini_batches_and_keep_old_logprobs"]),
     e("ppo", "rollout_logprobs", Support::All, "the sampler's log-probs as the behaviour policy", PPO_TESTS),
     e("ppo", "gamma", Support::All, "", &["gae_and_value_loss_by_hand"]),
     e("ppo", "lambda", Support::All, "", &["gae_and_value_loss_by_hand"]),
@@ -590,6 +396,8 @@ pub const TABLE: &[Entry] = &[
     e("gpu_cluster", "gpus", Support::Describes, DESCRIBES, &[]),
     e("gpu_cluster", "gpus_per_node", Support::Describes, DESCRIBES, &[]),
     e("sync", "", Support::All, "", TRAINS),
+    e("sync", "filter", Support::Rule(rule_sync_filter), "DAPO's dynamic sampling: over-sample until the step's groups have signal", &["dynamic_sampling_over_samples_until_groups_have_signal"]),
+    e("sync", "max_rounds", Support::All, "", &["dynamic_sampling_over_samples_until_groups_have_signal"]),
     e("one_step_off", "", Support::All, "", &["one_step_off_is_exactly_one_version_behind", "async_schedules_run_with_engine_workers"]),
     e("fully_async", "", Support::All, "", &["fully_async_tiny_run_trains_and_resumes", "async_schedules_run_with_engine_workers", "fully_async_with_miles_serve_as_the_engine_trains"]),
     e("fully_async", "max_staleness", Support::All, "", &["stale_groups_retry_or_discard"]),
@@ -641,6 +449,10 @@ pub const TABLE: &[Entry] = &[
     e("adapter", "partial_credit", Support::Rule(rule_adapter_partial_credit), "partial credit is `exact_match`'s scoring", MULTI_LORA_TESTS),
     e("adapter", "*", Support::All, "each adapter's name and learning rate", MULTI_LORA_TESTS),
     e("lora", "*", Support::All, "rank, alpha, dropout and target_modules shape the adapters", LORA_TESTS),
+    e("mis", "", Support::All, "", &["mis_masks_tokens_outside_the_band_by_hand"]),
+    e("overlong", "", Support::All, "", &["overlong_shaping_by_hand"]),
+    e("mis", "*", Support::All, "the band of trainer/sampler ratios that keep their gradient", &["mis_masks_tokens_outside_the_band_by_hand"]),
+    e("overlong", "*", Support::All, "the punishment interval, its end and its weight", &["overlong_shaping_by_hand"]),
     e("opd", "", Support::All, "", OPD_TESTS),
     e("opd", "teacher", Support::All, "the teacher stage whose scores join the advantage", OPD_TESTS),
     e("teacher_logprobs", "", Support::All, "the teacher scores each step's batch between the reward and the trainer", OPD_TESTS),

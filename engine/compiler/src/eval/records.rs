@@ -114,14 +114,45 @@ impl<'p> Eval<'p> {
         let names: Vec<String> = self.decl_fields(decl).iter().map(|d| d.name.name.clone()).collect();
         let mut d = Diagnostic::error(ErrorCode::E0105, format!("`{decl_name}` has no field `{}`", id.name))
             .with_primary(id.span, "unknown field");
-        if let Some(s) = did_you_mean(&id.name, names.iter().map(|s| s.as_str())) {
-            d = d.with_help(format!("did you mean `{s}`?")).with_fix(format!("replace with `{s}`"), id.span, s);
+        if let Some((help, rename)) = self.peer_name_help(decl, &decl_name, id) {
+            d = d.with_help(help);
+            if let Some(f) = rename.filter(|_| self.spells(id)) {
+                d = d.with_fix(format!("rename to `{f}`"), id.span, f);
+            }
+        } else if let Some(s) = did_you_mean(&id.name, names.iter().map(|s| s.as_str())) {
+            d = d.with_help(format!("did you mean `{s}`?"));
+            if self.spells(id) {
+                d = d.with_fix(format!("replace with `{s}`"), id.span, s);
+            }
         } else if names.is_empty() {
             d = d.with_help(format!("`{decl_name}` has no fields"));
         } else {
             d = d.with_help(format!("fields of `{decl_name}`: {}", names.join(", ")));
         }
         self.report(d);
+    }
+
+    /// Another framework's name for a field of ours (`epsilon_high` for `clip_high`): the help
+    /// saying so and the field a rename fix may write (`peer_names.rs`). Only on the stdlib's own
+    /// declarations: a user's schema with a stdlib name is not ours to explain.
+    fn peer_name_help(
+        &self,
+        decl: ItemRef,
+        decl_name: &str,
+        id: &ast::Ident,
+    ) -> Option<(String, Option<&'static str>)> {
+        if !self.program.module(decl.module).is_std {
+            return None;
+        }
+        let rows = crate::peer_names::lookup(decl_name, &id.name, |f| self.decl_field(decl, f).is_some());
+        crate::peer_names::help(decl_name, &id.name, &rows)
+    }
+
+    /// Whether `id`'s span holds its name, so a fix may replace it there: a `--set train.X=...`
+    /// override's path has no span of its own (it points at the value).
+    fn spells(&self, id: &ast::Ident) -> bool {
+        let text = self.program.sources.get(id.span.file).map(|s| s.text.as_str()).unwrap_or("");
+        text.get(id.span.start as usize..id.span.end as usize) == Some(id.name.as_str())
     }
 
     /// The recipe's settings record (`recipe.schedule`, `recipe.cluster`, ...).
@@ -151,12 +182,16 @@ impl<'p> Eval<'p> {
                     Diagnostic::error(ErrorCode::E0105, format!("`{name}` is neither a stage nor a recipe setting"))
                         .with_primary(name_span, "unknown recipe field");
                 let names: Vec<String> = decls.iter().map(|d| d.name.name.clone()).collect();
-                if let Some(s) = did_you_mean(&id.name, names.iter().map(|s| s.as_str())) {
-                    d = d.with_help(format!("did you mean `{s}`?")).with_fix(
-                        format!("replace with `{s}`"),
-                        name_span,
-                        s,
-                    );
+                if let Some((help, rename)) = self.peer_name_help(schema, "recipe_settings", &id) {
+                    d = d.with_help(help);
+                    if let Some(f) = rename.filter(|_| self.spells(&id)) {
+                        d = d.with_fix(format!("rename to `{f}`"), name_span, f);
+                    }
+                } else if let Some(s) = did_you_mean(&id.name, names.iter().map(|s| s.as_str())) {
+                    d = d.with_help(format!("did you mean `{s}`?"));
+                    if self.spells(&id) {
+                        d = d.with_fix(format!("replace with `{s}`"), name_span, s);
+                    }
                 } else {
                     d = d.with_help(format!(
                         "a recipe binding is a stage (`name = kind(inputs) {{ ... }}`) or one of the settings: {}",

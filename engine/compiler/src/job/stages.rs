@@ -305,6 +305,15 @@ pub struct OpdJob {
     pub task_coef: f64,
 }
 
+/// `overlong { cache, max, penalty }`: DAPO's soft overlong punishment.
+#[derive(Clone, Debug, PartialEq)]
+pub struct OverlongJob {
+    pub cache: u64,
+    /// None: the rollout's `max_new_tokens`.
+    pub max: Option<u64>,
+    pub penalty: f64,
+}
+
 /// A training stage (`grpo`, `ppo`, `sft`, a user kind with a Policy output).
 #[derive(Clone, Debug, PartialEq)]
 pub struct TrainJob {
@@ -328,8 +337,17 @@ pub struct TrainJob {
     pub tis: Option<f64>,
     pub entropy_coef: f64,
     pub std_norm: bool,
-    /// `token` or `sequence`.
+    /// `token`, `sequence`, `micro_token` or `constant`.
     pub aggregation: Option<String>,
+    /// `token` or `sequence` (GSPO).
+    pub ratio: Option<String>,
+    /// `grpo`, `rloo` or `reinforce_pp`.
+    pub advantage: Option<String>,
+    /// Passes over each rollout batch.
+    pub epochs: Spanned<u64>,
+    /// `mis { low, high }`.
+    pub mis: Option<(f64, f64)>,
+    pub overlong: Option<OverlongJob>,
     pub grad_clip: f64,
     pub lora: Option<LoraJob>,
     pub ppo: Option<PpoJob>,
@@ -360,6 +378,17 @@ impl TrainJob {
             entropy_coef: real("entropy_coef"),
             std_norm: on("std_norm"),
             aggregation: node.member("aggregation").map(|a| a.value.to_string()),
+            ratio: node.member("ratio").map(|a| a.value.to_string()),
+            advantage: node.member("advantage").map(|a| a.value.to_string()),
+            epochs: node.u64("epochs").unwrap_or(Spanned::new(1)),
+            mis: node
+                .record("mis")
+                .map(|r| (r.f64("low").map_or(0.5, |v| v.value), r.f64("high").map_or(2.0, |v| v.value))),
+            overlong: node.record("overlong").map(|r| OverlongJob {
+                cache: r.u64("cache").map_or(0, |v| v.value),
+                max: r.u64("max").map(|v| v.value),
+                penalty: r.f64("penalty").map_or(1.0, |v| v.value),
+            }),
             grad_clip: real("grad_clip"),
             lora: node.record("lora").map(|r| LoraJob::of(r, node.set_span("lora"))),
             ppo: (node.kind == "ppo").then(|| PpoJob {
@@ -541,6 +570,8 @@ pub struct ScheduleJob {
     pub on_stale: Option<String>,
     pub on_abort: Option<String>,
     pub filter: Option<String>,
+    /// `sync`'s generation rounds per step at most (dynamic sampling).
+    pub max_rounds: Option<u64>,
     pub staleness_gate: Option<bool>,
     pub stall_timeout_s: Option<f64>,
 }
@@ -561,6 +592,7 @@ impl ScheduleJob {
             on_stale: member("on_stale"),
             on_abort: member("on_abort"),
             filter: member("filter"),
+            max_rounds: count("max_rounds"),
             staleness_gate: r.bool("staleness_gate").map(|b| b.value),
             stall_timeout_s: r.f64("stall_timeout").map(|v| v.value),
         }
@@ -579,6 +611,7 @@ impl ScheduleJob {
             on_stale: None,
             on_abort: None,
             filter: None,
+            max_rounds: None,
             staleness_gate: None,
             stall_timeout_s: None,
         }

@@ -94,6 +94,10 @@ pub struct Schedule {
     /// Samples in flight across the fleet (fully_async's `max_concurrent`).
     #[serde(default)]
     pub max_concurrent: Option<Spanned<u64>>,
+    /// `sync { filter = drop_flat }`: DAPO's dynamic sampling, at most this many generation
+    /// rounds per step.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dynamic_rounds: Option<u64>,
 }
 
 /// The four batch figures; the planner derives a missing one from the other three.
@@ -109,4 +113,7 @@ pub struct Batch {
     pub global_batch: Option<Spanned<u64>>,
     #[serde(default)]
     pub steps_per_rollout: Option<Spanned<u64>>,
+    /// Passes over each rollout batch (the trainer's `epochs`); None: one.
+    #[serde(default)]
+    pub epochs: Option<Spanned<u64>>,
 }

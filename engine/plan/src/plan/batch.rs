@@ -84,6 +84,7 @@ pub(super) fn resolve_batch(cx: &mut Ctx) -> Option<BatchReport> {
         samples_per_prompt: spp,
         global_batch: gb_,
         steps_per_rollout: spr,
+        epochs: b.epochs.map_or(1, |e| e.value.max(1)),
         derived: derived.map(String::from),
         samples_per_rollout: rb.saturating_mul(spp),
         micro_batches_per_step: None,

@@ -25,7 +25,8 @@ pub(super) fn plan_step(
         None => cpu?.rollout.clone()?,
     };
     let rollout_s = rollout.seconds;
-    let spr = b.steps_per_rollout as f64;
+    // Every pass over the batch takes steps_per_rollout optimizer steps.
+    let spr = (b.steps_per_rollout * b.epochs) as f64;
     let train_s = t.step.seconds * spr;
     let offload_s = t.offload_s * spr;
     let sync_s = match (syncs.first(), cpu) {
@@ -47,6 +48,7 @@ pub(super) fn plan_step(
     Some(StepReport {
         mode,
         rollout_s,
+        dynamic_rounds: cx.input.schedule.dynamic_rounds,
         train_s,
         train_step: t.step.clone(),
         critic_s: t.critic_s * spr,
@@ -65,7 +67,14 @@ pub(super) fn plan_step(
                 } else {
                     "generation overlaps training; the weight update pauses generation".into()
                 },
-                format!("{} optimizer step(s) per rollout step", b.steps_per_rollout),
+                match b.epochs {
+                    1 => format!("{} optimizer step(s) per rollout step", b.steps_per_rollout),
+                    e => format!(
+                        "{} optimizer steps per rollout step: {e} epochs x {} step(s)",
+                        e * b.steps_per_rollout,
+                        b.steps_per_rollout
+                    ),
+                },
                 if colocated {
                     format!("colocated: {:.1} s per step evicting and reloading the idle actor", switch_s)
                 } else {

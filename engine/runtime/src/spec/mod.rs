@@ -72,7 +72,9 @@ mod task;
 mod train;
 mod validate;
 
-pub use crate::schedule::{AsyncSpec, DropAction, EvalMode, GroupFilter, PauseMode, Refill, ScheduleSpec};
+pub use crate::schedule::{
+    AsyncSpec, DropAction, DynamicSampling, EvalMode, GroupFilter, PauseMode, Refill, ScheduleSpec,
+};
 pub use model::*;
 pub use options::*;
 pub use resume::{ResumeDiff, SpecChange, RESUME_FREE};
@@ -124,6 +126,9 @@ pub struct RunSpec {
     /// sync (the default), one_step_off or fully_async (docs/async.md).
     #[serde(default, skip_serializing_if = "ScheduleSpec::is_sync")]
     pub schedule: ScheduleSpec,
+    /// `sync { filter = drop_flat }`: over-sample until the step holds whole-signal groups.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dynamic_sampling: Option<DynamicSampling>,
     /// The recipe's names of the stages, for messages.
     #[serde(default, skip_serializing_if = "StageNames::is_default")]
     pub stages: StageNames,

@@ -34,8 +34,74 @@ pub enum Aggregation {
     /// Mean over all unmasked tokens of the global batch (long answers weigh more).
     #[default]
     Token,
-    /// Mean over each sequence's unmasked tokens, then mean over sequences.
+    /// Mean over each sequence's unmasked tokens, then mean over sequences (the GRPO paper's).
     Sequence,
+    /// Mean over each micro-batch's unmasked tokens, then mean over the step's micro-batches (BNPO
+    /// as TRL's `loss_type = "bnpo"` computes it: per device batch).
+    MicroToken,
+    /// Sum over the step's unmasked tokens divided by sequences x `tokens` (Dr. GRPO: a constant
+    /// normaliser, the generation budget `max_new_tokens`, so no length bias).
+    Constant { tokens: usize },
+}
+
+/// Where the importance ratio is taken.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RatioLevel {
+    /// Per token: r_t = pi(y_t) / pi_old(y_t) (PPO, GRPO).
+    #[default]
+    Token,
+    /// Per sequence: s = exp(mean_t log(pi(y_t) / pi_old(y_t))), clipped per sequence (GSPO).
+    Sequence,
+}
+
+/// How a sample's advantage is formed from the rewards.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AdvantageEstimator {
+    /// Reward minus its group's mean, divided by the group's std when `std_norm` (GRPO).
+    #[default]
+    Grpo,
+    /// Reward minus the mean of the group's other rewards, n/(n-1) (r - mean) (RLOO); divided by
+    /// the group's std when `std_norm`.
+    Rloo,
+    /// REINFORCE++: per token, the reward at the last token minus `kl_coef` x the k1 KL to the
+    /// reference at every token, summed to the end (the return); then, when `std_norm`,
+    /// normalised over all the batch's trained tokens (mean 0, std 1). No group baseline.
+    ReinforcePp,
+}
+
+/// Masked importance sampling (MIS / IcePop): a token whose trainer/sampler ratio
+/// exp(logp_old_train - logp_rollout) leaves [low, high] gets no gradient.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MisSpec {
+    pub low: f64,
+    pub high: f64,
+}
+
+/// DAPO's soft overlong punishment, added to the reward before advantages: 0 up to `max - cache`
+/// tokens, then falling linearly to -`penalty` at `max`, -`penalty` beyond.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OverlongSpec {
+    pub max: usize,
+    pub cache: usize,
+    pub penalty: f64,
+}
+
+impl OverlongSpec {
+    /// The shaping term for a response of `len` tokens (DAPO eq. 13, scaled by `penalty`).
+    pub fn shaping(&self, len: usize) -> f64 {
+        let expected = self.max.saturating_sub(self.cache);
+        if len <= expected {
+            0.0
+        } else if len <= self.max {
+            -self.penalty * (len - expected) as f64 / self.cache.max(1) as f64
+        } else {
+            -self.penalty
+        }
+    }
 }
 
 /// GRPO with the PPO clipped objective, AdamW and the LR schedule.
@@ -78,6 +144,19 @@ pub struct TrainSpec {
     pub std_norm: bool,
     #[serde(default)]
     pub aggregation: Aggregation,
+    /// Passes over each rollout batch (TRL's `num_iterations`, verl's `ppo_epochs`): every pass
+    /// reshuffles the batch (seeded by the run's seed and the step) into its optimizer steps'
+    /// mini-batches; the behaviour log-probs stay those of the weights that generated it.
+    #[serde(default = "one_pass", skip_serializing_if = "is_one_pass")]
+    pub epochs: usize,
+    #[serde(default, skip_serializing_if = "RatioLevel::is_token")]
+    pub ratio: RatioLevel,
+    #[serde(default, skip_serializing_if = "AdvantageEstimator::is_grpo")]
+    pub advantage: AdvantageEstimator,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mis: Option<MisSpec>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub overlong: Option<OverlongSpec>,
     /// Max global grad norm; 0 = no clipping.
     #[serde(default = "one")]
     pub grad_clip: f64,
@@ -194,6 +273,24 @@ impl LoraSpec {
     }
 }
 
+fn one_pass() -> usize {
+    1
+}
+fn is_one_pass(n: &usize) -> bool {
+    *n == 1
+}
+
+impl RatioLevel {
+    fn is_token(&self) -> bool {
+        *self == RatioLevel::Token
+    }
+}
+
+impl AdvantageEstimator {
+    fn is_grpo(&self) -> bool {
+        *self == AdvantageEstimator::Grpo
+    }
+}
 fn default_beta1() -> f64 {
     0.9
 }

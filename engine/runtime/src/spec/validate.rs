@@ -116,6 +116,40 @@ impl RunSpec {
                 return bad("train.lora", "PPO's critic with LoRA is not run yet");
             }
         }
+        self.validate_variants()
+    }
+
+    /// The algorithm variants' settings: passes over the batch, MIS's band, the overlong shaping.
+    fn validate_variants(&self) -> Result<(), RunError> {
+        let t = &self.train;
+        if t.epochs == 0 {
+            return bad("train.epochs", "must be at least 1 (passes over each rollout batch)");
+        }
+        if let Some(m) = &t.mis {
+            if !(m.low >= 0.0 && m.low < 1.0) {
+                return bad("train.mis.low", &format!("must be in [0, 1) (the band holds ratio 1), not {}", m.low));
+            }
+            if !(m.high > 1.0 && m.high.is_finite()) {
+                return bad(
+                    "train.mis.high",
+                    &format!("must be a finite number > 1 (the band holds ratio 1), not {}", m.high),
+                );
+            }
+        }
+        if let Some(o) = &t.overlong {
+            if o.max == 0 {
+                return bad("train.overlong.max", "must be at least 1 token");
+            }
+            if o.cache > o.max {
+                return bad(
+                    "train.overlong.cache",
+                    &format!("the soft band ({} tokens) must not exceed max ({} tokens)", o.cache, o.max),
+                );
+            }
+            if !(o.penalty >= 0.0 && o.penalty.is_finite()) {
+                return bad("train.overlong.penalty", "must be a finite number >= 0");
+            }
+        }
         Ok(())
     }
 
@@ -293,5 +327,53 @@ impl RunSpec {
             return bad("task.split.test_size", "must be at least 1");
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec() -> RunSpec {
+        RunSpec::from_json(include_str!("../../tests/data/tiny.json")).unwrap()
+    }
+
+    /// The message of the broken constraint, which must name `field`.
+    fn refused(s: &RunSpec, field: &str) -> String {
+        let e = s.validate().expect_err(field);
+        assert_eq!(e.code, E_SPEC);
+        assert!(e.message.contains(&format!("`{field}`")), "{}", e.message);
+        e.message
+    }
+
+    #[test]
+    fn algorithm_variants_are_validated_with_the_field_named() {
+        let mut s = spec();
+        s.train.epochs = 2;
+        s.train.mis = Some(MisSpec { low: 0.5, high: 2.0 });
+        s.train.overlong = Some(OverlongSpec { max: 16, cache: 4, penalty: 1.0 });
+        s.validate().unwrap();
+
+        let mut e = s.clone();
+        e.train.epochs = 0;
+        assert!(refused(&e, "train.epochs").contains("at least 1"));
+        for (low, high, field) in
+            [(1.0, 2.0, "train.mis.low"), (-0.1, 2.0, "train.mis.low"), (f64::NAN, 2.0, "train.mis.low")]
+                .into_iter()
+                .chain([(0.5, 1.0, "train.mis.high"), (0.5, f64::INFINITY, "train.mis.high")])
+        {
+            let mut m = s.clone();
+            m.train.mis = Some(MisSpec { low, high });
+            refused(&m, field);
+        }
+        let mut o = s.clone();
+        o.train.overlong = Some(OverlongSpec { max: 16, cache: 17, penalty: 1.0 });
+        assert!(refused(&o, "train.overlong.cache").contains("17 tokens"));
+        o.train.overlong = Some(OverlongSpec { max: 16, cache: 16, penalty: 1.0 });
+        o.validate().unwrap();
+        o.train.overlong = Some(OverlongSpec { max: 16, cache: 4, penalty: -1.0 });
+        refused(&o, "train.overlong.penalty");
+        o.train.overlong = Some(OverlongSpec { max: 0, cache: 0, penalty: 1.0 });
+        refused(&o, "train.overlong.max");
     }
 }

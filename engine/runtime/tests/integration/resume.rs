@@ -2,8 +2,9 @@
 //! (and cadences) and is refused, naming each field, for anything else; a damaged newest
 //! checkpoint is passed over for the one before it.
 
+use super::support::opts;
 use miles_runtime::sim::{SimBackend, SimConfig, SimTrainerState, SIM_TRAINER_FILE};
-use miles_runtime::{run_with, ProgressMode, RunOptions, RunSpec};
+use miles_runtime::{run_with, RunSpec};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 
@@ -31,17 +32,7 @@ fn backend() -> SimBackend {
 }
 
 fn tmp(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("miles-resume-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    d
-}
-
-fn opts(dir: &Path, resume: bool, stop_after: Option<u64>) -> RunOptions {
-    let mut o = RunOptions::new(dir);
-    o.progress = ProgressMode::Off;
-    o.resume = resume;
-    o.stop_after = stop_after;
-    o
+    super::support::fresh_dir(&format!("resume-{name}"))
 }
 
 fn steps_in_metrics(dir: &Path) -> Vec<u64> {

@@ -23,10 +23,10 @@ pub const KL: &str = "train/kl";
 pub const GRAD_NORM: &str = "train/grad_norm";
 
 /// Reward minus its group's mean, divided by the group's sample std + 1e-6 when `std_norm`; a
-/// group of one gets 0. The same definition as GRPO's (`miles_runtime::grpo_advantages`), so a
-/// diffusion run and a language run normalise alike.
+/// group of one gets 0. The same function as a language run's GRPO advantages
+/// (`miles_runtime::advantage`), so a diffusion run and a language run normalise alike.
 pub fn group_advantages(rewards: &[f32], group_of: &[usize], std_norm: bool) -> Vec<f32> {
-    miles_runtime::grpo_advantages(rewards, group_of, std_norm)
+    miles_runtime::advantage::grpo_advantages(rewards, group_of, std_norm)
 }
 
 /// The PPO clipped objective, mean over every element: max(-A r, -A clip(r, 1-clip, 1+clip)),

@@ -1,10 +1,11 @@
-//! The RL loss's terms: log-probs of the sampled tokens, the clipped policy gradient with its TIS
-//! weight, the k3 KL to a reference, the entropy, and their reduction over tokens or sequences.
+//! The RL loss's terms: log-probs of the sampled tokens, the clipped policy gradient (per token or
+//! per sequence, GSPO) with its TIS weight and MIS mask, the k3 KL to a reference, the entropy, and
+//! their reduction over the step (token, sequence, micro-batch token means or a constant).
 
 use super::pack::Packed;
 use crate::model::Policy;
 use crate::moe::Route;
-use miles_runtime::{Aggregation, Trajectory};
+use miles_runtime::{Aggregation, MisSpec, RatioLevel, TrainSpec, Trajectory};
 use tch::{Kind, Tensor};
 
 /// Log-probs of the targets [B, L-1] and the full log-softmax [B, L-1, V] at `temperature`,
@@ -30,15 +31,40 @@ pub(crate) fn tempered_log_softmax(logits: &Tensor, temperature: f64) -> Tensor 
 
 /// Per-token PPO/GRPO loss terms (exposed for the hand-computed tests).
 pub struct PgTerms {
-    /// Clipped policy-gradient loss per token, times the TIS weight.
+    /// Clipped policy-gradient loss per token, times the TIS weight and the MIS mask.
     pub pg: Tensor,
-    /// 1 where the clipped branch was taken.
+    /// 1 where the clipped branch was taken (every token of a clipped sequence under GSPO).
     pub clipped: Tensor,
     pub tis: Tensor,
+    /// MIS: 1 where the token keeps its gradient, 0 where its trainer/sampler ratio left the band
+    /// (all ones without `mis`).
+    pub mis: Tensor,
+}
+
+/// The policy-gradient term's settings (the trainer's clip, TIS, MIS and ratio level).
+#[derive(Debug, Clone, Copy)]
+pub struct PgOptions {
+    pub clip_low: f64,
+    pub clip_high: f64,
+    pub tis_cap: Option<f64>,
+    pub mis: Option<MisSpec>,
+    pub ratio: RatioLevel,
+}
+
+impl PgOptions {
+    pub fn of(spec: &TrainSpec) -> PgOptions {
+        PgOptions {
+            clip_low: spec.clip_low,
+            clip_high: spec.clip_high,
+            tis_cap: spec.tis_cap,
+            mis: spec.mis,
+            ratio: spec.ratio,
+        }
+    }
 }
 
 /// max(-A r, -A clip(r, 1-lo, 1+hi)) * tis, with r = exp(logp - old) and
-/// tis = min(exp(old - rollout), cap) (detached; 1 without a cap).
+/// tis = min(exp(old - rollout), cap) (detached; 1 without a cap): per token, no MIS.
 pub fn pg_terms(
     logp: &Tensor,
     old: &Tensor,
@@ -48,16 +74,48 @@ pub fn pg_terms(
     clip_high: f64,
     tis_cap: Option<f64>,
 ) -> PgTerms {
-    let ratio = (logp - old).exp();
+    let o = PgOptions { clip_low, clip_high, tis_cap, mis: None, ratio: RatioLevel::Token };
+    policy_terms(logp, old, rollout, adv, &Tensor::ones_like(logp), &o)
+}
+
+/// The clipped policy gradient over [B, L-1] tensors (`mask` the trained tokens):
+/// max(-A r, -A clip(r, 1-lo, 1+hi)) x tis x mis. Per token r = exp(logp - old); per sequence
+/// (GSPO) r = exp(sum_t m_t (logp_t - old_t) / sum_t m_t), the same on every token of the row, the
+/// gradient flowing through the mean to each token. tis = min(exp(old - rollout), cap) and mis = 1
+/// where low <= exp(old - rollout) <= high else 0 (IcePop), both per token and detached.
+pub fn policy_terms(
+    logp: &Tensor,
+    old: &Tensor,
+    rollout: &Tensor,
+    adv: &Tensor,
+    mask: &Tensor,
+    o: &PgOptions,
+) -> PgTerms {
+    let ratio = match o.ratio {
+        RatioLevel::Token => (logp - old).exp(),
+        RatioLevel::Sequence => {
+            let n = mask.sum_dim_intlist(-1, true, Kind::Float).clamp_min(1.0);
+            (((logp - old) * mask).sum_dim_intlist(-1, true, Kind::Float) / n).exp()
+        }
+    };
     let l1 = -adv * &ratio;
-    let l2 = -adv * ratio.clamp(1.0 - clip_low, 1.0 + clip_high);
+    let l2 = -adv * ratio.clamp(1.0 - o.clip_low, 1.0 + o.clip_high);
+    // Broadcast a sequence's term over its tokens (GSPO with one advantage per response).
+    let l1 = l1.expand_as(logp);
+    let l2 = l2.expand_as(logp);
     let clipped = l2.gt_tensor(&l1).to_kind(Kind::Float);
     let pg = l1.maximum(&l2);
-    let tis = match tis_cap {
-        Some(cap) => (old - rollout).exp().clamp_max(cap).detach(),
+    // The trainer/sampler weight, read by TIS and MIS alike; no gradient flows through it.
+    let w = (old - rollout).exp().detach();
+    let tis = match o.tis_cap {
+        Some(cap) => w.clamp_max(cap),
         None => Tensor::ones_like(logp),
     };
-    PgTerms { pg: pg * &tis, clipped, tis }
+    let mis = match o.mis {
+        Some(m) => w.ge(m.low).logical_and(&w.le(m.high)).to_kind(Kind::Float),
+        None => Tensor::ones_like(logp),
+    };
+    PgTerms { pg: pg * &tis * &mis, clipped, tis, mis }
 }
 
 /// k3 estimator of KL(policy || ref) per token: exp(ref - logp) - (ref - logp) - 1 (>= 0, unbiased).
@@ -78,24 +136,36 @@ pub(super) fn entropy(logp_all: &Tensor, in_loss: bool) -> Tensor {
     }
 }
 
-/// The global denominators of one optimizer step, so the micro-batches' accumulated gradients
-/// equal the whole slice's.
-pub(super) struct Denominators {
-    /// Trained tokens in the slice (at least 1).
+/// The global denominators of one optimizer step, so the micro-batches' accumulated losses (and
+/// gradients) equal the whole step's.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Denominators {
+    /// Trained tokens in the step (at least 1).
     pub tokens: f64,
-    /// Sequences in the slice.
+    /// Sequences in the step.
     pub seqs: f64,
+    /// Micro-batches in the step (`micro_token` averages their token means).
+    pub micro_batches: f64,
 }
 
 impl Denominators {
-    pub(super) fn of(slice: &[Trajectory]) -> Denominators {
-        Denominators { tokens: trained_tokens(slice).max(1.0), seqs: slice.len() as f64 }
+    /// The step `slice`, cut into micro-batches of `micro` rows.
+    pub fn of(slice: &[Trajectory], micro: usize) -> Denominators {
+        Denominators {
+            tokens: trained_tokens(slice).max(1.0),
+            seqs: slice.len() as f64,
+            micro_batches: slice.len().div_ceil(micro.max(1)).max(1) as f64,
+        }
     }
 }
 
-/// The micro-batch's loss from the masked per-token loss [B, L-1]: the token mean or the mean of
-/// the sequences' token means, over the step's denominators.
-pub(super) fn aggregate(masked: Tensor, mask: &Tensor, aggregation: Aggregation, d: &Denominators) -> Tensor {
+/// One micro-batch's share of the step's loss, from its masked per-token loss [B, L-1]; the shares
+/// of the step's micro-batches add up to:
+/// - token: the sum over the step's trained tokens / their count (DAPO);
+/// - sequence: the mean over sequences of each one's token mean (the GRPO paper);
+/// - micro_token: the mean over micro-batches of each one's token mean (BNPO as TRL computes it);
+/// - constant: the sum over the step's trained tokens / (sequences x `tokens`) (Dr. GRPO).
+pub fn aggregate(masked: Tensor, mask: &Tensor, aggregation: Aggregation, d: &Denominators) -> Tensor {
     match aggregation {
         Aggregation::Token => masked.sum(Kind::Float) / d.tokens,
         Aggregation::Sequence => {
@@ -103,6 +173,12 @@ pub(super) fn aggregate(masked: Tensor, mask: &Tensor, aggregation: Aggregation,
                 / mask.sum_dim_intlist(-1, false, Kind::Float).clamp_min(1.0);
             per.sum(Kind::Float) / d.seqs
         }
+        Aggregation::MicroToken => {
+            // A micro-batch with no trained token adds 0 (its sum is 0), as TRL's clamp does.
+            let n = mask.sum(Kind::Float).clamp_min(1.0);
+            masked.sum(Kind::Float) / n / d.micro_batches
+        }
+        Aggregation::Constant { tokens } => masked.sum(Kind::Float) / (d.seqs.max(1.0) * tokens.max(1) as f64),
     }
 }
 

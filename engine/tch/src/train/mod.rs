@@ -1,6 +1,8 @@
-//! Training: log-prob recomputation, the GRPO/PPO loss (asymmetric clip, TIS, k3 KL, entropy
-//! bonus, token/sequence aggregation), masked cross-entropy SFT, gradient accumulation over
-//! micro-batches, global-norm clipping and AdamW with our own (checkpointable) state.
+//! Training: log-prob recomputation, the GRPO/PPO loss (asymmetric clip, per-token or per-sequence
+//! ratio, TIS, MIS, k3 KL, entropy bonus, token/sequence/micro-batch/constant aggregation),
+//! REINFORCE++'s per-token returns, several passes over a batch, masked cross-entropy SFT,
+//! gradient accumulation over micro-batches, global-norm clipping and AdamW with our own
+//! (checkpointable) state.
 //!
 //! `TchTrainer`'s `impl` is spread over concept files: `rl` (the RL step and its terms), `sft`,
 //! `optim` (AdamW, what trains, the optimizer slices), `checkpoint`; beside them `pack` (the
@@ -18,8 +20,10 @@ mod ppo;
 mod rl;
 mod sft;
 
+pub use advantage::reinforce_pp_returns;
 pub(crate) use loss::tempered_log_softmax;
-pub use loss::{kl_k3, pg_terms, PgTerms};
+pub use loss::{aggregate, kl_k3, pg_terms, policy_terms, Denominators, PgOptions, PgTerms};
+pub use optim::epoch_orders;
 pub(crate) use optim::{adam_step, AdamState};
 pub use pack::{pack, pack_aligned, pack_for, recorded_routes, Packed};
 
@@ -47,6 +51,9 @@ pub struct TchTrainer {
     base_stale: Cell<bool>,
     /// R3: replay the trajectories' recorded experts in every forward over them.
     pub replay: bool,
+    /// The run's seed: with the optimizer steps taken so far (`version`, checkpointed) it seeds
+    /// each RL call's shuffles of the batch over several passes (`epochs`).
+    pub seed: u64,
 }
 
 impl TchTrainer {
@@ -64,6 +71,7 @@ impl TchTrainer {
             critic: None,
             base_stale: Cell::new(true),
             replay: false,
+            seed: 0,
         }
     }
 
@@ -74,6 +82,7 @@ impl TchTrainer {
         policy.bf16_matmuls = spec.train.precision == miles_runtime::Precision::Bf16;
         let mut t = TchTrainer::new(policy, spec.train.clone());
         t.replay = spec.rollout.r3.as_ref().is_some_and(|r| r.replay);
+        t.seed = spec.seed;
         t.source = source;
         t
     }

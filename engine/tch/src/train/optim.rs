@@ -1,9 +1,12 @@
 //! The optimizer: AdamW with our own (checkpointable) moments, one `adam_step` for the policy,
 //! PPO's critic and the diffusion denoiser; what it updates (the whole model, or the adapters under
-//! LoRA, each with its own state) and the batch's slices, one per optimizer step.
+//! LoRA, each with its own state) and the plan of optimizer steps: passes over the batch (`epochs`),
+//! each a seeded shuffle cut into mini-batches.
 
 use super::TchTrainer;
-use miles_runtime::{RunError, TrainSpec, Trajectory, E_NONFINITE};
+use miles_runtime::rng::Rng;
+use miles_runtime::{RunError, TrainSpec, Trajectory, E_BACKEND, E_NONFINITE};
+use std::borrow::Cow;
 use tch::{Kind, Tensor};
 
 pub(crate) struct AdamState {
@@ -72,17 +75,60 @@ pub(crate) fn adam_step(
     Ok(norm)
 }
 
-/// The batch's consecutive slices, one per optimizer step (`lrs`), with each slice's start: the
-/// policy's and the critic's updates step through the same slices.
-pub(super) fn optimizer_slices<'b>(batch: &'b [Trajectory], lrs: &[f64]) -> Vec<(usize, &'b [Trajectory], f64)> {
-    let per_opt = batch.len().div_ceil(lrs.len().max(1));
-    lrs.iter()
-        .enumerate()
-        .filter_map(|(k, &lr)| {
-            let (lo, hi) = (k * per_opt, ((k + 1) * per_opt).min(batch.len()));
-            (lo < hi).then(|| (lo, &batch[lo..hi], lr))
+/// One optimizer step of an RL call: the pass over the batch it belongs to, the batch rows it
+/// trains (in the pass's order) and its learning rate.
+pub(super) struct OptStep {
+    pub epoch: usize,
+    pub rows: Vec<usize>,
+    pub lr: f64,
+}
+
+/// The order of the batch's `n` rows in each of `epochs` passes: the batch's own order for one pass
+/// (a single pass trains as it always did), else a shuffle per pass seeded by `seed` and the pass.
+pub fn epoch_orders(n: usize, epochs: usize, seed: u64) -> Vec<Vec<usize>> {
+    (0..epochs.max(1))
+        .map(|e| {
+            let mut order: Vec<usize> = (0..n).collect();
+            if epochs > 1 {
+                Rng::derived(seed, "epoch_shuffle", e as u64).shuffle(&mut order);
+            }
+            order
         })
         .collect()
+}
+
+/// The RL call's optimizer steps, one per learning rate: `epochs` passes over the batch (each in
+/// its `epoch_orders` order), each cut into `lrs.len() / epochs` consecutive mini-batches. The
+/// policy's and the critic's updates step through the same plan.
+pub(super) fn optimizer_plan(n: usize, lrs: &[f64], epochs: usize, seed: u64) -> Result<Vec<OptStep>, RunError> {
+    let epochs = epochs.max(1);
+    if lrs.len() % epochs != 0 {
+        return Err(RunError::new(
+            E_BACKEND,
+            format!("{} learning rates for {epochs} passes over the batch: need a multiple of the passes", lrs.len()),
+        ));
+    }
+    let per_epoch = lrs.len() / epochs;
+    let per_opt = n.div_ceil(per_epoch.max(1));
+    let mut steps = Vec::with_capacity(lrs.len());
+    for (e, order) in epoch_orders(n, epochs, seed).into_iter().enumerate() {
+        for (k, &lr) in lrs[e * per_epoch..(e + 1) * per_epoch].iter().enumerate() {
+            let (lo, hi) = (k * per_opt, ((k + 1) * per_opt).min(n));
+            if lo < hi {
+                steps.push(OptStep { epoch: e, rows: order[lo..hi].to_vec(), lr });
+            }
+        }
+    }
+    Ok(steps)
+}
+
+/// The trajectories of `rows`: borrowed when they are a run of the batch, else copied in order.
+pub(super) fn rows_of<'b>(batch: &'b [Trajectory], rows: &[usize]) -> Cow<'b, [Trajectory]> {
+    match rows.first() {
+        Some(&lo) if rows.iter().enumerate().all(|(k, &r)| r == lo + k) => Cow::Borrowed(&batch[lo..lo + rows.len()]),
+        Some(_) => Cow::Owned(rows.iter().map(|&r| batch[r].clone()).collect()),
+        None => Cow::Borrowed(&[]),
+    }
 }
 
 impl TchTrainer {

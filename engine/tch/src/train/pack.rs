@@ -123,10 +123,10 @@ impl Packed {
         crate::device::from_slice(&out).view([b as i64, w as i64])
     }
 
-    /// `align` of rows `base..` of per-trajectory values `values` (indexed over the whole batch),
-    /// one per row of this micro-batch.
-    pub(super) fn align_rows(&self, values: &[Vec<f32>], base: usize) -> Tensor {
-        self.align(&(0..self.lens.len()).map(|i| values[base + i].as_slice()).collect::<Vec<_>>())
+    /// `align` of per-trajectory values `values` (indexed over the whole batch): row i of this
+    /// micro-batch is the batch's trajectory `rows[i]`.
+    pub(super) fn align_rows(&self, values: &[Vec<f32>], rows: &[usize]) -> Tensor {
+        self.align(&rows.iter().take(self.lens.len()).map(|&r| values[r].as_slice()).collect::<Vec<_>>())
     }
 
     pub(super) fn extract(&self, t: &Tensor) -> Result<Vec<Vec<f32>>, RunError> {

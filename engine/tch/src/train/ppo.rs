@@ -3,7 +3,7 @@
 //! (`crate::critic` holds the model and the formulas).
 
 use super::loss::{masked_sum, trained_tokens};
-use super::optim::{adam_step, optimizer_slices};
+use super::optim::{adam_step, rows_of, OptStep};
 use super::pack::{pack, pack_chunk};
 use crate::critic::{gae, value_loss, whiten, Critic};
 use miles_runtime::{CriticStats, PpoSpec, RunError, TrainSpec, Trajectory, E_NONFINITE};
@@ -42,26 +42,27 @@ pub(super) fn critic_targets(
 }
 
 /// The critic's updates for a batch: the clipped value loss over the same optimizer steps as the
-/// policy's (slices of the batch), each step at `critic_lr` on the policy's LR schedule.
+/// policy's (`plan`: every pass's mini-batches of the batch), each step at `critic_lr` on the
+/// policy's LR schedule. The targets (old values, returns) are those from before any update.
 pub(super) fn train_critic(
     c: &mut Critic,
     spec: &TrainSpec,
     p: &PpoSpec,
     batch: &[Trajectory],
-    lrs: &[f64],
+    plan: &[OptStep],
     tg: &CriticTargets,
 ) -> Result<CriticStats, RunError> {
     let micro = spec.micro_batch.max(1);
     let (mut cs, tokens) = value_stats(batch, tg);
     let (mut clip_sum, mut steps) = (0f64, 0u64);
-    for (lo, slice, lr) in optimizer_slices(batch, lrs) {
-        let g_tokens = trained_tokens(slice).max(1.0);
+    for step in plan {
+        let slice = rows_of(batch, &step.rows);
+        let g_tokens = trained_tokens(&slice).max(1.0);
         c.zero_grad();
         let mut loss_acc = 0f64;
-        for (ci, chunk) in slice.chunks(micro).enumerate() {
-            let base = lo + ci * micro;
+        for (chunk, rows) in slice.chunks(micro).zip(step.rows.chunks(micro)) {
             let pk = pack_chunk(chunk, true, pack);
-            let (v_old, ret) = (pk.align_rows(&tg.values, base), pk.align_rows(&tg.returns, base));
+            let (v_old, ret) = (pk.align_rows(&tg.values, rows), pk.align_rows(&tg.returns, rows));
             let v = c.values(&pk.tokens, &pk.positions, &pk.valid).narrow(1, 0, pk.width);
             let (vl, clipped) = value_loss(&v, &v_old, &ret, p.value_clip);
             let loss = (vl * &pk.mask).sum(Kind::Float) / g_tokens;
@@ -77,7 +78,7 @@ pub(super) fn train_critic(
             loss.backward();
             clip_sum += masked_sum(&clipped, &pk.mask);
         }
-        let ratio = if spec.lr > 0.0 { lr / spec.lr } else { 1.0 };
+        let ratio = if spec.lr > 0.0 { step.lr / spec.lr } else { 1.0 };
         cs.grad_norm += adam_step(&c.params(), &mut c.adam, spec, p.critic_lr * ratio)?;
         cs.value_loss += loss_acc;
         steps += 1;
@@ -85,7 +86,8 @@ pub(super) fn train_critic(
     let k = steps.max(1) as f64;
     cs.value_loss /= k;
     cs.grad_norm /= k;
-    cs.clip_frac = clip_sum / tokens;
+    // Over every pass's tokens: a token trained E times counts E times.
+    cs.clip_frac = clip_sum / (tokens * (plan.iter().map(|s| s.epoch).max().map_or(1, |e| e + 1)) as f64);
     Ok(cs)
 }
 

@@ -1,20 +1,24 @@
-//! The RL step (GRPO, PPO, on-policy distillation): the inputs computed before any update (the
-//! behaviour and reference log-probs, PPO's targets, per-token advantages), then per optimizer
-//! step its micro-batches, each a training forward and the enabled terms of the loss (the clipped
-//! policy gradient, the KL to the reference, the entropy bonus, MoE's load-balancing loss), then
-//! PPO's critic.
+//! The RL step (GRPO and its variants, PPO, on-policy distillation): the inputs computed before
+//! any update (the behaviour and reference log-probs, PPO's targets, per-token advantages), then
+//! per optimizer step of every pass over the batch (`epochs`) its micro-batches, each a training
+//! forward and the enabled terms of the loss (the clipped policy gradient per token or per
+//! sequence with its TIS weight and MIS mask, the KL to the reference, the entropy bonus, MoE's
+//! load-balancing loss), then PPO's critic over the same passes.
 
-use super::advantage::{chunk_advantages, require_teacher_logprobs, token_advantages};
-use super::loss::{aggregate, entropy, kl_k3, masked_sum, pg_terms, token_logprobs, trained_tokens, Denominators};
+use super::advantage::{chunk_advantages, reinforce_pp_returns, require_teacher_logprobs, token_advantages};
+use super::loss::{
+    aggregate, entropy, kl_k3, masked_sum, policy_terms, token_logprobs, trained_tokens, Denominators, PgOptions,
+};
 use super::moe::{add_aux_loss, MoeAcc};
-use super::optim::optimizer_slices;
+use super::optim::{optimizer_plan, rows_of};
 use super::pack::{pack_chunk, pack_for, recorded_routes, Packed};
 use super::ppo::{critic_targets, train_critic, CriticTargets};
 use super::TchTrainer;
 use crate::critic::Critic;
 use crate::model::Policy;
 use crate::moe::Route;
-use miles_runtime::{OpdStats, RunError, TrainStats, Trajectory};
+use miles_runtime::rng::derive_seed;
+use miles_runtime::{AdvantageEstimator, EpochStats, OpdStats, RunError, TrainStats, Trajectory};
 use std::time::Instant;
 use tch::Tensor;
 
@@ -42,6 +46,8 @@ struct TokenSums {
     clip: f64,
     kl: f64,
     tis: f64,
+    /// Tokens MIS masked.
+    mis_masked: f64,
 }
 
 impl TokenSums {
@@ -56,22 +62,61 @@ impl TokenSums {
         }
     }
 
-    fn finish(self, st: &mut TrainStats, tokens: f64) {
+    /// The means: the drift (measured once, before any update) over the batch's `tokens`, the
+    /// training forwards' statistics over every pass's (`passes` x `tokens`).
+    fn finish(self, st: &mut TrainStats, tokens: f64, passes: usize, mis: bool) {
         st.logp_diff = self.logp_diff / tokens.max(1.0);
         st.rollout_kl = self.rollout_kl / tokens.max(1.0);
-        let n = tokens.max(1.0);
+        let n = (tokens * passes.max(1) as f64).max(1.0);
         st.entropy = self.entropy / n;
         st.clip_frac = self.clip / n;
         st.kl = self.kl / n;
         st.tis_weight = self.tis / n;
+        st.mis_masked = mis.then_some(self.mis_masked / n);
         st.tokens = tokens as u64;
     }
 }
 
-/// One micro-batch of an optimizer step: rows `base..` of the batch, and the step's denominators.
+/// One pass's sums over its trained tokens: the training forward's log-probs against the behaviour
+/// ones, before each step's update.
+#[derive(Default, Clone)]
+struct EpochSums {
+    tokens: f64,
+    clip: f64,
+    k1: f64,
+    k3: f64,
+    max_abs: f64,
+}
+
+impl EpochSums {
+    /// Adds a micro-batch: d = logp - old on the trained tokens, clipped the clip indicator.
+    fn add(&mut self, lp: &Tensor, old: &Tensor, clipped: &Tensor, mask: &Tensor) {
+        let _g = tch::no_grad_guard();
+        // In f64, and k3 = expm1(d) - d, so a ratio that is not exactly 1 never rounds to 0 here.
+        let d = (lp.detach().to_kind(tch::Kind::Double) - old.to_kind(tch::Kind::Double)) * mask;
+        self.tokens += mask.sum(tch::Kind::Double).double_value(&[]);
+        self.clip += masked_sum(clipped, mask);
+        self.k1 -= d.sum(tch::Kind::Double).double_value(&[]);
+        self.k3 += ((d.expm1() - &d) * mask).sum(tch::Kind::Double).double_value(&[]);
+        self.max_abs = self.max_abs.max(d.abs().max().double_value(&[]));
+    }
+
+    fn finish(&self) -> EpochStats {
+        let n = self.tokens.max(1.0);
+        EpochStats {
+            clip_frac: self.clip / n,
+            approx_kl: self.k1 / n,
+            approx_kl_k3: self.k3 / n,
+            max_abs_log_ratio: self.max_abs,
+        }
+    }
+}
+
+/// One micro-batch of an optimizer step: its trajectories, row i the batch's `rows[i]`, and the
+/// step's denominators.
 struct Micro<'a> {
     chunk: &'a [Trajectory],
-    base: usize,
+    rows: &'a [usize],
     /// Rows in the step's slice (the MoE loss's share).
     slice_len: usize,
     denom: &'a Denominators,
@@ -125,36 +170,50 @@ impl TchTrainer {
             self.critic = Some(Critic::from_policy(&self.policy));
         }
         let micro = self.spec.micro_batch.max(1);
+        let epochs = self.spec.epochs.max(1);
+        // The passes' shuffles: the run's seed and the optimizer steps taken so far (the step's
+        // place in the run, saved in every checkpoint, so a resumed run shuffles alike).
+        let plan = optimizer_plan(batch.len(), lrs, epochs, derive_seed(self.seed, "epochs", self.version))?;
+        // The first pass's order (its steps cover every row once).
+        let first_order: Option<Vec<usize>> =
+            plan.first().map(|_| plan.iter().filter(|p| p.epoch == 0).flat_map(|p| p.rows.iter().copied()).collect());
         // Phase timings for the profile (CPU ops are synchronous, so wall time is the op's time).
         let t_lp = Instant::now();
-        let (inputs, opd) = self.rl_inputs(batch, lrs.len() == 1, temperature)?;
+        let on_policy = epochs == 1 && lrs.len() == 1;
+        let (inputs, opd) = self.rl_inputs(batch, on_policy, first_order.as_deref(), temperature)?;
         let mut st = TrainStats { logprob_s: t_lp.elapsed().as_secs_f64(), opd, ..TrainStats::default() };
         let mut sums = TokenSums::default();
         if let Some(old) = &inputs.old {
             sums.add_rollout_drift(batch, old);
         }
-        for (lo, slice, lr) in optimizer_slices(batch, lrs) {
-            let denom = Denominators::of(slice);
+        let mut passes = vec![EpochSums::default(); epochs];
+        for step in &plan {
+            let slice = rows_of(batch, &step.rows);
+            let denom = Denominators::of(&slice, micro);
             self.zero_grad();
             let mut loss_acc = 0f64;
-            for (ci, chunk) in slice.chunks(micro).enumerate() {
-                let m = Micro { chunk, base: lo + ci * micro, slice_len: slice.len(), denom: &denom };
-                loss_acc += self.rl_micro_batch(&m, &inputs, temperature, &mut moe, &mut sums, &mut st)?;
+            for (chunk, rows) in slice.chunks(micro).zip(step.rows.chunks(micro)) {
+                let m = Micro { chunk, rows, slice_len: slice.len(), denom: &denom };
+                let acc = (&mut sums, &mut passes[step.epoch]);
+                loss_acc += self.rl_micro_batch(&m, &inputs, temperature, &mut moe, acc, &mut st)?;
             }
             let t_opt = Instant::now();
-            let norm = self.optimizer_step(lr)?;
+            let norm = self.optimizer_step(step.lr)?;
             st.optimizer_s += t_opt.elapsed().as_secs_f64();
             st.loss += loss_acc;
             st.grad_norm += norm;
             st.optimizer_steps += 1;
         }
         if let (Some(p), Some(tg), Some(c)) = (&self.spec.ppo, &inputs.targets, self.critic.as_mut()) {
-            st.critic = Some(train_critic(c, &self.spec, p, batch, lrs, tg)?);
+            st.critic = Some(train_critic(c, &self.spec, p, batch, &plan, tg)?);
         }
         let k = st.optimizer_steps.max(1) as f64;
         st.loss /= k;
         st.grad_norm /= k;
-        sums.finish(&mut st, trained_tokens(batch));
+        sums.finish(&mut st, trained_tokens(batch), epochs, self.spec.mis.is_some());
+        if epochs > 1 {
+            st.epochs = passes.iter().map(EpochSums::finish).collect();
+        }
         st.moe = moe.map(MoeAcc::finish);
         Ok(st)
     }
@@ -162,20 +221,33 @@ impl TchTrainer {
     /// The step's inputs, before any update. On-policy (one optimizer step for the whole batch)
     /// every micro-batch is computed before the update, so the "old" log-probs are the detached
     /// log-probs of the training forward itself and the separate pass is skipped. With several
-    /// steps per batch, later slices see updated weights, so the old log-probs come from a pass
-    /// over the weights that generated the batch (the trainer's view of them).
+    /// steps per batch (or several passes), later steps see updated weights, so the old log-probs
+    /// come from one pass over the weights that generated the batch (the trainer's view of them),
+    /// in the micro-batches of the first pass's order (`first_order`), so the first step's
+    /// training forward computes exactly them (its ratio is exactly 1). REINFORCE++ with a KL
+    /// reads them too, before any forward, for its per-token rewards.
     fn rl_inputs(
         &self,
         batch: &[Trajectory],
         on_policy: bool,
+        first_order: Option<&[usize]>,
         temperature: f64,
     ) -> Result<(RlInputs, Option<OpdStats>), RunError> {
         let micro = self.spec.micro_batch.max(1);
-        let old = match on_policy {
-            true => None,
-            false => Some(Self::logprobs_of(&self.policy, batch, micro, temperature, self.replay)?),
+        let reinforce = self.spec.advantage == AdvantageEstimator::ReinforcePp;
+        let with_ref = self.reference.is_some() && self.spec.kl_coef > 0.0;
+        let old = match (on_policy && !(reinforce && with_ref), first_order) {
+            (false, Some(order)) => {
+                let lp = Self::logprobs_of(&self.policy, &rows_of(batch, order), micro, temperature, self.replay)?;
+                let mut old = vec![Vec::new(); batch.len()];
+                for (&i, l) in order.iter().zip(lp) {
+                    old[i] = l;
+                }
+                Some(old)
+            }
+            _ => None,
         };
-        let reference = match (&self.reference, self.spec.kl_coef > 0.0) {
+        let reference = match (&self.reference, with_ref) {
             (Some(r), true) => Some(Self::logprobs_of(r, batch, micro, temperature, self.replay)?),
             _ => None,
         };
@@ -187,7 +259,18 @@ impl TchTrainer {
         if let Some(o) = &self.spec.opd {
             require_teacher_logprobs(batch, o)?;
         }
-        let (token_adv, opd) = token_advantages(batch, targets.as_ref(), self.spec.opd.as_ref());
+        let task = match (&targets, reinforce) {
+            (Some(tg), _) => Some(tg.adv.clone()),
+            (None, true) => Some(reinforce_pp_returns(
+                batch,
+                old.as_deref(),
+                reference.as_deref(),
+                self.spec.kl_coef,
+                self.spec.std_norm,
+            )),
+            (None, false) => None,
+        };
+        let (token_adv, opd) = token_advantages(batch, task, self.spec.opd.as_ref());
         Ok((RlInputs { old, reference, targets, token_adv }, opd))
     }
 
@@ -201,17 +284,17 @@ impl TchTrainer {
         inputs: &RlInputs,
         temperature: f64,
         moe: &mut Option<MoeAcc>,
-        sums: &mut TokenSums,
+        (sums, pass): (&mut TokenSums, &mut EpochSums),
         st: &mut TrainStats,
     ) -> Result<f64, RunError> {
         let t_fwd = Instant::now();
         let pk = pack_chunk(m.chunk, true, |p, r, ms| pack_for(&self.policy, p, r, ms));
         let rollv: Vec<&[f32]> = m.chunk.iter().map(|t| t.rollout_logprobs.as_slice()).collect();
         let roll_t = pk.align(&rollv);
-        let adv_t = chunk_advantages(m.chunk, m.base, &pk, inputs.token_adv.as_deref());
+        let adv_t = chunk_advantages(m.chunk, m.rows, &pk, inputs.token_adv.as_deref());
         let f = self.training_forward(m.chunk, &pk, temperature, moe);
         let old_t = match &inputs.old {
-            Some(old) => pk.align_rows(old, m.base),
+            Some(old) => pk.align_rows(old, m.rows),
             None => on_policy_old(&f, &roll_t, &pk, moe.as_mut(), sums),
         };
         // PPO's `rollout_logprobs`: the behaviour policy is the sampler's.
@@ -220,14 +303,17 @@ impl TchTrainer {
             false => old_t,
         };
         let s = &self.spec;
-        let terms = pg_terms(&f.lp, &old_t, &roll_t, &adv_t, s.clip_low, s.clip_high, s.tis_cap);
+        let terms = policy_terms(&f.lp, &old_t, &roll_t, &adv_t, &pk.mask, &PgOptions::of(s));
         // The entropy is a statistic unless it is in the loss: then no gradient graph.
         let entropy = entropy(&f.logp_all, s.entropy_coef != 0.0);
         let mut tok_loss = terms.pg.shallow_clone();
         if let Some(refs) = &inputs.reference {
-            let kl = kl_k3(&f.lp, &pk.align_rows(refs, m.base));
+            let kl = kl_k3(&f.lp, &pk.align_rows(refs, m.rows));
             sums.kl += masked_sum(&kl, &pk.mask);
-            tok_loss = tok_loss + kl * s.kl_coef;
+            // REINFORCE++ put the KL in the per-token rewards already.
+            if s.advantage != AdvantageEstimator::ReinforcePp {
+                tok_loss = tok_loss + kl * s.kl_coef;
+            }
         }
         if s.entropy_coef != 0.0 {
             tok_loss = tok_loss - &entropy * s.entropy_coef;
@@ -245,6 +331,8 @@ impl TchTrainer {
         sums.entropy += masked_sum(&entropy, &pk.mask);
         sums.clip += masked_sum(&terms.clipped, &pk.mask);
         sums.tis += masked_sum(&terms.tis, &pk.mask);
+        sums.mis_masked += masked_sum(&(1.0 - &terms.mis), &pk.mask);
+        pass.add(&f.lp, &old_t, &terms.clipped, &pk.mask);
         // The statistics are forward-side work (reductions of forward tensors).
         st.forward_s += t_stats.elapsed().as_secs_f64();
         Ok(lv)

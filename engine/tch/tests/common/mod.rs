@@ -60,3 +60,16 @@ pub fn untimed_metrics(dir: &std::path::Path) -> Vec<serde_json::Value> {
         })
         .collect()
 }
+
+/// A tensor's values, flattened.
+pub fn vals(x: &tch::Tensor) -> Vec<f32> {
+    Vec::<f32>::try_from(x.reshape([-1])).unwrap()
+}
+
+/// `a` equals `b` element by element within `tol`.
+pub fn close(a: &[f32], b: &[f32], tol: f32) {
+    assert_eq!(a.len(), b.len());
+    for (x, y) in a.iter().zip(b) {
+        assert!((x - y).abs() <= tol, "{a:?} vs {b:?}");
+    }
+}

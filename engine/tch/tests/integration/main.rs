@@ -22,4 +22,6 @@ mod opd;
 mod ppo;
 mod run;
 mod stream;
+mod trl_parity;
 mod unit;
+mod variants;

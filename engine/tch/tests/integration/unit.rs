@@ -1,6 +1,7 @@
 //! Hand-computed checks of the loss pieces, and model/sampler/checkpoint properties.
 
 use crate::common;
+use crate::common::{close, vals};
 
 use miles_runtime::rng::Rng;
 use miles_runtime::tasks::EOS;
@@ -16,17 +17,6 @@ fn one_thread() {
 
 fn t(v: &[f32]) -> Tensor {
     Tensor::from_slice(v)
-}
-
-fn vals(x: &Tensor) -> Vec<f32> {
-    Vec::<f32>::try_from(x.reshape([-1])).unwrap()
-}
-
-fn close(a: &[f32], b: &[f32], tol: f32) {
-    assert_eq!(a.len(), b.len());
-    for (x, y) in a.iter().zip(b) {
-        assert!((x - y).abs() <= tol, "{a:?} vs {b:?}");
-    }
 }
 
 fn cfg() -> ModelConfig {

@@ -127,6 +127,7 @@ pub(super) fn plan_diffusion(cx: &mut Ctx, d: &Diffusion, memory: &mut Vec<Memor
     let step = StepReport {
         mode: input.schedule.mode.value,
         rollout_s,
+        dynamic_rounds: None,
         train_s,
         train_step,
         critic_s: 0.0,

@@ -51,7 +51,8 @@ pub(super) fn trainer_step(
         (Some(hs), Some(h)) => {
             let a = &cx.input.assumptions;
             let t = rank.t;
-            let spr = batch.map_or(1, |b| b.steps_per_rollout);
+            // Optimizer steps per rollout step: more than one needs the old log-probs' pass.
+            let spr = batch.map_or(1, |b| b.steps_per_rollout * b.epochs);
             let on = embedded::On::of(cx);
             let (est, critic_s, teacher_s) = embedded::train_step(
                 a,

@@ -21,7 +21,7 @@ use crate::env::{Action, EnvFault, Episode, EpisodeResult, StepResult, TurnSampl
 use crate::reward::BatchReward;
 use crate::rng::derive_seed;
 use crate::run::step::episodes::{all_episodes_faulted, buffered_group, tasks_of, EnvRunner};
-use crate::run::step::score::{score_responses, Scored};
+use crate::run::step::score::{score_rollout, Scored};
 use crate::sample::{GenRequest, SamplingParams, StreamSample};
 use crate::schedule::{AsyncSpec, DropAction, PauseMode, Refill};
 use crate::session::ChatCodec;
@@ -503,7 +503,7 @@ impl Generator<'_> {
                 .collect();
             // The buffer's unit is a whole group: a group reward gets it entire.
             let one_group = vec![0; responses.len()];
-            let scores = score_responses(self.reward.as_mut(), self.task, &responses, &one_group)?;
+            let scores = score_rollout(self.spec, self.reward.as_mut(), self.task, &responses, &one_group)?;
             // A dropped sample leaves its group; the others keep their rewards.
             let kept: (Vec<StreamSample>, Vec<f32>) =
                 samples.into_iter().zip(&scores.outcomes).filter_map(|(s, o)| o.reward().map(|r| (s, r))).unzip();

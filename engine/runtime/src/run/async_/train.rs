@@ -4,7 +4,8 @@
 
 use super::eval::{write_eval_row, EvalResult, EvalRunner};
 use super::{checkpoint, timeout_err, GenCounters, Shared, State};
-use crate::backend::{grpo_advantages, TrainStats, Trainer, WeightTransport};
+use crate::advantage::AdvantageRule;
+use crate::backend::{TrainStats, Trainer, WeightTransport};
 use crate::buffer::{DropCounts, Group};
 use crate::env::episode::metrics as episode_metrics;
 use crate::env::faults::Faults;
@@ -91,7 +92,7 @@ pub(super) fn train_loop(
         let trainer_idle_s = t_wait.elapsed().as_secs_f64();
 
         let t_reward = Instant::now();
-        let (mut batch, rewards) = trajectories(&groups, spec.train.std_norm);
+        let (mut batch, rewards) = trajectories(&groups, AdvantageRule::of(&spec.train));
         let reward_s = t_reward.elapsed().as_secs_f64();
         let teacher_s = match teacher.as_deref_mut() {
             Some(t) => t.score(&mut batch)?,
@@ -172,9 +173,9 @@ fn step_faults(spec: &RunSpec, groups: &[Group], discarded: &[EpisodeResult]) ->
     f
 }
 
-/// A step's drawn groups as trajectories, with group-relative advantages; and one reward per
-/// response (an episode's trajectories share theirs): the advantages count each response once.
-fn trajectories(groups: &[Group], std_norm: bool) -> (Vec<Trajectory>, Vec<f32>) {
+/// A step's drawn groups as trajectories, with the run's advantages; and one reward per response
+/// (an episode's trajectories share theirs): the advantages count each response once.
+fn trajectories(groups: &[Group], rule: AdvantageRule) -> (Vec<Trajectory>, Vec<f32>) {
     let mut batch = Vec::new();
     let mut rewards = Vec::new();
     let mut group_of = Vec::new();
@@ -200,7 +201,7 @@ fn trajectories(groups: &[Group], std_norm: bool) -> (Vec<Trajectory>, Vec<f32>)
             });
         }
     }
-    let adv = grpo_advantages(&rewards, &group_of, std_norm);
+    let adv = rule.compute(&rewards, &group_of);
     for (t, &k) in batch.iter_mut().zip(&response_of) {
         t.advantage = adv[k];
     }
@@ -313,6 +314,14 @@ fn step_row(
     row.insert("rollout/flat_group_frac".into(), json!(flat as f64 / groups.len().max(1) as f64));
     for (k, v) in crate::reward::combine::part_metrics(groups.iter().flat_map(|g| &g.reward_parts)) {
         row.insert(k, json!(v));
+    }
+    if let Some(o) = &spec.train.overlong {
+        // The shaping `score_rollout` added to the trained single responses' rewards.
+        let single = groups.iter().filter(|g| g.episodes.is_none());
+        let lens = single.flat_map(|g| g.samples.iter().map(|s| s.response.len()));
+        for (k, v) in crate::run::step::score::overlong_metrics(o, lens) {
+            row.insert(k, json!(v));
+        }
     }
     if spec.env.is_some() {
         // The drawn groups' episodes and those of groups discarded since the last step.

@@ -1,10 +1,11 @@
 //! A step of RL as episodes: `n` episodes per prompt row against the run's environment, each turn
 //! sampled by the rollout engine (one batched `generate` per turn), each episode's TITO session
-//! turned into trajectories whose loss mask covers only the sampled ids, and group-relative
-//! advantages over the episodes of one row. Evaluation plays one greedy episode per test row.
+//! turned into trajectories whose loss mask covers only the sampled ids, and the run's
+//! advantages (`advantage`: group-relative over the episodes of one row, or REINFORCE++'s). Evaluation plays one greedy episode per test row.
 
 use super::batch::StepBatch;
-use crate::backend::{grpo_advantages, RolloutEngine};
+use crate::advantage::AdvantageRule;
+use crate::backend::RolloutEngine;
 use crate::env::episode::{metrics, run_episodes, EpisodeLimits, EpisodeResult, TurnSample};
 use crate::env::spec::EnvRunSpec;
 use crate::env::{EndReason, Environment, OnEnvError, Task};
@@ -45,14 +46,14 @@ pub struct EnvRunner {
     /// The plug-in layer that plays the episodes instead of `env` (`None`: the episode driver).
     pub layer: Option<crate::agent::Layer>,
     pub limits: EpisodeLimits,
-    /// Divide group-centred rewards by the group's std (the trainer's `std_norm`).
-    pub std_norm: bool,
+    /// How the episodes' advantages are formed (the trainer's `advantage` and `std_norm`).
+    pub advantage: AdvantageRule,
     /// The reward at or above which an episode counts as solved (`env_reward.solved_at`).
     pub solved_at: f64,
 }
 
 impl EnvRunner {
-    pub fn new(run: &EnvRunSpec, max_context: usize, std_norm: bool) -> Result<EnvRunner, RunError> {
+    pub fn new(run: &EnvRunSpec, max_context: usize, advantage: AdvantageRule) -> Result<EnvRunner, RunError> {
         if run.env.is_layer() {
             // `miles check` refuses this (E0511); a spec written by hand meets it here.
             return Err(RunError::new(
@@ -62,7 +63,7 @@ impl EnvRunner {
             .with_help("set `schedule = sync` and drop the launcher, or use `command_env`"));
         }
         let env = run.env.build()?;
-        Ok(EnvRunner { env, layer: None, limits: run.limits(max_context)?, std_norm, solved_at: run.solved_at })
+        Ok(EnvRunner { env, layer: None, limits: run.limits(max_context)?, advantage, solved_at: run.solved_at })
     }
 
     /// `for_run` for the sync executor, which also plays the plug-in layers: their programs reach
@@ -87,7 +88,7 @@ impl EnvRunner {
             env: Box::new(crate::agent::NotStepped),
             layer,
             limits: run.limits(spec.model.max_len)?,
-            std_norm: spec.train.std_norm,
+            advantage: AdvantageRule::of(&spec.train),
             solved_at: run.solved_at,
         }))
     }
@@ -95,8 +96,11 @@ impl EnvRunner {
     /// The run's environment (`None` when its samples are single responses). Each thread that
     /// plays episodes builds its own (a `command_env` starts one process each).
     pub fn for_run(spec: &crate::spec::RunSpec) -> Result<Option<EnvRunner>, RunError> {
-        let mut r =
-            spec.env.as_ref().map(|e| EnvRunner::new(e, spec.model.max_len, spec.train.std_norm)).transpose()?;
+        let mut r = spec
+            .env
+            .as_ref()
+            .map(|e| EnvRunner::new(e, spec.model.max_len, AdvantageRule::of(&spec.train)))
+            .transpose()?;
         // The first prompt as sent is what `max_prompt_tokens` bounds (E0510).
         if let Some(r) = r.as_mut() {
             r.limits.max_prompt = spec.rollout.max_prompt_tokens;
@@ -155,7 +159,7 @@ impl EnvRunner {
             .collect();
         let rewards: Vec<f32> = kept.iter().map(|k| k.2).collect();
         let groups: Vec<usize> = kept.iter().map(|k| k.0).collect();
-        let adv = grpo_advantages(&rewards, &groups, self.std_norm);
+        let adv = self.advantage.compute(&rewards, &groups);
         let mut batch = Vec::new();
         let mut sampled_tokens = 0;
         for ((g, r, reward), a) in kept.iter().zip(&adv) {

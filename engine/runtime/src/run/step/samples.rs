@@ -9,7 +9,7 @@
 
 use super::batch::StepBatch;
 use super::metrics::open_cut_back;
-use crate::backend::grpo_advantages;
+use crate::advantage::advantages;
 use crate::buffer::Group;
 use crate::env::{EpisodeResult, ToolCall, ToolFormat};
 use crate::reward::RewardOutcome;
@@ -273,7 +273,7 @@ pub fn episodes(
         results.iter().enumerate().filter_map(|(k, r)| r.training_reward(env.on_env_error).map(|w| (k, w))).collect();
     let rewards: Vec<f32> = kept.iter().map(|k| k.1).collect();
     let kept_groups: Vec<usize> = kept.iter().map(|k| groups[k.0]).collect();
-    let adv = grpo_advantages(&rewards, &kept_groups, spec.train.std_norm);
+    let adv = advantages(&spec.train, &rewards, &kept_groups);
     let mut trained = vec![None; results.len()];
     for ((k, w), a) in kept.iter().zip(adv) {
         trained[*k] = Some((*w, a));

@@ -1,10 +1,12 @@
 //! Scoring: responses through the run's reward (`eval` measures held-out success with it), and
-//! that reward shared by every part of a run that scores.
+//! that reward shared by every part of a run that scores. A rollout's responses (not an
+//! evaluation's) also get DAPO's overlong shaping here (`score_rollout`), the one place both
+//! schedules form a single response's reward.
 
 use crate::reward::spec::build_run_reward;
 use crate::reward::{BatchReward, BatchScores, RewardInput, RewardOutcome};
 use crate::sample::FinishReason;
-use crate::spec::RunSpec;
+use crate::spec::{OverlongSpec, RunSpec};
 use crate::tasks::{PromptRow, TaskSet};
 use crate::token::TokenId;
 use crate::RunError;
@@ -76,6 +78,47 @@ pub(crate) fn score_responses(
         ));
     }
     Ok(out)
+}
+
+/// Scores a rollout's responses as `score_responses` does, then adds DAPO's overlong shaping
+/// (`train.overlong`, `OverlongSpec::shaping` of the response's length in tokens) to each scored
+/// response's reward. A reward that failed under `on_error = zero` trains on 0, unshaped, as its
+/// rule says; an evaluation scores with `score_responses` (its accuracy is the task's reward).
+pub(crate) fn score_rollout(
+    spec: &RunSpec,
+    reward: &mut dyn BatchReward,
+    task: &TaskSet,
+    responses: &[Scored],
+    groups: &[usize],
+) -> Result<BatchScores, RunError> {
+    let mut out = score_responses(reward, task, responses, groups)?;
+    if let Some(o) = &spec.train.overlong {
+        for (outcome, (_, _, ids, _)) in out.outcomes.iter_mut().zip(responses) {
+            if let RewardOutcome::Score(r) = outcome {
+                *r += o.shaping(ids.len()) as f32;
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// `reward/overlong_mean` (the mean shaping) and `reward/overlong_frac` (the share penalised) of
+/// responses of these lengths; none for no response.
+pub(crate) fn overlong_metrics(o: &OverlongSpec, lens: impl Iterator<Item = usize>) -> Vec<(String, f64)> {
+    let (mut n, mut sum, mut penalised) = (0usize, 0f64, 0usize);
+    for len in lens {
+        let s = o.shaping(len);
+        n += 1;
+        sum += s;
+        penalised += usize::from(s < 0.0);
+    }
+    if n == 0 {
+        return Vec::new();
+    }
+    vec![
+        ("reward/overlong_mean".to_string(), sum / n as f64),
+        ("reward/overlong_frac".to_string(), penalised as f64 / n as f64),
+    ]
 }
 
 #[cfg(test)]
@@ -182,6 +225,71 @@ mod tests {
         let (_, adv) = group0(&step(&spec, &both));
         let std = 0.5f64.sqrt() + 1e-6;
         close(&adv, &[1.0 / std, 0.0, -0.5 / std, -0.5 / std]);
+    }
+
+    #[test]
+    fn overlong_shaping_by_hand() {
+        // DAPO eq. 13 with max 6, cache 3, penalty 0.5: 0 up to 6 - 3 = 3 tokens, then
+        // -0.5 (len - 3) / 3 up to 6 tokens, -0.5 beyond.
+        let o = OverlongSpec { max: 6, cache: 3, penalty: 0.5 };
+        let got: Vec<f32> = (1..=8).map(|l| o.shaping(l) as f32).collect();
+        close(&got, &[0.0, 0.0, 0.0, -1.0 / 6.0, -1.0 / 3.0, -0.5, -0.5, -0.5]);
+
+        let mut spec = RunSpec::from_json(include_str!("../../../tests/data/tiny.json")).unwrap();
+        spec.train.std_norm = false;
+        spec.train.overlong = Some(o);
+        let task = TaskSet::build(&spec.task).unwrap();
+        let items = &task.test[..2];
+        let prompts: Vec<_> = items.iter().map(|r| task.tokenizer.encode_prompt(&r.prompt).unwrap()).collect();
+        // A response of exactly `len` ids: the answer and its stop id, then ids after the stop
+        // (decoding ends at the stop, so the exact-match reward reads only the answer).
+        let response = |row: &PromptRow, right: bool, len: usize| {
+            let label = row.label_text();
+            let text = if right { label } else { if label.starts_with('9') { "8" } else { "9" }.to_string() };
+            let mut ids = task.tokenizer.encode_answer(&text).unwrap();
+            let pad = task.tokenizer.encode_answer("1").unwrap()[0];
+            assert!(ids.len() <= len, "{text} is longer than {len} ids");
+            ids.resize(len, pad);
+            ids
+        };
+        // Prompt 0: right in 3 ids, right in 5, wrong in 4, wrong in 8: shaping 0, -1/3, -1/6,
+        // -1/2. Prompt 1: four answers of 3 ids, none shaped.
+        let plan = [[(true, 3), (true, 5), (false, 4), (false, 8)], [(true, 3), (true, 3), (false, 3), (false, 3)]];
+        let samples: Vec<Sample> = (0..2)
+            .flat_map(|p| (0..4).map(move |j| (p, j)))
+            .map(|(p, j)| Sample {
+                prompt_index: p,
+                response: response(&items[p], plan[p][j].0, plan[p][j].1),
+                logprobs: Vec::new(),
+                finish: FinishReason::Stop,
+                weight_version: 0,
+                routing: None,
+            })
+            .collect();
+        let exact = RewardSpec::ExactMatch { name: "correct".into(), partial_credit: false };
+        let mut r = exact.build().unwrap();
+        let b = single_turn_batch(&spec, &task, r.as_mut(), items, &prompts, &samples, 1).unwrap();
+        // Rewards 1, 1 - 1/3, 0 - 1/6, 0 - 1/2 (mean 1/4) and 1, 1, 0, 0 (mean 1/2).
+        close(&b.rewards, &[1.0, 2.0 / 3.0, -1.0 / 6.0, -0.5, 1.0, 1.0, 0.0, 0.0]);
+        let adv: Vec<f32> = b.batch.iter().map(|t| t.advantage).collect();
+        close(&adv, &[0.75, 5.0 / 12.0, -5.0 / 12.0, -0.75, 0.5, 0.5, -0.5, -0.5]);
+        assert_eq!(b.batch[1].reward, b.rewards[1], "the trajectory carries the shaped reward");
+        // Over the step's 8 scored responses: shaping sums to -1, 3 of them penalised.
+        let col = |k: &str| b.metrics.iter().find(|(n, _)| n == k).map(|(_, v)| *v);
+        assert!((col("reward/overlong_mean").unwrap() + 1.0 / 8.0).abs() < 1e-12, "{:?}", b.metrics);
+        assert_eq!(col("reward/overlong_frac"), Some(3.0 / 8.0));
+        // Evaluation scores the same responses unshaped: the task's reward.
+        let scored: Vec<Scored> =
+            samples.iter().map(|s| (String::new(), &items[s.prompt_index], &s.response[..], s.finish)).collect();
+        let groups: Vec<usize> = samples.iter().map(|s| s.prompt_index).collect();
+        let plain = score_responses(r.as_mut(), &task, &scored, &groups).unwrap();
+        let plain: Vec<f32> = plain.outcomes.iter().map(|o| o.reward().unwrap()).collect();
+        assert_eq!(plain, [1.0, 1.0, 0.0, 0.0, 1.0, 1.0, 0.0, 0.0]);
+        // Without `overlong` the same step trains on those, with no overlong columns.
+        spec.train.overlong = None;
+        let b = single_turn_batch(&spec, &task, r.as_mut(), items, &prompts, &samples, 1).unwrap();
+        assert_eq!(b.rewards, plain);
+        assert!(b.metrics.iter().all(|(k, _)| !k.starts_with("reward/overlong")), "{:?}", b.metrics);
     }
 
     #[test]

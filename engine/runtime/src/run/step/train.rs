@@ -21,9 +21,11 @@ pub(crate) fn check_wall_time(opts: &RunOptions, started: Instant, step: u64) ->
     }
 }
 
-/// The learning rate of each optimizer step of RL step `step` (1-based).
+/// The learning rate of each optimizer step of RL step `step` (1-based): `epochs` passes over the
+/// batch, each of `optimizer_steps_per_rl_step` steps, every one a step of the schedule (whose
+/// total counts them all).
 pub(crate) fn step_lrs(spec: &RunSpec, step: u64) -> Vec<f64> {
-    let per_step = spec.optimizer_steps_per_rl_step() as u64;
+    let per_step = (spec.optimizer_steps_per_rl_step() * spec.train.epochs.max(1)) as u64;
     let total = per_step * spec.steps;
     (0..per_step).map(|j| lr_at(&spec.train, (step - 1) * per_step + j, total)).collect()
 }
@@ -63,6 +65,18 @@ pub(crate) fn insert_train_stats(row: &mut Map<String, Value>, ts: &TrainStats, 
     row.insert("train/tis_weight".into(), json!(ts.tis_weight));
     row.insert("train/lr".into(), json!(lrs.last().copied().unwrap_or(0.0)));
     row.insert("train/tokens".into(), json!(ts.tokens));
+    if let Some(f) = ts.mis_masked {
+        row.insert("train/mis_masked".into(), json!(f));
+    }
+    // Several passes over the batch: each pass's clip fraction and drift from the behaviour
+    // policy (1-based: `train/epoch1/...` is the first pass).
+    for (k, e) in ts.epochs.iter().enumerate() {
+        let p = format!("train/epoch{}/", k + 1);
+        row.insert(format!("{p}clip_frac"), json!(e.clip_frac));
+        row.insert(format!("{p}approx_kl"), json!(e.approx_kl));
+        row.insert(format!("{p}approx_kl_k3"), json!(e.approx_kl_k3));
+        row.insert(format!("{p}max_abs_log_ratio"), json!(e.max_abs_log_ratio));
+    }
     if let Some(o) = &ts.opd {
         row.insert("opd/reverse_kl".into(), json!(o.reverse_kl));
         row.insert("opd/teacher_logp".into(), json!(o.teacher_logp));
@@ -194,6 +208,32 @@ pub(crate) fn count_flat_groups(rewards: &[f32], groups: &[usize]) -> usize {
 
 #[cfg(test)]
 mod tests {
+    use crate::spec::{Decay, RunSpec};
+
+    /// `epochs` passes make epochs x per-step optimizer steps per RL step, each a step of the
+    /// schedule: a linear decay over 2 RL steps x 2 passes x 2 steps = 8 steps, from lr = 0.8 to 0,
+    /// is 0.8 x (1 - k/8) at step k: 0.8, 0.7, ..., 0.1.
+    #[test]
+    fn step_lrs_count_every_pass() {
+        let mut s = RunSpec::from_json(include_str!("../../../tests/data/tiny.json")).unwrap();
+        s.steps = 2;
+        s.train.lr = 0.8;
+        s.train.warmup_steps = 0;
+        s.train.decay = Decay::Linear;
+        s.train.min_lr_ratio = 0.0;
+        s.train.global_batch = s.rollout.rollout_batch * s.rollout.samples_per_prompt / 2;
+        s.train.micro_batch = 1;
+        assert_eq!(s.optimizer_steps_per_rl_step(), 2);
+        assert_eq!(super::step_lrs(&s, 1).len(), 2, "one pass: the steps per RL step");
+        s.train.epochs = 2;
+        let (a, b) = (super::step_lrs(&s, 1), super::step_lrs(&s, 2));
+        let want = |k: usize| 0.8 * (1.0 - k as f64 / 8.0);
+        assert_eq!(a.len(), 4);
+        for (k, lr) in a.iter().chain(&b).enumerate() {
+            assert!((lr - want(k)).abs() < 1e-12, "step {k}: {lr} vs {}", want(k));
+        }
+    }
+
     #[cfg(unix)]
     #[test]
     fn peak_rss_is_at_least_a_touched_buffer() {

@@ -150,9 +150,21 @@ fn merge_into(out: &mut StepOutcome, sb: StepBatch, t: &TrainStats, k: f64) {
         (&mut ts.clip_frac, t.clip_frac),
         (&mut ts.kl, t.kl),
         (&mut ts.logp_diff, t.logp_diff),
+        (&mut ts.rollout_kl, t.rollout_kl),
         (&mut ts.tis_weight, t.tis_weight),
     ] {
         *acc += x / k;
+    }
+    if let Some(f) = t.mis_masked {
+        *ts.mis_masked.get_or_insert(0.0) += f / k;
+    }
+    // Every lane makes the same passes: pass by pass, the lanes' mean (the largest log-ratio's max).
+    ts.epochs.resize(t.epochs.len().max(ts.epochs.len()), Default::default());
+    for (acc, e) in ts.epochs.iter_mut().zip(&t.epochs) {
+        acc.clip_frac += e.clip_frac / k;
+        acc.approx_kl += e.approx_kl / k;
+        acc.approx_kl_k3 += e.approx_kl_k3 / k;
+        acc.max_abs_log_ratio = acc.max_abs_log_ratio.max(e.max_abs_log_ratio);
     }
     ts.optimizer_steps += t.optimizer_steps;
     ts.tokens += t.tokens;

@@ -1,6 +1,7 @@
 //! The synchronous schedule: optional SFT warm-up, then per step generate -> reward -> train ->
 //! sync weights, with evaluation, atomic checkpoints, exact resume and metrics.jsonl. Multi-LoRA's
-//! named adapters run here, as lanes of a step (`lanes`).
+//! named adapters run here, as lanes of a step (`lanes`). DAPO's dynamic sampling
+//! (`sync { filter = drop_flat }`) runs here too: `Parts::dynamic_batch`.
 
 pub(crate) mod lanes;
 
@@ -9,7 +10,7 @@ use crate::env::faults::Faults;
 use crate::progress::Progress;
 use crate::reward::BatchReward;
 use crate::rng::derive_seed;
-use crate::run::step::batch::{single_turn_batch, StepBatch};
+use crate::run::step::batch::{round_batch, score_round, single_turn_batch, Generated, ScoredRound, StepBatch};
 use crate::run::step::checkpoint::{is_checkpoint_of, save_checkpoint, save_final_model};
 use crate::run::step::episodes::{all_episodes_faulted, EnvRunner};
 use crate::run::step::eval::evaluate;
@@ -22,9 +23,10 @@ use crate::run::step::train::{
     check_wall_time, count_flat_groups, insert_perf, insert_train_stats, step_lrs, train_checked, StepTimes,
 };
 use crate::sample::SamplingParams;
+use crate::schedule::DynamicSampling;
 use crate::spec::{RunOptions, RunSpec, Summary};
-use crate::tasks::TaskSet;
-use crate::RunError;
+use crate::tasks::{PromptRow, TaskSet};
+use crate::{RunError, E_CHECKPOINT};
 use lanes::Lane;
 use serde_json::{json, Map};
 use std::path::PathBuf;
@@ -39,6 +41,7 @@ pub(super) fn run(
     mut lanes: Vec<Lane>,
     started: Instant,
 ) -> Result<Summary, RunError> {
+    refuse_dynamic_sampling(spec, &lanes)?;
     let mut outs = Outputs::open(spec, opts)?;
     let mut p = Parts::create(spec, opts, backend, &task)?;
     let start = p.open(spec, &task, &lanes, &mut outs)?;
@@ -117,12 +120,14 @@ pub(super) fn run(
         let ck = spec.checkpoint.every;
         if (ck > 0 && step % ck == 0) || step == spec.steps {
             let trainer = p.trainer.as_ref();
-            last_ckpt = Some(save_checkpoint(&ckpt_root, spec, step, eval_start, eval_last, trainer, |_| Ok(()))?);
+            let files = |d: &std::path::Path| save_prompt_cursor(spec, d, p.next_batch);
+            last_ckpt = Some(save_checkpoint(&ckpt_root, spec, step, eval_start, eval_last, trainer, files)?);
         }
     }
     if interrupted && !is_checkpoint_of(&last_ckpt, step) {
         let trainer = p.trainer.as_ref();
-        last_ckpt = Some(save_checkpoint(&ckpt_root, spec, step, eval_start, eval_last, trainer, |_| Ok(()))?);
+        let files = |d: &std::path::Path| save_prompt_cursor(spec, d, p.next_batch);
+        last_ckpt = Some(save_checkpoint(&ckpt_root, spec, step, eval_start, eval_last, trainer, files)?);
     }
     if !stopped_early {
         save_final_model(out, p.trainer.as_ref(), &task)?;
@@ -136,6 +141,11 @@ pub(super) fn run(
 /// weight transport. Made in that order; the fields are declared in the reverse one, so they are
 /// dropped (processes stopped, connections closed) last made, first.
 struct Parts {
+    /// Under dynamic sampling, the index of the next batch of `rollout_batch` prompts to draw
+    /// (`TaskSet::train_batch`): a step draws one per generation round, so the next step starts
+    /// after the last one drawn. Saved with each checkpoint (`PROMPT_CURSOR_FILE`). Without dynamic
+    /// sampling, step k draws batch k and this stays unused.
+    next_batch: u64,
     transport: Box<dyn WeightTransport>,
     env: Option<EnvRunner>,
     eval_reward: Box<dyn BatchReward>,
@@ -159,7 +169,7 @@ impl Parts {
             e.env.keep_log_in(&env_log_dir(&opts.out_dir));
         }
         let transport: Box<dyn WeightTransport> = Box::new(LocalHandoff);
-        Ok(Parts { transport, env, eval_reward, reward, teacher, trainer, engine })
+        Ok(Parts { next_batch: 1, transport, env, eval_reward, reward, teacher, trainer, engine })
     }
 
     /// Where the run starts: the checkpoint it resumes from, or a fresh run's opening.
@@ -172,6 +182,7 @@ impl Parts {
     ) -> Result<Position, RunError> {
         Ok(match outs.resume_from.take() {
             Some((dir, st)) => {
+                self.next_batch = load_prompt_cursor(spec, &dir, st.step)?;
                 self.trainer.load(&dir)?;
                 let w = self.transport.transfer(self.trainer.export_weights()?)?;
                 self.engine.load_weights(&w)?;
@@ -193,7 +204,7 @@ impl Parts {
                         false => lanes::evaluate_lanes(spec, lanes, eval_reward.as_mut(), e, row),
                     },
                     Map::new(),
-                    |_| Ok(()),
+                    |d| save_prompt_cursor(spec, d, 1),
                 )?
             }
         })
@@ -218,8 +229,9 @@ impl Parts {
         let params = SamplingParams::rollout(r, derive_seed(spec.seed, "sampling", step)).with_stop(task.stop_tokens());
         let t_gen = Instant::now();
         let mut faults = None;
-        let (mut sb, gen_s, t_reward) = match &self.env {
-            Some(env) => {
+        // The batch, generation seconds, and scoring seconds so far with when scoring last began.
+        let (mut sb, gen_s, reward_before, t_reward) = match (&self.env, spec.dynamic_sampling) {
+            (Some(env), _) => {
                 // Episodes: generation and the environment interleave turn by turn.
                 let (groups, results) = env.play(
                     task,
@@ -239,18 +251,30 @@ impl Parts {
                     &groups,
                     &results,
                 ));
-                (sb, t_gen.elapsed().as_secs_f64(), Instant::now())
+                (sb, t_gen.elapsed().as_secs_f64(), 0.0, Instant::now())
             }
-            None => {
+            (None, Some(ds)) => {
+                let (sb, gen_s, reward_s) = self.dynamic_batch(spec, task, step, ds)?;
+                (sb, gen_s, reward_s, Instant::now())
+            }
+            (None, None) => {
                 let prompts =
                     items.iter().map(|it| task.tokenizer.encode_prompt(&it.prompt)).collect::<Result<Vec<_>, _>>()?;
                 let samples = self.engine.generate(&prompts, r.samples_per_prompt, &params)?;
                 let gen_s = t_gen.elapsed().as_secs_f64();
                 let t_reward = Instant::now();
                 let sb = single_turn_batch(spec, task, self.reward.as_mut(), &items, &prompts, &samples, step)?;
-                (sb, gen_s, t_reward)
+                (sb, gen_s, 0.0, t_reward)
             }
         };
+        // Dynamic sampling found no group with signal (some reward was trained on, all flat): the
+        // step trains nothing; its row says so (`train/skipped`).
+        if sb.batch.is_empty() && spec.dynamic_sampling.is_some() && !sb.rewards.is_empty() {
+            let reward_s = reward_before + t_reward.elapsed().as_secs_f64();
+            let (ts, lrs) = (TrainStats::default(), step_lrs(spec, step));
+            let (teacher_s, train_s) = (0.0, 0.0);
+            return Ok(StepOutcome { sb, ts, lrs, cols: Map::new(), gen_s, reward_s, teacher_s, train_s, faults });
+        }
         if sb.batch.is_empty() {
             let e = match &faults {
                 Some(f) => {
@@ -267,7 +291,7 @@ impl Parts {
             return Err(e);
         }
         let lrs = step_lrs(spec, step);
-        let reward_s = t_reward.elapsed().as_secs_f64();
+        let reward_s = reward_before + t_reward.elapsed().as_secs_f64();
         let teacher_s = match self.teacher.as_mut() {
             Some(t) => t.score(&mut sb.batch)?,
             None => 0.0,
@@ -279,6 +303,91 @@ impl Parts {
             t.note(&mut ts);
         }
         Ok(StepOutcome { sb, ts, lrs, cols: Map::new(), gen_s, reward_s, teacher_s, train_s, faults })
+    }
+}
+
+impl Parts {
+    /// DAPO's dynamic sampling (`RunSpec::dynamic_sampling`): rounds of `rollout_batch` fresh
+    /// prompts (the next batches of the prompt stream, `next_batch`), each generated and scored,
+    /// until `rollout_batch` groups with signal (rewards not all equal) are kept or `max_rounds`
+    /// rounds were generated. The first groups with signal are kept, in order, and no more than
+    /// `rollout_batch`; a flat group is dropped whatever its round. Short after the last round,
+    /// the step trains on the groups it kept; with none, on nothing (the caller skips the step),
+    /// its rewards then the step's, for its row. Returns the batch, generation and scoring seconds.
+    fn dynamic_batch(
+        &mut self,
+        spec: &RunSpec,
+        task: &TaskSet,
+        step: u64,
+        ds: DynamicSampling,
+    ) -> Result<(StepBatch, f64, f64), RunError> {
+        let r = &spec.rollout;
+        let want = r.rollout_batch;
+        let mut rounds: Vec<ScoredRound> = Vec::new();
+        // The groups kept: (round, row of the round).
+        let mut kept: Vec<(usize, usize)> = Vec::new();
+        let mut first_flat = 0usize;
+        let (mut gen_s, mut reward_s) = (0.0, 0.0);
+        while rounds.len() < ds.max_rounds.max(1) as usize && kept.len() < want {
+            let b = self.next_batch;
+            self.next_batch += 1;
+            let items: Vec<PromptRow> = task.train_batch(spec.seed, "rollout", b, want);
+            // Batch b samples with stream b: a step without flat groups samples as a plain run.
+            let params =
+                SamplingParams::rollout(r, derive_seed(spec.seed, "sampling", b)).with_stop(task.stop_tokens());
+            let t_gen = Instant::now();
+            let prompts =
+                items.iter().map(|it| task.tokenizer.encode_prompt(&it.prompt)).collect::<Result<Vec<_>, _>>()?;
+            let samples = self.engine.generate(&prompts, r.samples_per_prompt, &params)?;
+            gen_s += t_gen.elapsed().as_secs_f64();
+            let t_reward = Instant::now();
+            let first = rounds.len() * want;
+            let round = score_round(spec, task, self.reward.as_mut(), (items, prompts, samples), step, first)?;
+            reward_s += t_reward.elapsed().as_secs_f64();
+            let flat = round.flat_groups();
+            if rounds.is_empty() {
+                first_flat = flat.iter().filter(|&&f| f).count();
+            }
+            for (i, _) in flat.iter().enumerate().filter(|(_, &f)| !f) {
+                if kept.len() < want {
+                    kept.push((rounds.len(), i));
+                }
+            }
+            rounds.push(round);
+        }
+        let generated = Generated::of(spec, &rounds);
+        let n_rounds = rounds.len();
+        let extra = generated.responses.saturating_sub(want * r.samples_per_prompt);
+        let kept_groups = kept.len();
+        let mut rows: Vec<Vec<usize>> = vec![Vec::new(); n_rounds];
+        for &(round, i) in &kept {
+            rows[round].push(i);
+        }
+        // Every reward of the step, by group (rows numbered across rounds), for a step that keeps
+        // no group: its row reports those (all flat) rather than nothing.
+        let mut all: (Vec<f32>, Vec<usize>) = (Vec::new(), Vec::new());
+        for (k, round) in rounds.iter().enumerate() {
+            for (s, o) in round.samples.iter().zip(&round.scores.outcomes) {
+                if let Some(x) = o.reward() {
+                    all.0.push(x);
+                    all.1.push(k * want + s.prompt_index);
+                }
+            }
+        }
+        let trained = ScoredRound::concat(rounds.into_iter().zip(&rows).map(|(r, k)| r.select(k)).collect());
+        let mut sb = round_batch(spec, task, step, trained, generated);
+        if kept_groups == 0 {
+            (sb.rewards, sb.groups) = all;
+        }
+        sb.metrics.extend([
+            ("rollout/gen_rounds".to_string(), n_rounds as f64),
+            ("rollout/kept_groups".to_string(), kept_groups as f64),
+            ("rollout/extra_samples".to_string(), extra as f64),
+            // The first round's share of flat groups, as a run without dynamic sampling reports
+            // it (the trained groups have none).
+            ("rollout/flat_group_frac".to_string(), first_flat as f64 / want.max(1) as f64),
+        ]);
+        Ok((sb, gen_s, reward_s))
     }
 }
 
@@ -314,7 +423,12 @@ fn step_row(
     for (k, v) in &sb.metrics {
         row.insert(k.clone(), json!(v));
     }
-    insert_train_stats(&mut row, ts, lrs);
+    if sb.batch.is_empty() {
+        // Dynamic sampling kept no group: no optimizer step, so no `train/*` statistics.
+        row.insert("train/skipped".into(), json!(1));
+    } else {
+        insert_train_stats(&mut row, ts, lrs);
+    }
     row.extend(lane_cols);
     (row, reward_mean)
 }
@@ -346,6 +460,50 @@ fn faulted_row(step: u64, weight_version: u64, sb: &StepBatch, f: &Faults) -> Ma
     }
     row.extend(f.columns());
     row
+}
+
+/// Dynamic sampling draws more prompts for single responses, alone in a step: a run of episodes
+/// (`env`) or of multi-LoRA adapters is refused rather than run without it.
+fn refuse_dynamic_sampling(spec: &RunSpec, lanes: &[Lane]) -> Result<(), RunError> {
+    let what = match () {
+        _ if spec.dynamic_sampling.is_none() => return Ok(()),
+        _ if spec.env.is_some() => "a run of episodes (an environment)",
+        _ if !lanes.is_empty() => "a multi-LoRA run (named adapters)",
+        _ => return Ok(()),
+    };
+    Err(RunError::new(
+        crate::E_SPEC,
+        format!(
+            "`sync {{ filter = drop_flat }}` (dynamic sampling) over-samples single responses; {what} cannot use it"
+        ),
+    )
+    .with_help("drop `filter = drop_flat` from the schedule, or use `schedule = fully_async { filter = drop_flat }`"))
+}
+
+/// The dynamic-sampling prompt cursor in a checkpoint: `{"next_batch": N}`.
+const PROMPT_CURSOR_FILE: &str = "prompt_cursor.json";
+
+/// Writes the prompt cursor into a checkpoint being made (a run with dynamic sampling only).
+fn save_prompt_cursor(spec: &RunSpec, dir: &std::path::Path, next_batch: u64) -> Result<(), RunError> {
+    if spec.dynamic_sampling.is_none() {
+        return Ok(());
+    }
+    crate::atomic_write::write_json(&dir.join(PROMPT_CURSOR_FILE), &json!({ "next_batch": next_batch }))
+}
+
+/// The prompt cursor a resume continues from. A checkpoint without one (made by a run without
+/// dynamic sampling) is where a plain run would be: step k + 1 draws batch k + 1.
+fn load_prompt_cursor(spec: &RunSpec, dir: &std::path::Path, step: u64) -> Result<u64, RunError> {
+    let path = dir.join(PROMPT_CURSOR_FILE);
+    if spec.dynamic_sampling.is_none() || !path.exists() {
+        return Ok(step + 1);
+    }
+    let text = std::fs::read_to_string(&path).map_err(|e| RunError::io(E_CHECKPOINT, "cannot read", &path, e))?;
+    let v: serde_json::Value = serde_json::from_str(&text)
+        .map_err(|e| RunError::new(E_CHECKPOINT, format!("{}: not JSON: {e}", path.display())))?;
+    v["next_batch"].as_u64().filter(|&n| n > step).ok_or_else(|| {
+        RunError::new(E_CHECKPOINT, format!("{}: no valid `next_batch` after step {step}", path.display()))
+    })
 }
 
 /// The fault reasons of a step, as the console's rate limit compares them.
