@@ -12,6 +12,12 @@ is each process's max RSS (wait4). The machine's matmul peak (tools/peak-flops) 
 start and the end of the same run; the profile of our step comes from the per-phase timings in
 miles' metrics.jsonl and a FLOP count of the model (below).
 
+A recipe whose policy is a Hugging Face directory (`model policy = hf { path = "DIR" }`, as
+recipes/compare-trl-hf.miles) is the same-model comparison: both sides start from that checkpoint
+(TRL: grpo_trl.py --init DIR). When DIR is missing (or with --remake-init) it is written first by
+trl/make_same_model.py: a random LlamaForCausalLM sized as --init-recipe's model, init seed
+--init-seed, with the task's character tokenizer.
+
 Called by bench/peers/run.sh (which builds and installs what this needs); standard library only.
 """
 
@@ -20,6 +26,7 @@ import datetime
 import json
 import os
 import platform
+import re
 import shutil
 import statistics
 import subprocess
@@ -61,6 +68,36 @@ def first_reach(rows, step_s, sm, threshold, window):
     return None, None
 
 
+def curve(rows, bucket):
+    """Mean rollout reward per `bucket` steps (steps 1..bucket, bucket+1..2 bucket, ...)."""
+    rew = [r["rollout/reward_mean"] for r in rows]
+    return [statistics.fmean(rew[i : i + bucket]) for i in range(0, len(rew), bucket)]
+
+
+def hf_init_path(recipe):
+    """The directory of a recipe's `hf { path = "..." }` policy, or None (its own transformer).
+    Read from the text because `miles run --print-spec` needs the directory to exist already."""
+    m = re.search(r'model\s+\w+\s*=\s*hf\s*\{[^}]*?path\s*=\s*"([^"]+)"', open(os.path.join(ROOT, recipe)).read())
+    return m.group(1) if m else None
+
+
+def make_init(a, tools, init_dir):
+    """trl/make_same_model.py on the sizes of --init-recipe's model (its spec) and the task's
+    characters (export-prompts of that spec)."""
+    base = os.path.join(a.out, "init")
+    os.makedirs(base, exist_ok=True)
+    spec_path = os.path.join(base, "spec.json")
+    open(spec_path, "w").write(sh([a.miles, "run", a.init_recipe, "--steps", "1", "--print-spec"], cwd=ROOT))
+    prompts_path = os.path.join(base, "prompts.json")
+    sh([os.path.join(tools, "export-prompts"), spec_path, prompts_path])
+    out = subprocess.run([a.python, os.path.join(ROOT, "bench/peers/trl/make_same_model.py"), "--spec", spec_path,
+                          "--prompts", prompts_path, "--out", os.path.join(ROOT, init_dir), "--seed",
+                          str(a.init_seed)], capture_output=True, text=True, cwd=ROOT)
+    if out.returncode != 0:
+        sys.exit(f"make_same_model.py failed:\n{out.stdout}{out.stderr}")
+    print(out.stderr.strip(), file=sys.stderr)
+
+
 def summarise(rows, threshold, window, gain):
     # A step is generate-score-train-sync: miles' last step also runs the held-out evaluation
     # (perf/eval_s), which TRL's steps never include, so it is taken out (both sides report it
@@ -84,6 +121,7 @@ def summarise(rows, threshold, window, gain):
         "train_ms": 1e3 * tot("perf/train_s") / len(rows),
         "rest_ms": 1e3 * (sum(step_s) - tot("perf/gen_s") - tot("perf/train_s")) / len(rows),
         "trained_tokens": tot("perf/trained_tokens") / len(rows),
+        "reward_step1": rew[0],
         "reward_start": statistics.fmean(rew[:window]),
         "reward_end": statistics.fmean(rew[-window:]),
         "time_to_threshold_s": t_hit,
@@ -187,6 +225,11 @@ def main():
                     "bench/peers/RESULTS-table-NAME.md for recipes/compare-trl-NAME.miles (or any recipe's stem)")
     ap.add_argument("--title", default=None, help="the table's heading (default: by the model size)")
     ap.add_argument("--label", default=None, help="what miles was built from (default: git rev of this tree)")
+    ap.add_argument("--init-recipe", default="recipes/compare-trl.miles",
+                    help="an hf recipe's missing checkpoint is made with this recipe's model sizes")
+    ap.add_argument("--init-seed", type=int, default=0, help="the seed of that checkpoint's random init")
+    ap.add_argument("--remake-init", action="store_true", help="rewrite an hf recipe's checkpoint even if present")
+    ap.add_argument("--bucket", type=int, default=20, help="steps per point of the reward-curve table")
     a = ap.parse_args()
     suffix = recipe_suffix(a.recipe)
     if a.out is None:
@@ -195,7 +238,12 @@ def main():
         a.table = os.path.join(ROOT, "bench/peers", "RESULTS-table" + (f"-{suffix}" if suffix else "") + ".md")
 
     os.makedirs(a.out, exist_ok=True)
+    init_dir = hf_init_path(a.recipe)
+    if init_dir and (a.remake_init or not os.path.exists(os.path.join(ROOT, init_dir, "config.json"))):
+        make_init(a, a.tools, init_dir)
     spec0 = json.loads(sh([a.miles, "run", a.recipe, "--print-spec"], cwd=ROOT))
+    if init_dir and (spec0.get("hf") or {}).get("path") != init_dir:
+        sys.exit(f"{a.recipe}: read the hf path {init_dir!r} from the text, the spec has {spec0.get('hf')}")
     # A recipe whose trainer computes its GEMMs in bf16 is measured against libtorch's bf16 peak.
     kind = spec0["train"].get("precision", "fp32")
     peak_cmd = [os.path.join(a.tools, "peak-flops"), "--threads", str(a.threads), "--json", "--kind", kind]
@@ -224,16 +272,19 @@ def main():
             else:
                 cmd = [a.python, os.path.join(ROOT, "bench/peers/trl/grpo_trl.py"), "--spec", spec_path,
                        "--prompts", prompts_path, "--out", out, "--seed", str(seed), "--threads", str(a.threads)]
+                if init_dir:
+                    cmd += ["--init", os.path.join(ROOT, init_dir)]
             wall, rss, rc = timed(cmd, out + ".log")
             if rc != 0:
                 sys.exit(f"{side} seed {seed} failed (exit {rc}); see {out}.log")
             rows = read_steps(os.path.join(out, "metrics.jsonl"))
             s = summarise(rows, a.threshold, a.window, a.gain)
-            s.update(side=side, seed=seed, wall_s=wall, rss_mib=rss)
+            s.update(side=side, seed=seed, wall_s=wall, rss_mib=rss, curve=curve(rows, a.bucket))
             if side == "trl":
                 summ = json.load(open(os.path.join(out, "summary.json")))
                 s.update(params=summ["params"], sft_s=summ["sft_s"], import_s=summ["import_s"],
-                         versions=summ["versions"], gpt2=summ.get("gpt2"), eval_start=summ.get("eval_start"),
+                         versions=summ["versions"], gpt2=summ.get("gpt2"), init=summ.get("init"),
+                         eval_start=summ.get("eval_start"),
                          eval_end=summ.get("eval_end"), eval_s=summ.get("eval_s"))
                 want = [[it["prompt"] for it in step] for step in json.load(open(prompts_path))["rollout"][:2]]
                 s["same_prompts"] = summ["first_prompts"] == want
@@ -268,7 +319,7 @@ def main():
     for r in runs:
         if r["side"] == "miles":
             r["profile"] = miles_profile(r["rows"], r["spec"], peak)
-    # TRL's achieved FLOP/s, same FLOP model (GPT-2 matmuls), for context.
+    # TRL's achieved FLOP/s, same FLOP model (GPT-2 matmuls, or miles' for the shared Llama), for context.
     for r in runs:
         if r["side"] == "trl":
             rows = read_steps(os.path.join(a.out, f"trl-s{r['seed']}", "metrics.jsonl"))
@@ -279,7 +330,7 @@ def main():
             pl = [round((trained - gen_tok) / n)] * n
             rl = [round(gen_tok / n)] * n
             gen_f, fwd_f = step_flops({**m, "n_inner": (r.get("gpt2") or {}).get("n_inner", 4 * m["d_model"])},
-                                      "gpt2", pl, rl, ro["samples_per_prompt"])
+                                      "miles" if r.get("init") else "gpt2", pl, rl, ro["samples_per_prompt"])
             # TRL does no separate old-log-prob pass when generation and optimisation are aligned.
             r["achieved_gflops"] = (gen_f + 3 * fwd_f) / statistics.fmean(x["perf/step_s"] for x in rows) / 1e9
 
@@ -305,6 +356,8 @@ def main():
     lines = []
     w = lines.append
     title = a.title or ("GRPO side by side: miles and TRL on the same run" if not suffix else
+                        f"TRL side-by-side from one Hugging Face checkpoint at ~{size_words(miles_params)} "
+                        f"parameters ({date})" if init_dir else
                         f"TRL side-by-side at ~{size_words(miles_params)} parameters ({date})")
     w(f"## {title}\n")
     cmd = "bash bench/peers/run.sh" + ("" if a.recipe == "recipes/compare-trl.miles" else f" --recipe {a.recipe}")
@@ -318,8 +371,13 @@ def main():
       f"samples, up to {spec['rollout']['max_new_tokens']} new tokens, lr {spec['train']['lr']}, one optimizer step per "
       f"RL step, {a.threads} thread(s). Same prompts in the same order on both sides "
       f"({'checked' if all(r.get('same_prompts') for r in by['trl']) else 'NOT the same: check the export'}). "
-      f"Models: miles {miles_params:,} parameters (Llama-style: {L} layers, d {d}, {m['n_heads']} heads, SwiGLU {ff}), "
-      f"TRL {trl_params:,} (GPT-2{gpt2_words(by['trl'])}), {100*param_gap:.1f}% apart.\n")
+      + (f"Model: ONE Hugging Face LlamaForCausalLM checkpoint both sides load (`{init_dir}`, "
+         f"bench/peers/trl/make_same_model.py, init seed {a.init_seed}: {L} layers, d {d}, {m['n_heads']} heads, "
+         f"SwiGLU {ff}; miles {miles_params:,} parameters by its formula, TRL counts {trl_params:,}); same "
+         f"tokenizer ids (miles' character tokenizer).\n" if init_dir else
+         f"Models: miles {miles_params:,} parameters (Llama-style: {L} layers, d {d}, {m['n_heads']} heads, "
+         f"SwiGLU {ff}), "
+         f"TRL {trl_params:,} (GPT-2{gpt2_words(by['trl'])}), {100*param_gap:.1f}% apart.\n"))
     w(f"| | miles | TRL | miles / TRL |")
     w(f"|---|---:|---:|---:|")
     w(f"| seconds per GRPO step (median) | {fmt(col('miles','step_s'), 4)} | {fmt(col('trl','step_s'), 4)} | "
@@ -341,6 +399,8 @@ def main():
         w(f"| held-out greedy accuracy ({n_eval} test problems), after SFT -> after GRPO | "
           f"{fmt(col('miles','eval_start'), 3)} -> {fmt(col('miles','eval_end'), 3)} | "
           f"{fmt(col('trl','eval_start'), 3)} -> {fmt(col('trl','eval_end'), 3)} | |")
+    w(f"| rollout reward at step 1 (the SFT start point, 128 samples) | {fmt(col('miles','reward_step1'), 3)} | "
+      f"{fmt(col('trl','reward_step1'), 3)} | |")
     w(f"| mean reward, first {a.window} steps | {fmt(col('miles','reward_start'), 3)} | {fmt(col('trl','reward_start'), 3)} | |")
     w(f"| mean reward, last {a.window} steps (after {steps_n}) | {fmt(col('miles','reward_end'), 3)} | "
       f"{fmt(col('trl','reward_end'), 3)} | |")
@@ -369,6 +429,20 @@ def main():
       "and the end) is outside the steps on both sides. Time to threshold: GRPO step time summed until the mean reward of the last "
       f"{a.window} steps first reaches {a.threshold}; SFT and start-up are excluded there and included in the last row. "
       f"TRL's start-up includes ~{statistics.fmean(col('trl','import_s')):.0f} s of Python imports.\n")
+
+    # ---- the reward curves ----
+    n_b = min(len(r["curve"]) for r in runs)
+    w(f"### Reward curves\n")
+    w(f"Mean rollout reward per {a.bucket} GRPO steps, mean ± std over the {a.seeds} seeds (per seed: the mean of "
+      f"the {a.bucket} steps' `rollout/reward_mean`).\n")
+    w("| steps | miles | TRL | miles - TRL |")
+    w("|---|---:|---:|---:|")
+    for b in range(n_b):
+        mc = [r["curve"][b] for r in by["miles"]]
+        tc = [r["curve"][b] for r in by["trl"]]
+        w(f"| {b*a.bucket+1}-{min((b+1)*a.bucket, steps_n)} | {fmt(mc, 3)} | {fmt(tc, 3)} | "
+          f"{statistics.fmean(mc) - statistics.fmean(tc):+.3f} |")
+    w("")
 
     # ---- the profile ----
     prof = [r["profile"] for r in by["miles"]]
@@ -413,7 +487,8 @@ def main():
     w(f"MFU on this CPU: **{100*mfu:.1f}%** of the run's {peak:.0f} GFLOP/s {kind} peak{quiet} "
       f"({ach:.2f} GFLOP/s over the whole step; "
       f"{prof[0]['step_flops']/1e6:.1f} MFLOP per step at {prof[0]['prompt_len']:.1f} prompt + "
-      f"{prof[0]['resp_len']:.1f} response tokens per sample). TRL, same FLOP model with its GPT-2: "
+      f"{prof[0]['resp_len']:.1f} response tokens per sample). TRL, same FLOP model with its "
+      f"{'Llama' if init_dir else 'GPT-2'}: "
       f"{statistics.fmean(r['achieved_gflops'] for r in by['trl']):.2f} GFLOP/s. "
       f"libtorch matmul at this run's shapes: "
       + ", ".join(f"{k}: {v:.1f}" for k, v in shapes.items())

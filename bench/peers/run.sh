@@ -7,6 +7,9 @@
 # --recipe recipes/compare-trl-10m.miles: the same run at ~10M parameters (fewer steps), its table
 # in bench/peers/RESULTS-table-10m.md and outputs in bench/out/peers-10m/ (the 0.1M ones untouched).
 # ~10 min a seed on 2 shared cores.
+# --recipe recipes/compare-trl-hf.miles: the same-model comparison: both sides start from ONE
+# Hugging Face Llama checkpoint (recipes/data/compare-trl-init, from
+# bench/peers/trl/make_same_model.py; rewritten when missing), table bench/peers/RESULTS-table-hf.md.
 #
 # Installs what it needs first: libtorch (scripts/setup-libtorch.sh), the release `miles`, the
 # helpers in bench/peers/tools (own workspace), TRL in bench/out/trl-venv (~6 GB, git-ignored).

@@ -12,6 +12,10 @@ and thread count. CPU only, offline (HF_HUB_OFFLINE=1): the model and the tokeni
     embeddings, no dropout. Its parameter count and config go to summary.json, next to miles'
     (bench/peers/run.py checks the counts are within 5%). GPT-2 has no grouped-query attention,
     so a spec with n_kv_heads != n_heads is refused.
+    With --init DIR instead: the Hugging Face Llama directory miles' recipe loads too
+    (recipes/compare-trl-hf.miles, written by trl/make_same_model.py): LlamaForCausalLM and the
+    directory's tokenizer (miles' character tokenizer as Hugging Face files), so both sides start
+    from the same weights and token ids.
   - held-out evaluation: greedy answers to the spec's first `eval.prompts` test problems, scored
     as miles' eval (exact match ending in [EOS]), after the warm-up and after GRPO, timed apart
     from the steps (as miles' eval is reported apart).
@@ -25,11 +29,13 @@ Writes OUT/metrics.jsonl with miles' metric names (rollout/reward_mean, perf/ste
 perf/train_s, perf/gen_tokens, perf/trained_tokens) so bench/peers/run.py reads both sides alike.
 
 Usage: python grpo_trl.py --spec SPEC.json --prompts PROMPTS.json --out DIR [--seed N] [--threads N]
+       [--init HF_DIR] [--steps N] [--no-sft] [--save-sft DIR] [--eval-every N]
 """
 
 import argparse
 import json
 import os
+import shutil
 import sys
 import time
 
@@ -44,7 +50,14 @@ os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
 import torch  # noqa: E402
 from datasets import Dataset  # noqa: E402
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors  # noqa: E402
-from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast, TrainerCallback, set_seed  # noqa: E402
+from transformers import (  # noqa: E402
+    GPT2Config,
+    GPT2LMHeadModel,
+    LlamaForCausalLM,
+    PreTrainedTokenizerFast,
+    TrainerCallback,
+    set_seed,
+)
 from trl import GRPOConfig, GRPOTrainer  # noqa: E402
 
 T_IMPORTED = time.perf_counter()
@@ -66,6 +79,20 @@ def build_tokenizer(chars):
     return fast
 
 
+def load_init(dir_, chars):
+    """The shared Hugging Face checkpoint and its tokenizer. The tokenizer must give this
+    script's ids (miles' CharTokenizer numbering) for every character of the task, BOS in front:
+    decode_answer and the SFT/eval encodings below rely on them."""
+    model = LlamaForCausalLM.from_pretrained(dir_, dtype=torch.float32)
+    tok = PreTrainedTokenizerFast.from_pretrained(dir_, padding_side="left")
+    want = [BOS] + [i + 3 for i in range(len(chars))]
+    got = tok("".join(chars))["input_ids"]
+    if got != want or (tok.bos_token_id, tok.eos_token_id, tok.pad_token_id) != (BOS, EOS, PAD):
+        sys.exit(f"{dir_}: its tokenizer is not miles' character tokenizer for {''.join(chars)!r}: {got} "
+                 f"(want {want}), specials {tok.bos_token_id}/{tok.eos_token_id}/{tok.pad_token_id}")
+    return model, tok
+
+
 def decode_answer(ids, chars):
     """miles' CharTokenizer::decode: characters up to the first EOS, specials dropped."""
     out = []
@@ -79,7 +106,9 @@ def decode_answer(ids, chars):
 
 def sft_warmup(model, spec, batches, chars):
     """miles' run_sft: masked cross-entropy of answer+EOS given BOS+prompt, AdamW with the train
-    spec's betas/eps/decay, global-norm clip, fresh optimizer afterwards (GRPOTrainer makes its own)."""
+    spec's betas/eps/decay, global-norm clip, fresh optimizer afterwards (GRPOTrainer makes its own).
+    Returns miles' SFT metric rows (loss and pre-clip grad norm every 10 steps and at the end), so
+    the two sides' warm-ups can be compared step by step."""
     sft, tr = spec["sft"], spec["train"]
     cid = {c: i + 3 for i, c in enumerate(chars)}
     opt = torch.optim.AdamW(
@@ -91,6 +120,7 @@ def sft_warmup(model, spec, batches, chars):
     )
     model.train()
     warm = sft.get("warmup_steps", 0)
+    rows = []
     for k, batch in enumerate(batches):
         lr = sft["lr"] * (k + 1) / warm if warm and k < warm else sft["lr"]
         for g in opt.param_groups:
@@ -112,9 +142,15 @@ def sft_warmup(model, spec, batches, chars):
         opt.zero_grad(set_to_none=True)
         loss.backward()
         if tr["grad_clip"] > 0:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), tr["grad_clip"])
+            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), tr["grad_clip"])
+        else:
+            grads = [p.grad.norm() for p in model.parameters() if p.grad is not None]
+            norm = torch.linalg.vector_norm(torch.stack(grads))
         opt.step()
+        if (k + 1) % 10 == 0 or k + 1 == len(batches):
+            rows.append({"step": 0, "sft/step": k + 1, "sft/loss": loss.item(), "sft/grad_norm": float(norm)})
     del opt
+    return rows
 
 
 def gpt2_config(m):
@@ -165,12 +201,16 @@ def evaluate(model, items, max_new, chars):
 
 class StepLog(TrainerCallback):
     """Per-step wall time (from one step's end to the next: everything the loop does), with the
-    rollout-phase timings and token counts the wrapped trainer methods recorded."""
+    rollout-phase timings and token counts the wrapped trainer methods recorded. With `every` > 0,
+    also the held-out accuracy every `every` steps (as miles' `eval { every }`), timed apart: the
+    next step's clock starts after it."""
 
-    def __init__(self, path, probe):
+    def __init__(self, path, probe, every=0, evaluate_now=None):
         self.f = open(path, "a")
         self.probe = probe
         self.last = None
+        self.every = every
+        self.evaluate_now = evaluate_now
 
     def on_train_begin(self, args, state, control, **kw):
         self.last = time.perf_counter()
@@ -191,6 +231,11 @@ class StepLog(TrainerCallback):
             "perf/gen_tokens": p.pop("gen_tokens", 0),
             "perf/trained_tokens": p.pop("trained_tokens", 0),
         }
+        if self.every and state.global_step % self.every == 0:
+            t = time.perf_counter()
+            acc, resp_len = self.evaluate_now()
+            row.update({"eval/accuracy": acc, "eval/response_len": resp_len, "perf/eval_s": time.perf_counter() - t})
+            self.last = time.perf_counter()
         self.f.write(json.dumps(row) + "\n")
         self.f.flush()
 
@@ -203,6 +248,14 @@ def main():
     ap.add_argument("--seed", type=int, default=None, help="default: the spec's seed")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--steps", type=int, default=None, help="default: the spec's steps")
+    ap.add_argument("--init", default=None, help="a Hugging Face Llama directory to start from (instead of a GPT-2 "
+                    "built from the spec's sizes): trl/make_same_model.py's, the one the miles recipe loads")
+    ap.add_argument("--no-sft", action="store_true", help="skip the spec's SFT warm-up (an --init that is warmed up "
+                    "already, e.g. the model/ of a miles run; for bisecting the SFT from GRPO)")
+    ap.add_argument("--eval-every", type=int, default=0, help="held-out accuracy every N GRPO steps too (default: "
+                    "at the start and the end only)")
+    ap.add_argument("--save-sft", default=None, help="write the model after the SFT warm-up here (Hugging Face "
+                    "directory with the --init tokenizer; a miles recipe can start from it)")
     a = ap.parse_args()
 
     spec = json.load(open(a.spec))
@@ -219,12 +272,10 @@ def main():
         "no entropy bonus": tr.get("entropy_coef", 0.0) == 0.0,
         "token aggregation (TRL's dapo)": tr.get("aggregation", "token") == "token",
         "constant learning rate, no warm-up": tr.get("decay", "none") == "none" and tr.get("warmup_steps", 0) == 0,
-        "multi-head attention (GPT-2 has no grouped-query attention: n_kv_heads == n_heads)": m.get(
-            "n_kv_heads", m["n_heads"]
-        )
-        == m["n_heads"],
-        "d_model a multiple of heads": m["d_model"] % m["n_heads"] == 0,
-        "a dense model (no experts)": not m.get("experts"),
+        "multi-head attention (GPT-2 has no grouped-query attention: n_kv_heads == n_heads)": a.init is not None
+        or m.get("n_kv_heads", m["n_heads"]) == m["n_heads"],
+        "d_model a multiple of heads": a.init is not None or m["d_model"] % m["n_heads"] == 0,
+        "a dense model (no experts)": a.init is not None or not m.get("experts"),
         # TRL generates with its training model: one precision for both (bf16: autocast, bf16=True).
         "the engine's precision equal to the trainer's": ro.get("precision", "fp32") == tr.get("precision", "fp32"),
     }
@@ -237,17 +288,31 @@ def main():
     torch.set_num_threads(a.threads)
     set_seed(seed)
     chars = data["tokenizer"]["chars"]
-    tok = build_tokenizer(chars)
-    cfg = GPT2Config(**gpt2_config(m))
-    model = GPT2LMHeadModel(cfg)
-    n_params = sum(p.numel() for p in model.parameters())  # tied lm_head counted once
+    if a.init:
+        model, tok = load_init(a.init, chars)
+        cfg = None
+    else:
+        tok = build_tokenizer(chars)
+        cfg = GPT2Config(**gpt2_config(m))
+        model = GPT2LMHeadModel(cfg)
+    n_params = sum(p.numel() for p in model.parameters())  # a tied lm_head counted once
 
     t0 = time.perf_counter()
-    if spec.get("sft"):
+    if a.save_sft and not a.init:
+        sys.exit("--save-sft needs --init (the directory's tokenizer goes with the weights)")
+    sft_rows = []
+    if spec.get("sft") and not a.no_sft:
         # miles' trainer runs its SFT warm-up in its own precision too.
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-            sft_warmup(model, spec, data["sft"], chars)
+            sft_rows = sft_warmup(model, spec, data["sft"], chars)
     sft_s = time.perf_counter() - t0
+    if a.save_sft:
+        tmp = a.save_sft.rstrip("/") + ".tmp"
+        model.save_pretrained(tmp, safe_serialization=True)
+        for f in ("tokenizer.json", "tokenizer_config.json"):  # the --init files, byte for byte
+            shutil.copy(os.path.join(a.init, f), tmp)
+        shutil.rmtree(a.save_sft, ignore_errors=True)
+        os.rename(tmp, a.save_sft)  # whole or absent: miles reads it as a model directory
     test = data["test"][: max(1, spec.get("eval", {}).get("prompts", 200))]
     t0 = time.perf_counter()
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):  # miles evaluates on its engine
@@ -329,8 +394,13 @@ def main():
 
     trainer._generate_and_score_completions = timed_rollout
     metrics_path = os.path.join(a.out, "metrics.jsonl")
-    open(metrics_path, "w").close()
-    trainer.add_callback(StepLog(metrics_path, probe))
+    with open(metrics_path, "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in sft_rows)
+    def evaluate_now():
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            return evaluate(trainer.model, test, ro["max_new_tokens"], chars)
+
+    trainer.add_callback(StepLog(metrics_path, probe, a.eval_every, evaluate_now))
     t1 = time.perf_counter()
     trainer.train()
     grpo_s = time.perf_counter() - t1
@@ -341,7 +411,12 @@ def main():
     summary = {
         "framework": "trl",
         "params": n_params,
-        "gpt2": {k: cfg.to_dict()[k] for k in ("n_layer", "n_embd", "n_head", "n_inner", "n_positions", "vocab_size")},
+        "gpt2": cfg
+        and {k: cfg.to_dict()[k] for k in ("n_layer", "n_embd", "n_head", "n_inner", "n_positions", "vocab_size")},
+        "init": a.init,
+        "llama": a.init
+        and {k: model.config.to_dict()[k] for k in ("num_hidden_layers", "hidden_size", "num_attention_heads",
+                                                     "intermediate_size", "max_position_embeddings", "vocab_size")},
         "eval_start": eval_start[0],
         "eval_end": eval_end[0],
         "eval_prompts": len(test),
