@@ -283,6 +283,18 @@ impl RunSpec {
     /// An asynchronous schedule's settings against the rollout's.
     fn validate_schedule(&self) -> Result<(), RunError> {
         let r = &self.rollout;
+        if let Some(d) = self.dynamic_sampling {
+            // The synchronous executor is the one that regenerates; never accept and ignore.
+            if !self.schedule.is_sync() {
+                return bad(
+                    "dynamic_sampling",
+                    "runs under the sync schedule only (fully_async filters with `schedule.filter = drop_flat`)",
+                );
+            }
+            if d.max_rounds == 0 {
+                return bad("dynamic_sampling.max_rounds", "must be at least 1 (the first round counts)");
+            }
+        }
         if let Some(a) = self.async_schedule() {
             if a.max_concurrent == 0 {
                 return bad("schedule.max_concurrent", "must be at least 1");
@@ -344,6 +356,18 @@ mod tests {
         assert_eq!(e.code, E_SPEC);
         assert!(e.message.contains(&format!("`{field}`")), "{}", e.message);
         e.message
+    }
+
+    #[test]
+    fn dynamic_sampling_is_refused_off_the_sync_schedule() {
+        let mut s = spec();
+        s.dynamic_sampling = Some(DynamicSampling { max_rounds: 3 });
+        s.validate().unwrap();
+        let mut z = s.clone();
+        z.dynamic_sampling = Some(DynamicSampling { max_rounds: 0 });
+        refused(&z, "dynamic_sampling.max_rounds");
+        s.schedule = ScheduleSpec::OneStepOff;
+        assert!(refused(&s, "dynamic_sampling").contains("sync schedule only"));
     }
 
     #[test]
