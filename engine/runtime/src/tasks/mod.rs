@@ -212,11 +212,12 @@ impl TaskSet {
         let test_prompts: HashSet<&str> = test.iter().map(|t| t.prompt_key()).collect();
         let before = items.len();
         items.retain(|t| !test_prompts.contains(t.prompt_key()));
-        if items.len() < before {
-            warnings.push(format!("{} train prompt(s) also in the test split were dropped", before - items.len()));
+        let shared = before - items.len();
+        if shared > 0 {
+            warnings.push(format!("{shared} train prompt(s) also in the test split were dropped"));
         }
         if items.is_empty() || test.is_empty() {
-            return Err(RunError::new(
+            let e = RunError::new(
                 E_DATA_FILE,
                 format!(
                     "{}: needs at least one usable train and one test prompt (train {}, test {})",
@@ -224,7 +225,17 @@ impl TaskSet {
                     items.len(),
                     test.len()
                 ),
-            ));
+            );
+            // The split keeps prompt texts disjoint: rows that differ only in their label (one
+            // prompt, many answers) all follow the held-out copy into the test split.
+            return Err(match (items.is_empty(), shared) {
+                (true, n) if n > 0 => e.with_help(format!(
+                    "all {n} train row(s) have a prompt that a test row has too, and the split keeps prompt texts \
+                     disjoint (a model must not be tested on a prompt it trained on): rows that share one prompt \
+                     and differ in their label cannot be split; put what differs into each row's prompt"
+                )),
+                _ => e,
+            });
         }
         let tokenizer = match hf {
             Some(t) => Tokenizer::Hf(Box::new(t)),
@@ -435,6 +446,35 @@ mod tests {
         let got = TaskReward { partial_credit: false }.score_batch(&inputs).unwrap();
         let want: Vec<_> = cases.iter().map(|c| RewardOutcome::Score(c.3)).collect();
         assert_eq!(got, want);
+    }
+
+    /// Rows that share one prompt (the answer only in the label) cannot be split with disjoint
+    /// prompts: the error says why, not only "train 0".
+    #[test]
+    fn a_split_emptied_by_shared_prompts_explains_itself() {
+        let dir = std::env::temp_dir().join(format!("miles-shared-prompt-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("rows.jsonl");
+        let rows: String = (0..40).map(|i| format!("{{\"prompt\": \"solve\", \"answer\": \"{i}\"}}\n")).collect();
+        std::fs::write(&path, rows).unwrap();
+        let kind = |path: std::path::PathBuf| TaskKind::Data {
+            path,
+            prompt_field: "prompt".into(),
+            label_field: "answer".into(),
+            test_path: None,
+            on_error: Default::default(),
+        };
+        let e = TaskSet::build(&spec(kind(path.clone()))).err().expect("no train rows are left");
+        assert_eq!(e.code, E_DATA_FILE);
+        assert!(e.message.contains("train 0, test 20"), "{}", e.message);
+        let help = e.help.as_deref().unwrap_or_default();
+        assert!(help.contains("all 20 train row(s) have a prompt that a test row has too"), "{help}");
+        // Distinct prompts split as before, with no such help.
+        let rows: String = (0..40).map(|i| format!("{{\"prompt\": \"{i}+0=\", \"answer\": \"{i}\"}}\n")).collect();
+        std::fs::write(&path, rows).unwrap();
+        let t = TaskSet::build(&spec(kind(path))).unwrap();
+        assert_eq!(t.test.len(), 20);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]
