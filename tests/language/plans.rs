@@ -58,6 +58,43 @@ fn dapo_and_epochs_on_the_laptop() {
     assert!(miles_plan::render_text(&four).contains("4 epochs: 8 optimizer steps"));
 }
 
+/// The catalog models a new user names first (tests/plans/catalog-new-user.miles, one model at a
+/// time): each is planned with the published parameter counts of the catalog; those too large
+/// for four FSDP ranks are told so, with the fixes.
+#[test]
+fn new_catalog_models_plan_with_their_published_sizes() {
+    let file = "tests/plans/catalog-new-user.miles";
+    let text = std::fs::read_to_string(file).unwrap();
+    for (name, params, active) in [
+        ("qwen3_1_7b", 1_710_000_000u64, 1_710_000_000u64),
+        ("qwen3_8b", 8_190_000_000, 8_190_000_000),
+        ("qwen3_14b", 14_760_000_000, 14_760_000_000),
+        ("qwen3_32b", 32_760_000_000, 32_760_000_000),
+        ("gpt_oss_20b", 20_910_000_000, 3_610_000_000),
+        ("gpt_oss_120b", 116_830_000_000, 5_130_000_000),
+    ] {
+        let overlay = miles_compiler::fs::MemoryFs::with(&[(
+            file,
+            &text.replace("generate(qwen3_8b)", &format!("generate({name})")),
+        )]);
+        let fs = miles_compiler::fs::OverlayFs { base: &Disk, overlay: &overlay };
+        let c = compile(&fs, &[file.to_string()], &Options::default());
+        assert!(!c.has_errors(), "{name}: {:#?}", c.diagnostics);
+        let input = miles_plan::plan_input(&c.recipes[0]);
+        let m = input.stages.iter().find_map(|s| s.model.as_ref()).expect("a model");
+        assert_eq!((m.params, m.active_params), (params, active), "{name}");
+        let p = miles_plan::plan(&input);
+        let text = miles_plan::render_text(&p);
+        // Four FSDP ranks hold a model to ~10B parameters with Adam on the GPU (an MoE model's
+        // state is its total parameters'); beyond, the plan says so and how to fix it.
+        if params < 10_000_000_000 {
+            assert_eq!(p.summary.errors, 0, "{name}: {text}");
+        } else {
+            assert!(text.contains("train does not fit in GPU memory") && text.contains("fixes:"), "{name}: {text}");
+        }
+    }
+}
+
 /// The laptop recipe planned on a machine whose CUDA driver shows an H200 (a fake one: the
 /// planner is pure, `miles plan` passes what the driver says): `device = auto` resolves to it,
 /// the step is priced at its datasheet rates, said to be unmeasured, and the memory row is the
