@@ -362,8 +362,7 @@ fn device_of(job: &Job) -> DeviceSpec {
 
 /// `sync { filter = drop_flat, max_rounds }`: DAPO's dynamic sampling.
 fn dynamic_sampling(s: &job::ScheduleJob) -> Option<DynamicSampling> {
-    (s.mode.value == "sync" && s.filter.as_deref() == Some("drop_flat"))
-        .then(|| DynamicSampling { max_rounds: s.max_rounds.unwrap_or(4).max(1) as u32 })
+    s.dynamic_rounds().map(|n| DynamicSampling { max_rounds: n.min(u64::from(u32::MAX)) as u32 })
 }
 
 /// The recipe's `schedule` setting (std/prelude: sync, one_step_off, fully_async).

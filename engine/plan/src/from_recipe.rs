@@ -448,8 +448,7 @@ fn schedule_of(s: &job::ScheduleJob) -> Schedule {
         max_staleness: s.max_staleness,
         buffer_capacity: s.buffer_capacity,
         max_concurrent: if mode == ScheduleMode::FullyAsync { s.max_concurrent } else { None },
-        dynamic_rounds: (mode == ScheduleMode::Sync && s.filter.as_deref() == Some("drop_flat"))
-            .then(|| s.max_rounds.unwrap_or(4)),
+        dynamic_rounds: s.dynamic_rounds(),
     }
 }
 

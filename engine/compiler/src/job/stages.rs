@@ -597,6 +597,12 @@ impl ScheduleJob {
             stall_timeout_s: r.f64("stall_timeout").map(|v| v.value),
         }
     }
+    /// DAPO's dynamic sampling, `sync { filter = drop_flat }`: its generation rounds per step at
+    /// most (the stdlib's default when unset); None without it. Plan and run both read this.
+    pub fn dynamic_rounds(&self) -> Option<u64> {
+        (self.mode.value == "sync" && self.filter.as_deref() == Some("drop_flat"))
+            .then(|| self.max_rounds.unwrap_or(4).max(1))
+    }
     /// The default schedule, for settings without one.
     pub fn sync() -> ScheduleJob {
         ScheduleJob {

@@ -1,7 +1,7 @@
 //! DAPO's overlong shaping (`train.overlong`) under both schedules, on the simulated backend
-//! (whose responses do not depend on the weights, so two runs generate the same samples): each
-//! step's mean reward is the unshaped run's plus `reward/overlong_mean`, and the evaluation's
-//! accuracy is the task's reward, the same with or without shaping.
+//! (whose responses do not depend on the weights, so two synchronous runs generate the same
+//! samples): each step's mean reward is the unshaped run's plus `reward/overlong_mean`, and the
+//! evaluation's accuracy is the task's reward, the same with or without shaping.
 
 use miles_runtime::sim::{SimBackend, SimConfig};
 use miles_runtime::{run_with, OverlongSpec, ProgressMode, RunOptions, RunSpec};
@@ -58,7 +58,15 @@ fn overlong_shaping_shifts_the_trained_reward_under_both_schedules() {
                 (s["reward/overlong_mean"].as_f64().unwrap(), s["reward/overlong_frac"].as_f64().unwrap());
             assert!((-1.0..=0.0).contains(&mean) && (0.0..=1.0).contains(&frac), "{name}: {s}");
             let (rp, rs) = (p["rollout/reward_mean"].as_f64().unwrap(), s["rollout/reward_mean"].as_f64().unwrap());
-            assert!((rs - (rp + mean)).abs() < 1e-5, "{name}: shaped {rs} = task {rp} + shaping {mean}");
+            if name == "sync" {
+                assert!((rs - (rp + mean)).abs() < 1e-5, "{name}: shaped {rs} = task {rp} + shaping {mean}");
+            } else {
+                // Which prompts a one-step-off step trains on depends on the threads' timing, so
+                // the two runs' steps may differ: the shaped mean minus the shaping is still a
+                // mean of 16 exact-match rewards (0 or 1).
+                let task = (rs - mean) * 16.0;
+                assert!((task - task.round()).abs() < 1e-4 && (0.0..=16.0).contains(&task.round()), "{name}: {s}");
+            }
             assert_eq!(p["eval/accuracy"], s["eval/accuracy"], "{name}: evaluation is not shaped");
             penalised += frac;
         }

@@ -38,15 +38,16 @@ pub(crate) fn single_turn_batch(
     spec: &RunSpec,
     task: &TaskSet,
     reward: &mut dyn BatchReward,
-    items: &[PromptRow],
-    prompts: &[Vec<TokenId>],
-    samples: &[Sample],
+    (items, prompts, samples): Generation,
     step: u64,
 ) -> Result<StepBatch, RunError> {
-    let round = score_round(spec, task, reward, (items.to_vec(), prompts.to_vec(), samples.to_vec()), step, 0)?;
+    let round = score_round(spec, task, reward, (items, prompts, samples), step, 0)?;
     let generated = Generated::of(spec, std::slice::from_ref(&round));
     Ok(round_batch(spec, task, step, round, generated))
 }
+
+/// What one generation round made: its prompt rows, their token ids and the samples.
+pub(crate) type Generation = (Vec<PromptRow>, Vec<Vec<TokenId>>, Vec<Sample>);
 
 /// One round of a step's single responses, scored: its prompt rows and their ids, the samples
 /// (`prompt_index` into `items`), their ids and the reward's outcomes (overlong shaping added to
@@ -65,7 +66,7 @@ pub(crate) fn score_round(
     spec: &RunSpec,
     task: &TaskSet,
     reward: &mut dyn BatchReward,
-    (items, prompts, samples): (Vec<PromptRow>, Vec<Vec<TokenId>>, Vec<Sample>),
+    (items, prompts, samples): Generation,
     step: u64,
     first: usize,
 ) -> Result<ScoredRound, RunError> {

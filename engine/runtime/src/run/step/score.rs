@@ -169,7 +169,7 @@ mod tests {
             })
             .collect();
         let mut r = reward.build().unwrap();
-        single_turn_batch(spec, &task, r.as_mut(), items, &prompts, &samples, 0).unwrap()
+        single_turn_batch(spec, &task, r.as_mut(), (items.to_vec(), prompts.clone(), samples.clone()), 0).unwrap()
     }
 
     /// Group 0's values, in response order (the batch holds the groups interleaved).
@@ -268,7 +268,8 @@ mod tests {
             .collect();
         let exact = RewardSpec::ExactMatch { name: "correct".into(), partial_credit: false };
         let mut r = exact.build().unwrap();
-        let b = single_turn_batch(&spec, &task, r.as_mut(), items, &prompts, &samples, 1).unwrap();
+        let b =
+            single_turn_batch(&spec, &task, r.as_mut(), (items.to_vec(), prompts.clone(), samples.clone()), 1).unwrap();
         // Rewards 1, 1 - 1/3, 0 - 1/6, 0 - 1/2 (mean 1/4) and 1, 1, 0, 0 (mean 1/2).
         close(&b.rewards, &[1.0, 2.0 / 3.0, -1.0 / 6.0, -0.5, 1.0, 1.0, 0.0, 0.0]);
         let adv: Vec<f32> = b.batch.iter().map(|t| t.advantage).collect();
@@ -287,7 +288,8 @@ mod tests {
         assert_eq!(plain, [1.0, 1.0, 0.0, 0.0, 1.0, 1.0, 0.0, 0.0]);
         // Without `overlong` the same step trains on those, with no overlong columns.
         spec.train.overlong = None;
-        let b = single_turn_batch(&spec, &task, r.as_mut(), items, &prompts, &samples, 1).unwrap();
+        let b =
+            single_turn_batch(&spec, &task, r.as_mut(), (items.to_vec(), prompts.clone(), samples.clone()), 1).unwrap();
         assert_eq!(b.rewards, plain);
         assert!(b.metrics.iter().all(|(k, _)| !k.starts_with("reward/overlong")), "{:?}", b.metrics);
     }

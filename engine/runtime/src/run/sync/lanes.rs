@@ -91,7 +91,7 @@ pub(crate) fn step(
             Some(r) => r,
             None => &mut *reward,
         };
-        let mut sb = single_turn_batch(spec, &lane.task, scorer, &items, &prompts, &samples, step)?;
+        let mut sb = single_turn_batch(spec, &lane.task, scorer, (items, prompts, samples), step)?;
         sb.tag_adapter(&lane.name);
         out.reward_s += t_reward.elapsed().as_secs_f64();
         if sb.batch.is_empty() {

@@ -10,7 +10,9 @@ use crate::env::faults::Faults;
 use crate::progress::Progress;
 use crate::reward::BatchReward;
 use crate::rng::derive_seed;
-use crate::run::step::batch::{round_batch, score_round, single_turn_batch, Generated, ScoredRound, StepBatch};
+use crate::run::step::batch::{
+    round_batch, score_round, single_turn_batch, Generated, Generation, ScoredRound, StepBatch,
+};
 use crate::run::step::checkpoint::{is_checkpoint_of, save_checkpoint, save_final_model};
 use crate::run::step::episodes::{all_episodes_faulted, EnvRunner};
 use crate::run::step::eval::evaluate;
@@ -25,7 +27,7 @@ use crate::run::step::train::{
 use crate::sample::SamplingParams;
 use crate::schedule::DynamicSampling;
 use crate::spec::{RunOptions, RunSpec, Summary};
-use crate::tasks::{PromptRow, TaskSet};
+use crate::tasks::TaskSet;
 use crate::{RunError, E_CHECKPOINT};
 use lanes::Lane;
 use serde_json::{json, Map};
@@ -225,14 +227,15 @@ impl Parts {
         progress: &mut Progress,
     ) -> Result<StepOutcome, RunError> {
         let r = &spec.rollout;
-        let items = task.train_batch(spec.seed, "rollout", step, r.rollout_batch);
-        let params = SamplingParams::rollout(r, derive_seed(spec.seed, "sampling", step)).with_stop(task.stop_tokens());
         let t_gen = Instant::now();
         let mut faults = None;
         // The batch, generation seconds, and scoring seconds so far with when scoring last began.
         let (mut sb, gen_s, reward_before, t_reward) = match (&self.env, spec.dynamic_sampling) {
             (Some(env), _) => {
                 // Episodes: generation and the environment interleave turn by turn.
+                let items = task.train_batch(spec.seed, "rollout", step, r.rollout_batch);
+                let params =
+                    SamplingParams::rollout(r, derive_seed(spec.seed, "sampling", step)).with_stop(task.stop_tokens());
                 let (groups, results) = env.play(
                     task,
                     self.engine.as_mut(),
@@ -258,12 +261,10 @@ impl Parts {
                 (sb, gen_s, reward_s, Instant::now())
             }
             (None, None) => {
-                let prompts =
-                    items.iter().map(|it| task.tokenizer.encode_prompt(&it.prompt)).collect::<Result<Vec<_>, _>>()?;
-                let samples = self.engine.generate(&prompts, r.samples_per_prompt, &params)?;
+                let generated = self.generate_batch(spec, task, step)?;
                 let gen_s = t_gen.elapsed().as_secs_f64();
                 let t_reward = Instant::now();
-                let sb = single_turn_batch(spec, task, self.reward.as_mut(), &items, &prompts, &samples, step)?;
+                let sb = single_turn_batch(spec, task, self.reward.as_mut(), generated, step)?;
                 (sb, gen_s, 0.0, t_reward)
             }
         };
@@ -307,6 +308,16 @@ impl Parts {
 }
 
 impl Parts {
+    /// Batch `b` of the prompt stream, tokenised and sampled with sampling stream `b`.
+    fn generate_batch(&mut self, spec: &RunSpec, task: &TaskSet, b: u64) -> Result<Generation, RunError> {
+        let r = &spec.rollout;
+        let items = task.train_batch(spec.seed, "rollout", b, r.rollout_batch);
+        let params = SamplingParams::rollout(r, derive_seed(spec.seed, "sampling", b)).with_stop(task.stop_tokens());
+        let prompts = items.iter().map(|it| task.tokenizer.encode_prompt(&it.prompt)).collect::<Result<Vec<_>, _>>()?;
+        let samples = self.engine.generate(&prompts, r.samples_per_prompt, &params)?;
+        Ok((items, prompts, samples))
+    }
+
     /// DAPO's dynamic sampling (`RunSpec::dynamic_sampling`): rounds of `rollout_batch` fresh
     /// prompts (the next batches of the prompt stream, `next_batch`), each generated and scored,
     /// until `rollout_batch` groups with signal (rewards not all equal) are kept or `max_rounds`
@@ -331,14 +342,9 @@ impl Parts {
         while rounds.len() < ds.max_rounds.max(1) as usize && kept.len() < want {
             let b = self.next_batch;
             self.next_batch += 1;
-            let items: Vec<PromptRow> = task.train_batch(spec.seed, "rollout", b, want);
-            // Batch b samples with stream b: a step without flat groups samples as a plain run.
-            let params =
-                SamplingParams::rollout(r, derive_seed(spec.seed, "sampling", b)).with_stop(task.stop_tokens());
             let t_gen = Instant::now();
-            let prompts =
-                items.iter().map(|it| task.tokenizer.encode_prompt(&it.prompt)).collect::<Result<Vec<_>, _>>()?;
-            let samples = self.engine.generate(&prompts, r.samples_per_prompt, &params)?;
+            // Batch b as a plain run's step b draws it: a step without flat groups samples alike.
+            let (items, prompts, samples) = self.generate_batch(spec, task, b)?;
             gen_s += t_gen.elapsed().as_secs_f64();
             let t_reward = Instant::now();
             let first = rounds.len() * want;
