@@ -107,6 +107,8 @@ fn moe_config(m: &job::Moe) -> MoeConfig {
         expert_d_ff: m.expert_d_ff as usize,
         shared_expert_d_ff: m.shared_expert_d_ff as usize,
         dense_layers: m.dense_layers as usize,
+        mlp_only_layers: vec![],
+        sparse_step: 1,
         gating: match m.gating {
             job::Gating::Sigmoid => Gating::Sigmoid,
             job::Gating::Softmax => Gating::Softmax,

@@ -243,6 +243,8 @@ mod tests {
             expert_d_ff: 1,
             shared_expert_d_ff: 0,
             dense_layers: 0,
+            mlp_only_layers: vec![],
+            sparse_step: 1,
             gating,
             norm_topk: true,
             aux_loss_coef: 0.0,

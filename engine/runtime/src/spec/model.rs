@@ -77,6 +77,13 @@ pub struct MoeConfig {
     /// Leading layers with a dense MLP of width `d_ff`.
     #[serde(default)]
     pub dense_layers: usize,
+    /// Further layers with a dense MLP, by index (Qwen3-MoE's `mlp_only_layers`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mlp_only_layers: Vec<usize>,
+    /// Every `sparse_step`-th layer has experts, the others a dense MLP (Qwen3-MoE's
+    /// `decoder_sparse_step`; 1: every layer).
+    #[serde(default = "one_layer", skip_serializing_if = "is_one_layer")]
+    pub sparse_step: usize,
     #[serde(default)]
     pub gating: Gating,
     /// Renormalise the top-k weights to sum to 1 (Qwen3-MoE's `norm_topk_prob`).
@@ -88,9 +95,15 @@ pub struct MoeConfig {
 }
 
 impl MoeConfig {
+    /// Whether layer `i` has routed experts (the others a dense MLP of `d_ff`): transformers'
+    /// Qwen3-MoE rule, with leading `dense_layers` as DeepSeek and GLM have them.
+    pub fn is_moe_layer(&self, i: usize) -> bool {
+        i >= self.dense_layers && !self.mlp_only_layers.contains(&i) && (i + 1) % self.sparse_step.max(1) == 0
+    }
+
     /// Layers with routed experts.
     pub fn moe_layers(&self, n_layers: usize) -> usize {
-        n_layers.saturating_sub(self.dense_layers)
+        (0..n_layers).filter(|&i| self.is_moe_layer(i)).count()
     }
 }
 
@@ -155,4 +168,12 @@ fn default_norm_eps() -> f64 {
 }
 fn default_init_std() -> f64 {
     0.02
+}
+
+fn one_layer() -> usize {
+    1
+}
+
+fn is_one_layer(n: &usize) -> bool {
+    *n == 1
 }

@@ -132,7 +132,7 @@ impl Policy {
                     up: p(&format!("{s}.up_proj")),
                     down: p(&format!("{s}.down_proj")),
                 };
-                let mlp = match cfg.moe.as_ref().filter(|m| i >= m.dense_layers) {
+                let mlp = match cfg.moe.as_ref().filter(|m| m.is_moe_layer(i)) {
                     Some(m) => Mlp::Moe(MoeLayer {
                         router: p("mlp.gate"),
                         experts: (0..m.experts).map(|j| swiglu(&format!("mlp.experts.{j}"))).collect(),

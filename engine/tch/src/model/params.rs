@@ -57,7 +57,7 @@ pub fn param_names(cfg: &ModelConfig) -> Vec<String> {
             push("self_attn.k_norm.weight");
         }
         push("post_attention_layernorm.weight");
-        match cfg.moe.as_ref().filter(|m| i >= m.dense_layers) {
+        match cfg.moe.as_ref().filter(|m| m.is_moe_layer(i)) {
             Some(m) => v.extend(crate::moe::mlp_param_names(m, i)),
             None => {
                 for s in ["mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"] {

@@ -189,6 +189,8 @@ fn episodes_replay_routing_across_turns() {
             expert_d_ff: 16,
             shared_expert_d_ff: 0,
             dense_layers: 0,
+            mlp_only_layers: vec![],
+            sparse_step: 1,
             gating: Default::default(),
             norm_topk: true,
             aux_loss_coef: 0.01,

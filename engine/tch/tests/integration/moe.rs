@@ -21,6 +21,8 @@ fn moe_cfg(dense_layers: usize, shared: usize) -> ModelConfig {
         expert_d_ff: 16,
         shared_expert_d_ff: shared,
         dense_layers,
+        mlp_only_layers: vec![],
+        sparse_step: 1,
         gating: Default::default(),
         norm_topk: true,
         aux_loss_coef: 0.01,
