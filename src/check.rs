@@ -54,7 +54,11 @@ pub fn run(args: Args) -> u8 {
 
 /// One check: the exit code, and the user files it read (for `--watch`).
 fn check_once(args: &Args, overrides: Vec<(String, String)>) -> (u8, Vec<std::path::PathBuf>) {
-    let c = crate::packages::compile(&DiskFs, &args.files, &Options { overrides, recipe: None });
+    let c = crate::packages::compile(
+        &DiskFs,
+        &args.files,
+        &Options { overrides, recipe: None, hub_cache: crate::packages::hub_cache() },
+    );
     let mut read: Vec<std::path::PathBuf> = args.files.iter().map(std::path::PathBuf::from).collect();
     read.extend(c.program.modules.iter().filter(|m| !m.is_std).map(|m| std::path::PathBuf::from(&m.key)));
     emit(&c.program.sources, &c.diagnostics, args.format);

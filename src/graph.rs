@@ -32,7 +32,7 @@ pub fn run(args: Args) -> u8 {
     let c = crate::packages::compile(
         &DiskFs,
         std::slice::from_ref(&args.file),
-        &Options { overrides, recipe: args.recipe.clone() },
+        &Options { overrides, recipe: args.recipe.clone(), hub_cache: crate::packages::hub_cache() },
     );
     let (errors, _) = summary(&c.diagnostics);
     if errors > 0 {

@@ -2,6 +2,7 @@
 
 mod add;
 mod check;
+mod data;
 mod diagnostics;
 mod doc;
 mod engine;
@@ -55,6 +56,8 @@ enum Command {
     Plan(plan::Args),
     /// Train a recipe on the embedded backend (libtorch, CPU): metrics, checkpoints, --resume.
     Run(run::Args),
+    /// What the model will see: rendered prompts and ids, prompt lengths, the train/test split.
+    Data(data::Args),
     /// Draw a run's curves (reward, accuracy, loss, divergence, length) as SVG and summarise it.
     Report(report::Args),
     /// Host one stage of a distributed run (started by `miles run`'s launcher).
@@ -117,6 +120,7 @@ fn main() -> ExitCode {
         Command::Worker { args } => engine::forward("worker", &args),
         Command::Serve { args } => engine::forward("serve", &args),
         Command::Report(a) => report::run(a),
+        Command::Data(a) => data::run(a),
         Command::Add(a) => add::run(a),
         Command::Update(a) => update::run(a),
         Command::Fetch(a) => fetch::run(a),

@@ -9,6 +9,13 @@ use miles_compiler::{Compilation, Diagnostic, Options, Program, Sources};
 use miles_package::cache::Cache;
 use miles_package::project::{self, Build, Mode, Project};
 
+/// The local Hugging Face Hub cache, from this process's environment, computed once: every verb
+/// compiles with it (`hf { repo }`), and `miles run` hands the engine the directory it resolved.
+pub fn hub_cache() -> Option<String> {
+    static ROOT: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+    ROOT.get_or_init(|| miles_compiler::hub::cache_root(&|k| std::env::var(k).ok())).clone()
+}
+
 /// `miles_compiler::compile` in the package of `entries[0]`, if it is in one. A failed package
 /// build is returned as a compilation holding its one diagnostic.
 pub fn compile(fs: &dyn FileSystem, entries: &[String], opts: &Options) -> Compilation {

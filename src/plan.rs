@@ -62,7 +62,7 @@ fn plan_once(args: &Args, overrides: Vec<(String, String)>) -> (u8, Vec<std::pat
     let c = crate::packages::compile(
         &DiskFs,
         std::slice::from_ref(&args.file),
-        &Options { overrides, recipe: args.recipe.clone() },
+        &Options { overrides, recipe: args.recipe.clone(), hub_cache: crate::packages::hub_cache() },
     );
     let mut read = vec![std::path::PathBuf::from(&args.file)];
     read.extend(c.program.modules.iter().filter(|m| !m.is_std).map(|m| std::path::PathBuf::from(&m.key)));

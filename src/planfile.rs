@@ -127,7 +127,8 @@ impl PlanFile {
 /// something else now.
 fn unchanged(from: &CompiledFrom, name: &str, planned: &str) -> Result<(), String> {
     let overrides = crate::check::parse_sets(&from.set)?;
-    let opts = miles_compiler::Options { overrides, recipe: from.recipe.clone() };
+    let opts =
+        miles_compiler::Options { overrides, recipe: from.recipe.clone(), hub_cache: crate::packages::hub_cache() };
     let c = crate::packages::compile(&crate::files::DiskFs, std::slice::from_ref(&from.file), &opts);
     let errors = c.diagnostics.iter().filter(|d| d.is_error()).count();
     if errors > 0 {

@@ -179,7 +179,11 @@ pub fn compile_spec(
         eprintln!("error: {e}");
         2u8
     })?;
-    let c = crate::packages::compile(&DiskFs, &[file.to_string()], &Options { overrides, recipe });
+    let c = crate::packages::compile(
+        &DiskFs,
+        &[file.to_string()],
+        &Options { overrides, recipe, hub_cache: crate::packages::hub_cache() },
+    );
     let (errors, warnings) = summary(&c.diagnostics);
     if errors > 0 || warnings > 0 {
         emit(&c.program.sources, &c.diagnostics, DiagFormat::Auto);

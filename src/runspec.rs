@@ -18,8 +18,10 @@ use miles_runtime::spec::*;
 mod agree;
 pub mod diffusion;
 mod launch;
+#[cfg(test)]
+mod model_tests;
 mod reward;
-mod task;
+pub(crate) mod task;
 
 /// What `miles run` hands the engine: a language-model run or a diffusion run.
 #[derive(serde::Serialize)]
@@ -99,7 +101,7 @@ fn decoder_sizes(d: &job::Decoder) -> DecoderSizes {
     }
 }
 
-/// A `transformer`'s mixture of experts.
+/// A mixture of experts: a `transformer`'s, or an `hf` directory's with its layer set.
 fn moe_config(m: &job::Moe) -> MoeConfig {
     MoeConfig {
         experts: m.experts as usize,
@@ -107,8 +109,8 @@ fn moe_config(m: &job::Moe) -> MoeConfig {
         expert_d_ff: m.expert_d_ff as usize,
         shared_expert_d_ff: m.shared_expert_d_ff as usize,
         dense_layers: m.dense_layers as usize,
-        mlp_only_layers: vec![],
-        sparse_step: 1,
+        mlp_only_layers: m.mlp_only_layers.iter().map(|&i| i as usize).collect(),
+        sparse_step: m.sparse_step.max(1) as usize,
         gating: match m.gating {
             job::Gating::Sigmoid => Gating::Sigmoid,
             job::Gating::Softmax => Gating::Softmax,
@@ -125,19 +127,26 @@ fn model_config(m: Option<&ModelJob>) -> Option<(ModelConfig, Option<HfModelSpec
         ModelJob::Hf(h) => (
             ModelConfig {
                 rope_theta: h.rope_theta.unwrap_or(10000.0),
-                norm_eps: 1e-6,
+                // config.json's `rms_norm_eps`, as the engine reads it when it loads the directory.
+                norm_eps: h.norm_eps,
                 head_dim: Some(h.head_dim as usize),
                 qkv_bias: h.qkv_bias,
                 o_bias: h.o_bias,
                 qk_norm: h.qk_norm,
                 tie_embeddings: h.tie_embeddings.unwrap_or(false),
+                moe: h.moe.as_ref().map(moe_config),
                 ..ModelConfig::decoder(decoder_sizes(&h.sizes))
             },
             Some(HfModelSpec { path: h.path.clone().into() }),
         ),
-        ModelJob::Transformer { sizes, moe } => {
-            (ModelConfig { moe: moe.as_ref().map(moe_config), ..ModelConfig::decoder(decoder_sizes(sizes)) }, None)
-        }
+        ModelJob::Transformer { sizes, moe, qk_norm } => (
+            ModelConfig {
+                moe: moe.as_ref().map(moe_config),
+                qk_norm: *qk_norm,
+                ..ModelConfig::decoder(decoder_sizes(sizes))
+            },
+            None,
+        ),
         _ => return None,
     })
 }

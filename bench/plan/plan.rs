@@ -103,6 +103,7 @@ fn input(gpus: u64) -> PlanInput {
         context_cap: None,
         assumptions: Assumptions::default(),
         device: None,
+        models: Vec::new(),
     }
 }
 

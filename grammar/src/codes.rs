@@ -225,6 +225,25 @@ does not say what it must: a Hugging Face model directory's config.json (`hf { p
 is missing, not JSON, of an architecture the embedded backend does not load (Llama, Mistral, \
 Qwen2, Qwen3), or without a size the model needs. The message names the file and the key; paths \
 are relative to the directory `miles` runs in.";
+    E0215: "model not in the local Hugging Face cache",
+        "`hf { repo = \"Qwen/Qwen3-0.6B\", revision = \"main\" }` names a model in the local Hugging Face \
+Hub cache, and it is not there, or not whole. miles never downloads: it looks where huggingface_hub \
+puts models (`HF_HUB_CACHE`, else `$HF_HOME/hub`, else `$XDG_CACHE_HOME/huggingface/hub`, else \
+`~/.cache/huggingface/hub`), in `models--ORG--NAME/`, reads a branch or tag from `refs/REVISION` and \
+uses `snapshots/COMMIT/`. The message says where it looked: the repository's folder is missing, the \
+revision is neither a ref nor a snapshot, or a file of the snapshot is a link into `blobs/` whose blob \
+is missing (an interrupted download). Download the model while online (`hf download ORG/NAME \
+--revision REV`, or `huggingface-cli download ...`), then run offline; or set `path` to a model \
+directory instead.";
+    E0216: "PEFT adapter cannot be used",
+        "`lora { init = \"adapters/math\" }` starts from a PEFT LoRA adapter directory, and `miles check` \
+reads its adapter_config.json and the header of its adapter_model.safetensors (no tensor data). The \
+message names the file and the key or tensor: the directory or a file is missing, the adapter is not \
+plain LoRA (DoRA, rsLoRA, trained biases, modules_to_save, per-module ranks), a target module is not \
+a linear layer miles wraps, a tensor's shape does not have the file's rank, or the tensors do not fit \
+the model (another number of layers, or another width: an adapter made for another base model). A \
+rank, alpha or target modules that differ from the recipe's are check failures (E0301) of std/prelude's \
+`lora`.";
     // ---- E03xx: checks and the stage graph ---------------------------------------------------
     E0301: "check failed",
         "A `check` rule evaluated to false. Checks live in the standard library and \

@@ -122,7 +122,11 @@ fn located(sources: &Sources, mut d: Diagnostic) -> Diagnostic {
 /// Compiles the document `key` in its package, if it is in one.
 pub fn compile(projects: &mut Projects, fs: &dyn FileSystem, key: &str, cache: &ParseCache) -> Compilation {
     let entries = [key.to_string()];
-    let opts = Options::default();
+    // The Hub cache from the server's environment, read once at its first compilation, as the
+    // CLI reads it: `hf { repo }` resolves alike in the editor and in `miles check`.
+    static HUB: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+    let hub_cache = HUB.get_or_init(|| miles_compiler::hub::cache_root(&|k| std::env::var(k).ok())).clone();
+    let opts = Options { hub_cache, ..Options::default() };
     let Some(root) = projects.root_of(key) else {
         return compile_with(fs, &entries, &opts, &Packages::default(), cache);
     };

@@ -15,7 +15,7 @@ fn text(r: &Record, name: &str) -> String {
 }
 
 /// The task a prompt set names; None for a prompt set the runtime does not read.
-pub(super) fn task_spec(prompts: Option<&Record>, partial_credit: bool) -> Option<TaskSpec> {
+pub(crate) fn task_spec(prompts: Option<&Record>, partial_credit: bool) -> Option<TaskSpec> {
     let p = prompts?;
     let kind = match p.schema_name.as_str() {
         "addition" => TaskKind::Addition { digits: count(p, "digits") as u32 },
@@ -41,7 +41,14 @@ pub(super) fn task_spec(prompts: Option<&Record>, partial_credit: bool) -> Optio
     let int = |name: &str| p.value(name).and_then(|v| v.as_i64());
     let test_size = int("test_size").unwrap_or(200).max(1) as usize;
     let split_seed = int("split_seed").unwrap_or(1234).max(0) as u64;
-    Some(TaskSpec { kind, split: SplitSpec { test_size, seed: split_seed }, partial_credit })
+    // A file's split rule (`split_by`; the stdlib's check makes `key` come with `split_key`);
+    // a built-in task has none and splits by prompt.
+    let by = match (p.member("split_by").map(|m| m.value), p.str("split_key")) {
+        (Some("row"), _) => SplitBy::Row,
+        (Some("key"), Some(k)) => SplitBy::Key(k.to_string()),
+        _ => SplitBy::Prompt,
+    };
+    Some(TaskSpec { kind, split: SplitSpec { test_size, seed: split_seed, by }, partial_credit })
 }
 
 /// The trainer's LoRA; the `named` adapters' prompts become their tasks (the capability table
@@ -65,5 +72,6 @@ pub(super) fn lora_spec(l: &LoraJob, seed: u64, partial_credit: bool) -> LoraSpe
         target_modules: l.target_modules.clone(),
         init_seed: seed,
         adapters,
+        init: l.init.as_ref().map(|d| std::path::PathBuf::from(&d.value)),
     }
 }

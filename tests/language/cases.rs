@@ -3,8 +3,9 @@
 //! system; its diagnostics, rendered as plain text, and the stage graph of each recipe that
 //! compiled, as JSON, are compared with `tests/cases/snapshots/NAME.snap`.
 //!
-//! Directives in the entry file: `// set: key=value` (a `--set` override, repeatable) and
-//! `// recipe: NAME` (compile only that recipe).
+//! Directives in the entry file: `// set: key=value` (a `--set` override, repeatable),
+//! `// recipe: NAME` (compile only that recipe) and `// hub: DIR` (the Hugging Face cache
+//! `hf { repo }` resolves in, a directory of the case).
 //!
 //! New or changed snapshots: `INSTA_UPDATE=always cargo test --test language cases::`, then
 //! review every changed `.snap` with `git diff` before committing. CI (`CI=true`) never writes
@@ -132,6 +133,8 @@ fn options(case: &Case) -> Options {
             opts.overrides.push((k.trim().to_string(), v.trim().to_string()));
         } else if let Some(r) = line.trim().strip_prefix("// recipe:") {
             opts.recipe = Some(r.trim().to_string());
+        } else if let Some(h) = line.trim().strip_prefix("// hub:") {
+            opts.hub_cache = Some(h.trim().to_string());
         }
     }
     opts
@@ -154,6 +157,7 @@ fn snapshot_text(c: &Compilation, opts: &Options, files: &[(String, Vec<u8>)]) -
         fs.insert(p, bytes.clone());
     }
     let mut ev = Eval::with_fs(&c.program, &fs);
+    ev.hub_cache = opts.hub_cache.clone();
     for &m in &c.program.entries {
         for (index, item) in c.program.module(m).ast.items.iter().enumerate() {
             if let ItemKind::Const(_) | ItemKind::Model(_) | ItemKind::Cluster(_) = &item.kind {

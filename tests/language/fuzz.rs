@@ -163,6 +163,7 @@ fn check_bytes(bytes: &[u8], recipe: Option<&str>) -> Result<(), String> {
     let opts = Options {
         overrides: vec![("train.lr".into(), "1e-4".into()), ("stop".into(), "5.steps".into())],
         recipe: recipe.map(str::to_string),
+        hub_cache: None,
     };
     let c = compile_files(&files, "main.miles", &opts);
     let bad = invariant_violations(&c.program.sources, &c.diagnostics);

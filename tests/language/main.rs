@@ -13,6 +13,7 @@ mod cli;
 mod docs;
 mod error_snippets;
 mod fuzz;
+mod hf_plans;
 mod packages;
 mod plans;
 mod shape;

@@ -13,7 +13,7 @@ impl FileSystem for Disk {
 
 fn plan(file: &str, sets: &[(&str, &str)]) -> miles_plan::Plan {
     let overrides = sets.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
-    let c = compile(&Disk, &[file.to_string()], &Options { overrides, recipe: None });
+    let c = compile(&Disk, &[file.to_string()], &Options { overrides, recipe: None, hub_cache: None });
     assert!(!c.has_errors(), "{file} has errors: {:#?}", c.diagnostics);
     assert_eq!(c.recipes.len(), 1, "{file}");
     miles_plan::plan(&miles_plan::plan_input(&c.recipes[0]))

@@ -16,6 +16,32 @@ pub trait FileSystem: Send + Sync {
     fn exists(&self, path: &str) -> bool {
         self.read(path).is_ok()
     }
+
+    /// At most the first `max` bytes of a file: a safetensors header without its tensors. The
+    /// default reads the whole file; `DiskFs` reads only the prefix.
+    fn read_prefix(&self, path: &str, max: usize) -> Result<Vec<u8>, String> {
+        let mut bytes = self.read(path)?;
+        bytes.truncate(max);
+        Ok(bytes)
+    }
+
+    /// Whether `path` is a directory (following symbolic links). File systems that know no
+    /// directories answer false.
+    fn is_dir(&self, _path: &str) -> bool {
+        false
+    }
+
+    /// Where a symbolic link points, unresolved; None when `path` is not a link. With `exists`
+    /// it tells a dangling link (an interrupted Hub download) from a missing file.
+    fn read_link(&self, _path: &str) -> Option<String> {
+        None
+    }
+
+    /// The names in a directory, sorted (empty when it cannot be listed): what an error offers
+    /// instead of a missing name.
+    fn list_dir(&self, _path: &str) -> Vec<String> {
+        Vec::new()
+    }
 }
 
 /// The real disk, read-only: the one implementation that touches it (the CLI and the language
@@ -40,6 +66,34 @@ impl FileSystem for DiskFs {
 
     fn exists(&self, path: &str) -> bool {
         std::fs::metadata(path).is_ok()
+    }
+
+    fn read_prefix(&self, path: &str, max: usize) -> Result<Vec<u8>, String> {
+        use std::io::Read;
+        let f = std::fs::File::open(path).map_err(|e| e.to_string())?;
+        if f.metadata().map_err(|e| e.to_string())?.is_dir() {
+            return Err("it is a directory".into());
+        }
+        let mut out = Vec::new();
+        f.take(max as u64).read_to_end(&mut out).map_err(|e| e.to_string())?;
+        Ok(out)
+    }
+
+    fn is_dir(&self, path: &str) -> bool {
+        std::fs::metadata(path).is_ok_and(|m| m.is_dir())
+    }
+
+    fn read_link(&self, path: &str) -> Option<String> {
+        std::fs::read_link(path).ok().map(|p| p.to_string_lossy().into_owned())
+    }
+
+    fn list_dir(&self, path: &str) -> Vec<String> {
+        // Bounded: a listing only illustrates an error message.
+        let mut names: Vec<String> = std::fs::read_dir(path)
+            .map(|d| d.flatten().take(1000).map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+            .unwrap_or_default();
+        names.sort();
+        names
     }
 }
 
@@ -85,10 +139,12 @@ pub fn fnv1a64<'a>(parts: impl IntoIterator<Item = &'a [u8]>) -> u64 {
     h
 }
 
-/// Files held in memory, keyed by path.
+/// Files held in memory, keyed by path, and symbolic links (path -> target, relative to the
+/// link's directory or absolute), so tests can build a Hub cache with a dangling link.
 #[derive(Default)]
 pub struct MemoryFs {
     files: Mutex<BTreeMap<String, Vec<u8>>>,
+    links: Mutex<BTreeMap<String, String>>,
 }
 
 impl MemoryFs {
@@ -112,12 +168,63 @@ impl MemoryFs {
             m.remove(&normalize(path));
         }
     }
+    /// A symbolic link at `path` to `target` (relative to `path`'s directory, or absolute).
+    pub fn link(&self, path: &str, target: &str) {
+        if let Ok(mut m) = self.links.lock() {
+            m.insert(normalize(path), target.to_string());
+        }
+    }
+
+    /// `path` with its links followed (at most 40, as Linux's limit).
+    fn resolve(&self, path: &str) -> String {
+        let mut p = normalize(path);
+        let Ok(links) = self.links.lock() else { return p };
+        for _ in 0..40 {
+            match links.get(&p) {
+                Some(t) => p = join(&parent_dir(&p), t),
+                None => break,
+            }
+        }
+        p
+    }
 }
 
 impl FileSystem for MemoryFs {
     fn read(&self, path: &str) -> Result<Vec<u8>, String> {
+        let path = self.resolve(path);
         let m = self.files.lock().map_err(|_| "file table poisoned".to_string())?;
-        m.get(&normalize(path)).cloned().ok_or_else(|| "no such file".to_string())
+        m.get(&path).cloned().ok_or_else(|| "no such file".to_string())
+    }
+
+    fn exists(&self, path: &str) -> bool {
+        self.read(path).is_ok() || self.is_dir(path)
+    }
+
+    fn is_dir(&self, path: &str) -> bool {
+        let prefix = format!("{}/", self.resolve(path));
+        self.files.lock().is_ok_and(|m| m.keys().any(|k| k.starts_with(&prefix)))
+            || self.links.lock().is_ok_and(|m| m.keys().any(|k| k.starts_with(&prefix)))
+    }
+
+    fn read_link(&self, path: &str) -> Option<String> {
+        self.links.lock().ok()?.get(&normalize(path)).cloned()
+    }
+
+    fn list_dir(&self, path: &str) -> Vec<String> {
+        let prefix = format!("{}/", self.resolve(path));
+        let mut names = std::collections::BTreeSet::new();
+        let mut add = |k: &String| {
+            if let Some(rest) = k.strip_prefix(&prefix) {
+                names.insert(rest.split('/').next().unwrap_or(rest).to_string());
+            }
+        };
+        if let Ok(m) = self.files.lock() {
+            m.keys().for_each(&mut add);
+        }
+        if let Ok(m) = self.links.lock() {
+            m.keys().for_each(&mut add);
+        }
+        names.into_iter().collect()
     }
 }
 
@@ -135,6 +242,26 @@ impl FileSystem for OverlayFs<'_> {
 
     fn exists(&self, path: &str) -> bool {
         self.overlay.exists(path) || self.base.exists(path)
+    }
+
+    fn read_prefix(&self, path: &str, max: usize) -> Result<Vec<u8>, String> {
+        self.overlay.read_prefix(path, max).or_else(|_| self.base.read_prefix(path, max))
+    }
+
+    fn is_dir(&self, path: &str) -> bool {
+        self.overlay.is_dir(path) || self.base.is_dir(path)
+    }
+
+    fn read_link(&self, path: &str) -> Option<String> {
+        self.overlay.read_link(path).or_else(|| self.base.read_link(path))
+    }
+
+    fn list_dir(&self, path: &str) -> Vec<String> {
+        let mut names = self.base.list_dir(path);
+        names.extend(self.overlay.list_dir(path));
+        names.sort();
+        names.dedup();
+        names
     }
 }
 

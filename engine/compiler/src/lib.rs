@@ -8,10 +8,12 @@ pub mod eval;
 pub mod fs;
 pub mod graph;
 pub mod hf;
+pub mod hub;
 pub mod job;
 pub mod num;
 mod pass_env;
 pub mod peer_names;
+pub mod peft;
 pub mod program;
 pub mod recipe;
 pub mod suggest;
@@ -33,6 +35,11 @@ pub struct Options {
     pub overrides: Vec<(String, String)>,
     /// Compile only this recipe (by name) instead of every recipe in the entry files.
     pub recipe: Option<String>,
+    /// The local Hugging Face Hub cache (`hub::cache_root` of the environment), where
+    /// `hf { repo }` resolves. The CLI and the language server compute it once, so every verb
+    /// and the editor agree; None: `repo` cannot resolve here (the compiler reads no
+    /// environment).
+    pub hub_cache: Option<String>,
 }
 
 pub struct Compilation {
@@ -92,6 +99,7 @@ pub fn compile_with(
     let mut item_values = std::collections::HashMap::new();
     let (recipes, references) = {
         let mut ev = Eval::with_fs(&program, fs);
+        ev.hub_cache = opts.hub_cache.clone();
         let mut recipes = Vec::new();
         // Every item of the user's modules is checked; the standard library is checked where used.
         let user_modules: Vec<u32> = (0..program.modules.len() as u32).filter(|m| !program.module(*m).is_std).collect();

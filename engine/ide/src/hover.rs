@@ -177,6 +177,10 @@ fn describe_valued_item(a: &Analysis, def: &Def) -> Described {
         let v = a.compilation.item_values.get(&r).cloned().or_else(|| Eval::new(p).item_value(r));
         if let Some(v) = v {
             extra.push(format!("{} = `{}`", value_type_name(&v), v));
+            // An `hf` model: what its config.json says, in words, before the fields.
+            if let Some(summary) = v.as_record().and_then(hf_summary) {
+                extra.push(summary);
+            }
             // A record's every field, defaults and derived ones included (an `hf`
             // model's sizes come from its config.json); a map shows its size only.
             if let Value::Record(rec) = &v {
@@ -198,6 +202,52 @@ fn describe_valued_item(a: &Analysis, def: &Def) -> Described {
         }
     }
     (sig, extra)
+}
+
+/// An `hf` model's config.json as `hf_config` read it: the architecture and whether `miles run`
+/// loads it, the parameters (active ones for an MoE), the experts, and the keys read and not.
+fn hf_summary(rec: &miles_compiler::value::Record) -> Option<String> {
+    let Some(Value::Map(c)) = rec.get("config").filter(|_| rec.schema_name == "hf") else { return None };
+    let int = |k: &str| c.get(k).and_then(Value::as_i64).unwrap_or(0);
+    let billions = |n: i64| {
+        if n >= 1_000_000_000 {
+            format!("{:.2}B", n as f64 / 1e9)
+        } else if n >= 1_000_000 {
+            format!("{:.1}M", n as f64 / 1e6)
+        } else {
+            n.to_string()
+        }
+    };
+    let keys = |k: &str| match c.get(k) {
+        Some(Value::List(items)) if !items.is_empty() => {
+            items.iter().filter_map(Value::as_str).map(|s| format!("`{s}`")).collect::<Vec<_>>().join(", ")
+        }
+        _ => "none".to_string(),
+    };
+    let arch = c.get("architecture").and_then(Value::as_str).unwrap_or("?");
+    let runs = if c.get("loadable").and_then(Value::as_bool) == Some(false) {
+        "plan only: `miles run` loads llama, mistral, qwen2, qwen3, qwen3_moe and mixtral"
+    } else {
+        "`miles run` loads it"
+    };
+    let mut size = format!("{} parameters", billions(int("params")));
+    if int("experts") > 0 {
+        size.push_str(&format!(
+            ", {} active; {} experts, {} per token",
+            billions(int("active_params")),
+            int("experts"),
+            int("top_k")
+        ));
+        if int("shared_expert_d_ff") > 0 {
+            size.push_str(" and a shared expert");
+        }
+    }
+    let attention = c.get("attention").and_then(Value::as_str).unwrap_or("gqa");
+    Some(format!(
+        "**{arch}** ({runs})\n\n{size}; {attention} attention\n\nread from config.json: {}\n\nnot read: {}",
+        keys("read"),
+        keys("ignored")
+    ))
 }
 
 /// An interface: the schemas that implement it.
@@ -477,6 +527,35 @@ mod tests {
         assert_snapshot!(check(&format!(
             "//- main.miles\nmodel pol$0icy = hf {{ path = \"m\" }}\n//- m/config.json\n{config}\n//- m/tokenizer.json\n{{}}\n//- m/model.safetensors\n\n"
         )));
+    }
+
+    /// A directory holding only config.json: the hover says the architecture, whether `miles run`
+    /// loads it, the parameters (active ones), the experts and the keys read and not read.
+    #[test]
+    fn on_an_hf_moe_model_shows_its_architecture_experts_and_keys_read() {
+        let config = include_str!("../../../tests/fixtures/hf-configs/qwen3-30b-a3b/config.json");
+        let h =
+            check(&format!("//- main.miles\nmodel pol$0icy = hf {{ path = \"m\" }}\n//- m/config.json\n{config}\n"));
+        for want in [
+            "**qwen3_moe** (`miles run` loads it)",
+            "30.53B parameters, 3.35B active; 128 experts, 8 per token; gqa attention",
+            "read from config.json: `model_type`, `architectures`, `hidden_act`",
+            "`num_experts`",
+            "`moe_intermediate_size`",
+            "not read: `max_window_layers`, `sliding_window`",
+        ] {
+            assert!(h.contains(want), "want {want:?} in\n{h}");
+        }
+        let config = include_str!("../../../tests/fixtures/hf-configs/deepseek-v3/config.json");
+        let h =
+            check(&format!("//- main.miles\nmodel pol$0icy = hf {{ path = \"m\" }}\n//- m/config.json\n{config}\n"));
+        assert!(h.contains("**deepseek_v3** (plan only: `miles run` loads llama"), "{h}");
+        assert!(
+            h.contains(
+                "671.03B parameters, 37.55B active; 256 experts, 8 per token and a shared expert; mla attention"
+            ),
+            "{h}"
+        );
     }
 
     #[test]

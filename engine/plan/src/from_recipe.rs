@@ -4,6 +4,7 @@
 //! parameter count of a decoder, and the plan input's shape.
 
 use crate::input::*;
+use crate::output::ModelSource;
 use miles_compiler::graph::{ChannelKind, StageGraph};
 use miles_compiler::job::read::Fields;
 use miles_compiler::job::{self as job, Family, Job, ModelJob, StageJob};
@@ -75,7 +76,32 @@ pub fn plan_input(recipe: &CompiledRecipe) -> PlanInput {
         context_cap,
         assumptions,
         device: device_of(job),
+        models: models_of(job),
     }
+}
+
+/// Each `hf` model the stages run (a teacher's too), once by directory, with what its
+/// config.json read and did not.
+fn models_of(job: &Job) -> Vec<ModelSource> {
+    let mut out: Vec<ModelSource> = Vec::new();
+    for m in job.stages.iter().flat_map(|s| s.model.iter().chain(s.field_models.iter())) {
+        let ModelJob::Hf(h) = m else { continue };
+        if out.iter().any(|o| o.path == h.path) {
+            continue;
+        }
+        out.push(ModelSource {
+            name: model_spec(m).map_or_else(|| h.architecture.clone(), |s| s.name),
+            path: h.path.clone(),
+            architecture: h.architecture.clone(),
+            loadable: h.loadable,
+            params: h.params,
+            active_params: h.active_params,
+            mtp_params: h.mtp_params,
+            read: h.read.clone(),
+            ignored: h.ignored.clone(),
+        });
+    }
+    out
 }
 
 /// What the planner reads of a job, with the episodes and assumptions that size its sequences.
@@ -557,10 +583,11 @@ pub(crate) fn model_spec(m: &ModelJob) -> Option<ModelSpec> {
         // With `experts > 0` every layer from `dense_layers` on is a mixture of experts: a router
         // (experts x d_model), `experts` SwiGLU experts of `expert_d_ff` (top_k of them active
         // per token) and an optional shared expert of `shared_expert_d_ff`.
-        ModelJob::Transformer { sizes, moe } => {
+        ModelJob::Transformer { sizes, moe, qk_norm } => {
             let (d, heads, kv) = (sizes.d_model, sizes.heads.max(1), sizes.kv_heads);
             let (ff, vocab, hd, layers) = (sizes.d_ff, sizes.vocab, d / heads, sizes.layers);
-            let attn = d * heads * hd + 2 * d * kv * hd + heads * hd * d;
+            // q/k/v/o, and with `qk_norm` an RMSNorm over each head's query and key.
+            let attn = d * heads * hd + 2 * d * kv * hd + heads * hd * d + if *qk_norm { 2 * hd } else { 0 };
             let experts = moe.as_ref().map_or(0, |m| m.experts);
             let (top_k, dense_layers) = match moe {
                 Some(m) => (m.top_k, m.dense_layers.min(layers)),
@@ -589,11 +616,32 @@ pub(crate) fn model_spec(m: &ModelJob) -> Option<ModelSpec> {
             })
         }
         // A Hugging Face directory: the sizes `miles check` read from its config.json, the
-        // parameters counted there (biases, q/k norms and tied embeddings included).
-        ModelJob::Hf(h) => Some(ModelSpec {
-            tied_embeddings: h.tie_embeddings,
-            ..decoder_spec(&h.sizes, &h.architecture, h.params, h.head_dim)
-        }),
+        // parameters counted there as transformers lays the architecture out (biases, q/k norms,
+        // tied embeddings, MLA's projections, DSA's indexer and the experts included), the
+        // experts and the layers that have them, and MLA's and DSA's cached widths.
+        ModelJob::Hf(h) => {
+            let m = decoder_spec(&h.sizes, &h.architecture, h.params, h.head_dim);
+            let (experts, top_k) = h.moe.as_ref().map_or((0, 0), |m| (m.experts, m.top_k));
+            Some(ModelSpec {
+                name: if experts == 0 { m.name } else { format!("{} MoE top-{top_k} of {experts}", m.name) },
+                active_params: h.active_params,
+                // The planner's dense layers are those without experts, wherever they are.
+                dense_layers: if experts == 0 { 0 } else { h.sizes.layers.saturating_sub(h.moe_layers) },
+                experts,
+                top_k,
+                attention: match h.attention {
+                    job::HfAttention::Mla => Attention::Mla,
+                    job::HfAttention::Mha => Attention::Mha,
+                    job::HfAttention::Gqa => Attention::Gqa,
+                },
+                kv_lora_rank: h.kv_lora_rank,
+                qk_rope_head_dim: h.qk_rope_head_dim,
+                sparse_topk: h.sparse_topk,
+                index_head_dim: h.index_head_dim,
+                tied_embeddings: h.tie_embeddings,
+                ..m
+            })
+        }
         ModelJob::Denoiser(_) | ModelJob::Other { .. } => None,
     }
 }

@@ -54,6 +54,7 @@ pub fn render_html(p: &Plan) -> String {
     let _ = write!(o, "<div class=\"summary {cls}\">{}</div>", esc(&summary_line(p)));
 
     stages_table(&mut o, p);
+    crate::render::models::models_html(&mut o, p, esc);
     if !p.gpu_map.is_empty() {
         let _ = write!(o, "<h2>GPU map</h2><div class=\"card\">");
         legend(&mut o);

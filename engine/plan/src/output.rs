@@ -2,10 +2,32 @@
 
 use crate::input::{Graph, PlacementMode, Role, ScheduleMode, Transport, WeightChannel};
 use miles_grammar::diag::Diagnostic;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// Bumped whenever a field of [`Plan`] changes meaning or disappears (adding fields does not).
 pub const FORMAT_VERSION: u32 = 2;
+
+/// A Hugging Face model planned from its config.json (docs/plan.md, "Planning from
+/// config.json"): what `miles check` read of it and what it did not.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ModelSource {
+    /// The model as the stage lines name it.
+    pub name: String,
+    /// The directory.
+    pub path: String,
+    /// config.json's model_type as read (`deepseek_v3`, `qwen3_moe`, ...).
+    pub architecture: String,
+    /// The embedded backend loads it; false: `miles plan` sizes it, `miles run` refuses it.
+    pub loadable: bool,
+    pub params: u64,
+    pub active_params: u64,
+    /// Multi-token-prediction layers' parameters, not in `params`.
+    pub mtp_params: u64,
+    /// config.json's keys read, in order.
+    pub read: Vec<String>,
+    /// Keys present and not read (bookkeeping such as `transformers_version` left out).
+    pub ignored: Vec<String>,
+}
 
 /// A `local` cluster's device in the plan (docs/gpu.md).
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -52,6 +74,9 @@ pub struct Plan {
     /// A `local` cluster's device: what the recipe asked, what the machine has, what a run uses.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub device: Option<DeviceReport>,
+    /// The `hf` models planned from their config.json, with the keys read and not read.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub models: Vec<ModelSource>,
     pub graph: Graph,
     pub diagnostics: Vec<Diagnostic>,
     pub summary: Summary,

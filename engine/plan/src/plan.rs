@@ -173,6 +173,7 @@ pub fn plan(input: &PlanInput) -> Plan {
         colocation,
         diffusion,
         device,
+        models: input.models.clone(),
         graph: input.graph.clone(),
         diagnostics,
     }

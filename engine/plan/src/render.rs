@@ -2,6 +2,8 @@
 //! symbol, then memory, the GPU map, weight sync, time, batch arithmetic, diagnostics and a
 //! summary line.
 
+pub(crate) mod models;
+
 use crate::input::{PlacementMode, Role, ScheduleMode};
 use crate::output::*;
 use crate::units::{count, gb, gb_fixed, secs};
@@ -116,6 +118,7 @@ pub fn render_sections(p: &Plan) -> String {
     let mut o = String::new();
     header(&mut o, p);
     stage_lines(&mut o, p);
+    models::models_text(&mut o, p);
     memory_section(&mut o, p);
     rollout_section(&mut o, p);
     gpu_map_section(&mut o, p);

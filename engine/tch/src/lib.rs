@@ -89,10 +89,12 @@ pub fn initial_policy(spec: &RunSpec) -> Result<(Policy, Option<hf::HfMeta>), Ru
     let Some(h) = &spec.hf else {
         let mut policy = Policy::init(&spec.model, spec.seed);
         policy.lora_spec = spec.train.lora.clone();
+        attach_init(&mut policy, spec)?;
         return Ok((policy, None));
     };
     let (mut policy, meta) = Policy::load_hf(&h.path, Some(spec.model.max_len))?;
     policy.lora_spec = spec.train.lora.clone();
+    attach_init(&mut policy, spec)?;
     if let Some(field) = hf::first_difference(&policy.cfg, &spec.model) {
         return Err(RunError::new(
             miles_runtime::E_CHECKPOINT,
@@ -104,6 +106,16 @@ pub fn initial_policy(spec: &RunSpec) -> Result<(Policy, Option<hf::HfMeta>), Ru
         .with_help("run `miles check` (or `miles run`) again on the recipe"));
     }
     Ok((policy, Some(meta)))
+}
+
+/// `lora { init }`: the adapter is attached before anything samples, so the engines, the
+/// trainer and the KL reference all start from base + adapter (fresh adapters, B zero, wait
+/// for the first training step: they change nothing before it).
+fn attach_init(policy: &mut Policy, spec: &RunSpec) -> Result<(), RunError> {
+    if spec.train.lora.as_ref().is_some_and(|l| l.init.is_some()) {
+        policy.attach_lora()?;
+    }
+    Ok(())
 }
 
 impl Backend for TchBackend {

@@ -318,6 +318,52 @@ impl Adapters {
 /// Reads a PEFT adapter directory for a model of `cfg`: its `adapter_config.json` must describe
 /// plain LoRA, and its tensors must be exactly the adapters that config implies.
 pub fn read_peft(dir: &Path, cfg: &ModelConfig) -> Result<Adapters, RunError> {
+    let spec = peft_spec(dir)?;
+    let mut ad = Adapters::init(cfg, &spec, 0);
+    load_peft_tensors(&mut ad, dir)?;
+    Ok(ad)
+}
+
+/// The run's one adapter started from the PEFT directory `spec.init` (`lora { init }`): the
+/// recipe's rank, alpha and targets (which `miles check` compared with the file's; compared
+/// again here, in case the file changed since), the file's A and B.
+pub fn init_from_peft(cfg: &ModelConfig, spec: &LoraSpec, dir: &Path) -> Result<Adapters, RunError> {
+    if !spec.adapters.is_empty() {
+        return Err(RunError::new(
+            E_CHECKPOINT,
+            "`lora { init }` starts one adapter, not the named adapters of a multi-LoRA run",
+        ));
+    }
+    let file = peft_spec(dir)?;
+    let set = |t: &[String]| {
+        let mut v: Vec<String> = t.to_vec();
+        v.sort();
+        v.dedup();
+        v
+    };
+    let differs = if file.rank != spec.rank {
+        Some(format!("r = {} (the recipe's rank {})", file.rank, spec.rank))
+    } else if (file.alpha - spec.alpha).abs() > 1e-9 * spec.alpha.abs().max(1.0) {
+        Some(format!("lora_alpha = {} (the recipe's alpha {})", file.alpha, spec.alpha))
+    } else if set(&file.target_modules) != set(&spec.target_modules) {
+        Some(format!("target_modules = {:?} (the recipe's {:?})", file.target_modules, spec.target_modules))
+    } else {
+        None
+    };
+    if let Some(d) = differs {
+        return Err(RunError::new(
+            E_CHECKPOINT,
+            format!("{}: {d}; it changed after `miles check` read it", dir.join("adapter_config.json").display()),
+        )
+        .with_help("run `miles check` (or `miles run`) again on the recipe"));
+    }
+    let mut ad = Adapters::init(cfg, spec, 0);
+    load_peft_tensors(&mut ad, dir)?;
+    Ok(ad)
+}
+
+/// The `LoraSpec` an adapter_config.json describes (plain LoRA only).
+fn peft_spec(dir: &Path) -> Result<LoraSpec, RunError> {
     let cp = dir.join("adapter_config.json");
     let text = std::fs::read_to_string(&cp).map_err(|e| RunError::io(E_CHECKPOINT, "cannot read", &cp, e))?;
     let c: serde_json::Value =
@@ -343,15 +389,19 @@ pub fn read_peft(dir: &Path, cfg: &ModelConfig) -> Result<Adapters, RunError> {
     if let Some(x) = targets.iter().find(|t| Target::parse(t).is_none()) {
         return Err(bad(format!("target module `{x}` is not a linear layer of this model")));
     }
-    let spec = LoraSpec {
+    Ok(LoraSpec {
         rank,
         alpha,
         dropout: c["lora_dropout"].as_f64().unwrap_or(0.0),
         target_modules: targets,
         init_seed: 0,
         adapters: Vec::new(),
-    };
-    let mut ad = Adapters::init(cfg, &spec, 0);
+        init: None,
+    })
+}
+
+/// Copies `dir`'s adapter_model.safetensors into `ad`: exactly its tensors, of its shapes.
+fn load_peft_tensors(ad: &mut Adapters, dir: &Path) -> Result<(), RunError> {
     let wp = dir.join("adapter_model.safetensors");
     let mut map: std::collections::HashMap<String, Tensor> = read_tensors(&wp)?.into_iter().collect();
     let mut tensors = Vec::new();
@@ -364,6 +414,5 @@ pub fn read_peft(dir: &Path, cfg: &ModelConfig) -> Result<Adapters, RunError> {
     if let Some(extra) = map.keys().next() {
         return Err(RunError::new(E_CHECKPOINT, format!("{}: unexpected tensor {extra}", wp.display())));
     }
-    ad.load(&tensors, &wp.display().to_string())?;
-    Ok(ad)
+    ad.load(&tensors, &wp.display().to_string())
 }

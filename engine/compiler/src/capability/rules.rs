@@ -232,3 +232,62 @@ pub(super) fn rule_device(cx: &Ctx, f: &FieldValue) -> Option<String> {
             .into()
     })
 }
+
+/// The seeded `transformer` (experts > 0) one of whose fields is `f` (matched by span and value).
+fn moe_transformer_of<'c>(cx: &'c Ctx, f: &FieldValue) -> Option<&'c crate::value::Record> {
+    cx.recipe
+        .graph
+        .nodes()
+        .filter_map(|n| n.model.as_deref())
+        .filter(|r| r.schema_name == "transformer")
+        .find(|r| r.fields.values().any(|x| x.span == f.span && x.value == f.value))
+        .filter(|r| r.get("experts").and_then(Value::as_i64).is_some_and(|e| e > 0))
+}
+
+const NOT_EXPORTED: &str =
+    "so the final model could not be exported in transformers' format (docs/moe.md, \"Out to transformers\")";
+
+/// A seeded MoE's final model is exported as transformers' `qwen3_moe` (q/k norms) or `mixtral`
+/// (none); no transformers architecture has a shared expert with either layer (engine/tch's
+/// `ModelConfig::hf_moe_architecture` refuses the same, at export).
+pub(super) fn rule_moe_shared_expert(cx: &Ctx, f: &FieldValue) -> Option<String> {
+    let n = f.value.as_i64().filter(|&n| n > 0)?;
+    moe_transformer_of(cx, f)?;
+    Some(format!(
+        "a shared expert (`shared_expert_d_ff = {n}`): no transformers architecture has a shared expert with \
+         Qwen3-MoE's or Mixtral's layer, {NOT_EXPORTED}; set shared_expert_d_ff = 0"
+    ))
+}
+
+/// Qwen3-MoE and Mixtral both route by a softmax.
+pub(super) fn rule_moe_gating(cx: &Ctx, f: &FieldValue) -> Option<String> {
+    (f.value.as_enum() == Some("sigmoid")).then_some(())?;
+    moe_transformer_of(cx, f)?;
+    Some(format!("sigmoid gating: Qwen3-MoE and Mixtral route by a softmax, {NOT_EXPORTED}; use gating = softmax"))
+}
+
+/// Without q/k norms the layer is Mixtral's, which has experts in every layer and always
+/// renormalises the chosen experts' weights.
+pub(super) fn rule_moe_qk_norm(cx: &Ctx, f: &FieldValue) -> Option<String> {
+    (f.value.as_bool() == Some(false)).then_some(())?;
+    let r = moe_transformer_of(cx, f)?;
+    let dense = r.get("dense_layers").and_then(Value::as_i64).unwrap_or(0);
+    let norm_topk = r.get("norm_topk").and_then(Value::as_bool).unwrap_or(true);
+    let mut why = Vec::new();
+    if dense > 0 {
+        why.push((format!("dense_layers = {dense}"), "dense_layers = 0"));
+    }
+    if !norm_topk {
+        why.push(("norm_topk = false".to_string(), "norm_topk = true"));
+    }
+    if why.is_empty() {
+        return None;
+    }
+    Some(format!(
+        "`qk_norm = false` with {}: without q/k norms the layer is Mixtral's, which has experts in every layer and \
+         always renormalises the chosen experts' weights, {NOT_EXPORTED}; keep qk_norm = true (Qwen3-MoE's layer) \
+         or set {}",
+        why.iter().map(|w| w.0.as_str()).collect::<Vec<_>>().join(" and "),
+        why.iter().map(|w| w.1).collect::<Vec<_>>().join(" and ")
+    ))
+}

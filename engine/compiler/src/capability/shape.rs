@@ -141,6 +141,7 @@ pub fn lm_run(recipe: &CompiledRecipe) -> Result<(&StageJob, &StageJob), Vec<Dia
         );
         return Err(r.diags);
     }
+    hf_directories(&mut r);
     let prompts = r.node(rollout).and_then(|n| n.record("prompts"));
     if !prompts.is_some_and(|p| PROMPTS.contains(&p.schema_name.as_str())) {
         r.refuse(
@@ -161,6 +162,48 @@ pub fn lm_run(recipe: &CompiledRecipe) -> Result<(&StageJob, &StageJob), Vec<Dia
         );
     }
     r.result((rollout, train))
+}
+
+/// Every `hf` directory a run would load (the policy's, an OPD teacher's), at the model's line:
+/// an architecture the embedded backend loads, with tokenizer.json and the weights beside
+/// config.json. `miles check` and `miles plan` read config.json alone, so a directory holding
+/// only config.json checks and plans; `miles run` refuses it here, before loading anything.
+fn hf_directories(r: &mut Refusals) {
+    let mut seen = std::collections::HashSet::new();
+    for s in &r.job().stages {
+        let Some(ModelJob::Hf(h)) = &s.model else { continue };
+        if !seen.insert(h.path.as_str()) {
+            continue;
+        }
+        let span = r.node(s).and_then(|n| n.model.as_deref()).map_or(s.name_span, |m| m.span);
+        if !h.loadable {
+            r.refuse(
+                span,
+                format!("a `{}` model ({}/config.json)", h.architecture, h.path),
+                "the embedded backend loads llama, mistral, qwen2, qwen3, qwen3_moe and mixtral; plan it with `miles plan`",
+            );
+            continue;
+        }
+        if !h.has_weights {
+            r.refuse(
+                span,
+                format!(
+                    "a model directory without weights ({}: no model.safetensors nor model.safetensors.index.json)",
+                    h.path
+                ),
+                "`miles check` and `miles plan` read config.json alone; to run, save the weights there as safetensors \
+                 (model.save_pretrained(dir, safe_serialization=True)) or download the model's files into it",
+            );
+        }
+        if !h.has_tokenizer {
+            r.refuse(
+                span,
+                format!("a model directory without tokenizer.json ({})", h.path),
+                "`miles check` and `miles plan` read config.json alone; to run, save a fast tokenizer there \
+                 (AutoTokenizer.from_pretrained(...).save_pretrained(dir)) or download the model's tokenizer.json into it",
+            );
+        }
+    }
 }
 
 /// A launcher that starts worker processes (not `in_process`).

@@ -101,7 +101,14 @@ pub(super) const RUNNABLE_PROMPTS: &[&str] = &["addition", "multiplication", "re
 pub(super) const BYO: &[&str] =
     &["hf_recipe_runs_end_to_end", "grpo_from_an_hf_directory_with_a_command_reward_exports_a_reloadable_model"];
 pub(super) const BYO_PARQUET: &[&str] = &["a_parquet_and_verify_recipe_runs_and_a_bad_directory_is_a_check_error"];
+/// Tests of a prompt file's split rule (`split_by`): its counts, and a run it makes work.
+const SPLIT_BY: &[&str] =
+    &["split_by_row_keeps_every_row", "a_shared_prompt_file_shows_its_dedup_and_runs_split_by_row"];
 const R3_WHERE: &str = "routed experts are recorded by the embedded engine, in `miles run` or in worker processes; an SGLang server given by URL returns no routing here: remove the field, or drop the URL engine";
+/// Tests that a seeded MoE exports as transformers' qwen3_moe or mixtral, and that what neither
+/// holds is refused.
+const MOE_EXPORT: &[&str] =
+    &["a_seeded_moe_policy_exports_with_the_fixtures_structure", "export_refuses_what_no_transformers_class_holds"];
 pub(super) const HF_WHERE: &str = "a Hugging Face model is loaded by the embedded backend, in `miles run` or in worker processes; a run whose rollout is served by URL does not load one yet";
 
 /// Tests that show LoRA changes what a run does (adapters trained and synced, exported, resumed).
@@ -443,6 +450,7 @@ pub const TABLE: &[Entry] = &[
     e("adam", "state", Support::Refused(&["on_gpu"]), "optimizer-state offload is a GPU-cluster setting (the embedded trainer keeps it in memory): remove `state`", &[]),
     e("lora", "", Support::Only(&[E, W], &[]), LORA_WHERE, LORA_TESTS),
     e("lora", "adapters", Support::Rule(rule_lora_adapters), "several named adapters in `miles run`'s own process, `sync` schedule, single-turn prompts", MULTI_LORA_TESTS),
+    e("lora", "init", Support::Only(&[E, W], &["none"]), "the adapter starts at a PEFT adapter's A and B, in `miles run`'s process or in workers", &["lora_init_continues_a_peft_adapter"]),
     e("lora", "named", Support::Rule(rule_lora_named), "named adapters (multi-LoRA) run in `miles run`'s own process, `sync` schedule, single-turn prompts", MULTI_LORA_TESTS),
     e("adapter", "", Support::All, "one adapter of a multi-LoRA run", MULTI_LORA_TESTS),
     e("adapter", "prompts", Support::Rule(rule_adapter_prompts), "built-in tasks, jsonl and parquet, train split", MULTI_LORA_TESTS),
@@ -503,13 +511,16 @@ pub const TABLE: &[Entry] = &[
     e("transformer", "experts", Support::All, "", &["moe_router_picks_top_k_and_renormalises"]),
     e("transformer", "top_k", Support::All, "", &["moe_router_picks_top_k_and_renormalises"]),
     e("transformer", "expert_d_ff", Support::All, "", &["moe_layers_after_dense_layers"]),
-    e("transformer", "shared_expert_d_ff", Support::All, "", &["moe_layers_after_dense_layers"]),
+    e("transformer", "shared_expert_d_ff", Support::Rule(rule_moe_shared_expert), "0: an MoE's final model exports as transformers' qwen3_moe or mixtral, neither of which has a shared expert", MOE_EXPORT),
     e("transformer", "dense_layers", Support::All, "", &["moe_layers_after_dense_layers"]),
-    e("transformer", "gating", Support::All, "", &["moe_router_picks_top_k_and_renormalises"]),
+    e("transformer", "gating", Support::Rule(rule_moe_gating), "softmax on an MoE: qwen3_moe and mixtral route by a softmax", MOE_EXPORT),
     e("transformer", "norm_topk", Support::All, "", &["moe_router_picks_top_k_and_renormalises"]),
     e("transformer", "aux_loss_coef", Support::All, "", &["aux_loss_balances_expert_load"]),
+    e("transformer", "qk_norm", Support::Rule(rule_moe_qk_norm), "an MoE without q/k norms exports as mixtral: no dense layers, norm_topk = true", MOE_EXPORT),
     e("hf", "", Support::Only(&[E, W], &[]), HF_WHERE, BYO),
     e("hf", "path", Support::Only(&[E, W], &[]), HF_WHERE, BYO),
+    e("hf", "repo", Support::Only(&[E, W], &[]), "resolved offline in the local Hugging Face cache by `miles check`; the run loads the snapshot directory", &["a_model_from_the_hub_cache_checks_plans_and_runs"]),
+    e("hf", "revision", Support::Only(&[E, W], &[]), "a branch or tag read from the cache's refs/, or a commit", &["a_model_from_the_hub_cache_checks_plans_and_runs"]),
     e("hf", "config", Support::Only(&[E, W], &[]), "read from the directory; a run refuses a config.json changed since `miles check`", &["a_config_changed_after_check_is_refused"]),
     e("hf", "max_len", Support::Only(&[E, W], &[]), HF_WHERE, BYO),
     e("hf", "*", Support::Only(&[E, W], &[]), "read from config.json; set only to restate it", BYO),
@@ -525,6 +536,8 @@ pub const TABLE: &[Entry] = &[
     e("jsonl", "split", Support::All, "train for rollout and SFT, test for evaluation (see those rules)", &["jsonl_task_runs_end_to_end"]),
     e("jsonl", "test_size", Support::All, "", &["jsonl_task_runs_end_to_end"]),
     e("jsonl", "split_seed", Support::All, "", &["jsonl_task_runs_end_to_end"]),
+    e("jsonl", "split_by", Support::All, "", SPLIT_BY),
+    e("jsonl", "split_key", Support::All, "", &["split_by_key_keeps_groups_whole"]),
     e("parquet", "", Support::All, "", BYO_PARQUET),
     e("parquet", "path", Support::All, "", BYO_PARQUET),
     e("parquet", "prompt_field", Support::All, "", &["strings_chats_and_passthrough_fields"]),
@@ -533,6 +546,8 @@ pub const TABLE: &[Entry] = &[
     e("parquet", "split", Support::All, "train for rollout and SFT, test for evaluation (see those rules)", BYO_PARQUET),
     e("parquet", "test_size", Support::All, "", BYO_PARQUET),
     e("parquet", "split_seed", Support::All, "", BYO_PARQUET),
+    e("parquet", "split_by", Support::All, "", SPLIT_BY),
+    e("parquet", "split_key", Support::All, "", &["split_by_key_keeps_groups_whole"]),
     e("addition", "digits", Support::All, "", TASKS),
     e("addition", "split", Support::All, "", TASKS),
     e("addition", "test_size", Support::All, "", TASKS),

@@ -199,3 +199,105 @@ fn every_value_built_but_never_run_names_a_row_and_its_proving_test() {
     }
     assert!(matrix_markdown().contains("`cuda`: built, never run"));
 }
+
+/// E0511 messages of BASE with `model` as the policy, and the compilation.
+fn e0511_with_model(model: &str, files: &[(&str, &str)]) -> (Vec<String>, crate::Compilation) {
+    let src = BASE
+        .replace("transformer { layers = 1, d_model = 16, heads = 2, vocab = strings.vocab, max_len = 16 }", model)
+        .replace("SESSION", "")
+        .replace("SETTINGS", "")
+        .replace("TRANSPORT", "local");
+    let mut all = vec![("r.miles", src.as_str())];
+    all.extend_from_slice(files);
+    let fs = MemoryFs::with(&all);
+    let c = crate::compile(&fs, &["r.miles".to_string()], &crate::Options::default());
+    let others: Vec<_> = c.diagnostics.iter().filter(|d| d.is_error() && d.code != "E0511").collect();
+    assert!(others.is_empty(), "{others:#?}");
+    (c.diagnostics.iter().filter(|d| d.code == "E0511").map(|d| d.message.clone()).collect(), c)
+}
+
+/// A seeded MoE's final model is exported as transformers' qwen3_moe (q/k norms, the default)
+/// or mixtral (`qk_norm = false`); one neither architecture holds is refused at check, naming
+/// the field, as engine/tch's export refuses it (`export_refuses_what_no_transformers_class_holds`).
+#[test]
+fn a_seeded_moe_transformers_cannot_hold_is_refused_at_check() {
+    let moe = |extra: &str| {
+        let model = format!(
+            "transformer {{ layers = 3, d_model = 16, heads = 2, vocab = strings.vocab, max_len = 16, experts = 4, top_k = 2{extra} }}"
+        );
+        e0511_with_model(&model, &[]).0
+    };
+    // Representable: Qwen3-MoE's layer (dense layers are its mlp_only_layers), or Mixtral's.
+    for ok in ["", ", dense_layers = 1, norm_topk = false", ", qk_norm = false"] {
+        assert_eq!(moe(ok), Vec::<String>::new(), "{ok}");
+    }
+    for (bad, field, why) in [
+        (
+            ", shared_expert_d_ff = 32",
+            "`transformer.shared_expert_d_ff` = 32",
+            "no transformers architecture has a shared expert",
+        ),
+        (", gating = sigmoid", "`transformer.gating` = sigmoid", "route by a softmax"),
+        (", qk_norm = false, dense_layers = 1", "`transformer.qk_norm` = false", "with dense_layers = 1"),
+        (", qk_norm = false, norm_topk = false", "`transformer.qk_norm` = false", "with norm_topk = false"),
+    ] {
+        let got = moe(bad);
+        assert_eq!(got.len(), 1, "{bad}: {got:#?}");
+        assert!(got[0].contains(field), "{bad}: {got:#?}");
+        let (_, c) = e0511_with_model(
+            &format!("transformer {{ layers = 3, d_model = 16, heads = 2, vocab = strings.vocab, max_len = 16, experts = 4, top_k = 2{bad} }}"),
+            &[],
+        );
+        let help = c.diagnostics.iter().find(|d| d.code == "E0511").and_then(|d| d.help.clone()).unwrap_or_default();
+        assert!(help.contains(why) && help.contains("could not be exported"), "{bad}: {help}");
+    }
+    // A dense model without q/k norms is Llama's layer: nothing to refuse.
+    assert_eq!(
+        e0511_with_model(
+            "transformer { layers = 1, d_model = 16, heads = 2, vocab = strings.vocab, max_len = 16, qk_norm = false }",
+            &[]
+        )
+        .0,
+        Vec::<String>::new()
+    );
+}
+
+fn fixture(path: &str) -> String {
+    std::fs::read_to_string(root().join(path)).unwrap_or_else(|e| panic!("{path}: {e}"))
+}
+
+/// A directory holding only config.json checks (and plans); `miles run` refuses it before loading
+/// anything, naming what is missing, and refuses a plan-only architecture at the model's line.
+#[test]
+fn a_config_only_directory_checks_and_the_run_refuses_it() {
+    let qwen3 = fixture("tests/fixtures/hf/qwen3/config.json");
+    let model = "hf { path = \"m\" }";
+    let (check, c) = e0511_with_model(model, &[("m/config.json", &qwen3)]);
+    assert_eq!(check, Vec::<String>::new());
+    let refused = shape::lm_run(&c.recipes[0]).expect_err("refused");
+    let msgs: Vec<&str> = refused.iter().map(|d| d.message.as_str()).collect();
+    assert_eq!(msgs.len(), 2, "{msgs:#?}");
+    assert!(msgs[0].contains("without weights (m: no model.safetensors"), "{msgs:#?}");
+    assert!(msgs[1].contains("without tokenizer.json (m)"), "{msgs:#?}");
+    assert!(refused[1].help.as_deref().is_some_and(|h| h.contains("save_pretrained")), "{refused:#?}");
+    // With its tokenizer and weights the shape is accepted.
+    let (_, c) =
+        e0511_with_model(model, &[("m/config.json", &qwen3), ("m/tokenizer.json", "{}"), ("m/model.safetensors", "")]);
+    assert!(shape::lm_run(&c.recipes[0]).is_ok());
+    // DeepSeek-V3 is sized, not run.
+    let ds = fixture("tests/fixtures/hf-configs/deepseek-v3/config.json");
+    let (check, c) =
+        e0511_with_model(model, &[("m/config.json", &ds), ("m/tokenizer.json", "{}"), ("m/model.safetensors", "")]);
+    assert_eq!(check, Vec::<String>::new());
+    let refused = shape::lm_run(&c.recipes[0]).expect_err("refused");
+    assert_eq!(refused.len(), 1, "{refused:#?}");
+    assert!(refused[0].message.contains("a `deepseek_v3` model (m/config.json)"), "{refused:#?}");
+    let help = refused[0].help.as_deref().unwrap_or_default();
+    assert!(
+        help.contains("loads llama, mistral, qwen2, qwen3, qwen3_moe and mixtral; plan it with `miles plan`"),
+        "{help}"
+    );
+    let line = refused[0].primary.as_ref().map(|l| l.span.start);
+    let src_model = c.recipes[0].graph.nodes().find_map(|n| n.model.as_deref()).map(|m| m.span.start);
+    assert_eq!(line, src_model, "at the model's line");
+}

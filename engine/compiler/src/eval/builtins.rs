@@ -18,11 +18,14 @@ pub enum Builtin {
     Exists,
     HfConfig,
     ReadJson,
+    HfSnapshot,
+    PeftAdapter,
+    LoraFit,
 }
 
 impl Builtin {
     /// Every builtin, in the order they are listed to users.
-    pub const ALL: [Builtin; 10] = [
+    pub const ALL: [Builtin; 13] = [
         Builtin::Min,
         Builtin::Max,
         Builtin::Len,
@@ -33,6 +36,9 @@ impl Builtin {
         Builtin::Exists,
         Builtin::HfConfig,
         Builtin::ReadJson,
+        Builtin::HfSnapshot,
+        Builtin::PeftAdapter,
+        Builtin::LoraFit,
     ];
 
     pub fn all() -> impl Iterator<Item = Builtin> {
@@ -61,6 +67,9 @@ impl Builtin {
             Builtin::Exists => "exists",
             Builtin::HfConfig => "hf_config",
             Builtin::ReadJson => "read_json",
+            Builtin::HfSnapshot => "hf_snapshot",
+            Builtin::PeftAdapter => "peft_adapter",
+            Builtin::LoraFit => "lora_fit",
         }
     }
 
@@ -77,6 +86,9 @@ impl Builtin {
             Builtin::Exists => "exists(path)",
             Builtin::HfConfig => "hf_config(dir)",
             Builtin::ReadJson => "read_json(path)",
+            Builtin::HfSnapshot => "hf_snapshot(repo, revision)",
+            Builtin::PeftAdapter => "peft_adapter(dir)",
+            Builtin::LoraFit => "lora_fit(lora, model)",
         }
     }
 
@@ -95,10 +107,23 @@ impl Builtin {
                 "a JSON file's value (objects as maps, arrays as lists; paths relative to where `miles` runs): \
                  what a checkpoint's config says, for checks against the recipe"
             }
+            Builtin::HfSnapshot => {
+                "the directory of a Hub repository (\"ORG/NAME\") at a revision (branch, tag or commit) in the \
+                 local Hugging Face cache (HF_HUB_CACHE, HF_HOME), resolved offline; an error says how to download it"
+            }
+            Builtin::PeftAdapter => {
+                "a PEFT LoRA adapter directory's adapter_config.json and tensor layout: rank, alpha, dropout, \
+                 target_modules, layers, base_model"
+            }
+            Builtin::LoraFit => {
+                "whether the PEFT adapter a `lora { init }` starts from fits the model's sizes (layers, d_model, \
+                 heads, kv_heads, head_dim, d_ff): a map of `fits` and `why` (\"\", or why not, naming the tensor)"
+            }
             Builtin::HfConfig => {
-                "a Hugging Face model directory's config.json as the embedded backend reads it: architecture, \
-                 layers, d_model, heads, kv_heads, head_dim, d_ff, vocab, max_len, tie_embeddings, qkv_bias, \
-                 o_bias, qk_norm, rope_theta, experts, params"
+                "a Hugging Face model directory's config.json as `miles check` and `miles plan` read it: \
+                 architecture, whether the embedded backend loads it (`loadable`), the decoder's sizes, the \
+                 experts, the attention (MLA and DSA widths), params and active params, and the keys it \
+                 read and did not read (docs/models.md, \"Planning from config.json\")"
             }
         }
     }
@@ -124,24 +149,7 @@ impl<'p> Eval<'p> {
                 if args.is_empty() {
                     return arity_err(self, "one or more arguments");
                 }
-                let mut best = args[0].0.clone();
-                for (v, sp) in &args[1..] {
-                    let ord = match (&best, v) {
-                        (Value::Num { q: a, .. }, Value::Num { q: b, .. }) => b.cmp(a),
-                        (Value::Quantity { q: a, dim: da }, Value::Quantity { q: b, dim: db }) if da == db => b.cmp(a),
-                        _ => {
-                            self.report(
-                                Diagnostic::error(ErrorCode::E0202, format!("`{name}` needs numbers of one unit"))
-                                    .with_primary(*sp, v.type_name()),
-                            );
-                            return None;
-                        }
-                    };
-                    if (b == Builtin::Min && ord.is_lt()) || (b == Builtin::Max && ord.is_gt()) {
-                        best = v.clone();
-                    }
-                }
-                Some(best)
+                self.extreme(b, &args)
             }
             Builtin::Len => {
                 if args.len() != 1 {
@@ -194,6 +202,69 @@ impl<'p> Eval<'p> {
                 };
                 Some(Value::Bool(yes))
             }
+            Builtin::Exists
+            | Builtin::HfConfig
+            | Builtin::ReadJson
+            | Builtin::HfSnapshot
+            | Builtin::PeftAdapter
+            | Builtin::LoraFit => self.file_builtin(b, args, span),
+            Builtin::ModelOf => {
+                if args.len() != 1 {
+                    return arity_err(self, "one argument");
+                }
+                if self.inputs_loop(&args[0].0) || !self.inputs_complete(&args[0].0) {
+                    // An input upstream failed to resolve, or the inputs loop (E0303): reported
+                    // already.
+                    return None;
+                }
+                self.model_of(&args[0].0).map(Value::Record).or_else(|| {
+                    self.report(
+                        Diagnostic::error(ErrorCode::E0201, "cannot tell which model this stage runs")
+                            .with_primary(args[0].1, "no model upstream")
+                            .with_help("`model_of` follows Policy and Trajectories inputs up to a `model`"),
+                    );
+                    None
+                })
+            }
+        }
+    }
+}
+
+impl Eval<'_> {
+    /// `min` or `max` of one or more numbers of one unit.
+    fn extreme(&mut self, b: Builtin, args: &[(Value, Span)]) -> R<Value> {
+        let name = b.name();
+        let mut best = args[0].0.clone();
+        for (v, sp) in &args[1..] {
+            let ord = match (&best, v) {
+                (Value::Num { q: a, .. }, Value::Num { q: b, .. }) => b.cmp(a),
+                (Value::Quantity { q: a, dim: da }, Value::Quantity { q: b, dim: db }) if da == db => b.cmp(a),
+                _ => {
+                    self.report(
+                        Diagnostic::error(ErrorCode::E0202, format!("`{name}` needs numbers of one unit"))
+                            .with_primary(*sp, v.type_name()),
+                    );
+                    return None;
+                }
+            };
+            if (b == Builtin::Min && ord.is_lt()) || (b == Builtin::Max && ord.is_gt()) {
+                best = v.clone();
+            }
+        }
+        Some(best)
+    }
+
+    /// The builtins that read files through the evaluator's `FileSystem`.
+    fn file_builtin(&mut self, b: Builtin, args: Vec<(Value, Span)>, span: Span) -> R<Value> {
+        let name = b.name();
+        let arity_err = |this: &mut Self, want: &str| {
+            this.report(
+                Diagnostic::error(ErrorCode::E0207, format!("`{name}` takes {want}, given {}", args.len()))
+                    .with_primary(span, "wrong number of arguments"),
+            );
+            None
+        };
+        match b {
             Builtin::Exists | Builtin::HfConfig | Builtin::ReadJson => {
                 if args.len() != 1 {
                     return arity_err(self, "one argument");
@@ -226,23 +297,35 @@ impl<'p> Eval<'p> {
                 }
                 self.hf_config(&path, at)
             }
-            Builtin::ModelOf => {
+            Builtin::HfSnapshot => {
+                if args.len() != 2 {
+                    return arity_err(self, "two arguments (a repository id and a revision)");
+                }
+                self.hf_snapshot(&args, span)
+            }
+            Builtin::PeftAdapter => {
                 if args.len() != 1 {
                     return arity_err(self, "one argument");
                 }
-                if self.inputs_loop(&args[0].0) || !self.inputs_complete(&args[0].0) {
-                    // An input upstream failed to resolve, or the inputs loop (E0303): reported
-                    // already.
-                    return None;
-                }
-                self.model_of(&args[0].0).map(Value::Record).or_else(|| {
+                let (Value::Str(dir), at) = &args[0] else {
                     self.report(
-                        Diagnostic::error(ErrorCode::E0201, "cannot tell which model this stage runs")
-                            .with_primary(args[0].1, "no model upstream")
-                            .with_help("`model_of` follows Policy and Trajectories inputs up to a `model`"),
+                        Diagnostic::error(
+                            ErrorCode::E0201,
+                            format!("`{name}` needs a path, found {}", args[0].0.type_name()),
+                        )
+                        .with_primary(args[0].1, "here"),
                     );
-                    None
-                })
+                    return None;
+                };
+                let adapter = self.peft_adapter(dir, *at)?;
+                Some(self.peft_value(&adapter))
+            }
+            // `lora_fit`, the last of the builtins `builtin` sends here.
+            _ => {
+                if args.len() != 2 {
+                    return arity_err(self, "two arguments (a `lora` record and a model)");
+                }
+                self.lora_fit(&args[0], &args[1])
             }
         }
     }
@@ -290,6 +373,143 @@ impl Eval<'_> {
                 None
             }
         }
+    }
+}
+
+impl Eval<'_> {
+    /// `hf_snapshot(repo, revision)`: the snapshot directory in the Hub cache. With no `repo`
+    /// the `hf` record has neither it nor `path`: E0106 at the record. A repository that does
+    /// not resolve is E0215 at the `repo` the recipe wrote.
+    fn hf_snapshot(&mut self, args: &[(Value, Span)], span: Span) -> R<Value> {
+        let record = self.frames.last().map_or(span, |f| f.span);
+        let (repo, at) = match &args[0] {
+            (Value::Str(r), at) => (r.clone(), *at),
+            (Value::None, _) => {
+                self.report(
+                    Diagnostic::error(ErrorCode::E0106, "`hf` needs `path` or `repo`")
+                        .with_primary(record, "neither `path` nor `repo` is set")
+                        .with_help(
+                            "`path = \"DIR\"` names a model directory; `repo = \"ORG/NAME\"` a model in the local \
+                             Hugging Face cache (docs/models.md, \"The Hub cache\")",
+                        ),
+                );
+                return None;
+            }
+            (other, at) => {
+                self.report(
+                    Diagnostic::error(
+                        ErrorCode::E0201,
+                        format!("`hf_snapshot` needs a repository id, found {}", other.type_name()),
+                    )
+                    .with_primary(*at, "here"),
+                );
+                return None;
+            }
+        };
+        let Value::Str(revision) = &args[1].0 else {
+            self.report(
+                Diagnostic::error(ErrorCode::E0201, format!("a revision is a string, found {}", args[1].0.type_name()))
+                    .with_primary(args[1].1, "here"),
+            );
+            return None;
+        };
+        let Some(fs) = self.fs else {
+            self.report(
+                Diagnostic::error(ErrorCode::E0210, "`hf_snapshot` cannot read files here")
+                    .with_primary(span, "no file system in this evaluation"),
+            );
+            return None;
+        };
+        let Some(root) = self.hub_cache.clone() else {
+            self.report(
+                Diagnostic::error(
+                    ErrorCode::E0215,
+                    format!("cannot look for `{repo}`: the Hugging Face cache's location is unknown"),
+                )
+                .with_primary(at, "this repository")
+                .with_help("set HF_HUB_CACHE (or HF_HOME, or HOME) to where the cache is"),
+            );
+            return None;
+        };
+        match crate::hub::resolve(fs, &root, &repo, revision) {
+            Ok(dir) => Some(Value::Str(dir)),
+            Err(e) => {
+                self.report(
+                    Diagnostic::error(ErrorCode::E0215, e.message)
+                        .with_primary(at, "this repository")
+                        .with_help(e.help),
+                );
+                None
+            }
+        }
+    }
+
+    /// `dir`'s PEFT adapter, read once per directory; a failure is one E0216 at `at`.
+    fn peft_adapter(&mut self, dir: &str, at: Span) -> R<crate::peft::Adapter> {
+        let fs = self.fs?;
+        let read = self.peft_adapters.entry(dir.to_string()).or_insert_with(|| crate::peft::read(fs, dir)).clone();
+        match read {
+            Ok(a) => Some(a),
+            Err(why) => {
+                self.report(
+                    Diagnostic::error(ErrorCode::E0216, why).with_primary(at, "this adapter directory").with_help(
+                        "`init` is a PEFT LoRA adapter directory (adapter_config.json, adapter_model.safetensors), \
+                             as `PeftModel.save_pretrained` writes it (docs/lora.md)",
+                    ),
+                );
+                None
+            }
+        }
+    }
+
+    /// The adapter as the language sees it; `target_modules` are `LoraTarget` members.
+    fn peft_value(&self, a: &crate::peft::Adapter) -> Value {
+        let target = self.prelude_decl("LoraTarget");
+        let targets = a
+            .target_modules
+            .iter()
+            .filter_map(|t| Some(Value::Enum { decl: target?, ty: "LoraTarget".into(), member: t.clone() }))
+            .collect();
+        let mut m = std::collections::BTreeMap::new();
+        m.insert("rank".to_string(), Value::int(a.rank as i128));
+        m.insert("alpha".to_string(), Value::Num { q: a.alpha, float: true });
+        m.insert("dropout".to_string(), Value::Num { q: a.dropout, float: true });
+        m.insert("target_modules".to_string(), Value::List(targets));
+        m.insert("layers".to_string(), Value::int(a.layers as i128));
+        m.insert("base_model".to_string(), a.base_model.clone().map_or(Value::None, Value::Str));
+        Value::Map(m)
+    }
+
+    /// Whether the adapter `lora.init` names fits `model` (a record with the decoder's sizes):
+    /// `{fits, why}`, `why` naming the tensor that does not (a map, so a failing check shows
+    /// `lora_fit(...).why`). Nothing to compare (no `init`, a model without these sizes) fits.
+    /// Reading the adapter reports its own E0216 at the `init` the recipe wrote.
+    fn lora_fit(&mut self, lora: &(Value, Span), model: &(Value, Span)) -> R<Value> {
+        let answer = |why: String| {
+            let mut m = std::collections::BTreeMap::new();
+            m.insert("fits".to_string(), Value::Bool(why.is_empty()));
+            m.insert("why".to_string(), Value::Str(why));
+            Some(Value::Map(m))
+        };
+        let fits = answer(String::new());
+        let Value::Record(l) = &lora.0 else { return fits };
+        let Some(init) = l.fields.get("init") else { return fits };
+        let Value::Str(dir) = &init.value else { return fits };
+        let adapter = self.peft_adapter(dir, init.span)?;
+        let Value::Record(r) = &model.0 else { return fits };
+        let int = |k: &str| r.fields.get(k).and_then(|f| f.value.as_i64()).map(|v| v.max(0) as u64);
+        let (Some(layers), Some(d_model), Some(heads)) = (int("layers"), int("d_model"), int("heads")) else {
+            return fits;
+        };
+        let sizes = crate::peft::ModelSizes {
+            layers,
+            d_model,
+            heads,
+            kv_heads: int("kv_heads").unwrap_or(heads),
+            head_dim: int("head_dim").unwrap_or(d_model / heads.max(1)),
+            d_ff: int("d_ff").unwrap_or(4 * d_model),
+        };
+        answer(adapter.fits(&sizes).err().unwrap_or_default())
     }
 }
 

@@ -49,6 +49,8 @@ pub enum Env {
 /// A record under construction: provided fields are evaluated, defaults on demand.
 struct Frame {
     schema: ItemRef,
+    /// Where the record is written: what a builtin reading the whole record points at.
+    span: Span,
     provided: BTreeMap<String, FieldValue>,
     state: FieldState,
 }
@@ -110,6 +112,10 @@ pub struct Eval<'p> {
     fs: Option<&'p dyn crate::fs::FileSystem>,
     /// `hf_config` results by directory, so a model used by several stages is read once.
     hf_configs: HashMap<String, Result<BTreeMap<String, Value>, String>>,
+    /// The Hugging Face Hub cache `hf_snapshot` resolves in (`Options::hub_cache`).
+    pub hub_cache: Option<String>,
+    /// `peft_adapter` reads by directory, so the schema's defaults and checks read one file once.
+    peft_adapters: HashMap<String, Result<crate::peft::Adapter, String>>,
 }
 
 /// `None` means "failed, and already reported" (or, while quiet, would have been).
@@ -132,6 +138,8 @@ impl<'p> Eval<'p> {
             references: Vec::new(),
             fs: None,
             hf_configs: HashMap::new(),
+            hub_cache: None,
+            peft_adapters: HashMap::new(),
         }
     }
 

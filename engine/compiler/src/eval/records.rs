@@ -22,7 +22,7 @@ impl<'p> Eval<'p> {
     /// Builds a record of `schema` from fields already evaluated (`provided`), computing the
     /// defaults and running the schema's checks.
     pub fn build_record(&mut self, schema: ItemRef, provided: BTreeMap<String, FieldValue>, span: Span) -> R<Value> {
-        self.frames.push(Frame { schema, provided, state: Default::default() });
+        self.frames.push(Frame { schema, span, provided, state: Default::default() });
         let f = self.frames.len() - 1;
         let mut fields = BTreeMap::new();
         let mut ok = true;

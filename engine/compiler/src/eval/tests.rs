@@ -164,12 +164,17 @@ fn what_an_hf_directory_lacks_is_an_error_at_the_users_line() {
     let text = &c.program.sources.get(at.file).expect("a source").text[at.start as usize..at.end as usize];
     assert_eq!(text, "\"models/nope\"");
 
-    // A directory without its tokenizer and weights, and a missing prompt file: each a check.
+    // A directory holding only config.json checks (and plans): the missing tokenizer and weights
+    // are flags `miles run` refuses (capability/shape.rs); the missing prompt file is a check.
     let c = check_hf(&[("m/config.json", QWEN3_CONFIG)], "m");
-    let msgs = errors(&c).join("\n");
-    assert!(msgs.contains("no tokenizer.json"), "{msgs}");
-    assert!(msgs.contains("no model.safetensors"), "{msgs}");
-    assert!(msgs.contains("the prompt file is not there"), "{msgs}");
+    let msgs = errors(&c);
+    assert_eq!(msgs.len(), 1, "{msgs:?}");
+    assert!(msgs[0].contains("the prompt file is not there"), "{msgs:?}");
+    let g = &c.recipe("r").expect("compiles").graph;
+    let m = g.nodes().find(|n| n.name == "train").and_then(|n| n.model.clone()).expect("a model");
+    for flag in ["has_tokenizer", "has_weights"] {
+        assert_eq!(m.get(flag).map(|v| v.to_string()), Some("false".into()), "{flag}");
+    }
 }
 
 #[test]

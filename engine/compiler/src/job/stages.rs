@@ -256,8 +256,8 @@ impl OptimizerJob {
     }
 }
 
-/// `lora { rank, alpha, dropout, target_modules, adapters, named }` (std/prelude's record, every
-/// field filled).
+/// `lora { rank, alpha, dropout, target_modules, adapters, named, init }` (std/prelude's record,
+/// every field filled).
 #[derive(Clone, Debug, PartialEq)]
 pub struct LoraJob {
     /// Where the trainer's `lora` is set.
@@ -270,6 +270,9 @@ pub struct LoraJob {
     pub adapters: Spanned<u64>,
     /// The multi-LoRA adapters' records (`adapter { name, prompts, lr, partial_credit }`).
     pub named: Vec<Record>,
+    /// The PEFT adapter directory training starts from (`init`; `miles check` read it and
+    /// checked it fits); none: fresh adapters.
+    pub init: Option<Spanned<String>>,
 }
 
 impl LoraJob {
@@ -282,6 +285,7 @@ impl LoraJob {
             target_modules: r.list("target_modules").iter().filter_map(Value::as_enum).map(str::to_string).collect(),
             adapters: r.u64("adapters").unwrap_or(Spanned::new(1)),
             named: r.list("named").iter().filter_map(Value::as_record).cloned().collect(),
+            init: r.str("init").map(|d| Spanned { value: d.to_string(), span: r.set_span("init") }),
         }
     }
 }

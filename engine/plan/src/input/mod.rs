@@ -66,6 +66,10 @@ pub struct PlanInput {
     /// A `local` cluster's `device` and, where the CLI looked, the machine's GPUs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub device: Option<DeviceInput>,
+    /// The `hf` models the stages run, as their config.json was read (shown, not sized: the
+    /// stages' `ModelSpec`s carry the sizes).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub models: Vec<crate::output::ModelSource>,
 }
 
 /// What a `local` cluster asks of the machine (`device`) and what the machine has. The planner is

@@ -79,7 +79,7 @@ mod tests {
     fn the_task_verifier_behind_the_batch_interface() {
         let spec = TaskSpec {
             kind: TaskKind::Addition { digits: 1 },
-            split: SplitSpec { test_size: 5, seed: 1 },
+            split: SplitSpec { test_size: 5, seed: 1, ..Default::default() },
             partial_credit: false,
         };
         let task = crate::tasks::TaskSet::build(&spec).unwrap();

@@ -107,6 +107,98 @@ impl MoeConfig {
     }
 }
 
+/// The transformers mixture-of-experts architectures a `ModelConfig` can be written as
+/// (engine/tch's `hf` export; docs/moe.md, "Out to transformers").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HfMoeArchitecture {
+    /// `qwen3_moe` (Qwen3MoeForCausalLM).
+    Qwen3Moe,
+    /// `mixtral` (MixtralForCausalLM).
+    Mixtral,
+}
+
+impl HfMoeArchitecture {
+    pub fn model_type(self) -> &'static str {
+        match self {
+            HfMoeArchitecture::Qwen3Moe => "qwen3_moe",
+            HfMoeArchitecture::Mixtral => "mixtral",
+        }
+    }
+}
+
+impl ModelConfig {
+    /// The transformers architecture whose layers are exactly this MoE model's; None for a dense
+    /// model. The rule, which `miles check` mirrors:
+    /// - qwen3_moe: q/k norm; q/k/v and o_proj biases all on or all off (`attention_bias`); no
+    ///   shared expert; softmax gating. Any layers may be dense (written as `mlp_only_layers`)
+    ///   and `norm_topk` may be either (`norm_topk_prob`).
+    /// - mixtral: no q/k norm; no attention biases; no shared expert; softmax gating; `norm_topk`
+    ///   true; every layer has experts.
+    ///
+    /// Otherwise the error lists, per architecture, what this model has that it cannot hold.
+    pub fn hf_moe_architecture(&self) -> Result<Option<HfMoeArchitecture>, String> {
+        let Some(m) = &self.moe else { return Ok(None) };
+        let mut common = Vec::new();
+        if m.shared_expert_d_ff > 0 {
+            common.push(format!("a shared expert (shared_expert_d_ff = {})", m.shared_expert_d_ff));
+        }
+        if m.gating == Gating::Sigmoid {
+            common.push("sigmoid gating (both route by a softmax)".to_string());
+        }
+        let mut qwen = Vec::new();
+        if !self.qk_norm {
+            qwen.push("no q/k norm (Qwen3-MoE normalises every query and key head)".to_string());
+        }
+        if self.qkv_bias != self.o_bias {
+            qwen.push(format!(
+                "q/k/v biases {} but an o_proj bias {} (`attention_bias` sets all four)",
+                on_off(self.qkv_bias),
+                on_off(self.o_bias)
+            ));
+        }
+        let mut mixtral = Vec::new();
+        if self.qk_norm {
+            mixtral.push("q/k norm".to_string());
+        }
+        if self.qkv_bias || self.o_bias {
+            mixtral.push("attention biases".to_string());
+        }
+        let dense: Vec<usize> = (0..self.n_layers).filter(|&i| !m.is_moe_layer(i)).collect();
+        if !dense.is_empty() {
+            mixtral.push(format!("dense layers {dense:?} (Mixtral has experts in every layer)"));
+        }
+        if !m.norm_topk {
+            mixtral.push("norm_topk = false (Mixtral always renormalises the chosen experts' weights)".to_string());
+        }
+        if common.is_empty() && qwen.is_empty() {
+            return Ok(Some(HfMoeArchitecture::Qwen3Moe));
+        }
+        if common.is_empty() && mixtral.is_empty() {
+            return Ok(Some(HfMoeArchitecture::Mixtral));
+        }
+        let join = |v: &[String]| v.join(", ");
+        let mut why = Vec::new();
+        if !common.is_empty() {
+            why.push(format!("neither qwen3_moe nor mixtral has {}", join(&common)));
+        }
+        if !qwen.is_empty() {
+            why.push(format!("qwen3_moe: {}", join(&qwen)));
+        }
+        if !mixtral.is_empty() {
+            why.push(format!("mixtral: {}", join(&mixtral)));
+        }
+        Err(format!("no transformers architecture holds this mixture of experts ({})", why.join("; ")))
+    }
+}
+
+fn on_off(b: bool) -> &'static str {
+    if b {
+        "on"
+    } else {
+        "off"
+    }
+}
+
 /// The sizes of a Llama-style decoder, as a recipe's `transformer` gives them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DecoderSizes {
@@ -176,4 +268,56 @@ fn one_layer() -> usize {
 
 fn is_one_layer(n: &usize) -> bool {
     *n == 1
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn moe(f: impl FnOnce(&mut ModelConfig, &mut MoeConfig)) -> ModelConfig {
+        let sizes =
+            DecoderSizes { vocab_size: 8, d_model: 8, n_layers: 3, n_heads: 2, n_kv_heads: 1, d_ff: 16, max_len: 8 };
+        let mut c = ModelConfig::decoder(sizes);
+        let mut m = MoeConfig {
+            experts: 4,
+            top_k: 2,
+            expert_d_ff: 8,
+            shared_expert_d_ff: 0,
+            dense_layers: 0,
+            mlp_only_layers: vec![],
+            sparse_step: 1,
+            gating: Gating::Softmax,
+            norm_topk: true,
+            aux_loss_coef: 0.0,
+        };
+        f(&mut c, &mut m);
+        c.moe = Some(m);
+        c
+    }
+
+    #[test]
+    fn the_transformers_moe_architecture_of_a_model() {
+        use HfMoeArchitecture::*;
+        let dense = ModelConfig { moe: None, ..moe(|_, _| {}) };
+        assert_eq!(dense.hf_moe_architecture(), Ok(None));
+        assert_eq!(moe(|_, _| {}).hf_moe_architecture(), Ok(Some(Mixtral)));
+        let q = |f: fn(&mut MoeConfig)| {
+            moe(|c, m| {
+                c.qk_norm = true;
+                f(m)
+            })
+            .hf_moe_architecture()
+        };
+        // Qwen3-MoE: any dense layers (leading, listed or by step), either norm_topk.
+        assert_eq!(q(|_| {}), Ok(Some(Qwen3Moe)));
+        assert_eq!(q(|m| m.dense_layers = 1), Ok(Some(Qwen3Moe)));
+        assert_eq!(q(|m| m.sparse_step = 2), Ok(Some(Qwen3Moe)));
+        assert_eq!(q(|m| m.norm_topk = false), Ok(Some(Qwen3Moe)));
+        let e = q(|m| m.shared_expert_d_ff = 4).unwrap_err();
+        assert!(e.contains("neither qwen3_moe nor mixtral has a shared expert (shared_expert_d_ff = 4)"), "{e}");
+        let e = moe(|_, m| m.mlp_only_layers = vec![1]).hf_moe_architecture().unwrap_err();
+        assert!(e.contains("qwen3_moe: no q/k norm") && e.contains("mixtral: dense layers [1]"), "{e}");
+        let e = moe(|c, _| c.o_bias = true).hf_moe_architecture().unwrap_err();
+        assert!(e.contains("an o_proj bias on") && e.contains("mixtral: attention biases"), "{e}");
+    }
 }

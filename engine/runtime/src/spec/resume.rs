@@ -156,6 +156,27 @@ mod tests {
         assert!(d.refused[0].new.contains("\"steps\":5"), "{}", d.refused[0].new);
     }
 
+    /// The split rule decides which rows trained: a resume may not change it. A spec saved before
+    /// `split.by` existed reads as `prompt`, and resumes under it.
+    #[test]
+    fn the_split_rule_may_not_change_on_resume() {
+        let saved = spec();
+        assert_eq!(saved.task.split.by, super::super::SplitBy::Prompt);
+        let mut new = spec();
+        new.task.split.by = super::super::SplitBy::Key("id".into());
+        let refused: Vec<String> = new.resume_diff(&saved).refused.iter().map(|c| c.to_string()).collect();
+        assert_eq!(refused, ["task.split.by: none -> {\"key\":\"id\"}"]);
+        new.task.split.by = super::super::SplitBy::Row;
+        let refused: Vec<String> = new.resume_diff(&saved).refused.iter().map(|c| c.to_string()).collect();
+        assert_eq!(refused, ["task.split.by: none -> \"row\""]);
+        // Written as `prompt` explicitly, it is the default: no difference.
+        let mut text = serde_json::to_value(&saved).unwrap();
+        text["task"]["split"]["by"] = "prompt".into();
+        let explicit: RunSpec = serde_json::from_value(text).unwrap();
+        let d = explicit.resume_diff(&saved);
+        assert!(d.refused.is_empty() && d.allowed.is_empty(), "{d:?}");
+    }
+
     #[test]
     fn a_free_field_is_matched_by_whole_path_segments() {
         let c = |p: &str| SpecChange { path: p.into(), old: String::new(), new: String::new() };

@@ -244,6 +244,11 @@ pub struct LoraSpec {
     /// empty: one unnamed adapter on the rollout's prompts.
     #[serde(default)]
     pub adapters: Vec<AdapterSpec>,
+    /// A PEFT adapter directory (adapter_config.json, adapter_model.safetensors) the one adapter
+    /// starts from, instead of A seeded and B zero: the policy starts as base + that adapter.
+    /// Its rank, alpha and targets are the ones above (`miles check` compared them).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub init: Option<std::path::PathBuf>,
 }
 
 /// One adapter of a multi-LoRA run: its prompts (scored by the run's reward) and learning rate.

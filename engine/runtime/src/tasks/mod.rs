@@ -5,14 +5,16 @@
 
 pub mod parquet;
 pub mod prompts;
+pub mod split;
 
 pub use crate::reward::task::{answer_part, verify, ANSWER_ENDS_AT};
 pub use crate::token::{TokenId, BOS, EOS, PAD};
 pub use crate::tokenize::CharTokenizer;
 pub use prompts::{Prompt, PromptRow};
+pub use split::{split_rows, Split};
 
 use crate::rng::Rng;
-use crate::spec::{TaskKind, TaskSpec};
+use crate::spec::{SplitBy, TaskKind, TaskSpec};
 use crate::tokenize::{HfTokenizer, Tokenizer};
 use crate::{RunError, E_DATA_FILE, E_SPEC};
 use std::collections::HashSet;
@@ -141,20 +143,11 @@ impl TaskSet {
                     },
                 }
             }
-            TaskKind::Data { path, prompt_field, label_field, test_path, on_error } => {
-                let settings = |p: &std::path::Path| prompts::DataSettings {
-                    path: p.to_path_buf(),
-                    prompt_field: prompt_field.clone(),
-                    label_field: label_field.clone(),
-                    on_error: *on_error,
+            TaskKind::Data { .. } => {
+                let Some((train, test)) = data_settings(&spec.kind) else {
+                    return Err(RunError::internal("a data task without its files"));
                 };
-                return Self::from_rows(
-                    spec,
-                    &settings(path),
-                    test_path.as_deref().map(settings).as_ref(),
-                    hf,
-                    extra_chars,
-                );
+                return Self::from_rows(spec, &train, test.as_ref(), hf, extra_chars);
             }
         };
         // Never hold out more than half of a small problem space: training needs the rest.
@@ -198,62 +191,21 @@ impl TaskSet {
         extra_chars: &str,
     ) -> Result<TaskSet, RunError> {
         let mut warnings = Vec::new();
-        let mut items = prompts::read(train, &mut warnings)?;
-        let test = match test {
-            Some(t) => prompts::read(t, &mut warnings)?,
-            None => {
-                let mut rng = Rng::derived(spec.split.seed, "test-split", 0);
-                rng.shuffle(&mut items);
-                let n = spec.split.test_size.min(items.len() / 2);
-                items.drain(..n).collect()
-            }
-        };
-        // Disjoint splits: a train row whose prompt is also a test prompt is dropped.
-        let test_prompts: HashSet<&str> = test.iter().map(|t| t.prompt_key()).collect();
-        let before = items.len();
-        items.retain(|t| !test_prompts.contains(t.prompt_key()));
-        let shared = before - items.len();
-        if shared > 0 {
-            warnings.push(format!("{shared} train prompt(s) also in the test split were dropped"));
+        let (items, test) = read_rows(spec, train, test, &mut warnings)?;
+        let split = split::split_rows(items, test, train, &spec.split, &mut warnings)?;
+        if !split.dropped.is_empty() {
+            warnings.push(format!(
+                "{} train row(s) sharing a {} with the test split were dropped (split_by = {})",
+                split.dropped.len(),
+                if spec.split.by == SplitBy::Prompt { "prompt" } else { "key" },
+                spec.split.by.describe()
+            ));
         }
-        if items.is_empty() || test.is_empty() {
-            let e = RunError::new(
-                E_DATA_FILE,
-                format!(
-                    "{}: needs at least one usable train and one test prompt (train {}, test {})",
-                    train.path.display(),
-                    items.len(),
-                    test.len()
-                ),
-            );
-            // The split keeps prompt texts disjoint: rows that differ only in their label (one
-            // prompt, many answers) all follow the held-out copy into the test split.
-            return Err(match (items.is_empty(), shared) {
-                (true, n) if n > 0 => e.with_help(format!(
-                    "all {n} train row(s) have a prompt that a test row has too, and the split keeps prompt texts \
-                     disjoint (a model must not be tested on a prompt it trained on): rows that share one prompt \
-                     and differ in their label cannot be split; put what differs into each row's prompt"
-                )),
-                _ => e,
-            });
-        }
-        let tokenizer = match hf {
-            Some(t) => Tokenizer::Hf(Box::new(t)),
-            None => {
-                if let Some(chat) = items.iter().chain(&test).find(|r| matches!(r.prompt, Prompt::Chat(_))) {
-                    return Err(RunError::new(
-                        E_DATA_FILE,
-                        format!("{}: a chat prompt (a list of messages) needs a chat template", chat.origin),
-                    )
-                    .with_help("start from a Hugging Face model (`hf { path = ... }`) whose tokenizer has a chat template, or give string prompts"));
-                }
-                let text = |r: &PromptRow| format!("{}{}", r.prompt_key(), r.label_text());
-                let chars = items.iter().chain(&test).flat_map(|r| text(r).chars().collect::<Vec<_>>());
-                Tokenizer::Char(CharTokenizer::new(chars.chain(extra_chars.chars())))
-            }
-        };
+        split.check(&train.path, &spec.split.by)?;
+        let split::Split { train: items, test, .. } = split;
+        let tokenizer = data_tokenizer(hf, items.iter().chain(&test), extra_chars)?;
         let (max_prompt_tokens, max_answer_tokens) = max_lens(&tokenizer, items.iter().chain(&test))?;
-        // Train items stay in file order; `train_batch` shuffles per epoch from the seed.
+        // Train items stay in the split's order; `train_batch` shuffles per epoch from the seed.
         Ok(TaskSet {
             tokenizer,
             test,
@@ -322,6 +274,60 @@ impl TaskSet {
     }
 }
 
+/// How a data task's files are read: the train file's settings, and a separate test file's.
+/// None for a built-in task.
+pub fn data_settings(kind: &TaskKind) -> Option<(prompts::DataSettings, Option<prompts::DataSettings>)> {
+    let TaskKind::Data { path, prompt_field, label_field, test_path, on_error } = kind else { return None };
+    let settings = |p: &std::path::Path| prompts::DataSettings {
+        path: p.to_path_buf(),
+        prompt_field: prompt_field.clone(),
+        label_field: label_field.clone(),
+        on_error: *on_error,
+    };
+    Some((settings(path), test_path.as_deref().map(settings)))
+}
+
+/// A data task's rows as the run reads them: the train file's, and the held-out rows of a
+/// separate test file or of the test shards a datasets layout ships (None: the split draws them
+/// from the train rows). `miles data` reads through this too.
+pub fn read_rows(
+    spec: &TaskSpec,
+    train: &prompts::DataSettings,
+    test: Option<&prompts::DataSettings>,
+    warnings: &mut Vec<String>,
+) -> Result<(Vec<PromptRow>, Option<Vec<PromptRow>>), RunError> {
+    let items = prompts::read(train, warnings)?;
+    let test = match test {
+        Some(t) => Some(prompts::read(t, warnings)?),
+        // A datasets layout's own test shards, when it ships them (docs/data.md).
+        None => prompts::read_shipped_test(train, spec.split.test_size, spec.split.seed, warnings)?,
+    };
+    Ok((items, test))
+}
+
+/// The tokenizer of a run over prompt rows: the model's (`hf`), or a character tokenizer over
+/// every character of the rows (prompts and labels) and `extra_chars`. A chat prompt needs the
+/// model's chat template.
+pub fn data_tokenizer<'a>(
+    hf: Option<HfTokenizer>,
+    rows: impl Iterator<Item = &'a PromptRow> + Clone,
+    extra_chars: &str,
+) -> Result<Tokenizer, RunError> {
+    if let Some(t) = hf {
+        return Ok(Tokenizer::Hf(Box::new(t)));
+    }
+    if let Some(chat) = rows.clone().find(|r| matches!(r.prompt, Prompt::Chat(_))) {
+        return Err(RunError::new(
+            E_DATA_FILE,
+            format!("{}: a chat prompt (a list of messages) needs a chat template", chat.origin),
+        )
+        .with_help("start from a Hugging Face model (`hf { path = ... }`) whose tokenizer has a chat template, or give string prompts"));
+    }
+    let text = |r: &PromptRow| format!("{}{}", r.prompt_key(), r.label_text());
+    let chars = rows.flat_map(|r| text(r).chars().collect::<Vec<_>>());
+    Ok(Tokenizer::Char(CharTokenizer::new(chars.chain(extra_chars.chars()))))
+}
+
 /// The longest prompt and gold answer of `rows` in tokens, as the executors encode them.
 fn max_lens<'a>(tokenizer: &Tokenizer, rows: impl Iterator<Item = &'a PromptRow>) -> Result<(usize, usize), RunError> {
     let (mut p, mut a) = (0, 0);
@@ -346,7 +352,7 @@ mod tests {
     use crate::FinishReason;
 
     fn spec(kind: TaskKind) -> TaskSpec {
-        TaskSpec { kind, split: SplitSpec { test_size: 50, seed: 3 }, partial_credit: false }
+        TaskSpec { kind, split: SplitSpec { test_size: 50, seed: 3, ..Default::default() }, partial_credit: false }
     }
 
     #[test]
@@ -469,6 +475,14 @@ mod tests {
         assert!(e.message.contains("train 0, test 20"), "{}", e.message);
         let help = e.help.as_deref().unwrap_or_default();
         assert!(help.contains("all 20 train row(s) have a prompt that a test row has too"), "{help}");
+        assert!(help.contains("Set `split_by = row`"), "the help names the setting to change: {help}");
+        // `split_by = row` splits the same rows as they are: 20 and 20, nothing dropped.
+        let mut by_row = spec(kind(path.clone()));
+        by_row.split.by = SplitBy::Row;
+        let t = TaskSet::build(&by_row).unwrap();
+        let TrainSource::List(train) = &t.train else { panic!("a file's rows") };
+        assert_eq!((t.test.len(), train.len()), (20, 20));
+        assert!(t.warnings.is_empty(), "{:?}", t.warnings);
         // Distinct prompts split as before, with no such help.
         let rows: String = (0..40).map(|i| format!("{{\"prompt\": \"{i}+0=\", \"answer\": \"{i}\"}}\n")).collect();
         std::fs::write(&path, rows).unwrap();

@@ -1,4 +1,5 @@
-//! Prompt files a user brings: JSONL or Parquet (how Hugging Face datasets ship), with
+//! Prompt files a user brings: JSONL or Parquet (how Hugging Face datasets ship: a file, a
+//! directory of shards, a `datasets` repository with its own test split), with
 //! user-named prompt and label fields. A prompt is a plain string or a list of chat messages
 //! (`[{role, content, ...}]`); the label and every other field travel untouched, as JSON, to the
 //! reward. See docs/data.md.
@@ -91,17 +92,22 @@ impl PromptRow {
     }
 }
 
-/// Reads a prompt file; the format follows the extension (`.jsonl`, `.parquet`).
+/// Reads a prompt file; the format follows the extension (`.jsonl`, `.parquet`); a directory
+/// holds Parquet shards (docs/data.md), of which this reads the train split.
 pub fn read(settings: &DataSettings, warnings: &mut Vec<String>) -> Result<Vec<PromptRow>, RunError> {
     let path = &settings.path;
     let ext = path.extension().and_then(|e| e.to_str()).unwrap_or("");
     let rows = match ext {
+        _ if path.is_dir() => pq::read(settings, warnings)?,
         "jsonl" => read_jsonl(settings, warnings)?,
         "parquet" => pq::read(settings, warnings)?,
         other => {
             return Err(RunError::new(
                 E_DATA_FILE,
-                format!("{}: unknown prompt file format `.{other}`: expected .jsonl or .parquet", path.display()),
+                format!(
+                    "{}: unknown prompt file format `.{other}`: expected .jsonl, .parquet or a directory of .parquet shards",
+                    path.display()
+                ),
             ))
         }
     };
@@ -117,6 +123,30 @@ pub fn read(settings: &DataSettings, warnings: &mut Vec<String>) -> Result<Vec<P
         ));
     }
     Ok(rows)
+}
+
+/// The held-out rows a prompt source ships: a datasets layout's `test` shards (docs/data.md), at
+/// most `test_size` of them (drawn by `seed` when there are more, kept in file order); None when
+/// it ships none, and the held-out rows are drawn from the train rows.
+pub fn read_shipped_test(
+    settings: &DataSettings,
+    test_size: usize,
+    seed: u64,
+    warnings: &mut Vec<String>,
+) -> Result<Option<Vec<PromptRow>>, RunError> {
+    if !settings.path.is_dir() {
+        return Ok(None);
+    }
+    let Some(rows) = pq::read_test(settings, warnings)? else { return Ok(None) };
+    if rows.len() <= test_size {
+        return Ok(Some(rows));
+    }
+    let mut keep: Vec<usize> = (0..rows.len()).collect();
+    crate::rng::Rng::derived(seed, "test-split", 0).shuffle(&mut keep);
+    keep.truncate(test_size);
+    keep.sort_unstable();
+    let mut rows: Vec<Option<PromptRow>> = rows.into_iter().map(Some).collect();
+    Ok(Some(keep.into_iter().filter_map(|i| rows[i].take()).collect()))
 }
 
 /// What a malformed row does under `on_error`.
@@ -325,7 +355,10 @@ pub(crate) mod tests {
         let e = read(&settings("/nonexistent/p.jsonl".into(), OnError::Stop), &mut Vec::new()).unwrap_err();
         assert!(e.message.starts_with("prompt file not found: /nonexistent/p.jsonl"), "{e}");
         let e = read(&settings("p.csv".into(), OnError::Stop), &mut Vec::new()).unwrap_err();
-        assert_eq!(e.message, "p.csv: unknown prompt file format `.csv`: expected .jsonl or .parquet");
+        assert_eq!(
+            e.message,
+            "p.csv: unknown prompt file format `.csv`: expected .jsonl, .parquet or a directory of .parquet shards"
+        );
         let p = tmp("nolabel.jsonl", "{\"prompt\": \"x\"}\n");
         let mut w = Vec::new();
         read(&settings(p, OnError::Stop), &mut w).unwrap();

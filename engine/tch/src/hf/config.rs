@@ -1,6 +1,8 @@
 //! config.json <-> `ModelConfig`. Reads both forms transformers writes: 4.x (`rope_theta`,
-//! `rope_scaling`, `torch_dtype`) and 5.x (`rope_parameters`, `dtype`).
+//! `rope_scaling`, `torch_dtype`) and 5.x (`rope_parameters`, `dtype`). The MoE keys of
+//! Qwen3-MoE and Mixtral are read and written by `super::moe`.
 
+use super::moe;
 use miles_runtime::{ModelConfig, RopeScaling, RunError, E_CHECKPOINT};
 use serde_json::{json, Map, Value};
 use std::path::Path;
@@ -11,11 +13,21 @@ pub enum Architecture {
     Mistral,
     Qwen2,
     Qwen3,
+    /// Qwen3's attention with routed experts (`qwen3_moe`).
+    Qwen3Moe,
+    /// Mistral's attention with routed experts in every layer (`mixtral`).
+    Mixtral,
 }
 
 impl Architecture {
-    pub const ALL: [Architecture; 4] =
-        [Architecture::Llama, Architecture::Mistral, Architecture::Qwen2, Architecture::Qwen3];
+    pub const ALL: [Architecture; 6] = [
+        Architecture::Llama,
+        Architecture::Mistral,
+        Architecture::Qwen2,
+        Architecture::Qwen3,
+        Architecture::Qwen3Moe,
+        Architecture::Mixtral,
+    ];
 
     /// The `architectures` entry of config.json.
     pub fn class_name(self) -> &'static str {
@@ -24,6 +36,8 @@ impl Architecture {
             Architecture::Mistral => "MistralForCausalLM",
             Architecture::Qwen2 => "Qwen2ForCausalLM",
             Architecture::Qwen3 => "Qwen3ForCausalLM",
+            Architecture::Qwen3Moe => "Qwen3MoeForCausalLM",
+            Architecture::Mixtral => "MixtralForCausalLM",
         }
     }
 
@@ -33,6 +47,8 @@ impl Architecture {
             Architecture::Mistral => "mistral",
             Architecture::Qwen2 => "qwen2",
             Architecture::Qwen3 => "qwen3",
+            Architecture::Qwen3Moe => "qwen3_moe",
+            Architecture::Mixtral => "mixtral",
         }
     }
 
@@ -40,21 +56,32 @@ impl Architecture {
     fn default_max_position(self) -> usize {
         match self {
             Architecture::Llama => 2048,
-            Architecture::Mistral => 4096 * 32,
-            Architecture::Qwen2 | Architecture::Qwen3 => 32768,
+            Architecture::Mistral | Architecture::Mixtral => 4096 * 32,
+            Architecture::Qwen2 | Architecture::Qwen3 | Architecture::Qwen3Moe => 32768,
         }
     }
 
-    /// The architecture whose layers match `cfg` exactly, if any: Llama (biases on all four
-    /// attention projections or none), Qwen2 (biases on q/k/v only), Qwen3 (q/k norm; biases on
-    /// all four or none).
-    pub fn of(cfg: &ModelConfig) -> Option<Architecture> {
-        match (cfg.qk_norm, cfg.qkv_bias, cfg.o_bias) {
-            (false, b, o) if b == o => Some(Architecture::Llama),
-            (false, true, false) => Some(Architecture::Qwen2),
-            (true, b, o) if b == o => Some(Architecture::Qwen3),
-            _ => None,
+    /// The architecture whose layers match `cfg` exactly, or why none does. Dense: Llama
+    /// (biases on all four attention projections or none), Qwen2 (biases on q/k/v only), Qwen3
+    /// (q/k norm; biases on all four or none). MoE: `ModelConfig::hf_moe_architecture`'s rule.
+    pub fn of(cfg: &ModelConfig) -> Result<Architecture, String> {
+        if cfg.moe.is_some() {
+            return match cfg.hf_moe_architecture()? {
+                Some(a) => Ok(Architecture::of_moe(a)),
+                None => Err("internal: an MoE config without an MoE architecture".into()),
+            };
         }
+        match (cfg.qk_norm, cfg.qkv_bias, cfg.o_bias) {
+            (false, b, o) if b == o => Ok(Architecture::Llama),
+            (false, true, false) => Ok(Architecture::Qwen2),
+            (true, b, o) if b == o => Ok(Architecture::Qwen3),
+            (q, b, o) => Err(format!("no Hugging Face architecture has qk_norm = {q}, qkv_bias = {b}, o_bias = {o}")),
+        }
+    }
+
+    /// Has routed experts.
+    pub fn is_moe(self) -> bool {
+        matches!(self, Architecture::Qwen3Moe | Architecture::Mixtral)
     }
 }
 
@@ -72,13 +99,13 @@ pub struct HfConfig {
     pub raw: Value,
 }
 
-fn err(path: &Path, msg: impl std::fmt::Display) -> RunError {
+pub(super) fn err(path: &Path, msg: impl std::fmt::Display) -> RunError {
     RunError::new(E_CHECKPOINT, format!("{}: {msg}", path.display()))
 }
 
 /// A config.json object with typed, path-naming getters. JSON null counts as absent.
-struct Fields<'a> {
-    path: &'a Path,
+pub(super) struct Fields<'a> {
+    pub(super) path: &'a Path,
     map: &'a Map<String, Value>,
 }
 
@@ -87,7 +114,18 @@ impl Fields<'_> {
         self.map.get(key).filter(|v| !v.is_null())
     }
 
-    fn usize(&self, key: &str) -> Result<Option<usize>, RunError> {
+    /// A list of non-negative integers (absent: empty).
+    pub(super) fn usize_list(&self, key: &str) -> Result<Vec<usize>, RunError> {
+        let bad =
+            |v: &Value| err(self.path, format!("field `{key}` must be a list of non-negative integers, found {v}"));
+        match self.get(key) {
+            None => Ok(vec![]),
+            Some(Value::Array(a)) => a.iter().map(|v| v.as_u64().map(|n| n as usize).ok_or_else(|| bad(v))).collect(),
+            Some(v) => Err(bad(v)),
+        }
+    }
+
+    pub(super) fn usize(&self, key: &str) -> Result<Option<usize>, RunError> {
         match self.get(key) {
             None => Ok(None),
             Some(v) => v
@@ -97,11 +135,11 @@ impl Fields<'_> {
         }
     }
 
-    fn required(&self, key: &str) -> Result<usize, RunError> {
+    pub(super) fn required(&self, key: &str) -> Result<usize, RunError> {
         self.usize(key)?.ok_or_else(|| err(self.path, format!("missing field `{key}`")))
     }
 
-    fn f64(&self, key: &str) -> Result<Option<f64>, RunError> {
+    pub(super) fn f64(&self, key: &str) -> Result<Option<f64>, RunError> {
         match self.get(key) {
             None => Ok(None),
             Some(v) => {
@@ -110,7 +148,7 @@ impl Fields<'_> {
         }
     }
 
-    fn bool(&self, key: &str) -> Result<Option<bool>, RunError> {
+    pub(super) fn bool(&self, key: &str) -> Result<Option<bool>, RunError> {
         match self.get(key) {
             None => Ok(None),
             Some(v) => v
@@ -120,7 +158,7 @@ impl Fields<'_> {
         }
     }
 
-    fn str(&self, key: &str) -> Result<Option<&str>, RunError> {
+    pub(super) fn str(&self, key: &str) -> Result<Option<&str>, RunError> {
         match self.get(key) {
             None => Ok(None),
             Some(v) => {
@@ -234,7 +272,11 @@ pub fn parse_config(path: &Path, text: &str) -> Result<HfConfig, RunError> {
         Architecture::Llama | Architecture::Mistral => (attention_bias, attention_bias, false),
         // Qwen2 always has q/k/v biases and never an o_proj bias.
         Architecture::Qwen2 => (true, false, false),
-        Architecture::Qwen3 => (attention_bias, attention_bias, true),
+        Architecture::Qwen3 | Architecture::Qwen3Moe => (attention_bias, attention_bias, true),
+        // MixtralAttention has no biases whatever the config says: one it asks for is refused
+        // rather than dropped.
+        Architecture::Mixtral if attention_bias => return unsupported("field `attention_bias` = true".into()),
+        Architecture::Mixtral => (false, false, false),
     };
     if f.bool("use_sliding_window")? == Some(true) {
         return unsupported("field `use_sliding_window` = true".into());
@@ -246,12 +288,17 @@ pub fn parse_config(path: &Path, text: &str) -> Result<HfConfig, RunError> {
     let max_pos = f.usize("max_position_embeddings")?.unwrap_or(arch.default_max_position());
     // Mistral attends within a sliding window (no `use_sliding_window` switch): up to the
     // window, full attention is the same computation, so the model is exact up to there.
-    let window = if arch == Architecture::Mistral { f.usize("sliding_window")? } else { None };
+    let window = match arch {
+        Architecture::Mistral | Architecture::Mixtral => f.usize("sliding_window")?,
+        _ => None,
+    };
     let (theta, rope_scaling) = rope(&f)?;
+    let n_layers = f.required("num_hidden_layers")?;
+    let moe = moe::read(arch, &f, n_layers)?;
     let model = ModelConfig {
         vocab_size: f.required("vocab_size")?,
         d_model,
-        n_layers: f.required("num_hidden_layers")?,
+        n_layers,
         n_heads,
         n_kv_heads,
         d_ff: f.required("intermediate_size")?,
@@ -267,7 +314,7 @@ pub fn parse_config(path: &Path, text: &str) -> Result<HfConfig, RunError> {
         qk_norm,
         tie_embeddings: f.bool("tie_word_embeddings")?.unwrap_or(false),
         rope_scaling,
-        moe: None,
+        moe,
     };
     let positive = [
         ("vocab_size", model.vocab_size),
@@ -307,17 +354,13 @@ pub fn parse_config(path: &Path, text: &str) -> Result<HfConfig, RunError> {
 }
 
 /// config.json for a policy built from `cfg` (our own checkpoints, and exports of a policy that
-/// did not come from a Hugging Face directory). Written in the transformers 4.x form, which 4.x
-/// and 5.x both read.
-pub fn config_json(cfg: &ModelConfig) -> Result<Value, RunError> {
-    let arch = Architecture::of(cfg).ok_or_else(|| {
-        RunError::new(
-            E_CHECKPOINT,
-            format!(
-                "no Hugging Face architecture has qk_norm = {}, qkv_bias = {}, o_bias = {}",
-                cfg.qk_norm, cfg.qkv_bias, cfg.o_bias
-            ),
-        )
+/// did not come from a Hugging Face directory), with the architecture it is written as: an MoE
+/// model as qwen3_moe or mixtral (`ModelConfig::hf_moe_architecture`), or an error naming what
+/// no transformers class holds. Written in the transformers 4.x form, which 4.x and 5.x both read.
+pub fn config_json(cfg: &ModelConfig) -> Result<(Value, Architecture), RunError> {
+    let arch = Architecture::of(cfg).map_err(|why| {
+        RunError::new(E_CHECKPOINT, format!("cannot write this model as a Hugging Face directory: {why}"))
+            .with_help("docs/moe.md, \"Out to transformers\", says which models transformers can load")
     })?;
     let rope_scaling = match &cfg.rope_scaling {
         None => Value::Null,
@@ -357,32 +400,16 @@ pub fn config_json(cfg: &ModelConfig) -> Result<Value, RunError> {
     let extra = match arch {
         Architecture::Llama | Architecture::Mistral => json!({"attention_bias": cfg.qkv_bias, "mlp_bias": false}),
         Architecture::Qwen2 => json!({"use_sliding_window": false}),
-        Architecture::Qwen3 => json!({"attention_bias": cfg.qkv_bias, "use_sliding_window": false}),
+        Architecture::Qwen3 | Architecture::Qwen3Moe => {
+            json!({"attention_bias": cfg.qkv_bias, "use_sliding_window": false})
+        }
+        Architecture::Mixtral => json!({}),
     };
     if let (Some(c), Value::Object(e)) = (c.as_object_mut(), extra) {
         c.extend(e);
     }
     if let (Some(c), Some(m)) = (c.as_object_mut(), &cfg.moe) {
-        // No transformers class has this exact layer (a Llama attention with Qwen3-MoE's experts,
-        // optional dense layers and shared expert, softmax or sigmoid gating), so the directory says
-        // it is ours; the keys are Qwen3-MoE's where one exists (docs/moe.md).
-        c.insert("architectures".into(), json!(["MilesMoeForCausalLM"]));
-        c.insert("model_type".into(), json!("miles_moe"));
-        c.insert("base_model_type".into(), json!(arch.model_type()));
-        c.insert("num_experts".into(), json!(m.experts));
-        c.insert("num_experts_per_tok".into(), json!(m.top_k));
-        c.insert("moe_intermediate_size".into(), json!(m.expert_d_ff));
-        c.insert("shared_expert_intermediate_size".into(), json!(m.shared_expert_d_ff));
-        c.insert("mlp_only_layers".into(), json!((0..m.dense_layers).collect::<Vec<_>>()));
-        c.insert("norm_topk_prob".into(), json!(m.norm_topk));
-        c.insert("router_aux_loss_coef".into(), json!(m.aux_loss_coef));
-        c.insert(
-            "scoring_func".into(),
-            json!(match m.gating {
-                miles_runtime::Gating::Softmax => "softmax",
-                miles_runtime::Gating::Sigmoid => "sigmoid",
-            }),
-        );
+        c.extend(moe::config_keys(arch, cfg, m));
     }
-    Ok(c)
+    Ok((c, arch))
 }

@@ -1,8 +1,11 @@
 //! A policy out as a Hugging Face directory, atomically: everything is written into a temp
-//! directory beside the target, which is then renamed into place.
+//! directory beside the target, which is then renamed into place. An MoE policy is written as
+//! the transformers architecture that holds it (qwen3_moe or mixtral, Mixtral under its own
+//! tensor names); one that no transformers class holds is refused, naming why.
 
+use super::config::{config_json, Architecture};
 use super::HfMeta;
-use crate::model::Policy;
+use crate::model::{write_tensors, Policy};
 use miles_runtime::{RunError, E_CHECKPOINT};
 use serde_json::Value;
 use std::fs;
@@ -39,19 +42,35 @@ pub(crate) fn fill(policy: &Policy, tmp: &Path, source: Option<&HfMeta>) -> Resu
         l.write_peft(&adapter_dir, Some("../base"))?;
         return fill(&policy.merged(), tmp, source);
     }
-    policy.save(tmp)?;
-    let Some(src) = source else { return Ok(()) };
-    // The source's own config.json, so every field transformers knows and we do not survives;
-    // only the dtype changes, since the weights are written in fp32.
-    let mut config = src.config.clone();
-    if let Value::Object(m) = &mut config {
-        let key = if m.contains_key("dtype") && !m.contains_key("torch_dtype") { "dtype" } else { "torch_dtype" };
-        m.insert(key.into(), Value::from("float32"));
-    }
+    // What the directory says it is: the source's own config.json, so every field transformers
+    // knows and we do not survives (only the dtype changes: the weights are written in fp32), or
+    // one written from the policy's config, refused when no transformers class holds the model.
+    let (config, arch) = match source {
+        Some(src) => {
+            let mut config = src.config.clone();
+            if let Value::Object(m) = &mut config {
+                let key =
+                    if m.contains_key("dtype") && !m.contains_key("torch_dtype") { "dtype" } else { "torch_dtype" };
+                m.insert(key.into(), Value::from("float32"));
+            }
+            (config, src.architecture)
+        }
+        None => config_json(&policy.cfg)?,
+    };
+    write_weights(policy, tmp, arch)?;
     miles_runtime::exec::write_json(&tmp.join("config.json"), &config)?;
+    let Some(src) = source else { return Ok(()) };
     for f in &src.carried_files {
         let (from, to) = (src.dir.join(f), tmp.join(f));
         fs::copy(&from, &to).map_err(|e| RunError::io(E_CHECKPOINT, "cannot copy", &from, e))?;
     }
     Ok(())
+}
+
+/// model.safetensors (fp32) into `dir`, each parameter under `arch`'s name for it (Mixtral's
+/// `block_sparse_moe` names; the model's own for every other architecture).
+pub(crate) fn write_weights(policy: &Policy, dir: &Path, arch: Architecture) -> Result<(), RunError> {
+    let named: Vec<(String, tch::Tensor)> =
+        policy.params().iter().map(|(n, t)| (super::moe::hf_name(arch, n), t.detach())).collect();
+    write_tensors(&named, &dir.join("model.safetensors"))
 }

@@ -107,8 +107,8 @@ fn locate_weights(dir: &Path) -> Result<HashMap<String, Located>, RunError> {
 }
 
 /// Every parameter `cfg` implies, in `param_names` order, converted to fp32; anything missing,
-/// misshapen, of another dtype or left over is an error naming file and tensor, found from the
-/// headers before any data is read.
+/// misshapen, of another dtype or left over is an error naming file and tensor (by the name the
+/// directory uses: Mixtral's for a Mixtral), found from the headers before any data is read.
 fn match_params(
     cfg: &miles_runtime::ModelConfig,
     hc: &HfConfig,
@@ -116,20 +116,29 @@ fn match_params(
 ) -> Result<Vec<(String, Tensor)>, RunError> {
     let arch = hc.architecture.class_name();
     let mut wanted = Vec::new();
-    for name in param_names(cfg) {
+    for own in param_names(cfg) {
+        let name = super::moe::hf_name(hc.architecture, &own);
         let Some(r) = found.remove(&name) else {
+            // transformers 5 holds experts fused in memory; a directory saved in that form
+            // (rather than save_pretrained's per-expert one) says so instead of a bare "missing".
+            let fused = found.keys().filter(|n| n.ends_with("experts.gate_up_proj")).min().map(|n| {
+                format!(
+                    "; `{n}` is the fused 3-D form, which is not read: save it per expert as the Hub's checkpoints are"
+                )
+            });
             let files: std::collections::BTreeSet<String> =
                 found.values().map(|r| r.file.display().to_string()).collect();
             let files: Vec<String> = files.into_iter().collect();
             return Err(RunError::new(
                 E_CHECKPOINT,
                 format!(
-                    "tensor `{name}` is missing (config.json describes a {arch} that has it; read {})",
-                    files.join(", ")
+                    "tensor `{name}` is missing (config.json describes a {arch} that has it; read {}){}",
+                    files.join(", "),
+                    fused.unwrap_or_default()
                 ),
             ));
         };
-        let want = param_shape(cfg, &name);
+        let want = param_shape(cfg, &own);
         let shape: Vec<i64> = r.entry.shape.iter().map(|&d| d as i64).collect();
         if shape != want {
             return Err(err(&r.file, format!("tensor `{name}` has shape {shape:?}, config.json implies {want:?}")));
@@ -138,7 +147,7 @@ fn match_params(
             let d = r.entry.dtype.name();
             return Err(err(&r.file, format!("tensor `{name}` has dtype {d}; bf16, fp16 or fp32 are read")));
         }
-        wanted.push((name, r));
+        wanted.push((own, r));
     }
     // Rotary tables are recomputed; a tied model may still store its lm_head.
     let ignored =

@@ -2,8 +2,8 @@
 //! `model.safetensors` or shards listed by `model.safetensors.index.json`), and the tokenizer and
 //! generation files, which are carried through untouched on export.
 //!
-//! Supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM (see
-//! docs/models.md). Weights in bf16, fp16 or fp32 become fp32, the trainer's dtype. Every bad
+//! Supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, and the
+//! mixtures of experts Qwen3MoeForCausalLM and MixtralForCausalLM (see docs/models.md, docs/moe.md). Weights in bf16, fp16 or fp32 become fp32, the trainer's dtype. Every bad
 //! input (unknown architecture, unsupported option, missing or corrupt shard, missing or
 //! misshapen tensor) is a `RunError` naming the file and the field or tensor; shapes are checked
 //! before a tensor reaches libtorch, whose shape errors panic.
@@ -11,8 +11,12 @@
 mod config;
 mod export;
 mod load;
+pub(crate) mod moe;
+
+pub(crate) use export::write_weights;
 
 pub use config::{config_json, parse_config, Architecture, HfConfig};
+pub use moe::{MIXTRAL_KEYS, QWEN3_MOE_KEYS};
 
 use crate::model::Policy;
 use miles_runtime::{ModelConfig, RunError};
@@ -43,9 +47,18 @@ pub struct HfMeta {
 
 /// The first size or layout field where a loaded config and the run spec's model disagree (the
 /// fields `miles check` reads from config.json); rotary and norm constants come from the
-/// directory alone.
+/// directory alone. Of an MoE model: the experts, their width, top-k, which layers have them,
+/// the shared expert, the gating and `norm_topk` (the load-balancing coefficient is the
+/// directory's `router_aux_loss_coef`, not compared).
 pub fn first_difference(loaded: &ModelConfig, spec: &ModelConfig) -> Option<&'static str> {
-    let fields: [(&'static str, bool); 11] = [
+    let moe = |f: fn(&miles_runtime::MoeConfig) -> Vec<usize>| match (&loaded.moe, &spec.moe) {
+        (None, None) => true,
+        (Some(a), Some(b)) => f(a) == f(b),
+        _ => false,
+    };
+    let moe_layers =
+        |c: &ModelConfig| c.moe.as_ref().map(|m| (0..c.n_layers).filter(|&i| m.is_moe_layer(i)).collect::<Vec<_>>());
+    let fields: [(&'static str, bool); 17] = [
         ("vocab_size", loaded.vocab_size == spec.vocab_size),
         ("d_model", loaded.d_model == spec.d_model),
         ("n_layers", loaded.n_layers == spec.n_layers),
@@ -57,6 +70,12 @@ pub fn first_difference(loaded: &ModelConfig, spec: &ModelConfig) -> Option<&'st
         ("o_bias", loaded.o_bias == spec.o_bias),
         ("qk_norm", loaded.qk_norm == spec.qk_norm),
         ("tie_embeddings", loaded.tie_embeddings == spec.tie_embeddings),
+        ("experts", moe(|m| vec![m.experts])),
+        ("top_k", moe(|m| vec![m.top_k])),
+        ("expert_d_ff", moe(|m| vec![m.expert_d_ff, m.shared_expert_d_ff])),
+        ("moe layers", moe_layers(loaded) == moe_layers(spec)),
+        ("gating", moe(|m| vec![(m.gating == miles_runtime::Gating::Sigmoid) as usize])),
+        ("norm_topk", moe(|m| vec![m.norm_topk as usize])),
     ];
     fields.into_iter().find(|(_, same)| !same).map(|(f, _)| f)
 }

@@ -25,6 +25,7 @@ pub(crate) use params::{param_by_name, param_shape};
 pub(crate) use tensors::{
     f32_values, load_named, named_tensor, named_tensors, open, read_entry, read_tensors, write_tensors,
 };
+pub use weights::MODEL_CONFIG_FILE;
 
 use crate::lora::Adapters;
 use crate::moe::{MoeLayer, Swiglu};

@@ -4,9 +4,12 @@
 use super::tensors::{load_named, named_tensor, read_tensors, write_tensors};
 use super::{backend_err, Policy};
 use crate::lora::{is_adapter_name, Adapters};
-use miles_runtime::{NamedTensor, RunError, WeightSnapshot, E_BACKEND};
+use miles_runtime::{ModelConfig, NamedTensor, RunError, WeightSnapshot, E_BACKEND, E_CHECKPOINT};
 use std::path::Path;
 use tch::Tensor;
+
+/// A checkpoint's model description where no config.json can say it (`Policy::save`).
+pub const MODEL_CONFIG_FILE: &str = "miles_model.json";
 
 impl Policy {
     /// Every weight: the base parameters, then the attached adapters (PEFT names).
@@ -23,13 +26,17 @@ impl Policy {
         Ok(WeightSnapshot { version, tensors })
     }
 
-    /// Attaches fresh adapters from `lora_spec`, one per adapter it names (no-op without one, or
-    /// when attached already).
-    pub fn attach_lora(&mut self) {
+    /// Attaches the adapters of `lora_spec`, one per adapter it names (no-op without one, or
+    /// when attached already): fresh, or the PEFT adapter it starts from (`init`).
+    pub fn attach_lora(&mut self) -> Result<(), RunError> {
         if let (true, Some(s)) = (self.loras.is_empty(), &self.lora_spec) {
-            self.loras = (0..s.names().len()).map(|i| Adapters::init(&self.cfg, s, i)).collect();
+            self.loras = match &s.init {
+                Some(dir) => vec![crate::lora::init_from_peft(&self.cfg, s, dir)?],
+                None => (0..s.names().len()).map(|i| Adapters::init(&self.cfg, s, i)).collect(),
+            };
             self.active = 0;
         }
+        Ok(())
     }
 
     /// Loads adapter tensors (every attached adapter's, in order) from an update or checkpoint.
@@ -61,7 +68,7 @@ impl Policy {
                     format!("weight update {} carries LoRA adapters, but this policy has no LoRA settings", w.version),
                 ));
             }
-            self.attach_lora();
+            self.attach_lora()?;
         }
         if base.is_empty() && !adapters.is_empty() {
             return self.load_adapters(adapters, &format!("weight update {}", w.version));
@@ -113,20 +120,44 @@ impl Policy {
 
     /// model.safetensors + config.json (a Hugging Face directory without tokenizer files) into
     /// an existing `dir`; callers that need atomicity write into a temp dir (`export_hf` does).
+    /// A mixture of experts no transformers class holds (a shared expert, sigmoid gating, Llama
+    /// attention with dense layers, ...) is a checkpoint all the same: its own parameter names
+    /// and `MODEL_CONFIG_FILE` (its `ModelConfig`) instead of config.json, which `load` reads.
     pub fn save(&self, dir: &Path) -> Result<(), RunError> {
-        let config = crate::hf::config_json(&self.cfg)?;
-        let named: Vec<(&str, Tensor)> = self.params.iter().map(|(n, t)| (n.as_str(), t.detach())).collect();
-        write_tensors(&named, &dir.join("model.safetensors"))?;
-        miles_runtime::exec::write_json(&dir.join("config.json"), &config)
+        match crate::hf::config_json(&self.cfg) {
+            Ok((config, arch)) => {
+                crate::hf::write_weights(self, dir, arch)?;
+                miles_runtime::exec::write_json(&dir.join("config.json"), &config)
+            }
+            Err(_) if self.cfg.moe.is_some() => {
+                let named: Vec<(&str, Tensor)> = self.params.iter().map(|(n, t)| (n.as_str(), t.detach())).collect();
+                write_tensors(&named, &dir.join("model.safetensors"))?;
+                let cfg =
+                    serde_json::to_value(&self.cfg).map_err(|e| RunError::internal(format!("model config: {e}")))?;
+                miles_runtime::exec::write_json(&dir.join(MODEL_CONFIG_FILE), &cfg)
+            }
+            Err(e) => Err(e),
+        }
     }
 
     /// Reads a directory written by `save` (or any Hugging Face directory `load_hf` reads).
     pub fn load(dir: &Path) -> Result<Policy, RunError> {
-        Policy::load_hf(dir, None).map(|(p, _)| p)
+        let own = dir.join(MODEL_CONFIG_FILE);
+        if dir.join("config.json").is_file() || !own.is_file() {
+            return Policy::load_hf(dir, None).map(|(p, _)| p);
+        }
+        let text = std::fs::read_to_string(&own).map_err(|e| RunError::io(E_CHECKPOINT, "cannot read", &own, e))?;
+        let cfg: ModelConfig = serde_json::from_str(&text)
+            .map_err(|e| RunError::new(E_CHECKPOINT, format!("{}: not a model config: {e}", own.display())))?;
+        let mut p = Policy::init(&cfg, 0);
+        p.load_tensors(&dir.join("model.safetensors"))?;
+        Ok(p)
     }
 
-    /// Overwrites parameters from a safetensors file holding exactly this model's tensors.
+    /// Overwrites parameters from a safetensors file holding exactly this model's tensors, under
+    /// its own names or, for a Mixtral, Mixtral's (a checkpoint `save` wrote).
     pub fn load_tensors(&mut self, path: &Path) -> Result<(), RunError> {
-        load_named(&mut self.params, read_tensors(path)?, path)
+        let read = read_tensors(path)?.into_iter().map(|(n, t)| (crate::hf::moe::own_name(&n), t)).collect();
+        load_named(&mut self.params, read, path)
     }
 }

@@ -90,7 +90,7 @@ impl TchTrainer {
         }
         let tensors = named_tensors(read_tensors(&p)?)?;
         self.policy.set_adapters(Vec::new());
-        self.begin_lora();
+        self.begin_lora()?;
         // safetensors keeps names sorted; the adapters' own order is adapter by adapter, layer by
         // layer.
         let order: Vec<String> = self.policy.adapters().iter().flat_map(|l| l.named()).map(|(n, _)| n).collect();

@@ -61,7 +61,7 @@ impl TchTrainer {
         policy.lora_spec = spec.lora.clone();
         policy.set_requires_grad(true);
         let adam = vec![AdamState::zeros(policy.params())];
-        TchTrainer {
+        let mut t = TchTrainer {
             policy,
             reference: None,
             spec,
@@ -72,7 +72,13 @@ impl TchTrainer {
             base_stale: Cell::new(true),
             replay: false,
             seed: 0,
+        };
+        // Adapters attached already were loaded from a PEFT directory (`lora { init }`,
+        // `initial_policy`): LoRA training starts now, on them, with the base frozen.
+        if !t.policy.adapters().is_empty() {
+            t.start_lora();
         }
+        t
     }
 
     /// A run's trainer: `policy` with the run's training settings, replaying routing when the
@@ -89,19 +95,27 @@ impl TchTrainer {
 
     /// Multi-LoRA: the adapter the next `train_rl` trains (and every forward applies).
     pub fn select_adapter(&mut self, i: usize) -> Result<(), RunError> {
-        self.begin_lora();
+        self.begin_lora()?;
         self.policy.select_adapter(i)
     }
 
     /// With LoRA, RL trains adapters on the base as it stands now (after any SFT warm-up): the
     /// base is frozen and the optimizer restarts over the adapters alone. Since B starts at
     /// zero the policy is unchanged, so engines sampling the base sample this policy exactly.
-    fn begin_lora(&mut self) {
+    /// With `init`, the adapters start at the PEFT adapter's A and B instead (attached from the
+    /// start, so the engines sample base + adapter from the first step).
+    fn begin_lora(&mut self) -> Result<(), RunError> {
         if !self.policy.adapters().is_empty() || self.policy.lora_spec.is_none() {
-            return;
+            return Ok(());
         }
+        self.policy.attach_lora()?;
+        self.start_lora();
+        Ok(())
+    }
+
+    /// Freezes the base and trains the attached adapters, with a fresh optimizer over them.
+    fn start_lora(&mut self) {
         self.policy.set_requires_grad(false);
-        self.policy.attach_lora();
         for l in self.policy.adapters() {
             l.set_requires_grad(true);
         }

@@ -165,7 +165,7 @@ impl TchTrainer {
         let mut moe = MoeAcc::new(&self.policy, self.replay);
         let kept = moe.as_mut().and_then(|m| m.drop_unfit(batch, &self.policy));
         let batch = kept.as_deref().unwrap_or(batch);
-        self.begin_lora();
+        self.begin_lora()?;
         if self.spec.ppo.is_some() && self.critic.is_none() {
             self.critic = Some(Critic::from_policy(&self.policy));
         }

@@ -147,6 +147,7 @@ fn lora(rank: usize, targets: &[&str]) -> LoraSpec {
         target_modules: targets.iter().map(|s| s.to_string()).collect(),
         init_seed: 3,
         adapters: Vec::new(),
+        init: None,
     }
 }
 
@@ -385,4 +386,51 @@ fn multi_lora_adapters_train_apart() {
     }
     assert!(Policy::load(&out).unwrap().adapters().is_empty());
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `lora { init }`: the adapter starts at the PEFT directory's A and B (the policy is PEFT's
+/// base + adapter from the first forward), RL trains it on from there with the base frozen, and
+/// a file that no longer says what the recipe does (`miles check` compared them) is refused.
+#[test]
+fn lora_init_starts_from_the_peft_adapter() {
+    tch::set_num_threads(1);
+    let mut l = lora(4, &["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]);
+    l.alpha = 8.0;
+    l.init = Some(fixture("peft/llama-r4"));
+    let (mut policy, _) = Policy::load_hf(&fixture("hf/llama"), None).unwrap();
+    policy.lora_spec = Some(l.clone());
+    policy.attach_lora().unwrap();
+    let mut r = read(&fixture("peft/llama-r4/reference/logits.safetensors"));
+    let (ids, pos) = (r.remove("input_ids").unwrap(), r.remove("position_ids").unwrap());
+    let mask = r.remove("attention_mask").unwrap().to_kind(Kind::Bool);
+    let logits = tch::no_grad(|| policy.forward(&ids, &pos, &mask, None));
+    let err = max_err(&logits, &r["logits"], &mask);
+    assert!(err < 1e-4, "base + init adapter vs PEFT: max |diff| {err}");
+
+    let file = read(&fixture("peft/llama-r4/adapter_model.safetensors"));
+    let mut tr = TchTrainer::new(policy, spec(Some(l.clone())));
+    let base: Vec<Vec<u32>> = tr.policy.params().iter().map(|(_, t)| bits(t)).collect();
+    // Before any step the trainer's adapter is the file's, bit for bit.
+    for (n, t) in tr.policy.lora().unwrap().named() {
+        assert_eq!(bits(&t), bits(&file[&n]), "{n} is not the file's");
+    }
+    tr.train_rl(&batch(), &[0.02], 1.0).unwrap();
+    for ((n, t), b) in tr.policy.params().iter().zip(&base) {
+        assert_eq!(&bits(t), b, "{n} changed: the base is frozen");
+    }
+    let moved = tr.policy.lora().unwrap().named().into_iter().filter(|(n, t)| bits(t) != bits(&file[n])).count();
+    assert_eq!(moved, 2 * 7 * 2, "every A and B trains on from the file's");
+
+    // The recipe's rank or targets no longer match the file: refused, naming the file.
+    for (rank, targets) in
+        [(8, vec!["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]), (4, vec!["q_proj"])]
+    {
+        let mut bad = lora(rank, &targets);
+        bad.alpha = 8.0;
+        bad.init = Some(fixture("peft/llama-r4"));
+        let (mut p, _) = Policy::load_hf(&fixture("hf/llama"), None).unwrap();
+        p.lora_spec = Some(bad);
+        let e = p.attach_lora().unwrap_err().to_string();
+        assert!(e.contains("adapter_config.json") && e.contains("changed after `miles check`"), "{e}");
+    }
 }

@@ -135,6 +135,7 @@ fn input(extra_cost_s: f64, streaming: bool) -> PlanInput {
             span: None,
         },
         device: None,
+        models: Vec::new(),
         stages: vec![
             stage("pretrain", "denoise_pretrain", Role::Train),
             stage("rollout", "denoise", Role::Rollout),
