@@ -21,6 +21,7 @@ mod distributed;
 mod faults;
 mod gpu;
 mod hf_hub;
+mod hf_moe;
 mod hf_recipe;
 mod interrupt;
 mod lora;
