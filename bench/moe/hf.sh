@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Hugging Face MoE out and back in (bench/RESULTS.md, "Hugging Face in and out"): the seeded MoE of
-# recipes/moe-r3-laptop.miles after its SFT warm-up (one RL step) is exported as transformers'
+# recipes/moe-r3-laptop.miles after a short SFT warm-up (25 steps instead of 100, then one RL step, so that RL has room) is exported as transformers'
 # qwen3_moe, then bench/moe/recipes/grpo-qwen3-moe.miles loads that directory as `hf` and trains it
 # with R3 on fresh seeds 4-6. Usage: bash bench/moe/hf.sh [MILES_BINARY]   (runs/moe-hf)
 set -euo pipefail
@@ -8,7 +8,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 MILES="${1:-target/release/miles}"
 mkdir -p runs/moe-hf
 rm -rf runs/moe-hf/init
-"$MILES" run recipes/moe-r3-laptop.miles --out runs/moe-hf/init --threads 1 --progress off --set "stop=1.steps" \
+"$MILES" run recipes/moe-r3-laptop.miles --out runs/moe-hf/init --threads 1 --progress off --set "stop=1.steps" --set "warmup.steps=25.steps" --set "warmup.warmup=5.steps" \
     > runs/moe-hf/init.log 2>&1
 for seed in 4 5 6; do
     rm -rf "runs/moe-hf/s$seed"
