@@ -1,34 +1,19 @@
 """The q/k-norm table of bench/RESULTS.md ("Hugging Face in and out") from bench/moe/qknorm.sh's runs."""
-import json
 import statistics
 import sys
-from pathlib import Path
 
-root = Path(sys.argv[1])
+# The run reader of bench/moe/table.py (this script's folder is on sys.path when it runs); no
+# __pycache__ left in the tree for it.
+sys.dont_write_bytecode = True
+from table import mean, run  # noqa: E402
+
+root = sys.argv[1]
 seeds = (4, 5, 6)
-
-
-def mean(xs):
-    return sum(xs) / len(xs) if xs else float("nan")
-
-
-def run(name):
-    rows = [json.loads(l) for l in (root / name / "metrics.jsonl").read_text().splitlines()]
-    ev = {r["step"]: r["eval/accuracy"] for r in rows if "eval/accuracy" in r}
-    tr = [r for r in rows if "r3/route_mismatch" in r]
-    return {
-        "start": 100 * ev[min(ev)],
-        "end": 100 * ev[max(ev)],
-        "mismatch": 100 * mean([r["r3/route_mismatch"] for r in tr]),
-        "disagree": 100 * mean([r["r3/router_disagreement"] for r in tr]),
-        "kl": mean([r["train/rollout_kl"] for r in tr]),
-    }
-
 
 print("| qk_norm | held-out accuracy start -> end (per seed) | end mean +- std | route mismatch | router disagreement | KL(rollout, train) |")
 print("|---|---|---:|---:|---:|---:|")
 for qk in ["true", "false"]:
-    rs = [run(f"qk{qk}-s{s}") for s in seeds]
+    rs = [run(root, f"qk{qk}-s{s}")[0] for s in seeds]
     ends = [r["end"] for r in rs]
     per = ", ".join(f"{r['start']:.0f} -> {r['end']:.0f}" for r in rs)
     print(

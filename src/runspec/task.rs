@@ -48,7 +48,11 @@ pub(crate) fn task_spec(prompts: Option<&Record>, partial_credit: bool) -> Optio
         (Some("key"), Some(k)) => SplitBy::Key(k.to_string()),
         _ => SplitBy::Prompt,
     };
-    Some(TaskSpec { kind, split: SplitSpec { test_size, seed: split_seed, by }, partial_credit })
+    // Where a datasets repository's held-out rows come from (`parquet`'s `held_out`); every
+    // other source reads as the default, which for one file draws them from its rows.
+    let held_out =
+        if p.member("held_out").map(|m| m.value) == Some("drawn") { HeldOut::Drawn } else { HeldOut::Shipped };
+    Some(TaskSpec { kind, split: SplitSpec { test_size, seed: split_seed, by, held_out }, partial_credit })
 }
 
 /// The trainer's LoRA; the `named` adapters' prompts become their tasks (the capability table

@@ -1,7 +1,14 @@
-//! A run directory's metrics.jsonl as the end-to-end tests read it.
+//! A run directory's metrics.jsonl, and its other JSON files (spec.json, model/config.json), as the
+//! end-to-end tests read them.
 
 use serde_json::Value;
 use std::path::Path;
+
+/// A JSON file's value.
+pub fn json_file(path: &Path) -> Value {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
 
 /// Every row of `out/metrics.jsonl`.
 pub fn rows(out: &Path) -> Vec<Value> {

@@ -6,9 +6,13 @@
 
 use crate::common;
 
-use common::process::{run_miles as miles, temp_dir, text};
+use common::metrics::json_file;
+use common::process::{run_miles as miles, run_recipe, temp_dir, text};
 use serde_json::{json, Value};
 use std::path::Path;
+use std::time::Duration;
+
+const LIMIT: Duration = Duration::from_secs(300);
 
 /// A one-step GRPO recipe over `prompts` (a prompt set's text) with `model`, written in `dir`.
 fn recipe(dir: &Path, model: &str, prompts: &str, max_prompt: u32) -> String {
@@ -294,7 +298,7 @@ split: by prompt, seed 1234, test_size 8
 malformed rows skipped: 0
 "#
     );
-    let o = miles(&["run", &r, "--out", d.join("run").to_str().unwrap(), "--threads", "1", "--progress", "off"]);
+    let o = run_recipe(Path::new(&r), &d.join("run"), LIMIT);
     assert_eq!(o.status.code(), Some(1), "{}", text(&o));
     assert!(text(&o).contains("Set `split_by = row` to split the rows as they are"), "{}", text(&o));
 
@@ -302,9 +306,9 @@ malformed rows skipped: 0
     let (out, code) = data(&d, &[&r, "-n", "0"]);
     assert_eq!(code, Some(0), "{out}");
     assert!(out.contains("\nsplit: by row, seed 1234, test_size 8\n  train 32, test 8, dropped 0\n"), "{out}");
-    let o = miles(&["run", &r, "--out", d.join("run-row").to_str().unwrap(), "--threads", "1", "--progress", "off"]);
+    let o = run_recipe(Path::new(&r), &d.join("run-row"), LIMIT);
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
-    let spec: Value = serde_json::from_str(&std::fs::read_to_string(d.join("run-row/spec.json")).unwrap()).unwrap();
+    let spec = json_file(&d.join("run-row/spec.json"));
     assert_eq!(spec["task"]["split"], json!({"test_size": 8, "seed": 1234, "by": "row"}));
     let _ = std::fs::remove_dir_all(&d);
 }

@@ -7,8 +7,9 @@
 
 use crate::common;
 
+use crate::hf_recipe::{parquet_recipe, PROMPTS};
+use common::metrics::{json_file, rows};
 use common::process::{miles, output, temp_dir, text};
-use serde_json::Value;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -61,24 +62,7 @@ fn build_cache(root: &Path) -> HashMap<String, PathBuf> {
 
 fn recipe(dir: &Path, name: &str, model: &str, lora: &str, lr: &str) -> PathBuf {
     let p = dir.join(format!("{name}.miles"));
-    let text = format!(
-        r#"
-model policy = {model}
-recipe r {{
-    rollout = generate(policy) {{
-        prompts = parquet {{ path = "tests/fixtures/data/prompts.parquet", prompt_field = "prompt", label_field = "answer", test_size = 1 }}
-        samples_per_prompt = 4
-        max_prompt_tokens = 32.tokens
-        max_new_tokens = 3.tokens
-    }}
-    reward = verify(rollout) {{ kind = math, on_error = zero }}
-    train  = grpo(rollout, reward) {{ rollout_batch = 2, global_batch = 8, micro_batch = 8, lr = {lr}{lora} }}
-    sync   = weights(train -> rollout) {{ transport = local }}
-    stop   = 1.steps
-}}
-"#
-    );
-    std::fs::write(&p, text).unwrap();
+    std::fs::write(&p, parquet_recipe(model, PROMPTS, &[], &format!("lr = {lr}{lora}"), &[], 1)).unwrap();
     p
 }
 
@@ -103,15 +87,13 @@ fn a_model_from_the_hub_cache_checks_plans_and_runs() {
     let out = d.join("run");
     let o = run(&["run", path, "--out", out.to_str().unwrap()], hub);
     assert!(o.status.success(), "{}", text(&o));
-    let spec: Value = serde_json::from_str(&std::fs::read_to_string(out.join("spec.json")).unwrap()).unwrap();
+    let spec = json_file(&out.join("spec.json"));
     let snap = cache.join(format!("models--tiny--llama/snapshots/{HASH}"));
     assert_eq!(spec["hf"]["path"], snap.to_str().unwrap(), "the run loads the snapshot");
-    let metrics = std::fs::read_to_string(out.join("metrics.jsonl")).unwrap();
-    let last: Value = serde_json::from_str(metrics.lines().last().unwrap()).unwrap();
-    assert_eq!(last["step"], 1, "{metrics}");
+    let last = rows(&out).pop().unwrap();
+    assert_eq!(last["step"], 1, "{last}");
     // The export is real files, the config the one read through the links.
-    let config: Value = serde_json::from_str(&std::fs::read_to_string(out.join("model/config.json")).unwrap()).unwrap();
-    assert_eq!(config["architectures"][0], "LlamaForCausalLM");
+    assert_eq!(json_file(&out.join("model/config.json"))["architectures"][0], "LlamaForCausalLM");
     assert!(!out.join("model/config.json").is_symlink());
 
     // Not in the cache, not at this revision, not whole: each says so, and how to download.
@@ -150,9 +132,8 @@ fn tensors(path: &Path) -> HashMap<String, Vec<f32>> {
 
 /// The first training step's mean |log-prob of the trainer - of the engine that sampled|.
 fn logp_diff(out: &Path) -> f64 {
-    let m = std::fs::read_to_string(out.join("metrics.jsonl")).unwrap();
-    let rows: Vec<Value> = m.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
-    let row = rows.iter().find(|r| r["step"] == 1).unwrap_or_else(|| panic!("no step 1: {m}"));
+    let rows = rows(out);
+    let row = rows.iter().find(|r| r["step"] == 1).unwrap_or_else(|| panic!("no step 1: {rows:?}"));
     row["train/logp_diff"].as_f64().unwrap_or_else(|| panic!("no train/logp_diff: {row}"))
 }
 
@@ -171,7 +152,7 @@ fn lora_init_continues_a_peft_adapter() {
     let out = d.join("still");
     let o = run(&["run", r.to_str().unwrap(), "--out", out.to_str().unwrap()], &[]);
     assert!(o.status.success(), "{}", text(&o));
-    let spec: Value = serde_json::from_str(&std::fs::read_to_string(out.join("spec.json")).unwrap()).unwrap();
+    let spec = json_file(&out.join("spec.json"));
     assert_eq!(spec["train"]["lora"]["init"], "tests/fixtures/peft/llama-r4");
     assert_eq!((spec["train"]["lora"]["rank"].as_u64(), spec["train"]["lora"]["alpha"].as_f64()), (Some(4), Some(8.0)));
     assert!(logp_diff(&out) < 1e-4, "engine and trainer disagree: {}", logp_diff(&out));

@@ -6,14 +6,12 @@
 
 use crate::common;
 
-use common::process::{run_miles as miles, temp_dir, text};
+use crate::hf_recipe::{parquet_recipe, PROMPTS};
+use common::metrics::{json_file, rows};
+use common::process::{run_miles as miles, run_recipe, temp_dir, text};
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::path::Path;
-
-fn json_file(path: &Path) -> Value {
-    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
-}
 
 /// A safetensors file's tensors: name -> shape, from its header.
 fn tensor_shapes(path: &Path) -> BTreeMap<String, Vec<u64>> {
@@ -29,27 +27,10 @@ fn tensor_shapes(path: &Path) -> BTreeMap<String, Vec<u64>> {
         .collect()
 }
 
+/// Two steps over the Parquet prompts with a bf16 engine whose routes the trainer replays.
 fn recipe(model: &str) -> String {
-    format!(
-        r#"
-model policy = hf {{ path = "{model}" }}
-recipe moe {{
-    rollout = generate(policy) {{
-        prompts = parquet {{ path = "tests/fixtures/data/prompts.parquet", prompt_field = "prompt", label_field = "answer", test_size = 1 }}
-        samples_per_prompt = 4
-        max_prompt_tokens  = 32.tokens
-        max_new_tokens     = 3.tokens
-        engine             = embedded_engine {{ precision = bf16 }}
-        record_routing     = true
-        routing_replay     = true
-    }}
-    reward = verify(rollout) {{ kind = math, on_error = zero }}
-    train  = grpo(rollout, reward) {{ rollout_batch = 2, global_batch = 8, micro_batch = 8, lr = 1e-3 }}
-    sync   = weights(train -> rollout) {{ transport = local }}
-    stop   = 2.steps
-}}
-"#
-    )
+    let r3 = ["engine = embedded_engine { precision = bf16 }", "record_routing = true", "routing_replay = true"];
+    parquet_recipe(&format!(r#"hf {{ path = "{model}" }}"#), PROMPTS, &r3, "lr = 1e-3", &[], 2)
 }
 
 /// Checks, plans and runs the recipe over `fixture`; returns the run's directory.
@@ -65,14 +46,9 @@ fn check_plan_run(dir: &Path, fixture: &str, model_type: &str) -> std::path::Pat
     assert!(plan.contains(model_type), "the plan names the architecture it read: {plan}");
     assert!(plan.contains("read from config.json"), "the plan says which keys it read: {plan}");
     let out = dir.join(model_type);
-    let o = miles(&["run", r, "--out", out.to_str().unwrap(), "--progress", "plain", "--threads", "1"]);
+    let o = run_recipe(Path::new(r), &out, std::time::Duration::from_secs(300));
     assert!(o.status.success(), "{}", text(&o));
-    let rows: Vec<Value> = std::fs::read_to_string(out.join("metrics.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str::<Value>(l).unwrap())
-        .filter(|r| r["r3/route_mismatch"].is_number())
-        .collect();
+    let rows: Vec<Value> = rows(&out).into_iter().filter(|r| r["r3/route_mismatch"].is_number()).collect();
     assert_eq!(rows.len(), 2, "both steps trained with routes recorded");
     for row in &rows {
         // The trainer used exactly the experts the bf16 engine chose.

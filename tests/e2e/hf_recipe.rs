@@ -5,11 +5,48 @@
 
 use crate::common;
 
-use common::process::{run_miles as miles, temp_dir, text};
+use common::metrics::{json_file, rows, untimed};
+use common::process::{run_miles as miles, run_recipe, temp_dir, text};
 use serde_json::Value;
+use std::path::Path;
+use std::time::Duration;
 
-fn json_file(path: &std::path::Path) -> Value {
-    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+const LIMIT: Duration = Duration::from_secs(300);
+
+/// The Parquet prompts the recipes below train on (`prompt`, `answer`).
+pub(crate) const PROMPTS: &str = "tests/fixtures/data/prompts.parquet";
+
+/// A GRPO recipe over `data`'s prompts (Parquet, `prompt` and `answer` columns, one test row) with
+/// `model` (a model expression), scored by the math verifier, stopping after `steps`: `rollout`
+/// adds rollout settings and `members` recipe members, one a line; `train` ends grpo's settings
+/// (its lr, at least). Shared by hf_moe.rs and hf_hub.rs.
+pub(crate) fn parquet_recipe(
+    model: &str,
+    data: &str,
+    rollout: &[&str],
+    train: &str,
+    members: &[&str],
+    steps: u32,
+) -> String {
+    let rollout: String = rollout.iter().map(|l| format!("        {l}\n")).collect();
+    let members: String = members.iter().map(|l| format!("    {l}\n")).collect();
+    format!(
+        r#"
+model policy = {model}
+recipe r {{
+    rollout = generate(policy) {{
+        prompts = parquet {{ path = "{data}", prompt_field = "prompt", label_field = "answer", test_size = 1 }}
+        samples_per_prompt = 4
+        max_prompt_tokens = 32.tokens
+        max_new_tokens = 3.tokens
+{rollout}    }}
+    reward = verify(rollout) {{ kind = math, on_error = zero }}
+    train  = grpo(rollout, reward) {{ rollout_batch = 2, global_batch = 8, micro_batch = 8, {train} }}
+    sync   = weights(train -> rollout) {{ transport = local }}
+{members}    stop   = {steps}.steps
+}}
+"#
+    )
 }
 
 #[test]
@@ -29,8 +66,7 @@ fn hf_recipe_runs_end_to_end() {
     assert_eq!(spec["hf"]["path"], "tests/fixtures/hf/qwen3");
     assert_eq!(spec["reward"]["type"], "command");
     assert_eq!(spec["reward"]["name"], "reward");
-    let metrics = std::fs::read_to_string(out.join("metrics.jsonl")).unwrap();
-    let last: Value = serde_json::from_str(metrics.lines().last().unwrap()).unwrap();
+    let last = rows(&out).pop().unwrap();
     assert_eq!(last["step"], 2);
     assert_eq!(last["reward/scored"], 128.0, "every sample went through the Python program: {last}");
     let config = json_file(&out.join("model/config.json"));
@@ -41,25 +77,11 @@ fn hf_recipe_runs_end_to_end() {
 
 /// The qwen2 fixture (tied embeddings, QKV bias) with string prompts from Parquet, scored by the
 /// built-in math verifier.
-fn parquet_recipe(model_path: &str, data_path: &str) -> String {
-    format!(
-        r#"
-model policy = hf {{ path = "{model_path}" }}
-recipe byo {{
-    rollout = generate(policy) {{
-        prompts = parquet {{ path = "{data_path}", prompt_field = "prompt", label_field = "answer", test_size = 1 }}
-        samples_per_prompt = 4
-        max_prompt_tokens = 32.tokens
-        max_new_tokens = 3.tokens
-    }}
-    reward = verify(rollout) {{ kind = math, on_error = zero }}
-    train  = grpo(rollout, reward) {{ rollout_batch = 2, global_batch = 8, micro_batch = 8, lr = 1e-4 }}
-    sync   = weights(train -> rollout) {{ transport = local }}
-    eval   = evaluate(rollout) {{ prompts = parquet {{ path = "{data_path}", prompt_field = "prompt", label_field = "answer", split = test, test_size = 1 }}, every = 1.steps }}
-    stop   = 1.steps
-}}
-"#
-    )
+fn evaluated_recipe(model_path: &str, data_path: &str) -> String {
+    let eval = format!(
+        r#"eval   = evaluate(rollout) {{ prompts = parquet {{ path = "{data_path}", prompt_field = "prompt", label_field = "answer", split = test, test_size = 1 }}, every = 1.steps }}"#
+    );
+    parquet_recipe(&format!(r#"hf {{ path = "{model_path}" }}"#), data_path, &[], "lr = 1e-4", &[&eval], 1)
 }
 
 #[test]
@@ -67,18 +89,9 @@ fn a_parquet_and_verify_recipe_runs_and_a_bad_directory_is_a_check_error() {
     let d = temp_dir("hf-parquet");
     std::fs::create_dir_all(&d).unwrap();
     let recipe = d.join("byo.miles");
-    std::fs::write(&recipe, parquet_recipe("tests/fixtures/hf/qwen2", "tests/fixtures/data/prompts.parquet")).unwrap();
+    std::fs::write(&recipe, evaluated_recipe("tests/fixtures/hf/qwen2", PROMPTS)).unwrap();
     let out = d.join("run");
-    let o = miles(&[
-        "run",
-        recipe.to_str().unwrap(),
-        "--out",
-        out.to_str().unwrap(),
-        "--progress",
-        "plain",
-        "--threads",
-        "1",
-    ]);
+    let o = run_recipe(&recipe, &out, LIMIT);
     assert!(o.status.success(), "{}", text(&o));
     let spec = json_file(&out.join("spec.json"));
     assert_eq!(spec["reward"]["type"], "verifier");
@@ -89,7 +102,7 @@ fn a_parquet_and_verify_recipe_runs_and_a_bad_directory_is_a_check_error() {
 
     // A directory that is not there and a data file that is not there: both at `miles check`
     // time, at the lines that name them, before anything starts.
-    std::fs::write(&recipe, parquet_recipe("models/not-here", "data/missing.parquet")).unwrap();
+    std::fs::write(&recipe, evaluated_recipe("models/not-here", "data/missing.parquet")).unwrap();
     let o = miles(&["check", recipe.to_str().unwrap()]);
     assert!(!o.status.success());
     let t = text(&o);
@@ -126,16 +139,12 @@ recipe w {{
 "#
         )
     };
-    let metrics = |dir: &std::path::Path| -> Vec<Value> {
-        std::fs::read_to_string(dir.join("metrics.jsonl"))
-            .unwrap()
-            .lines()
-            .map(|l| {
-                let mut v: Value = serde_json::from_str(l).unwrap();
-                v.as_object_mut().unwrap().retain(|k, _| !k.starts_with("perf/") && k != "weight_version");
-                v
-            })
-            .collect()
+    let metrics = |dir: &Path| -> Vec<Value> {
+        let mut rows = untimed(dir);
+        for v in &mut rows {
+            v.as_object_mut().unwrap().remove("weight_version");
+        }
+        rows
     };
     let mut runs = Vec::new();
     for (name, launcher, transport) in
@@ -144,16 +153,7 @@ recipe w {{
         let file = d.join(format!("{name}.miles"));
         std::fs::write(&file, recipe(launcher, transport)).unwrap();
         let out = d.join(name);
-        let o = miles(&[
-            "run",
-            file.to_str().unwrap(),
-            "--out",
-            out.to_str().unwrap(),
-            "--progress",
-            "plain",
-            "--threads",
-            "1",
-        ]);
+        let o = run_recipe(&file, &out, LIMIT);
         assert!(o.status.success(), "{name}: {}", text(&o));
         runs.push(out);
     }
@@ -185,7 +185,7 @@ fn a_reward_program_that_exits_early_is_named_not_a_signal() {
     assert!(recipe.contains("command_reward"), "{recipe}");
     let r = dir.join("once.miles");
     std::fs::write(&r, recipe).unwrap();
-    let o = common::process::run_recipe(&r, &dir.join("out"), std::time::Duration::from_secs(300));
+    let o = run_recipe(&r, &dir.join("out"), LIMIT);
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success());
     assert!(!err.contains("killed by signal"), "{err}");

@@ -23,6 +23,7 @@ mod gpu;
 mod hf_hub;
 mod hf_moe;
 mod hf_recipe;
+mod hf_weight_updates;
 mod interrupt;
 mod lora;
 mod moe;

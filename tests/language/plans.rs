@@ -271,3 +271,64 @@ fn qwen3_30b_a3b_lora_fits_because_only_adapters_train_and_sync() {
     insta::assert_snapshot!("qwen3_30b_a3b_lora.txt", text);
     insta::assert_snapshot!("qwen3_30b_a3b_lora.json", miles_plan::render_json(&lora));
 }
+
+/// A trainer that starts from a PEFT adapter (`lora { init }`) names it under its memory, with
+/// the rank and targets `miles check` read from the adapter's adapter_config.json (r = 4, seven
+/// modules, in the plan's order), in text and JSON; fresh adapters print no such line.
+#[test]
+fn a_lora_init_adapter_is_named_under_the_trainer() {
+    let file = "tests/plans/lora-init.miles";
+    let dir = "tests/cases/lora_init/adapters/llama-r4";
+    let recipe = |lora: &str| {
+        format!(
+            r#"import std/tasks/arith
+model llama = transformer {{ layers = 2, d_model = 64, heads = 4, kv_heads = 2, d_ff = 96, vocab = arith.vocab }}
+recipe continues {{
+    rollout = generate(llama) {{ prompts = arith.addition {{}}, max_new_tokens = 4.tokens }}
+    reward  = exact_match(rollout)
+    train   = grpo(rollout, reward) {{ rollout_batch = 32, global_batch = 256, lora = {lora} }}
+    sync    = weights(train -> rollout)
+}}
+"#
+        )
+    };
+    let planned = |text: String| {
+        let overlay = miles_compiler::fs::MemoryFs::with(&[(file, &text)]);
+        let fs = miles_compiler::fs::OverlayFs { base: &Disk, overlay: &overlay };
+        let c = compile(&fs, &[file.to_string()], &Options::default());
+        assert!(!c.has_errors(), "{:#?}", c.diagnostics);
+        miles_plan::plan(&miles_plan::plan_input(&c.recipes[0]))
+    };
+    let p = planned(recipe(&format!(r#"lora {{ init = "{dir}" }}"#)));
+    let text = miles_plan::render_text(&p);
+    let line = format!("LoRA from {dir} (rank 4, targets q, k, v, o, gate, up, down)");
+    let under_train = text.split("\n  train (").nth(1).unwrap_or_else(|| panic!("the trainer's memory: {text}"));
+    let shown = under_train.lines().find(|l| l.trim_start().starts_with("init ")).unwrap_or_else(|| panic!("{text}"));
+    assert!(shown.ends_with(&line), "{shown:?} in {text}");
+    let json: serde_json::Value = serde_json::from_str(&miles_plan::render_json(&p)).unwrap();
+    let lora = json["memory"].as_array().unwrap().iter().find(|m| m["stage"] == "train").unwrap()["lora"].clone();
+    assert_eq!(
+        (lora["init"].as_str(), lora["init_line"].as_str(), lora["rank"].as_u64()),
+        (Some(dir), Some(&*line), Some(4))
+    );
+    // Fresh adapters of the same rank and targets: the same memory, and no `init` line or key.
+    let fresh = planned(recipe(
+        "lora { rank = 4, alpha = 8.0, target_modules = [down_proj, gate_proj, k_proj, o_proj, q_proj, up_proj, v_proj] }",
+    ));
+    let fresh_text = miles_plan::render_text(&fresh);
+    assert!(!fresh_text.contains("LoRA from"), "{fresh_text}");
+    assert!(!miles_plan::render_json(&fresh).contains("\"init\""));
+    assert_eq!(
+        fresh.memory,
+        p.memory
+            .iter()
+            .cloned()
+            .map(|mut m| {
+                if let Some(l) = m.lora.as_mut() {
+                    (l.init, l.init_line) = (None, None);
+                }
+                m
+            })
+            .collect::<Vec<_>>()
+    );
+}

@@ -38,7 +38,7 @@ pub trait FileSystem: Send + Sync {
     }
 
     /// The names in a directory, sorted (empty when it cannot be listed): what an error offers
-    /// instead of a missing name.
+    /// instead of a missing name, and where `parquet_files` looks for shards.
     fn list_dir(&self, _path: &str) -> Vec<String> {
         Vec::new()
     }
@@ -88,9 +88,10 @@ impl FileSystem for DiskFs {
     }
 
     fn list_dir(&self, path: &str) -> Vec<String> {
-        // Bounded: a listing only illustrates an error message.
+        // Bounded against a pathological directory, but far above any dataset's shard count:
+        // `parquet_files` decides from this listing whether a directory holds shards.
         let mut names: Vec<String> = std::fs::read_dir(path)
-            .map(|d| d.flatten().take(1000).map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+            .map(|d| d.flatten().take(100_000).map(|e| e.file_name().to_string_lossy().into_owned()).collect())
             .unwrap_or_default();
         names.sort();
         names

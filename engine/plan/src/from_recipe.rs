@@ -436,7 +436,14 @@ fn lora_of(l: &job::LoraJob) -> Lora {
         l.target_modules.iter().filter_map(|m| LoraTarget::from_name(m)).collect();
     target_modules.sort();
     target_modules.dedup();
-    Lora { rank: l.rank, adapters: l.adapters, target_modules, dropout: l.dropout, span: l.span }
+    Lora {
+        rank: l.rank,
+        adapters: l.adapters,
+        target_modules,
+        dropout: l.dropout,
+        init: l.init.as_ref().map(|d| d.value.clone()),
+        span: l.span,
+    }
 }
 
 fn sync_of(s: &job::SyncJob) -> WeightSync {

@@ -796,6 +796,7 @@ mod tests {
             adapters: adapters.into(),
             target_modules: targets.to_vec(),
             dropout: 0.0,
+            init: None,
             span: None,
         }
     }

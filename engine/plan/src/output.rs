@@ -202,6 +202,12 @@ pub struct LoraReport {
     pub sync_bytes: u64,
     /// The adapters in words, as the text plan prints them.
     pub summary: String,
+    /// The PEFT adapter directory training starts from (`lora { init }`); absent: fresh adapters.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub init: Option<String>,
+    /// `LoRA from DIR (rank r, targets q, k, v, o)`, the text plan's line for `init`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub init_line: Option<String>,
     pub full_finetune: FullFinetune,
 }
 

@@ -227,6 +227,9 @@ fn memory_section(o: &mut String, p: &Plan) {
                     gb(f.gradients),
                     gb(f.optimizer)
                 );
+                if let Some(line) = &l.init_line {
+                    let _ = writeln!(o, "    {:w$} {:>9}  {line}", "init", "");
+                }
             }
             if let Some(off) = &m.offload {
                 let _ = writeln!(

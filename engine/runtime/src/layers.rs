@@ -18,8 +18,9 @@ const LAYERS: &[&[&str]] = &[
     &["child", "distributed", "error", "quote", "routing", "schedule", "source", "tensorboard", "token"],
     // The run spec (plain data), and the small services everything uses.
     &["atomic_write", "diffusion", "http_client", "line_child", "rng", "safetensors", "spec"],
-    // What engines sample and trainers consume; text to ids; progress.
-    &["progress", "sample", "tokenize"],
+    // What engines sample and trainers consume; text to ids; progress; a Hugging Face
+    // directory's config.json and tensor names for a model config.
+    &["hf_dir", "progress", "sample", "tokenize"],
     // Advantages from rewards, the backend's traits, rewards, TITO sessions.
     &["advantage", "backend", "reward", "session"],
     // Environments and episodes, tasks and prompts, streaming engines; the simulated backend.

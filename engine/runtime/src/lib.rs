@@ -36,6 +36,7 @@ pub mod diffusion;
 pub mod distributed;
 pub mod env;
 pub mod error;
+pub mod hf_dir;
 pub mod http_client;
 pub mod line_child;
 pub mod progress;

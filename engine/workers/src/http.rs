@@ -15,9 +15,11 @@
 //! What one request may ask (`n`, tokens, prompts, body bytes) and how long it may take are
 //! bounded (`Limits`, each a `miles serve` flag; docs/distributed.md).
 
-use miles_runtime::http_client;
 use miles_runtime::tasks::TokenId;
-use miles_runtime::{FinishReason, RolloutEngine, RunError, Sample, SamplingParams, WeightSnapshot};
+use miles_runtime::{hf_dir, http_client};
+use miles_runtime::{
+    FinishReason, ModelConfig, RolloutEngine, RunError, Sample, SamplingParams, WeightSnapshot, E_CHECKPOINT,
+};
 use serde_json::{json, Value};
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -170,12 +172,36 @@ pub struct HttpEngine {
     /// Never printed: no `Debug` here, and no error message includes it.
     api_key: Option<String>,
     version: u64,
+    /// config.json of the Hugging Face directory the policy was loaded from (`with_source`):
+    /// each update's config.json, as that directory says the model is.
+    source_config: Option<Value>,
 }
 
 impl HttpEngine {
     /// The API key comes from `MILES_API_KEY` (none when unset).
     pub fn new(urls: Vec<String>, weights_dir: PathBuf, model: miles_runtime::ModelConfig, timeout: Duration) -> Self {
-        HttpEngine { urls, timeout, weights_dir, model, api_key: api_key_from_env(), version: 0 }
+        HttpEngine { urls, timeout, weights_dir, model, api_key: api_key_from_env(), version: 0, source_config: None }
+    }
+
+    /// The policy was loaded from the Hugging Face directory `dir` (the run spec's `hf`): every
+    /// update carries its config.json (dtype float32) rather than one made from the model config,
+    /// which lacks what the trainer read from the directory alone (rope scaling, token ids).
+    pub fn with_source(mut self, dir: Option<&Path>) -> Result<Self, RunError> {
+        self.source_config = match dir {
+            None => None,
+            Some(d) => {
+                let path = d.join("config.json");
+                let text =
+                    std::fs::read_to_string(&path).map_err(|e| RunError::io(E_CHECKPOINT, "cannot read", &path, e))?;
+                let v: Value = serde_json::from_str(&text)
+                    .map_err(|e| RunError::new(E_CHECKPOINT, format!("{}: not valid JSON: {e}", path.display())))?;
+                if !v.is_object() {
+                    return Err(RunError::new(E_CHECKPOINT, format!("{}: not a JSON object", path.display())));
+                }
+                Some(v)
+            }
+        };
+        Ok(self)
     }
 
     /// Replaces the API key taken from the environment.
@@ -246,8 +272,7 @@ impl RolloutEngine for HttpEngine {
 
     fn load_weights(&mut self, w: &WeightSnapshot) -> Result<(), RunError> {
         let dir = self.weights_dir.join(format!("v{:010}", w.version));
-        write_hf_checkpoint(&dir, w, &self.model)
-            .map_err(|e| RunError::io(crate::E_TRANSFER, "cannot write", &dir, e))?;
+        write_hf_checkpoint_from(&dir, w, &self.model, self.source_config.as_ref())?;
         for u in &self.urls {
             let url = format!("{}/update_weights_from_disk", u.trim_end_matches('/'));
             let body = json!({ "model_path": dir, "weight_version": w.version.to_string() });
@@ -264,49 +289,64 @@ impl RolloutEngine for HttpEngine {
     }
 }
 
-/// model.safetensors (F32) + config.json, written into a temp dir and renamed: what SGLang's
-/// `/update_weights_from_disk` and `miles serve` read.
-pub fn write_hf_checkpoint(dir: &Path, w: &WeightSnapshot, m: &miles_runtime::ModelConfig) -> std::io::Result<()> {
-    let parent = dir.parent().unwrap_or(Path::new("."));
-    std::fs::create_dir_all(parent)?;
-    let tmp =
-        parent.join(format!(".{}.tmp", dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default()));
-    let _ = std::fs::remove_dir_all(&tmp);
-    std::fs::create_dir_all(&tmp)?;
+/// A weight update as a Hugging Face directory (model.safetensors in F32, config.json), what
+/// SGLang's `/update_weights_from_disk` and `miles serve` read: config.json made from `m`
+/// (`miles_runtime::hf_dir::config_json`, the exporter's: Llama, Qwen2, Qwen3, Qwen3-MoE or
+/// Mixtral, whichever holds `m`), tensors under that architecture's names (Mixtral's
+/// `block_sparse_moe`). A model no transformers class holds is refused, saying why. Written into a
+/// temp directory, synced and renamed into place.
+pub fn write_hf_checkpoint(dir: &Path, w: &WeightSnapshot, m: &ModelConfig) -> Result<(), RunError> {
+    write_hf_checkpoint_from(dir, w, m, None)
+}
+
+/// `write_hf_checkpoint`, with `source` (config.json of the Hugging Face directory the policy was
+/// loaded from) written as the update's config.json, dtype set to float32, so every field `m`
+/// does not hold (rope scaling, token ids, sliding window) reaches the server as the trainer
+/// read it.
+pub fn write_hf_checkpoint_from(
+    dir: &Path,
+    w: &WeightSnapshot,
+    m: &ModelConfig,
+    source: Option<&Value>,
+) -> Result<(), RunError> {
+    let (config, arch) = match source {
+        // The names follow the model: a directory `m` came from is held by the class `m` maps to.
+        Some(s) => (hf_dir::float32_config(s), hf_dir::config_json(m)?.1),
+        None => hf_dir::config_json(m)?,
+    };
+    miles_runtime::atomic_write::write_dir_atomically(dir, |tmp| {
+        let path = tmp.join("model.safetensors");
+        write_f32_safetensors(&path, w, arch).map_err(|e| RunError::io(E_CHECKPOINT, "cannot write", &path, e))?;
+        let path = tmp.join("config.json");
+        std::fs::write(&path, config.to_string()).map_err(|e| RunError::io(E_CHECKPOINT, "cannot write", &path, e))
+    })
+}
+
+/// The snapshot's tensors as one safetensors file, each under `arch`'s name for it.
+fn write_f32_safetensors(path: &Path, w: &WeightSnapshot, arch: hf_dir::Architecture) -> std::io::Result<()> {
     let mut header = serde_json::Map::new();
     let mut off = 0usize;
     for t in &w.tensors {
         let n = t.data.len() * 4;
-        header.insert(t.name.clone(), json!({"dtype": "F32", "shape": t.shape, "data_offsets": [off, off + n]}));
+        let name = hf_dir::hf_name(arch, &t.name);
+        let entry = json!({"dtype": "F32", "shape": t.shape, "data_offsets": [off, off + n]});
+        if header.insert(name.clone(), entry).is_some() {
+            return Err(std::io::Error::other(format!("two tensors of the update are named {name}")));
+        }
         off += n;
     }
     let mut h = serde_json::to_vec(&Value::Object(header)).map_err(std::io::Error::other)?;
+    // The data starts 8-byte aligned, as safetensors' own writer pads it.
     while h.len() % 8 != 0 {
         h.push(b' ');
     }
-    {
-        let mut f = std::io::BufWriter::new(std::fs::File::create(tmp.join("model.safetensors"))?);
-        f.write_all(&(h.len() as u64).to_le_bytes())?;
-        f.write_all(&h)?;
-        for t in &w.tensors {
-            f.write_all(crate::wire::as_bytes(&t.data))?;
-        }
-        f.flush()?;
-        f.get_ref().sync_all()?;
+    let mut f = std::io::BufWriter::new(std::fs::File::create(path)?);
+    f.write_all(&(h.len() as u64).to_le_bytes())?;
+    f.write_all(&h)?;
+    for t in &w.tensors {
+        f.write_all(crate::wire::as_bytes(&t.data))?;
     }
-    let config = json!({
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama",
-        "vocab_size": m.vocab_size, "hidden_size": m.d_model, "intermediate_size": m.d_ff,
-        "num_hidden_layers": m.n_layers, "num_attention_heads": m.n_heads, "num_key_value_heads": m.n_kv_heads,
-        "max_position_embeddings": m.max_len, "rms_norm_eps": m.norm_eps, "rope_theta": m.rope_theta,
-        "hidden_act": "silu", "tie_word_embeddings": false, "torch_dtype": "float32",
-        "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2, "initializer_range": m.init_std,
-    });
-    std::fs::write(tmp.join("config.json"), config.to_string())?;
-    if dir.exists() {
-        std::fs::remove_dir_all(dir)?;
-    }
-    std::fs::rename(&tmp, dir)
+    f.flush()
 }
 
 // ---- server: serve.rs (routes, state, the key and Host gate), generate.rs (`/generate`),
@@ -324,6 +364,166 @@ pub use serve::{check_bind, confine, is_loopback_bind, serve, Loader, PrefixStat
 #[cfg(test)]
 mod tests {
     use super::*;
+    use miles_runtime::{Gating, MoeConfig, NamedTensor};
+
+    fn temp(tag: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("miles-http-ckpt-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        d
+    }
+
+    fn model(qk_norm: bool, moe: Option<MoeConfig>) -> ModelConfig {
+        ModelConfig {
+            vocab_size: 16,
+            d_model: 8,
+            n_layers: 2,
+            n_heads: 2,
+            n_kv_heads: 1,
+            d_ff: 12,
+            max_len: 64,
+            rope_theta: 1e6,
+            norm_eps: 1e-6,
+            init_std: 0.02,
+            head_dim: Some(6),
+            qkv_bias: false,
+            o_bias: false,
+            qk_norm,
+            tie_embeddings: true,
+            rope_scaling: None,
+            moe,
+        }
+    }
+
+    fn experts(dense_layers: usize) -> MoeConfig {
+        MoeConfig {
+            experts: 2,
+            top_k: 1,
+            expert_d_ff: 12,
+            shared_expert_d_ff: 0,
+            dense_layers,
+            mlp_only_layers: vec![],
+            sparse_step: 1,
+            gating: Gating::Softmax,
+            norm_topk: true,
+            aux_loss_coef: 0.001,
+        }
+    }
+
+    /// A snapshot under the model's own names, as `Policy::snapshot` makes them.
+    fn snapshot(names: &[&str]) -> WeightSnapshot {
+        let tensors = names
+            .iter()
+            .enumerate()
+            .map(|(i, n)| NamedTensor { name: n.to_string(), shape: vec![2, 1 + i], data: vec![i as f32; 2 * (1 + i)] })
+            .collect();
+        WeightSnapshot { version: 4, tensors }
+    }
+
+    fn written(dir: &Path) -> (Value, miles_runtime::safetensors::Header, Vec<u8>) {
+        let config = serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
+        let bytes = std::fs::read(dir.join("model.safetensors")).unwrap();
+        (config, miles_runtime::safetensors::parse(&bytes).unwrap(), bytes)
+    }
+
+    #[test]
+    fn each_architecture_gets_its_own_config_json() {
+        let names = ["model.embed_tokens.weight", "model.layers.0.self_attn.q_norm.weight"];
+        for (m, class) in [
+            (model(true, None), "Qwen3ForCausalLM"),
+            (model(true, Some(experts(1))), "Qwen3MoeForCausalLM"),
+            (model(false, Some(experts(0))), "MixtralForCausalLM"),
+            (ModelConfig { qkv_bias: true, ..model(false, None) }, "Qwen2ForCausalLM"),
+        ] {
+            let dir = temp(class).join("v1");
+            write_hf_checkpoint(&dir, &snapshot(&names), &m).unwrap();
+            let (config, ..) = written(&dir);
+            // The exporter's config.json, byte for byte the same object: one implementation.
+            assert_eq!(config, hf_dir::config_json(&m).unwrap().0, "{class}");
+            assert_eq!(config["architectures"][0], class);
+            assert_eq!((config["head_dim"].as_u64(), config["tie_word_embeddings"].as_bool()), (Some(6), Some(true)));
+            let _ = std::fs::remove_dir_all(dir.parent().unwrap());
+        }
+    }
+
+    #[test]
+    fn a_mixtral_update_carries_transformers_names_and_its_data() {
+        let own = [
+            "model.embed_tokens.weight",
+            "model.layers.0.mlp.gate.weight",
+            "model.layers.0.mlp.experts.1.gate_proj.weight",
+            "model.layers.0.mlp.experts.1.up_proj.weight",
+            "model.layers.1.mlp.experts.0.down_proj.weight",
+            "model.layers.1.self_attn.o_proj.weight",
+        ];
+        let dir = temp("mixtral").join("v4");
+        let w = snapshot(&own);
+        write_hf_checkpoint(&dir, &w, &model(false, Some(experts(0)))).unwrap();
+        let (_, header, bytes) = written(&dir);
+        let names: Vec<&str> = header.entries.iter().map(|e| e.name.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "model.embed_tokens.weight",
+                "model.layers.0.block_sparse_moe.gate.weight",
+                "model.layers.0.block_sparse_moe.experts.1.w1.weight",
+                "model.layers.0.block_sparse_moe.experts.1.w3.weight",
+                "model.layers.1.block_sparse_moe.experts.0.w2.weight",
+                "model.layers.1.self_attn.o_proj.weight",
+            ]
+        );
+        for (e, t) in header.entries.iter().zip(&w.tensors) {
+            assert_eq!(e.shape, t.shape.iter().map(|&d| d as u64).collect::<Vec<_>>());
+            let data = &bytes[e.start as usize..(e.start + e.len) as usize];
+            assert_eq!(data, crate::wire::as_bytes(&t.data), "{}", e.name);
+        }
+        // Qwen3-MoE's names are the model's own.
+        let dir2 = temp("qwen3moe").join("v4");
+        write_hf_checkpoint(&dir2, &w, &model(true, Some(experts(0)))).unwrap();
+        let (_, header, _) = written(&dir2);
+        assert_eq!(header.entries.iter().map(|e| e.name.as_str()).collect::<Vec<_>>(), own);
+        for d in [dir, dir2] {
+            let _ = std::fs::remove_dir_all(d.parent().unwrap());
+        }
+    }
+
+    #[test]
+    fn what_no_class_holds_is_refused_and_nothing_is_left() {
+        let m = model(true, Some(MoeConfig { shared_expert_d_ff: 4, ..experts(0) }));
+        let root = temp("refused");
+        let dir = root.join("v1");
+        let e = write_hf_checkpoint(&dir, &snapshot(&["model.embed_tokens.weight"]), &m).unwrap_err().to_string();
+        assert!(e.contains("no transformers architecture holds") && e.contains("shared expert"), "{e}");
+        assert!(!dir.exists() && std::fs::read_dir(&root).map_or(true, |mut d| d.next().is_none()));
+        let _ = std::fs::remove_dir_all(root);
+    }
+
+    #[test]
+    fn a_source_config_json_is_carried_with_fp32() {
+        let root = temp("source");
+        std::fs::create_dir_all(&root).unwrap();
+        let source = json!({"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "torch_dtype": "bfloat16",
+            "rope_scaling": {"rope_type": "linear", "factor": 2.0}, "eos_token_id": [7, 9]});
+        std::fs::write(root.join("config.json"), source.to_string()).unwrap();
+        let m = model(true, None);
+        let engine = HttpEngine::new(vec![], root.join("w"), m.clone(), Duration::from_secs(1))
+            .with_source(Some(&root))
+            .unwrap();
+        let dir = root.join("w").join("v2");
+        write_hf_checkpoint_from(&dir, &snapshot(&["model.embed_tokens.weight"]), &m, engine.source_config.as_ref())
+            .unwrap();
+        let (config, ..) = written(&dir);
+        let mut want = source.clone();
+        want["torch_dtype"] = json!("float32");
+        assert_eq!(config, want);
+        // A source without a readable config.json is an error naming the file.
+        let e = HttpEngine::new(vec![], root.join("w"), m, Duration::from_secs(1))
+            .with_source(Some(&root.join("nowhere")))
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(e.contains("nowhere/config.json"), "{e}");
+        let _ = std::fs::remove_dir_all(root);
+    }
 
     #[test]
     fn generate_body_and_parse_follow_sglang() {

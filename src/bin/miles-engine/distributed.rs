@@ -65,7 +65,7 @@ impl miles_runtime::Backend for HttpBackend {
     }
     fn create(&self, spec: &RunSpec) -> Result<miles_runtime::EngineAndTrainer, RunError> {
         let (_, trainer) = miles_tch::TchBackend.create(spec)?;
-        Ok((Box::new(self.engine(spec)), trainer))
+        Ok((Box::new(self.engine(spec)?), trainer))
     }
 
     /// The asynchronous schedules: the servers generate on the executor's generation thread
@@ -80,7 +80,7 @@ impl miles_runtime::Backend for HttpBackend {
         }
         let (_, trainer) = miles_tch::TchBackend.create(spec)?;
         Ok(Some(miles_runtime::AsyncParts {
-            engine: Box::new(miles_runtime::stream::BatchedStream::new(self.engine(spec), a.max_concurrent)),
+            engine: Box::new(miles_runtime::stream::BatchedStream::new(self.engine(spec)?, a.max_concurrent)),
             trainer,
             eval_engine: None,
         }))
@@ -88,12 +88,14 @@ impl miles_runtime::Backend for HttpBackend {
 }
 
 impl HttpBackend {
-    fn engine(&self, spec: &RunSpec) -> miles_workers::http::HttpEngine {
+    /// A policy from an `hf` directory sends that directory's config.json with each update.
+    fn engine(&self, spec: &RunSpec) -> Result<miles_workers::http::HttpEngine, RunError> {
         miles_workers::http::HttpEngine::new(
             self.urls.clone(),
             self.weights_dir.clone(),
             spec.model.clone(),
             std::time::Duration::from_secs_f64(self.timeout.max(1.0)),
         )
+        .with_source(spec.hf.as_ref().map(|h| h.path.as_path()))
     }
 }

@@ -101,6 +101,12 @@ pub(super) const RUNNABLE_PROMPTS: &[&str] = &["addition", "multiplication", "re
 pub(super) const BYO: &[&str] =
     &["hf_recipe_runs_end_to_end", "grpo_from_an_hf_directory_with_a_command_reward_exports_a_reloadable_model"];
 pub(super) const BYO_PARQUET: &[&str] = &["a_parquet_and_verify_recipe_runs_and_a_bad_directory_is_a_check_error"];
+/// Tests of a datasets repository's held-out rows (`held_out`): shipped test shards, or drawn.
+const HELD_OUT: &[&str] = &[
+    "held_out_drawn_ignores_the_test_shards_and_draws_from_the_train_rows",
+    "a_run_from_a_sharded_datasets_repository_holds_out_its_test_shards",
+    "held_out_drawn_evaluates_on_train_shard_rows",
+];
 /// Tests of a prompt file's split rule (`split_by`): its counts, and a run it makes work.
 const SPLIT_BY: &[&str] =
     &["split_by_row_keeps_every_row", "a_shared_prompt_file_shows_its_dedup_and_runs_split_by_row"];
@@ -548,6 +554,7 @@ pub const TABLE: &[Entry] = &[
     e("parquet", "split_seed", Support::All, "", BYO_PARQUET),
     e("parquet", "split_by", Support::All, "", SPLIT_BY),
     e("parquet", "split_key", Support::All, "", &["split_by_key_keeps_groups_whole"]),
+    e("parquet", "held_out", Support::All, "", HELD_OUT),
     e("addition", "digits", Support::All, "", TASKS),
     e("addition", "split", Support::All, "", TASKS),
     e("addition", "test_size", Support::All, "", TASKS),

@@ -16,6 +16,7 @@ pub enum Builtin {
     ModelOf,
     Has,
     Exists,
+    ParquetFiles,
     HfConfig,
     ReadJson,
     HfSnapshot,
@@ -25,7 +26,7 @@ pub enum Builtin {
 
 impl Builtin {
     /// Every builtin, in the order they are listed to users.
-    pub const ALL: [Builtin; 13] = [
+    pub const ALL: [Builtin; 14] = [
         Builtin::Min,
         Builtin::Max,
         Builtin::Len,
@@ -34,6 +35,7 @@ impl Builtin {
         Builtin::ModelOf,
         Builtin::Has,
         Builtin::Exists,
+        Builtin::ParquetFiles,
         Builtin::HfConfig,
         Builtin::ReadJson,
         Builtin::HfSnapshot,
@@ -65,6 +67,7 @@ impl Builtin {
             Builtin::ModelOf => "model_of",
             Builtin::Has => "has",
             Builtin::Exists => "exists",
+            Builtin::ParquetFiles => "parquet_files",
             Builtin::HfConfig => "hf_config",
             Builtin::ReadJson => "read_json",
             Builtin::HfSnapshot => "hf_snapshot",
@@ -84,6 +87,7 @@ impl Builtin {
             Builtin::ModelOf => "model_of(stage)",
             Builtin::Has => "has(record, \"field\")",
             Builtin::Exists => "exists(path)",
+            Builtin::ParquetFiles => "parquet_files(path)",
             Builtin::HfConfig => "hf_config(dir)",
             Builtin::ReadJson => "read_json(path)",
             Builtin::HfSnapshot => "hf_snapshot(repo, revision)",
@@ -103,6 +107,12 @@ impl Builtin {
             Builtin::ModelOf => "the model a stage runs, found upstream",
             Builtin::Has => "whether the record has the field",
             Builtin::Exists => "whether the file or directory is there (paths relative to where `miles` runs)",
+            Builtin::ParquetFiles => {
+                "how many .parquet files `miles run` finds where a `parquet { path }` points: 1 for a file, 0 \
+                 when nothing is there; for a directory, those in it, else in its `train/`, its `data/` (or \
+                 `data/train/`), or each configuration directory (or its `train/`), as the run looks for \
+                 shards (names only; docs/data.md, \"Parquet\")"
+            }
             Builtin::ReadJson => {
                 "a JSON file's value (objects as maps, arrays as lists; paths relative to where `miles` runs): \
                  what a checkpoint's config says, for checks against the recipe"
@@ -203,6 +213,7 @@ impl<'p> Eval<'p> {
                 Some(Value::Bool(yes))
             }
             Builtin::Exists
+            | Builtin::ParquetFiles
             | Builtin::HfConfig
             | Builtin::ReadJson
             | Builtin::HfSnapshot
@@ -265,7 +276,7 @@ impl Eval<'_> {
             None
         };
         match b {
-            Builtin::Exists | Builtin::HfConfig | Builtin::ReadJson => {
+            Builtin::Exists | Builtin::ParquetFiles | Builtin::HfConfig | Builtin::ReadJson => {
                 if args.len() != 1 {
                     return arity_err(self, "one argument");
                 }
@@ -291,6 +302,9 @@ impl Eval<'_> {
                 };
                 if b == Builtin::Exists {
                     return Some(Value::Bool(fs.exists(&path)));
+                }
+                if b == Builtin::ParquetFiles {
+                    return Some(Value::int(parquet_files(fs, &path) as i128));
                 }
                 if b == Builtin::ReadJson {
                     return self.read_json(&path, at);
@@ -514,6 +528,52 @@ impl Eval<'_> {
 }
 
 /// A JSON value as the language's: numbers exact (a decimal literal's rational), null as `none`.
+/// The .parquet files `miles run` would find at `path`, walked as the runtime's
+/// `tasks/parquet/shards.rs` walks a directory (the same places, in the same order, stopping
+/// where it stops), so that `miles check` can say a directory holds none. Names only: whether a
+/// datasets layout is complete, or names several configurations, stays the run's error.
+fn parquet_files(fs: &dyn crate::fs::FileSystem, path: &str) -> usize {
+    if !fs.is_dir(path) {
+        return usize::from(fs.exists(path));
+    }
+    shards_in(fs, path, 0)
+}
+
+/// `shards.rs`'s `in_dir`: the files in `dir`, else the converted layout's `train/` (with its
+/// `test/`), else, at the top only, `data/` or the configuration directories.
+fn shards_in(fs: &dyn crate::fs::FileSystem, dir: &str, depth: usize) -> usize {
+    let here = parquet_in(fs, dir);
+    if here > 0 {
+        return here;
+    }
+    let train = parquet_in(fs, &crate::fs::join(dir, "train"));
+    if train > 0 {
+        return train + parquet_in(fs, &crate::fs::join(dir, "test"));
+    }
+    if depth > 0 {
+        return 0;
+    }
+    let data = crate::fs::join(dir, "data");
+    if fs.is_dir(&data) {
+        return shards_in(fs, &data, 1);
+    }
+    fs.list_dir(dir)
+        .iter()
+        .filter(|n| !n.starts_with('.'))
+        .map(|n| crate::fs::join(dir, n))
+        .filter(|sub| fs.is_dir(sub))
+        .map(|sub| shards_in(fs, &sub, 1))
+        .sum()
+}
+
+/// The `.parquet` files directly in `dir`; hidden ones (partial downloads) are not shards.
+fn parquet_in(fs: &dyn crate::fs::FileSystem, dir: &str) -> usize {
+    fs.list_dir(dir)
+        .iter()
+        .filter(|n| !n.starts_with('.') && n.ends_with(".parquet") && !fs.is_dir(&crate::fs::join(dir, n)))
+        .count()
+}
+
 fn json_value(j: &serde_json::Value) -> Value {
     use serde_json::Value as J;
     match j {
@@ -548,6 +608,32 @@ mod tests {
         }
         assert_eq!(Builtin::from_name("sum"), None);
         assert_eq!(Builtin::from_name("read_json"), Some(Builtin::ReadJson));
+    }
+
+    /// The layouts of the runtime's `shards.rs` tests, counted by name through a `FileSystem`.
+    #[test]
+    fn parquet_files_finds_shards_where_the_run_looks() {
+        let count = |files: &[&str]| {
+            let fs = crate::fs::MemoryFs::new();
+            for f in files {
+                fs.insert(&format!("d/{f}"), Vec::new());
+            }
+            parquet_files(&fs, "d")
+        };
+        assert_eq!(count(&["a.parquet", "b.parquet", "README.md", ".c.parquet", "sub/x.txt"]), 2);
+        assert_eq!(count(&["README.md", "data/train-00000-of-00002.parquet", "data/train-00001-of-00002.parquet"]), 2);
+        assert_eq!(count(&["main/train-00000-of-00001.parquet", "main/test-00000-of-00001.parquet"]), 2);
+        assert_eq!(count(&["default/train/0000.parquet", "default/test/0000.parquet"]), 2);
+        assert_eq!(count(&["data/train/0000.parquet"]), 1);
+        // None: no shard anywhere, a hidden one, one too deep, or beside an empty `data/` (the
+        // run looks no further than `data/` when it is there).
+        assert_eq!(count(&["README.md", "notes/a.txt"]), 0);
+        assert_eq!(count(&["data/.train.parquet.tmp", "data/.x.parquet"]), 0);
+        assert_eq!(count(&["main/sub/deep/train.parquet"]), 0);
+        assert_eq!(count(&["data/README.md", "main/train-00000-of-00001.parquet"]), 0);
+        // A file is its own one shard; nothing is none.
+        let fs = crate::fs::MemoryFs::with(&[("p.parquet", "")]);
+        assert_eq!((parquet_files(&fs, "p.parquet"), parquet_files(&fs, "missing")), (1, 0));
     }
 
     #[test]

@@ -256,6 +256,25 @@ pub(crate) struct MoeSizes {
 }
 
 impl MoeSizes {
+    /// Softmax routing to `top_k` of `experts` in every layer, renormalised, no shared experts or
+    /// biases (Mixtral); a reader sets what its architecture changes (Qwen3-MoE, gpt-oss).
+    pub fn every_layer(experts: u64, top_k: u64, expert_d_ff: u64, aux_loss_coef: Q) -> MoeSizes {
+        MoeSizes {
+            experts,
+            top_k,
+            expert_d_ff,
+            shared_d_ff: 0,
+            dense_layers: 0,
+            mlp_only_layers: Vec::new(),
+            sparse_step: 1,
+            step_from_zero: false,
+            gating: Gating::Softmax,
+            norm_topk: true,
+            aux_loss_coef,
+            biases: false,
+        }
+    }
+
     /// Whether layer `i` has routed experts (the runtime's `MoeConfig::is_moe_layer`, with
     /// DeepSeek's frequency counted as its reference code counts it).
     pub fn is_moe_layer(&self, i: u64) -> bool {
@@ -358,6 +377,29 @@ fn rope_theta(f: &Fields, check_type: bool) -> Result<Q, String> {
         return Ok(t);
     }
     Ok(inner.map(|p| p.number("rope_theta")).transpose()?.flatten().unwrap_or(Q::int(10000)))
+}
+
+/// The attention sizes of a grouped-query config.json as the plan-only readers take them.
+#[derive(Clone, Copy)]
+pub(crate) struct Gqa {
+    pub layers: u64,
+    pub d_model: u64,
+    pub heads: u64,
+    pub kv_heads: u64,
+    pub head_dim: u64,
+}
+
+impl Gqa {
+    /// Read in this order (it is the order `read` lists); `num_key_value_heads` defaults to the
+    /// heads, and is at least 1.
+    fn read(f: &Fields) -> Result<Gqa, String> {
+        let layers = f.positive("num_hidden_layers")?;
+        let d_model = f.positive("hidden_size")?;
+        let heads = f.positive("num_attention_heads")?;
+        let kv_heads = f.int("num_key_value_heads")?.unwrap_or(heads).max(1);
+        let head_dim = head_dim(f, d_model, heads)?;
+        Ok(Gqa { layers, d_model, heads, kv_heads, head_dim })
+    }
 }
 
 /// `head_dim`, else `hidden_size / num_attention_heads`; even (rotary positions rotate pairs).

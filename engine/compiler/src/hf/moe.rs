@@ -2,7 +2,7 @@
 //! (qwen3_moe, mixtral: their experts as engine/tch/src/hf/config.rs reads them, with its
 //! refusals) and GLM-4.5/4.6 (glm4_moe, plan only).
 
-use super::{dense, head_dim, rope_theta, Attention, Fields, Gating, MoeSizes, Sized};
+use super::{dense, rope_theta, Attention, Fields, Gating, Gqa, MoeSizes, Sized};
 use crate::num::Q;
 
 /// qwen3_moe or mixtral: the loadable dense reading plus the experts, read and refused as
@@ -46,7 +46,7 @@ fn experts(f: &Fields) -> Result<Option<u64>, String> {
 }
 
 /// Routed experts per token, in 1..=experts.
-fn top_k(f: &Fields, key: &str, experts: u64) -> Result<u64, String> {
+pub(super) fn top_k(f: &Fields, key: &str, experts: u64) -> Result<u64, String> {
     let k = f.required(key)?;
     if k == 0 || k > experts {
         return Err(format!("`{key}` = {k}: each token is routed to 1..={experts} experts"));
@@ -69,19 +69,14 @@ fn qwen3_moe(f: &Fields, layers: u64, aux_loss_coef: Q) -> Result<Option<MoeSize
     }
     let mlp_only_layers = f.layer_list("mlp_only_layers", layers)?;
     let expert_d_ff = f.positive("moe_intermediate_size")?;
+    // Read here, in the order `read` lists them (the struct below only places them).
+    let k = top_k(f, "num_experts_per_tok", experts)?;
+    let norm_topk = f.bool("norm_topk_prob")?.unwrap_or(false);
     Ok(Some(MoeSizes {
-        experts,
-        top_k: top_k(f, "num_experts_per_tok", experts)?,
-        expert_d_ff,
-        shared_d_ff: 0,
-        dense_layers: 0,
         mlp_only_layers,
         sparse_step,
-        step_from_zero: false,
-        gating: Gating::Softmax,
-        norm_topk: f.bool("norm_topk_prob")?.unwrap_or(false),
-        aux_loss_coef,
-        biases: false,
+        norm_topk,
+        ..MoeSizes::every_layer(experts, k, expert_d_ff, aux_loss_coef)
     }))
 }
 
@@ -105,20 +100,7 @@ fn mixtral(f: &Fields, d_ff: u64, aux_loss_coef: Q) -> Result<MoeSizes, String> 
     if experts == 0 {
         return Err("`num_local_experts` must be at least 1".into());
     }
-    Ok(MoeSizes {
-        experts,
-        top_k: top_k(f, "num_experts_per_tok", experts)?,
-        expert_d_ff: d_ff,
-        shared_d_ff: 0,
-        dense_layers: 0,
-        mlp_only_layers: Vec::new(),
-        sparse_step: 1,
-        step_from_zero: false,
-        gating: Gating::Softmax,
-        norm_topk: true,
-        aux_loss_coef,
-        biases: false,
-    })
+    Ok(MoeSizes::every_layer(experts, top_k(f, "num_experts_per_tok", experts)?, d_ff, aux_loss_coef))
 }
 
 /// GLM-4.5 / 4.6 / 4.5-Air (`glm4_moe`, plan only): grouped-query attention with `head_dim`, q/k/v
@@ -128,11 +110,8 @@ fn mixtral(f: &Fields, d_ff: u64, aux_loss_coef: Q) -> Result<MoeSizes, String> 
 /// `n_shared_experts` shared ones, sigmoid routing. `num_nextn_predict_layers` MTP layers are
 /// counted apart.
 pub(super) fn read_glm4_moe(f: &Fields) -> Result<Sized, String> {
-    let layers = f.positive("num_hidden_layers")?;
-    let d_model = f.positive("hidden_size")?;
-    let heads = f.positive("num_attention_heads")?;
-    let kv_heads = f.int("num_key_value_heads")?.unwrap_or(heads).max(1);
-    let head_dim = head_dim(f, d_model, heads)?;
+    let g = Gqa::read(f)?;
+    let layers = g.layers;
     let attention_bias = f.bool("attention_bias")?.unwrap_or(false);
     // Read to say it was seen: a partial rotary changes which dimensions rotate, not any size.
     f.number("partial_rotary_factor")?;
@@ -152,27 +131,47 @@ pub(super) fn read_glm4_moe(f: &Fields) -> Result<Sized, String> {
         aux_loss_coef: Q::ZERO,
         biases: false,
     };
+    let d_ff = f.positive("intermediate_size")?;
+    let mut s = plan_only(f, "glm4_moe", g, d_ff, Some("use_qk_norm"), moe)?;
+    s.qkv_bias = attention_bias;
+    s.mtp_layers = f.int("num_nextn_predict_layers")?.unwrap_or(0);
+    Ok(s)
+}
+
+/// A plan-only grouped-query MoE (glm4_moe, gpt_oss) from its attention, dense width and experts:
+/// reads, in this order (the order `read` lists), `vocab_size`, `max_position_embeddings`
+/// (131072 when absent), `tie_word_embeddings`, the architecture's q/k-norm key if it has one,
+/// the rope theta (any rope type: it is not run) and `rms_norm_eps` (1e-5). No biases, sinks or
+/// MTP layers: the caller sets those its architecture has.
+pub(super) fn plan_only(
+    f: &Fields,
+    arch: &'static str,
+    g: Gqa,
+    d_ff: u64,
+    qk_norm_key: Option<&str>,
+    moe: MoeSizes,
+) -> Result<Sized, String> {
     Ok(Sized {
-        arch: "glm4_moe",
+        arch,
         loadable: false,
-        layers,
-        d_model,
-        heads,
-        kv_heads,
-        head_dim,
-        d_ff: f.positive("intermediate_size")?,
+        layers: g.layers,
+        d_model: g.d_model,
+        heads: g.heads,
+        kv_heads: g.kv_heads,
+        head_dim: g.head_dim,
+        d_ff,
         vocab: f.positive("vocab_size")?,
         max_len: f.int("max_position_embeddings")?.unwrap_or(131072).max(1),
         tie: f.bool("tie_word_embeddings")?.unwrap_or(false),
-        qkv_bias: attention_bias,
+        qkv_bias: false,
         o_bias: false,
-        qk_norm: f.bool("use_qk_norm")?.unwrap_or(false),
+        qk_norm: qk_norm_key.map(|k| f.bool(k)).transpose()?.flatten().unwrap_or(false),
         rope_theta: rope_theta(f, false)?,
         norm_eps: f.number("rms_norm_eps")?.unwrap_or(Q::new(1, 100_000).unwrap_or(Q::ZERO)),
         attention: Attention::Gqa,
         dsa: None,
         moe: Some(moe),
         sinks: false,
-        mtp_layers: f.int("num_nextn_predict_layers")?.unwrap_or(0),
+        mtp_layers: 0,
     })
 }

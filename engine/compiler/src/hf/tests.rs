@@ -9,29 +9,14 @@ fn fixture(name: &str) -> String {
     std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
 }
 
-/// `key = value` for the keys a dense model's reading is about, in `KEYS` order.
+/// `key = value` for the keys a dense model's reading is about: `KEYS` through `rope_theta` but
+/// `loadable`, then `experts` and `params`.
 fn show(m: &BTreeMap<String, Value>) -> String {
-    const DENSE: [&str; 16] = [
-        "architecture",
-        "layers",
-        "d_model",
-        "heads",
-        "kv_heads",
-        "head_dim",
-        "d_ff",
-        "vocab",
-        "max_len",
-        "tie_embeddings",
-        "qkv_bias",
-        "o_bias",
-        "qk_norm",
-        "rope_theta",
-        "experts",
-        "params",
-    ];
-    assert!(DENSE.iter().all(|k| KEYS.contains(k)));
-    DENSE
+    let through = KEYS.iter().position(|k| *k == "rope_theta").unwrap();
+    KEYS[..=through]
         .iter()
+        .filter(|k| **k != "loadable")
+        .chain(&["experts", "params"])
         .map(|k| format!("{k} = {}", m.get(*k).map(|v| v.to_string()).unwrap_or("-".into())))
         .collect::<Vec<_>>()
         .join(", ")

@@ -150,7 +150,8 @@ impl LoraTarget {
     }
 }
 
-/// std/prelude's `schema lora`, as far as memory and weight sync depend on it (`alpha` does not).
+/// std/prelude's `schema lora`, as far as memory and weight sync depend on it (`alpha` does not),
+/// and the PEFT adapter it starts from, which the plan names.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Lora {
     pub rank: Spanned<u64>,
@@ -165,6 +166,10 @@ pub struct Lora {
     /// (docs/plan.md, "LoRA"). Absent in JSON: 0; not written when 0.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub dropout: f64,
+    /// The PEFT adapter directory training starts from (`init`; `miles check` read it and checked
+    /// it fits, so rank and targets are the adapter's). Absent: fresh adapters.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub init: Option<String>,
     /// Where the recipe wrote `lora { ... }`.
     #[serde(default, serialize_with = "opt_span", deserialize_with = "de_opt_span")]
     pub span: Option<Span>,

@@ -175,6 +175,13 @@ mod tests {
         let explicit: RunSpec = serde_json::from_value(text).unwrap();
         let d = explicit.resume_diff(&saved);
         assert!(d.refused.is_empty() && d.allowed.is_empty(), "{d:?}");
+        // Where the held-out rows come from (`held_out`) decides which rows trained too; a spec
+        // saved before it existed reads as `shipped`.
+        assert_eq!(saved.task.split.held_out, super::super::HeldOut::Shipped);
+        let mut new = spec();
+        new.task.split.held_out = super::super::HeldOut::Drawn;
+        let refused: Vec<String> = new.resume_diff(&saved).refused.iter().map(|c| c.to_string()).collect();
+        assert_eq!(refused, ["task.split.held_out: none -> \"drawn\""]);
     }
 
     #[test]

@@ -91,6 +91,30 @@ pub struct SplitSpec {
     /// equal on resume.
     #[serde(default, skip_serializing_if = "SplitBy::is_prompt")]
     pub by: SplitBy,
+    /// Where a datasets repository's held-out rows come from (the recipe's `held_out`): the
+    /// `test` shards it ships, or drawn from its train rows as for one file. Left out of the JSON
+    /// when `shipped`, so specs saved before it existed compare equal on resume; a change is a
+    /// refused resume (`task.split.held_out`), as the held-out rows decide which rows trained.
+    #[serde(default, skip_serializing_if = "HeldOut::is_shipped")]
+    pub held_out: HeldOut,
+}
+
+/// Where a prompt source's held-out rows come from when no separate test file is named.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum HeldOut {
+    /// A datasets layout's own `test` shards, at most `test_size` of them; a source that ships
+    /// none (one file, plain shards) draws them from its train rows.
+    #[default]
+    Shipped,
+    /// Always drawn from the train rows by the split rule; shipped `test` shards are not read.
+    Drawn,
+}
+
+impl HeldOut {
+    pub fn is_shipped(&self) -> bool {
+        *self == HeldOut::Shipped
+    }
 }
 
 /// The rule of a prompt file's train/test split (the recipe's `split_by`; docs/data.md).
@@ -131,6 +155,11 @@ fn default_split_seed() -> u64 {
 
 impl Default for SplitSpec {
     fn default() -> Self {
-        SplitSpec { test_size: default_test_size(), seed: default_split_seed(), by: SplitBy::Prompt }
+        SplitSpec {
+            test_size: default_test_size(),
+            seed: default_split_seed(),
+            by: SplitBy::Prompt,
+            held_out: HeldOut::Shipped,
+        }
     }
 }

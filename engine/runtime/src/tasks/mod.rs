@@ -300,7 +300,7 @@ pub fn read_rows(
     let test = match test {
         Some(t) => Some(prompts::read(t, warnings)?),
         // A datasets layout's own test shards, when it ships them (docs/data.md).
-        None => prompts::read_shipped_test(train, spec.split.test_size, spec.split.seed, warnings)?,
+        None => prompts::read_shipped_test(train, &spec.split, warnings)?,
     };
     Ok((items, test))
 }

@@ -8,7 +8,7 @@ pub use crate::tokenize::{Messages, Prompt};
 
 use super::parquet as pq;
 use crate::reward::RewardInput;
-use crate::spec::OnError;
+use crate::spec::{HeldOut, OnError, SplitSpec};
 use crate::{FinishReason, RunError, E_DATA_FILE, E_DATA_LINE};
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
@@ -126,18 +126,19 @@ pub fn read(settings: &DataSettings, warnings: &mut Vec<String>) -> Result<Vec<P
 }
 
 /// The held-out rows a prompt source ships: a datasets layout's `test` shards (docs/data.md), at
-/// most `test_size` of them (drawn by `seed` when there are more, kept in file order); None when
-/// it ships none, and the held-out rows are drawn from the train rows.
+/// most `split.test_size` of them (drawn by `split.seed` when there are more, kept in file
+/// order); None when it ships none or the recipe set `held_out = drawn`, and the held-out rows
+/// are drawn from the train rows.
 pub fn read_shipped_test(
     settings: &DataSettings,
-    test_size: usize,
-    seed: u64,
+    split: &SplitSpec,
     warnings: &mut Vec<String>,
 ) -> Result<Option<Vec<PromptRow>>, RunError> {
-    if !settings.path.is_dir() {
+    if split.held_out == HeldOut::Drawn || !settings.path.is_dir() {
         return Ok(None);
     }
     let Some(rows) = pq::read_test(settings, warnings)? else { return Ok(None) };
+    let (test_size, seed) = (split.test_size, split.seed);
     if rows.len() <= test_size {
         return Ok(Some(rows));
     }

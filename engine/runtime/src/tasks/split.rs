@@ -182,7 +182,7 @@ mod tests {
     }
 
     fn spec(test_size: usize, by: SplitBy) -> SplitSpec {
-        SplitSpec { test_size, seed: 7, by }
+        SplitSpec { test_size, seed: 7, by, ..Default::default() }
     }
 
     fn labels(rows: &[PromptRow]) -> Vec<String> {

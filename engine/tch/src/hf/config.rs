@@ -1,89 +1,15 @@
 //! config.json <-> `ModelConfig`. Reads both forms transformers writes: 4.x (`rope_theta`,
 //! `rope_scaling`, `torch_dtype`) and 5.x (`rope_parameters`, `dtype`). The MoE keys of
-//! Qwen3-MoE and Mixtral are read and written by `super::moe`.
+//! Qwen3-MoE and Mixtral are read by `super::moe`. Writing one (`config_json`) and the
+//! architecture a `ModelConfig` is written as live in `miles_runtime::hf_dir`, shared with the
+//! workers' weight updates through disk.
 
 use super::moe;
 use miles_runtime::{ModelConfig, RopeScaling, RunError, E_CHECKPOINT};
-use serde_json::{json, Map, Value};
+use serde_json::{Map, Value};
 use std::path::Path;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Architecture {
-    Llama,
-    Mistral,
-    Qwen2,
-    Qwen3,
-    /// Qwen3's attention with routed experts (`qwen3_moe`).
-    Qwen3Moe,
-    /// Mistral's attention with routed experts in every layer (`mixtral`).
-    Mixtral,
-}
-
-impl Architecture {
-    pub const ALL: [Architecture; 6] = [
-        Architecture::Llama,
-        Architecture::Mistral,
-        Architecture::Qwen2,
-        Architecture::Qwen3,
-        Architecture::Qwen3Moe,
-        Architecture::Mixtral,
-    ];
-
-    /// The `architectures` entry of config.json.
-    pub fn class_name(self) -> &'static str {
-        match self {
-            Architecture::Llama => "LlamaForCausalLM",
-            Architecture::Mistral => "MistralForCausalLM",
-            Architecture::Qwen2 => "Qwen2ForCausalLM",
-            Architecture::Qwen3 => "Qwen3ForCausalLM",
-            Architecture::Qwen3Moe => "Qwen3MoeForCausalLM",
-            Architecture::Mixtral => "MixtralForCausalLM",
-        }
-    }
-
-    pub fn model_type(self) -> &'static str {
-        match self {
-            Architecture::Llama => "llama",
-            Architecture::Mistral => "mistral",
-            Architecture::Qwen2 => "qwen2",
-            Architecture::Qwen3 => "qwen3",
-            Architecture::Qwen3Moe => "qwen3_moe",
-            Architecture::Mixtral => "mixtral",
-        }
-    }
-
-    /// transformers' default when config.json omits max_position_embeddings.
-    fn default_max_position(self) -> usize {
-        match self {
-            Architecture::Llama => 2048,
-            Architecture::Mistral | Architecture::Mixtral => 4096 * 32,
-            Architecture::Qwen2 | Architecture::Qwen3 | Architecture::Qwen3Moe => 32768,
-        }
-    }
-
-    /// The architecture whose layers match `cfg` exactly, or why none does. Dense: Llama
-    /// (biases on all four attention projections or none), Qwen2 (biases on q/k/v only), Qwen3
-    /// (q/k norm; biases on all four or none). MoE: `ModelConfig::hf_moe_architecture`'s rule.
-    pub fn of(cfg: &ModelConfig) -> Result<Architecture, String> {
-        if cfg.moe.is_some() {
-            return match cfg.hf_moe_architecture()? {
-                Some(a) => Ok(Architecture::of_moe(a)),
-                None => Err("internal: an MoE config without an MoE architecture".into()),
-            };
-        }
-        match (cfg.qk_norm, cfg.qkv_bias, cfg.o_bias) {
-            (false, b, o) if b == o => Ok(Architecture::Llama),
-            (false, true, false) => Ok(Architecture::Qwen2),
-            (true, b, o) if b == o => Ok(Architecture::Qwen3),
-            (q, b, o) => Err(format!("no Hugging Face architecture has qk_norm = {q}, qkv_bias = {b}, o_bias = {o}")),
-        }
-    }
-
-    /// Has routed experts.
-    pub fn is_moe(self) -> bool {
-        matches!(self, Architecture::Qwen3Moe | Architecture::Mixtral)
-    }
-}
+pub use miles_runtime::hf_dir::{config_json, Architecture};
 
 /// config.json, read.
 #[derive(Debug, Clone)]
@@ -351,65 +277,4 @@ pub fn parse_config(path: &Path, text: &str) -> Result<HfConfig, RunError> {
         dtype,
         raw,
     })
-}
-
-/// config.json for a policy built from `cfg` (our own checkpoints, and exports of a policy that
-/// did not come from a Hugging Face directory), with the architecture it is written as: an MoE
-/// model as qwen3_moe or mixtral (`ModelConfig::hf_moe_architecture`), or an error naming what
-/// no transformers class holds. Written in the transformers 4.x form, which 4.x and 5.x both read.
-pub fn config_json(cfg: &ModelConfig) -> Result<(Value, Architecture), RunError> {
-    let arch = Architecture::of(cfg).map_err(|why| {
-        RunError::new(E_CHECKPOINT, format!("cannot write this model as a Hugging Face directory: {why}"))
-            .with_help("docs/moe.md, \"Out to transformers\", says which models transformers can load")
-    })?;
-    let rope_scaling = match &cfg.rope_scaling {
-        None => Value::Null,
-        Some(RopeScaling::Linear { factor }) => json!({"rope_type": "linear", "factor": factor}),
-        Some(RopeScaling::Llama3 { factor, low_freq_factor, high_freq_factor, original_max_position_embeddings }) => {
-            json!({
-                "rope_type": "llama3",
-                "factor": factor,
-                "low_freq_factor": low_freq_factor,
-                "high_freq_factor": high_freq_factor,
-                "original_max_position_embeddings": original_max_position_embeddings,
-            })
-        }
-    };
-    let mut c = json!({
-        "architectures": [arch.class_name()],
-        "model_type": arch.model_type(),
-        "vocab_size": cfg.vocab_size,
-        "hidden_size": cfg.d_model,
-        "intermediate_size": cfg.d_ff,
-        "num_hidden_layers": cfg.n_layers,
-        "num_attention_heads": cfg.n_heads,
-        "num_key_value_heads": cfg.n_kv_heads,
-        "head_dim": cfg.head_dim(),
-        "max_position_embeddings": cfg.max_len,
-        "rms_norm_eps": cfg.norm_eps,
-        "rope_theta": cfg.rope_theta,
-        "rope_scaling": rope_scaling,
-        "hidden_act": "silu",
-        "tie_word_embeddings": cfg.tie_embeddings,
-        "torch_dtype": "float32",
-        "pad_token_id": 0,
-        "bos_token_id": 1,
-        "eos_token_id": 2,
-        "initializer_range": cfg.init_std,
-    });
-    let extra = match arch {
-        Architecture::Llama | Architecture::Mistral => json!({"attention_bias": cfg.qkv_bias, "mlp_bias": false}),
-        Architecture::Qwen2 => json!({"use_sliding_window": false}),
-        Architecture::Qwen3 | Architecture::Qwen3Moe => {
-            json!({"attention_bias": cfg.qkv_bias, "use_sliding_window": false})
-        }
-        Architecture::Mixtral => json!({}),
-    };
-    if let (Some(c), Value::Object(e)) = (c.as_object_mut(), extra) {
-        c.extend(e);
-    }
-    if let (Some(c), Some(m)) = (c.as_object_mut(), &cfg.moe) {
-        c.extend(moe::config_keys(arch, cfg, m));
-    }
-    Ok((c, arch))
 }

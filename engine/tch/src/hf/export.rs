@@ -7,7 +7,6 @@ use super::config::{config_json, Architecture};
 use super::HfMeta;
 use crate::model::{write_tensors, Policy};
 use miles_runtime::{RunError, E_CHECKPOINT};
-use serde_json::Value;
 use std::fs;
 use std::path::Path;
 
@@ -46,15 +45,7 @@ pub(crate) fn fill(policy: &Policy, tmp: &Path, source: Option<&HfMeta>) -> Resu
     // knows and we do not survives (only the dtype changes: the weights are written in fp32), or
     // one written from the policy's config, refused when no transformers class holds the model.
     let (config, arch) = match source {
-        Some(src) => {
-            let mut config = src.config.clone();
-            if let Value::Object(m) = &mut config {
-                let key =
-                    if m.contains_key("dtype") && !m.contains_key("torch_dtype") { "dtype" } else { "torch_dtype" };
-                m.insert(key.into(), Value::from("float32"));
-            }
-            (config, src.architecture)
-        }
+        Some(src) => (miles_runtime::hf_dir::float32_config(&src.config), src.architecture),
         None => config_json(&policy.cfg)?,
     };
     write_weights(policy, tmp, arch)?;

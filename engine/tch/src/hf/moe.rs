@@ -1,13 +1,15 @@
 //! Mixture-of-experts Hugging Face directories: Qwen3-MoE's and Mixtral's config.json keys read
-//! into `MoeConfig` (every field whose value we cannot honour is an error naming it) and written
-//! back, and Mixtral's tensor names mapped onto the model's own (Qwen3-MoE's) and back.
+//! into `MoeConfig` (every field whose value we cannot honour is an error naming it). Writing
+//! them back, and Mixtral's tensor names, are `miles_runtime::hf_dir`'s.
 //!
 //! The weights are read in the Hub's per-expert form, which transformers 5's save_pretrained
 //! also writes (it fuses experts into 3-D tensors only in memory).
 
 use super::config::{err, Architecture, Fields};
-use miles_runtime::{Gating, HfMoeArchitecture, ModelConfig, MoeConfig, RunError};
-use serde_json::{json, Map, Value};
+use miles_runtime::{Gating, MoeConfig, RunError};
+
+/// Mixtral's tensor names, both ways: the runtime's, shared with the workers' weight updates.
+pub(crate) use miles_runtime::hf_dir::{hf_name, own_name};
 
 /// transformers' default `router_aux_loss_coef` for both architectures.
 const DEFAULT_AUX_LOSS_COEF: f64 = 0.001;
@@ -32,15 +34,6 @@ pub const MIXTRAL_KEYS: &[&str] = &[
     "router_jitter_noise",
     "router_aux_loss_coef",
 ];
-
-impl Architecture {
-    pub(super) fn of_moe(a: HfMoeArchitecture) -> Architecture {
-        match a {
-            HfMoeArchitecture::Qwen3Moe => Architecture::Qwen3Moe,
-            HfMoeArchitecture::Mixtral => Architecture::Mixtral,
-        }
-    }
-}
 
 /// The experts' count: `num_experts` (the Hub's Qwen3-MoE key) or `num_local_experts` (Mixtral's,
 /// and what transformers 5 writes for both); both present must agree.
@@ -166,103 +159,5 @@ pub(super) fn read(arch: Architecture, f: &Fields, n_layers: usize) -> Result<Op
             }))
         }
         Architecture::Llama | Architecture::Mistral | Architecture::Qwen2 | Architecture::Qwen3 => Ok(None),
-    }
-}
-
-/// The MoE keys of config.json for `m` as `arch` (which `ModelConfig::hf_moe_architecture`
-/// chose, so `m` fits it).
-pub(super) fn config_keys(arch: Architecture, cfg: &ModelConfig, m: &MoeConfig) -> Map<String, Value> {
-    let v = match arch {
-        Architecture::Mixtral => json!({
-            "num_local_experts": m.experts,
-            "num_experts_per_tok": m.top_k,
-            // Mixtral's MLPs are all experts: intermediate_size is their width.
-            "intermediate_size": m.expert_d_ff,
-            "router_jitter_noise": 0.0,
-            "router_aux_loss_coef": m.aux_loss_coef,
-            "sliding_window": null,
-        }),
-        _ => {
-            // Every dense layer listed: transformers' rule (not in mlp_only_layers and (i + 1) %
-            // decoder_sparse_step == 0) then picks exactly our MoE layers, leading dense ones too.
-            let dense: Vec<usize> = (0..cfg.n_layers).filter(|&i| !m.is_moe_layer(i)).collect();
-            json!({
-                "num_experts": m.experts,
-                "num_experts_per_tok": m.top_k,
-                "moe_intermediate_size": m.expert_d_ff,
-                "norm_topk_prob": m.norm_topk,
-                "decoder_sparse_step": 1,
-                "mlp_only_layers": dense,
-                "router_aux_loss_coef": m.aux_loss_coef,
-            })
-        }
-    };
-    match v {
-        Value::Object(o) => o,
-        _ => Map::new(),
-    }
-}
-
-/// Mixtral's name of one of the model's parameters (the others are the same in both):
-/// `mlp.gate` is `block_sparse_moe.gate`, expert j's gate/up/down_proj are its w1/w3/w2.
-pub(crate) fn hf_name(arch: Architecture, name: &str) -> String {
-    if arch != Architecture::Mixtral {
-        return name.to_string();
-    }
-    let Some(rest) = name.strip_prefix("model.layers.") else { return name.to_string() };
-    let Some((layer, tail)) = rest.split_once(".mlp.") else { return name.to_string() };
-    let tail = match tail.strip_prefix("experts.").and_then(|t| t.split_once('.')) {
-        Some((j, proj)) => {
-            let w = match proj {
-                "gate_proj.weight" => "w1.weight",
-                "down_proj.weight" => "w2.weight",
-                "up_proj.weight" => "w3.weight",
-                other => other,
-            };
-            format!("experts.{j}.{w}")
-        }
-        None => tail.to_string(),
-    };
-    format!("model.layers.{layer}.block_sparse_moe.{tail}")
-}
-
-/// The model's own name of a tensor named `name` in a Mixtral directory or checkpoint (names
-/// without `block_sparse_moe` are returned as they are).
-pub(crate) fn own_name(name: &str) -> String {
-    let Some((head, tail)) = name.split_once(".block_sparse_moe.") else { return name.to_string() };
-    let tail = match tail.strip_prefix("experts.").and_then(|t| t.split_once('.')) {
-        Some((j, w)) => {
-            let p = match w {
-                "w1.weight" => "gate_proj.weight",
-                "w2.weight" => "down_proj.weight",
-                "w3.weight" => "up_proj.weight",
-                other => other,
-            };
-            format!("experts.{j}.{p}")
-        }
-        None => tail.to_string(),
-    };
-    format!("{head}.mlp.{tail}")
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn mixtral_names_map_both_ways() {
-        let cases = [
-            ("model.layers.3.mlp.gate.weight", "model.layers.3.block_sparse_moe.gate.weight"),
-            ("model.layers.0.mlp.experts.7.gate_proj.weight", "model.layers.0.block_sparse_moe.experts.7.w1.weight"),
-            ("model.layers.0.mlp.experts.7.up_proj.weight", "model.layers.0.block_sparse_moe.experts.7.w3.weight"),
-            ("model.layers.12.mlp.experts.0.down_proj.weight", "model.layers.12.block_sparse_moe.experts.0.w2.weight"),
-            ("model.layers.1.self_attn.q_proj.weight", "model.layers.1.self_attn.q_proj.weight"),
-            ("model.embed_tokens.weight", "model.embed_tokens.weight"),
-        ];
-        for (own, hf) in cases {
-            assert_eq!(hf_name(Architecture::Mixtral, own), hf);
-            assert_eq!(own_name(hf), own);
-            assert_eq!(hf_name(Architecture::Qwen3Moe, own), own, "Qwen3-MoE's names are ours");
-        }
     }
 }

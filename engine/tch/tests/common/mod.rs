@@ -1,6 +1,9 @@
-//! What the tch tests share: the tiny model they all train and sample.
+//! What the tch tests share: the tiny model they all train and sample, a small mixture of experts,
+//! and (`hf`) the Hugging Face fixtures.
 
-use miles_runtime::{DecoderSizes, ModelConfig};
+pub mod hf;
+
+use miles_runtime::{DecoderSizes, ModelConfig, MoeConfig, Sample, Trajectory};
 
 /// A 2-layer, 32-wide decoder over 12 tokens (GQA 4:2), every later field at today's defaults;
 /// `init_std` sets how peaked its first distributions are.
@@ -14,8 +17,8 @@ pub fn tiny_config(init_std: f64) -> ModelConfig {
 /// A trajectory to train on: every response token trained (mask 1), sampled at log-prob -2.
 // A test binary that includes this module may use only part of it.
 #[allow(dead_code)]
-pub fn trajectory(prompt: Vec<u32>, response: Vec<u32>, reward: f32, advantage: f32) -> miles_runtime::Trajectory {
-    miles_runtime::Trajectory {
+pub fn trajectory(prompt: Vec<u32>, response: Vec<u32>, reward: f32, advantage: f32) -> Trajectory {
+    Trajectory {
         rollout_logprobs: vec![-2.0; response.len()],
         loss_mask: vec![1.0; response.len()],
         prompt,
@@ -27,6 +30,48 @@ pub fn trajectory(prompt: Vec<u32>, response: Vec<u32>, reward: f32, advantage: 
         routing: None,
         teacher_logprobs: Vec::new(),
     }
+}
+
+/// 4 experts of width 16 in every layer, top-2 softmax routing renormalised, no shared expert,
+/// load-balancing coefficient 0.01: what a test changes of it, it sets.
+pub fn small_moe() -> MoeConfig {
+    MoeConfig {
+        experts: 4,
+        top_k: 2,
+        expert_d_ff: 16,
+        shared_expert_d_ff: 0,
+        dense_layers: 0,
+        mlp_only_layers: vec![],
+        sparse_step: 1,
+        gating: Default::default(),
+        norm_topk: true,
+        aux_loss_coef: 0.01,
+    }
+}
+
+/// The sampler's `samples` of `prompts` as trajectories (every token trained, reward 1, the
+/// sampler's log-probs and routing), the i-th with advantage `advantage(i)`.
+pub fn sampled_trajectories(
+    prompts: &[Vec<u32>],
+    samples: Vec<Sample>,
+    advantage: impl Fn(usize) -> f32,
+) -> Vec<Trajectory> {
+    samples
+        .into_iter()
+        .enumerate()
+        .map(|(i, s)| Trajectory {
+            prompt: prompts[s.prompt_index].clone(),
+            loss_mask: vec![1.0; s.response.len()],
+            rollout_logprobs: s.logprobs,
+            response: s.response,
+            reward: 1.0,
+            advantage: advantage(i),
+            group: s.prompt_index,
+            weight_version: 0,
+            routing: s.routing,
+            teacher_logprobs: Vec::new(),
+        })
+        .collect()
 }
 
 /// A fresh directory for a run under the system temp dir, named by the test process and `tag`.

@@ -183,18 +183,7 @@ fn episodes_replay_routing_across_turns() {
     for (name, schedule) in [("sync", None), ("async", Some(r#"{"type": "fully_async", "max_staleness": 1}"#))] {
         let d = tmp(&format!("r3-{name}"));
         let mut s = spec();
-        s.model.moe = Some(miles_runtime::MoeConfig {
-            experts: 4,
-            top_k: 2,
-            expert_d_ff: 16,
-            shared_expert_d_ff: 0,
-            dense_layers: 0,
-            mlp_only_layers: vec![],
-            sparse_step: 1,
-            gating: Default::default(),
-            norm_topk: true,
-            aux_loss_coef: 0.01,
-        });
+        s.model.moe = Some(crate::common::small_moe());
         s.rollout.r3 = Some(miles_runtime::R3Spec { replay: true, id: miles_runtime::RouteId::U8 });
         if let Some(j) = schedule {
             s.schedule = serde_json::from_str(j).unwrap();

@@ -2,6 +2,10 @@
 //! fixture architecture (tests/fixtures/hf, made by scripts/make-hf-fixtures.py), export and
 //! reload, and the errors bad directories give.
 
+use crate::common::hf::{
+    assert_carried, assert_matches_reference, assert_refused, copy_dir, edit_config, fixture, perturb, reference, temp,
+    Bad,
+};
 use miles_tch::hf::{parse_config, Architecture};
 use miles_tch::model::{KvCache, Policy, SlotCache};
 use std::path::{Path, PathBuf};
@@ -10,81 +14,14 @@ use tch::{Kind, Tensor};
 const ARCHS: [(&str, Architecture); 3] =
     [("llama", Architecture::Llama), ("qwen2", Architecture::Qwen2), ("qwen3", Architecture::Qwen3)];
 
-fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/hf").join(name)
-}
-
-fn temp(tag: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("miles-hf-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    d
-}
-
-fn copy_dir(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for e in std::fs::read_dir(from).unwrap() {
-        let e = e.unwrap();
-        if e.file_type().unwrap().is_file() {
-            std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
-        }
-    }
-}
-
-struct Reference {
-    ids: Tensor,
-    mask: Tensor,
-    pos: Tensor,
-    logits: Tensor,
-    logprobs: Tensor,
-}
-
-fn reference(arch: &str) -> Reference {
-    let path = fixture(arch).join("reference/logits.safetensors");
-    let mut m: std::collections::HashMap<String, Tensor> =
-        Tensor::read_safetensors(&path).unwrap().into_iter().collect();
-    let mut take = |k: &str| m.remove(k).unwrap_or_else(|| panic!("{k} in {}", path.display()));
-    Reference {
-        ids: take("input_ids"),
-        mask: take("attention_mask").to_kind(Kind::Bool),
-        pos: take("position_ids"),
-        logits: take("logits"),
-        logprobs: take("logprobs"),
-    }
-}
-
-/// Max |a - b| over the rows/positions where `valid` [B, T] is true.
-fn max_err(a: &Tensor, b: &Tensor, valid: &Tensor) -> f64 {
-    let d = (a - b).abs();
-    let d = if d.dim() == 3 { d.amax([-1], false) } else { d };
-    d.masked_select(valid).max().double_value(&[])
-}
-
-fn logprobs(logits: &Tensor, ids: &Tensor) -> Tensor {
-    let t = ids.size()[1];
-    logits
-        .narrow(1, 0, t - 1)
-        .log_softmax(-1, Kind::Float)
-        .gather(-1, &ids.narrow(1, 1, t - 1).unsqueeze(-1), false)
-        .squeeze_dim(-1)
-}
-
 #[test]
 fn forward_matches_transformers_for_every_fixture_architecture() {
     tch::set_num_threads(1);
     for (arch, kind) in ARCHS {
         let (policy, meta) = Policy::load_hf(&fixture(arch), None).unwrap();
         assert_eq!(meta.architecture, kind);
-        let r = reference(arch);
-        let logits = tch::no_grad(|| policy.forward(&r.ids, &r.pos, &r.mask, None));
-        let err = max_err(&logits, &r.logits, &r.mask);
+        let (r, _) = assert_matches_reference(arch, &policy);
         let t = r.ids.size()[1];
-        let both = r.mask.narrow(1, 0, t - 1).logical_and(&r.mask.narrow(1, 1, t - 1));
-        let lp_err = max_err(&logprobs(&logits, &r.ids), &r.logprobs, &both);
-        eprintln!("{arch}: max |logits - transformers| = {err:.3e}, max |logprobs - transformers| = {lp_err:.3e}");
-        assert!(err <= 1e-4, "{arch}: logits differ by {err}");
-        assert!(lp_err <= 1e-4, "{arch}: log-probs differ by {lp_err}");
-        // The padded row really is padded, so the mask path is exercised.
-        assert!(!bool::try_from(r.mask.all()).unwrap(), "{arch}: reference has no padded row");
 
         // Sampling paths: a KV-cached prefill + decode, and continuous batching slots, on row 0.
         let row = r.ids.narrow(0, 0, 1);
@@ -145,13 +82,9 @@ fn export_then_reload_gives_identical_logits() {
     tch::set_num_threads(1);
     for (arch, _) in ARCHS {
         let (policy, meta) = Policy::load_hf(&fixture(arch), None).unwrap();
-        // Change every parameter in place, as an optimizer step does, so the export must carry
-        // the new values (and the forward must read them: no stale copies of a parameter).
-        tch::no_grad(|| {
-            for (i, (_, t)) in policy.params().iter().enumerate() {
-                let _ = t.shallow_clone().f_add_scalar_(0.01 * (i % 7) as f64).unwrap();
-            }
-        });
+        // The export must carry the changed values (and the forward must read them: no stale
+        // copies of a parameter).
+        perturb(&policy, 0.01, 7);
         let out = temp(&format!("export-{arch}"));
         policy.export_hf(&out, Some(&meta)).unwrap();
         // Twice: the second replaces the first.
@@ -161,14 +94,14 @@ fn export_then_reload_gives_identical_logits() {
         assert_eq!(meta2.architecture, meta.architecture);
         assert_eq!(meta2.dtype.as_deref(), Some("float32"));
         let r = reference(arch);
-        let a = tch::no_grad(|| policy.forward(&r.ids, &r.pos, &r.mask, None));
-        let b = tch::no_grad(|| again.forward(&r.ids, &r.pos, &r.mask, None));
-        assert!(bool::try_from(a.eq_tensor(&b).all()).unwrap(), "{arch}: logits changed through export");
-        let fresh = tch::no_grad(|| policy.deep_copy().forward(&r.ids, &r.pos, &r.mask, None));
+        let a = r.forward(&policy);
+        assert!(
+            bool::try_from(a.eq_tensor(&r.forward(&again)).all()).unwrap(),
+            "{arch}: logits changed through export"
+        );
+        let fresh = r.forward(&policy.deep_copy());
         assert!(bool::try_from(a.eq_tensor(&fresh).all()).unwrap(), "{arch}: forward read a stale parameter");
-        for f in &meta.carried_files {
-            assert_eq!(std::fs::read(meta.dir.join(f)).unwrap(), std::fs::read(out.join(f)).unwrap(), "{arch}: {f}");
-        }
+        assert_carried(&meta, &out, arch);
         let leftovers: Vec<_> = std::fs::read_dir(out.parent().unwrap())
             .unwrap()
             .filter_map(|e| e.ok())
@@ -203,23 +136,13 @@ fn a_policy_without_a_source_exports_a_loadable_directory() {
     let _ = std::fs::remove_dir_all(&out);
 }
 
-fn edit_config(dir: &Path, f: impl FnOnce(&mut serde_json::Map<String, serde_json::Value>)) {
-    let path = dir.join("config.json");
-    let mut v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
-    f(v.as_object_mut().unwrap());
-    std::fs::write(&path, serde_json::to_string_pretty(&v).unwrap()).unwrap();
-}
-
 fn drop_tensor(file: &Path, name: &str) {
     let kept: Vec<(String, Tensor)> =
         Tensor::read_safetensors(file).unwrap().into_iter().filter(|(n, _)| n != name).collect();
     Tensor::write_safetensors(&kept, file).unwrap();
 }
 
-type Mutation = fn(&Path);
-
-/// (case, fixture, how the copy is broken, substrings the error must contain)
-const BAD: &[(&str, &str, Mutation, &[&str])] = &[
+const BAD: &[Bad] = &[
     (
         "unknown architecture",
         "qwen2",
@@ -392,20 +315,7 @@ const BAD: &[(&str, &str, Mutation, &[&str])] = &[
 
 #[test]
 fn bad_directories_are_errors_naming_the_file_and_tensor() {
-    for (case, base, mutate, want) in BAD {
-        let dir = temp(&format!("bad-{}", case.replace(' ', "-")));
-        copy_dir(&fixture(base), &dir);
-        mutate(&dir);
-        let e = match Policy::load_hf(&dir, None) {
-            Ok(_) => panic!("{case}: loaded"),
-            Err(e) => e,
-        };
-        assert_eq!(e.code, miles_runtime::E_CHECKPOINT, "{case}");
-        for w in *want {
-            assert!(e.message.contains(w), "{case}: `{}` lacks `{w}`", e.message);
-        }
-        let _ = std::fs::remove_dir_all(&dir);
-    }
+    assert_refused("bad", BAD);
     let e = Policy::load_hf(&fixture("llama"), Some(129)).err().unwrap();
     assert!(e.message.contains("max_len 129") && e.message.contains("config.json"), "{}", e.message);
 }

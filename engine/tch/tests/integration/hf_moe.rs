@@ -4,8 +4,11 @@
 //! where a Python with transformers exists), LoRA, and what is refused.
 
 use crate::common;
+use crate::common::hf::{
+    assert_carried, assert_matches_reference, assert_refused, edit_config, fixture, max_err, perturb, reference, Bad,
+};
 
-use miles_runtime::{LoraSpec, ModelConfig, MoeConfig, RouteId, SamplingParams, Trainer, Trajectory};
+use miles_runtime::{LoraSpec, ModelConfig, MoeConfig, RouteId, SamplingParams, Trainer};
 use miles_tch::generate::generate_recording;
 use miles_tch::hf::{parse_config, Architecture};
 use miles_tch::model::{KvCache, Policy, SlotCache};
@@ -17,60 +20,8 @@ use tch::{Kind, Tensor};
 
 const FIXTURES: [(&str, Architecture); 2] = [("qwen3_moe", Architecture::Qwen3Moe), ("mixtral", Architecture::Mixtral)];
 
-fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/hf").join(name)
-}
-
 fn temp(tag: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("miles-hf-moe-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    d
-}
-
-fn copy_dir(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for e in std::fs::read_dir(from).unwrap() {
-        let e = e.unwrap();
-        if e.file_type().unwrap().is_file() {
-            std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
-        }
-    }
-}
-
-struct Reference {
-    ids: Tensor,
-    mask: Tensor,
-    pos: Tensor,
-    logits: Tensor,
-    logprobs: Tensor,
-}
-
-fn reference(name: &str) -> Reference {
-    let path = fixture(name).join("reference/logits.safetensors");
-    let mut m: BTreeMap<String, Tensor> = Tensor::read_safetensors(&path).unwrap().into_iter().collect();
-    let mut take = |k: &str| m.remove(k).unwrap_or_else(|| panic!("{k} in {}", path.display()));
-    Reference {
-        ids: take("input_ids"),
-        mask: take("attention_mask").to_kind(Kind::Bool),
-        pos: take("position_ids"),
-        logits: take("logits"),
-        logprobs: take("logprobs"),
-    }
-}
-
-fn max_err(a: &Tensor, b: &Tensor, valid: &Tensor) -> f64 {
-    let d = (a - b).abs();
-    let d = if d.dim() == 3 { d.amax([-1], false) } else { d };
-    d.masked_select(valid).max().double_value(&[])
-}
-
-fn logprobs(logits: &Tensor, ids: &Tensor) -> Tensor {
-    let t = ids.size()[1];
-    logits
-        .narrow(1, 0, t - 1)
-        .log_softmax(-1, Kind::Float)
-        .gather(-1, &ids.narrow(1, 1, t - 1).unsqueeze(-1), false)
-        .squeeze_dim(-1)
+    common::hf::temp(&format!("moe-{tag}"))
 }
 
 /// Tensor name -> shape, from a safetensors file's header.
@@ -89,16 +40,8 @@ fn moe_forward_matches_transformers() {
         let (policy, meta) = Policy::load_hf(&fixture(name), None).unwrap();
         assert_eq!(meta.architecture, arch);
         let m = policy.cfg.moe.as_ref().expect("an MoE config");
-        let r = reference(name);
-        assert!(!bool::try_from(r.mask.all()).unwrap(), "{name}: reference has no padded row");
-        let logits = tch::no_grad(|| policy.forward(&r.ids, &r.pos, &r.mask, None));
+        let (r, _) = assert_matches_reference(name, &policy);
         let t = r.ids.size()[1];
-        let both = r.mask.narrow(1, 0, t - 1).logical_and(&r.mask.narrow(1, 1, t - 1));
-        let err = max_err(&logits, &r.logits, &r.mask);
-        let lp_err = max_err(&logprobs(&logits, &r.ids), &r.logprobs, &both);
-        eprintln!("{name}: max |logits - transformers| = {err:.3e}, max |logprobs - transformers| = {lp_err:.3e}");
-        assert!(err <= 1e-4, "{name}: logits differ by {err}");
-        assert!(lp_err <= 1e-4, "{name}: log-probs differ by {lp_err}");
         // The sampler's paths (KV cache, continuous-batching slots) agree on the padded row.
         let row = |x: &Tensor| x.narrow(0, 1, 1);
         let mut cache = KvCache::new(&policy, 1, t);
@@ -143,25 +86,6 @@ fn sampling(seed: u64) -> SamplingParams {
     }
 }
 
-fn trajectories(prompts: &[Vec<u32>], samples: Vec<miles_runtime::Sample>, advantage: f32) -> Vec<Trajectory> {
-    samples
-        .into_iter()
-        .enumerate()
-        .map(|(i, s)| Trajectory {
-            prompt: prompts[s.prompt_index].clone(),
-            loss_mask: vec![1.0; s.response.len()],
-            rollout_logprobs: s.logprobs,
-            response: s.response,
-            reward: 1.0,
-            advantage: if i % 2 == 0 { advantage } else { -advantage },
-            group: s.prompt_index,
-            weight_version: 0,
-            routing: s.routing,
-            teacher_logprobs: Vec::new(),
-        })
-        .collect()
-}
-
 /// R3 on a loaded checkpoint: the sampler records each token's experts, a replayed forward uses
 /// exactly those and gives the sampler's log-probs; then one RL step moves the experts.
 #[test]
@@ -171,7 +95,7 @@ fn r3_and_a_train_step_on_loaded_moe_checkpoints() {
         let (policy, _) = Policy::load_hf(&fixture(name), None).unwrap();
         let prompts: Vec<Vec<u32>> = vec![vec![11, 40, 7, 99], vec![5, 300, 42]];
         let samples = generate_recording(&policy, &prompts, 2, &sampling(3), 0, true, Some(RouteId::U8)).unwrap();
-        let batch = trajectories(&prompts, samples, 1.0);
+        let batch = common::sampled_trajectories(&prompts, samples, |i| if i % 2 == 0 { 1.0 } else { -1.0 });
         let moe_layers = policy.cfg.moe.as_ref().unwrap().moe_layers(policy.cfg.n_layers);
         for t in &batch {
             let r = t.routing.as_ref().expect("routing recorded");
@@ -230,23 +154,13 @@ fn r3_and_a_train_step_on_loaded_moe_checkpoints() {
     }
 }
 
-fn edit_config(dir: &Path, f: impl FnOnce(&mut serde_json::Map<String, serde_json::Value>)) {
-    let path = dir.join("config.json");
-    let mut v = json(&path);
-    f(v.as_object_mut().unwrap());
-    std::fs::write(&path, serde_json::to_string_pretty(&v).unwrap()).unwrap();
-}
-
 fn rewrite_tensors(file: &Path, f: impl FnOnce(&mut Vec<(String, Tensor)>)) {
     let mut all = Tensor::read_safetensors(file).unwrap();
     f(&mut all);
     Tensor::write_safetensors(&all, file).unwrap();
 }
 
-type Mutation = fn(&Path);
-
-/// (case, fixture, how the copy is broken, substrings the error must contain)
-const BAD: &[(&str, &str, Mutation, &[&str])] = &[
+const BAD: &[Bad] = &[
     (
         "missing expert tensor",
         "mixtral",
@@ -404,20 +318,7 @@ const BAD: &[(&str, &str, Mutation, &[&str])] = &[
 
 #[test]
 fn bad_moe_directories_are_errors_naming_the_file_and_field() {
-    for (case, base, mutate, want) in BAD {
-        let dir = temp(&format!("bad-{}", case.replace(' ', "-")));
-        copy_dir(&fixture(base), &dir);
-        mutate(&dir);
-        let e = match Policy::load_hf(&dir, None) {
-            Ok(_) => panic!("{case}: loaded"),
-            Err(e) => e,
-        };
-        assert_eq!(e.code, miles_runtime::E_CHECKPOINT, "{case}");
-        for w in *want {
-            assert!(e.message.contains(w), "{case}: `{}` lacks `{w}`", e.message);
-        }
-        let _ = std::fs::remove_dir_all(&dir);
-    }
+    assert_refused("moe-bad", BAD);
 }
 
 /// The Hub's Qwen3-MoE configs say `num_experts` where transformers 5 writes
@@ -449,26 +350,18 @@ fn moe_export_round_trips_as_its_own_architecture() {
     tch::set_num_threads(1);
     for (name, arch) in FIXTURES {
         let (policy, meta) = Policy::load_hf(&fixture(name), None).unwrap();
-        tch::no_grad(|| {
-            for (i, (_, t)) in policy.params().iter().enumerate() {
-                let _ = t.shallow_clone().f_add_scalar_(0.01 * (i % 5) as f64).unwrap();
-            }
-        });
+        perturb(&policy, 0.01, 5);
         let out = temp(&format!("export-{name}"));
         policy.export_hf(&out, Some(&meta)).unwrap();
         let (again, meta2) = Policy::load_hf(&out, None).unwrap();
         assert_eq!((meta2.architecture, &again.cfg), (arch, &policy.cfg), "{name}");
         let r = reference(name);
-        let a = tch::no_grad(|| policy.forward(&r.ids, &r.pos, &r.mask, None));
-        let b = tch::no_grad(|| again.forward(&r.ids, &r.pos, &r.mask, None));
-        assert!(a.equal(&b), "{name}: logits changed through export");
+        assert!(r.forward(&policy).equal(&r.forward(&again)), "{name}: logits changed through export");
         let mut want = json(&fixture(name).join("config.json"));
         want["dtype"] = "float32".into();
         assert_eq!(json(&out.join("config.json")), want, "{name}: the source's config.json, dtype float32");
         assert_eq!(header(&out.join("model.safetensors")), header(&fixture(name).join("model.safetensors")), "{name}");
-        for f in &meta.carried_files {
-            assert_eq!(std::fs::read(meta.dir.join(f)).unwrap(), std::fs::read(out.join(f)).unwrap(), "{name}: {f}");
-        }
+        assert_carried(&meta, &out, name);
         let _ = std::fs::remove_dir_all(&out);
     }
 }
@@ -515,16 +408,15 @@ fn a_seeded_moe_policy_exports_with_the_fixtures_structure() {
         assert_eq!(header(&out.join("model.safetensors")), header(&fixture(name).join("model.safetensors")), "{name}");
         let (q, _) = Policy::load_hf(&out, None).unwrap();
         let r = reference(name);
-        let a = tch::no_grad(|| p.forward(&r.ids, &r.pos, &r.mask, None));
-        let b = tch::no_grad(|| q.forward(&r.ids, &r.pos, &r.mask, None));
-        assert!(a.equal(&b), "{name}");
+        let a = r.forward(&p);
+        assert!(a.equal(&r.forward(&q)), "{name}");
         // A checkpoint of the same policy round-trips through the trainer's reader too.
         let ck = temp(&format!("ckpt-{name}"));
         std::fs::create_dir_all(&ck).unwrap();
         p.save(&ck).unwrap();
         let mut c = Policy::init(&hc.model, 99);
         c.load_tensors(&ck.join("model.safetensors")).unwrap();
-        assert!(tch::no_grad(|| c.forward(&r.ids, &r.pos, &r.mask, None)).equal(&a), "{name}: checkpoint");
+        assert!(r.forward(&c).equal(&a), "{name}: checkpoint");
         for d in [&out, &ck] {
             let _ = std::fs::remove_dir_all(d);
         }
@@ -534,18 +426,7 @@ fn a_seeded_moe_policy_exports_with_the_fixtures_structure() {
 fn moe_cfg(f: impl FnOnce(&mut ModelConfig, &mut MoeConfig)) -> ModelConfig {
     let mut c = common::tiny_config(0.3);
     c.n_layers = 3;
-    let mut m = MoeConfig {
-        experts: 4,
-        top_k: 2,
-        expert_d_ff: 16,
-        shared_expert_d_ff: 0,
-        dense_layers: 0,
-        mlp_only_layers: vec![],
-        sparse_step: 1,
-        gating: Default::default(),
-        norm_topk: true,
-        aux_loss_coef: 0.01,
-    };
+    let mut m = common::small_moe();
     f(&mut c, &mut m);
     c.moe = Some(m);
     c
@@ -675,7 +556,7 @@ fn lora_on_an_moe_checkpoint_exports_merged_base_and_adapter() {
         let mut adapted = base.deep_copy();
         adapted.set_adapters(vec![miles_tch::lora::read_peft(&dir.join("adapter"), &base.cfg).unwrap()]);
         let r = reference(name);
-        let f = |p: &Policy| tch::no_grad(|| p.forward(&r.ids, &r.pos, &r.mask, None));
+        let f = |p: &Policy| r.forward(p);
         let want = f(&tr.policy);
         assert!(max_err(&f(&merged), &want, &r.mask) < 1e-4, "{name}: merged = adapted policy");
         assert!(max_err(&f(&adapted), &want, &r.mask) < 1e-5, "{name}: base + PEFT adapter = adapted policy");
@@ -710,11 +591,7 @@ fn transformers_reloads_an_exported_moe_directory() {
         .iter()
         .map(|(name, _)| {
             let (p, meta) = Policy::load_hf(&fixture(name), None).unwrap();
-            tch::no_grad(|| {
-                for (i, (_, t)) in p.params().iter().enumerate() {
-                    let _ = t.shallow_clone().f_add_scalar_(0.003 * (i % 3) as f64).unwrap();
-                }
-            });
+            perturb(&p, 0.003, 3);
             (name.to_string(), p, Some(meta))
         })
         .chain([

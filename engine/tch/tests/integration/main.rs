@@ -14,6 +14,7 @@ mod diffusion_reward;
 mod diffusion_run;
 mod episodes;
 mod hf;
+mod hf_config_out;
 mod hf_moe;
 mod hf_run;
 mod lora;

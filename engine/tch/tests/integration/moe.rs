@@ -15,18 +15,7 @@ use tch::{Kind, Tensor};
 fn moe_cfg(dense_layers: usize, shared: usize) -> ModelConfig {
     let mut c = common::tiny_config(0.5);
     c.n_layers = 3;
-    c.moe = Some(MoeConfig {
-        experts: 4,
-        top_k: 2,
-        expert_d_ff: 16,
-        shared_expert_d_ff: shared,
-        dense_layers,
-        mlp_only_layers: vec![],
-        sparse_step: 1,
-        gating: Default::default(),
-        norm_topk: true,
-        aux_loss_coef: 0.01,
-    });
+    c.moe = Some(MoeConfig { shared_expert_d_ff: shared, dense_layers, ..common::small_moe() });
     c
 }
 
@@ -47,20 +36,7 @@ fn prompts() -> Vec<Vec<u32>> {
 }
 
 fn trajectories(p: &[Vec<u32>], s: Vec<miles_runtime::Sample>) -> Vec<Trajectory> {
-    s.into_iter()
-        .map(|s| Trajectory {
-            prompt: p[s.prompt_index].clone(),
-            loss_mask: vec![1.0; s.response.len()],
-            rollout_logprobs: s.logprobs,
-            response: s.response,
-            reward: 1.0,
-            advantage: 0.5,
-            group: s.prompt_index,
-            weight_version: 0,
-            routing: s.routing,
-            teacher_logprobs: Vec::new(),
-        })
-        .collect()
+    common::sampled_trajectories(p, s, |_| 0.5)
 }
 
 #[test]

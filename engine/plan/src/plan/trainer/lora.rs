@@ -52,6 +52,8 @@ pub(super) fn lora_report(m: &ModelSpec, on: &Rank, lo: &Lora) -> LoraReport {
         params,
         sync_bytes: (params as f64 * on.l.precision.bytes()) as u64,
         summary,
+        init: lo.init.clone(),
+        init_line: lo.init.as_ref().map(|dir| format!("LoRA from {dir} (rank {rank}, targets {})", names.join(", "))),
         full_finetune: FullFinetune {
             weights: f.policy.weights as u64,
             gradients: f.policy.gradients as u64,

@@ -1,5 +1,5 @@
 use super::*;
-use crate::spec::{OnError, SplitSpec, TaskKind, TaskSpec};
+use crate::spec::{HeldOut, OnError, SplitSpec, TaskKind, TaskSpec};
 use crate::tasks::prompts::{self, tests::settings, Prompt};
 use crate::tasks::{TaskSet, TrainSource};
 use crate::E_DATA_LINE;
@@ -19,6 +19,11 @@ fn shard_dir(name: &str, files: &[(&str, &str)]) -> PathBuf {
         std::fs::copy(fixture(from), d.join(to)).unwrap();
     }
     d
+}
+
+/// A split of `test_size` rows by `seed`, the default rule, shipped test shards read.
+fn split(test_size: usize, seed: u64) -> SplitSpec {
+    SplitSpec { test_size, seed, ..Default::default() }
 }
 
 fn question(path: PathBuf) -> DataSettings {
@@ -161,18 +166,19 @@ fn a_datasets_repository_reads_its_train_shards_and_ships_its_test_split() {
     assert_eq!(ids, (0..24).map(|i| format!("train-{i}")).collect::<Vec<_>>());
     assert_eq!(rows[9].origin, format!("{}#2", dir.join("data/train-00001-of-00003.parquet").display()));
     assert_eq!((rows[9].prompt.clone(), rows[9].label.clone()), (Prompt::Text("0+9=".into()), json!("9")));
-    let test = prompts::read_shipped_test(&s, 200, 1234, &mut w).unwrap().expect("the test shards");
+    let test = prompts::read_shipped_test(&s, &split(200, 1234), &mut w).unwrap().expect("the test shards");
     assert_eq!(test.len(), 6);
     assert_eq!(test[0].origin, format!("{}#1", dir.join("data/test-00000-of-00001.parquet").display()));
     assert_eq!(test[0].prompt, Prompt::Text("9+0=".into()));
     // At most test_size of them, drawn by the seed, kept in file order.
-    let four = prompts::read_shipped_test(&s, 4, 1234, &mut w).unwrap().unwrap();
+    let four = prompts::read_shipped_test(&s, &split(4, 1234), &mut w).unwrap().unwrap();
     assert_eq!(four.len(), 4);
     assert!(four.windows(2).all(|p| p[0].metadata["id"].as_str() < p[1].metadata["id"].as_str()), "{four:?}");
-    assert_eq!(four, prompts::read_shipped_test(&s, 4, 1234, &mut w).unwrap().unwrap());
+    assert_eq!(four, prompts::read_shipped_test(&s, &split(4, 1234), &mut w).unwrap().unwrap());
     // A file, or a directory of plain shards, ships none.
     assert_eq!(
-        prompts::read_shipped_test(&question(dir.join("data/test-00000-of-00001.parquet")), 4, 1, &mut w).unwrap(),
+        prompts::read_shipped_test(&question(dir.join("data/test-00000-of-00001.parquet")), &split(4, 1), &mut w)
+            .unwrap(),
         None
     );
     let plain = shard_dir(
@@ -183,7 +189,7 @@ fn a_datasets_repository_reads_its_train_shards_and_ships_its_test_split() {
         ],
     );
     assert_eq!(prompts::read(&question(plain.clone()), &mut w).unwrap().len(), 14);
-    assert_eq!(prompts::read_shipped_test(&question(plain), 4, 1, &mut w).unwrap(), None);
+    assert_eq!(prompts::read_shipped_test(&question(plain), &split(4, 1), &mut w).unwrap(), None);
 }
 
 /// A run's task over the repository: the test shards are the held-out split, the train shards
@@ -203,6 +209,31 @@ fn a_run_over_the_repository_holds_out_its_test_shards() {
     let TrainSource::List(train) = &t.train else { panic!("a file's rows") };
     assert_eq!((train.len(), t.test.len()), (24, 6));
     assert!(t.test.iter().all(|r| r.metadata["id"].as_str().unwrap().starts_with("test-")));
+}
+
+/// `held_out = drawn`: the test shards are not read; the held-out rows are drawn from the train
+/// shards' 24 rows as for one file, and the rest train.
+#[test]
+fn held_out_drawn_ignores_the_test_shards_and_draws_from_the_train_rows() {
+    let s = question(fixture("hf-dataset"));
+    let drawn = SplitSpec { held_out: HeldOut::Drawn, ..split(200, 1234) };
+    assert_eq!(prompts::read_shipped_test(&s, &drawn, &mut Vec::new()).unwrap(), None);
+    let kind = TaskKind::Data {
+        path: fixture("hf-dataset"),
+        prompt_field: "question".into(),
+        label_field: "answer".into(),
+        test_path: None,
+        on_error: OnError::Stop,
+    };
+    let spec = TaskSpec { kind, split: SplitSpec { held_out: HeldOut::Drawn, ..split(5, 7) }, partial_credit: false };
+    let t = TaskSet::build(&spec).unwrap();
+    let TrainSource::List(train) = &t.train else { panic!("a file's rows") };
+    let id = |r: &crate::tasks::PromptRow| r.metadata["id"].as_str().unwrap().to_string();
+    assert_eq!(t.test.len(), 5, "{:?}", t.test);
+    assert!(t.test.iter().chain(train).all(|r| id(r).starts_with("train-")), "{:?}", t.test);
+    // The fixture's 24 train prompts are distinct: every row is in one split or the other.
+    assert_eq!(train.len() + t.test.len(), 24);
+    assert!(t.test.iter().all(|r| !train.iter().any(|x| id(x) == id(r))));
 }
 
 #[test]
