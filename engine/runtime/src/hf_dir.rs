@@ -251,7 +251,7 @@ pub fn own_name(name: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::spec::Gating;
+    use crate::spec::DecoderSizes;
 
     #[test]
     fn mixtral_names_map_both_ways() {
@@ -271,7 +271,7 @@ mod tests {
     }
 
     fn dense() -> ModelConfig {
-        ModelConfig {
+        let sizes = DecoderSizes {
             vocab_size: 64,
             d_model: 32,
             n_layers: 3,
@@ -279,32 +279,12 @@ mod tests {
             n_kv_heads: 2,
             d_ff: 48,
             max_len: 128,
-            rope_theta: 1e6,
-            norm_eps: 1e-6,
-            init_std: 0.02,
-            head_dim: None,
-            qkv_bias: false,
-            o_bias: false,
-            qk_norm: false,
-            tie_embeddings: false,
-            rope_scaling: None,
-            moe: None,
-        }
+        };
+        ModelConfig { rope_theta: 1e6, norm_eps: 1e-6, ..ModelConfig::decoder(sizes) }
     }
 
     fn moe() -> MoeConfig {
-        MoeConfig {
-            experts: 4,
-            top_k: 2,
-            expert_d_ff: 24,
-            shared_expert_d_ff: 0,
-            dense_layers: 0,
-            mlp_only_layers: vec![],
-            sparse_step: 1,
-            gating: Gating::Softmax,
-            norm_topk: true,
-            aux_loss_coef: 0.01,
-        }
+        MoeConfig { aux_loss_coef: 0.01, ..MoeConfig::routed(4, 2, 24) }
     }
 
     #[test]

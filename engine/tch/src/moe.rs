@@ -237,18 +237,7 @@ mod tests {
     }
 
     fn cfg(gating: Gating) -> MoeConfig {
-        MoeConfig {
-            experts: 3,
-            top_k: 2,
-            expert_d_ff: 1,
-            shared_expert_d_ff: 0,
-            dense_layers: 0,
-            mlp_only_layers: vec![],
-            sparse_step: 1,
-            gating,
-            norm_topk: true,
-            aux_loss_coef: 0.0,
-        }
+        MoeConfig { gating, ..MoeConfig::routed(3, 2, 1) }
     }
 
     /// Router logits x W^T = [x0, x1, -x0 - x1]; expert j outputs [(j + 1) silu(x0) x1, 0].

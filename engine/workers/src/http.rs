@@ -364,7 +364,7 @@ pub use serve::{check_bind, confine, is_loopback_bind, serve, Loader, PrefixStat
 #[cfg(test)]
 mod tests {
     use super::*;
-    use miles_runtime::{Gating, MoeConfig, NamedTensor};
+    use miles_runtime::{MoeConfig, NamedTensor};
 
     fn temp(tag: &str) -> PathBuf {
         let d = std::env::temp_dir().join(format!("miles-http-ckpt-{tag}-{}", std::process::id()));
@@ -395,18 +395,7 @@ mod tests {
     }
 
     fn experts(dense_layers: usize) -> MoeConfig {
-        MoeConfig {
-            experts: 2,
-            top_k: 1,
-            expert_d_ff: 12,
-            shared_expert_d_ff: 0,
-            dense_layers,
-            mlp_only_layers: vec![],
-            sparse_step: 1,
-            gating: Gating::Softmax,
-            norm_topk: true,
-            aux_loss_coef: 0.001,
-        }
+        MoeConfig { dense_layers, aux_loss_coef: 0.001, ..MoeConfig::routed(2, 1, 12) }
     }
 
     /// A snapshot under the model's own names, as `Policy::snapshot` makes them.

@@ -145,25 +145,27 @@ impl Builtin {
 }
 
 impl<'p> Eval<'p> {
+    /// E0207: `b` called with `given` arguments where it takes `want`.
+    fn arity_err(&mut self, b: Builtin, want: &str, given: usize, span: Span) -> R<Value> {
+        self.report(
+            Diagnostic::error(ErrorCode::E0207, format!("`{}` takes {want}, given {given}", b.name()))
+                .with_primary(span, "wrong number of arguments"),
+        );
+        None
+    }
+
     pub(super) fn builtin(&mut self, b: Builtin, args: Vec<(Value, Span)>, span: Span) -> R<Value> {
         let name = b.name();
-        let arity_err = |this: &mut Self, want: &str| {
-            this.report(
-                Diagnostic::error(ErrorCode::E0207, format!("`{name}` takes {want}, given {}", args.len()))
-                    .with_primary(span, "wrong number of arguments"),
-            );
-            None
-        };
         match b {
             Builtin::Min | Builtin::Max => {
                 if args.is_empty() {
-                    return arity_err(self, "one or more arguments");
+                    return self.arity_err(b, "one or more arguments", args.len(), span);
                 }
                 self.extreme(b, &args)
             }
             Builtin::Len => {
                 if args.len() != 1 {
-                    return arity_err(self, "one argument");
+                    return self.arity_err(b, "one argument", args.len(), span);
                 }
                 match &args[0].0 {
                     Value::List(l) => Some(Value::int(l.len() as i128)),
@@ -183,7 +185,7 @@ impl<'p> Eval<'p> {
             }
             Builtin::Ceil | Builtin::Floor => {
                 if args.len() != 1 {
-                    return arity_err(self, "one argument");
+                    return self.arity_err(b, "one argument", args.len(), span);
                 }
                 match &args[0].0 {
                     Value::Num { q, .. } => {
@@ -203,7 +205,7 @@ impl<'p> Eval<'p> {
             }
             Builtin::Has => {
                 if args.len() != 2 {
-                    return arity_err(self, "two arguments (a record and a field name)");
+                    return self.arity_err(b, "two arguments (a record and a field name)", args.len(), span);
                 }
                 let yes = match (&args[0].0, &args[1].0) {
                     (Value::Record(r), Value::Str(f)) => r.fields.contains_key(f),
@@ -221,7 +223,7 @@ impl<'p> Eval<'p> {
             | Builtin::LoraFit => self.file_builtin(b, args, span),
             Builtin::ModelOf => {
                 if args.len() != 1 {
-                    return arity_err(self, "one argument");
+                    return self.arity_err(b, "one argument", args.len(), span);
                 }
                 if self.inputs_loop(&args[0].0) || !self.inputs_complete(&args[0].0) {
                     // An input upstream failed to resolve, or the inputs loop (E0303): reported
@@ -268,17 +270,10 @@ impl Eval<'_> {
     /// The builtins that read files through the evaluator's `FileSystem`.
     fn file_builtin(&mut self, b: Builtin, args: Vec<(Value, Span)>, span: Span) -> R<Value> {
         let name = b.name();
-        let arity_err = |this: &mut Self, want: &str| {
-            this.report(
-                Diagnostic::error(ErrorCode::E0207, format!("`{name}` takes {want}, given {}", args.len()))
-                    .with_primary(span, "wrong number of arguments"),
-            );
-            None
-        };
         match b {
             Builtin::Exists | Builtin::ParquetFiles | Builtin::HfConfig | Builtin::ReadJson => {
                 if args.len() != 1 {
-                    return arity_err(self, "one argument");
+                    return self.arity_err(b, "one argument", args.len(), span);
                 }
                 let (path, at) = match &args[0] {
                     (Value::Str(p), at) => (p.clone(), *at),
@@ -313,13 +308,13 @@ impl Eval<'_> {
             }
             Builtin::HfSnapshot => {
                 if args.len() != 2 {
-                    return arity_err(self, "two arguments (a repository id and a revision)");
+                    return self.arity_err(b, "two arguments (a repository id and a revision)", args.len(), span);
                 }
                 self.hf_snapshot(&args, span)
             }
             Builtin::PeftAdapter => {
                 if args.len() != 1 {
-                    return arity_err(self, "one argument");
+                    return self.arity_err(b, "one argument", args.len(), span);
                 }
                 let (Value::Str(dir), at) = &args[0] else {
                     self.report(
@@ -337,7 +332,7 @@ impl Eval<'_> {
             // `lora_fit`, the last of the builtins `builtin` sends here.
             _ => {
                 if args.len() != 2 {
-                    return arity_err(self, "two arguments (a `lora` record and a model)");
+                    return self.arity_err(b, "two arguments (a `lora` record and a model)", args.len(), span);
                 }
                 self.lora_fit(&args[0], &args[1])
             }

@@ -95,6 +95,24 @@ pub struct MoeConfig {
 }
 
 impl MoeConfig {
+    /// `experts` SwiGLU experts of width `expert_d_ff` in every layer, `top_k` per token by a
+    /// renormalised softmax (Qwen3-MoE's and Mixtral's routing), no shared expert, no
+    /// load-balancing loss: what a caller changes of it, it sets.
+    pub fn routed(experts: usize, top_k: usize, expert_d_ff: usize) -> MoeConfig {
+        MoeConfig {
+            experts,
+            top_k,
+            expert_d_ff,
+            shared_expert_d_ff: 0,
+            dense_layers: 0,
+            mlp_only_layers: vec![],
+            sparse_step: 1,
+            gating: Gating::Softmax,
+            norm_topk: true,
+            aux_loss_coef: 0.0,
+        }
+    }
+
     /// Whether layer `i` has routed experts (the others a dense MLP of `d_ff`): transformers'
     /// Qwen3-MoE rule, with leading `dense_layers` as DeepSeek and GLM have them.
     pub fn is_moe_layer(&self, i: usize) -> bool {
@@ -278,18 +296,7 @@ mod tests {
         let sizes =
             DecoderSizes { vocab_size: 8, d_model: 8, n_layers: 3, n_heads: 2, n_kv_heads: 1, d_ff: 16, max_len: 8 };
         let mut c = ModelConfig::decoder(sizes);
-        let mut m = MoeConfig {
-            experts: 4,
-            top_k: 2,
-            expert_d_ff: 8,
-            shared_expert_d_ff: 0,
-            dense_layers: 0,
-            mlp_only_layers: vec![],
-            sparse_step: 1,
-            gating: Gating::Softmax,
-            norm_topk: true,
-            aux_loss_coef: 0.0,
-        };
+        let mut m = MoeConfig::routed(4, 2, 8);
         f(&mut c, &mut m);
         c.moe = Some(m);
         c

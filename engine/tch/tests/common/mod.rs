@@ -35,18 +35,7 @@ pub fn trajectory(prompt: Vec<u32>, response: Vec<u32>, reward: f32, advantage: 
 /// 4 experts of width 16 in every layer, top-2 softmax routing renormalised, no shared expert,
 /// load-balancing coefficient 0.01: what a test changes of it, it sets.
 pub fn small_moe() -> MoeConfig {
-    MoeConfig {
-        experts: 4,
-        top_k: 2,
-        expert_d_ff: 16,
-        shared_expert_d_ff: 0,
-        dense_layers: 0,
-        mlp_only_layers: vec![],
-        sparse_step: 1,
-        gating: Default::default(),
-        norm_topk: true,
-        aux_loss_coef: 0.01,
-    }
+    MoeConfig { aux_loss_coef: 0.01, ..MoeConfig::routed(4, 2, 16) }
 }
 
 /// The sampler's `samples` of `prompts` as trajectories (every token trained, reward 1, the

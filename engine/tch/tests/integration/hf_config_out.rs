@@ -3,45 +3,18 @@
 //! `parse_config`: the same model config, for the layouts the old weight-update writer got wrong
 //! (it wrote every model as a plain LlamaForCausalLM).
 
-use miles_runtime::{Gating, ModelConfig, MoeConfig, RopeScaling};
+use miles_runtime::{DecoderSizes, ModelConfig, MoeConfig, RopeScaling};
 use miles_tch::hf::{config_json, parse_config, Architecture};
 use std::path::Path;
 
 fn base() -> ModelConfig {
-    ModelConfig {
-        vocab_size: 96,
-        d_model: 32,
-        n_layers: 4,
-        n_heads: 4,
-        n_kv_heads: 2,
-        d_ff: 40,
-        max_len: 256,
-        rope_theta: 1e6,
-        norm_eps: 1e-6,
-        init_std: 0.02,
-        head_dim: None,
-        qkv_bias: false,
-        o_bias: false,
-        qk_norm: false,
-        tie_embeddings: false,
-        rope_scaling: None,
-        moe: None,
-    }
+    let sizes =
+        DecoderSizes { vocab_size: 96, d_model: 32, n_layers: 4, n_heads: 4, n_kv_heads: 2, d_ff: 40, max_len: 256 };
+    ModelConfig { rope_theta: 1e6, norm_eps: 1e-6, ..ModelConfig::decoder(sizes) }
 }
 
 fn experts() -> MoeConfig {
-    MoeConfig {
-        experts: 4,
-        top_k: 2,
-        expert_d_ff: 40,
-        shared_expert_d_ff: 0,
-        dense_layers: 0,
-        mlp_only_layers: vec![],
-        sparse_step: 1,
-        gating: Gating::Softmax,
-        norm_topk: true,
-        aux_loss_coef: 0.01,
-    }
+    MoeConfig { aux_loss_coef: 0.01, ..MoeConfig::routed(4, 2, 40) }
 }
 
 #[test]
