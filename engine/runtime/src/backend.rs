@@ -112,6 +112,23 @@ pub struct TrainStats {
     /// one pass.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub epochs: Vec<EpochStats>,
+    /// A data-parallel trainer (`embedded_trainer { dp }`): the seconds a rank spent in this call's
+    /// exchanges (the gradients' all-reduces, ZeRO-1's broadcasts, the statistics), the max over
+    /// ranks, the wait for the slowest rank to arrive excluded; 0 in one process.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub collective_s: f64,
+    /// A data-parallel trainer: the seconds a rank waited at the barriers before the exchanges
+    /// for the slowest rank (the ranks' skew), the max over ranks; 0 in one process.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub rank_wait_s: f64,
+    /// A data-parallel trainer: each rank's peak resident set so far (VmHWM), in bytes, by rank;
+    /// empty in one process.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rank_peak_rss: Vec<u64>,
+}
+
+fn is_zero(x: &f64) -> bool {
+    *x == 0.0
 }
 
 /// One pass over the batch (`epochs` > 1), over its trained tokens, each measured by the training

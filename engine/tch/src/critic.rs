@@ -31,6 +31,12 @@ const OPTIMIZER: &str = "critic_optimizer.safetensors";
 impl Critic {
     /// A critic whose trunk is a copy of `policy` (adapters dropped) and whose values start at 0.
     pub fn from_policy(policy: &Policy) -> Critic {
+        Critic::from_policy_sharded(policy, None)
+    }
+
+    /// `from_policy` with its Adam moments allocated for this rank's ZeRO-1 shard (`shard` =
+    /// (rank, world)) only, so the whole state never passes through the rank's memory.
+    pub(crate) fn from_policy_sharded(policy: &Policy, shard: Option<(usize, usize)>) -> Critic {
         let mut model = policy.deep_copy();
         model.set_adapters(Vec::new());
         model.set_requires_grad(true);
@@ -38,7 +44,7 @@ impl Critic {
         let head = Tensor::zeros([1, d], (Kind::Float, crate::device::current())).set_requires_grad(true);
         let head_bias = Tensor::zeros([1], (Kind::Float, crate::device::current())).set_requires_grad(true);
         let mut c = Critic { model, head, head_bias, adam: AdamState::zeros(&[]) };
-        c.adam = AdamState::zeros(&c.params());
+        c.adam = AdamState::zeros_shard(&c.params(), shard);
         c
     }
 
@@ -69,16 +75,22 @@ impl Critic {
     }
 
     pub fn save(&self, dir: &Path) -> Result<(), RunError> {
-        let params: Vec<(String, Tensor)> = self.params().into_iter().map(|(n, t)| (n, t.detach())).collect();
-        write_tensors(&params, &dir.join(WEIGHTS))?;
-        write_tensors(&self.moments(), &dir.join(OPTIMIZER))
+        self.save_with(dir, &self.adam)
     }
 
-    fn moments(&self) -> Vec<(String, Tensor)> {
+    /// The critic's files with the optimizer state `adam` (its own, or under ZeRO-1 the whole
+    /// state gathered from the ranks' shards).
+    pub(crate) fn save_with(&self, dir: &Path, adam: &AdamState) -> Result<(), RunError> {
+        let params: Vec<(String, Tensor)> = self.params().into_iter().map(|(n, t)| (n, t.detach())).collect();
+        write_tensors(&params, &dir.join(WEIGHTS))?;
+        write_tensors(&self.moments(adam), &dir.join(OPTIMIZER))
+    }
+
+    fn moments(&self, adam: &AdamState) -> Vec<(String, Tensor)> {
         let mut named = Vec::new();
         for (i, (n, _)) in self.params().iter().enumerate() {
-            named.push((format!("exp_avg.{n}"), self.adam.m[i].shallow_clone()));
-            named.push((format!("exp_avg_sq.{n}"), self.adam.v[i].shallow_clone()));
+            named.push((format!("exp_avg.{n}"), adam.m[i].shallow_clone()));
+            named.push((format!("exp_avg_sq.{n}"), adam.v[i].shallow_clone()));
         }
         named
     }
@@ -93,7 +105,7 @@ impl Critic {
         let mut params = c.params();
         load_named(&mut params, read_tensors(&wp)?, &wp)?;
         let op = dir.join(OPTIMIZER);
-        let mut moments = c.moments();
+        let mut moments = c.moments(&c.adam);
         load_named(&mut moments, read_tensors(&op)?, &op)?;
         c.adam.t = adam_t;
         Ok(Some(c))

@@ -180,6 +180,48 @@ pub struct TrainSpec {
     /// does) against fp32 weights, gradients and optimizer state; fp32 runs everything in fp32.
     #[serde(default, skip_serializing_if = "Precision::is_fp32")]
     pub precision: Precision,
+    /// Data-parallel trainer ranks (`embedded_trainer { dp }`), each a worker process; None: one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dp: Option<DataParallelSpec>,
+}
+
+/// std/prelude's `embedded_trainer { dp, zero, dp_bucket, collective_timeout }`: the trainer as
+/// `ranks` worker processes over PyTorch's c10d (Gloo on CPU), each taking its share of every
+/// optimizer step's micro-batches, gradients summed across ranks before identical optimizer steps
+/// (docs/distributed.md "Data-parallel trainers").
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DataParallelSpec {
+    pub ranks: usize,
+    /// How far the optimizer is sharded over the ranks.
+    #[serde(default)]
+    pub zero: ZeroStage,
+    /// Gradient bytes per all-reduce bucket.
+    pub bucket_bytes: u64,
+    /// A collective (or the rendezvous) that takes longer than this fails, naming the rank.
+    pub timeout_s: f64,
+}
+
+/// ZeRO's stages as the embedded trainer runs them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ZeroStage {
+    /// Every rank holds the whole optimizer state (plain data parallelism).
+    #[default]
+    None,
+    /// ZeRO-1: each rank holds the Adam moments of its share of the parameters, updates that
+    /// share and sends it to the others.
+    Optimizer,
+}
+
+/// One trainer process's place in its data-parallel group: given to it by the controller at Init
+/// (not in the run spec, which every rank shares).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DpRank {
+    pub rank: usize,
+    pub world: usize,
+    /// The c10d TCPStore the ranks meet at, `host:port` (the controller hosts it).
+    pub store: String,
 }
 
 /// std/prelude's `opd`: advantage_t = task_coef x the task's advantage + coef x

@@ -5,13 +5,15 @@
 //! (checkpointable) state.
 //!
 //! `TchTrainer`'s `impl` is spread over concept files: `rl` (the RL step and its terms), `sft`,
-//! `optim` (AdamW, what trains, the optimizer slices), `checkpoint`; beside them `pack` (the
-//! micro-batch layout), `loss` (the loss's terms), `advantage` (per-token advantages, OPD's
-//! folding), `ppo` (the critic's targets and updates) and `moe` (R3 replay, the load-balancing
-//! loss, route statistics).
+//! `optim` (AdamW, what trains, the optimizer slices), `checkpoint`, `dp` (data-parallel training
+//! over c10d: a rank's share of the micro-batches, gradients summed across ranks, ZeRO-1's
+//! sharded optimizer); beside them `pack` (the micro-batch layout), `loss` (the loss's terms),
+//! `advantage` (per-token advantages, OPD's folding), `ppo` (the critic's targets and updates) and
+//! `moe` (R3 replay, the load-balancing loss, route statistics).
 
 mod advantage;
 mod checkpoint;
+mod dp;
 mod loss;
 mod moe;
 mod optim;
@@ -54,13 +56,22 @@ pub struct TchTrainer {
     /// The run's seed: with the optimizer steps taken so far (`version`, checkpointed) it seeds
     /// each RL call's shuffles of the batch over several passes (`epochs`).
     pub seed: u64,
+    /// This rank's data-parallel group (`join_dp`); None in one process (or a group of 1).
+    dp: Option<dp::DataParallel>,
 }
 
 impl TchTrainer {
     pub fn new(mut policy: Policy, spec: TrainSpec) -> TchTrainer {
         policy.lora_spec = spec.lora.clone();
         policy.set_requires_grad(true);
-        let adam = vec![AdamState::zeros(policy.params())];
+        // ZeRO-1 ranks allocate their shard of the moments once `join_dp` says which they own: the
+        // whole state allocated first would stay in the process's peak memory.
+        let adam = match &spec.dp {
+            Some(d) if d.zero == miles_runtime::ZeroStage::Optimizer && d.ranks > 1 => {
+                vec![AdamState::unallocated(policy.params().len())]
+            }
+            _ => vec![AdamState::zeros(policy.params())],
+        };
         let mut t = TchTrainer {
             policy,
             reference: None,
@@ -72,6 +83,7 @@ impl TchTrainer {
             base_stale: Cell::new(true),
             replay: false,
             seed: 0,
+            dp: None,
         };
         // Adapters attached already were loaded from a PEFT directory (`lora { init }`,
         // `initial_policy`): LoRA training starts now, on them, with the base frozen.
@@ -110,7 +122,7 @@ impl TchTrainer {
         }
         self.policy.attach_lora()?;
         self.start_lora();
-        Ok(())
+        self.dp_take_adapters()
     }
 
     /// Freezes the base and trains the attached adapters, with a fresh optimizer over them.

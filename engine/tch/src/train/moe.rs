@@ -14,14 +14,17 @@ pub(super) struct MoeAcc {
     layers: usize,
     experts: usize,
     aux_sum: f64,
-    passes: usize,
-    load: Vec<Vec<f64>>,
+    /// Training passes (micro-batch forwards) so far; f64 so a data-parallel group sums it with
+    /// the other counts (`rank_sums`).
+    passes: f64,
+    /// Per MoE layer: the sum over passes of the most loaded expert's load.
+    load_sum: Vec<f64>,
     flips: Vec<(f64, f64)>,
     disagreements: Vec<(f64, f64)>,
     flip_diff: f64,
     flip_tokens: f64,
     r3_bytes: u64,
-    r3_tokens: u64,
+    r3_tokens: f64,
     dropped: u64,
 }
 
@@ -34,14 +37,14 @@ impl MoeAcc {
             layers,
             experts: m.experts,
             aux_sum: 0.0,
-            passes: 0,
-            load: Vec::new(),
+            passes: 0.0,
+            load_sum: vec![0.0; layers],
             flips: vec![(0.0, 0.0); layers],
             disagreements: vec![(0.0, 0.0); layers],
             flip_diff: 0.0,
             flip_tokens: 0.0,
             r3_bytes: 0,
-            r3_tokens: 0,
+            r3_tokens: 0.0,
             dropped: 0,
         })
     }
@@ -95,13 +98,15 @@ impl MoeAcc {
     /// and the [B, L] mask of recorded tokens the trainer's router disagrees on.
     pub(super) fn add(&mut self, pass: &PassRoute, pk: &Packed) -> (Option<Tensor>, Option<Tensor>) {
         let (r, recorded) = (&pass.route, pass.recorded.as_ref());
-        self.passes += 1;
+        self.passes += 1.0;
         let _g = tch::no_grad_guard();
-        self.load.push(r.load.iter().map(|l| l.max().double_value(&[]) * self.experts as f64).collect());
+        for (acc, l) in self.load_sum.iter_mut().zip(&r.load) {
+            *acc += l.max().double_value(&[]) * self.experts as f64;
+        }
         let mut flipped = None;
         if let Some((ids, mask)) = recorded {
             let m = mask.logical_and(&pk.valid);
-            self.r3_tokens += m.sum(Kind::Int64).int64_value(&[]) as u64;
+            self.r3_tokens += m.sum(Kind::Int64).int64_value(&[]) as f64;
             add_counts(&mut self.flips, flips(&r.used, ids, &m).0);
             let (own, any) = flips(&r.own, ids, &m);
             add_counts(&mut self.disagreements, own);
@@ -124,12 +129,22 @@ impl MoeAcc {
         self.flip_tokens += at.sum(Kind::Double).double_value(&[]);
     }
 
+    /// The sums a data-parallel rank's micro-batches add to (summed over the ranks; the batch's
+    /// R3 bytes and dropped trajectories are whole-batch figures every rank counts alike).
+    pub(super) fn rank_sums(&mut self) -> Vec<&mut f64> {
+        let mut v =
+            vec![&mut self.aux_sum, &mut self.passes, &mut self.flip_diff, &mut self.flip_tokens, &mut self.r3_tokens];
+        v.extend(self.load_sum.iter_mut());
+        for (a, b) in self.flips.iter_mut().chain(self.disagreements.iter_mut()) {
+            v.extend([a, b]);
+        }
+        v
+    }
+
     pub(super) fn finish(self) -> MoeStats {
-        let n = self.passes.max(1) as f64;
-        let load_max = (0..self.layers)
-            .map(|l| self.load.iter().map(|p| p.get(l).copied().unwrap_or(0.0)).sum::<f64>() / n)
-            .collect();
-        let recorded = self.r3_tokens > 0;
+        let n = self.passes.max(1.0);
+        let load_max = self.load_sum.iter().map(|l| l / n).collect();
+        let recorded = self.r3_tokens > 0.0;
         MoeStats {
             aux_loss: self.aux_sum / n,
             load_max,
@@ -139,7 +154,7 @@ impl MoeAcc {
             flip_tokens: self.flip_tokens as u64,
             replayed: self.replayed && recorded,
             r3_bytes: self.r3_bytes,
-            r3_tokens: self.r3_tokens,
+            r3_tokens: self.r3_tokens as u64,
             r3_dropped: self.dropped,
         }
     }

@@ -3,6 +3,7 @@
 //! LoRA, each with its own state) and the plan of optimizer steps: passes over the batch (`epochs`),
 //! each a seeded shuffle cut into mini-batches.
 
+use super::dp::DataParallel;
 use super::TchTrainer;
 use miles_runtime::rng::Rng;
 use miles_runtime::{RunError, TrainSpec, Trajectory, E_BACKEND, E_NONFINITE};
@@ -31,8 +32,13 @@ pub(crate) fn adam_step(
     spec: &TrainSpec,
     lr: f64,
 ) -> Result<f64, RunError> {
-    let _g = tch::no_grad_guard();
-    let grads: Vec<Tensor> = params
+    let grads = grads_of(params);
+    adam_step_with(params, &grads, adam, spec, lr)
+}
+
+/// The gradient of each of `params`, zeros where none was accumulated.
+pub(crate) fn grads_of(params: &[(String, Tensor)]) -> Vec<Tensor> {
+    params
         .iter()
         .map(|(_, p)| {
             let g = p.grad();
@@ -42,7 +48,20 @@ pub(crate) fn adam_step(
                 p.zeros_like()
             }
         })
-        .collect();
+        .collect()
+}
+
+/// `adam_step` with the gradients given (a data-parallel group's sums). A parameter whose moments
+/// are undefined belongs to another rank's ZeRO-1 shard: it counts in the norm, and its owner
+/// updates it.
+pub(crate) fn adam_step_with(
+    params: &[(String, Tensor)],
+    grads: &[Tensor],
+    adam: &mut AdamState,
+    spec: &TrainSpec,
+    lr: f64,
+) -> Result<f64, RunError> {
+    let _g = tch::no_grad_guard();
     let sq: f64 = grads.iter().map(|g| g.square().sum(Kind::Double).double_value(&[])).sum();
     let norm = sq.sqrt();
     if !norm.is_finite() {
@@ -56,6 +75,9 @@ pub(crate) fn adam_step(
     let bc1 = 1.0 - b1.powi(t);
     let bc2 = 1.0 - b2.powi(t);
     for (i, ((_, p), g)) in params.iter().zip(grads.iter()).enumerate() {
+        if !adam.m[i].defined() {
+            continue;
+        }
         let g = if scale != 1.0 { g * scale } else { g.shallow_clone() };
         let m = &mut adam.m[i];
         let _ = m.g_mul_scalar_(b1);
@@ -71,6 +93,30 @@ pub(crate) fn adam_step(
         let denom = (&*v / bc2).sqrt() + eps;
         let upd = &*m / denom * (lr / bc1);
         let _ = p.g_sub_(&upd);
+    }
+    Ok(norm)
+}
+
+/// `adam_step` after this rank's micro-batches ended with `local`: alone, as it always was; in a
+/// data-parallel group, over the gradients summed across the ranks (a failure on any rank fails
+/// the step on all before any weight changes), and under ZeRO-1 each rank updates the parameters
+/// it owns and sends them to the others. The policy's and the critic's steps are both this one.
+pub(super) fn group_adam_step(
+    dp: Option<&DataParallel>,
+    params: &[(String, Tensor)],
+    adam: &mut AdamState,
+    spec: &TrainSpec,
+    lr: f64,
+    local: Result<(), RunError>,
+) -> Result<f64, RunError> {
+    let Some(dp) = dp else {
+        local?;
+        return adam_step(params, adam, spec, lr);
+    };
+    let grads = dp.reduce_grads(params, local)?;
+    let norm = adam_step_with(params, &grads, adam, spec, lr)?;
+    if dp.zero {
+        dp.broadcast_owned(params)?;
     }
     Ok(norm)
 }
@@ -140,14 +186,19 @@ impl TchTrainer {
         }
     }
 
-    /// Every optimizer state's tensors with its names, in checkpoint order.
-    pub(super) fn optimizer_tensors(&self) -> Vec<(String, Tensor)> {
-        let sets: Vec<Vec<(String, Tensor)>> = match self.policy.adapters() {
+    /// The tensors each optimizer state (`self.adam[i]`) steps: the model's, or each adapter's.
+    pub(super) fn optimizer_sets(&self) -> Vec<Vec<(String, Tensor)>> {
+        match self.policy.adapters() {
             [] => vec![self.trainable()],
             ads => ads.iter().map(|a| a.named()).collect(),
-        };
+        }
+    }
+
+    /// Every optimizer state's tensors with its names, in checkpoint order (`states`: one per
+    /// optimizer set, `self.adam` or its gathered copy under ZeRO-1).
+    pub(super) fn optimizer_tensors_of(&self, states: &[AdamState]) -> Vec<(String, Tensor)> {
         let mut named = Vec::new();
-        for (set, adam) in sets.iter().zip(&self.adam) {
+        for (set, adam) in self.optimizer_sets().iter().zip(states) {
             for (i, (n, _)) in set.iter().enumerate() {
                 named.push((format!("exp_avg.{n}"), adam.m[i].shallow_clone()));
                 named.push((format!("exp_avg_sq.{n}"), adam.v[i].shallow_clone()));
@@ -156,12 +207,16 @@ impl TchTrainer {
         named
     }
 
-    /// Fresh optimizer state for what trains (every adapter's under LoRA).
+    /// Fresh optimizer state for what trains (every adapter's under LoRA); this rank's shard of it
+    /// under ZeRO-1.
     pub(super) fn fresh_optimizer(&mut self) {
-        self.adam = match self.policy.adapters() {
-            [] => vec![AdamState::zeros(self.policy.params())],
-            ads => ads.iter().map(|a| AdamState::zeros(&a.named())).collect(),
-        };
+        let shard = self.zero_shard();
+        self.adam = self.optimizer_sets().iter().map(|s| AdamState::zeros_shard(s, shard)).collect();
+    }
+
+    /// Fresh optimizer state for what trains, whole on every rank (a checkpoint loads into it).
+    pub(super) fn fresh_full_optimizer(&mut self) {
+        self.adam = self.optimizer_sets().iter().map(|s| AdamState::zeros(s)).collect();
     }
 
     pub(super) fn zero_grad(&mut self) {
@@ -184,12 +239,13 @@ impl TchTrainer {
         Ok(lv)
     }
 
-    /// Global-norm clip then one AdamW step. Returns the pre-clip norm; a non-finite norm leaves
-    /// the weights untouched and is an error.
-    pub(super) fn optimizer_step(&mut self, lr: f64) -> Result<f64, RunError> {
+    /// Global-norm clip then one AdamW step of what trains, after this rank's micro-batches ended
+    /// with `local` (`group_adam_step`). Returns the pre-clip norm; a non-finite norm leaves the
+    /// weights untouched and is an error.
+    pub(super) fn optimizer_step(&mut self, lr: f64, local: Result<(), RunError>) -> Result<f64, RunError> {
         let params = self.trainable();
         let adam = &mut self.adam[self.policy.lora().map_or(0, |_| self.policy.active_adapter())];
-        let norm = adam_step(&params, adam, &self.spec, lr)?;
+        let norm = group_adam_step(self.dp.as_ref(), &params, adam, &self.spec, lr, local)?;
         self.version += 1;
         Ok(norm)
     }

@@ -2,8 +2,9 @@
 //! over the trained tokens, and returns) and its own updates by the clipped value loss
 //! (`crate::critic` holds the model and the formulas).
 
+use super::dp::DataParallel;
 use super::loss::{masked_sum, trained_tokens};
-use super::optim::{adam_step, rows_of, OptStep};
+use super::optim::{group_adam_step, rows_of, OptStep};
 use super::pack::{pack, pack_chunk};
 use crate::critic::{gae, value_loss, whiten, Critic};
 use miles_runtime::{CriticStats, PpoSpec, RunError, TrainSpec, Trajectory, E_NONFINITE};
@@ -43,7 +44,10 @@ pub(super) fn critic_targets(
 
 /// The critic's updates for a batch: the clipped value loss over the same optimizer steps as the
 /// policy's (`plan`: every pass's mini-batches of the batch), each step at `critic_lr` on the
-/// policy's LR schedule. The targets (old values, returns) are those from before any update.
+/// policy's LR schedule. The targets (old values, returns) are those from before any update. In a
+/// data-parallel group (`dp`) this rank trains its micro-batches, the gradients are summed over
+/// the ranks, and (ZeRO-1) each rank updates its shard of the critic and sends it to the others;
+/// the value loss and clip fraction returned are this rank's shares (the caller sums them).
 pub(super) fn train_critic(
     c: &mut Critic,
     spec: &TrainSpec,
@@ -51,6 +55,7 @@ pub(super) fn train_critic(
     batch: &[Trajectory],
     plan: &[OptStep],
     tg: &CriticTargets,
+    dp: Option<&DataParallel>,
 ) -> Result<CriticStats, RunError> {
     let micro = spec.micro_batch.max(1);
     let (mut cs, tokens) = value_stats(batch, tg);
@@ -60,7 +65,11 @@ pub(super) fn train_critic(
         let g_tokens = trained_tokens(&slice).max(1.0);
         c.zero_grad();
         let mut loss_acc = 0f64;
-        for (chunk, rows) in slice.chunks(micro).zip(step.rows.chunks(micro)) {
+        let mut local = Ok(());
+        for (k, (chunk, rows)) in slice.chunks(micro).zip(step.rows.chunks(micro)).enumerate() {
+            if dp.is_some_and(|d| k % d.world != d.rank) {
+                continue;
+            }
             let pk = pack_chunk(chunk, true, pack);
             let (v_old, ret) = (pk.align_rows(&tg.values, rows), pk.align_rows(&tg.returns, rows));
             let v = c.values(&pk.tokens, &pk.positions, &pk.valid).narrow(1, 0, pk.width);
@@ -69,17 +78,16 @@ pub(super) fn train_critic(
             let lv = loss.double_value(&[]);
             if !lv.is_finite() {
                 c.zero_grad();
-                return Err(RunError::new(
-                    E_NONFINITE,
-                    "critic value loss is NaN/infinite; the critic was not updated",
-                ));
+                local =
+                    Err(RunError::new(E_NONFINITE, "critic value loss is NaN/infinite; the critic was not updated"));
+                break;
             }
             loss_acc += lv;
             loss.backward();
             clip_sum += masked_sum(&clipped, &pk.mask);
         }
         let ratio = if spec.lr > 0.0 { step.lr / spec.lr } else { 1.0 };
-        cs.grad_norm += adam_step(&c.params(), &mut c.adam, spec, p.critic_lr * ratio)?;
+        cs.grad_norm += group_adam_step(dp, &c.params(), &mut c.adam, spec, p.critic_lr * ratio, local)?;
         cs.value_loss += loss_acc;
         steps += 1;
     }

@@ -3,9 +3,12 @@
 //! per optimizer step of every pass over the batch (`epochs`) its micro-batches, each a training
 //! forward and the enabled terms of the loss (the clipped policy gradient per token or per
 //! sequence with its TIS weight and MIS mask, the KL to the reference, the entropy bonus, MoE's
-//! load-balancing loss), then PPO's critic over the same passes.
+//! load-balancing loss), then PPO's critic over the same passes. In a data-parallel group (`dp`)
+//! each rank trains its share of every step's micro-batches and the statistics are summed over the
+//! ranks at the end of the call.
 
 use super::advantage::{chunk_advantages, reinforce_pp_returns, require_teacher_logprobs, token_advantages};
+use super::dp::DataParallel;
 use super::loss::{
     aggregate, entropy, kl_k3, masked_sum, policy_terms, token_logprobs, trained_tokens, Denominators, PgOptions,
 };
@@ -162,12 +165,17 @@ impl TchTrainer {
         lrs: &[f64],
         temperature: f64,
     ) -> Result<TrainStats, RunError> {
+        if let Some(dp) = &self.dp {
+            // This call's collective seconds only (a checkpoint's gather came before).
+            dp.take_collective_s();
+        }
         let mut moe = MoeAcc::new(&self.policy, self.replay);
         let kept = moe.as_mut().and_then(|m| m.drop_unfit(batch, &self.policy));
         let batch = kept.as_deref().unwrap_or(batch);
         self.begin_lora()?;
         if self.spec.ppo.is_some() && self.critic.is_none() {
-            self.critic = Some(Critic::from_policy(&self.policy));
+            self.critic = Some(Critic::from_policy_sharded(&self.policy, self.zero_shard()));
+            self.dp_take_critic()?;
         }
         let micro = self.spec.micro_batch.max(1);
         let epochs = self.spec.epochs.max(1);
@@ -183,7 +191,9 @@ impl TchTrainer {
         let (inputs, opd) = self.rl_inputs(batch, on_policy, first_order.as_deref(), temperature)?;
         let mut st = TrainStats { logprob_s: t_lp.elapsed().as_secs_f64(), opd, ..TrainStats::default() };
         let mut sums = TokenSums::default();
-        if let Some(old) = &inputs.old {
+        // The drift before any update is over the whole batch, which every rank holds: rank 0
+        // counts it, so the sum over ranks counts it once.
+        if let (Some(old), (0, _)) = (&inputs.old, self.dp_rank()) {
             sums.add_rollout_drift(batch, old);
         }
         let mut passes = vec![EpochSums::default(); epochs];
@@ -192,20 +202,35 @@ impl TchTrainer {
             let denom = Denominators::of(&slice, micro);
             self.zero_grad();
             let mut loss_acc = 0f64;
-            for (chunk, rows) in slice.chunks(micro).zip(step.rows.chunks(micro)) {
+            // This rank's micro-batches (all of them in one process); a failure is carried to the
+            // optimizer step, which fails it on every rank of a group at once.
+            let mut local = Ok(());
+            for (k, (chunk, rows)) in slice.chunks(micro).zip(step.rows.chunks(micro)).enumerate() {
+                if !self.trains_micro(k) {
+                    continue;
+                }
                 let m = Micro { chunk, rows, slice_len: slice.len(), denom: &denom };
                 let acc = (&mut sums, &mut passes[step.epoch]);
-                loss_acc += self.rl_micro_batch(&m, &inputs, temperature, &mut moe, acc, &mut st)?;
+                match self.rl_micro_batch(&m, &inputs, temperature, &mut moe, acc, &mut st) {
+                    Ok(l) => loss_acc += l,
+                    Err(e) => {
+                        local = Err(e);
+                        break;
+                    }
+                }
             }
             let t_opt = Instant::now();
-            let norm = self.optimizer_step(step.lr)?;
+            let norm = self.optimizer_step(step.lr, local)?;
             st.optimizer_s += t_opt.elapsed().as_secs_f64();
             st.loss += loss_acc;
             st.grad_norm += norm;
             st.optimizer_steps += 1;
         }
         if let (Some(p), Some(tg), Some(c)) = (&self.spec.ppo, &inputs.targets, self.critic.as_mut()) {
-            st.critic = Some(train_critic(c, &self.spec, p, batch, &plan, tg)?);
+            st.critic = Some(train_critic(c, &self.spec, p, batch, &plan, tg, self.dp.as_ref())?);
+        }
+        if let Some(dp) = &self.dp {
+            reduce_rl_stats(dp, &mut st, &mut sums, &mut passes, moe.as_mut())?;
         }
         let k = st.optimizer_steps.max(1) as f64;
         st.loss /= k;
@@ -357,6 +382,49 @@ impl TchTrainer {
         };
         Forward { lp, logp_all, aux, flipped }
     }
+}
+
+/// A data-parallel group: the call's statistics over the whole batch, as one process reports them.
+/// Each rank's sums cover its micro-batches, so they are summed over the ranks (the pass's largest
+/// |log-ratio| is a max); the whole-batch figures (the drift before any update, counted by rank 0;
+/// the token count, the critic's value statistics, OPD's, R3's bytes) are left as they are. Also
+/// the max over ranks of the seconds in collectives and each rank's peak RSS.
+fn reduce_rl_stats(
+    dp: &DataParallel,
+    st: &mut TrainStats,
+    sums: &mut TokenSums,
+    passes: &mut [EpochSums],
+    moe: Option<&mut MoeAcc>,
+) -> Result<(), RunError> {
+    let s = sums;
+    let mut add: Vec<&mut f64> = vec![
+        &mut st.loss,
+        &mut s.logp_diff,
+        &mut s.rollout_kl,
+        &mut s.entropy,
+        &mut s.clip,
+        &mut s.kl,
+        &mut s.tis,
+        &mut s.mis_masked,
+    ];
+    // The critic's value loss and clip fraction are sums over micro-batches divided by global
+    // counts (optimizer steps, the batch's tokens x passes): the ranks' shares add up.
+    if let Some(c) = st.critic.as_mut() {
+        add.extend([&mut c.value_loss, &mut c.clip_frac]);
+    }
+    let mut max: Vec<&mut f64> = Vec::new();
+    for p in passes.iter_mut() {
+        add.extend([&mut p.tokens, &mut p.clip, &mut p.k1, &mut p.k3]);
+        max.push(&mut p.max_abs);
+    }
+    if let Some(m) = moe {
+        add.extend(m.rank_sums());
+    }
+    let (collective_s, wait_s, rss) = dp.reduce_stats(&mut add, &mut max)?;
+    st.collective_s = collective_s;
+    st.rank_wait_s = wait_s;
+    st.rank_peak_rss = rss;
+    Ok(())
 }
 
 /// On-policy, the behaviour log-probs are the training forward's own, detached; their drift from

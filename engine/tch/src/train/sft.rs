@@ -19,7 +19,13 @@ impl TchTrainer {
         let layers = cfg.moe.as_ref().map_or(1, |c| c.moe_layers(cfg.n_layers).max(1)) as f64;
         self.zero_grad();
         let mut loss_acc = 0f64;
-        for chunk in batch.chunks(micro) {
+        // In a data-parallel group this rank trains micro-batches k % world == rank; the loss's
+        // denominators are the batch's, so the summed gradients are the whole batch's.
+        let mut local = Ok(());
+        for (k, chunk) in batch.chunks(micro).enumerate() {
+            if !self.trains_micro(k) {
+                continue;
+            }
             let pr: Vec<&[TokenId]> = chunk.iter().map(|(p, _)| p.as_slice()).collect();
             let rs: Vec<&[TokenId]> = chunk.iter().map(|(_, a)| a.as_slice()).collect();
             let pk = pack(&pr, &rs, None);
@@ -30,10 +36,19 @@ impl TchTrainer {
             let loss = -(lp * &pk.mask).sum(Kind::Float) / total;
             let aux = route.and_then(|r| r.aux);
             let loss = add_aux_loss(loss, aux, self.policy.cfg.moe.as_ref(), chunk.len(), batch.len() as f64 * layers);
-            loss_acc += self.finite_loss(&loss, "SFT loss is NaN/infinite")?;
+            match self.finite_loss(&loss, "SFT loss is NaN/infinite") {
+                Ok(l) => loss_acc += l,
+                Err(e) => {
+                    local = Err(e);
+                    break;
+                }
+            }
             loss.backward();
         }
-        let norm = self.optimizer_step(lr)?;
+        let norm = self.optimizer_step(lr, local)?;
+        if let Some(dp) = &self.dp {
+            dp.reduce_stats(&mut [&mut loss_acc], &mut [])?;
+        }
         Ok(SftStats { loss: loss_acc, grad_norm: norm, tokens: total as u64 })
     }
 }

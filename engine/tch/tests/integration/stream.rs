@@ -76,6 +76,7 @@ fn trainer_logprobs(policy: &Policy, samples: &[StreamSample], temperature: f64)
             ppo: None,
             opd: None,
             precision: Default::default(),
+            dp: None,
         },
     );
     let ps = prompts();

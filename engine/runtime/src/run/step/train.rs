@@ -166,6 +166,21 @@ pub(crate) fn insert_perf(
     if let Some(b) = peak_rss_bytes() {
         row.insert("perf/peak_rss_bytes".into(), json!(b));
     }
+    // A data-parallel trainer: time in exchanges and waiting for the slowest rank (the max over
+    // ranks of each) and each rank's peak RSS, which `perf/peak_rss_bytes` (the controller's own
+    // process) does not see.
+    if ts.collective_s > 0.0 {
+        row.insert("perf/collective_s".into(), json!(ts.collective_s));
+    }
+    if ts.rank_wait_s > 0.0 {
+        row.insert("perf/rank_wait_s".into(), json!(ts.rank_wait_s));
+    }
+    if let Some(max) = ts.rank_peak_rss.iter().max() {
+        row.insert("perf/rank_peak_rss_bytes_max".into(), json!(max));
+        for (r, b) in ts.rank_peak_rss.iter().enumerate() {
+            row.insert(format!("perf/rank_peak_rss_bytes/{r}"), json!(b));
+        }
+    }
 }
 
 /// This process's peak resident set size in bytes (getrusage), none where it is unavailable.
@@ -232,6 +247,34 @@ mod tests {
         for (k, lr) in a.iter().chain(&b).enumerate() {
             assert!((lr - want(k)).abs() < 1e-12, "step {k}: {lr} vs {}", want(k));
         }
+    }
+
+    /// A data-parallel trainer's collective seconds and ranks' peaks become columns; one process
+    /// (zero, empty) adds none.
+    #[test]
+    fn data_parallel_columns_only_for_a_group() {
+        let t = super::StepTimes { gen_s: 1.0, reward_s: 0.0, teacher_s: 0.0, train_s: 1.0, sync_s: 0.0, step_s: 2.0 };
+        let mut row = serde_json::Map::new();
+        super::insert_perf(&mut row, &crate::backend::TrainStats::default(), &t, 1, 1, 0);
+        assert!(!row.keys().any(|k| k.contains("collective") || k.contains("rank_peak")), "{row:?}");
+        let ts = crate::backend::TrainStats {
+            collective_s: 0.25,
+            rank_wait_s: 0.5,
+            rank_peak_rss: vec![300, 500],
+            ..Default::default()
+        };
+        let mut row = serde_json::Map::new();
+        super::insert_perf(&mut row, &ts, &t, 1, 1, 0);
+        assert_eq!(row["perf/collective_s"], 0.25);
+        assert_eq!(row["perf/rank_wait_s"], 0.5);
+        assert_eq!(row["perf/rank_peak_rss_bytes_max"], 500);
+        assert_eq!(row["perf/rank_peak_rss_bytes/0"], 300);
+        assert_eq!(row["perf/rank_peak_rss_bytes/1"], 500);
+        // The statistics travel as JSON (the worker protocol): one process's stay as they were.
+        let one = serde_json::to_value(crate::backend::TrainStats::default()).unwrap();
+        assert!(one.get("collective_s").is_none() && one.get("rank_peak_rss").is_none());
+        let back: crate::backend::TrainStats = serde_json::from_value(serde_json::to_value(&ts).unwrap()).unwrap();
+        assert_eq!(back, ts);
     }
 
     #[cfg(unix)]
