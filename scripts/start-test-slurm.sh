@@ -32,12 +32,17 @@ for i in 0 1 2 3; do
     [ -e "$ROOT/fakedev/nvidia$i" ] || mknod "$ROOT/fakedev/nvidia$i" c 195 "$i"
 done
 
+# At least 4 CPUs even on a 2-core machine (slurmd is told to trust this file, not the hardware):
+# a data-parallel run's two trainer ranks and its engine are three one-CPU steps
+# (tests/e2e/ddp.rs). The CPUs are oversubscribed, as every worker here shares the same cores.
+CPUS=$(( $(nproc) < 4 ? 4 : $(nproc) ))
 cat > "$CONF_DIR/slurm.conf.new" <<CONF
 ClusterName=miles-test
 SlurmctldHost=$NODE(127.0.0.1)
 SlurmUser=root
 SlurmctldPort=6817
 SlurmdPort=6818
+SlurmdParameters=config_overrides
 AuthType=auth/munge
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
@@ -54,7 +59,7 @@ SlurmctldLogFile=$ROOT/log/slurmctld.log
 SlurmdLogFile=$ROOT/log/slurmd.log
 SlurmctldPidFile=$ROOT/slurmctld.pid
 SlurmdPidFile=$ROOT/slurmd.pid
-NodeName=$NODE NodeAddr=127.0.0.1 CPUs=$(nproc) RealMemory=2000 Gres=gpu:4 State=UNKNOWN
+NodeName=$NODE NodeAddr=127.0.0.1 CPUs=$CPUS RealMemory=2000 Gres=gpu:4 State=UNKNOWN
 PartitionName=debug Nodes=$NODE Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES
 CONF
 cat > "$CONF_DIR/gres.conf.new" <<CONF

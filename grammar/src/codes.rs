@@ -369,8 +369,9 @@ files do not match it for the one before, saying so (docs/runs.md).";
         "The output directory already holds a run (and `--resume` was not given), \
 belongs to a run with a different spec, or cannot be created or written. A refused `--resume` names \
 each run spec field that differs, saved value then new one (`train.lr: 0.001 -> 0.002`); a resume \
-may change only `steps` (`stop` or `--steps`), `checkpoint.every`, `checkpoint.keep`, `eval.every`, `samples` \
-and the stages' names, and not to fewer steps than its checkpoint has done (docs/runs.md).";
+may change only `steps` (`stop` or `--steps`), `checkpoint.every`, `checkpoint.keep`, `eval.every`, `samples`, \
+the stages' names and the trainer's data-parallel ranks (`train.dp`: `dp`, `zero`, `dp_bucket`, \
+`collective_timeout`), and not to fewer steps than its checkpoint has done (docs/runs.md).";
     E0508: "backend error",
         "The compute backend (libtorch for the embedded backend) reported an error: \
 a shape mismatch, an allocation failure, or a missing library. The message carries the backend's \

@@ -5,6 +5,7 @@
 pub mod metrics;
 pub mod process;
 pub mod tiny;
+pub mod workers;
 
 use miles_compiler::fs::MemoryFs;
 use miles_compiler::{compile, Compilation, Diagnostic, Options, Sources, Span};

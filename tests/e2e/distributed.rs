@@ -7,13 +7,16 @@ use crate::common;
 use common::metrics::{prompt_ledger as ledger, trained_steps};
 use common::process::{output, temp_dir, Proc};
 use common::tiny::{tiny_recipe, EVAL};
+use common::workers::{assert_nothing_left, quiet_miles as miles, signal, start, wait_for_step, worker_pid};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Output, Stdio};
 use std::time::{Duration, Instant};
 
 /// A run of the tiny recipe ends well within this.
 const LIMIT: Duration = Duration::from_secs(300);
+/// A tiny run logs its first steps well within this.
+const STEP_LIMIT: Duration = Duration::from_secs(60);
 
 fn recipe(dir: &Path, launcher: &str, transport: &str, steps: u32) -> PathBuf {
     let p = dir.join("tiny.miles");
@@ -29,12 +32,6 @@ fn recipe(dir: &Path, launcher: &str, transport: &str, steps: u32) -> PathBuf {
     p
 }
 
-fn miles(args: &[&str]) -> Command {
-    let mut c = common::process::miles();
-    c.args(args).args(["--threads", "1", "--progress", "off"]);
-    c
-}
-
 fn run(args: &[&str]) -> Output {
     output(&mut miles(args), LIMIT)
 }
@@ -46,21 +43,6 @@ fn run_ok(recipe: &Path, out: &Path, what: &str) -> Output {
     o
 }
 
-/// Starts a run in the background, its stderr piped.
-fn start(args: &[&str]) -> Proc {
-    Proc::spawn(miles(args).stdin(Stdio::null()).stderr(Stdio::piped()))
-}
-
-/// After a run that failed: nothing it started is still running (the launcher stopped its
-/// workers). The workers get the launcher's grace period to exit first.
-fn assert_nothing_left(p: &Proc) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !p.left_behind().is_empty() && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    assert_eq!(p.left_behind(), Vec::<String>::new(), "processes the run left running");
-}
-
 /// metrics.jsonl without timings.
 fn metrics(out: &Path) -> Vec<Value> {
     common::metrics::untimed(out)
@@ -70,38 +52,12 @@ fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
 
-/// Waits (bounded) until the run has logged step `n`.
-fn wait_for_step(out: &Path, n: u64, child: &mut Proc) {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let text = std::fs::read_to_string(out.join("metrics.jsonl")).unwrap_or_default();
-        if text.lines().filter_map(|l| serde_json::from_str::<Value>(l).ok()).any(|v| v["step"].as_u64() >= Some(n)) {
-            return;
-        }
-        assert!(!child.exited(), "the run ended before step {n}");
-        assert!(Instant::now() < deadline, "no step {n} within 60 s");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
-/// The pid a worker logged when it started.
-fn worker_pid(out: &Path, id: &str) -> i32 {
-    let log = std::fs::read_to_string(out.join("workers").join(format!("{id}.log"))).unwrap();
-    let line = log.lines().find(|l| l.contains(" pid ")).unwrap_or_else(|| panic!("no pid in {id}.log: {log}"));
-    line.split(" pid ").nth(1).and_then(|r| r.split_whitespace().next()).and_then(|p| p.parse().ok()).unwrap()
-}
-
-fn signal(pid: i32, sig: i32) {
-    // SAFETY: kill(2) on a worker of this test's run.
-    assert_eq!(unsafe { libc::kill(pid, sig) }, 0, "kill({pid}, {sig})");
-}
-
 /// Runs `recipe` (two engines, `on_failure = drop_engine`), SIGKILLs rollout-1 once step
 /// `after` is logged, and checks the run names it, goes on with the other engine, succeeds and
 /// leaves nothing running.
 fn run_killing_rollout_1(recipe: &Path, out: &Path, after: u64) {
     let mut child = start(&["run", recipe.to_str().unwrap(), "--out", out.to_str().unwrap()]);
-    wait_for_step(out, after, &mut child);
+    wait_for_step(out, after, &mut child, STEP_LIMIT);
     signal(worker_pid(out, "rollout-1"), libc::SIGKILL);
     let o = child.wait_output(LIMIT);
     let err = stderr(&o);
@@ -184,7 +140,7 @@ fn a_killed_trainer_stops_the_run_clearly_and_resume_finishes_it() {
     let r = recipe(&dir, "local_processes { engines = 1 }", "broadcast", 12);
     let out = dir.join("out");
     let mut child = start(&["run", r.to_str().unwrap(), "--out", out.to_str().unwrap()]);
-    wait_for_step(&out, 3, &mut child);
+    wait_for_step(&out, 3, &mut child, STEP_LIMIT);
     signal(worker_pid(&out, "trainer-0"), libc::SIGKILL);
     let o = child.wait_output(LIMIT);
     let err = stderr(&o);
@@ -203,7 +159,7 @@ fn a_silent_engine_hits_its_deadline_and_is_named() {
     let r = recipe(&dir, "local_processes { engines = 1, call_timeout = 2 }", "broadcast", 200);
     let out = dir.join("out");
     let mut child = start(&["run", r.to_str().unwrap(), "--out", out.to_str().unwrap()]);
-    wait_for_step(&out, 1, &mut child);
+    wait_for_step(&out, 1, &mut child, STEP_LIMIT);
     let pid = worker_pid(&out, "rollout-0");
     signal(pid, libc::SIGSTOP);
     let t0 = Instant::now();

@@ -10,6 +10,7 @@ use crate::common;
 use crate::hf_recipe::{parquet_recipe, PROMPTS};
 use common::metrics::{json_file, rows};
 use common::process::{miles, output, temp_dir, text};
+use common::workers::f32_tensors as tensors;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -114,20 +115,6 @@ fn a_model_from_the_hub_cache_checks_plans_and_runs() {
     let t = flat(&o);
     assert!(t.contains(&format!("{shard} is a link to ../../blobs/")) && t.contains("interrupted download"), "{t}");
     let _ = std::fs::remove_dir_all(&d);
-}
-
-/// The F32 tensors of a safetensors file.
-fn tensors(path: &Path) -> HashMap<String, Vec<f32>> {
-    let bytes = std::fs::read(path).unwrap();
-    let h = miles_runtime::safetensors::parse(&bytes).unwrap();
-    h.entries
-        .iter()
-        .filter(|e| e.dtype.name() == "F32")
-        .map(|e| {
-            let data = &bytes[e.start as usize..(e.start + e.len) as usize];
-            (e.name.clone(), data.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
-        })
-        .collect()
 }
 
 /// The first training step's mean |log-prob of the trainer - of the engine that sampled|.

@@ -16,6 +16,7 @@ mod algorithms;
 mod cli_plan_run;
 mod combined_rewards;
 mod data;
+mod ddp;
 mod diffusion;
 mod distributed;
 mod faults;

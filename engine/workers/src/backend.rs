@@ -4,7 +4,9 @@
 
 use crate::auth::new_token;
 use crate::launcher::{LaunchEnv, Launcher, LocalLauncher, RayLauncher, SlurmLauncher, WorkerLaunch};
-use crate::remote::{Controller, Deadlines, Fleet, OnFailure, RemoteEngine, RemoteTeacher, RemoteTrainer, SharedFleet};
+use crate::remote::{
+    Controller, Deadlines, DpGroup, Fleet, OnFailure, RemoteEngine, RemoteTeacher, RemoteTrainer, SharedFleet,
+};
 use crate::{E_LAUNCH, E_WORKER};
 use miles_runtime::distributed::{DistributedSpec, LauncherSpec, WorkerFailure};
 use miles_runtime::stream::BatchedStream;
@@ -24,14 +26,34 @@ pub struct WorkersBackend {
     pub fleet: Mutex<Option<SharedFleet>>,
     /// Builds a distilling run's teacher stage in the controller's process (a compute backend's).
     teacher: Option<TeacherFactory>,
+    /// Serves the c10d store a data-parallel trainer's ranks meet at (a compute backend's).
+    store_host: Option<StoreHost>,
 }
+
+/// How the controller hosts the c10d TCPStore of a data-parallel trainer (this crate links no
+/// libtorch): given the address to bind and the rendezvous timeout, the store's `host:port` and a
+/// guard that serves it until dropped.
+pub type StoreHost =
+    Box<dyn Fn(&str, Duration) -> Result<(String, Box<dyn std::any::Any + Send>), RunError> + Send + Sync>;
 
 /// How the controller builds a teacher stage: this crate runs no model itself.
 pub type TeacherFactory = Box<dyn Fn(&RunSpec) -> Result<Box<dyn TeacherScorer>, RunError> + Send + Sync>;
 
 impl WorkersBackend {
     pub fn new(exe: PathBuf, out_dir: PathBuf) -> Self {
-        WorkersBackend { exe, out_dir, threads: Mutex::new(None), fleet: Mutex::new(None), teacher: None }
+        WorkersBackend {
+            exe,
+            out_dir,
+            threads: Mutex::new(None),
+            fleet: Mutex::new(None),
+            teacher: None,
+            store_host: None,
+        }
+    }
+
+    pub fn with_store_host(mut self, f: StoreHost) -> Self {
+        self.store_host = Some(f);
+        self
     }
 
     pub fn with_teacher(mut self, f: TeacherFactory) -> Self {
@@ -40,9 +62,10 @@ impl WorkersBackend {
     }
 }
 
-/// The worker processes of a run: trainer-0, then rollout-0..n, then teacher-0 when the run's
-/// teacher stage (named `teacher`) runs in a worker of its own.
-pub fn plan_workers(d: &DistributedSpec, threads: usize, teacher: Option<&str>) -> Vec<WorkerLaunch> {
+/// The worker processes of a run: trainer-0..N-1 (a data-parallel trainer's ranks, in rank order;
+/// one without `train.dp`), then rollout-0..n, then teacher-0 when the run's teacher stage (named
+/// `teacher`) runs in a worker of its own. Every launcher starts this list as it is.
+pub fn plan_workers(d: &DistributedSpec, trainers: usize, threads: usize, teacher: Option<&str>) -> Vec<WorkerLaunch> {
     let (cpus_per, gpus_engine, gpus_trainer) = match &d.launcher {
         LauncherSpec::LocalProcesses { cpus_per_worker } => (*cpus_per_worker, 0, 0),
         LauncherSpec::Slurm { cpus_per_worker, gpus_per_engine, gpus_per_trainer, .. } => {
@@ -63,14 +86,16 @@ pub fn plan_workers(d: &DistributedSpec, threads: usize, teacher: Option<&str>) 
             })
             .collect()
     };
-    let mut v = vec![WorkerLaunch {
-        worker_id: "trainer-0".into(),
-        role: "trainer".into(),
-        stage: "train".into(),
-        cpus: cpus(cpus_per),
-        gpus: gpus_trainer,
-        threads: threads as u32,
-    }];
+    let mut v: Vec<WorkerLaunch> = (0..trainers.max(1))
+        .map(|r| WorkerLaunch {
+            worker_id: format!("trainer-{r}"),
+            role: "trainer".into(),
+            stage: "train".into(),
+            cpus: cpus(cpus_per),
+            gpus: gpus_trainer,
+            threads: threads as u32,
+        })
+        .collect();
     for i in 0..d.rollout_workers.max(1) {
         v.push(WorkerLaunch {
             worker_id: format!("rollout-{i}"),
@@ -188,7 +213,22 @@ impl WorkersBackend {
                 return Err(RunError::new(E_LAUNCH, "an in-process launcher starts no workers"));
             }
         };
-        let workers = plan_workers(&d, threads, teacher_worker(spec));
+        let ranks = spec.train.dp.as_ref().map_or(1, |p| p.ranks.max(1));
+        // The rendezvous is up before any rank starts; it lives as long as the fleet.
+        let store = match (ranks > 1, &self.store_host) {
+            (false, _) => None,
+            (true, Some(host)) => {
+                let timeout = spec.train.dp.as_ref().map_or(120.0, |p| p.timeout_s);
+                Some(host(&d.bind_host, Duration::from_secs_f64(timeout.max(1.0)))?)
+            }
+            (true, None) => {
+                return Err(RunError::new(
+                    E_LAUNCH,
+                    "this controller cannot host a data-parallel trainer's c10d store (it was built with no store host)",
+                ));
+            }
+        };
+        let workers = plan_workers(&d, ranks, threads, teacher_worker(spec));
         let env = LaunchEnv {
             exe: self.exe.clone(),
             controller: controller.addr.clone(),
@@ -201,8 +241,16 @@ impl WorkersBackend {
         let ids: Vec<String> = workers.iter().map(|w| w.worker_id.clone()).collect();
         let regs = match controller.wait_for(&ids, Duration::from_secs_f64(d.start_timeout_s), || launcher.dead()) {
             Ok(r) => r,
-            Err(e) => {
+            Err(mut e) => {
                 launcher.stop();
+                if ranks > 1 {
+                    // Which of them are the trainer's ranks, and what waits on them.
+                    e.message.push_str(&format!(
+                        " (trainer-0..trainer-{} are the trainer's {ranks} data-parallel ranks: every rank must \
+                         join before training starts)",
+                        ranks - 1
+                    ));
+                }
                 return Err(e);
             }
         };
@@ -225,7 +273,18 @@ impl WorkersBackend {
             true => remotes.pop(),
             false => None,
         };
-        let trainer = remotes.remove(0);
+        let mut trainers: Vec<_> = remotes.drain(..ranks).collect();
+        let dp = match store {
+            Some((addr, guard)) => {
+                for (r, t) in trainers.iter_mut().enumerate() {
+                    t.rank = Some((r, ranks));
+                }
+                eprintln!("miles run: {ranks} data-parallel trainer ranks meet at the c10d store {addr}");
+                Some(DpGroup { ranks: trainers.split_off(1), store: addr, store_guard: guard })
+            }
+            None => None,
+        };
+        let trainer = trainers.remove(0);
         let launcher = Arc::new(Mutex::new(launcher));
         let l2 = launcher.clone();
         let mut fleet = Fleet {
@@ -233,6 +292,7 @@ impl WorkersBackend {
             trainer,
             engines: remotes,
             teacher,
+            dp,
             on_failure: match d.on_worker_failure {
                 WorkerFailure::Stop => OnFailure::Stop,
                 WorkerFailure::Continue => OnFailure::Continue,
@@ -248,12 +308,92 @@ impl WorkersBackend {
             events: Vec::new(),
             on_drop: Some(Box::new(move || l2.lock().unwrap_or_else(|p| p.into_inner()).stop())),
         };
-        if fleet.trainer.reg.role != "trainer" {
-            return Err(RunError::new(E_WORKER, "trainer-0 registered with another role"));
+        let ranks_of = std::iter::once(&fleet.trainer).chain(fleet.dp.iter().flat_map(|g| g.ranks.iter()));
+        if let Some(r) = ranks_of.into_iter().find(|r| r.reg.role != "trainer") {
+            return Err(RunError::new(E_WORKER, format!("{} registered with another role", r.reg.worker_id)));
         }
         fleet.init_all(spec, threads as u32)?;
         let fleet = Arc::new(Mutex::new(fleet));
         *self.fleet.lock().unwrap_or_else(|p| p.into_inner()) = Some(fleet.clone());
         Ok(fleet)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(launcher: LauncherSpec) -> DistributedSpec {
+        let mut d: DistributedSpec =
+            serde_json::from_value(serde_json::json!({ "launcher": { "type": "in_process" } }))
+                .unwrap_or_else(|e| panic!("{e}"));
+        d.launcher = launcher;
+        d.rollout_workers = 2;
+        d
+    }
+
+    /// A data-parallel trainer is trainer-0..N-1 in rank order, before the engines; one rank is
+    /// exactly the fleet without one. Every launcher gets the same list (Slurm: one step each).
+    #[test]
+    fn a_data_parallel_trainer_is_one_worker_per_rank_under_every_launcher() {
+        let ids = |v: &[WorkerLaunch]| v.iter().map(|w| w.worker_id.clone()).collect::<Vec<_>>();
+        let local = spec(LauncherSpec::LocalProcesses { cpus_per_worker: 1 });
+        assert_eq!(ids(&plan_workers(&local, 1, 1, None)), ["trainer-0", "rollout-0", "rollout-1"]);
+        assert_eq!(ids(&plan_workers(&local, 0, 1, None)), ids(&plan_workers(&local, 1, 1, None)));
+        let v = plan_workers(&local, 3, 1, Some("teacher"));
+        assert_eq!(ids(&v), ["trainer-0", "trainer-1", "trainer-2", "rollout-0", "rollout-1", "teacher-0"]);
+        assert!(v[..3].iter().all(|w| w.role == "trainer" && w.stage == "train"));
+        let ncpu = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+        assert_eq!(v[1].cpus, vec![1 % ncpu], "each rank its own CPU, round-robin");
+        let slurm = spec(LauncherSpec::Slurm {
+            partition: None,
+            time_limit: None,
+            gpus_per_engine: 0,
+            gpus_per_trainer: 1,
+            cpus_per_worker: 1,
+        });
+        let v = plan_workers(&slurm, 2, 1, None);
+        assert_eq!(v.iter().map(|w| w.gpus).collect::<Vec<_>>(), [1, 1, 0, 0], "a GPU per rank");
+        let ray = spec(LauncherSpec::Ray { address: "http://h:8265".into(), gpus_per_engine: 0, gpus_per_trainer: 0 });
+        assert_eq!(ids(&plan_workers(&ray, 2, 1, None))[..2], ["trainer-0", "trainer-1"]);
+    }
+
+    /// Ranks that never register are named as the trainer's ranks, after the controller hosted
+    /// their store; a controller that cannot host one refuses the run before launching anything.
+    #[test]
+    fn ranks_that_never_register_are_named_as_the_trainers_ranks() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = std::env::temp_dir().join(format!("miles-dp-noreg-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        // A stand-in for `miles worker` that never registers (the launcher stops it).
+        let exe = dir.join("worker.sh");
+        std::fs::write(&exe, "#!/bin/sh\nexec sleep 30\n").unwrap();
+        std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let mut run = RunSpec::from_json(include_str!("../../runtime/tests/data/tiny.json")).unwrap();
+        let mut d = spec(LauncherSpec::LocalProcesses { cpus_per_worker: 0 });
+        d.rollout_workers = 1;
+        d.start_timeout_s = 1.0;
+        run.distributed = Some(d);
+        run.train.dp = Some(miles_runtime::DataParallelSpec {
+            ranks: 2,
+            zero: miles_runtime::ZeroStage::None,
+            bucket_bytes: 1 << 20,
+            timeout_s: 5.0,
+        });
+        let err = WorkersBackend::new(exe.clone(), dir.join("a")).create(&run).err().expect("no worker registers");
+        assert!(err.code == E_LAUNCH && err.message.contains("cannot host a data-parallel trainer"), "{err}");
+        let hosted = Arc::new(Mutex::new(Vec::new()));
+        let h2 = hosted.clone();
+        let backend = WorkersBackend::new(exe, dir.join("b")).with_store_host(Box::new(move |bind, t| {
+            h2.lock().unwrap().push((bind.to_string(), t));
+            Ok(("127.0.0.1:1".to_string(), Box::new(()) as Box<dyn std::any::Any + Send>))
+        }));
+        let err = backend.create(&run).err().expect("no worker registers");
+        assert_eq!(err.code, E_WORKER, "{err}");
+        assert!(err.message.contains("trainer-0, trainer-1, rollout-0 did not register within 1 s"), "{err}");
+        assert!(err.message.contains("trainer-0..trainer-1 are the trainer's 2 data-parallel ranks"), "{err}");
+        assert_eq!(*hosted.lock().unwrap(), [("127.0.0.1".to_string(), Duration::from_secs(5))]);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -10,16 +10,19 @@ use crate::tls::{RunTls, TlsMode};
 use crate::transport::TransferReport;
 use crate::{E_TRANSFER, E_WORKER};
 use miles_runtime::tasks::TokenId;
-use miles_runtime::{
-    RolloutEngine, RunError, RunSpec, Sample, SamplingParams, SftStats, TrainStats, Trainer, Trajectory, WeightSnapshot,
-};
+use miles_runtime::{RolloutEngine, RunError, RunSpec, Sample, SamplingParams, Trajectory, WeightSnapshot};
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
 use tonic::{Request, Response, Status};
+
+mod ranks;
+mod trainer;
+use ranks::all_ranks;
+pub use trainer::RemoteTrainer;
 
 type Client = WorkerClient<InterceptedService<Channel, AddToken>>;
 
@@ -90,6 +93,13 @@ impl controller_server::Controller for ControllerState {
             None => return Err(Status::not_found(format!("{} is not registered", r.worker_id))),
         }
         Ok(Response::new(pb::HeartbeatReply { stop }))
+    }
+}
+
+impl ControllerState {
+    /// Seconds since a worker's last heartbeat (None: it never registered).
+    pub fn silent_for(&self, id: &str) -> Option<Duration> {
+        lock(&self.inner.0).workers.get(id).map(|w| w.last_beat.elapsed())
     }
 }
 
@@ -175,7 +185,12 @@ impl Controller {
 
     /// Seconds since a worker's last heartbeat.
     pub fn silent_for(&self, id: &str) -> Option<Duration> {
-        lock(&self.state.inner.0).workers.get(id).map(|w| w.last_beat.elapsed())
+        self.state.silent_for(id)
+    }
+
+    /// The registry's heartbeats, to watch while calls are in flight without the fleet's lock.
+    pub fn heartbeats(&self) -> ControllerState {
+        self.state.clone()
     }
 
     /// Tells every worker to exit at its next heartbeat.
@@ -214,6 +229,35 @@ pub struct Remote {
     pub reg: Registration,
     client: Client,
     pub alive: bool,
+    /// A data-parallel trainer's (rank, world); None for every other worker and a lone trainer.
+    pub rank: Option<(usize, usize)>,
+}
+
+impl Remote {
+    /// The name its faults carry: the registration's, with a data-parallel trainer's rank
+    /// ("stage `train` (worker trainer-1, rank 1 of 2, on host h, pid 123)").
+    pub fn who(&self) -> String {
+        let r = &self.reg;
+        match self.rank {
+            Some((rank, world)) => format!(
+                "stage `{}` (worker {}, rank {rank} of {world}, on host {}, pid {})",
+                r.stage, r.worker_id, r.host, r.pid
+            ),
+            None => r.who(),
+        }
+    }
+}
+
+/// The trainer's data-parallel ranks beyond rank 0 (which is `Fleet::trainer`), and the c10d
+/// store they meet at.
+pub struct DpGroup {
+    /// Ranks 1..N-1, in rank order.
+    pub ranks: Vec<Remote>,
+    /// The c10d TCPStore's address (host:port), given to every rank at Init.
+    pub store: String,
+    /// Keeps the store served for as long as the fleet: the controller hosts it, as torchrun's
+    /// agent does, so no rank's death takes the rendezvous with it.
+    pub store_guard: Box<dyn std::any::Any + Send>,
 }
 
 /// Everything the remote engine and trainer share.
@@ -223,6 +267,8 @@ pub struct Fleet {
     pub engines: Vec<Remote>,
     /// On-policy distillation's teacher stage as a worker of its own (`process = true`).
     pub teacher: Option<Remote>,
+    /// A data-parallel trainer's other ranks (`train.dp`); None: one trainer process.
+    pub dp: Option<DpGroup>,
     pub on_failure: OnFailure,
     pub deadlines: Deadlines,
     pub transport: String,
@@ -245,7 +291,11 @@ impl Drop for Fleet {
         self.controller.stop_all();
         let short = self.deadlines.short.min(Duration::from_secs(3));
         let rt = self.controller.rt.clone();
-        let all = std::iter::once(&mut self.trainer).chain(self.engines.iter_mut()).chain(self.teacher.as_mut());
+        let ranks = self.dp.as_mut().map(|g| g.ranks.as_mut_slice()).unwrap_or_default();
+        let all = std::iter::once(&mut self.trainer)
+            .chain(ranks.iter_mut())
+            .chain(self.engines.iter_mut())
+            .chain(self.teacher.as_mut());
         for r in all.filter(|r| r.alive) {
             let mut c = r.client.clone();
             let _ = rt.block_on(async { tokio::time::timeout(short, c.shutdown(pb::ShutdownRequest {})).await });
@@ -269,7 +319,7 @@ impl Fleet {
         let client = WorkerClient::with_interceptor(ch, add)
             .max_decoding_message_size(512 << 20)
             .max_encoding_message_size(512 << 20);
-        Ok(Remote { reg, client, alive: true })
+        Ok(Remote { reg, client, alive: true, rank: None })
     }
 
     /// Runs one call against a worker with a deadline, turning every failure into a run error that
@@ -297,28 +347,33 @@ impl Fleet {
         let silent = self.controller.silent_for(&self.remote(which).reg.worker_id);
         let r = self.remote_mut(which);
         if !r.alive {
-            return Err(RunError::new(E_WORKER, format!("{} is dead", r.reg.who())));
+            return Err(RunError::new(E_WORKER, format!("{} is dead", r.who())));
         }
         if let Some(s) = silent.filter(|s| *s > heartbeat) {
             r.alive = false;
             return Err(RunError::new(
                 E_WORKER,
-                format!("{} sent no heartbeat for {:.0} s: treated as dead", r.reg.who(), s.as_secs_f64()),
+                format!("{} sent no heartbeat for {:.0} s: treated as dead", r.who(), s.as_secs_f64()),
             ));
         }
-        Ok((r.client.clone(), rt, r.reg.who()))
+        Ok((r.client.clone(), rt, r.who()))
     }
 
     fn remote(&self, w: Which) -> &Remote {
         match w {
-            Which::Trainer => &self.trainer,
+            Which::Trainer | Which::Rank(0) => &self.trainer,
+            Which::Rank(r) => self.dp.as_ref().map_or(&self.trainer, |g| &g.ranks[r - 1]),
             Which::Engine(i) => &self.engines[i],
             Which::Teacher => self.teacher.as_ref().unwrap_or(&self.trainer),
         }
     }
     fn remote_mut(&mut self, w: Which) -> &mut Remote {
         match w {
-            Which::Trainer => &mut self.trainer,
+            Which::Trainer | Which::Rank(0) => &mut self.trainer,
+            Which::Rank(r) => match self.dp.as_mut() {
+                Some(g) => &mut g.ranks[r - 1],
+                None => &mut self.trainer,
+            },
             Which::Engine(i) => &mut self.engines[i],
             Which::Teacher => self.teacher.as_mut().unwrap_or(&mut self.trainer),
         }
@@ -336,12 +391,41 @@ impl Fleet {
         Ok(())
     }
 
+    /// The trainer's data-parallel ranks (1 without a group).
+    pub fn world(&self) -> usize {
+        1 + self.dp.as_ref().map_or(0, |g| g.ranks.len())
+    }
+
+    /// Initialises every worker: the trainer's data-parallel ranks all at once (each Init returns
+    /// only once every rank has joined c10d's rendezvous), then the engines and the teacher.
     pub fn init_all(&mut self, spec: &RunSpec, threads: u32) -> Result<(), RunError> {
         let json = serde_json::to_string(spec).map_err(|e| RunError::new(E_WORKER, e.to_string()))?;
         let call = self.deadlines.call;
+        match self.dp.as_ref().map(|g| g.store.clone()) {
+            None => {
+                let req = pb::InitRequest { spec_json: json.clone(), threads, ..Default::default() };
+                self.call(Which::Trainer, call, |mut c| async move { c.init(req).await })?;
+            }
+            Some(store) => {
+                let world = self.world() as u32;
+                let reqs: Vec<pb::InitRequest> = (0..world)
+                    .map(|r| pb::InitRequest {
+                        spec_json: json.clone(),
+                        threads,
+                        dp_rank: r,
+                        dp_world: world,
+                        dp_store: store.clone(),
+                    })
+                    .collect();
+                all_ranks(self, |r, mut c| {
+                    let req = reqs[r].clone();
+                    async move { c.init(req).await }
+                })?;
+            }
+        }
         let teacher = self.teacher.is_some().then_some(Which::Teacher);
-        for w in std::iter::once(Which::Trainer).chain((0..self.engines.len()).map(Which::Engine)).chain(teacher) {
-            let req = pb::InitRequest { spec_json: json.clone(), threads };
+        for w in (0..self.engines.len()).map(Which::Engine).chain(teacher) {
+            let req = pb::InitRequest { spec_json: json.clone(), threads, ..Default::default() };
             self.call(w, call, |mut c| async move { c.init(req).await })?;
         }
         Ok(())
@@ -350,7 +434,10 @@ impl Fleet {
 
 #[derive(Clone, Copy)]
 enum Which {
+    /// The trainer: rank 0 of a data-parallel group.
     Trainer,
+    /// A data-parallel trainer rank (0 is `Trainer`).
+    Rank(usize),
     Engine(usize),
     /// The teacher worker; only asked for when the fleet has one.
     Teacher,
@@ -440,180 +527,6 @@ impl miles_runtime::TeacherScorer for RemoteTeacher {
         }
         let r = call_shared(&self.fleet, Which::Teacher, None, |mut c| async move { c.logprobs(req).await })?;
         Ok(r.logprobs.into_iter().map(|s| s.values).collect())
-    }
-}
-
-/// The trainer, remote.
-pub struct RemoteTrainer {
-    pub fleet: SharedFleet,
-    version: u64,
-    /// A failure in a call that cannot return one (reset_optimizer), reported by the next call.
-    pending: Option<RunError>,
-}
-
-impl RemoteTrainer {
-    pub fn new(fleet: SharedFleet) -> Self {
-        RemoteTrainer { fleet, version: 0, pending: None }
-    }
-    fn fleet(&self) -> std::sync::MutexGuard<'_, Fleet> {
-        lock(&self.fleet)
-    }
-    fn control(&mut self, op: &str, dir: &Path) -> Result<u64, RunError> {
-        if let Some(e) = self.pending.take() {
-            return Err(e);
-        }
-        let req = pb::ControlRequest { op: op.into(), dir: dir.to_string_lossy().into_owned() };
-        let r = call_shared(&self.fleet, Which::Trainer, None, |mut c| async move { c.control(req).await })?;
-        Ok(r.version)
-    }
-}
-
-impl Trainer for RemoteTrainer {
-    fn train_rl(&mut self, batch: &[Trajectory], lrs: &[f64], temperature: f64) -> Result<TrainStats, RunError> {
-        if let Some(e) = self.pending.take() {
-            return Err(e);
-        }
-        let req = pb::TrainRlRequest { batch: batch.iter().map(traj_to_pb).collect(), lrs: lrs.to_vec(), temperature };
-        let r = call_shared(&self.fleet, Which::Trainer, None, |mut c| async move { c.train_rl(req).await })?;
-        self.version = r.version;
-        Ok(stats_from_pb(r.stats.unwrap_or_default()))
-    }
-
-    fn train_sft(&mut self, batch: &[(Vec<TokenId>, Vec<TokenId>)], lr: f64) -> Result<SftStats, RunError> {
-        let req = pb::TrainSftRequest {
-            batch: batch.iter().map(|(p, a)| pb::SftPair { prompt: p.clone(), answer: a.clone() }).collect(),
-            lr,
-        };
-        let r = call_shared(&self.fleet, Which::Trainer, None, |mut c| async move { c.train_sft(req).await })?;
-        Ok(SftStats { loss: r.loss, grad_norm: r.grad_norm, tokens: r.tokens })
-    }
-
-    fn reset_optimizer(&mut self) {
-        if let Err(e) = self.control("reset_optimizer", Path::new("")) {
-            self.pending = Some(e);
-        }
-    }
-
-    fn freeze_reference(&mut self) -> Result<(), RunError> {
-        self.control("freeze_reference", Path::new("")).map(|_| ())
-    }
-
-    fn logprobs(
-        &mut self,
-        prompts: &[Vec<TokenId>],
-        responses: &[Vec<TokenId>],
-        temperature: f64,
-    ) -> Result<Vec<Vec<f32>>, RunError> {
-        let req = pb::LogprobsRequest {
-            prompts: prompts.iter().map(|p| pb::TokenSeq { ids: p.clone() }).collect(),
-            responses: responses.iter().map(|p| pb::TokenSeq { ids: p.clone() }).collect(),
-            temperature,
-        };
-        let r = call_shared(&self.fleet, Which::Trainer, None, |mut c| async move { c.logprobs(req).await })?;
-        Ok(r.logprobs.into_iter().map(|s| s.values).collect())
-    }
-
-    fn version(&self) -> u64 {
-        self.version
-    }
-
-    fn last_sync_bytes(&self) -> Option<u64> {
-        self.fleet().last_report.as_ref().map(|r| r.bytes)
-    }
-
-    /// Moves the weights trainer -> engines with the recipe's transport. The snapshot returned is
-    /// a receipt (its version, no tensors): the bytes went straight from the trainer process to the
-    /// engines, and `RemoteEngine::load_weights` activates that version on each.
-    fn export_weights(&self) -> Result<WeightSnapshot, RunError> {
-        loop {
-            let req = {
-                let f = self.fleet();
-                let targets: Vec<pb::Target> = f
-                    .engines
-                    .iter()
-                    .filter(|e| e.alive)
-                    .map(|e| pb::Target { worker_id: e.reg.worker_id.clone(), data_addr: e.reg.data_addr.clone() })
-                    .collect();
-                pb::PublishRequest {
-                    transport: f.transport.clone(),
-                    bucket_bytes: f.bucket_bytes,
-                    targets,
-                    verify_full: f.verify_full,
-                    delta_dir: f.delta_dir.to_string_lossy().into_owned(),
-                    shards: 0,
-                    timeout_ms: (f.deadlines.call.as_millis() as u64 * 3 / 4).max(1),
-                    channel: f.channel.clone(),
-                }
-            };
-            match call_shared(&self.fleet, Which::Trainer, None, |mut c| async move { c.publish_weights(req).await }) {
-                Ok(r) => {
-                    let rep = r.report.unwrap_or_default();
-                    let report = TransferReport {
-                        transport: rep.transport,
-                        version: rep.version,
-                        bytes: rep.bytes,
-                        seconds: rep.seconds,
-                        gb_per_s: rep.gb_per_s,
-                        targets: rep.targets,
-                        buckets: rep.buckets,
-                    };
-                    let mut f = self.fleet();
-                    if let Some(p) = &f.sync_log {
-                        if let Ok(line) = serde_json::to_string(&report) {
-                            use std::io::Write;
-                            if let Ok(mut file) = std::fs::OpenOptions::new().create(true).append(true).open(p) {
-                                let _ = file.write_all(format!("{line}\n").as_bytes());
-                            }
-                        }
-                    }
-                    let version = report.version;
-                    f.last_report = Some(report);
-                    return Ok(WeightSnapshot { version, tensors: Vec::new() });
-                }
-                Err(e) if e.code == E_TRANSFER => {
-                    // Which engine failed to receive? If it is dead, go on without it (as the
-                    // recipe says); a corrupted transfer to a live engine stops the run.
-                    let (failed, short) = {
-                        let f = self.fleet();
-                        let failed = f
-                            .engines
-                            .iter()
-                            .position(|r| e.message.contains(&format!("{} failed", r.reg.worker_id)))
-                            .map(|i| (i, f.engines[i].alive));
-                        (failed, f.deadlines.short.min(f.deadlines.call))
-                    };
-                    let Some((i, alive)) = failed else { return Err(e) };
-                    // Dropped by the generation side while this update was in flight (fully_async):
-                    // publish again to the engines left.
-                    if !alive {
-                        continue;
-                    }
-                    let probe = call_shared(&self.fleet, Which::Engine(i), Some(short), |mut c| async move {
-                        c.health(pb::HealthRequest {}).await
-                    });
-                    match probe {
-                        Ok(_) => return Err(e),
-                        Err(pe) => self.fleet().engine_lost(i, pe)?,
-                    }
-                }
-                Err(e) => return Err(e),
-            }
-        }
-    }
-
-    fn save(&self, dir: &Path) -> Result<(), RunError> {
-        let req = pb::ControlRequest { op: "save".into(), dir: dir.to_string_lossy().into_owned() };
-        call_shared(&self.fleet, Which::Trainer, None, |mut c| async move { c.control(req).await }).map(|_| ())
-    }
-
-    fn load(&mut self, dir: &Path) -> Result<(), RunError> {
-        self.version = self.control("load", dir)?;
-        Ok(())
-    }
-
-    fn save_model(&self, dir: &Path) -> Result<(), RunError> {
-        let req = pb::ControlRequest { op: "save_model".into(), dir: dir.to_string_lossy().into_owned() };
-        call_shared(&self.fleet, Which::Trainer, None, |mut c| async move { c.control(req).await }).map(|_| ())
     }
 }
 

@@ -9,7 +9,7 @@ use crate::pb::{self, controller_client::ControllerClient, worker_server};
 use crate::tls::{RunTls, TlsMode};
 use crate::transport::{self, Receiver, Target, TransportConfig, TransportKind, WeightPublisher};
 use crate::wire::Faults;
-use miles_runtime::{RolloutEngine, RunError, RunSpec, TeacherScorer, Trainer, Trajectory, E_SPEC};
+use miles_runtime::{DpRank, RolloutEngine, RunError, RunSpec, TeacherScorer, Trainer, Trajectory, E_SPEC};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -48,8 +48,10 @@ pub enum Hosted {
     Teacher(Box<dyn TeacherScorer>),
 }
 
-/// Builds the stage instance from the run spec (the root binary passes the libtorch backend).
-pub type Factory = Arc<dyn Fn(Role, &RunSpec, Option<usize>) -> Result<Hosted, RunError> + Send + Sync>;
+/// Builds the stage instance from the run spec (the root binary passes the libtorch backend): the
+/// role, the spec, the intra-op threads, and a data-parallel trainer rank's place in its group
+/// (building such a rank joins the group: it returns once every rank has).
+pub type Factory = Arc<dyn Fn(Role, &RunSpec, Option<usize>, Option<DpRank>) -> Result<Hosted, RunError> + Send + Sync>;
 
 #[derive(Clone)]
 pub struct WorkerConfig {
@@ -112,6 +114,27 @@ impl Svc {
     }
 }
 
+/// The data-parallel place an Init gives a trainer rank; None outside a group. A place that does
+/// not fit (a rank past the world, a group for another role, no store) is refused, not guessed.
+fn dp_rank(r: &pb::InitRequest, role: Role) -> Result<Option<DpRank>, RunError> {
+    if r.dp_world == 0 {
+        return Ok(None);
+    }
+    if role != Role::Trainer {
+        return Err(RunError::new(E_SPEC, format!("a {} worker was given a data-parallel rank", role.name())));
+    }
+    if r.dp_rank >= r.dp_world || r.dp_store.is_empty() {
+        return Err(RunError::new(
+            E_SPEC,
+            format!(
+                "data-parallel rank {} of {} at store {:?} is not a place in a group",
+                r.dp_rank, r.dp_world, r.dp_store
+            ),
+        ));
+    }
+    Ok(Some(DpRank { rank: r.dp_rank as usize, world: r.dp_world as usize, store: r.dp_store.clone() }))
+}
+
 fn wrong_role(want: Role) -> RunError {
     RunError::new(E_SPEC, format!("this call needs a {} worker", want.name()))
 }
@@ -131,9 +154,10 @@ impl worker_server::Worker for Svc {
         let r = req.into_inner();
         let spec = RunSpec::from_json(&r.spec_json).map_err(to_status)?;
         let threads = (r.threads > 0).then_some(r.threads as usize);
+        let rank = dp_rank(&r, self.cfg.role).map_err(to_status)?;
         let (factory, role, hosted) = (self.factory.clone(), self.cfg.role, self.hosted.clone());
         tokio::task::spawn_blocking(move || {
-            let h = factory(role, &spec, threads)?;
+            let h = factory(role, &spec, threads, rank)?;
             *lock(&hosted) = Some(h);
             Ok::<_, RunError>(())
         })

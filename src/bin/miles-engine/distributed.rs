@@ -23,7 +23,8 @@ pub fn run(spec: &RunSpec, opts: &RunOptions) -> Result<Summary, RunError> {
     }
     // The teacher stage runs here, beside the executor (or in a worker process of its own).
     let backend = miles_workers::backend::WorkersBackend::new(exe, out)
-        .with_teacher(Box::new(|s: &RunSpec| miles_runtime::Backend::teacher(&miles_tch::TchBackend, s)));
+        .with_teacher(Box::new(|s: &RunSpec| miles_runtime::Backend::teacher(&miles_tch::TchBackend, s)))
+        .with_store_host(Box::new(host_store));
     let res = miles_runtime::run_with(spec, &o, &backend);
     if let Some(f) = backend.fleet.lock().unwrap_or_else(|p| p.into_inner()).take() {
         let f = f.lock().unwrap_or_else(|p| p.into_inner());
@@ -43,6 +44,25 @@ pub fn run(spec: &RunSpec, opts: &RunOptions) -> Result<Summary, RunError> {
         }
     }
     res
+}
+
+/// Hosts a data-parallel trainer's c10d TCPStore here, in the controller, as torchrun's agent
+/// does: a rank's death never takes the rendezvous with it. Bound on the launcher's address, a
+/// free port; an unspecified address (0.0.0.0) is advertised as this host's name.
+fn host_store(bind: &str, timeout: std::time::Duration) -> Result<(String, Box<dyn std::any::Any + Send>), RunError> {
+    let store = miles_c10d::Store::server(bind, 0, timeout).map_err(|e| {
+        RunError::new(
+            miles_workers::E_LAUNCH,
+            format!("cannot host the data-parallel trainer's c10d store on {bind}: {e}"),
+        )
+    })?;
+    let ip: Option<std::net::IpAddr> = bind.parse().ok();
+    let host = match ip {
+        Some(ip) if ip.is_unspecified() => miles_workers::worker::hostname(),
+        _ => bind.to_string(),
+    };
+    // host:port, split at the last colon by the ranks (an IPv6 host keeps its colons).
+    Ok((format!("{host}:{}", store.port()), Box::new(store)))
 }
 
 /// The trainer here, the rollout on SGLang-compatible servers (`miles serve` or SGLang): weights

@@ -74,6 +74,18 @@ pub fn run(args: Args) -> u8 {
         "off" => ProgressMode::Off,
         _ => ProgressMode::Auto,
     };
+    // A data-parallel trainer's ranks are worker processes: a spec written by hand that asks for
+    // them where the trainer runs in this process is refused, not run on one rank.
+    let ranks = spec.train.dp.as_ref().map_or(1, |p| p.ranks);
+    if ranks > 1 && spec.distributed.as_ref().is_none_or(|d| !d.engine_urls.is_empty()) {
+        let e = miles_runtime::RunError::new(
+            miles_runtime::E_SPEC,
+            format!("train.dp asks for {ranks} data-parallel trainer ranks, but the trainer runs in this process"),
+        )
+        .with_help("data-parallel ranks are worker processes: set launcher = local_processes {} (or slurm, ray)");
+        eprintln!("{e}");
+        return 1;
+    }
     let result = match &spec.distributed {
         None => {
             eprintln!(
@@ -94,8 +106,12 @@ pub fn run(args: Args) -> u8 {
         }
         Some(d) => {
             eprintln!(
-                "miles run: {name}: {} RL steps, trainer and {} rollout engine(s) as worker processes ({:?} launcher, {} transport{}); output in {}",
+                "miles run: {name}: {} RL steps, {} and {} rollout engine(s) as worker processes ({:?} launcher, {} transport{}); output in {}",
                 spec.steps,
+                match spec.train.dp.as_ref().map_or(1, |p| p.ranks) {
+                    1 => "trainer".to_string(),
+                    n => format!("trainer as {n} data-parallel ranks"),
+                },
                 d.rollout_workers,
                 d.launcher,
                 d.transport,

@@ -7,7 +7,7 @@ use miles_runtime::chat::{Hub, HubConfig};
 use miles_runtime::env::tools::ToolFormat;
 use miles_runtime::session::Rule;
 use miles_runtime::tokenize::{HfTokenizer, Tokenizer};
-use miles_runtime::{RolloutEngine, RunError, RunSpec, SamplingParams, Trainer};
+use miles_runtime::{DpRank, RolloutEngine, RunError, RunSpec, SamplingParams, Trainer};
 use miles_tch::model::Policy;
 use miles_workers::auth::{worker_token, TOKEN_ENV, TOKEN_FILE_ENV};
 use miles_workers::http::Limits;
@@ -70,9 +70,11 @@ fn pin(cpus: &[usize]) -> Result<(), String> {
 }
 
 /// The embedded backend's stages, built as `TchBackend::create` builds them in-process (same
-/// seeded init), so a one-engine distributed run is bit-identical to the in-process one.
+/// seeded init), so a one-engine distributed run is bit-identical to the in-process one. A
+/// data-parallel trainer rank joins its group here (c10d's rendezvous: every rank's Init waits
+/// for the others) and takes rank 0's weights.
 fn factory() -> Factory {
-    Arc::new(|role: Role, spec: &RunSpec, threads: Option<usize>| -> Result<Hosted, RunError> {
+    Arc::new(|role: Role, spec: &RunSpec, threads: Option<usize>, rank: Option<DpRank>| -> Result<Hosted, RunError> {
         miles_runtime::Backend::set_threads(&miles_tch::TchBackend, threads);
         spec.validate()?;
         if role == Role::Teacher {
@@ -93,7 +95,16 @@ fn factory() -> Factory {
             }
             Role::Trainer => {
                 // The saved model carries the source directory's config and tokenizer files.
-                let trainer = miles_tch::train::TchTrainer::for_run(policy, spec, source);
+                let mut trainer = miles_tch::train::TchTrainer::for_run(policy, spec, source);
+                if let Some(rank) = rank {
+                    let dp = spec.train.dp.as_ref().ok_or_else(|| {
+                        RunError::new(
+                            miles_runtime::E_SPEC,
+                            "a trainer rank was started for a run spec without train.dp",
+                        )
+                    })?;
+                    trainer.join_dp(dp, &rank)?;
+                }
                 Hosted::Trainer(Box::new(trainer) as Box<dyn Trainer + Send>)
             }
         })

@@ -14,7 +14,14 @@ use serde_json::Value;
 /// - `eval.every`: when held-out evaluations run; they are greedy and read the weights only.
 /// - `samples`: which steps write samples.jsonl, and how many; it is read, never trained on.
 /// - `stages`: the stages' names, labels in messages.
-pub const RESUME_FREE: &[&str] = &["steps", "checkpoint.every", "checkpoint.keep", "eval.every", "samples", "stages"];
+/// - `train.dp`: the trainer's data-parallel ranks, ZeRO, bucket size and collective timeout. A
+///   checkpoint holds the whole optimizer state (ZeRO's shards are gathered to rank 0 before it
+///   writes), so N ranks resume from what M ranks saved, sharded or not; every rank trains the
+///   same optimizer steps as one process would (the step-wide loss denominators make the summed
+///   gradient the single-process one), so the run goes on as it would have, up to float summation
+///   order (docs/distributed.md "Data-parallel trainers").
+pub const RESUME_FREE: &[&str] =
+    &["steps", "checkpoint.every", "checkpoint.keep", "eval.every", "samples", "stages", "train.dp"];
 
 /// One field whose value differs between the saved spec and this one.
 #[derive(Debug, Clone, PartialEq)]
@@ -184,6 +191,32 @@ mod tests {
         assert_eq!(refused, ["task.split.held_out: none -> \"drawn\""]);
     }
 
+    /// A resume may change the trainer's data-parallel ranks and ZeRO (the checkpoint is whole);
+    /// a field beside them still refuses.
+    #[test]
+    fn a_resume_may_change_the_data_parallel_ranks_and_zero() {
+        use super::super::{DataParallelSpec, ZeroStage};
+        let saved = spec();
+        assert_eq!(saved.train.dp, None);
+        let mut new = spec();
+        new.train.dp =
+            Some(DataParallelSpec { ranks: 2, zero: ZeroStage::Optimizer, bucket_bytes: 25_000_000, timeout_s: 120.0 });
+        let d = new.resume_diff(&saved);
+        assert!(d.refused.is_empty(), "{d:?}");
+        assert_eq!(d.allowed.iter().map(|c| c.path.as_str()).collect::<Vec<_>>(), ["train.dp"]);
+        let mut four = new.clone();
+        four.train.dp.as_mut().unwrap().ranks = 4;
+        four.train.dp.as_mut().unwrap().zero = ZeroStage::None;
+        let d = four.resume_diff(&new);
+        assert!(d.refused.is_empty(), "{d:?}");
+        assert_eq!(d.allowed.iter().map(|c| c.path.as_str()).collect::<Vec<_>>(), ["train.dp.ranks", "train.dp.zero"]);
+        let d = saved.resume_diff(&four);
+        assert!(d.refused.is_empty() && d.allowed.len() == 1, "back to one process: {d:?}");
+        four.train.lr *= 2.0;
+        let refused: Vec<String> = four.resume_diff(&new).refused.iter().map(|c| c.path.clone()).collect();
+        assert_eq!(refused, ["train.lr"]);
+    }
+
     #[test]
     fn a_free_field_is_matched_by_whole_path_segments() {
         let c = |p: &str| SpecChange { path: p.into(), old: String::new(), new: String::new() };
@@ -192,5 +225,7 @@ mod tests {
         assert!(!c("stepsize").is_free());
         assert!(!c("sft.steps").is_free(), "SFT's steps change the weights");
         assert!(!c("eval.prompts").is_free());
+        assert!(c("train.dp.ranks").is_free());
+        assert!(!c("train.dpo").is_free());
     }
 }
