@@ -6,6 +6,7 @@ use crate::files::write_atomic;
 pub use crate::saved_plan::load_plan;
 
 mod faults;
+mod ranks;
 mod samples;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -320,20 +321,22 @@ fn write_samples_page(dirs: &[PathBuf], runs: &[Run], out: &Path) -> Result<Opti
 }
 
 /// The plan's memory for the process `miles run` measures: on a CPU cluster every stage on the
-/// host shares one process, so their totals add up; on GPUs, the largest rank.
+/// host shares one process, so their totals add up; on GPUs, the largest rank. A data-parallel
+/// trainer's ranks are processes of their own (`ranks::rank_rows`), left out here.
 fn planned_memory(plan: &serde_json::Value) -> Option<(f64, &'static str)> {
-    let rows = plan.get("memory")?.as_array()?;
+    let rows: Vec<&serde_json::Value> =
+        plan.get("memory")?.as_array()?.iter().filter(|m| !ranks::is_rank_row(m)).collect();
     let total = |m: &serde_json::Value| m.get("total").and_then(|t| t.as_f64());
     match plan.pointer("/cluster/host").and_then(|h| h.as_str()) {
         Some(host) => {
             let on_host: Vec<f64> = rows
                 .iter()
                 .filter(|m| m.get("device").and_then(|d| d.as_str()) == Some(host))
-                .filter_map(total)
+                .filter_map(|m| total(m))
                 .collect();
             (!on_host.is_empty()).then(|| (on_host.iter().sum(), "host total"))
         }
-        None => rows.iter().filter_map(total).reduce(f64::max).map(|m| (m, "largest rank")),
+        None => rows.into_iter().filter_map(total).reduce(f64::max).map(|m| (m, "largest rank")),
     }
 }
 
@@ -371,6 +374,7 @@ pub fn plan_vs_actual(label: &str, plan: &serde_json::Value, run: &Run) -> Strin
         gb(peak),
         ratio(peak, planned.map(|p| p.0))
     ));
+    s.push_str(&ranks::rank_rows(plan, run));
     s.push_str(&lengths_rows(plan, run));
     if plan.get("step").is_none_or(|v| v.is_null()) {
         s.push_str("(the plan has no step-time estimate for this cluster)\n");

@@ -351,6 +351,7 @@ fn train_spec(
         global_batch: count(t.global_batch),
         lora: t.lora.as_ref().map(|l| task::lora_spec(l, seed, partial_credit)),
         opd: m.opd_spec(train),
+        dp: t.backend.as_ref().and_then(data_parallel),
         precision: embedded_precision(
             t.backend.as_ref().map(|b| b.schema.as_str()),
             t.backend.as_ref().and_then(|b| b.precision).map(|p| p.value),
@@ -364,6 +365,21 @@ fn train_spec(
             rollout_logprobs: p.rollout_logprobs,
         }),
     }
+}
+
+/// `embedded_trainer { dp, zero, dp_bucket, collective_timeout }` when it asks for more than one
+/// rank; one rank is the single-process trainer, with no collectives at all. The stdlib gives
+/// every field of an `embedded_trainer` a default, so each is present where the ranks are.
+fn data_parallel(b: &job::BackendJob) -> Option<DataParallelSpec> {
+    Some(DataParallelSpec {
+        ranks: b.embedded_ranks()?.value as usize,
+        zero: match b.zero?.value {
+            job::Zero::None => ZeroStage::None,
+            job::Zero::Optimizer => ZeroStage::Optimizer,
+        },
+        bucket_bytes: b.dp_bucket?.value,
+        timeout_s: b.collective_timeout?.value as f64,
+    })
 }
 
 /// The `local` cluster's `device` (a spec without one computes on the CPU).

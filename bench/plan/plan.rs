@@ -68,6 +68,7 @@ fn input(gpus: u64) -> PlanInput {
                     lora: None,
                     teacher: None,
                     teacher_process: false,
+                    data_parallel: None,
                 }),
                 span: None,
             },

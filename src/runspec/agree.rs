@@ -98,6 +98,12 @@ fn disagreements(input: &PlanInput, spec: &RunSpec) -> Vec<String> {
             }),
             spec.train.lora.as_ref().map_or("none".into(), |l| lora(l.rank as u64, l.target_modules.clone())),
         );
+        // Data-parallel trainer ranks and their ZeRO stage (the plan prices memory per rank).
+        same(
+            "data-parallel ranks",
+            t.data_parallel.as_ref().map_or("1".into(), |d| format!("{} zero {:?}", d.ranks.value, d.zero.value)),
+            spec.train.dp.as_ref().map_or("1".into(), |d| format!("{} zero {:?}", d.ranks, d.zero)),
+        );
         // The OPD teacher (one on GPUs of its own is planned as a stage of its own).
         let own_gpus = input.stages.iter().any(|s| s.teacher.is_some());
         if !own_gpus {
@@ -239,6 +245,14 @@ fn a_changed_side_is_a_disagreement() {
     let mut run = spec.clone();
     run.schedule = ScheduleSpec::OneStepOff;
     assert!(disagreements(&input, &run)[0].starts_with("schedule"));
+    let mut run = spec.clone();
+    run.train.dp = Some(miles_runtime::spec::DataParallelSpec {
+        ranks: 2,
+        zero: miles_runtime::spec::ZeroStage::Optimizer,
+        bucket_bytes: 25_000_000,
+        timeout_s: 120.0,
+    });
+    assert!(disagreements(&input, &run)[0].starts_with("data-parallel ranks"));
 
     let mut plan = input.clone();
     plan.stages.iter_mut().find(|s| s.name == spec.stages.rollout).unwrap().model.as_mut().unwrap().top_k = 3;
@@ -247,4 +261,36 @@ fn a_changed_side_is_a_disagreement() {
     plan.stages.iter_mut().find(|s| s.name == spec.stages.train).unwrap().trainer.as_mut().unwrap().precision.value =
         miles_plan::Precision::Bf16;
     assert!(disagreements(&plan, &spec)[0].starts_with("trainer precision"));
+}
+
+/// `embedded_trainer { dp, zero, dp_bucket, collective_timeout }` reaches the run spec as set (the
+/// stdlib's defaults where unset), and the plan reads the same ranks; one rank is no
+/// `DataParallelSpec` at all (the single-process trainer, no collectives).
+#[test]
+fn a_data_parallel_trainer_maps_its_ranks_onto_plan_and_run() {
+    use miles_runtime::spec::{DataParallelSpec, ZeroStage};
+    let spec_of = |backend: &str| {
+        let src = format!(
+            "import std/tasks/arith\nmodel policy = transformer {{ layers = 1, d_model = 16, heads = 2, vocab = arith.vocab }}\n\
+             recipe r {{\n rollout = generate(policy) {{ prompts = arith.addition {{}}, max_new_tokens = 4.tokens }}\n\
+             reward = exact_match(rollout)\n train = grpo(rollout, reward) {{ rollout_batch = 4, global_batch = 32, \
+             micro_batch = 8, backend = embedded_trainer {{ {backend} }} }}\n\
+             sync = weights(train -> rollout) {{ transport = broadcast }}\n launcher = local_processes {{}}\n}}\n"
+        );
+        let fs = miles_compiler::fs::MemoryFs::with(&[("r.miles", &src)]);
+        let c = compile(&fs, &["r.miles".to_string()], &Options::default());
+        assert!(!c.has_errors(), "{:#?}", c.diagnostics);
+        let input = miles_plan::plan_input(&c.recipes[0]);
+        let Ok(RunJob::Lm(spec)) = run_job(&c.recipes[0]) else { panic!("{backend}: no LM run spec") };
+        assert_eq!(disagreements(&input, &spec), Vec::<String>::new(), "{backend}");
+        spec.train.dp
+    };
+    let want = |ranks, zero, bucket_bytes, timeout_s| Some(DataParallelSpec { ranks, zero, bucket_bytes, timeout_s });
+    assert_eq!(
+        spec_of("dp = 2, zero = optimizer, dp_bucket = 4.MB, collective_timeout = 30"),
+        want(2, ZeroStage::Optimizer, 4_000_000, 30.0)
+    );
+    assert_eq!(spec_of("dp = 4"), want(4, ZeroStage::None, 25_000_000, 120.0));
+    assert_eq!(spec_of("dp = 1"), None);
+    assert_eq!(spec_of(""), None);
 }

@@ -58,6 +58,109 @@ fn dapo_and_epochs_on_the_laptop() {
     assert!(miles_plan::render_text(&four).contains("4 epochs: 8 optimizer steps"));
 }
 
+/// The laptop recipe's trainer as two data-parallel worker processes (recipes/grpo-ddp-laptop.miles:
+/// `embedded_trainer { dp = 2 }` under `launcher = local_processes {}`), then with ZeRO-1, checked
+/// by hand against the one-process plan of the same micro-batch: memory per rank item by item
+/// (the Adam moments halve under ZeRO-1 at N = 2, the rollout engine's copy is its worker's, not
+/// a rank's), the busiest rank's share of the micro-batches and the collectives per step.
+#[test]
+fn laptop_recipe_data_parallel() {
+    let one = plan(
+        "recipes/grpo-ddp-laptop.miles",
+        &[("train.backend.dp", "1"), ("launcher", "in_process"), ("sync.transport", "local")],
+    );
+    let dp = plan("recipes/grpo-ddp-laptop.miles", &[]);
+    let zero = plan("recipes/grpo-ddp-laptop.miles", &[("train.backend.zero", "optimizer")]);
+    for p in [&one, &dp, &zero] {
+        assert_eq!(p.summary.errors, 0, "{}", miles_plan::render_text(p));
+    }
+    let item = |p: &miles_plan::Plan, name: &str| {
+        let m = p.memory.iter().find(|m| m.stage == "train").expect("the trainer's row");
+        m.items.iter().find(|i| i.name == name).map(|i| i.bytes)
+    };
+    // 100,672 parameters (0.1M): FP32 weights and gradients whole on every rank, 2 Adam moments.
+    let params = 100_672u64;
+    for p in [&one, &dp, &zero] {
+        assert_eq!(item(p, "weights"), Some(4 * params));
+        assert_eq!(item(p, "gradients"), Some(4 * params));
+        assert_eq!(item(p, "activations"), item(&one, "activations"));
+        assert_eq!(item(p, "embedded_process"), Some(140_000_000));
+    }
+    assert_eq!(item(&one, "optimizer"), Some(8 * params));
+    assert_eq!(item(&dp, "optimizer"), Some(8 * params));
+    assert_eq!(item(&zero, "optimizer"), Some(8 * params / 2), "ZeRO-1 halves the moments at N = 2");
+    // One process holds the rollout engine's copy; a rank does not (the engine is a worker).
+    assert_eq!(item(&one, "weight_copies"), Some(4 * params));
+    assert_eq!(item(&dp, "weight_copies"), None);
+    let row = |p: &miles_plan::Plan| p.memory.iter().find(|m| m.stage == "train").unwrap().clone();
+    let (r1, r2, rz) = (row(&one), row(&dp), row(&zero));
+    assert_eq!(r1.ranks, None);
+    let ranks = r2.ranks.as_ref().expect("per rank");
+    assert_eq!((ranks.ranks, ranks.zero.as_str(), ranks.all_ranks), (2, "none", 2 * r2.total));
+    assert_eq!(r2.total + 4 * params, r1.total, "a rank holds all but the engine's copy");
+    assert_eq!(rz.total + 4 * params, r2.total);
+    // Each rank may use half of the host.
+    assert_eq!(r2.usable, r1.usable / 2);
+
+    // Time: the busiest rank trains 1 of the step's 2 micro-batches of 128, then the gradients'
+    // all-reduce, 2 x (2 - 1) / 2 x 402,688 B at 1 GB/s; ZeRO-1 broadcasts the parameters after.
+    let (s1, s2, sz) = (one.step.as_ref().unwrap(), dp.step.as_ref().unwrap(), zero.step.as_ref().unwrap());
+    assert!(s1.data_parallel.is_none());
+    let d = s2.data_parallel.as_ref().expect("the ranks' step");
+    assert_eq!((d.ranks, d.micro_batches, d.micro_batches_per_rank, d.buckets), (2, 2, 1, 1));
+    assert_eq!(d.gradient_bytes, 4 * params);
+    let bw = miles_plan::input::LOCAL_COLLECTIVE_BYTES_PER_S;
+    assert!((d.all_reduce_s - (4 * params) as f64 / bw).abs() < 1e-12, "{}", d.all_reduce_s);
+    assert_eq!((d.broadcast_bytes, d.broadcast_s), (0, 0.0));
+    assert_eq!(d.collective_s, d.collective.seconds, "one optimizer step per rollout step");
+    let dz = sz.data_parallel.as_ref().unwrap();
+    assert_eq!(dz.broadcast_bytes, 4 * params);
+    assert!((dz.collective.seconds - 2.0 * d.all_reduce_s).abs() < 1e-12);
+    // Half the trained passes, the same AdamW, plus the all-reduce: between half and all of
+    // the one process's train time; ZeRO-1 trades half of AdamW for the broadcast.
+    assert!(s2.train_s > s1.train_s / 2.0 && s2.train_s < s1.train_s, "{} vs {}", s2.train_s, s1.train_s);
+    assert!(s2.train_step.assumptions.iter().any(|a| a.contains("the busiest trains 1 of the step's 2")));
+    let text = miles_plan::render_text(&dp);
+    assert!(text.contains("train per trainer rank (2 ranks, zero = none;"), "{text}");
+    assert!(text.contains("embedded trainer x 2 ranks (zero = none)"), "{text}");
+    assert!(miles_plan::render_html(&zero).contains("per trainer rank (2 ranks, zero = optimizer;"));
+    insta::assert_snapshot!("grpo_ddp_laptop.txt", text);
+    insta::assert_snapshot!("grpo_ddp_laptop.json", miles_plan::render_json(&dp));
+    insta::assert_snapshot!("grpo_ddp_laptop_zero.txt", miles_plan::render_text(&zero));
+}
+
+/// A data-parallel rank that does not fit its share of the host (2 ranks on a 300 MB machine:
+/// 138 MB usable each) is E0401, and ZeRO-1 is offered with what it leaves per rank.
+#[test]
+fn a_data_parallel_rank_over_its_share_of_the_host_is_told_of_zero() {
+    let file = "recipes/grpo-ddp-laptop.miles";
+    let text = std::fs::read_to_string(file).unwrap();
+    let small = text.replace("local { cpus = 2 }", "local { cpus = 2, memory = 300.MB }");
+    assert_ne!(small, text, "the recipe's cluster line moved");
+    let overlay = miles_compiler::fs::MemoryFs::with(&[(file, &small)]);
+    let fs = miles_compiler::fs::OverlayFs { base: &Disk, overlay: &overlay };
+    let c = compile(&fs, &[file.to_string()], &Options::default());
+    assert!(!c.has_errors(), "{:#?}", c.diagnostics);
+    let p = miles_plan::plan(&miles_plan::plan_input(&c.recipes[0]));
+    let row = p.memory.iter().find(|m| m.stage == "train").unwrap();
+    assert_eq!(row.usable, 138_000_000, "0.92 x 300 MB over 2 ranks");
+    assert!(!row.fits);
+    let e = p.diagnostics.iter().find(|d| d.code == miles_grammar::diag::ErrorCode::E0401).expect("E0401");
+    assert!(
+        e.message.starts_with("train does not fit: 0.2 GB per trainer rank, and its 2 ranks share laptop's 0.3 GB usable (0.3 GB x 92%), 0.1 GB each; over by 49.3 MB"),
+        "{}",
+        e.message
+    );
+    let help = e.help.as_deref().unwrap_or_default();
+    // A rank holds 187.3 MB, 0.8 MB of it the moments ZeRO-1 would halve: still 48.9 MB over.
+    let x = row.total - 402_688;
+    let over = format!("{:.1} MB", (x - row.usable) as f64 / 1e6);
+    assert!(
+        help.contains(&format!("`zero = optimizer` (ZeRO-1 over the 2 ranks): 0.2 GB per rank (still {over} over)")),
+        "{help}"
+    );
+}
+
 /// The catalog models a new user names first (tests/plans/catalog-new-user.miles, one model at a
 /// time): each is planned with the published parameter counts of the catalog; those too large
 /// for four FSDP ranks are told so, with the fixes.

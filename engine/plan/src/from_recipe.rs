@@ -244,7 +244,8 @@ impl Planner<'_> {
             pp: one(b.pp),
             cp: one(b.cp),
             ep: one(b.ep),
-            dp: b.dp,
+            // The embedded trainer's `dp` is its worker processes (`data_parallel`), not GPUs.
+            dp: if backend == Backend::Embedded { None } else { b.dp },
             precision: precision_of(b.precision),
             micro_batch,
             seq_len,
@@ -253,8 +254,28 @@ impl Planner<'_> {
             lora: t.and_then(|t| t.lora.as_ref()).map(lora_of),
             teacher: teacher.and_then(|t| t.model.as_ref()).and_then(model_spec),
             teacher_process: teacher.and_then(|t| t.teacher.as_ref()).is_some_and(|t| t.process),
+            data_parallel: data_parallel_of(b),
         }
     }
+}
+
+/// The embedded trainer's data-parallel ranks (`embedded_trainer { dp > 1 }`) with their ZeRO
+/// stage, bucket and deadline; `None`: one process.
+fn data_parallel_of(b: &job::BackendJob) -> Option<DataParallel> {
+    let ranks = b.embedded_ranks()?;
+    let zero = b.zero.map_or(Spanned::new(Zero::None), |z| Spanned {
+        value: match z.value {
+            job::Zero::None => Zero::None,
+            job::Zero::Optimizer => Zero::Optimizer,
+        },
+        span: z.span,
+    });
+    Some(DataParallel {
+        ranks,
+        zero,
+        bucket_bytes: b.dp_bucket.map_or(0, |v| v.value),
+        timeout_s: b.collective_timeout.map_or(0, |v| v.value),
+    })
 }
 
 fn role_of(role: job::Role) -> Role {

@@ -4,7 +4,7 @@
 use crate::input::Role;
 use crate::output::*;
 use crate::render::{cluster_line, ranges, role_colour, summary_line};
-use crate::units::{count, gb, secs};
+use crate::units::{count, gb, secs, secs_fine};
 use miles_grammar::diag::Severity;
 use std::fmt::Write;
 
@@ -343,8 +343,14 @@ fn memory_bars(o: &mut String, p: &Plan) {
         let scale = width / (m.total.max(m.capacity).max(1) as f64);
         let _ = write!(
             o,
-            "<div style=\"margin:8px 0 2px\"><b>{}</b> on {}: {} of {} usable {}</div>",
+            "<div style=\"margin:8px 0 2px\"><b>{}</b>{} on {}: {} of {} usable {}</div>",
             esc(&m.stage),
+            m.ranks.as_ref().map_or(String::new(), |r| format!(
+                " per trainer rank ({} ranks, zero = {}; {} in all)",
+                r.ranks,
+                esc(&r.zero),
+                gb(r.all_ranks)
+            )),
             esc(&m.device),
             gb(m.total),
             gb(m.usable),
@@ -416,7 +422,7 @@ fn estimates(o: &mut String, p: &Plan) {
     if let Some(st) = &p.step {
         let _ = write!(
             o,
-            "<tr><th>step</th><td>{} ({}): rollout {}, {}train {}{}{}, offload {}, sync {}</td></tr>",
+            "<tr><th>step</th><td>{} ({}): rollout {}, {}train {}{}{}{}, offload {}, sync {}</td></tr>",
             secs(st.step.seconds),
             st.mode.as_str(),
             secs(st.rollout_s),
@@ -424,6 +430,14 @@ fn estimates(o: &mut String, p: &Plan) {
             secs(st.train_s),
             if st.critic_s > 0.0 { format!(" (critic {})", secs(st.critic_s)) } else { String::new() },
             if st.teacher_s > 0.0 { format!(" (teacher {})", secs(st.teacher_s)) } else { String::new() },
+            st.data_parallel.as_ref().map_or(String::new(), |d| format!(
+                " (collectives of {} ranks, zero = {}: {}; the busiest rank trains {} of {} micro-batches)",
+                d.ranks,
+                esc(&d.zero),
+                secs_fine(d.collective_s),
+                d.micro_batches_per_rank,
+                d.micro_batches
+            )),
             secs(st.offload_s),
             secs(st.sync_s)
         );

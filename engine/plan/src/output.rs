@@ -183,6 +183,22 @@ pub struct MemoryReport {
     /// A LoRA trainer's adapters (absent for a full fine-tune).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub lora: Option<LoraReport>,
+    /// A data-parallel embedded trainer: this row is one rank's process, of `ranks` (absent:
+    /// one process).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ranks: Option<RanksMemory>,
+}
+
+/// The memory of a data-parallel embedded trainer (docs/plan.md, "Data-parallel embedded
+/// trainers"): its row is one trainer rank's worker process; `ranks` of them run at once.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct RanksMemory {
+    pub ranks: u64,
+    /// `none` or `optimizer` (ZeRO-1: the Adam moments sharded over the ranks).
+    pub zero: String,
+    /// All the ranks together, ranks x the row's total: what a CPU-only host must hold, and what
+    /// `fits` checks there.
+    pub all_ranks: u64,
 }
 
 /// LoRA on a training stage (docs/plan.md, "LoRA"): the adapters' sizes, what a weight update
@@ -366,6 +382,39 @@ pub struct StepReport {
     pub async_step_s: f64,
     /// The figure for the recipe's schedule.
     pub step: Estimate,
+    /// A data-parallel embedded trainer: its ranks, their share of the micro-batches and the
+    /// collectives per optimizer step (absent: one process).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub data_parallel: Option<DataParallelReport>,
+}
+
+/// A data-parallel embedded trainer's step (docs/plan.md, "Data-parallel embedded trainers"):
+/// what each rank computes and what the ranks exchange. Its collectives are in `train_s` and
+/// `train_step` already.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct DataParallelReport {
+    pub ranks: u64,
+    /// `none` or `optimizer` (ZeRO-1).
+    pub zero: String,
+    /// Micro-batches of an optimizer step in all, and on the busiest rank (ceil(all / ranks)).
+    pub micro_batches: u64,
+    pub micro_batches_per_rank: u64,
+    /// Gradient bytes all-reduced per optimizer step (the trainable parameters' FP32 gradients,
+    /// PPO's critic's included), in buckets of `bucket_bytes`.
+    pub gradient_bytes: u64,
+    pub bucket_bytes: u64,
+    pub buckets: u64,
+    /// Seconds per optimizer step: the gradients' all-reduce.
+    pub all_reduce_s: f64,
+    /// Bytes and seconds per optimizer step of ZeRO-1's parameter broadcast (each rank's updated
+    /// share to the others); 0 without ZeRO.
+    pub broadcast_bytes: u64,
+    pub broadcast_s: f64,
+    /// all_reduce_s + broadcast_s: the collectives of one optimizer step.
+    pub collective: Estimate,
+    /// The collectives of a rollout step (all its optimizer steps): what `miles report` sets
+    /// against the run's `perf/collective_s`.
+    pub collective_s: f64,
 }
 
 fn is_one(x: &u64) -> bool {

@@ -13,6 +13,7 @@ pub use colocate::OFFLOAD_LINK_EFFICIENCY;
 
 mod batch;
 mod colocate;
+mod data_parallel;
 mod device;
 mod diffusion;
 mod embedded;
@@ -258,7 +259,10 @@ fn plan_trainer_stage(
     let gpus = pl.trainer_gpus();
     let dp = t.dp.map(|d| d.value).unwrap_or_else(|| gpus / trainer_unit(t).max(1));
     let layout = if t.backend.value == Backend::Embedded {
-        "embedded trainer".to_string()
+        match &t.data_parallel {
+            Some(d) => format!("embedded trainer x {} ranks (zero = {})", d.ranks.value, d.zero.value.as_str()),
+            None => "embedded trainer".to_string(),
+        }
     } else {
         format!(
             "{} TP{} PP{} CP{} EP{} DP{}",

@@ -2,11 +2,12 @@
 //! symbol, then memory, the GPU map, weight sync, time, batch arithmetic, diagnostics and a
 //! summary line.
 
+mod memory;
 pub(crate) mod models;
 
 use crate::input::{PlacementMode, Role, ScheduleMode};
 use crate::output::*;
-use crate::units::{count, gb, gb_fixed, secs};
+use crate::units::{count, gb, gb_fixed, secs, secs_fine};
 use miles_grammar::diag::Severity;
 use std::fmt::Write;
 
@@ -119,7 +120,7 @@ pub fn render_sections(p: &Plan) -> String {
     header(&mut o, p);
     stage_lines(&mut o, p);
     models::models_text(&mut o, p);
-    memory_section(&mut o, p);
+    memory::memory_section(&mut o, p);
     rollout_section(&mut o, p);
     gpu_map_section(&mut o, p);
     sync_section(&mut o, p);
@@ -194,53 +195,6 @@ fn stage_lines(o: &mut String, p: &Plan) {
             st.mode.as_str(),
             p.buffer.as_ref().and_then(|b| b.max_staleness).map(|s| format!(", max staleness {s}")).unwrap_or_default()
         );
-    }
-}
-
-/// Memory per rank, item by item, with the verdict, LoRA's full fine-tune and the offload.
-fn memory_section(o: &mut String, p: &Plan) {
-    if !p.memory.is_empty() {
-        let _ = writeln!(o, "\nMemory per rank (one GPU, or the host on a CPU-only cluster)");
-        for m in &p.memory {
-            let _ = writeln!(o, "  {} ({}: {} capacity, {} usable)", m.stage, m.device, gb(m.capacity), gb(m.usable));
-            // 16 columns of names, wider only where a name needs it (PPO's `critic_activations`).
-            let w = m.items.iter().map(|i| i.name.len()).max().unwrap_or(0).max(16);
-            for it in &m.items {
-                let _ = writeln!(o, "    {:w$} {:>9}  {}", it.name, gb(it.bytes), it.note);
-            }
-            let verdict = if m.fits {
-                format!("fits, {} free", gb(m.usable.saturating_sub(m.total)))
-            } else if m.total > m.usable {
-                format!("DOES NOT FIT: over by {}", gb(m.total - m.usable))
-            } else {
-                "DOES NOT FIT".into()
-            };
-            let _ = writeln!(o, "    {:w$} {:>9}  {}", "total", gb(m.total), verdict);
-            if let Some(l) = &m.lora {
-                let f = &l.full_finetune;
-                let _ = writeln!(
-                    o,
-                    "    {:w$} {:>9}  a full fine-tune: weights {}, gradients {}, optimizer {}",
-                    "without LoRA",
-                    gb(f.total),
-                    gb(f.weights),
-                    gb(f.gradients),
-                    gb(f.optimizer)
-                );
-                if let Some(line) = &l.init_line {
-                    let _ = writeln!(o, "    {:w$} {:>9}  {line}", "init", "");
-                }
-            }
-            if let Some(off) = &m.offload {
-                let _ = writeln!(
-                    o,
-                    "    {:w$} {:>9}  est. {} per optimizer step",
-                    off.mode,
-                    gb(off.bytes_per_gpu),
-                    secs(off.per_step.seconds)
-                );
-            }
-        }
     }
 }
 
@@ -379,6 +333,19 @@ fn step_section(o: &mut String, p: &Plan, st: &StepReport) {
     let _ = writeln!(o, "  train     {:>8}  ({} per optimizer step)", secs(st.train_s), secs(st.train_step.seconds));
     if st.critic_s > 0.0 {
         let _ = writeln!(o, "    critic  {:>8}  (in train: values + value loss of the PPO critic)", secs(st.critic_s));
+    }
+    if let Some(d) = &st.data_parallel {
+        let _ = writeln!(
+            o,
+            "    dp      {:>8}  (in train: collectives of {} ranks, zero = {}: {} per optimizer step; the busiest rank trains {} of {} micro-batch{})",
+            secs_fine(d.collective_s),
+            d.ranks,
+            d.zero,
+            secs_fine(d.collective.seconds),
+            d.micro_batches_per_rank,
+            d.micro_batches,
+            if d.micro_batches == 1 { "" } else { "es" }
+        );
     }
     if st.teacher_s > 0.0 {
         let _ = writeln!(

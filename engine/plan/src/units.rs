@@ -55,6 +55,16 @@ pub(crate) fn secs(s: f64) -> String {
     }
 }
 
+/// Seconds as `secs` writes them, with two decimals of a millisecond below 10 ms: for figures
+/// that small on a laptop model (a data-parallel trainer's collectives) and not 0 there.
+pub(crate) fn secs_fine(s: f64) -> String {
+    if s.is_finite() && s > 0.0 && s < 0.01 {
+        format!("{:.2} ms", s * 1e3)
+    } else {
+        secs(s)
+    }
+}
+
 /// Bytes with always one decimal (`279.0 GB`), as the assumptions and diagnostics write them:
 /// figures there are compared with each other, so their precision does not vary.
 pub(crate) fn gb_fixed(bytes: f64) -> String {

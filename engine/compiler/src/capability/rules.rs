@@ -291,3 +291,29 @@ pub(super) fn rule_moe_qk_norm(cx: &Ctx, f: &FieldValue) -> Option<String> {
         why.iter().map(|w| w.1).collect::<Vec<_>>().join(" and ")
     ))
 }
+
+/// `embedded_trainer { dp = N }`: the ranks are trainer worker processes (a launcher's), which
+/// sum their gradients over c10d's Gloo process group on the CPU. One process (in `miles run`,
+/// or beside rollout servers given by URL) is one rank.
+pub(super) fn rule_dp(cx: &Ctx, f: &FieldValue) -> Option<String> {
+    let n = f.value.as_i64().filter(|&n| n > 1)?;
+    match cx.target {
+        Target::Embedded => Some(format!(
+            "`dp = {n}`: data-parallel ranks are worker processes: set launcher = local_processes {{}} (or slurm, ray)"
+        )),
+        Target::Http => Some(format!(
+            "`dp = {n}`: with rollout servers given by URL the trainer runs in `miles run`'s own process, one rank: set dp = 1"
+        )),
+        // Only Gloo is built (engine/c10d): the ranks' tensors must be on the CPU.
+        Target::Workers => (local_device(cx) == Some("cuda")).then(|| {
+            format!("`dp = {n}` on `device = cuda`: data-parallel ranks reduce over Gloo on the CPU (no NCCL process group is built): set device = cpu, or dp = 1")
+        }),
+        Target::Cluster => None,
+    }
+}
+
+/// A `local` cluster's `device` (`cpu`, `cuda`, `auto`), if the recipe runs on one.
+fn local_device<'c>(cx: &'c Ctx) -> Option<&'c str> {
+    let cluster = cx.recipe.settings.as_record()?.get("cluster")?.as_record()?;
+    (cluster.schema_name == "local").then(|| cluster.get("device")?.as_enum()).flatten()
+}

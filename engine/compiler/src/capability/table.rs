@@ -196,6 +196,28 @@ pub(super) const DIFFUSION_RUN: &[&str] =
     &["a_diffusion_recipe_runs_through_the_binary", "diffusion_recipe_fields_reach_the_spec"];
 pub(super) const DIFFUSION_WHERE: &str = "diffusion RL runs in the `miles run` process (the in_process launcher); worker processes and URL engines do not host a denoiser yet: remove the launcher";
 
+/// Tests that show data-parallel trainer ranks train as one process would (engine/tch's ranks as
+/// threads, and worker processes end to end).
+pub(super) const DP_TESTS: &[&str] = &[
+    "two_and_four_ranks_match_one_process",
+    "repeats_are_bit_identical",
+    "two_ranks_train_as_one_process_and_repeat_bit_identically",
+    "two_ranks_under_slurm_and_ray_train_as_under_local_processes",
+];
+/// ... and that ZeRO-1's sharded optimizer steps as the whole one does, its checkpoint resuming
+/// on another rank count.
+pub(super) const ZERO_TESTS: &[&str] = &[
+    "zero_one_matches_plain_dp_with_a_shard_of_the_optimizer",
+    "zero_checkpoint_of_two_ranks_resumes_on_one_and_on_four",
+];
+/// Tests that a rank killed, stopped or never joining stops the run within the collective
+/// deadline, named.
+pub(super) const DP_FAULT_TESTS: &[&str] = &[
+    "a_rank_that_never_joins_fails_the_rendezvous_in_bounded_time",
+    "a_killed_rank_stops_the_run_named_and_resume_finishes_it",
+    "a_stopped_rank_stops_the_run_named_and_resume_finishes_it_on_one_rank",
+];
+
 /// A value whose code is built and tested only in its refusal half: it has never run on the
 /// hardware it needs (the machines its tests ran on have no GPU). The matrix shows it as "built,
 /// never run" and `miles check` warns (E0519) where a recipe relies on it, until a run on that
@@ -442,6 +464,10 @@ pub const TABLE: &[Entry] = &[
     e("embedded_trainer", "", Support::All, "", TRAINS),
     e("embedded_trainer", "threads", Support::Refused(&["2"]), "libtorch threads come from `miles run --threads N`: remove `threads`", &[]),
     e("embedded_trainer", "precision", Support::All, "fp32, or bf16 GEMMs against fp32 weights (a stdlib check refuses the rest)", &["a_bf16_trainer_trains_in_bf16_in_process_and_in_a_worker_alike", "bf16_matmuls_follow_fp32_within_rounding_and_keep_fp32_weights_and_gradients"]),
+    e("embedded_trainer", "dp", Support::Rule(rule_dp), "ranks > 1 are trainer worker processes (launcher = local_processes, slurm or ray) reducing over Gloo on the CPU; in one process, or beside servers given by URL, dp = 1", DP_TESTS),
+    e("embedded_trainer", "zero", Support::Only(&[W], &["none"]), "ZeRO-1 shards the Adam moments over data-parallel ranks, which are worker processes: set a launcher and dp = 2 or more, or remove `zero`", ZERO_TESTS),
+    e("embedded_trainer", "dp_bucket", Support::Only(&[W], &[]), "gradient buckets of the data-parallel ranks' all-reduce, which are worker processes: set a launcher and dp = 2 or more, or remove `dp_bucket`", DP_TESTS),
+    e("embedded_trainer", "collective_timeout", Support::Only(&[W], &[]), "the deadline of the data-parallel ranks' collectives, which are worker processes: set a launcher and dp = 2 or more, or remove `collective_timeout`", DP_FAULT_TESTS),
     e("megatron", "", Support::Refused(&[]), "Megatron-LM trains on GPU clusters: planned, not run here", &[]),
     e("megatron", "*", Support::Describes, DESCRIBES, &[]),
     e("fsdp", "", Support::Refused(&[]), "FSDP trains on GPU clusters: planned, not run here", &[]),

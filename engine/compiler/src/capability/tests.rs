@@ -152,6 +152,41 @@ fn runs_on_selects_the_target() {
     assert!(got.iter().any(|m| m.contains("`weights.transport` = local")), "{got:#?}");
 }
 
+/// Data-parallel ranks are worker processes (#37): `dp = 2` and the fields only ranks read are
+/// refused in `miles run`'s process, each by name; with a launcher the same trainer passes, and
+/// `dp = 1` (the default) passes everywhere.
+#[test]
+fn data_parallel_ranks_are_refused_outside_worker_processes() {
+    let with = |backend: &str, settings: &str| {
+        let trainer = format!("global_batch = 16, micro_batch = 8, backend = embedded_trainer {{ {backend} }} }}");
+        let mut src = BASE.replace("global_batch = 16 }", &trainer);
+        if let Some(device) = settings.strip_prefix("device = ") {
+            let cluster = format!("cluster box = local {{ device = {device} }}\nrecipe r on box {{");
+            src = src.replace("recipe r {", &cluster);
+        }
+        let settings = if settings.starts_with("device") { "launcher = local_processes {}" } else { settings };
+        let transport = if settings.contains("launcher") { "broadcast" } else { "local" };
+        let src = src.replace("SESSION", "").replace("SETTINGS", settings).replace("TRANSPORT", transport);
+        let fs = MemoryFs::with(&[("r.miles", &src)]);
+        let c = crate::compile(&fs, &["r.miles".to_string()], &crate::Options::default());
+        let others: Vec<_> = c.diagnostics.iter().filter(|d| d.is_error() && d.code != "E0511").collect();
+        assert!(others.is_empty(), "{others:#?}");
+        c.diagnostics.iter().filter(|d| d.code == "E0511").map(|d| d.message.clone()).collect::<Vec<_>>()
+    };
+    let all = "dp = 2, zero = optimizer, dp_bucket = 4.MB, collective_timeout = 30";
+    let got = with(all, "");
+    for field in ["dp` = 2", "zero` = optimizer", "dp_bucket` = ", "collective_timeout` = 30"] {
+        assert!(got.iter().any(|m| m.contains(&format!("`embedded_trainer.{field}"))), "{field}: {got:#?}");
+    }
+    assert_eq!(got.len(), 4, "{got:#?}");
+    assert_eq!(with(all, "launcher = local_processes {}"), Vec::<String>::new());
+    assert_eq!(with("dp = 1", ""), Vec::<String>::new());
+    // A launcher on the GPU: only Gloo on the CPU is built.
+    let cuda = with("dp = 2", "device = cuda");
+    assert!(cuda.len() == 1 && cuda[0].contains("`embedded_trainer.dp` = 2"), "{cuda:#?}");
+    assert_eq!(with("dp = 2", "device = cpu"), Vec::<String>::new());
+}
+
 /// The warnings (code, message) of the recipe `src` compiles to.
 fn warnings(src: &str) -> Vec<(String, String)> {
     let fs = MemoryFs::with(&[("r.miles", src)]);

@@ -199,10 +199,27 @@ pub struct BackendJob {
     pub pp: Option<Spanned<u64>>,
     pub cp: Option<Spanned<u64>>,
     pub ep: Option<Spanned<u64>>,
+    /// Data-parallel ranks: Megatron's and FSDP's DP degree; the embedded trainer's worker
+    /// processes (`embedded_trainer { dp }`, 1 unless set).
     pub dp: Option<Spanned<u64>>,
     pub micro_batch: Option<Spanned<u64>>,
     /// `off`, `selective`, `full`.
     pub recompute: Option<Spanned<String>>,
+    /// The embedded trainer's ZeRO stage over its `dp` ranks (None: a backend without the field).
+    pub zero: Option<Spanned<Zero>>,
+    /// The embedded trainer's gradient bytes per all-reduce bucket.
+    pub dp_bucket: Option<Spanned<u64>>,
+    /// The embedded trainer's seconds a collective or the ranks' rendezvous may take.
+    pub collective_timeout: Option<Spanned<u64>>,
+}
+
+/// What ZeRO shards over data-parallel ranks (std/prelude `Zero`; the field's `none` is `None`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Zero {
+    /// Nothing: every rank holds the whole optimizer state.
+    None,
+    /// ZeRO-1: each rank holds the optimizer state of its share of the parameters.
+    Optimizer,
 }
 
 impl BackendJob {
@@ -219,7 +236,21 @@ impl BackendJob {
             dp: r.u64("dp"),
             micro_batch: r.u64("micro_batch"),
             recompute: r.member("recompute").map(|m| m.map(str::to_string)),
+            // `zero: Zero? = none`: present as `none` on the embedded trainer, absent elsewhere.
+            zero: r.value("zero").map(|v| Spanned {
+                value: match v.as_enum() {
+                    Some("optimizer") => Zero::Optimizer,
+                    _ => Zero::None,
+                },
+                span: r.set_span("zero"),
+            }),
+            dp_bucket: r.u64("dp_bucket"),
+            collective_timeout: r.u64("collective_timeout"),
         }
+    }
+    /// The embedded trainer's data-parallel ranks when more than one (each a worker process).
+    pub fn embedded_ranks(&self) -> Option<Spanned<u64>> {
+        self.dp.filter(|d| self.schema == "embedded_trainer" && d.value > 1)
     }
     /// A GPU trainer the planner places (`megatron`, `fsdp`).
     pub fn on_gpus(&self) -> bool {

@@ -24,6 +24,13 @@ pub const EMBEDDED_GPU_BANDWIDTH_EFFICIENCY: f64 = 0.7;
 /// `Assumptions::embedded_gpu_sync_s`' default (see there).
 pub const EMBEDDED_GPU_SYNC_S: f64 = 20e-6;
 
+/// `Assumptions::collective_bytes_per_s`' default: c10d's bus bandwidth between trainer processes
+/// on one host (Gloo over loopback). Measured with ranks as processes on the 2-core development
+/// machine, quiet (`cargo bench -p miles-c10d --bench allreduce`, bench/RESULTS.md "Data-parallel
+/// trainers"): 0.8 GB/s median for a 64 MiB buffer (0.6 at 8 MiB, ~1.0 at the best); a
+/// 10M-parameter run's 46 MB of gradients all-reduced at 0.98 GB/s.
+pub const LOCAL_COLLECTIVE_BYTES_PER_S: f64 = 0.8e9;
+
 /// Modelling constants. Defaults are documented in docs/plan.md with their source.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
@@ -108,6 +115,11 @@ pub struct Assumptions {
     /// each step's logits back to the host), s: a synchronising copy, ~20 us. An assumption, not
     /// measured.
     pub embedded_gpu_sync_s: f64,
+    /// Data-parallel embedded trainers (docs/plan.md, "Data-parallel embedded trainers"): the
+    /// bus bandwidth of c10d's collectives between the trainer processes, bytes/s, in nccl-tests'
+    /// convention (an all-reduce of S bytes over N ranks takes 2 (N - 1) / N x S / it, a
+    /// broadcast S / it). `LOCAL_COLLECTIVE_BYTES_PER_S`.
+    pub collective_bytes_per_s: f64,
     /// `generate.mean_prompt_tokens`: the recipe's expected prompt length, tokens. A planning
     /// assumption the recipe states, for time only: prefill and trained tokens are priced at it,
     /// memory (KV cache, activations, buffer) stays sized for max_prompt_tokens. `None`: the
@@ -147,6 +159,7 @@ impl Default for Assumptions {
             embedded_gpu_kernel_s: EMBEDDED_GPU_KERNEL_S,
             embedded_gpu_bandwidth_efficiency: EMBEDDED_GPU_BANDWIDTH_EFFICIENCY,
             embedded_gpu_sync_s: EMBEDDED_GPU_SYNC_S,
+            collective_bytes_per_s: LOCAL_COLLECTIVE_BYTES_PER_S,
             mean_prompt_tokens: None,
             mean_response_tokens: None,
         }

@@ -182,4 +182,44 @@ pub struct Trainer {
     /// that process's, not this rank's; its forward still precedes the trainer's each step.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub teacher_process: bool,
+    /// The embedded trainer as data-parallel worker processes (`embedded_trainer { dp }` above
+    /// 1, docs/plan.md "Data-parallel embedded trainers"); `None`: one process. Megatron's and
+    /// FSDP's data parallelism is `dp`, over GPUs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data_parallel: Option<DataParallel>,
+}
+
+/// `embedded_trainer { dp, zero, dp_bucket, collective_timeout }` with dp > 1: `ranks` trainer
+/// processes, each training its share of an optimizer step's micro-batches, gradients summed by
+/// all-reduce over c10d before identical optimizer steps.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct DataParallel {
+    pub ranks: Spanned<u64>,
+    #[serde(default)]
+    pub zero: Spanned<Zero>,
+    /// Gradient bytes per all-reduce bucket (`dp_bucket`).
+    pub bucket_bytes: u64,
+    /// Seconds a collective or the rendezvous may take (`collective_timeout`).
+    pub timeout_s: u64,
+}
+
+/// std/prelude's `Zero`: how far the optimizer state is sharded over the data-parallel ranks.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Zero {
+    /// Every rank holds the whole Adam state.
+    #[default]
+    None,
+    /// ZeRO-1: each rank holds the moments of the parameters it owns, updates them and
+    /// broadcasts them to the others.
+    Optimizer,
+}
+
+impl Zero {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Zero::None => "none",
+            Zero::Optimizer => "optimizer",
+        }
+    }
 }

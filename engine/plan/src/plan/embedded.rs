@@ -10,7 +10,7 @@
 use super::gpu::{self, Gpu};
 use crate::input::*;
 use crate::model::{self, div};
-use crate::output::Estimate;
+use crate::output::{DataParallelReport, Estimate};
 use crate::time::{work_seconds, Rate, Work};
 
 /// Where the embedded process computes, as the plan prices its work: the host's one libtorch
@@ -180,7 +180,11 @@ fn rate_note_in(r: &Rate, gemm: &str) -> String {
 /// its backward; the old log-probs' no-grad forward when a batch is trained in several steps;
 /// the KL reference's forward; PPO's critic (its values, its value loss forward and backward);
 /// OPD's teacher (a no-grad forward of its own shape per micro-batch, as the old log-probs');
-/// AdamW. Returns the estimate and the critic's and the teacher's seconds in it.
+/// AdamW. A data-parallel trainer (`t.data_parallel`) is priced on its busiest rank: the trained
+/// passes of ceil(micro-batches / N), the pre-update passes on the whole batch (every rank makes
+/// them: simple and exact), AdamW over 1/N of the parameters under ZeRO-1, and the collectives
+/// (`data_parallel::exchange`). Returns the estimate and the critic's and the teacher's seconds in
+/// it, and the data-parallel report.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn train_step(
     a: &Assumptions,
@@ -193,7 +197,7 @@ pub(super) fn train_step(
     kl_reference: bool,
     entropy_in_loss: bool,
     lengths: Option<&super::lengths::Lengths>,
-) -> (Estimate, f64, f64) {
+) -> (Estimate, f64, f64, Option<DataParallelReport>) {
     // The embedded trainer's `precision` is its GEMMs' (its weights stay fp32).
     let (r, rate_note) = rate_in(a, on, t.precision.value);
     // Priced at the expected sequence (a micro-batch pads to its longest, so this is low when
@@ -201,7 +205,14 @@ pub(super) fn train_step(
     let seq = lengths.map_or(t.seq_len.value as f64, |l| l.sequence(t.seq_len.value));
     let micro = t.micro_batch.value.max(1);
     let global = global.unwrap_or(micro);
-    let micros = global.div_ceil(micro) as f64;
+    let all_micros = global.div_ceil(micro);
+    let micros = all_micros as f64;
+    let dp = t.data_parallel.as_ref();
+    let ranks = dp.map_or(1, |d| d.ranks.value.max(1));
+    // The micro-batches the busiest rank trains (all of them in one process).
+    let trained = super::data_parallel::micro_batches_per_rank(all_micros, ranks) as f64;
+    // ZeRO-1: each rank updates the parameters it owns, 1/N of them.
+    let adam_share = if dp.is_some_and(|d| d.zero.value == Zero::Optimizer) { 1.0 / ranks as f64 } else { 1.0 };
     let lora = t.lora.as_ref();
     let pass = |rows: u64, loss: bool, critic: bool| Pass {
         rows: rows as f64,
@@ -214,7 +225,7 @@ pub(super) fn train_step(
         entropy_in_loss,
     };
     let fwd = forward(m, &pass(micro, true, false));
-    let policy = (fwd + backward(fwd)).scale(micros);
+    let policy = (fwd + backward(fwd)).scale(trained);
     let no_grad = forward(m, &pass(micro, false, false)).scale(micros);
     let old = if steps_per_rollout > 1 { no_grad } else { Work::default() };
     let reference = if kl_reference { no_grad } else { Work::default() };
@@ -227,24 +238,28 @@ pub(super) fn train_step(
         kernels: ADAM_KERNELS_PER_TENSOR * trainable_tensors(m, lora),
         bytes: ADAM_BYTES_PER_PARAM * params,
     };
+    let cp = if critic { model::critic_spec(m).params as f64 } else { 0.0 };
     let critic_work = if critic {
         let c = forward(m, &pass(micro, false, true));
-        let cp = model::critic_spec(m).params as f64;
         adam = adam
             + Work {
                 flops: 0.0,
                 kernels: ADAM_KERNELS_PER_TENSOR * trainable_tensors(m, None),
                 bytes: ADAM_BYTES_PER_PARAM * cp,
             };
-        (c + c + backward(c)).scale(micros)
+        // The values (PPO's targets) on the whole batch, the value loss on the rank's share.
+        c.scale(micros) + (c + backward(c)).scale(trained)
     } else {
         Work::default()
     };
+    let adam = adam.scale(adam_share);
     let teacher_work = t.teacher.as_ref().map_or(Work::default(), |tm| {
         forward(tm, &Pass { lora: None, entropy_in_loss: false, ..pass(micro, false, false) }).scale(micros)
     });
     let total = policy + old + reference + critic_work + teacher_work + adam;
-    let seconds = work_seconds(&total, &r);
+    let exchange = dp.map(|d| super::data_parallel::exchange(a, d, params + cp, all_micros, steps_per_rollout));
+    let collective_s = exchange.as_ref().map_or(0.0, |x| x.collective.seconds);
+    let seconds = work_seconds(&total, &r) + collective_s;
     let critic_s = work_seconds(&critic_work, &r);
     let teacher_s = work_seconds(&teacher_work, &r);
     let mut notes = vec![
@@ -261,10 +276,11 @@ pub(super) fn train_step(
             if kl_reference { " + the KL reference's forward" } else { "" }
         ),
         format!(
-            "{:.3e} matmul FLOPs, {:.0} ops, {:.1} MB written per optimizer step",
+            "{:.3e} matmul FLOPs, {:.0} ops, {:.1} MB written per optimizer step{}",
             total.flops,
             total.kernels,
-            total.bytes / 1e6
+            total.bytes / 1e6,
+            if dp.is_some() { " on the busiest rank" } else { "" }
         ),
         rate_note,
     ];
@@ -279,8 +295,21 @@ pub(super) fn train_step(
             "LoRA: adapters' thin matmuls and ops added; the frozen base's weight gradients still counted".into(),
         );
     }
+    if let Some(x) = &exchange {
+        notes.push(format!(
+            "data-parallel: {} ranks{}, the busiest trains {} of the step's {} micro-batch(es) (ceil({} / {})); the passes before the update (old log-probs, KL reference, critic values) on the whole batch on every rank{}",
+            x.ranks,
+            if adam_share < 1.0 { " (ZeRO-1)" } else { "" },
+            x.micro_batches_per_rank,
+            x.micro_batches,
+            x.micro_batches,
+            x.ranks,
+            if adam_share < 1.0 { "; AdamW on the 1/N of the parameters the rank owns" } else { "" }
+        ));
+        notes.extend(x.collective.assumptions.iter().cloned());
+    }
     super::lengths::note_into(lengths, &mut notes);
-    (Estimate { seconds, assumptions: notes }, critic_s, teacher_s)
+    (Estimate { seconds, assumptions: notes }, critic_s, teacher_s, exchange)
 }
 
 /// Generating one rollout batch in the embedded engine: each prompt prefilled once, then one

@@ -159,6 +159,7 @@ impl KvCache {
             fits: self.fits,
             offload: None,
             lora: None,
+            ranks: None,
         }
     }
 }

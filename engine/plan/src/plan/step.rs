@@ -89,6 +89,7 @@ pub(super) fn plan_step(
             }))
             .collect(),
         },
+        data_parallel: t.data_parallel.clone(),
     })
 }
 

@@ -83,6 +83,7 @@ pub(super) fn plan_teacher(
         fits,
         offload: None,
         lora: None,
+        ranks: None,
     });
     // Every token the trainer trains on, forward only, at the trainer's MFU on the teacher's pool.
     let b = batch?;

@@ -44,6 +44,7 @@ pub(super) fn plan_memory(
         fits,
         offload: None,
         lora: None,
+        ranks: None,
     });
 }
 

@@ -139,6 +139,7 @@ pub(super) fn plan_diffusion(cx: &mut Ctx, d: &Diffusion, memory: &mut Vec<Memor
         sync_step_s: step_s,
         async_step_s: step_s,
         step: Estimate { seconds: step_s, assumptions: notes },
+        data_parallel: None,
     };
     let report = DiffusionReport {
         model: m.name(),

@@ -6,7 +6,7 @@ use super::offload::OffloadCost;
 use crate::input::*;
 use crate::model::Layout;
 use crate::plan::Ctx;
-use crate::units::gb_fixed;
+use crate::units::{bytes_fixed, gb_fixed};
 use miles_grammar::diag::Diagnostic;
 use miles_grammar::diag::ErrorCode;
 
@@ -39,8 +39,22 @@ pub(super) fn report_over(
             }
         ));
     }
-    let mut d = Diagnostic::error(
-        ErrorCode::E0401,
+    let ranks = rank.ranks();
+    let message = if ranks > 1 {
+        // A data-parallel embedded trainer: its ranks share the machine (`budget.usable` is one
+        // rank's share).
+        format!(
+            "{} does not fit: {} per trainer rank, and its {ranks} ranks share {}'s {} usable ({} x {:.0}%), {} each; over by {}",
+            st.name,
+            bytes_fixed(total),
+            budget.device,
+            bytes_fixed(budget.usable * ranks as f64),
+            gb_fixed(budget.capacity as f64),
+            budget.share * 100.0,
+            bytes_fixed(budget.usable),
+            bytes_fixed(over)
+        )
+    } else {
         format!(
             "{} does not fit in GPU memory: {} per GPU, {} has {} usable ({} x {:.0}%); over by {}",
             st.name,
@@ -50,11 +64,12 @@ pub(super) fn report_over(
             gb_fixed(budget.capacity as f64),
             budget.share * 100.0,
             gb_fixed(over)
-        ),
-    )
-    .with_help(format!("fixes: {}", fixes.join("; ")));
+        )
+    };
+    let mut d = Diagnostic::error(ErrorCode::E0401, message).with_help(format!("fixes: {}", fixes.join("; ")));
     if let Some(sp) = st.span {
-        d = d.with_primary(sp, format!("needs {} per GPU", gb_fixed(total)));
+        let unit = if ranks > 1 { "trainer rank" } else { "GPU" };
+        d = d.with_primary(sp, format!("needs {} per {unit}", gb_fixed(total)));
     }
     if t.optimizer_offload.value == OptimizerOffload::OnGpu {
         if let Some(sp) = t.optimizer_offload.span {
@@ -104,6 +119,19 @@ pub(super) fn train_fixes(
             verdict(x),
             gb_fixed(mem.all_optimizer()),
             cost.cpu(mem.all_optimizer()).seconds
+        ));
+    }
+    // A data-parallel embedded trainer: ZeRO-1 keeps 1/N of the Adam moments on each rank.
+    let plain_dp = t.data_parallel.as_ref().filter(|d| d.zero.value == Zero::None && d.ranks.value > 1);
+    if let Some(d) = plain_dp.filter(|_| offload == OptimizerOffload::OnGpu) {
+        let n = d.ranks.value as f64;
+        let x = mem.on_gpu(offload) - mem.all_optimizer() * (1.0 - 1.0 / n);
+        // A laptop's rank is megabytes: `bytes_fixed` shows them.
+        let left = if x <= usable { "fits".to_string() } else { format!("still {} over", bytes_fixed(x - usable)) };
+        fixes.push(format!(
+            "`zero = optimizer` (ZeRO-1 over the {} ranks): {} per rank ({left})",
+            d.ranks.value,
+            bytes_fixed(x)
         ));
     }
     if l.backend != Backend::Embedded && (offload == OptimizerOffload::OnGpu || l.backend == Backend::Fsdp) {

@@ -20,13 +20,15 @@ pub(super) struct EmbeddedHost {
 }
 
 impl EmbeddedHost {
-    pub(super) fn new(cx: &Ctx, first: bool) -> EmbeddedHost {
+    /// `ranks`: the trainer is data-parallel, its ranks worker processes of their own; the
+    /// engines are then the rollout workers' (not this process's), the KL reference the rank's.
+    pub(super) fn new(cx: &Ctx, first: bool, ranks: bool) -> EmbeddedHost {
         let input = cx.input;
         let e = input.placement.embedded;
-        let rollout = input.stages.iter().any(|s| s.role == Role::Rollout);
+        let rollout = !ranks && input.stages.iter().any(|s| s.role == Role::Rollout);
         // An async schedule runs evaluation on an engine of its own when `mode = snapshot`; a
         // sync one evaluates on the rollout engine.
-        let eval_engine = e.eval_snapshot && input.schedule.mode.value != ScheduleMode::Sync;
+        let eval_engine = !ranks && e.eval_snapshot && input.schedule.mode.value != ScheduleMode::Sync;
         let engine_precision = input
             .stages
             .iter()

@@ -164,6 +164,20 @@ impl Rank<'_> {
         self.global.map(|g| g / (self.l.dp * self.t.micro_batch.value).max(1))
     }
 
+    /// A data-parallel embedded trainer's ranks (1: one process).
+    pub(super) fn ranks(&self) -> u64 {
+        self.t.data_parallel.as_ref().map_or(1, |d| d.ranks.value.max(1))
+    }
+
+    /// The share of the optimizer state the rank holds: 1/N of the Adam moments under ZeRO-1
+    /// (each rank keeps the moments of the parameters it owns), else all of it.
+    fn optimizer_share(&self) -> f64 {
+        match &self.t.data_parallel {
+            Some(d) if d.zero.value == Zero::Optimizer => 1.0 / self.ranks() as f64,
+            _ => 1.0,
+        }
+    }
+
     /// What `m` takes on the rank in `role` (for the critic, `m` is the policy it derives from).
     fn held(&self, m: &ModelSpec, role: ModelRole) -> Held {
         let (l, t) = (self.l, self.t);
@@ -183,7 +197,7 @@ impl Rank<'_> {
                     weights: s.weights,
                     adapters: s.adapters,
                     gradients: s.gradients,
-                    optimizer: s.optimizer,
+                    optimizer: s.optimizer * self.optimizer_share(),
                     activations,
                 }
             }
@@ -193,7 +207,13 @@ impl Rank<'_> {
                     Some(h) => h.autograd_scale * model::embedded_critic_activation_bytes(m, seq, mb),
                     None => model::critic_activation_bytes(m, l, seq, mb, micro, recompute),
                 };
-                Held { weights: s.weights, adapters: 0.0, gradients: s.gradients, optimizer: s.optimizer, activations }
+                Held {
+                    weights: s.weights,
+                    adapters: 0.0,
+                    gradients: s.gradients,
+                    optimizer: s.optimizer * self.optimizer_share(),
+                    activations,
+                }
             }
             ModelRole::Teacher => Held {
                 weights: model::teacher_weight_bytes(m, l, self.host.is_some()),
@@ -333,6 +353,7 @@ impl Rank<'_> {
     /// streamed from disk (`offload`).
     fn optimizer_note(&self, role: ModelRole, bytes: f64) -> String {
         match self.t.optimizer_offload.value {
+            OptimizerOffload::OnGpu if self.ranks() > 1 => self.ranks_optimizer_note(role),
             OptimizerOffload::OnGpu => {
                 let per_param = model::optimizer_bytes_per_param(self.l.precision);
                 let shards = optimizer_shards(self.l);
@@ -348,6 +369,25 @@ impl Rank<'_> {
             }
             OptimizerOffload::Cpu => format!("{} kept in host memory", gb_fixed(bytes)),
             OptimizerOffload::StreamFromDisk => format!("{} streamed from disk", gb_fixed(bytes)),
+        }
+    }
+
+    /// A data-parallel embedded trainer's Adam state on one rank: whole on every rank, or its
+    /// 1/N under ZeRO-1, which rank 0 gathers whole while it writes a checkpoint.
+    fn ranks_optimizer_note(&self, role: ModelRole) -> String {
+        let per_param = model::optimizer_bytes_per_param(self.l.precision);
+        let n = self.ranks();
+        let what = match (role, self.t.lora.is_some()) {
+            (ModelRole::Critic, _) => "the critic's 2 Adam moments (critic_lr)",
+            (_, true) => "2 Adam moments, adapters only",
+            _ => "2 Adam moments",
+        };
+        if self.optimizer_share() < 1.0 {
+            format!(
+                "{what}, {per_param} B/param: 1/{n} on each of {n} ranks (zero = optimizer: the parameters a rank owns, greedy by size; rank 0 gathers the rest while it writes a checkpoint)"
+            )
+        } else {
+            format!("{what}, {per_param} B/param: whole on each of {n} ranks (zero = none)")
         }
     }
 
@@ -398,7 +438,11 @@ impl Rank<'_> {
                 items.push(MemItem {
                     name: "embedded_process".into(),
                     bytes: mem.process as u64,
-                    note: "libtorch, runtime and task data resident (measured)".into(),
+                    note: if self.ranks() > 1 {
+                        format!("in each of the {} ranks' processes: libtorch, runtime and task data resident (measured in one)", self.ranks())
+                    } else {
+                        "libtorch, runtime and task data resident (measured)".into()
+                    },
                 });
             }
         }

@@ -50,6 +50,8 @@ pub(super) struct TrainFacts {
     /// The embedded backend on a CPU-only host: its rollout and local handoff, which no GPU
     /// engine or transport prices (docs/plan.md, "Step time on a CPU host").
     pub(super) cpu: Option<CpuSide>,
+    /// A data-parallel embedded trainer: its ranks and collectives (in `step` already).
+    pub(super) data_parallel: Option<DataParallelReport>,
 }
 
 #[derive(Clone, Debug)]
@@ -81,11 +83,18 @@ pub(super) fn plan_trainer(
     let gpus = pl.trainer_gpus();
     let l = layout::check_layout(cx, st, t, gpus, dp)?;
     let device = cx.device(&pl.ranges);
-    let budget = memory::Budget::of(cx, device, on_host, l.backend)?;
+    let mut budget = memory::Budget::of(cx, device, on_host, l.backend)?;
+    // A data-parallel embedded trainer's ranks are processes of one machine (a `local`
+    // cluster's): each may use its share of it.
+    let ranks = t.data_parallel.as_ref().map(|d| d.ranks.value.max(1)).filter(|_| on_host);
+    if let Some(n) = ranks {
+        budget.usable /= n as f64;
+    }
     let host = (on_host && l.backend == Backend::Embedded).then(|| {
-        // On a CPU-only host every trainer's memory row is the one embedded process's.
+        // On a CPU-only host every trainer's memory row is the one embedded process's (one
+        // rank's when data-parallel).
         let first = !memory.iter().any(|r| r.role.trains());
-        EmbeddedHost::new(cx, first)
+        EmbeddedHost::new(cx, first, ranks.is_some())
     });
     let rank = Rank {
         l: &l,
@@ -121,6 +130,11 @@ pub(super) fn plan_trainer(
         fits,
         offload: offload_report.clone(),
         lora: lora.clone(),
+        ranks: t.data_parallel.as_ref().filter(|_| on_host).map(|d| RanksMemory {
+            ranks: d.ranks.value.max(1),
+            zero: d.zero.value.as_str().to_string(),
+            all_ranks: (total * d.ranks.value.max(1) as f64) as u64,
+        }),
     });
 
     let peak = time::peak(cx, device, on_host, l.precision);
@@ -143,5 +157,6 @@ pub(super) fn plan_trainer(
         disk_bw: cost.disk_bw,
         lora,
         cpu: step.cpu,
+        data_parallel: step.data_parallel,
     })
 }

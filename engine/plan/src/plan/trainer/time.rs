@@ -19,6 +19,8 @@ pub(super) struct Step {
     /// OPD: the teacher's forward's share of `step`.
     pub(super) teacher_s: f64,
     pub(super) cpu: Option<CpuSide>,
+    /// A data-parallel embedded trainer's ranks and collectives (in `step` already).
+    pub(super) data_parallel: Option<DataParallelReport>,
 }
 
 /// FLOP/s of the device the trainer computes on: its GPU's peak in the layout's precision, or
@@ -54,7 +56,7 @@ pub(super) fn trainer_step(
             // Optimizer steps per rollout step: more than one needs the old log-probs' pass.
             let spr = batch.map_or(1, |b| b.steps_per_rollout * b.epochs);
             let on = embedded::On::of(cx);
-            let (est, critic_s, teacher_s) = embedded::train_step(
+            let (est, critic_s, teacher_s, data_parallel) = embedded::train_step(
                 a,
                 on,
                 m,
@@ -69,7 +71,7 @@ pub(super) fn trainer_step(
             let rollout = batch.and_then(|b| embedded::rollout(cx, m, b, t.lora.as_ref()));
             let bytes = lora.map_or(m.params as f64 * rank.l.precision.bytes(), |lo| lo.sync_bytes as f64);
             let sync = embedded::sync(a, on, hs, m, t.lora.as_ref(), bytes);
-            Step { step: est, critic_s, teacher_s, cpu: Some(CpuSide { rollout, sync }) }
+            Step { step: est, critic_s, teacher_s, cpu: Some(CpuSide { rollout, sync }), data_parallel }
         }
         _ => gpu,
     }
@@ -151,5 +153,5 @@ fn gpu_step(a: &Assumptions, m: &ModelSpec, rank: &Rank, peak: f64, gpus: u64, l
         .collect(),
     };
     lengths::note_into(lengths, &mut step.assumptions);
-    Step { step, critic_s, teacher_s, cpu: None }
+    Step { step, critic_s, teacher_s, cpu: None, data_parallel: None }
 }
