@@ -87,6 +87,10 @@ algorithms   Algorithms side by side: GRPO, Dr. GRPO, GSPO, DAPO, RLOO, REINFORC
                bash bench/peers/run.sh --recipe recipes/compare-trl-hf.miles --seeds 3
 serve        miles serve load test (100 clients, a hostile request a second)
                bash bench/serve-load/run.sh 60                                      (bench/serve-load/load.rs)
+ddp          Data-parallel trainers (recipes/grpo-ddp-laptop.miles): curves, 2x1 vs 1x2, ZeRO-1 memory
+               bash bench/ddp/run.sh
+             + c10d all-reduce over loopback (ranks as processes)
+               cargo bench --locked -p miles-c10d --bench allreduce
 gpu          (no section yet: nothing measured on a GPU) tests/e2e/gpu.rs, GPU throughput, CUDA IPC, NCCL tests
                bash scripts/gpu-bundle.sh here, then on the GPU machine: bash bench/gpu/run.sh "$OUT"
 Only the compare-trl section between the `peers` markers is spliced by this script; every other
