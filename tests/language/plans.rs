@@ -435,3 +435,29 @@ recipe continues {{
             .collect::<Vec<_>>()
     );
 }
+
+/// #38: the newcomer's Qwen3-8B on two FSDP GPUs does not fit, and the first fix an FSDP user
+/// reaches for, activation checkpointing, can be written and comes first, with the activations it
+/// leaves; written, it prices the recomputation in the step.
+#[test]
+fn an_fsdp_rank_over_memory_is_offered_recompute_first() {
+    let file = "tests/plans/catalog-new-user.miles";
+    let p = plan(file, &[("train.backend", "fsdp { gpus = 2 }")]);
+    let e = p.diagnostics.iter().find(|d| d.code == miles_grammar::diag::ErrorCode::E0401).expect("E0401");
+    let help = e.help.as_deref().unwrap_or_default();
+    assert!(
+        help.starts_with(
+            "fixes: `recompute = full`: activations 25.9 GB -> 4.8 GB, 79.4 GB per GPU (still 5.8 GB over); `optimizer = adam"
+        ),
+        "{help}"
+    );
+    let full = plan(file, &[("train.backend", "fsdp { gpus = 2, recompute = full }")]);
+    let act = |p: &miles_plan::Plan| {
+        let train = p.memory.iter().find(|m| m.stage == "train").unwrap();
+        train.items.iter().find(|i| i.name == "activations").unwrap().bytes
+    };
+    assert_eq!((act(&p) as f64 / 1e8).round() / 10.0, 25.9);
+    assert_eq!((act(&full) as f64 / 1e8).round() / 10.0, 4.8);
+    let train_s = |p: &miles_plan::Plan| p.step.as_ref().map_or(0.0, |s| s.train_s);
+    assert!(train_s(&full) > train_s(&p) * 1.1, "recomputation costs a forward: {} vs {}", train_s(&full), train_s(&p));
+}

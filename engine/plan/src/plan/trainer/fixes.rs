@@ -79,8 +79,9 @@ pub(super) fn report_over(
     cx.diags.push(d);
 }
 
-/// The changes that would make the rank fit in `usable` bytes: optimizer offload (either way),
-/// more data-parallel GPUs, full recomputation, twice the pipeline stages.
+/// The changes that would make the rank fit in `usable` bytes, in the order a practitioner tries
+/// them: full recomputation, optimizer offload (either way), ZeRO-1 or more data-parallel GPUs,
+/// twice the pipeline stages.
 pub(super) fn train_fixes(
     cx: &Ctx,
     m: &ModelSpec,
@@ -102,6 +103,19 @@ pub(super) fn train_fixes(
     };
     // The same rank with another layout or recomputation, priced as a GPU rank.
     let what_if = |l: &Layout, recompute: Recompute| Rank { l, recompute, host: None, ..*rank }.mem(m).on_gpu(offload);
+    // First what a practitioner reaches for first: recomputing activations costs compute, not
+    // memory traffic. `recompute` is a field of `megatron` and `fsdp` only (std/prelude).
+    if matches!(l.backend, Backend::Megatron | Backend::Fsdp) && t.recompute.value != Recompute::Full {
+        let full = Rank { l, recompute: Recompute::Full, host: None, ..*rank }.mem(m);
+        let x = full.on_gpu(offload);
+        fixes.push(format!(
+            "`recompute = full`: activations {} -> {}, {} per GPU ({})",
+            gb_fixed(mem.policy.activations),
+            gb_fixed(full.policy.activations),
+            gb_fixed(x),
+            verdict(x)
+        ));
+    }
     if offload != OptimizerOffload::StreamFromDisk {
         let x = mem.on_gpu(OptimizerOffload::StreamFromDisk);
         fixes.push(format!(
@@ -145,11 +159,6 @@ pub(super) fn train_fixes(
                 break;
             }
         }
-    }
-    // `recompute` is a field of `megatron` only (std/prelude): offer it to no other backend.
-    if l.backend == Backend::Megatron && t.recompute.value != Recompute::Full {
-        let x = what_if(l, Recompute::Full);
-        fixes.push(format!("`recompute = full`: {} per GPU ({})", gb_fixed(x), verdict(x)));
     }
     if l.backend == Backend::Megatron && m.layers >= 2 * l.pp && l.dp.is_multiple_of(2) {
         let l2 = Layout { pp: l.pp * 2, dp: l.dp / 2, ..*l };
