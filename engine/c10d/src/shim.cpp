@@ -257,6 +257,10 @@ char* miles_c10d_group_gloo(Store* store, const char* prefix, size_t prefix_len,
         device = c10d::ProcessGroupGloo::createDefaultDevice();
         break;
     }
+    // libtorch's flight recorder is one per process, and recording into it from several groups
+    // at once crashed (std::map insert in FlightRecorder::recordWithResetEnabled: ranks as threads,
+    // about 1 run in 20); miles never reads its dumps. Off unless the user asked for it.
+    setenv("TORCH_FR_BUFFER_SIZE", "0", /*overwrite=*/0);
     auto options = c10d::ProcessGroupGloo::Options::create(timeout);
     options->devices.push_back(std::move(device));
     // The constructor connects the full mesh (bounded by options->timeout) and starts the

@@ -117,7 +117,6 @@ fn a_client_with_no_server_fails_within_its_timeout() {
 }
 
 #[test]
-#[ignore = "several Gloo groups in one process (ranks as threads) segfault now and then in libtorch; one group per process (the trainer's ranks) does not: run with --ignored (#37 closing note)"]
 fn all_reduce_sum_max_min_over_2_and_4_ranks() {
     for world in [2usize, 4] {
         let out = world_of(world, |pg| {
@@ -150,7 +149,6 @@ fn all_reduce_sum_max_min_over_2_and_4_ranks() {
 }
 
 #[test]
-#[ignore = "several Gloo groups in one process (ranks as threads) segfault now and then in libtorch; one group per process (the trainer's ranks) does not: run with --ignored (#37 closing note)"]
 fn all_reduce_many_reduces_every_bucket() {
     let out = world_of(4, |pg| {
         let r = pg.rank() as f64;
@@ -170,7 +168,6 @@ fn all_reduce_many_reduces_every_bucket() {
 }
 
 #[test]
-#[ignore = "several Gloo groups in one process (ranks as threads) segfault now and then in libtorch; one group per process (the trainer's ranks) does not: run with --ignored (#37 closing note)"]
 fn broadcast_all_gather_reduce_scatter_and_barrier() {
     for world in [2usize, 4] {
         let out = world_of(world, move |pg| {
@@ -205,7 +202,6 @@ fn broadcast_all_gather_reduce_scatter_and_barrier() {
 }
 
 #[test]
-#[ignore = "several Gloo groups in one process (ranks as threads) segfault now and then in libtorch; one group per process (the trainer's ranks) does not: run with --ignored (#37 closing note)"]
 fn the_same_all_reduce_twice_is_bit_identical_on_every_rank() {
     let out = world_of(4, |pg| {
         // Values whose float sum depends on the order of addition: a fixed pseudo-random spread
@@ -235,7 +231,6 @@ fn the_same_all_reduce_twice_is_bit_identical_on_every_rank() {
 }
 
 #[test]
-#[ignore = "several Gloo groups in one process (ranks as threads) segfault now and then in libtorch; one group per process (the trainer's ranks) does not: run with --ignored (#37 closing note)"]
 fn ranks_that_never_join_are_named_within_the_timeout() {
     isolated("ranks_that_never_join_are_named_within_the_timeout", || {
         let store = server();
@@ -263,7 +258,6 @@ fn ranks_that_never_join_are_named_within_the_timeout() {
 }
 
 #[test]
-#[ignore = "several Gloo groups in one process (ranks as threads) segfault now and then in libtorch; one group per process (the trainer's ranks) does not: run with --ignored (#37 closing note)"]
 fn a_peer_that_drops_its_group_fails_the_others_collective_without_a_hang() {
     isolated("a_peer_that_drops_its_group_fails_the_others_collective_without_a_hang", || {
         let store = server();
@@ -299,7 +293,6 @@ fn a_peer_that_drops_its_group_fails_the_others_collective_without_a_hang() {
 }
 
 #[test]
-#[ignore = "several Gloo groups in one process (ranks as threads) segfault now and then in libtorch; one group per process (the trainer's ranks) does not: run with --ignored (#37 closing note)"]
 fn a_silent_peer_times_the_collective_out() {
     isolated("a_silent_peer_times_the_collective_out", || {
         // The peer stays connected but never calls the collective (a stopped or stuck process).
@@ -331,7 +324,6 @@ fn a_silent_peer_times_the_collective_out() {
 }
 
 #[test]
-#[ignore = "several Gloo groups in one process (ranks as threads) segfault now and then in libtorch; one group per process (the trainer's ranks) does not: run with --ignored (#37 closing note)"]
 fn bad_tensors_and_arguments_are_refused_and_leave_the_group_usable() {
     let out = world_of(2, |pg| {
         let cpu = (Kind::Float, tch::Device::Cpu);
@@ -367,7 +359,6 @@ fn bad_tensors_and_arguments_are_refused_and_leave_the_group_usable() {
 }
 
 #[test]
-#[ignore = "several Gloo groups in one process (ranks as threads) segfault now and then in libtorch; one group per process (the trainer's ranks) does not: run with --ignored (#37 closing note)"]
 fn a_monitored_barrier_names_the_rank_that_never_arrives() {
     isolated("a_monitored_barrier_names_the_rank_that_never_arrives", || {
         let store = server();
@@ -406,7 +397,6 @@ fn a_monitored_barrier_names_the_rank_that_never_arrives() {
 }
 
 #[test]
-#[ignore = "several Gloo groups in one process (ranks as threads) segfault now and then in libtorch; one group per process (the trainer's ranks) does not: run with --ignored (#37 closing note)"]
 fn gloo_on_this_hosts_default_device_connects() {
     // ProcessGroup::gloo as the trainer calls it: the device from GLOO_SOCKET_IFNAME, else this
     // host's name (loopback when it does not resolve).

@@ -202,7 +202,6 @@ fn rl_once(tr: &mut TchTrainer) -> Out {
 }
 
 #[test]
-#[ignore = "several Gloo groups in one process (ranks as threads) segfault now and then in libtorch; one group per process (the trainer's ranks, tests/e2e/ddp.rs) does not: run with --ignored (#37 closing note)"]
 fn two_and_four_ranks_match_one_process() {
     let start = TchTrainer::new(Policy::init(&laptop(), 3), spec()).export_full_weights().unwrap();
     // The bound: 1e-6 after one optimizer step (the acceptance); after three (an SFT step at 5x
@@ -247,7 +246,6 @@ fn two_and_four_ranks_match_one_process() {
 }
 
 #[test]
-#[ignore = "several Gloo groups in one process (ranks as threads) segfault now and then in libtorch; one group per process (the trainer's ranks, tests/e2e/ddp.rs) does not: run with --ignored (#37 closing note)"]
 fn repeats_are_bit_identical() {
     let a = group(2, false, &spec(), sft_then_rl);
     let b = group(2, false, &spec(), sft_then_rl);
@@ -257,7 +255,6 @@ fn repeats_are_bit_identical() {
 }
 
 #[test]
-#[ignore = "several Gloo groups in one process (ranks as threads) segfault now and then in libtorch; one group per process (the trainer's ranks, tests/e2e/ddp.rs) does not: run with --ignored (#37 closing note)"]
 fn zero_one_matches_plain_dp_with_a_shard_of_the_optimizer() {
     let rl = |tr: &mut TchTrainer| {
         let st = tr.train_rl(&batch(), &[0.0002, 0.0001], 1.0).unwrap();
@@ -294,7 +291,6 @@ fn rl_twice(tr: &mut TchTrainer) -> Out {
 }
 
 #[test]
-#[ignore = "several Gloo groups in one process (ranks as threads) segfault now and then in libtorch; one group per process (the trainer's ranks, tests/e2e/ddp.rs) does not: run with --ignored (#37 closing note)"]
 fn ppo_critic_under_dp_and_zero_matches_one_process() {
     let one = alone(&ppo_spec(), rl_twice);
     for (n, zero) in [(2, false), (2, true), (4, true)] {
@@ -312,7 +308,6 @@ fn ppo_critic_under_dp_and_zero_matches_one_process() {
 }
 
 #[test]
-#[ignore = "several Gloo groups in one process (ranks as threads) segfault now and then in libtorch; one group per process (the trainer's ranks, tests/e2e/ddp.rs) does not: run with --ignored (#37 closing note)"]
 fn lora_under_dp_reduces_the_adapters_and_matches_one_process() {
     let mut s = spec();
     s.lr = 0.01;
@@ -337,7 +332,6 @@ fn lora_under_dp_reduces_the_adapters_and_matches_one_process() {
 }
 
 #[test]
-#[ignore = "several Gloo groups in one process (ranks as threads) segfault now and then in libtorch; one group per process (the trainer's ranks, tests/e2e/ddp.rs) does not: run with --ignored (#37 closing note)"]
 fn moe_and_several_passes_report_the_whole_batch_under_dp() {
     let mut s = spec();
     s.epochs = 2;
@@ -372,7 +366,6 @@ fn moe_and_several_passes_report_the_whole_batch_under_dp() {
 }
 
 #[test]
-#[ignore = "several Gloo groups in one process (ranks as threads) segfault now and then in libtorch; one group per process (the trainer's ranks, tests/e2e/ddp.rs) does not: run with --ignored (#37 closing note)"]
 fn a_failure_on_one_rank_fails_the_step_on_every_rank_without_a_hang() {
     // Trajectory 0 (micro-batch 0: rank 0's) has a NaN advantage: rank 0's loss is NaN, rank 1's
     // micro-batches are fine. Both fail the step at the gradients' all-reduce, neither updates,
@@ -403,7 +396,6 @@ fn dir(tag: &str) -> std::path::PathBuf {
 }
 
 #[test]
-#[ignore = "several Gloo groups in one process (ranks as threads) segfault now and then in libtorch; one group per process (the trainer's ranks, tests/e2e/ddp.rs) does not: run with --ignored (#37 closing note)"]
 fn zero_checkpoint_of_two_ranks_resumes_on_one_and_on_four() {
     let ck = dir("ckpt");
     let lrs = [0.0002, 0.0001];
@@ -444,7 +436,6 @@ fn zero_checkpoint_of_two_ranks_resumes_on_one_and_on_four() {
 }
 
 #[test]
-#[ignore = "several Gloo groups in one process (ranks as threads) segfault now and then in libtorch; one group per process (the trainer's ranks, tests/e2e/ddp.rs) does not: run with --ignored (#37 closing note)"]
 fn a_rank_that_never_joins_fails_the_rendezvous_in_bounded_time() {
     tch::set_num_threads(1);
     let store = Store::server("127.0.0.1", 0, Duration::from_secs(10)).unwrap();
