@@ -260,21 +260,22 @@ impl Planner<'_> {
 }
 
 /// The embedded trainer's data-parallel ranks (`embedded_trainer { dp > 1 }`) with their ZeRO
-/// stage, bucket and deadline; `None`: one process.
+/// stage, bucket and deadline; `None`: one process. The stdlib gives each field of an
+/// `embedded_trainer` a default, so all are present where the ranks are (as the run spec reads
+/// them, src/runspec.rs).
 fn data_parallel_of(b: &job::BackendJob) -> Option<DataParallel> {
-    let ranks = b.embedded_ranks()?;
-    let zero = b.zero.map_or(Spanned::new(Zero::None), |z| Spanned {
-        value: match z.value {
-            job::Zero::None => Zero::None,
-            job::Zero::Optimizer => Zero::Optimizer,
-        },
-        span: z.span,
-    });
+    let zero = b.zero?;
     Some(DataParallel {
-        ranks,
-        zero,
-        bucket_bytes: b.dp_bucket.map_or(0, |v| v.value),
-        timeout_s: b.collective_timeout.map_or(0, |v| v.value),
+        ranks: b.embedded_ranks()?,
+        zero: Spanned {
+            value: match zero.value {
+                job::Zero::None => Zero::None,
+                job::Zero::Optimizer => Zero::Optimizer,
+            },
+            span: zero.span,
+        },
+        bucket_bytes: b.dp_bucket?.value,
+        timeout_s: b.collective_timeout?.value,
     })
 }
 

@@ -278,18 +278,7 @@ fn remote_stages_generate_train_and_sync_weights_with_every_transport() {
             assert_eq!(x.prompt_index, k / 3, "groups contiguous, in prompt order");
             assert_eq!(x.response, vec![prompts[k / 3][2], 6, 5]);
         }
-        let t = Trajectory {
-            prompt: vec![1],
-            response: vec![2],
-            rollout_logprobs: vec![-1.0],
-            loss_mask: vec![1.0],
-            reward: 1.5,
-            advantage: 0.5,
-            group: 0,
-            weight_version: 0,
-            routing: None,
-            teacher_logprobs: Vec::new(),
-        };
+        let t = Trajectory { reward: 1.5, ..one_trajectory() };
         for step in 1..=3u64 {
             let st = trainer.train_rl(&[t.clone(), t.clone()], &[1e-3], 1.0).unwrap();
             assert_eq!(st.loss, 3.0);

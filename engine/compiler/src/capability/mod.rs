@@ -115,6 +115,9 @@ fn collect_records<'v>(v: &'v Value, out: &mut Vec<&'v Record>) {
 pub struct Ctx<'r> {
     pub recipe: &'r CompiledRecipe,
     pub target: Target,
+    /// The record whose fields are being judged (None for a stage's parameters and the recipe's
+    /// settings): a rule may read the field's siblings.
+    pub record: Option<&'r Record>,
 }
 
 impl Ctx<'_> {
@@ -129,7 +132,7 @@ pub fn check(recipe: &CompiledRecipe) -> Vec<Diagnostic> {
     if target == Target::Cluster {
         return Vec::new();
     }
-    let cx = Ctx { recipe, target };
+    let cx = Ctx { recipe, target, record: None };
     let mut out = Vec::new();
     for node in recipe.graph.nodes() {
         if !node.kind_path.starts_with("std/") {
@@ -168,8 +171,9 @@ fn check_record(cx: &Ctx, r: &Record, out: &mut Vec<Diagnostic>) {
     if check_owner(cx, &r.schema_name, r.span, out) {
         return;
     }
+    let cx = Ctx { record: Some(r), ..*cx };
     for (name, f) in &r.fields {
-        check_field(cx, &r.schema_name, name, f, out);
+        check_field(&cx, &r.schema_name, name, f, out);
     }
 }
 

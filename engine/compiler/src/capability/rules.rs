@@ -312,6 +312,20 @@ pub(super) fn rule_dp(cx: &Ctx, f: &FieldValue) -> Option<String> {
     }
 }
 
+/// `embedded_trainer { dp_bucket, collective_timeout }`: settings of the ranks' collectives, so
+/// executed only where there are ranks (dp > 1, on worker processes); with one rank there is no
+/// collective for them to shape.
+pub(super) fn rule_dp_setting(cx: &Ctx, _: &FieldValue) -> Option<String> {
+    if cx.target != Target::Workers {
+        return Some(
+            "a setting of the data-parallel ranks' collectives, and the ranks are worker processes: set a launcher and dp = 2 or more, or remove it"
+                .into(),
+        );
+    }
+    let dp = cx.record.and_then(|r| r.get("dp")).and_then(|v| v.as_i64()).unwrap_or(1);
+    (dp <= 1).then(|| "a setting of the data-parallel ranks' collectives, and with dp = 1 there are none: set dp = 2 or more, or remove it".into())
+}
+
 /// A `local` cluster's `device` (`cpu`, `cuda`, `auto`), if the recipe runs on one.
 fn local_device<'c>(cx: &'c Ctx) -> Option<&'c str> {
     let cluster = cx.recipe.settings.as_record()?.get("cluster")?.as_record()?;

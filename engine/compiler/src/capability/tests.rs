@@ -181,6 +181,14 @@ fn data_parallel_ranks_are_refused_outside_worker_processes() {
     assert_eq!(got.len(), 4, "{got:#?}");
     assert_eq!(with(all, "launcher = local_processes {}"), Vec::<String>::new());
     assert_eq!(with("dp = 1", ""), Vec::<String>::new());
+    // One rank has no collectives: their settings are refused rather than ignored.
+    let one = with("dp = 1, dp_bucket = 4.MB, collective_timeout = 30", "launcher = local_processes {}");
+    assert_eq!(one.len(), 2, "{one:#?}");
+    assert!(
+        one.iter()
+            .all(|m| m.contains("`embedded_trainer.dp_bucket") || m.contains("`embedded_trainer.collective_timeout")),
+        "{one:#?}"
+    );
     // A launcher on the GPU: only Gloo on the CPU is built.
     let cuda = with("dp = 2", "device = cuda");
     assert!(cuda.len() == 1 && cuda[0].contains("`embedded_trainer.dp` = 2"), "{cuda:#?}");

@@ -88,11 +88,9 @@ impl TchTrainer {
             wait_s: Cell::new(0.0),
         });
         self.dp_take_weights()?;
-        if let Some(dp) = &self.dp {
-            if dp.zero {
-                self.shard_optimizer();
-            }
-        }
+        // A no-op without ZeRO; under ZeRO-1 it allocates this rank's moments (`TchTrainer::new`
+        // left them for now, not knowing the rank).
+        self.shard_optimizer();
         Ok(())
     }
 
@@ -112,12 +110,11 @@ impl TchTrainer {
         self.dp_take(&self.adapter_tensors())
     }
 
-    /// Every rank takes rank 0's critic (once PPO creates it) and shards its optimizer.
-    pub(super) fn dp_take_critic(&mut self) -> Result<(), RunError> {
+    /// Every rank takes rank 0's critic once PPO creates it (`Critic::from_policy_sharded` already
+    /// gave it this rank's shard of the moments).
+    pub(super) fn dp_take_critic(&self) -> Result<(), RunError> {
         let ts: Vec<Tensor> = self.critic.iter().flat_map(|c| c.params()).map(|(_, t)| t).collect();
-        self.dp_take(&ts)?;
-        self.shard_critic_optimizer();
-        Ok(())
+        self.dp_take(&ts)
     }
 
     fn adapter_tensors(&self) -> Vec<Tensor> {
@@ -189,12 +186,22 @@ impl DataParallel {
         RunError::new(E_BACKEND, format!("data-parallel rank {} of {}: {what}: {e}", self.rank, self.world))
     }
 
-    /// Runs one collective, adding its wall time to `collective_s`.
-    fn timed<T>(&self, what: &str, f: impl FnOnce() -> miles_c10d::Result<T>) -> Result<T, RunError> {
+    /// Runs one collective, adding its wall time to `clock`.
+    fn clocked<T>(
+        &self,
+        clock: &Cell<f64>,
+        what: &str,
+        f: impl FnOnce() -> miles_c10d::Result<T>,
+    ) -> Result<T, RunError> {
         let t0 = Instant::now();
         let r = f();
-        self.collective_s.set(self.collective_s.get() + t0.elapsed().as_secs_f64());
+        clock.set(clock.get() + t0.elapsed().as_secs_f64());
         r.map_err(|e| self.err(what, e))
+    }
+
+    /// Runs one exchange, adding its wall time to `collective_s`.
+    fn timed<T>(&self, what: &str, f: impl FnOnce() -> miles_c10d::Result<T>) -> Result<T, RunError> {
+        self.clocked(&self.collective_s, what, f)
     }
 
     /// Seconds spent in collectives since the last call.
@@ -206,10 +213,7 @@ impl DataParallel {
     /// A barrier before an exchange: the time until the slowest rank arrives is `wait_s`, so the
     /// exchange after it times the bytes and the calls alone.
     fn arrive(&self, what: &str) -> Result<(), RunError> {
-        let t0 = Instant::now();
-        let r = self.pg.barrier();
-        self.wait_s.set(self.wait_s.get() + t0.elapsed().as_secs_f64());
-        r.map_err(|e| self.err(what, e))
+        self.clocked(&self.wait_s, what, || self.pg.barrier())
     }
 
     /// The gradients of `params` summed over the ranks (undefined ones count as zeros), as views
