@@ -312,18 +312,26 @@ pub(super) fn rule_dp(cx: &Ctx, f: &FieldValue) -> Option<String> {
     }
 }
 
-/// `embedded_trainer { dp_bucket, collective_timeout }`: settings of the ranks' collectives, so
-/// executed only where there are ranks (dp > 1, on worker processes); with one rank there is no
-/// collective for them to shape.
-pub(super) fn rule_dp_setting(cx: &Ctx, _: &FieldValue) -> Option<String> {
+/// `embedded_trainer { dp_bucket }`: the ranks' gradient buckets (see `dp_setting`).
+pub(super) fn rule_dp_bucket(cx: &Ctx, _: &FieldValue) -> Option<String> {
+    dp_setting(cx, "dp_bucket", "gradient buckets of the data-parallel ranks' all-reduce")
+}
+
+/// `embedded_trainer { collective_timeout }`: the ranks' deadline (see `dp_setting`).
+pub(super) fn rule_collective_timeout(cx: &Ctx, _: &FieldValue) -> Option<String> {
+    dp_setting(cx, "collective_timeout", "the deadline of the data-parallel ranks' collectives")
+}
+
+/// A setting of the data-parallel ranks' collectives (`what`), executed only where there are
+/// ranks: worker processes, dp > 1. With one rank there is no collective for it to shape.
+fn dp_setting(cx: &Ctx, field: &str, what: &str) -> Option<String> {
     if cx.target != Target::Workers {
-        return Some(
-            "a setting of the data-parallel ranks' collectives, and the ranks are worker processes: set a launcher and dp = 2 or more, or remove it"
-                .into(),
-        );
+        return Some(format!(
+            "{what}, which are worker processes: set a launcher and dp = 2 or more, or remove `{field}`"
+        ));
     }
     let dp = cx.record.and_then(|r| r.get("dp")).and_then(|v| v.as_i64()).unwrap_or(1);
-    (dp <= 1).then(|| "a setting of the data-parallel ranks' collectives, and with dp = 1 there are none: set dp = 2 or more, or remove it".into())
+    (dp <= 1).then(|| format!("{what}, and with dp = 1 there are none: set dp = 2 or more, or remove `{field}`"))
 }
 
 /// A `local` cluster's `device` (`cpu`, `cuda`, `auto`), if the recipe runs on one.
