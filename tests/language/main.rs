@@ -17,3 +17,4 @@ mod hf_plans;
 mod packages;
 mod plans;
 mod shape;
+mod sync_plans;

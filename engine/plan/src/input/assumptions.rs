@@ -47,14 +47,19 @@ pub struct Assumptions {
     pub link_efficiency: f64,
     /// Share of the GPU-host link an offload to host memory reaches (fitted to Miles §3.2).
     pub offload_link_efficiency: f64,
-    /// Weight sync: fixed cost of one broadcast bucket, s (fitted to Table 8; docs/plan.md).
-    pub bucket_latency_s: f64,
-    /// Weight sync: fixed cost per layer of a P2P or disk-delta update, s (fitted to Table 8).
-    pub p2p_layer_s: f64,
-    /// NCCL's ring step, bytes (NCCL_BUFFSIZE / NCCL_STEPS).
-    pub nccl_chunk_bytes: f64,
-    /// Latency of one NCCL ring hop beyond its chunk's transfer, s.
-    pub nccl_hop_latency_s: f64,
+    /// Weight sync (docs/plan.md, "Weight sync"; the constants below are fitted together to the
+    /// eight published layouts): share of a link's rate its transfers reach.
+    pub sync_link_efficiency: f64,
+    /// Broadcast: the trainer's work per bucket besides the gather's bytes, s.
+    pub bucket_prep_s: f64,
+    /// Broadcast: bytes by which each hop of NCCL's ring delays a bucket.
+    pub ring_step_bytes: f64,
+    /// P2P: rate of a trainer rank's loads into its CPU replica of an engine rank, bytes/s.
+    pub replica_bytes_per_s: f64,
+    /// P2P: fixed cost of one bucket's RDMA writes to one target rank, s.
+    pub rdma_write_latency_s: f64,
+    /// All-gather across nodes: a rank's cross-node bytes arrive at this many NICs' rate.
+    pub gather_nics: f64,
     /// Local NVMe bandwidth per node when the GPU spec gives none, bytes/s.
     pub disk_bandwidth: f64,
     /// Seconds of on-GPU requantisation after each weight update (Kimi K2's FP8 checkpoint
@@ -141,10 +146,12 @@ impl Default for Assumptions {
             decode_mfu: 0.40,
             link_efficiency: 0.80,
             offload_link_efficiency: crate::plan::OFFLOAD_LINK_EFFICIENCY,
-            bucket_latency_s: crate::time::BUCKET_LATENCY_S,
-            p2p_layer_s: crate::time::P2P_LAYER_S,
-            nccl_chunk_bytes: crate::time::NCCL_CHUNK_BYTES,
-            nccl_hop_latency_s: crate::time::NCCL_HOP_LATENCY_S,
+            sync_link_efficiency: crate::time::SYNC_LINK_EFFICIENCY,
+            bucket_prep_s: crate::time::BUCKET_PREP_S,
+            ring_step_bytes: crate::time::RING_STEP_BYTES,
+            replica_bytes_per_s: crate::time::REPLICA_BYTES_PER_S,
+            rdma_write_latency_s: crate::time::RDMA_WRITE_LATENCY_S,
+            gather_nics: crate::time::GATHER_NICS,
             disk_bandwidth: 25e9,
             requantize_s: 0.0,
             buffer_bytes_per_token: 9.0,

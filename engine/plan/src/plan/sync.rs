@@ -28,7 +28,6 @@ pub(super) fn plan_syncs(
         let hbm_bw = rollout_gpu.map_or(0.0, |g| g.hbm_bandwidth);
         let network_bw = rollout_gpu.map_or(t.network_bw, |g| g.network_bandwidth.min(t.network_bw));
         let scaleup_bw = rollout_gpu.map_or(t.scaleup_bw, |g| g.scaleup_bandwidth.min(t.scaleup_bw));
-        let domain = rollout_gpu.map_or(1, |g| g.scaleup_domain.max(1));
         // The ring stays on NVLink only when every trainer and rollout GPU is in one node.
         let nodes: Vec<u64> = [ti, ri]
             .into_iter()
@@ -51,13 +50,15 @@ pub(super) fn plan_syncs(
             .unwrap_or(a.requantize_s);
         let shape = SyncShape {
             bytes,
+            // The trainer gathers in its own precision before converting (the adapters as they are).
+            gather_bytes: if t.lora.is_some() { bytes } else { t.params * t.precision.bytes() },
+            routed_share: if t.lora.is_some() { 0.0 } else { t.routed_share },
             what: if t.lora.is_some() { "adapter weights" } else { "weights" },
-            layers: t.layers,
             bucket: s.bucket.value.max(1) as f64,
             train_gpus: t.gpus,
             train_pp: t.pp,
-            train_shards: t.shards,
-            gather_in_domain: t.shards <= domain.min(t.gpus_per_node.max(1)),
+            train_tp: t.tp,
+            train_ep: t.ep,
             engines: r.engines,
             gpus_per_engine: r.gpus_per_engine,
             one_domain,
@@ -66,11 +67,12 @@ pub(super) fn plan_syncs(
             gpus_per_node: t.gpus_per_node,
             disk_bw: t.disk_bw,
             hbm_bw,
-            link_efficiency: a.link_efficiency,
-            bucket_latency_s: a.bucket_latency_s,
-            p2p_layer_s: a.p2p_layer_s,
-            nccl_chunk_bytes: a.nccl_chunk_bytes,
-            nccl_hop_latency_s: a.nccl_hop_latency_s,
+            link_efficiency: a.sync_link_efficiency,
+            bucket_prep_s: a.bucket_prep_s,
+            ring_step_bytes: a.ring_step_bytes,
+            replica_bytes_per_s: a.replica_bytes_per_s,
+            rdma_write_latency_s: a.rdma_write_latency_s,
+            gather_nics: a.gather_nics,
             requantize_s: if t.lora.is_some() { 0.0 } else { requantize_s },
         };
         let colocated = input.placement.mode.value == PlacementMode::Colocated;

@@ -14,8 +14,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// How long an exited program's stdout may take to reach its end (a grandchild holding the pipe
-/// open must not hold the episode).
-const DRAIN: Duration = Duration::from_secs(2);
+/// open must not hold the episode). 2 s lost a failing program's stderr from its fault once, on
+/// a 2-core machine at load 11 (the reader thread had not run yet); 5 s costs only a program
+/// whose grandchild keeps the pipe open.
+const DRAIN: Duration = Duration::from_secs(5);
 
 /// Why a program's run gives no reward: the episode's end reason and what happened, with the
 /// stderr's last words.

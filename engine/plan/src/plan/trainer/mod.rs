@@ -31,7 +31,6 @@ pub(super) struct TrainFacts {
     pub(super) gpus: u64,
     pub(super) pp: u64,
     pub(super) params: f64,
-    pub(super) layers: u64,
     pub(super) precision: Precision,
     pub(super) step: Estimate,
     /// PPO: the critic's share of `step` (its values and value loss), 0 without a critic.
@@ -41,8 +40,11 @@ pub(super) struct TrainFacts {
     pub(super) offload_s: f64,
     pub(super) network_bw: f64,
     pub(super) scaleup_bw: f64,
-    /// TP x EP: the ways one layer is split (what a broadcast source gathers).
-    pub(super) shards: u64,
+    /// TP and EP: how one layer is split (what weight sync all-gathers first).
+    pub(super) tp: u64,
+    pub(super) ep: u64,
+    /// Share of the parameters in routed experts (gathered over EP).
+    pub(super) routed_share: f64,
     pub(super) gpus_per_node: u64,
     pub(super) disk_bw: f64,
     /// With LoRA, what a weight update moves: every adapter's parameters (the base is frozen).
@@ -144,7 +146,6 @@ pub(super) fn plan_trainer(
         gpus,
         pp: l.pp,
         params: m.params as f64,
-        layers: m.layers,
         precision: l.precision,
         step: step.step,
         critic_s: step.critic_s,
@@ -152,7 +153,9 @@ pub(super) fn plan_trainer(
         offload_s: offload_report.map_or(0.0, |o| o.per_step.seconds),
         network_bw: device.map_or(0.0, |g| g.network_bandwidth),
         scaleup_bw: device.map_or(0.0, |g| g.scaleup_bandwidth),
-        shards: l.tp.max(1) * l.ep.max(1),
+        tp: l.tp.max(1),
+        ep: l.ep.max(1),
+        routed_share: crate::model::div(crate::model::param_split(m).routed, m.params as f64),
         gpus_per_node: device.map_or(1, |g| g.gpus_per_node),
         disk_bw: cost.disk_bw,
         lora,
