@@ -29,7 +29,7 @@ const fn row(
     (tp, pp, ep): (u64, u64, u64),
     nodes: u64,
     engine_tp: u64,
-    (broadcast_s, p2p_s): (f64, f64),
+    (broadcast_ms, p2p_ms): (f64, f64),
 ) -> Row {
     Row {
         name,
@@ -43,27 +43,27 @@ const fn row(
         nodes,
         engine_tp,
         requantize_s: 0.0,
-        broadcast_s,
-        p2p_s,
+        broadcast_s: broadcast_ms / 1e3,
+        p2p_s: p2p_ms / 1e3,
     }
 }
 
-/// The eight rows. Routed shares are estimates from the models' configs (experts' MLPs over all
+/// The eight rows, in milliseconds as published. Routed shares are estimates from the models' configs (experts' MLPs over all
 /// parameters); Kimi K2 runs its FP8 checkpoint (64 x 64 blocks: one FP32 scale per 4,096
 /// weights) from a BF16 trainer, with ~0.884 s of requantisation (Miles Tab. 8's note).
 fn published() -> Vec<Row> {
     vec![
-        row("GLM-Z1-9B", 9.4e9, 0.0, (2, 1, 1), 1, 4, (694.6e-3, 707.1e-3)),
-        row("Moonlight-16B-A3B", 16e9, 0.9, (2, 1, 8), 1, 8, (1.482, 1.0733)),
-        row("GLM-4.7-Flash", 30e9, 0.9, (4, 1, 8), 1, 4, (2.5086, 4.229)),
-        row("Qwen3-30B-A3B", 30.5e9, 0.9, (4, 1, 8), 2, 8, (2.670, 2.1602)),
-        row("GLM-4.5-Air", 106e9, 0.9, (1, 4, 8), 4, 8, (5.0011, 2.6372)),
-        row("Qwen3-235B-A22B", 235e9, 0.95, (4, 4, 16), 8, 32, (10.7536, 3.162)),
-        row("GLM-5", 744e9, 0.95, (4, 8, 16), 16, 64, (58.3015, 8.4797)),
+        row("GLM-Z1-9B", 9.4e9, 0.0, (2, 1, 1), 1, 4, (694.6, 707.1)),
+        row("Moonlight-16B-A3B", 16e9, 0.9, (2, 1, 8), 1, 8, (1482.0, 1073.3)),
+        row("GLM-4.7-Flash", 30e9, 0.9, (4, 1, 8), 1, 4, (2508.6, 4229.0)),
+        row("Qwen3-30B-A3B", 30.5e9, 0.9, (4, 1, 8), 2, 8, (2670.0, 2160.2)),
+        row("GLM-4.5-Air", 106e9, 0.9, (1, 4, 8), 4, 8, (5001.1, 2637.2)),
+        row("Qwen3-235B-A22B", 235e9, 0.95, (4, 4, 16), 8, 32, (10753.6, 3162.0)),
+        row("GLM-5", 744e9, 0.95, (4, 8, 16), 16, 64, (58301.5, 8479.7)),
         Row {
             engine_bytes: 1.0 + 4.0 / 4096.0,
             requantize_s: 0.884,
-            ..row("Kimi-K2", 1.04e12, 0.97, (8, 8, 32), 32, 32, (53.2791, 7.2273))
+            ..row("Kimi-K2", 1.04e12, 0.97, (8, 8, 32), 32, 32, (53279.1, 7227.3))
         },
     ]
 }
