@@ -273,7 +273,11 @@ fn glm5_reference_does_not_fit_with_optimizer_on_gpu() {
 fn explicit_and_automatic_gpu_placement() {
     // Errors and warnings (the reference run's note on its rollout, E0412, is not about placement).
     let codes = |p: &miles_plan::Plan| {
-        p.diagnostics.iter().filter(|d| d.severity != miles_grammar::diag::Severity::Note).map(|d| d.code.as_str()).collect::<Vec<_>>()
+        p.diagnostics
+            .iter()
+            .filter(|d| d.severity != miles_grammar::diag::Severity::Note)
+            .map(|d| d.code.as_str())
+            .collect::<Vec<_>>()
     };
     let p = plan("recipes/glm5-agentic.miles", &[("rollout.engine.first_gpu", "32"), ("train.backend.first_gpu", "0")]);
     assert!(codes(&p).is_empty(), "{}", miles_plan::render_text(&p));
@@ -477,7 +481,11 @@ fn a_throttled_rollout_is_named_with_its_fix() {
     let p = plan(file, &[]);
     assert_eq!((p.summary.errors, p.summary.warnings, p.summary.notes), (0, 0, 1));
     let note = p.diagnostics.iter().find(|d| d.code == miles_grammar::diag::ErrorCode::E0412).expect("E0412");
-    assert!(note.message.contains("held back by max_concurrent = 64 over 4 engines: 16 of 176 KV slots"), "{}", note.message);
+    assert!(
+        note.message.contains("held back by max_concurrent = 64 over 4 engines: 16 of 176 KV slots"),
+        "{}",
+        note.message
+    );
     let src = std::fs::read_to_string(file).unwrap();
     let at = note.primary.as_ref().expect("a span").span.range();
     assert_eq!(&src[at.clone()][..11], "fully_async", "{:?}", &src[at]);

@@ -270,7 +270,10 @@ fn diagnostic(t: &ThrottleReport, p: &Plan, span: Option<Span>) -> Diagnostic {
     if let Some(sp) = span {
         d = d.with_primary(
             sp,
-            format!("{} sequences per engine where the KV cache holds {}", t.in_flight_per_engine, t.kv_sequences_per_engine),
+            format!(
+                "{} sequences per engine where the KV cache holds {}",
+                t.in_flight_per_engine, t.kv_sequences_per_engine
+            ),
         );
     }
     if let Some(f) = &t.fix {

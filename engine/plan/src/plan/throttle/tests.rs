@@ -74,7 +74,8 @@ fn the_schedule_throttle_is_named_and_its_fix_is_a_plan_of_the_changed_value() {
     assert_eq!(d.severity, Severity::Note);
     assert_eq!((p.summary.warnings, p.summary.notes), (0, 1));
     assert!(
-        d.message.contains("held back by max_concurrent = 64 over 4 engines: 16 of ") && d.message.contains(" KV slots per engine in use"),
+        d.message.contains("held back by max_concurrent = 64 over 4 engines: 16 of ")
+            && d.message.contains(" KV slots per engine in use"),
         "{}",
         d.message
     );
