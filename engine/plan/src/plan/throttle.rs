@@ -55,10 +55,8 @@ fn throttle(input: &PlanInput, p: &Plan) -> Option<(ThrottleReport, Option<Span>
     let (limit, value, span) = match (e.max_concurrent, schedule_mc) {
         (Some(m), _) if m.value < share => (Limit::Engine, m.value, m.span),
         (_, Some(m)) => (Limit::Schedule, m.value, m.span.or(input.schedule.mode.span)),
-        _ => {
-            let rb = input.batch.rollout_batch;
-            (Limit::Batch, b.rollout_batch, rb.and_then(|x| x.span).or(input.schedule.mode.span))
-        }
+        // The train stage's `rollout_batch` where the recipe sets it, else the rollout stage.
+        _ => (Limit::Batch, b.rollout_batch, input.batch.rollout_batch.and_then(|x| x.span)),
     };
     let report = ThrottleReport {
         limit: match limit {
