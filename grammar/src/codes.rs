@@ -338,6 +338,18 @@ GPUs, no memory and no time. Plan its GPUs yourself, or run the model behind a r
 engine computes in bf16 (`precision = bf16`), and this CPU has neither AVX512-BF16 nor AMX. \
 libtorch then emulates bf16 GEMMs, which run slower than fp32 ones, so bf16 only costs \
 accuracy here. Set `precision = fp32`, or run on a CPU with bf16 instructions (docs/precision.md).";
+    E0412: "rollout throttled below its KV cache",
+        "A note from `miles plan`: the step waits for the rollout, and the rollout's \
+engines decode fewer sequences than their KV caches hold because the recipe holds them back: \
+fully_async's `max_concurrent` (samples in flight across the fleet, spread over the engines), \
+the engine's own `max_concurrent`, or a rollout batch smaller than the engines' slots (sync, \
+one_step_off). Decoding is bound by reading the weights, so a fuller batch costs little more per \
+step and yields more tokens. The note names the binding setting and the value to set, priced by \
+planning the recipe again with it: enough to fill the KV slots, or less where more would not \
+shorten the step (training, or a compute-bound decode, then sets it). Under fully_async more \
+samples in flight also means more of them span a weight update (max_staleness still bounds \
+what trains); a larger rollout batch trains in more optimizer steps per rollout \
+(docs/plan.md, \"A throttled rollout\").";
     // ---- E05xx: running and data ----------------------------------------------------------
     E0501: "task data file not found",
         "A task reads prompts from a JSONL file that does not exist or cannot be \

@@ -271,7 +271,14 @@ fn glm5_reference_does_not_fit_with_optimizer_on_gpu() {
 /// ranges are plan errors (E0403); without `gpus` an engine takes what the trainer leaves.
 #[test]
 fn explicit_and_automatic_gpu_placement() {
-    let codes = |p: &miles_plan::Plan| p.diagnostics.iter().map(|d| d.code.as_str()).collect::<Vec<_>>();
+    // Errors and warnings (the reference run's note on its rollout, E0412, is not about placement).
+    let codes = |p: &miles_plan::Plan| {
+        p.diagnostics
+            .iter()
+            .filter(|d| d.severity != miles_grammar::diag::Severity::Note)
+            .map(|d| d.code.as_str())
+            .collect::<Vec<_>>()
+    };
     let p = plan("recipes/glm5-agentic.miles", &[("rollout.engine.first_gpu", "32"), ("train.backend.first_gpu", "0")]);
     assert!(codes(&p).is_empty(), "{}", miles_plan::render_text(&p));
     assert!(miles_plan::render_text(&p).contains("GPUs 32-63"));
@@ -460,4 +467,53 @@ fn an_fsdp_rank_over_memory_is_offered_recompute_first() {
     assert_eq!((act(&full) as f64 / 1e8).round() / 10.0, 4.8);
     let train_s = |p: &miles_plan::Plan| p.step.as_ref().map_or(0.0, |s| s.train_s);
     assert!(train_s(&full) > train_s(&p) * 1.1, "recomputation costs a forward: {} vs {}", train_s(&full), train_s(&p));
+}
+
+/// Issue #38's newcomer (tests/plans/qwen3-8b-fully-async.miles): Qwen3-8B GRPO on two nodes of 8
+/// H100, four TP2 engines, FSDP on the other node, fully_async with the default 64 samples in
+/// flight. The engines decode 16 sequences each where their KV caches hold 176, and the step
+/// waits for the rollout: the plan says so (E0412, a note at the schedule, since the recipe does
+/// not set `max_concurrent`) and offers the value that shortens the step, priced by planning the
+/// recipe again with it, in the text, the JSON and the HTML.
+#[test]
+fn a_throttled_rollout_is_named_with_its_fix() {
+    let file = "tests/plans/qwen3-8b-fully-async.miles";
+    let p = plan(file, &[]);
+    assert_eq!((p.summary.errors, p.summary.warnings, p.summary.notes), (0, 0, 1));
+    let note = p.diagnostics.iter().find(|d| d.code == miles_grammar::diag::ErrorCode::E0412).expect("E0412");
+    assert!(
+        note.message.contains("held back by max_concurrent = 64 over 4 engines: 16 of 176 KV slots"),
+        "{}",
+        note.message
+    );
+    let src = std::fs::read_to_string(file).unwrap();
+    let at = note.primary.as_ref().expect("a span").span.range();
+    assert_eq!(&src[at.clone()][..11], "fully_async", "{:?}", &src[at]);
+    let text = miles_plan::render_text(&p);
+    insta::assert_snapshot!("qwen3_8b_fully_async.txt", text);
+    let json = miles_plan::render_json(&p);
+    assert!(json.contains("\"throttle\": {") && json.contains("\"limit\": \"max_concurrent\""), "{json}");
+    let html = miles_plan::render_html(&p);
+    assert!(html.contains("rollout held back</th>") && html.contains("fix: max_concurrent = "), "{html}");
+    // Set as the fix says, the step is the fix's and no note is left (the same plan, not a guess).
+    let f = p.rollouts[0].throttle.as_ref().and_then(|t| t.fix.as_ref()).expect("a fix");
+    let mc = f.settings[0].value.to_string();
+    let fixed = plan(file, &[("schedule", &format!("fully_async {{ max_concurrent = {mc} }}"))]);
+    assert_eq!(fixed.step.as_ref().unwrap().step.seconds, f.step_s_after);
+    assert_eq!(fixed.summary.notes, 0, "{}", miles_plan::render_text(&fixed));
+    // Set in the recipe, the note points at the field.
+    let set = plan(file, &[("schedule", "fully_async { max_concurrent = 64 }")]);
+    let note = set.diagnostics.iter().find(|d| d.code == miles_grammar::diag::ErrorCode::E0412).expect("E0412");
+    assert!(note.primary.is_some());
+}
+
+/// The newcomer's FSDP variant whose rank does not fit (two FSDP GPUs): E0401 offers activation
+/// checkpointing first, with the activations before and after.
+#[test]
+fn the_newcomers_fsdp_rank_over_memory_is_offered_recompute_first() {
+    let p = plan("tests/plans/qwen3-8b-fully-async.miles", &[("train.backend", "fsdp { gpus = 2 }")]);
+    let e = p.diagnostics.iter().find(|d| d.code == miles_grammar::diag::ErrorCode::E0401).expect("E0401");
+    let help = e.help.as_deref().unwrap_or_default();
+    assert!(help.starts_with("fixes: `recompute = full`: activations 25.9 GB -> 4.8 GB"), "{help}");
+    insta::assert_snapshot!("qwen3_8b_fully_async_fsdp2.txt", miles_plan::render_text(&p));
 }

@@ -30,7 +30,7 @@ table{border-collapse:collapse}td,th{padding:3px 12px 3px 0;text-align:left;vert
 td.n{text-align:right;font-variant-numeric:tabular-nums}.sym{font-family:ui-monospace,monospace;font-weight:700}\
 .err{color:#b91c1c}.warn{color:#b45309}.ok{color:#15803d}.legend span{display:inline-block;margin-right:14px}\
 .sw{display:inline-block;width:12px;height:12px;border-radius:2px;vertical-align:-1px;margin-right:5px}\
-.diag{border-left:4px solid #b91c1c;padding:6px 10px;margin:6px 0;background:#fff}.diag.w{border-color:#d97706}\
+.diag{border-left:4px solid #b91c1c;padding:6px 10px;margin:6px 0;background:#fff}.diag.w{border-color:#d97706}.diag.n{border-color:#2563eb}\
 .help{color:#4b5563;font-size:13px;margin-top:4px}.summary{font-weight:600;font-size:15px;margin-top:24px}\
 code{font-family:ui-monospace,monospace;font-size:12.5px}";
 
@@ -77,7 +77,8 @@ pub fn render_html(p: &Plan) -> String {
         for d in &p.diagnostics {
             let (c, w) = match d.severity {
                 Severity::Error => ("error", ""),
-                _ => ("warning", " w"),
+                Severity::Warning => ("warning", " w"),
+                Severity::Note => ("note", " n"),
             };
             let _ = write!(o, "<div class=\"diag{w}\"><b>{c}[{}]</b>: {}", d.code, esc(&d.message));
             if let Some(h) = &d.help {
@@ -405,6 +406,19 @@ fn estimates(o: &mut String, p: &Plan) {
             r.sequences_per_engine,
             count(r.tokens_per_s.per_s as u64)
         );
+        if let Some(t) = &r.throttle {
+            let fix = t.fix.as_ref().map(|f| {
+                let cost = f.cost.as_ref().map(|c| format!("; {c}")).unwrap_or_default();
+                format!("<br>fix: {}{cost}", esc(&crate::plan::throttle::fix_line(f)))
+            });
+            let _ = write!(
+                o,
+                "<tr><th>{} held back</th><td>the step waits for it: {}{}</td></tr>",
+                esc(&r.stage),
+                esc(&crate::plan::throttle::limit_line(t)),
+                fix.unwrap_or_default()
+            );
+        }
     }
     for s in &p.syncs {
         let alts: Vec<String> =

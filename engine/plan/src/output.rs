@@ -292,6 +292,57 @@ pub struct RolloutReport {
     pub tokens_per_s: Rate,
     /// Wall time to generate one rollout batch.
     pub rollout_time: Option<Estimate>,
+    /// The step waits for this rollout while the recipe keeps its engines below their KV caches
+    /// (E0412; docs/plan.md, "A throttled rollout").
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub throttle: Option<ThrottleReport>,
+}
+
+/// The setting that holds a rollout's engines below the sequences their KV caches hold, while
+/// the step waits for the rollout, and what raising it would give.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ThrottleReport {
+    /// The binding setting as the recipe writes it: `max_concurrent` (fully_async's, samples in
+    /// flight across the fleet), `engine.max_concurrent` (per engine) or `rollout_batch`.
+    pub limit: String,
+    pub value: u64,
+    pub engines: u64,
+    /// Sequences an engine decodes together under it.
+    pub in_flight_per_engine: u64,
+    /// Sequences an engine's KV cache holds.
+    pub kv_sequences_per_engine: u64,
+    /// The value to set, priced by planning the recipe again with it; `None` when no value
+    /// shortens the step by 5% or more.
+    pub fix: Option<ThrottleFix>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ThrottleFix {
+    /// Each field to set and its value (`max_concurrent = 152`, and the engine's own
+    /// `max_concurrent` when it would bind next).
+    pub settings: Vec<Setting>,
+    pub in_flight_per_engine: u64,
+    /// Samples per rollout step after the fix over before (more than 1 when the rollout batch grows).
+    pub samples_factor: u64,
+    pub rollout_s: f64,
+    pub rollout_s_after: f64,
+    pub step_s: f64,
+    pub step_s_after: f64,
+    /// Seconds per optimizer step before and after (the step over its optimizer steps).
+    pub per_optimizer_step_s: f64,
+    pub per_optimizer_step_s_after: f64,
+    /// Why not more: the KV slots are filled, or training (or a compute-bound decode) would then
+    /// set the step.
+    pub bound: String,
+    /// What the change costs besides GPUs' time (staleness under fully_async).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cost: Option<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Setting {
+    pub field: String,
+    pub value: u64,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -544,6 +595,13 @@ pub struct Summary {
     pub idle_gpus: u64,
     pub errors: usize,
     pub warnings: usize,
+    /// Advice that is neither an error nor a warning (E0412).
+    #[serde(skip_serializing_if = "is_zero_count")]
+    pub notes: usize,
+}
+
+fn is_zero_count(x: &usize) -> bool {
+    *x == 0
 }
 
 /// A diffusion RL recipe on the embedded backend (docs/plan.md, "Diffusion RL").

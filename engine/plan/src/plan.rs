@@ -26,6 +26,7 @@ mod rollout;
 mod step;
 mod sync;
 mod teacher;
+pub(crate) mod throttle;
 mod trainer;
 
 /// One pool with its place in the GPU and node numbering.
@@ -98,6 +99,14 @@ impl<'a> Ctx<'a> {
 
 /// Runs the planner. Never panics; problems are in `Plan::diagnostics`.
 pub fn plan(input: &PlanInput) -> Plan {
+    let mut p = plan_once(input);
+    // Advice that plans the recipe again with a changed value (E0412).
+    throttle::advise(input, &mut p);
+    p
+}
+
+/// One plan of `input`, without the advice that re-plans it.
+fn plan_once(input: &PlanInput) -> Plan {
     let (pools, total_gpus, nodes, early) = number_pools(input);
     let mut cx = Ctx { input, pools, total_gpus, diags: early, gpu: None };
 
@@ -147,7 +156,7 @@ pub fn plan(input: &PlanInput) -> Plan {
     let idle_gpus = gpu_map.iter().filter(|s| s.stages.is_empty()).map(|s| s.last - s.first + 1).sum::<u64>();
     let errors = cx.errors();
     let diagnostics = std::mem::take(&mut cx.diags);
-    let warnings = diagnostics.len() - errors;
+    let warnings = diagnostics.iter().filter(|d| d.severity == miles_grammar::diag::Severity::Warning).count();
     Plan {
         format_version: FORMAT_VERSION,
         recipe: input.recipe.clone(),
@@ -160,6 +169,7 @@ pub fn plan(input: &PlanInput) -> Plan {
             idle_gpus,
             errors,
             warnings,
+            notes: 0,
         },
         stages,
         gpu_map,

@@ -7,6 +7,7 @@ pub(crate) mod models;
 
 use crate::input::{PlacementMode, Role, ScheduleMode};
 use crate::output::*;
+use crate::plan::throttle;
 use crate::units::{count, gb, gb_fixed, secs, secs_fine};
 use miles_grammar::diag::Severity;
 use std::fmt::Write;
@@ -58,14 +59,19 @@ pub(crate) fn cluster_line(p: &Plan) -> String {
 pub fn summary_line(p: &Plan) -> String {
     let s = &p.summary;
     format!(
-        "Plan: {} stages on {} GPUs ({}); {} error{}, {} warning{}.",
+        "Plan: {} stages on {} GPUs ({}); {} error{}, {} warning{}{}.",
         s.stages,
         s.gpus,
         role_counts(p),
         s.errors,
         if s.errors == 1 { "" } else { "s" },
         s.warnings,
-        if s.warnings == 1 { "" } else { "s" }
+        if s.warnings == 1 { "" } else { "s" },
+        match s.notes {
+            0 => String::new(),
+            1 => ", 1 note".into(),
+            n => format!(", {n} notes"),
+        }
     )
 }
 
@@ -221,6 +227,15 @@ fn rollout_section(o: &mut String, p: &Plan) {
             );
             if let Some(t) = &r.rollout_time {
                 let _ = writeln!(o, "    est. {} per rollout batch", secs(t.seconds));
+            }
+            if let Some(t) = &r.throttle {
+                let _ = writeln!(o, "    the step waits for it, held back by {}", throttle::limit_line(t));
+                if let Some(f) = &t.fix {
+                    let _ = writeln!(o, "    fix: {}", throttle::fix_line(f));
+                    if let Some(c) = &f.cost {
+                        let _ = writeln!(o, "      {c}");
+                    }
+                }
             }
         }
     }

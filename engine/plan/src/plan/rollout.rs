@@ -52,6 +52,7 @@ pub(super) fn plan_engine(
         decode_batch: decode.batch,
         tokens_per_s: decode.tokens_per_s,
         rollout_time,
+        throttle: None,
     })
 }
 
