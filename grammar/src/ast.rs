@@ -147,9 +147,69 @@ pub struct Check {
     /// `warn` instead of `check`: a failure is a warning, not an error.
     pub warn: bool,
     pub expr: Expr,
-    pub message: Option<StrLit>,
-    pub help: Option<StrLit>,
+    /// `at FIELD`: the field the rule blames when it fails (a name or a dotted path, read where
+    /// the rule is); the diagnostic points where the recipe set it.
+    pub at: Option<Expr>,
+    pub message: Option<Text>,
+    pub help: Option<Text>,
     pub span: Span,
+}
+
+impl Check {
+    /// The rule's expression, its `at` field and the expressions its texts interpolate.
+    pub fn exprs(&self) -> impl Iterator<Item = &Expr> {
+        let texts = self.message.iter().chain(self.help.iter()).flat_map(Text::exprs);
+        std::iter::once(&self.expr).chain(self.at.iter()).chain(texts)
+    }
+}
+
+/// A check's `else` or `help` text: a string literal whose `\(expr)` parts are replaced by the
+/// expressions' values when the rule fails.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Text {
+    pub parts: Vec<TextPart>,
+    pub span: Span,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub enum TextPart {
+    Lit(String),
+    /// `\(expr)`, with the expression's source text as written.
+    Expr {
+        expr: Expr,
+        src: String,
+    },
+}
+
+impl Text {
+    /// A text with no interpolation.
+    pub fn plain(value: String, span: Span) -> Text {
+        Text { parts: vec![TextPart::Lit(value)], span }
+    }
+
+    /// The text as written, each interpolation as `\(source)`.
+    pub fn source(&self) -> String {
+        let mut out = String::new();
+        for p in &self.parts {
+            match p {
+                TextPart::Lit(s) => out.push_str(s),
+                TextPart::Expr { src, .. } => {
+                    out.push_str("\\(");
+                    out.push_str(src);
+                    out.push(')');
+                }
+            }
+        }
+        out
+    }
+
+    /// The interpolated expressions, in order.
+    pub fn exprs(&self) -> impl Iterator<Item = &Expr> {
+        self.parts.iter().filter_map(|p| match p {
+            TextPart::Expr { expr, .. } => Some(expr),
+            TextPart::Lit(_) => None,
+        })
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize)]

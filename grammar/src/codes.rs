@@ -248,7 +248,8 @@ rank, alpha or target modules that differ from the recipe's are check failures (
     E0301: "check failed",
         "A `check` rule evaluated to false. Checks live in the standard library and \
 in your own modules; the diagnostic names the rule and where it is defined, and shows the \
-values of the fields it relates.";
+values of the fields it relates. A rule that names the field it blames (`at tp`) points where the \
+recipe set that field, and its help proposes the values that would pass (`choose tp among 1, 2, 4, 8`).";
     E0309: "rule warning",
         "A `warn` rule evaluated to false. Like a `check`, but the recipe is still \
 valid: the rule points at something likely to cost time or memory (uneven pipeline stages, a \

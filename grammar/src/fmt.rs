@@ -18,7 +18,7 @@
 
 use crate::ast::*;
 use crate::diag::{Diagnostic, FileId};
-use inline::{inline, quote};
+use inline::{inline, quote, quote_text};
 
 mod inline;
 
@@ -533,11 +533,14 @@ impl<'s> Printer<'s> {
         self.out.push_str(if c.warn { "warn " } else { "check " });
         self.expr(&c.expr);
         let mut tail = Vec::new();
+        if let Some(at) = &c.at {
+            tail.push(format!("at {}", inline(self.src, at)));
+        }
         if let Some(m) = &c.message {
-            tail.push(format!("else {}", quote(&m.value)));
+            tail.push(format!("else {}", quote_text(m)));
         }
         if let Some(h) = &c.help {
-            tail.push(format!("help {}", quote(&h.value)));
+            tail.push(format!("help {}", quote_text(h)));
         }
         let one = tail.iter().map(|t| t.len() + 1).sum::<usize>();
         if self.column() + one <= WIDTH {

@@ -26,7 +26,7 @@ pub const KEYWORDS: &[&str] = &[
 
 /// Contextual keywords: they mean something in one place and stay usable as names elsewhere
 /// (`model = ...` is a field).
-pub const CONTEXTUAL_KEYWORDS: &[&str] = &["model", "cluster", "recipe", "extends", "on", "as", "warn", "help"];
+pub const CONTEXTUAL_KEYWORDS: &[&str] = &["model", "cluster", "recipe", "extends", "on", "as", "at", "warn", "help"];
 
 /// The words that begin a top-level item.
 pub const ITEM_KEYWORDS: &[&str] =

@@ -35,6 +35,17 @@ impl Shift {
         self.span(&mut s.span);
     }
 
+    fn text(self, t: &mut Text) {
+        let Text { parts, span } = t;
+        for p in parts {
+            match p {
+                TextPart::Lit(_) => {}
+                TextPart::Expr { expr, src: _ } => self.expr(expr),
+            }
+        }
+        self.span(span);
+    }
+
     fn path(self, p: &mut Path) {
         let Path { segments, span } = p;
         segments.iter_mut().for_each(|s| self.ident(s));
@@ -63,10 +74,11 @@ impl Shift {
     }
 
     fn check(self, c: &mut Check) {
-        let Check { doc, warn: _, expr, message, help, span } = c;
+        let Check { doc, warn: _, expr, at, message, help, span } = c;
         self.doc(doc);
         self.expr(expr);
-        message.iter_mut().chain(help.iter_mut()).for_each(|s| self.str_lit(s));
+        at.iter_mut().for_each(|e| self.expr(e));
+        message.iter_mut().chain(help.iter_mut()).for_each(|t| self.text(t));
         self.span(span);
     }
 
@@ -113,7 +125,7 @@ impl Shift {
     }
 
     /// Iterative: an operator chain is as deep as it is long.
-    fn expr(self, e: &mut Expr) {
+    pub(crate) fn expr(self, e: &mut Expr) {
         let mut stack = vec![e];
         while let Some(e) = stack.pop() {
             self.own_spans(e);

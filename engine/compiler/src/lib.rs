@@ -287,11 +287,12 @@ fn parse_house_rules(program: &mut Program, diags: &mut Vec<Diagnostic>) -> Vec<
         let (expr, ds) = miles_grammar::parse_expr(file, &rule.check);
         diags.extend(ds);
         let Some(expr) = expr else { continue };
-        let lit = |t: Option<String>| t.map(|value| ast::StrLit { value, span: whole });
+        let lit = |t: Option<String>| t.map(|value| ast::Text::plain(value, whole));
         let check = ast::Check {
             doc: None,
             warn: rule.warn,
             expr,
+            at: None,
             message: lit(rule.message),
             help: lit(rule.help),
             span: whole,

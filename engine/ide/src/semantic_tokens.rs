@@ -152,6 +152,13 @@ fn is_contextual_keyword(text: &str, start: usize, word: &str) -> bool {
         "as" => text[line_start..start].trim_start().starts_with("import "),
         "help" => text[line_start..start].contains('"') || at_line_start,
         "warn" => at_line_start,
+        // A check's `at FIELD`, not a field named `at` (`at = 3`, `at: Int`).
+        "at" => {
+            let line = text[line_start..start].trim_start();
+            let next = text[start + 2..].trim_start_matches([' ', '\t']).chars().next();
+            (at_line_start || line.starts_with("check ") || line.starts_with("warn "))
+                && !matches!(next, Some('=' | ':' | '\n') | None)
+        }
         _ => false,
     }
 }

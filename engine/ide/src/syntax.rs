@@ -15,7 +15,7 @@ pub fn walk_item_exprs<'a>(item: &'a Item, f: &mut impl FnMut(&'a Expr)) {
             }
         }
         for c in checks {
-            walk_expr(&c.expr, f);
+            c.exprs().for_each(|e| walk_expr(e, f));
         }
     };
     match &item.kind {
@@ -28,7 +28,7 @@ pub fn walk_item_exprs<'a>(item: &'a Item, f: &mut impl FnMut(&'a Expr)) {
                 walk_expr(&b.value, f);
             }
             for c in &r.checks {
-                walk_expr(&c.expr, f);
+                c.exprs().for_each(|e| walk_expr(e, f));
             }
         }
         _ => {}

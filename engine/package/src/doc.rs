@@ -53,7 +53,7 @@ fn checks(text: &str, cs: &[Check]) -> Vec<[String; 4]> {
             [
                 if c.warn { "warn" } else { "check" }.to_string(),
                 slice(text, c.expr.span),
-                c.message.as_ref().map(|m| m.value.clone()).unwrap_or_default(),
+                c.message.as_ref().map(|m| m.source()).unwrap_or_default(),
                 doc(&c.doc),
             ]
         })

@@ -3,6 +3,26 @@
 
 use crate::ast::*;
 
+/// A check's text as a string literal, its interpolations as written.
+pub(super) fn quote_text(t: &Text) -> String {
+    let mut out = String::from("\"");
+    for p in &t.parts {
+        match p {
+            TextPart::Lit(s) => {
+                let q = quote(s);
+                out.push_str(&q[1..q.len() - 1]);
+            }
+            TextPart::Expr { src, .. } => {
+                out.push_str("\\(");
+                out.push_str(src);
+                out.push(')');
+            }
+        }
+    }
+    out.push('"');
+    out
+}
+
 /// A string literal for `s`, escaped so that the parser reads `s` back.
 pub(super) fn quote(s: &str) -> String {
     let mut out = String::with_capacity(s.len() + 2);

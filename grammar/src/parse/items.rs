@@ -2,8 +2,9 @@
 
 use super::{Builder, ListKind, Rule};
 use crate::ast::*;
-use crate::diag::Span;
-use crate::lex::unescape;
+use crate::codes::ErrorCode;
+use crate::diag::{Diagnostic, Span};
+use crate::shift::Shift;
 use pest::iterators::Pair;
 
 impl Builder<'_> {
@@ -284,6 +285,7 @@ impl Builder<'_> {
         let span = self.span(&p);
         let (doc, rest) = self.split_docs(p);
         let mut expr = Expr { kind: ExprKind::Error, span };
+        let mut at = None;
         let mut message = None;
         let mut help = None;
         let mut last = Rule::kw_check;
@@ -293,18 +295,76 @@ impl Builder<'_> {
                 Rule::kw_warn => warn = true,
                 Rule::kw_else | Rule::kw_help => last = r.as_rule(),
                 Rule::expr => expr = self.expr(r),
+                Rule::path => at = Some(path_as_expr(self.path(r))),
                 Rule::string => {
-                    let lit = StrLit { value: unescape(r.as_str()), span: self.span(&r) };
+                    let text = self.text(&r);
                     if last == Rule::kw_help {
-                        help = Some(lit);
+                        help = Some(text);
                     } else {
-                        message = Some(lit);
+                        message = Some(text);
                     }
                 }
                 _ => {}
             }
         }
-        Check { doc, warn, expr, message, help, span }
+        Check { doc, warn, expr, at, message, help, span }
+    }
+
+    /// A check's `else` or `help` string: its text with each `\(expr)` parsed as an expression
+    /// (one without string literals: the string ends at the first `"`).
+    fn text(&mut self, r: &Pair<'_, Rule>) -> Text {
+        let span = self.span(r);
+        let lit = r.as_str();
+        let inner = lit.strip_prefix('"').and_then(|s| s.strip_suffix('"')).unwrap_or(lit);
+        let base = r.as_span().start() + 1;
+        let mut parts = Vec::new();
+        let mut buf = String::new();
+        let mut chars = inner.char_indices().peekable();
+        while let Some((i, c)) = chars.next() {
+            if c != '\\' {
+                buf.push(c);
+                continue;
+            }
+            match chars.next() {
+                Some((_, '(')) => {
+                    let open = i + 2;
+                    let Some(close) = closing_paren(inner, open) else {
+                        self.diags.push(
+                            Diagnostic::error(ErrorCode::E0001, "`\\(` opens an interpolation that is never closed")
+                                .with_primary(Span::new(self.file, base + i, base + open), "no `)` closes this")
+                                .with_help("close it with `)`, or write `(` without the backslash"),
+                        );
+                        buf.push('(');
+                        continue;
+                    };
+                    let src = &inner[open..close];
+                    let (e, diags) = crate::parse_expr(self.file, src);
+                    let shift = Shift { file: self.file, by: (base + open) as u32 };
+                    for mut d in diags {
+                        shift.diagnostic(&mut d);
+                        self.diags.push(d);
+                    }
+                    if let Some(mut e) = e {
+                        shift.expr(&mut e);
+                        if !buf.is_empty() {
+                            parts.push(TextPart::Lit(std::mem::take(&mut buf)));
+                        }
+                        parts.push(TextPart::Expr { expr: e, src: src.trim().to_string() });
+                    }
+                    while chars.peek().is_some_and(|(j, _)| *j <= close) {
+                        chars.next();
+                    }
+                }
+                Some((_, 'n')) => buf.push('\n'),
+                Some((_, 't')) => buf.push('\t'),
+                Some((_, other)) => buf.push(other),
+                None => {}
+            }
+        }
+        if !buf.is_empty() || parts.is_empty() {
+            parts.push(TextPart::Lit(buf));
+        }
+        Text { parts, span }
     }
 
     pub(super) fn path(&self, p: Pair<'_, Rule>) -> Path {
@@ -345,5 +405,73 @@ impl Builder<'_> {
         } else {
             base
         }
+    }
+}
+
+/// `tp`, `engine.tp`: a path as the expression that reads it.
+fn path_as_expr(p: Path) -> Expr {
+    let span = p.span;
+    let mut segs = p.segments.into_iter();
+    let Some(first) = segs.next() else { return Expr { kind: ExprKind::Error, span } };
+    let mut e = Expr { span: first.span, kind: ExprKind::Name(first) };
+    for s in segs {
+        let sp = e.span.to(s.span);
+        e = Expr { kind: ExprKind::Field(Box::new(e), s), span: sp };
+    }
+    e
+}
+
+/// The index of the `)` that closes the parenthesis opened just before `from`, if any.
+fn closing_paren(s: &str, from: usize) -> Option<usize> {
+    let mut depth = 0usize;
+    for (i, c) in s[from..].char_indices() {
+        match c {
+            '(' => depth += 1,
+            ')' if depth == 0 => return Some(from + i),
+            ')' => depth -= 1,
+            _ => {}
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::ast::*;
+    use crate::diag::FileId;
+
+    fn check_of(src: &str) -> (Check, Vec<String>) {
+        let (file, diags) = crate::parse(FileId(0), src);
+        let ItemKind::Stage(s) = &file.items[0].kind else { panic!("a stage") };
+        (s.checks[0].clone(), diags.iter().map(|d| d.message.clone()).collect())
+    }
+
+    #[test]
+    fn at_names_a_field_and_texts_interpolate() {
+        let src = "stage s(p: Policy) -> Trajectories {\n    tp: Int = 3\n    check 32 % tp == 0\n        at engine.tp\n        else \"tp = \\(tp) does not divide \\(32)\"\n        help \"choose tp among \\(divisors(32, (8)))\\nor \\\"not\\\" \\\\(this)\"\n}\n";
+        let (c, diags) = check_of(src);
+        assert!(diags.is_empty(), "{diags:?}");
+        let Some(Expr { kind: ExprKind::Field(base, field), span }) = &c.at else { panic!("{:?}", c.at) };
+        assert!(matches!(&base.kind, ExprKind::Name(n) if n.name == "engine") && field.name == "tp");
+        assert_eq!(&src[span.start as usize..span.end as usize], "engine.tp");
+        let m = c.message.as_ref().unwrap();
+        let exprs: Vec<_> = m.exprs().map(|e| &src[e.span.start as usize..e.span.end as usize]).collect();
+        assert_eq!(exprs, ["tp", "32"]);
+        assert_eq!(m.source(), "tp = \\(tp) does not divide \\(32)");
+        let h = c.help.as_ref().unwrap();
+        assert_eq!(
+            h.exprs().map(|e| &src[e.span.start as usize..e.span.end as usize]).collect::<Vec<_>>(),
+            ["divisors(32, (8))"]
+        );
+        // `\\(` is an escaped backslash followed by a plain `(`: no interpolation.
+        assert!(matches!(h.parts.last(), Some(TextPart::Lit(s)) if s == "\nor \"not\" \\(this)"));
+        assert_eq!(c.exprs().count(), 5);
+    }
+
+    #[test]
+    fn an_unclosed_interpolation_is_an_error() {
+        let (c, diags) = check_of("stage s(p: Policy) -> Trajectories {\n    check true else \"a \\(b\"\n}\n");
+        assert_eq!(diags, ["`\\(` opens an interpolation that is never closed"]);
+        assert!(matches!(&c.message.unwrap().parts[..], [TextPart::Lit(s)] if s == "a (b"));
     }
 }

@@ -13,6 +13,8 @@ pub enum Builtin {
     Len,
     Ceil,
     Floor,
+    Divisors,
+    Gcd,
     ModelOf,
     Has,
     Exists,
@@ -26,12 +28,14 @@ pub enum Builtin {
 
 impl Builtin {
     /// Every builtin, in the order they are listed to users.
-    pub const ALL: [Builtin; 14] = [
+    pub const ALL: [Builtin; 16] = [
         Builtin::Min,
         Builtin::Max,
         Builtin::Len,
         Builtin::Ceil,
         Builtin::Floor,
+        Builtin::Divisors,
+        Builtin::Gcd,
         Builtin::ModelOf,
         Builtin::Has,
         Builtin::Exists,
@@ -64,6 +68,8 @@ impl Builtin {
             Builtin::Len => "len",
             Builtin::Ceil => "ceil",
             Builtin::Floor => "floor",
+            Builtin::Divisors => "divisors",
+            Builtin::Gcd => "gcd",
             Builtin::ModelOf => "model_of",
             Builtin::Has => "has",
             Builtin::Exists => "exists",
@@ -84,6 +90,8 @@ impl Builtin {
             Builtin::Len => "len(x)",
             Builtin::Ceil => "ceil(x)",
             Builtin::Floor => "floor(x)",
+            Builtin::Divisors => "divisors(n, ...)",
+            Builtin::Gcd => "gcd(n, ...)",
             Builtin::ModelOf => "model_of(stage)",
             Builtin::Has => "has(record, \"field\")",
             Builtin::Exists => "exists(path)",
@@ -104,6 +112,11 @@ impl Builtin {
             Builtin::Len => "length of a list, map or string",
             Builtin::Ceil => "the smallest integer not below x",
             Builtin::Floor => "the largest integer not above x",
+            Builtin::Divisors => {
+                "the positive integers that divide every argument, in increasing order: the values a rule's help \
+                 can propose (`divisors(32, 8)` is [1, 2, 4, 8])"
+            }
+            Builtin::Gcd => "the greatest integer that divides every argument (`gcd(32, 12)` is 4)",
             Builtin::ModelOf => "the model a stage runs, found upstream",
             Builtin::Has => "whether the record has the field",
             Builtin::Exists => "whether the file or directory is there (paths relative to where `miles` runs)",
@@ -203,6 +216,35 @@ impl<'p> Eval<'p> {
                     }
                 }
             }
+            Builtin::Divisors | Builtin::Gcd => {
+                if args.is_empty() {
+                    return self.arity_err(b, "one or more positive integers", args.len(), span);
+                }
+                let mut ns = Vec::with_capacity(args.len());
+                for (v, sp) in &args {
+                    match v {
+                        Value::Num { q, .. } if q.to_i128().is_some_and(|n| n > 0 && n <= MAX_DIVIDEND) => {
+                            ns.extend(q.to_i128())
+                        }
+                        other => {
+                            self.report(
+                                Diagnostic::error(
+                                    ErrorCode::E0201,
+                                    format!("`{name}` needs positive integers up to 10^12, found {other}"),
+                                )
+                                .with_primary(*sp, "here"),
+                            );
+                            return None;
+                        }
+                    }
+                }
+                let g = ns.iter().fold(0i128, |a, &b| gcd(a, b));
+                Some(if b == Builtin::Gcd {
+                    Value::int(g)
+                } else {
+                    Value::List(divisors(g).into_iter().map(Value::int).collect())
+                })
+            }
             Builtin::Has => {
                 if args.len() != 2 {
                     return self.arity_err(b, "two arguments (a record and a field name)", args.len(), span);
@@ -241,6 +283,34 @@ impl<'p> Eval<'p> {
             }
         }
     }
+}
+
+/// The largest number `divisors` factors (a million trial divisions at most).
+const MAX_DIVIDEND: i128 = 1_000_000_000_000;
+
+fn gcd(a: i128, b: i128) -> i128 {
+    if b == 0 {
+        a
+    } else {
+        gcd(b, a % b)
+    }
+}
+
+/// The divisors of `n` > 0, in increasing order (trial division up to its square root).
+fn divisors(n: i128) -> Vec<i128> {
+    let (mut low, mut high) = (Vec::new(), Vec::new());
+    let mut d = 1;
+    while d * d <= n {
+        if n % d == 0 {
+            low.push(d);
+            if d * d != n {
+                high.push(n / d);
+            }
+        }
+        d += 1;
+    }
+    low.extend(high.into_iter().rev());
+    low
 }
 
 impl Eval<'_> {
@@ -603,6 +673,15 @@ mod tests {
         }
         assert_eq!(Builtin::from_name("sum"), None);
         assert_eq!(Builtin::from_name("read_json"), Some(Builtin::ReadJson));
+    }
+
+    #[test]
+    fn divisors_in_order_and_gcd() {
+        assert_eq!(divisors(1), vec![1]);
+        assert_eq!(divisors(32), vec![1, 2, 4, 8, 16, 32]);
+        assert_eq!(divisors(36), vec![1, 2, 3, 4, 6, 9, 12, 18, 36]);
+        assert_eq!(divisors(13), vec![1, 13]);
+        assert_eq!((gcd(32, 12), gcd(0, 7), gcd(8, 8)), (4, 7, 8));
     }
 
     /// The layouts of the runtime's `shards.rs` tests, counted by name through a `FileSystem`.

@@ -37,14 +37,30 @@ impl<'p> Eval<'p> {
         match v {
             Some(Value::Bool(true)) => true,
             Some(Value::Bool(false)) => {
-                let message =
-                    check.message.as_ref().map(|m| m.value.clone()).unwrap_or_else(|| "check failed".to_string());
+                let message = check
+                    .message
+                    .as_ref()
+                    .map(|m| self.render_text(m, env))
+                    .filter(|m| !m.is_empty())
+                    .unwrap_or_else(|| "check failed".to_string());
                 let shown = self.explain_values(&check.expr, env);
+                // `at FIELD`: the diagnostic points where the recipe set the field it blames,
+                // and names the stage or record the rule belongs to beside it.
+                let blamed = check.at.as_ref().and_then(|at| self.set_span(at, env)).filter(|sp| *sp != primary);
+                let (at, what) =
+                    if check.warn { ("this rule warns here", "warns") } else { ("this check fails here", "fails") };
                 let mut d = if check.warn {
-                    Diagnostic::warning(ErrorCode::E0309, message).with_primary(primary, "this rule warns here")
+                    Diagnostic::warning(ErrorCode::E0309, message)
                 } else {
-                    Diagnostic::error(ErrorCode::E0301, message).with_primary(primary, "this check fails here")
+                    Diagnostic::error(ErrorCode::E0301, message)
                 };
+                d = match blamed {
+                    Some(sp) => {
+                        d.with_primary(sp, at).with_secondary(primary, format!("the rule that {what} is on this"))
+                    }
+                    None => d.with_primary(primary, at),
+                };
+                let primary = blamed.unwrap_or(primary);
                 for (sp, msg) in labels {
                     d = d.with_secondary(*sp, msg.clone());
                 }
@@ -57,11 +73,11 @@ impl<'p> Eval<'p> {
                 if !shown.0.is_empty() {
                     help.push_str(&format!("values: {}", shown.0.join(", ")));
                 }
-                if let Some(h) = &check.help {
+                if let Some(h) = check.help.as_ref().map(|h| self.render_text(h, env)).filter(|h| !h.is_empty()) {
                     if !help.is_empty() {
                         help.push('\n');
                     }
-                    help.push_str(&h.value);
+                    help.push_str(&h);
                 }
                 if !help.is_empty() {
                     d = d.with_help(help);
@@ -82,6 +98,38 @@ impl<'p> Eval<'p> {
             }
             None => false,
         }
+    }
+
+    /// A failing rule's `else` or `help` text with its `\\(expr)` parts replaced by their values,
+    /// read where the rule is. A line holding an interpolation that is `none` (or cannot be
+    /// read) is left out: a rule proposes a value only where there is one.
+    fn render_text(&mut self, t: &ast::Text, env: Env) -> String {
+        let mut lines: Vec<String> = Vec::new();
+        let mut line = String::new();
+        let mut drop = false;
+        for p in &t.parts {
+            match p {
+                ast::TextPart::Lit(s) => {
+                    let mut pieces = s.split('\n');
+                    line.push_str(pieces.next().unwrap_or(""));
+                    for piece in pieces {
+                        if !std::mem::take(&mut drop) {
+                            lines.push(std::mem::take(&mut line));
+                        }
+                        line = piece.to_string();
+                    }
+                }
+                ast::TextPart::Expr { expr, .. } => match self.quiet_eval(expr, env) {
+                    Some(Value::None) | None => drop = true,
+                    Some(v) => line.push_str(&prose(&v)),
+                },
+            }
+        }
+        if !drop {
+            lines.push(line);
+        }
+        lines.retain(|l| !l.trim().is_empty());
+        lines.join("\n")
     }
 
     pub(super) fn quiet_eval(&mut self, e: &Expr, env: Env) -> Option<Value> {
@@ -152,7 +200,13 @@ impl<'p> Eval<'p> {
                         let j = *r.by_name.get(&n)?;
                         return r.instances[j].provided.get(&field.name).map(|x| x.0.span);
                     }
-                    return None;
+                    if target.is_some() {
+                        return None;
+                    }
+                    // Not a port: a field of this stage holding a record (`engine.tp`), where
+                    // the recipe set it.
+                    let Some(Value::Record(rec)) = self.quiet_eval(base, env) else { return None };
+                    return rec.fields.get(&field.name).filter(|fv| !fv.defaulted).map(|fv| fv.span);
                 }
                 // `model_of(policy).max_len`: where the record's field was set, or, for a
                 // default, the record itself (the model the recipe wrote).
@@ -170,6 +224,15 @@ impl<'p> Eval<'p> {
         }
         let cons = self.eval(c, env, None)?;
         self.contains(&cons, v, c.span)
+    }
+}
+
+/// A value written into prose: a string without quotes, a list as its items separated by commas.
+fn prose(v: &Value) -> String {
+    match v {
+        Value::Str(s) => s.clone(),
+        Value::List(items) => items.iter().map(prose).collect::<Vec<_>>().join(", "),
+        other => other.to_string(),
     }
 }
 
