@@ -42,6 +42,7 @@ pub(crate) struct SyncShape {
     pub train_gpus: u64,
     /// Pipeline stages: each has its own source (broadcast) or sources (P2P).
     pub train_pp: u64,
+    /// Ways a dense tensor is split (TP; FSDP's data-parallel ranks) and the EP group.
     pub train_tp: u64,
     pub train_ep: u64,
     pub engines: u64,
@@ -166,7 +167,7 @@ pub(crate) fn broadcast(s: &SyncShape) -> Estimate {
                 buckets * fill
             ),
             format!(
-                "per bucket the head rank gathers {} TP x {} EP shards and prepares it: {:.1} ms",
+                "per bucket the head rank gathers {} x {} shards (TP or FSDP x EP) and prepares it: {:.1} ms",
                 s.train_tp.max(1),
                 s.train_ep.max(1),
                 prep * 1e3

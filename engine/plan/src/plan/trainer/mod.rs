@@ -40,7 +40,8 @@ pub(super) struct TrainFacts {
     pub(super) offload_s: f64,
     pub(super) network_bw: f64,
     pub(super) scaleup_bw: f64,
-    /// TP and EP: how one layer is split (what weight sync all-gathers first).
+    /// TP and EP: how one layer is split (what weight sync all-gathers first). FSDP shards every
+    /// parameter over its data-parallel ranks, so there the gather spans them (as TP's would).
     pub(super) tp: u64,
     pub(super) ep: u64,
     /// Share of the parameters in routed experts (gathered over EP).
@@ -153,7 +154,7 @@ pub(super) fn plan_trainer(
         offload_s: offload_report.map_or(0.0, |o| o.per_step.seconds),
         network_bw: device.map_or(0.0, |g| g.network_bandwidth),
         scaleup_bw: device.map_or(0.0, |g| g.scaleup_bandwidth),
-        tp: l.tp.max(1),
+        tp: if l.backend == Backend::Fsdp { l.dp.max(1) } else { l.tp.max(1) },
         ep: l.ep.max(1),
         routed_share: crate::model::div(crate::model::param_split(m).routed, m.params as f64),
         gpus_per_node: device.map_or(1, |g| g.gpus_per_node),
