@@ -72,6 +72,7 @@ pub fn render_html(p: &Plan) -> String {
         let _ = write!(o, "</div>");
     }
     estimates(&mut o, p);
+    evidence(&mut o, p);
     if !p.diagnostics.is_empty() {
         let _ = write!(o, "<h2>Diagnostics</h2>");
         for d in &p.diagnostics {
@@ -388,6 +389,17 @@ fn memory_bars(o: &mut String, p: &Plan) {
         }
         let _ = write!(o, "</div>");
     }
+}
+
+/// Every estimate with what it rests on, and the count per kind (docs/plan.md, "Evidence").
+fn evidence(o: &mut String, p: &Plan) {
+    let Some(summary) = crate::evidence::summary(p) else { return };
+    let _ = write!(o, "<h2>Evidence</h2><div class=\"card\"><table>");
+    for (kind, source, names) in crate::render::evidence_groups(p) {
+        let _ =
+            write!(o, "<tr><th>{}</th><td><b>{}</b>: {}</td></tr>", kind.label(), esc(&names.join(", ")), esc(&source));
+    }
+    let _ = write!(o, "<tr><th>in all</th><td>{}</td></tr></table></div>", esc(&summary));
 }
 
 fn estimates(o: &mut String, p: &Plan) {

@@ -5,6 +5,7 @@
 //! [`plan`] turns that into a [`Plan`]; `render_text`, `render_json` and `render_html` print it.
 //! Every formula is in docs/plan.md.
 
+pub mod evidence;
 #[doc(hidden)]
 pub mod fixtures;
 pub mod from_recipe;
@@ -17,6 +18,7 @@ mod render;
 pub mod time;
 mod units;
 
+pub use evidence::{Evidence, EvidenceKind};
 pub use from_recipe::plan_input;
 pub use html::render_html;
 pub use input::*;

@@ -1,5 +1,6 @@
 //! The plan: plain data, serialised as the JSON form of `miles plan --json`.
 
+use crate::evidence::Evidence;
 use crate::input::{Graph, PlacementMode, Role, ScheduleMode, Transport, WeightChannel};
 use miles_grammar::diag::Diagnostic;
 use serde::{Deserialize, Serialize};
@@ -259,17 +260,20 @@ pub struct OffloadReport {
     pub per_step: Estimate,
 }
 
+/// A time with the assumptions it used and how far it can be trusted.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Estimate {
     pub seconds: f64,
     pub assumptions: Vec<String>,
+    pub evidence: Evidence,
 }
 
-/// A rate estimate (tokens per second) with the assumptions it used.
+/// A rate estimate (tokens per second) with the assumptions it used and its evidence.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Rate {
     pub per_s: f64,
     pub assumptions: Vec<String>,
+    pub evidence: Evidence,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize)]

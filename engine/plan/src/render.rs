@@ -2,6 +2,8 @@
 //! symbol, then memory, the GPU map, weight sync, time, batch arithmetic, diagnostics and a
 //! summary line.
 
+mod evidence;
+pub(crate) use evidence::groups as evidence_groups;
 mod memory;
 pub(crate) mod models;
 
@@ -138,6 +140,7 @@ pub fn render_sections(p: &Plan) -> String {
     }
     batch_section(&mut o, p);
     episodes_section(&mut o, p);
+    evidence::evidence_section(&mut o, p);
     o
 }
 
@@ -183,14 +186,15 @@ fn stage_lines(o: &mut String, p: &Plan) {
             s.alternatives.iter().map(|a| format!("{} {}", a.transport.as_str(), secs(a.seconds))).collect();
         let _ = writeln!(
             o,
-            "  ~ {:w_name$}  weights {} -> {}, {}, {} buckets  est. {} per update{}",
+            "  ~ {:w_name$}  weights {} -> {}, {}, {} buckets  est. {} per update{} {}",
             s.name,
             s.from,
             s.to,
             s.how(),
             gb(s.bucket),
             secs(s.estimate.seconds),
-            if alts.is_empty() { String::new() } else { format!(" ({})", alts.join(", ")) }
+            if alts.is_empty() { String::new() } else { format!(" ({})", alts.join(", ")) },
+            s.estimate.evidence.tag()
         );
     }
     if let Some(st) = &p.step {
@@ -221,12 +225,13 @@ fn rollout_section(o: &mut String, p: &Plan) {
             );
             let _ = writeln!(
                 o,
-                "    est. {} tokens/s at {} concurrent per engine",
+                "    est. {} tokens/s at {} concurrent per engine {}",
                 count(r.tokens_per_s.per_s as u64),
-                r.decode_batch
+                r.decode_batch,
+                r.tokens_per_s.evidence.tag()
             );
             if let Some(t) = &r.rollout_time {
-                let _ = writeln!(o, "    est. {} per rollout batch", secs(t.seconds));
+                let _ = writeln!(o, "    est. {} per rollout batch {}", secs(t.seconds), t.evidence.tag());
             }
             if let Some(t) = &r.throttle {
                 let _ = writeln!(o, "    the step waits for it, held back by {}", throttle::limit_line(t));
@@ -279,14 +284,15 @@ fn sync_section(o: &mut String, p: &Plan) {
         for s in &p.syncs {
             let _ = writeln!(
                 o,
-                "  {}: {} of {} {} -> {} by {}: est. {}",
+                "  {}: {} of {} {} -> {} by {}: est. {} {}",
                 s.name,
                 gb(s.bytes),
                 if s.lora { "adapters" } else { "weights" },
                 s.from,
                 s.to,
                 s.how(),
-                secs(s.estimate.seconds)
+                secs(s.estimate.seconds),
+                s.estimate.evidence.tag()
             );
             for a in &s.estimate.assumptions {
                 let _ = writeln!(o, "    - {a}");
@@ -378,14 +384,15 @@ fn step_section(o: &mut String, p: &Plan, st: &StepReport) {
     let _ = writeln!(o, "  sync      {:>8}", secs(st.sync_s));
     let _ = writeln!(
         o,
-        "  step      {:>8}  {}{}",
+        "  step      {:>8}  {}{} {}",
         secs(st.step.seconds),
         st.mode.as_str(),
         if st.mode == ScheduleMode::Sync {
             format!(" (overlapped: {})", secs(st.async_step_s))
         } else {
             format!(" (synchronous: {})", secs(st.sync_step_s))
-        }
+        },
+        st.step.evidence.tag()
     );
     if let Some(l) = &p.lengths {
         let _ = writeln!(o, "  lengths   {}", lengths_line(l));

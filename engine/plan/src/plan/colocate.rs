@@ -3,6 +3,7 @@
 //! reloads the other (Miles §3.2), which this module prices.
 
 use super::Ctx;
+use crate::evidence::{sources, Evidence};
 use crate::input::*;
 use crate::model::div;
 use crate::output::*;
@@ -96,8 +97,7 @@ pub(super) fn plan_colocation(cx: &Ctx, memory: &[MemoryReport]) -> Option<Coloc
                     on,
                     sw.reload_efficiency * 100.0
                 ),
-            ],
-        },
+            ], evidence: Evidence::fitted(sources::OFFLOAD) },
         share_of_step: None,
     })
 }

@@ -5,6 +5,7 @@
 //! to the others after). Here: the ranks' share of the micro-batches and what they exchange. The
 //! compute of a rank is `embedded::train_step`'s, its memory `trainer/memory.rs`'s.
 
+use crate::evidence::{sources, Evidence};
 use crate::input::*;
 use crate::model::div;
 use crate::output::{DataParallelReport, Estimate};
@@ -89,7 +90,7 @@ pub(super) fn exchange(
         all_reduce_s,
         broadcast_bytes: broadcast_bytes as u64,
         broadcast_s,
-        collective: Estimate { seconds, assumptions },
+        collective: Estimate { seconds, assumptions, evidence: Evidence::measured(sources::COLLECTIVE) },
         collective_s: seconds * steps_per_rollout as f64,
     }
 }

@@ -8,6 +8,7 @@
 //! a host-side launch per op, plus a logits read-back per sampled token.
 
 use super::gpu::{self, Gpu};
+use crate::evidence::{sources, Evidence};
 use crate::input::*;
 use crate::model::{self, div};
 use crate::output::{DataParallelReport, Estimate};
@@ -24,6 +25,14 @@ pub(super) enum On<'a> {
 impl<'a> On<'a> {
     pub(super) fn of(cx: &'a super::Ctx) -> On<'a> {
         cx.gpu.as_ref().map_or(On::Cpu, On::Gpu)
+    }
+
+    /// What the rates of this place rest on: measured on the CPU, assumed on a GPU.
+    pub(super) fn evidence(self) -> Evidence {
+        match self {
+            On::Cpu => Evidence::measured(sources::CPU_RATES),
+            On::Gpu(_) => Evidence::assumed(sources::GPU_RATES),
+        }
     }
 }
 
@@ -309,7 +318,12 @@ pub(super) fn train_step(
         notes.extend(x.collective.assumptions.iter().cloned());
     }
     super::lengths::note_into(lengths, &mut notes);
-    (Estimate { seconds, assumptions: notes }, critic_s, teacher_s, exchange)
+    let compute = on.evidence();
+    let evidence = match &exchange {
+        Some(x) => Evidence::weakest([("compute", &compute), ("collectives", &x.collective.evidence)]),
+        None => compute,
+    };
+    (Estimate { seconds, assumptions: notes, evidence }, critic_s, teacher_s, exchange)
 }
 
 /// Generating one rollout batch in the embedded engine: each prompt prefilled once, then one
@@ -417,7 +431,7 @@ pub(super) fn rollout(
         ));
     }
     super::lengths::note_into(lengths.as_ref(), &mut assumptions);
-    Some(Estimate { seconds, assumptions })
+    Some(Estimate { seconds, assumptions, evidence: on.evidence() })
 }
 
 /// The local handoff in the embedded process: each tensor of the update (the weights, or the
@@ -451,8 +465,7 @@ pub(super) fn sync(
             tensors,
             bw / 1e9,
             kernel_s * 1e6
-        )],
-    }
+        )], evidence: on.evidence() }
 }
 
 #[cfg(test)]

@@ -6,6 +6,7 @@ use super::lengths::{self, Lengths};
 use super::placement::Placed;
 use super::trainer::{peak_flops, tp_domain_warning};
 use super::Ctx;
+use crate::evidence::{sources, Evidence};
 use crate::input::*;
 use crate::model::{self, div};
 use crate::output::*;
@@ -325,8 +326,7 @@ impl Decode {
                     if compute_bound { "compute-bound" } else { "bandwidth-bound" }
                 ),
                 format!("{:.1} ms per step, {:.0} tokens/s per engine x {} engines", step_s * 1e3, engine_tps, engines),
-            ],
-        };
+            ], evidence: Evidence::assumed(sources::DECODE) };
         Decode { batch: decode_batch, step_s, fleet_tps, tokens_per_s }
     }
 }
@@ -450,6 +450,7 @@ fn rollout_time(
                     }
                 ),
             ],
+            evidence: Evidence::assumed(sources::DECODE),
         };
         lengths::note_into(lengths, &mut est.assumptions);
         est

@@ -3,6 +3,7 @@
 
 use super::trainer::TrainFacts;
 use super::Ctx;
+use crate::evidence::{sources, Evidence};
 use crate::input::*;
 use crate::model;
 use crate::output::*;
@@ -45,6 +46,25 @@ pub(super) fn plan_step(
         if colocated { sync_step_s } else { rollout_s.max(train_s + offload_s).max(teacher_stage_s) + sync_s };
     let mode = cx.input.schedule.mode.value;
     let seconds = if mode == ScheduleMode::Sync { sync_step_s } else { async_step_s };
+    // The step is as strong as the weakest part it adds.
+    let teacher = Evidence::assumed(sources::TRAIN_MFU);
+    let sync_evidence = match (syncs.first(), cpu) {
+        (Some(s), _) => Some(&s.estimate.evidence),
+        (None, Some(c)) if !cx.input.syncs.is_empty() => Some(&c.sync.evidence),
+        _ => None,
+    };
+    let evidence = Evidence::weakest(
+        [
+            Some(("rollout", &rollout.evidence)),
+            Some(("train step", &t.step.evidence)),
+            sync_evidence.map(|e| ("sync", e)),
+            t.offload_evidence.as_ref().map(|e| ("optimizer offload", e)),
+            colocation.filter(|_| switch_s > 0.0).map(|c| ("eviction", &c.switch.evidence)),
+            (teacher_stage_s > 0.0).then_some(("teacher stage", &teacher)),
+        ]
+        .into_iter()
+        .flatten(),
+    );
     Some(StepReport {
         mode,
         rollout_s,
@@ -88,6 +108,7 @@ pub(super) fn plan_step(
                 rollout.chain(sync).collect::<Vec<_>>()
             }))
             .collect(),
+            evidence,
         },
         data_parallel: t.data_parallel.clone(),
     })

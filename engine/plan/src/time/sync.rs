@@ -3,6 +3,7 @@
 //! the hardware catalog's bandwidths; five constants of the mechanism are fitted, once, to the
 //! eight published layouts of the Miles/SGLang P2P measurements (`tests::published`), none per row.
 
+use crate::evidence::{sources, Evidence};
 use crate::model::div;
 use crate::output::Estimate;
 use crate::units::{bytes_fixed, gb_fixed, gbs};
@@ -177,6 +178,7 @@ pub(crate) fn broadcast(s: &SyncShape) -> Estimate {
         .into_iter()
         .chain(requantize_note(s))
         .collect(),
+        evidence: Evidence::fitted(sources::SYNC),
     }
 }
 
@@ -237,8 +239,7 @@ pub(crate) fn p2p(s: &SyncShape) -> Estimate {
         ]
         .into_iter()
         .chain(requantize_note(s))
-        .collect(),
-    }
+        .collect(), evidence: Evidence::fitted(sources::SYNC) }
 }
 
 /// Disk delta: trainer nodes write a delta (assumed as large as the weights: RL touches every
@@ -269,6 +270,7 @@ pub(crate) fn disk_delta(s: &SyncShape) -> Estimate {
         .into_iter()
         .chain(requantize_note(s))
         .collect(),
+        evidence: Evidence::fitted(sources::SYNC),
     }
 }
 
@@ -284,6 +286,7 @@ pub(crate) fn local(s: &SyncShape) -> Estimate {
             format!("{} per GPU copied in HBM (read + write)", bytes_fixed(per_gpu)),
             format!("{} buckets x {:.1} ms (the broadcast's per-bucket preparation)", buckets, s.bucket_prep_s * 1e3),
         ],
+        evidence: Evidence::fitted(sources::SYNC),
     }
 }
 

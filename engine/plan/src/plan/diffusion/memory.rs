@@ -1,6 +1,7 @@
 //! The diffusion process's memory, item by item, and the weight syncs it prices.
 
 use super::*;
+use crate::evidence::Evidence;
 
 /// Memory of the one process, item by item, checked against the host's (E0401).
 pub(super) fn plan_memory(
@@ -168,6 +169,7 @@ pub(super) fn weight_syncs(input: &PlanInput, m: &DenoiserSpec) -> Vec<SyncRepor
                 assumptions: vec![
                     "the diffusion run samples from the trained denoiser itself (run.rs): nothing is copied".into(),
                 ],
+                evidence: Evidence::derived("nothing moves"),
             },
             alternatives: Vec::new(),
         })

@@ -9,6 +9,7 @@
 
 use super::embedded::{self, ADAM_BYTES_PER_PARAM, ADAM_KERNELS_PER_TENSOR, LOSS_KERNELS};
 use super::Ctx;
+use crate::evidence::{sources, Evidence};
 use crate::input::*;
 use crate::output::*;
 use crate::time::{self, work_seconds, Work};
@@ -123,7 +124,11 @@ pub(super) fn plan_diffusion(cx: &mut Ctx, d: &Diffusion, memory: &mut Vec<Memor
         ),
         "one libtorch thread for denoising and training (a recipe cannot set threads, so the plan assumes 1)".into(),
     ];
-    let train_step = train.clone().unwrap_or(Estimate { seconds: 0.0, assumptions: Vec::new() });
+    let train_step = train.clone().unwrap_or(Estimate {
+        seconds: 0.0,
+        assumptions: Vec::new(),
+        evidence: Evidence::derived("no training"),
+    });
     let step = StepReport {
         mode: input.schedule.mode.value,
         rollout_s,
@@ -138,7 +143,7 @@ pub(super) fn plan_diffusion(cx: &mut Ctx, d: &Diffusion, memory: &mut Vec<Memor
         switch_s: 0.0,
         sync_step_s: step_s,
         async_step_s: step_s,
-        step: Estimate { seconds: step_s, assumptions: notes },
+        step: Estimate { seconds: step_s, assumptions: notes, evidence: Evidence::measured(sources::CPU_RATES) },
         data_parallel: None,
     };
     let report = DiffusionReport {

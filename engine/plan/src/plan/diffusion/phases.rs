@@ -2,6 +2,7 @@
 //! training, evaluation, pretraining and the classifiers' training.
 
 use super::*;
+use crate::evidence::{sources, Evidence};
 
 /// step's estimate and one micro-group's seconds.
 pub(super) fn denoise_time(d: &Diffusion, sh: &Shape, r: &time::Rate) -> (Estimate, f64) {
@@ -45,8 +46,7 @@ pub(super) fn denoise_time(d: &Diffusion, sh: &Shape, r: &time::Rate) -> (Estima
                 ms(d_s)
             ),
             embedded::rate_note(r),
-        ],
-    };
+        ], evidence: Evidence::measured(sources::CPU_RATES) };
     (denoise, d_s)
 }
 
@@ -89,7 +89,7 @@ pub(super) fn reward_time(
                 host.cpus
             ));
         }
-        (Estimate { seconds: per * n as f64, assumptions: notes }, per)
+        (Estimate { seconds: per * n as f64, assumptions: notes, evidence: Evidence::measured(sources::CPU_RATES) }, per)
     })
 }
 
@@ -124,8 +124,7 @@ pub(super) fn train_time(d: &Diffusion, sh: &Shape, r: &time::Rate) -> Option<Es
                 ),
                 format!("{}; one trained step's graph {:.2} MB", work_note(&w, "per RL step"), graph.bytes / 1e6),
                 embedded::rate_note(r),
-            ],
-        }
+            ], evidence: Evidence::measured(sources::CPU_RATES) }
     })
 }
 
@@ -154,8 +153,7 @@ pub(super) fn eval_time(d: &Diffusion, sh: &Shape, r: &time::Rate) -> Option<Est
                     e.every
                 ),
                 format!("{}; the grid SVG and the checkpoint write not counted", work_note(&w, "per evaluation")),
-            ],
-        }
+            ], evidence: Evidence::measured(sources::CPU_RATES) }
     })
 }
 
@@ -172,8 +170,7 @@ pub(super) fn pretrain_time(d: &Diffusion, r: &time::Rate) -> Option<Estimate> {
                     p.steps, p.batch
                 ),
                 work_note(&w, "in all"),
-            ],
-        }
+            ], evidence: Evidence::measured(sources::CPU_RATES) }
     })
 }
 
@@ -199,7 +196,6 @@ pub(super) fn classifiers_time(d: &Diffusion, r: &time::Rate, cls_params: u64) -
                     }
                 ),
                 work_note(&w, "in all"),
-            ],
-        }
+            ], evidence: Evidence::measured(sources::CPU_RATES) }
     })
 }

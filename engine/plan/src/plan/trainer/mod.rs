@@ -38,6 +38,8 @@ pub(super) struct TrainFacts {
     /// OPD: the teacher's forward's share of `step`, 0 without a teacher.
     pub(super) teacher_s: f64,
     pub(super) offload_s: f64,
+    /// What `offload_s` rests on (none without offload).
+    pub(super) offload_evidence: Option<crate::evidence::Evidence>,
     pub(super) network_bw: f64,
     pub(super) scaleup_bw: f64,
     /// TP and EP: how one layer is split (what weight sync all-gathers first). FSDP shards every
@@ -151,7 +153,8 @@ pub(super) fn plan_trainer(
         step: step.step,
         critic_s: step.critic_s,
         teacher_s: step.teacher_s,
-        offload_s: offload_report.map_or(0.0, |o| o.per_step.seconds),
+        offload_s: offload_report.as_ref().map_or(0.0, |o| o.per_step.seconds),
+        offload_evidence: offload_report.map(|o| o.per_step.evidence.clone()),
         network_bw: device.map_or(0.0, |g| g.network_bandwidth),
         scaleup_bw: device.map_or(0.0, |g| g.scaleup_bandwidth),
         tp: if l.backend == Backend::Fsdp { l.dp.max(1) } else { l.tp.max(1) },

@@ -3,6 +3,7 @@
 //! memory of a node cannot hold it).
 
 use super::memory::TrainMem;
+use crate::evidence::{sources, Evidence};
 use crate::input::*;
 use crate::model::{self, div};
 use crate::output::*;
@@ -49,6 +50,7 @@ impl OffloadCost {
                 ),
                 "transfers not overlapped with compute (upper bound)".into(),
             ],
+            evidence: Evidence::assumed(sources::DISK),
         }
     }
 
@@ -64,6 +66,7 @@ impl OffloadCost {
                 format!("FP32 gradients down and updated weights up: {} per GPU per step", gb_fixed(bytes)),
                 format!("GPU-host link {:.0} GB/s x {:.0}%; CPU Adam time not counted", host_link / 1e9, eff * 100.0),
             ],
+            evidence: Evidence::fitted(sources::OFFLOAD),
         }
     }
 }

@@ -4,6 +4,7 @@
 
 use super::memory::Rank;
 use super::{peak_flops, CpuSide};
+use crate::evidence::{sources, Evidence};
 use crate::input::*;
 use crate::model::{self, div};
 use crate::output::*;
@@ -150,8 +151,7 @@ fn gpu_step(a: &Assumptions, m: &ModelSpec, rank: &Rank, peak: f64, gpus: u64, l
                 teacher_s
             )
         }))
-        .collect(),
-    };
+        .collect(), evidence: Evidence::assumed(sources::TRAIN_MFU) };
     lengths::note_into(lengths, &mut step.assumptions);
     Step { step, critic_s, teacher_s, cpu: None, data_parallel: None }
 }
