@@ -1,9 +1,10 @@
-//! Inlay hints: the parameters a stage instance leaves at their defaults, and the planner's
-//! memory per rank beside each training stage.
+//! Inlay hints: the parameters a stage instance leaves at their defaults, and what the planner
+//! says beside the stages: memory per rank of each training stage, each weight sync's time per
+//! update with its evidence, a rollout the recipe holds below its KV cache with the fix.
 
 use crate::analysis::Analysis;
 use miles_grammar::diag::{FileId, Span};
-use miles_plan::{gb, MemoryReport, Role};
+use miles_plan::{gb, MemoryReport, Plan, Role, SyncReport};
 
 #[derive(Clone, Debug, PartialEq, serde::Serialize)]
 pub struct InlayHint {
@@ -57,31 +58,82 @@ pub fn hint_offset(text: &str, span: Span) -> usize {
     }
 }
 
-/// One hint per training stage of every recipe in `file`: bytes per rank, of the device's
-/// capacity, and whether it fits. Sizes read as `miles plan` prints them (the planner's `gb`).
-pub fn memory_hints(a: &Analysis, file: FileId) -> Vec<InlayHint> {
+/// The planner's hints for every recipe in `file`: one per training stage (bytes per rank, of
+/// the device's capacity, whether it fits), one per weight sync (time per update, its evidence,
+/// the other transports), one per rollout held below its KV cache (E0412's fix). Sizes and times
+/// read as `miles plan` prints them.
+pub fn plan_hints(a: &Analysis, file: FileId) -> Vec<InlayHint> {
     let text = a.text(file);
     let mut out = Vec::new();
     for recipe in &a.compilation.recipes {
         // The planner is another crate's code running on every keystroke's result: a bug there
-        // must cost this hint, not the editor session.
+        // must cost these hints, not the editor session.
         let plan = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             miles_plan::plan(&miles_plan::plan_input(recipe))
         }));
         let Ok(plan) = plan else { continue };
-        for m in plan.memory.iter().filter(|m| matches!(m.role, Role::Train | Role::Sft)) {
-            let Some(node) = recipe.graph.node(&m.stage) else { continue };
+        let mut add = |stage: &str, label: String, tooltip: String| {
+            let Some(node) = recipe.graph.node(stage) else { return };
             if node.span.file != file {
-                continue;
+                return;
             }
             let offset = hint_offset(text, node.span) as u32;
-            if out.iter().any(|h: &InlayHint| h.offset == offset) {
-                continue;
+            if !out.iter().any(|h: &InlayHint| h.offset == offset) {
+                out.push(InlayHint { offset, label, tooltip: Some(tooltip) });
             }
-            out.push(InlayHint { offset, label: memory_label(m), tooltip: Some(memory_tooltip(m)) });
+        };
+        for m in plan.memory.iter().filter(|m| matches!(m.role, Role::Train | Role::Sft)) {
+            add(&m.stage, memory_label(m), memory_tooltip(m));
+        }
+        for s in &plan.syncs {
+            add(&s.name, sync_label(s), sync_tooltip(s));
+        }
+        for (stage, label, tooltip) in throttles(&plan) {
+            add(&stage, label, tooltip);
         }
     }
     out
+}
+
+fn sync_label(s: &SyncReport) -> String {
+    let others: Vec<String> =
+        s.alternatives.iter().map(|x| format!("{} {}", x.transport.as_str(), miles_plan::secs(x.seconds))).collect();
+    let others = if others.is_empty() { String::new() } else { format!(" ({})", others.join(", ")) };
+    format!(
+        "est. {} per update by {} {}{others}",
+        miles_plan::secs(s.estimate.seconds),
+        s.how(),
+        s.estimate.evidence.tag()
+    )
+}
+
+fn sync_tooltip(s: &SyncReport) -> String {
+    let mut lines = vec![format!("weight sync `{}`: {} by {} (miles plan)", s.name, gb(s.bytes), s.how())];
+    lines.extend(s.estimate.assumptions.iter().map(|a| format!("- {a}")));
+    lines.push(format!("{}: {}", s.estimate.evidence.kind.label(), s.estimate.evidence.source));
+    lines.join("\n")
+}
+
+/// A rollout the recipe holds below its KV cache while the step waits for it (E0412).
+fn throttles(p: &Plan) -> Vec<(String, String, String)> {
+    p.rollouts
+        .iter()
+        .filter_map(|r| {
+            let t = r.throttle.as_ref()?;
+            let fix = t.fix.as_ref()?;
+            let label = format!(
+                "held back: {} of {} KV slots per engine in use",
+                t.in_flight_per_engine, t.kv_sequences_per_engine
+            );
+            let tooltip = format!(
+                "the step waits for `{}`, held back by {}\nfix: {}",
+                r.stage,
+                miles_plan::throttle_limit_line(t),
+                miles_plan::throttle_fix_line(fix)
+            );
+            Some((r.stage.clone(), label, tooltip))
+        })
+        .collect()
 }
 
 fn memory_label(m: &MemoryReport) -> String {
@@ -105,7 +157,7 @@ mod tests {
 
     fn check(fixture: &str) -> String {
         let (a, file, _) = at_cursor(fixture);
-        let mut hints = super::memory_hints(&a, file);
+        let mut hints = super::plan_hints(&a, file);
         hints.extend(super::inlay_hints(&a, file));
         hints.sort_by_key(|h| h.offset);
         hints
@@ -115,6 +167,47 @@ mod tests {
                 format!("{l}:{c} {}\n", h.label)
             })
             .collect()
+    }
+
+    /// A GPU recipe: the weight sync's time with its evidence and the other transports, and the
+    /// rollout the default max_concurrent holds back (E0412), beside their stages.
+    #[test]
+    fn weight_sync_and_a_throttled_rollout() {
+        let fixture = r#"//- main.miles
+import std/hardware { h100 }
+import std/models { qwen3_8b }
+import std/tasks/arith
+cluster fleet = h100 * 16
+recipe r on fleet {
+    rollout = generate(qwen3_8b) {
+        prompts = arith.addition {}
+        max_new_tokens = 4096.tokens
+        engine = sglang { gpus = 8, tp = 2 }
+    }
+    reward = exact_match(rollout)
+    train = grpo(rollout, reward) { backend = fsdp { gpus = 8 } }
+    sync = weights(train -> rollout)
+    schedule = fully_async
+}
+"#;
+        let (a, file, _) = at_cursor(fixture);
+        let mut hints = super::plan_hints(&a, file);
+        hints.sort_by_key(|h| h.offset);
+        let hints: Vec<String> = hints
+            .iter()
+            .map(|h| {
+                let (l, c) = line_col(a.text(file), h.offset as usize);
+                format!("{l}:{c} {}\n", h.label)
+            })
+            .collect();
+        assert_snapshot!(hints.concat(), @r"
+        6:35 held back: 16 of 176 KV slots per engine in use
+        12:66 45.2 GB per rank of 73.6 GB H100-80GB
+        13:37 est. 1.0 s per update by broadcast [fitted] (p2p 2.1 s, disk_delta 3.9 s)
+        ");
+        let sync = super::plan_hints(&a, file).into_iter().find(|h| h.label.starts_with("est.")).expect("a sync hint");
+        let tip = sync.tooltip.unwrap_or_default();
+        assert!(tip.contains("fitted: weight-sync constants fitted"), "{tip}");
     }
 
     #[test]

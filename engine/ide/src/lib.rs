@@ -31,7 +31,7 @@ pub use defs::{Def, DefKind, Defs};
 pub use document_symbols::{document_symbols, Symbol};
 pub use goto_definition::definition;
 pub use hover::{hover, Hover};
-pub use inlay_hints::{inlay_hints, memory_hints, InlayHint};
+pub use inlay_hints::{inlay_hints, plan_hints, InlayHint};
 pub use references::{references, Found};
 pub use rename::{is_identifier, prepare_rename, rename, KEYWORDS};
 pub use semantic_tokens::{semantic_tokens, Token, TokenKind};

@@ -24,5 +24,6 @@ pub use html::render_html;
 pub use input::*;
 pub use output::*;
 pub use plan::plan;
+pub use plan::throttle::{fix_line as throttle_fix_line, limit_line as throttle_limit_line};
 pub use render::{render_diagnostics, render_json, render_json_located, render_sections, render_text, summary_line};
-pub use units::gb;
+pub use units::{gb, secs};

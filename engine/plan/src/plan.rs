@@ -26,7 +26,7 @@ mod rollout;
 mod step;
 mod sync;
 mod teacher;
-pub(crate) mod throttle;
+pub mod throttle;
 mod trainer;
 
 /// One pool with its place in the GPU and node numbering.

@@ -43,7 +43,7 @@ pub(crate) fn params(n: u64) -> String {
 }
 
 /// Seconds with the precision a reader needs: `-` when unknown, ms below a second.
-pub(crate) fn secs(s: f64) -> String {
+pub fn secs(s: f64) -> String {
     if !s.is_finite() || s == 0.0 {
         "-".into()
     } else if s >= 100.0 {

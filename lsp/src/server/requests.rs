@@ -174,7 +174,7 @@ pub(super) fn on_inlay_hints(st: &mut State, p: Params) -> Res {
     let Some(a) = analysis(st, &uri) else { return json(()) };
     let Some(file) = a.file_id(&key) else { return json(()) };
     let idx = LineIndex::new(a.text(file));
-    let mut plain = ide::memory_hints(a, file);
+    let mut plain = ide::plan_hints(a, file);
     plain.extend(ide::inlay_hints(a, file));
     plain.sort_by_key(|h| h.offset);
     let hints: Vec<InlayHint> = plain

@@ -222,7 +222,7 @@ fn fix(input: &PlanInput, p: &Plan, limit: Limit, stage: &str, share: u64) -> Op
 }
 
 /// The limit as one line: `max_concurrent = 64 over 4 engines: 16 of 81 KV slots per engine in use`.
-pub(crate) fn limit_line(t: &ThrottleReport) -> String {
+pub fn limit_line(t: &ThrottleReport) -> String {
     let what = match t.limit.as_str() {
         "max_concurrent" => format!("max_concurrent = {} over {} engines", t.value, t.engines),
         "engine.max_concurrent" => format!("the engine's max_concurrent = {}", t.value),
@@ -233,7 +233,7 @@ pub(crate) fn limit_line(t: &ThrottleReport) -> String {
 
 /// The fix as one line: `max_concurrent = 324 (81 per engine): rollout 54.1 s -> 25.3 s, step
 /// 54.9 s -> 26.1 s (fills the 81 KV slots per engine)`.
-pub(crate) fn fix_line(f: &ThrottleFix) -> String {
+pub fn fix_line(f: &ThrottleFix) -> String {
     let set: Vec<String> = f.settings.iter().map(|s| format!("{} = {}", s.field, s.value)).collect();
     let mut line = format!(
         "{} ({} per engine): rollout {} -> {}",
