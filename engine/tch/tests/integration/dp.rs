@@ -187,6 +187,16 @@ fn close(a: f64, b: f64, what: &str) {
     assert!((a - b).abs() <= 1e-6 * b.abs().max(1.0), "{what}: {a} vs {b}");
 }
 
+/// A share of the batch's tokens past a threshold (clip fractions) agrees up to one token: after an
+/// update the ranks' weights differ from one process's by float order (~1e-7), which can move one
+/// value across the threshold. Seen once in CI: the critic's clip_frac 0 vs 1/69 at dp 2, with
+/// the weights 2.7e-7 apart (ranks as threads share libtorch's intra-op pool, so float order
+/// varies between runs).
+fn close_share(a: f64, b: f64, what: &str) {
+    let tokens: usize = batch().iter().map(|t| t.response.len()).sum();
+    assert!((a - b).abs() <= 1.0 / tokens as f64 + 1e-9, "{what}: {a} vs {b} (more than one of {tokens} tokens)");
+}
+
 /// One SFT step then one RL step (2 optimizer steps: the old log-probs' pass runs too).
 fn sft_then_rl(tr: &mut TchTrainer) -> Out {
     let sft: Vec<(Vec<u32>, Vec<u32>)> = batch().into_iter().map(|t| (t.prompt, t.response)).collect();
@@ -224,7 +234,7 @@ fn two_and_four_ranks_match_one_process() {
             close(a.loss, b.loss, "loss");
             close(a.grad_norm, b.grad_norm, "grad_norm");
             close(a.entropy, b.entropy, "entropy");
-            close(a.clip_frac, b.clip_frac, "clip_frac");
+            close_share(a.clip_frac, b.clip_frac, "clip_frac");
             close(a.logp_diff, b.logp_diff, "logp_diff");
             close(a.rollout_kl, b.rollout_kl, "rollout_kl");
             close(a.tis_weight, b.tis_weight, "tis_weight");
@@ -302,7 +312,7 @@ fn ppo_critic_under_dp_and_zero_matches_one_process() {
         let (a, b) = (outs[0].stats[1].critic.as_ref().unwrap(), one.stats[1].critic.as_ref().unwrap());
         close(a.value_loss, b.value_loss, "value_loss");
         close(a.grad_norm, b.grad_norm, "critic grad_norm");
-        close(a.clip_frac, b.clip_frac, "critic clip_frac");
+        close_share(a.clip_frac, b.clip_frac, "critic clip_frac");
         close(a.explained_variance, b.explained_variance, "explained_variance");
     }
 }
@@ -352,7 +362,7 @@ fn moe_and_several_passes_report_the_whole_batch_under_dp() {
     let (a, b) = (&two[0].stats[0], &one.stats[0]);
     assert_eq!(a.epochs.len(), 2);
     for (x, y) in a.epochs.iter().zip(&b.epochs) {
-        close(x.clip_frac, y.clip_frac, "pass clip_frac");
+        close_share(x.clip_frac, y.clip_frac, "pass clip_frac");
         close(x.approx_kl, y.approx_kl, "pass approx_kl");
         close(x.approx_kl_k3, y.approx_kl_k3, "pass approx_kl_k3");
         close(x.max_abs_log_ratio, y.max_abs_log_ratio, "pass max |log ratio|");
