@@ -48,7 +48,7 @@ async        Asynchronous schedules: simulated long-tailed rollouts
                cargo bench -p miles-runtime --bench async                           (bench/async/async.rs)
              + the laptop recipe under each schedule
                bash bench/async/laptop.sh
-plan         miles plan: weight-sync time against fleet width (broadcast vs P2P)
+plan         miles plan: weight-sync time against fleet width and engine TP (broadcast vs P2P)
                bash bench/plan/sync-sweep.sh target/release/miles
 plan         Plan versus actual, the embedded process, step time on a CPU host, expected lengths
                miles run recipes/R.miles --set stop=20.steps --threads 1 --out /tmp/pva/R --progress off
@@ -91,6 +91,8 @@ ddp          Data-parallel trainers (recipes/grpo-ddp-laptop.miles): curves, 2x1
                bash bench/ddp/run.sh
              + c10d all-reduce over loopback (ranks as processes)
                cargo bench --locked -p miles-c10d --bench allreduce
+adamw        AdamW in place (recipes/compare-trl-10m-bf16.miles, two builds A/B)
+               bash bench/tch/adamw-ab.sh OLD_BIN_DIR target/release
 gpu          (no section yet: nothing measured on a GPU) tests/e2e/gpu.rs, GPU throughput, CUDA IPC, NCCL tests
                bash scripts/gpu-bundle.sh here, then on the GPU machine: bash bench/gpu/run.sh "$OUT"
 Only the compare-trl section between the `peers` markers is spliced by this script; every other
