@@ -38,22 +38,24 @@ pub(super) fn plan_syncs(
         // An FP8 (or FP4) engine receives its own format: the trainer quantises before sending.
         let engine_precision = ri.and_then(|i| input.stages[i].engine.as_ref()).map(|e| e.precision.value);
         let bytes_per_param = engine_precision.map_or(t.precision.bytes(), |p| p.bytes().min(t.precision.bytes()));
-        // With LoRA only the adapters move, unquantised (the frozen base is never re-sent, so the
-        // engines have nothing to requantise).
-        let bytes = match &t.lora {
-            Some(lo) => lo.sync_bytes as f64,
-            None => t.params * bytes_per_param,
-        };
         let requantize_s = ti
             .and_then(|i| input.stages[i].model.as_ref())
             .and_then(|m| m.update_requantize_s)
             .unwrap_or(a.requantize_s);
+        // With LoRA only the adapters move, unquantised and ungathered (the frozen base is never
+        // re-sent, so the engines have nothing to requantise); else the whole model, gathered in
+        // the trainer's precision before the conversion to the engines'.
+        let (bytes, gather_bytes, routed_share, what, requantize_s) = match &t.lora {
+            Some(lo) => (lo.sync_bytes as f64, lo.sync_bytes as f64, 0.0, "adapter weights", 0.0),
+            None => {
+                (t.params * bytes_per_param, t.params * t.precision.bytes(), t.routed_share, "weights", requantize_s)
+            }
+        };
         let shape = SyncShape {
             bytes,
-            // The trainer gathers in its own precision before converting (the adapters as they are).
-            gather_bytes: if t.lora.is_some() { bytes } else { t.params * t.precision.bytes() },
-            routed_share: if t.lora.is_some() { 0.0 } else { t.routed_share },
-            what: if t.lora.is_some() { "adapter weights" } else { "weights" },
+            gather_bytes,
+            routed_share,
+            what,
             bucket: s.bucket.value.max(1) as f64,
             train_gpus: t.gpus,
             train_pp: t.pp,
@@ -73,7 +75,7 @@ pub(super) fn plan_syncs(
             replica_bytes_per_s: a.replica_bytes_per_s,
             rdma_write_latency_s: a.rdma_write_latency_s,
             gather_nics: a.gather_nics,
-            requantize_s: if t.lora.is_some() { 0.0 } else { requantize_s },
+            requantize_s,
         };
         let colocated = input.placement.mode.value == PlacementMode::Colocated;
         let est = |tr: Transport| {
